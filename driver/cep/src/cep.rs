@@ -1,0 +1,212 @@
+//! One CEP: the state of one communication endpoint, and what it remembers of its peer.
+
+use alloc::vec::Vec;
+
+use ibcm_mad::{AttributeId, Failover, Mtu, Transport};
+
+use crate::types::{CepId, Instant, MadAddress, PathRecord};
+
+/// The state of a CEP, by name (IBA 12.9.6 Figure 154; MRA sub-states folded in as
+/// `MraReqRcvd` etc. as Linux names them).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum StateName {
+    /// Created, or back after a connection ended.
+    Idle,
+    /// Listening for REQs.
+    Listen,
+    /// REQ sent, waiting for the REP.
+    ReqSent,
+    /// REQ sent and an MRA received for it.
+    MraReqRcvd,
+    /// REQ received, no answer yet.
+    ReqRcvd,
+    /// REQ received and MRA sent.
+    MraReqSent,
+    /// REP formatted and QP attributes handed out; not sent yet (pre-REP).
+    RepPrepared,
+    /// REP sent, waiting for the RTU.
+    RepSent,
+    /// REP sent and an MRA received for it.
+    MraRepRcvd,
+    /// REP received, RTU not sent yet.
+    RepRcvd,
+    /// REP received and MRA sent.
+    MraRepSent,
+    /// Connected.
+    Established,
+    /// DREQ sent, waiting for the DREP.
+    DreqSent,
+    /// DREQ received, DREP not sent yet.
+    DreqRcvd,
+    /// Waiting out stray packets before the QP may be reused.
+    Timewait,
+}
+
+/// The state, with what only that state needs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum State {
+    Idle,
+    Listen,
+    ReqSent { mra_rcvd: bool },
+    ReqRcvd { mra_sent: bool },
+    RepPrepared { mra_sent: bool },
+    RepSent { mra_rcvd: bool },
+    RepRcvd { mra_sent: bool },
+    Established,
+    DreqSent,
+    DreqRcvd,
+    Timewait,
+}
+
+impl State {
+    pub(crate) fn name(self) -> StateName {
+        match self {
+            Self::Idle => StateName::Idle,
+            Self::Listen => StateName::Listen,
+            Self::ReqSent { mra_rcvd: false } => StateName::ReqSent,
+            Self::ReqSent { mra_rcvd: true } => StateName::MraReqRcvd,
+            Self::ReqRcvd { mra_sent: false } => StateName::ReqRcvd,
+            Self::ReqRcvd { mra_sent: true } => StateName::MraReqSent,
+            Self::RepPrepared { .. } => StateName::RepPrepared,
+            Self::RepSent { mra_rcvd: false } => StateName::RepSent,
+            Self::RepSent { mra_rcvd: true } => StateName::MraRepRcvd,
+            Self::RepRcvd { mra_sent: false } => StateName::RepRcvd,
+            Self::RepRcvd { mra_sent: true } => StateName::MraRepSent,
+            Self::Established => StateName::Established,
+            Self::DreqSent => StateName::DreqSent,
+            Self::DreqRcvd => StateName::DreqRcvd,
+            Self::Timewait => StateName::Timewait,
+        }
+    }
+}
+
+/// The retransmission state of the one request a CEP may have outstanding.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub(crate) struct Retry {
+    /// Wait before the first retry.
+    pub base_ns: u64,
+    /// Retries left.
+    pub left: u8,
+    /// Retries done.
+    pub done: u8,
+    /// When the request is given up whatever retries remain.
+    pub deadline: Option<Instant>,
+}
+
+/// One communication endpoint.
+#[derive(Debug, Clone)]
+pub(crate) struct Cep {
+    pub state: State,
+    /// Destroyed by its owner: it lingers (DREQ, timewait) but reports nothing.
+    pub detached: bool,
+    /// Set while a REQ-created CEP has not been taken from its listen's backlog.
+    pub backlog_of: Option<CepId>,
+    /// This side sent the REQ.
+    pub active: bool,
+    /// The armed timer: deadline and the sequence number its heap entry carries.
+    pub timer: Option<(Instant, u64)>,
+    pub retry: Retry,
+    /// Where this CEP's MADs go.
+    pub dest: MadAddress,
+    pub tid: u64,
+    pub remote_comm_id: u32,
+    pub remote_ca_guid: u64,
+    pub service_id: u64,
+    pub local_qpn: u32,
+    pub local_psn: u32,
+    pub remote_qpn: u32,
+    pub remote_psn: u32,
+    pub pkey: u16,
+    pub transport: Transport,
+    pub path_mtu: Mtu,
+    pub primary: PathRecord,
+    pub alternate: Option<PathRecord>,
+    /// Local ACK timeout of the primary path (for RTS).
+    pub ack_timeout: u8,
+    /// This side's responder resources and initiator depth.
+    pub responder_resources: u8,
+    pub initiator_depth: u8,
+    /// The peer's, from its REQ or REP.
+    pub peer_responder_resources: u8,
+    pub peer_initiator_depth: u8,
+    /// Transport retry count (from the REQ, both sides).
+    pub retry_count: u8,
+    /// RNR retry count this side uses (set by the peer's message).
+    pub rnr_retry: u8,
+    /// RNR retry count this side asks of the peer.
+    pub peer_rnr_retry: u8,
+    pub max_cm_retries: u8,
+    pub remote_cm_response_timeout: u8,
+    pub local_cm_response_timeout: u8,
+    /// The peer's (active side) or this CA's (passive side) ACK delay.
+    pub target_ack_delay: u8,
+    pub srq: bool,
+    pub flow_control: bool,
+    pub failover: Failover,
+    /// The MRA this side sent last (ServiceTimeout), to repeat on a duplicate.
+    pub mra_service_timeout: u8,
+    /// Which message `pdata` belongs to: the last one sent that a duplicate may repeat.
+    pub cached: Option<AttributeId>,
+    /// Private data of that message (allocated at the user's downcall, reused after).
+    pub pdata: Vec<u8>,
+}
+
+impl Cep {
+    pub(crate) fn new() -> Self {
+        Self {
+            state: State::Idle,
+            detached: false,
+            backlog_of: None,
+            active: false,
+            timer: None,
+            retry: Retry::default(),
+            dest: MadAddress::default(),
+            tid: 0,
+            remote_comm_id: 0,
+            remote_ca_guid: 0,
+            service_id: 0,
+            local_qpn: 0,
+            local_psn: 0,
+            remote_qpn: 0,
+            remote_psn: 0,
+            pkey: 0,
+            transport: Transport::Rc,
+            path_mtu: Mtu::Mtu1024,
+            primary: PathRecord::default(),
+            alternate: None,
+            ack_timeout: 0,
+            responder_resources: 0,
+            initiator_depth: 0,
+            peer_responder_resources: 0,
+            peer_initiator_depth: 0,
+            retry_count: 0,
+            rnr_retry: 0,
+            peer_rnr_retry: 0,
+            max_cm_retries: 0,
+            remote_cm_response_timeout: 0,
+            local_cm_response_timeout: 0,
+            target_ack_delay: 0,
+            srq: false,
+            flow_control: false,
+            failover: Failover::NotSupported,
+            mra_service_timeout: 0,
+            cached: None,
+            pdata: Vec::new(),
+        }
+    }
+
+    /// Timewait: 2 x packet life time + the target's ACK delay (IBA 12.9.8.7; WinOF
+    /// `__calc_timewait`).
+    pub(crate) fn timewait_ns(&self) -> u64 {
+        let plt = ibcm_mad::ib_time_ns(self.primary.packet_life_time.min(31)).unwrap_or(0);
+        let delay = ibcm_mad::ib_time_ns(self.target_ack_delay.min(31)).unwrap_or(0);
+        plt.saturating_mul(2).saturating_add(delay)
+    }
+
+    /// 2 x packet life time, the round trip part of every CM response timeout.
+    pub(crate) fn round_trip_ns(&self) -> u64 {
+        ibcm_mad::ib_time_ns(self.primary.packet_life_time.min(31))
+            .unwrap_or(0)
+            .saturating_mul(2)
+    }
+}

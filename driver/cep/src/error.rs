@@ -1,0 +1,99 @@
+//! Errors of user operations. A failed operation changes nothing.
+
+use core::fmt;
+
+use crate::cep::StateName;
+
+/// Why a user operation was refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum CmError {
+    /// No CEP has this handle (never created, or destroyed).
+    UnknownCep,
+    /// The operation is not valid in the CEP's state.
+    InvalidState {
+        /// The state the CEP is in.
+        state: StateName,
+    },
+    /// A value does not fit its field (e.g. a QPN over 24 bits, a timeout over 31).
+    OutOfRange {
+        /// The parameter.
+        field: &'static str,
+        /// The value given.
+        value: u64,
+        /// The largest value allowed.
+        max: u64,
+    },
+    /// Private data, ARI or a compare buffer exceeds the message's maximum.
+    TooLong {
+        /// The parameter.
+        field: &'static str,
+        /// The length given.
+        len: usize,
+        /// The maximum.
+        max: usize,
+    },
+    /// The initiator depth exceeds what the peer offered as responder resources.
+    InitiatorDepthOverPeer {
+        /// Requested initiator depth.
+        requested: u8,
+        /// The peer's responder resources.
+        peer: u8,
+    },
+    /// A listen on the same service ID, mask, port and compare data exists.
+    DuplicateListen,
+    /// The manager holds its maximum number of CEPs, or memory ran out.
+    NoResources,
+}
+
+impl fmt::Display for CmError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match *self {
+            Self::UnknownCep => f.write_str("no such endpoint"),
+            Self::InvalidState { state } => write!(f, "not valid in state {state:?}"),
+            Self::OutOfRange { field, value, max } => {
+                write!(f, "{field} = {value} is out of range (max {max})")
+            }
+            Self::TooLong { field, len, max } => {
+                write!(f, "{field} of {len} bytes exceeds the maximum of {max}")
+            }
+            Self::InitiatorDepthOverPeer { requested, peer } => write!(
+                f,
+                "initiator depth {requested} exceeds the peer's responder resources {peer}"
+            ),
+            Self::DuplicateListen => f.write_str("an identical listen exists"),
+            Self::NoResources => f.write_str("no resources for another endpoint"),
+        }
+    }
+}
+
+impl core::error::Error for CmError {}
+
+pub(crate) fn check_width(field: &'static str, value: u64, bits: u32) -> Result<(), CmError> {
+    let max = (1u64 << bits) - 1;
+    if value > max {
+        Err(CmError::OutOfRange { field, value, max })
+    } else {
+        Ok(())
+    }
+}
+
+pub(crate) fn check_max(field: &'static str, value: u8, max: u8) -> Result<(), CmError> {
+    if value > max {
+        Err(CmError::OutOfRange {
+            field,
+            value: value.into(),
+            max: max.into(),
+        })
+    } else {
+        Ok(())
+    }
+}
+
+pub(crate) fn check_len(field: &'static str, len: usize, max: usize) -> Result<(), CmError> {
+    if len > max {
+        Err(CmError::TooLong { field, len, max })
+    } else {
+        Ok(())
+    }
+}

@@ -1,0 +1,36 @@
+//! The CEP (communication endpoint) manager of ibcm: IBA Vol 1 chapter 12 connection
+//! establishment and release, sans-IO.
+//!
+//! [`CmManager`] holds every CEP of one CA. It is driven by its owner (the KMDF binding on
+//! Windows, the host platform on Linux) with received MADs, timeouts and user operations,
+//! and hands back MADs to send, events for CEP owners and the next deadline. See
+//! [`CmManager`] for the call order.
+#![no_std]
+#![forbid(unsafe_code)]
+#![warn(missing_docs)]
+
+extern crate alloc;
+
+mod cep;
+mod config;
+mod counters;
+mod error;
+mod event;
+mod manager;
+mod qp;
+mod types;
+
+pub use cep::StateName;
+pub use config::CmConfig;
+pub use counters::{COUNTED_ATTRIBUTES, Counters, slot as counter_slot};
+pub use error::CmError;
+pub use event::{Event, RepInfo, ReqInfo};
+pub use manager::{CepInfo, CmManager, PreparedRep, Transmit};
+pub use qp::{AddressVector, MigrationState, QpAttributes, QpState, access, ack_timeout};
+pub use types::{
+    CepId, ConnectParams, Instant, ListenParams, MadAddress, PathRecord, PrivateData, RejectParams,
+    RepParams,
+};
+
+#[cfg(feature = "pair")]
+pub mod pair;

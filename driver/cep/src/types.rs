@@ -1,0 +1,283 @@
+//! Identifiers, time, addresses and the parameters of user operations.
+
+use ibcm_mad::{Gid, Mtu, Path, Rate, RejReason, Transport};
+
+/// A point in time, in nanoseconds since an arbitrary epoch chosen by the caller. The
+/// manager never reads a clock: every input carries `now`, and time must not go backwards.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
+pub struct Instant(u64);
+
+impl Instant {
+    /// The instant `ns` nanoseconds after the epoch.
+    pub const fn from_nanos(ns: u64) -> Self {
+        Self(ns)
+    }
+
+    /// Nanoseconds since the epoch.
+    pub const fn as_nanos(self) -> u64 {
+        self.0
+    }
+
+    /// `self + ns`, saturating.
+    pub const fn add_nanos(self, ns: u64) -> Self {
+        Self(self.0.saturating_add(ns))
+    }
+
+    /// Nanoseconds from `earlier` to `self` (0 if `earlier` is later).
+    pub const fn nanos_since(self, earlier: Instant) -> u64 {
+        self.0.saturating_sub(earlier.0)
+    }
+}
+
+/// A handle to one CEP (communication endpoint) of a [`CmManager`](crate::CmManager):
+/// slab index (24 bits) and generation (8 bits), so a stale handle never names a new CEP.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct CepId(pub(crate) u32);
+
+impl CepId {
+    pub(crate) const INDEX_BITS: u32 = 24;
+    pub(crate) const INDEX_MASK: u32 = (1 << Self::INDEX_BITS) - 1;
+
+    pub(crate) fn new(index: u32, generation: u8) -> Self {
+        Self((index & Self::INDEX_MASK) | (u32::from(generation) << Self::INDEX_BITS))
+    }
+
+    pub(crate) fn index(self) -> usize {
+        (self.0 & Self::INDEX_MASK) as usize
+    }
+
+    pub(crate) fn generation(self) -> u8 {
+        (self.0 >> Self::INDEX_BITS) as u8
+    }
+
+    /// The raw value, for tables outside the manager (it is not the wire comm ID).
+    pub const fn to_raw(self) -> u32 {
+        self.0
+    }
+
+    /// Rebuilds a handle from [`CepId::to_raw`]; the manager checks it on every use.
+    pub const fn from_raw(raw: u32) -> Self {
+        Self(raw)
+    }
+}
+
+/// Where a MAD comes from or goes to: a port of this CA and the remote port's address.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct MadAddress {
+    /// Local port number.
+    pub port: u8,
+    /// Remote LID (0xFFFF on RoCE).
+    pub lid: u16,
+    /// Remote GID (IPv4-mapped on RoCEv2).
+    pub gid: Gid,
+    /// A GRH is present (always on RoCE; off the local subnet on IB).
+    pub grh: bool,
+    /// Service level.
+    pub sl: u8,
+    /// Partition key.
+    pub pkey: u16,
+}
+
+/// A path as a path record gives it, from this side's point of view.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct PathRecord {
+    /// Local port LID.
+    pub slid: u16,
+    /// Remote port LID.
+    pub dlid: u16,
+    /// Local port GID.
+    pub sgid: Gid,
+    /// Remote port GID.
+    pub dgid: Gid,
+    /// Flow label (20 bits).
+    pub flow_label: u32,
+    /// Traffic class.
+    pub traffic_class: u8,
+    /// Hop limit.
+    pub hop_limit: u8,
+    /// Service level (4 bits).
+    pub sl: u8,
+    /// Static rate.
+    pub rate: Rate,
+    /// Packet life time (5-bit IB time).
+    pub packet_life_time: u8,
+    /// The remote port is on the local subnet.
+    pub subnet_local: bool,
+}
+
+impl PathRecord {
+    /// The REQ/LAP wire path with the given local ACK timeout.
+    pub(crate) fn to_wire(self, local_ack_timeout: u8) -> Path {
+        Path {
+            local_lid: self.slid,
+            remote_lid: self.dlid,
+            local_gid: self.sgid,
+            remote_gid: self.dgid,
+            flow_label: self.flow_label,
+            packet_rate: self.rate,
+            traffic_class: self.traffic_class,
+            hop_limit: self.hop_limit,
+            sl: self.sl,
+            subnet_local: self.subnet_local,
+            local_ack_timeout,
+        }
+    }
+
+    /// This side's view of a path the peer sent: local and remote swap, and the packet
+    /// life time is recovered from LocalACKTimeout - 1 (as Linux `cm_format_paths_from_req`).
+    pub(crate) fn from_peer(path: &Path) -> Self {
+        Self {
+            slid: path.remote_lid,
+            dlid: path.local_lid,
+            sgid: path.remote_gid,
+            dgid: path.local_gid,
+            flow_label: path.flow_label,
+            traffic_class: path.traffic_class,
+            hop_limit: path.hop_limit,
+            sl: path.sl,
+            rate: path.packet_rate,
+            packet_life_time: path.local_ack_timeout.saturating_sub(1),
+            subnet_local: path.subnet_local,
+        }
+    }
+
+    pub(crate) fn is_present(&self) -> bool {
+        self.slid != 0 || self.dlid != 0 || self.sgid != [0; 16] || self.dgid != [0; 16]
+    }
+}
+
+/// Up to 224 bytes of private data, inline (the largest CM private-data field: RTU/DREP).
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+pub struct PrivateData {
+    len: u8,
+    bytes: [u8; Self::MAX],
+}
+
+impl PrivateData {
+    /// The largest private data of any CM message.
+    pub const MAX: usize = 224;
+
+    /// Copies `data` (truncated to 224 bytes: callers pass wire fields, never longer).
+    pub fn new(data: &[u8]) -> Self {
+        let len = data.len().min(Self::MAX);
+        let mut bytes = [0u8; Self::MAX];
+        if let (Some(dst), Some(src)) = (bytes.get_mut(..len), data.get(..len)) {
+            dst.copy_from_slice(src);
+        }
+        Self {
+            len: len as u8,
+            bytes,
+        }
+    }
+
+    /// The bytes.
+    pub fn as_slice(&self) -> &[u8] {
+        self.bytes.get(..usize::from(self.len)).unwrap_or(&[])
+    }
+}
+
+impl Default for PrivateData {
+    fn default() -> Self {
+        Self::new(&[])
+    }
+}
+
+impl core::fmt::Debug for PrivateData {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        write!(f, "PrivateData({} bytes)", self.len)
+    }
+}
+
+/// A listen: which REQs (and SIDR_REQs) a listening CEP accepts.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ListenParams {
+    /// Service ID to match under `service_mask`.
+    pub service_id: u64,
+    /// Bits of the service ID that must match (all ones: exact).
+    pub service_mask: u64,
+    /// Only REQs arriving on this port, or any port.
+    pub port: Option<u8>,
+    /// Private data the REQ must carry: `(offset, bytes)`, within the 92-byte REQ field.
+    pub compare: Option<(u8, alloc::vec::Vec<u8>)>,
+    /// REQs created by this listen and not yet taken by the user; beyond it new REQs are
+    /// dropped silently so the peer retries.
+    pub backlog: u32,
+}
+
+/// Everything the active side chooses for a REQ.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ConnectParams<'a> {
+    /// The service to connect to.
+    pub service_id: u64,
+    /// Local port.
+    pub port: u8,
+    /// Partition key.
+    pub pkey: u16,
+    /// Local QPN (24 bits).
+    pub qpn: u32,
+    /// Transport.
+    pub transport: Transport,
+    /// Starting PSN (24 bits), or `None` for a random one.
+    pub starting_psn: Option<u32>,
+    /// Primary path.
+    pub primary_path: PathRecord,
+    /// Alternate path, for automatic path migration.
+    pub alternate_path: Option<PathRecord>,
+    /// Path MTU.
+    pub path_mtu: Mtu,
+    /// RDMA reads/atomics this side accepts in flight (<= the local CA's limit).
+    pub responder_resources: u8,
+    /// RDMA reads/atomics this side will issue in flight (<= the local CA's limit).
+    pub initiator_depth: u8,
+    /// How long the passive side may take to answer (5-bit IB time).
+    pub remote_cm_response_timeout: u8,
+    /// How long this side may take to answer a REP (5-bit IB time).
+    pub local_cm_response_timeout: u8,
+    /// Transport retry count (3 bits).
+    pub retry_count: u8,
+    /// RNR retry count the passive side should use (3 bits).
+    pub rnr_retry_count: u8,
+    /// CM retries of the REQ and of the REP (4 bits).
+    pub max_cm_retries: u8,
+    /// The QP uses an SRQ.
+    pub srq: bool,
+    /// End-to-end flow control.
+    pub flow_control: bool,
+    /// REQ private data (<= 92 bytes).
+    pub private_data: &'a [u8],
+}
+
+/// Everything the passive side chooses for a REP.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RepParams<'a> {
+    /// Local QPN (24 bits).
+    pub qpn: u32,
+    /// Starting PSN (24 bits), or `None` for a random one.
+    pub starting_psn: Option<u32>,
+    /// RDMA reads/atomics this side accepts in flight (<= the local CA's limit).
+    pub responder_resources: u8,
+    /// RDMA reads/atomics this side will issue (<= the peer's responder resources and the
+    /// local CA's limit).
+    pub initiator_depth: u8,
+    /// RNR retry count the active side should use (3 bits).
+    pub rnr_retry_count: u8,
+    /// Whether the alternate path of the REQ is accepted.
+    pub failover_accepted: ibcm_mad::Failover,
+    /// End-to-end flow control.
+    pub flow_control: bool,
+    /// The QP uses an SRQ.
+    pub srq: bool,
+    /// REP private data (<= 196 bytes).
+    pub private_data: &'a [u8],
+}
+
+/// Why a REJ is sent: reason, ARI (<= 72 bytes) and private data (<= 148 bytes).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RejectParams<'a> {
+    /// The reason.
+    pub reason: RejReason,
+    /// Additional rejection information.
+    pub ari: &'a [u8],
+    /// Private data.
+    pub private_data: &'a [u8],
+}
