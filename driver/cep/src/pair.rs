@@ -258,10 +258,7 @@ impl Pair {
     }
 
     fn collect(&mut self, from: Side) {
-        loop {
-            let Some(t) = self.node(from).poll_transmit() else {
-                break;
-            };
+        while let Some(t) = self.node(from).poll_transmit() {
             let attribute = AttributeId::from(Mad::new_unchecked(&t.mad[..]).attribute_id());
             self.sent.push((from, attribute));
             let mut fate = Fate::Deliver;
@@ -289,10 +286,7 @@ impl Pair {
                 });
             }
         }
-        loop {
-            let Some(e) = self.node(from).poll_event() else {
-                break;
-            };
+        while let Some(e) = self.node(from).poll_event() {
             match from {
                 Side::A => self.events_a.push(e),
                 Side::B => self.events_b.push(e),
