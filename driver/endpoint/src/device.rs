@@ -1,0 +1,994 @@
+//! The device: every IOCTL, every received MAD and every timer expiry goes through here.
+//!
+//! One lock guards the engine and all tables. Each entry point takes the lock, validates
+//! its input completely before changing anything, calls the engine, then drains the
+//! engine's output into batches *under* the lock: MADs to send, and requests to complete
+//! (a pending GET_EVENT takes its event records at once, written into its own output
+//! buffer). The lock is released, and only then are MADs posted, requests completed and
+//! the timer armed (design.md, "Data flow").
+
+use alloc::collections::VecDeque;
+use alloc::vec::Vec;
+
+use ibcm_cep::{CepId, CmConfig, CmManager, Event, Instant, MadAddress, Transmit};
+use ibcm_ioctl::{
+    ABI_VERSION, ConnectIn, CountersIn, CountersOut, CreateIn, CreateOut, EventRecord, FormatRepIn,
+    FormatRepOut, GetQpAttrIn, HandleIn, ListenIn, MAX_EVENTS_PER_REQUEST, MraIn, PrivateDataIn,
+    QpAttrOut, RejIn, VersionIn, VersionOut, code, event_type, flags, limits, status,
+};
+use zerocopy::{FromBytes, FromZeros, Immutable, IntoBytes, KnownLayout};
+
+use crate::platform::{Lock, Platform, Request};
+use crate::records::{
+    Status, event_to_abi, mtu_from_abi, path_from_abi, qp_attr_to_abi, qp_state_from_abi,
+    query_to_abi, removal_record, require, status_of, transport_from_abi, used,
+};
+
+/// A file handle (one open of the device): index and generation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct FileId(u64);
+
+impl FileId {
+    /// The raw value (index | generation << 32), for platform tables.
+    pub const fn raw(self) -> u64 {
+        self.0
+    }
+}
+
+/// Largest listen backlog an IOCTL may ask for.
+pub const MAX_BACKLOG: u32 = 4096;
+/// Event records an endpoint's FIFO holds without growing (more grow it; the host model
+/// flags such growth at DISPATCH_LEVEL).
+const FIFO_DEPTH: usize = 1;
+
+fn handle_of(index: u32, generation: u32) -> u64 {
+    u64::from(index) | (u64::from(generation) << 32)
+}
+
+fn split(handle: u64) -> (usize, u32) {
+    ((handle & 0xffff_ffff) as usize, (handle >> 32) as u32)
+}
+
+#[derive(Debug)]
+struct Endpoint<R> {
+    cep: CepId,
+    events: VecDeque<EventRecord>,
+    pending: VecDeque<R>,
+    /// Private data of the last message received, for QUERY.
+    private_data: [u8; 224],
+    private_data_len: u8,
+    /// LISTEN's backlog while listening.
+    backlog: u32,
+}
+
+impl<R> Endpoint<R> {
+    fn new(cep: CepId, depth: usize) -> Self {
+        Self {
+            cep,
+            events: VecDeque::with_capacity(depth),
+            pending: VecDeque::new(),
+            private_data: [0; 224],
+            private_data_len: 0,
+            backlog: 0,
+        }
+    }
+}
+
+#[derive(Debug)]
+struct Slot<T> {
+    generation: u32,
+    value: Option<T>,
+}
+
+/// A generation-checked table: handles are `index | generation << 32`, generation >= 1.
+#[derive(Debug)]
+struct Table<T> {
+    slots: Vec<Slot<T>>,
+    free: Vec<u32>,
+    live: usize,
+}
+
+impl<T> Table<T> {
+    const fn new() -> Self {
+        Self {
+            slots: Vec::new(),
+            free: Vec::new(),
+            live: 0,
+        }
+    }
+
+    fn get(&self, handle: u64) -> Option<&T> {
+        let (i, g) = split(handle);
+        let s = self.slots.get(i)?;
+        (s.generation == g).then_some(s.value.as_ref()).flatten()
+    }
+
+    fn get_mut(&mut self, handle: u64) -> Option<&mut T> {
+        let (i, g) = split(handle);
+        let s = self.slots.get_mut(i)?;
+        if s.generation != g {
+            return None;
+        }
+        s.value.as_mut()
+    }
+
+    fn insert(&mut self, value: T) -> u64 {
+        self.live += 1;
+        if let Some(i) = self.free.pop()
+            && let Some(s) = self.slots.get_mut(i as usize)
+        {
+            s.value = Some(value);
+            return handle_of(i, s.generation);
+        }
+        let i = self.slots.len() as u32;
+        self.slots.push(Slot {
+            generation: 1,
+            value: Some(value),
+        });
+        self.free
+            .reserve(self.slots.len().saturating_sub(self.free.len()));
+        handle_of(i, 1)
+    }
+
+    fn remove(&mut self, handle: u64) -> Option<T> {
+        let (i, g) = split(handle);
+        let s = self.slots.get_mut(i)?;
+        if s.generation != g {
+            return None;
+        }
+        let v = s.value.take()?;
+        s.generation = s.generation.wrapping_add(1).max(1);
+        self.live -= 1;
+        self.free.push(i as u32);
+        Some(v)
+    }
+
+    /// Room for `n` more values without allocating.
+    fn reserve(&mut self, n: usize) {
+        let spare = self.free.len();
+        if n > spare {
+            self.slots.reserve(n - spare);
+            self.free.reserve(n);
+        }
+    }
+
+    fn handles(&self) -> impl Iterator<Item = u64> + '_ {
+        self.slots
+            .iter()
+            .enumerate()
+            .filter_map(|(i, s)| s.value.as_ref().map(|_| handle_of(i as u32, s.generation)))
+    }
+}
+
+#[derive(Debug)]
+struct File<R> {
+    versioned: bool,
+    endpoints: Table<Endpoint<R>>,
+    /// Endpoints built ahead (at PASSIVE_LEVEL) for REQs that arrive at DISPATCH_LEVEL.
+    spares: Vec<Endpoint<R>>,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Owner {
+    cep: CepId,
+    file: u64,
+    endpoint: u64,
+}
+
+/// Everything the lock guards.
+#[derive(Debug)]
+pub struct Inner<R> {
+    cm: CmManager,
+    removed: bool,
+    files: Table<File<R>>,
+    /// The endpoint of each CEP, indexed by the CEP's slab index.
+    owners: Vec<Option<Owner>>,
+    tx: Vec<Transmit>,
+    done: Vec<(R, i32, usize)>,
+}
+
+/// Work to do once the lock is released.
+struct Flush<R> {
+    tx: Vec<Transmit>,
+    done: Vec<(R, i32, usize)>,
+    timer: Option<Instant>,
+}
+
+/// The dispatch layer of one CA: the engine, the per-handle endpoint tables, and the
+/// event queues; generic over the platform so that the KMDF binding and the host share it.
+pub struct Device<P: Platform> {
+    platform: P,
+    inner: P::Lock<Inner<P::Request>>,
+}
+
+type Outcome = Result<usize, Status>;
+
+fn input<T: FromBytes + KnownLayout + Immutable>(bytes: &[u8], size: u32) -> Result<T, Status> {
+    let record = T::read_from_bytes(bytes).map_err(|_| status::INFO_LENGTH_MISMATCH)?;
+    let declared = bytes
+        .get(..4)
+        .and_then(|b| b.try_into().ok())
+        .map(u32::from_le_bytes);
+    if declared != Some(size) {
+        return Err(status::REVISION_MISMATCH);
+    }
+    Ok(record)
+}
+
+fn output<R: Request, T: IntoBytes + Immutable>(request: &mut R, value: &T) -> Outcome {
+    let bytes = value.as_bytes();
+    if request.output_len() < bytes.len() {
+        return Err(status::BUFFER_TOO_SMALL);
+    }
+    request.write_output(0, bytes);
+    Ok(bytes.len())
+}
+
+impl<R: Request> Inner<R> {
+    fn file(&mut self, file: FileId) -> Result<&mut File<R>, Status> {
+        self.files.get_mut(file.0).ok_or(status::INVALID_HANDLE)
+    }
+
+    fn endpoint(&mut self, file: FileId, handle: u64) -> Result<&mut Endpoint<R>, Status> {
+        self.file(file)?
+            .endpoints
+            .get_mut(handle)
+            .ok_or(status::INVALID_HANDLE)
+    }
+
+    fn cep_of(&mut self, file: FileId, handle: u64) -> Result<CepId, Status> {
+        Ok(self.endpoint(file, handle)?.cep)
+    }
+
+    fn set_owner(&mut self, cep: CepId, owner: Owner) {
+        let i = (cep.to_raw() & 0x00ff_ffff) as usize;
+        if self.owners.len() <= i {
+            self.owners.resize(i + 1, None);
+        }
+        if let Some(o) = self.owners.get_mut(i) {
+            *o = Some(owner);
+        }
+    }
+
+    fn owner(&self, cep: CepId) -> Option<Owner> {
+        let i = (cep.to_raw() & 0x00ff_ffff) as usize;
+        self.owners
+            .get(i)
+            .copied()
+            .flatten()
+            .filter(|o| o.cep == cep)
+    }
+
+    fn clear_owner(&mut self, cep: CepId) {
+        let i = (cep.to_raw() & 0x00ff_ffff) as usize;
+        if let Some(o) = self.owners.get_mut(i)
+            && o.is_some_and(|o| o.cep == cep)
+        {
+            *o = None;
+        }
+    }
+
+    /// Grows, at PASSIVE_LEVEL, everything a burst of REQs on this file's listens could
+    /// need at DISPATCH_LEVEL: spare endpoints, table slots, owner entries, engine slots.
+    fn prepare_for_requests(&mut self, file: FileId, extra: usize) {
+        let Ok(f) = self.file(file) else { return };
+        let backlog: usize = f
+            .endpoints
+            .slots
+            .iter()
+            .filter_map(|s| s.value.as_ref())
+            .map(|e| e.backlog as usize)
+            .sum();
+        let want = backlog + extra;
+        f.endpoints.reserve(want);
+        while f.spares.len() < want {
+            f.spares.push(Endpoint::new(CepId::from_raw(0), FIFO_DEPTH));
+        }
+        let room = self.owners.len() + want;
+        self.owners.reserve(want);
+        self.owners.resize(room, None);
+        let _ = self.cm.reserve(want);
+        self.tx.reserve(want);
+        self.done.reserve(want);
+    }
+
+    /// Moves the engine's output into the batches and the endpoints' queues.
+    fn drain(&mut self) {
+        while let Some(t) = self.cm.poll_transmit() {
+            if !self.removed {
+                self.tx.push(t);
+            }
+        }
+        while let Some((cep, event)) = self.cm.poll_event() {
+            self.route(cep, &event);
+        }
+    }
+
+    fn route(&mut self, cep: CepId, event: &Event) {
+        if let Event::ReqReceived(req) = event {
+            self.route_request(cep, req.listen, event);
+            return;
+        }
+        let Some(o) = self.owner(cep) else { return };
+        let record = event_to_abi(event, o.endpoint, 0);
+        self.deliver(FileId(o.file), o.endpoint, record);
+    }
+
+    /// A REQ created `cep` under `listen`: the new endpoint joins the listen's file, and
+    /// the event is queued on the listen's endpoint, naming the new handle.
+    fn route_request(&mut self, cep: CepId, listen: CepId, event: &Event) {
+        let Some(lo) = self.owner(listen) else {
+            return;
+        };
+        let Ok(file) = self.file(FileId(lo.file)) else {
+            return;
+        };
+        let mut ep = file
+            .spares
+            .pop()
+            .unwrap_or_else(|| Endpoint::new(cep, FIFO_DEPTH));
+        ep.cep = cep;
+        if let Event::ReqReceived(req) = event {
+            let pd = req.private_data.as_slice();
+            let n = pd.len().min(224);
+            if let (Some(d), Some(s)) = (ep.private_data.get_mut(..n), pd.get(..n)) {
+                d.copy_from_slice(s);
+            }
+            ep.private_data_len = n as u8;
+        }
+        let handle = file.endpoints.insert(ep);
+        self.set_owner(
+            cep,
+            Owner {
+                cep,
+                file: lo.file,
+                endpoint: handle,
+            },
+        );
+        let record = event_to_abi(event, lo.endpoint, handle);
+        self.deliver(FileId(lo.file), lo.endpoint, record);
+    }
+
+    /// Gives a record to a waiting GET_EVENT, or queues it.
+    fn deliver(&mut self, file: FileId, endpoint: u64, record: EventRecord) {
+        let Ok(ep) = self.endpoint(file, endpoint) else {
+            return;
+        };
+        if record.event_type != event_type::REQ_RECEIVED && record.private_data_len > 0 {
+            ep.private_data = record.private_data;
+            ep.private_data_len = record.private_data_len;
+        }
+        ep.events.push_back(record);
+        if let Some(request) = ep.pending.pop_front() {
+            self.fill(file, endpoint, request);
+        }
+    }
+
+    /// Completes `request` with as many queued records of the endpoint as its buffer holds.
+    fn fill(&mut self, file: FileId, endpoint: u64, mut request: R) {
+        let capacity = (request.output_len() / EventRecord::SIZE as usize)
+            .min(MAX_EVENTS_PER_REQUEST as usize);
+        let mut written = 0usize;
+        while written < capacity {
+            let Some(record) = self
+                .endpoint(file, endpoint)
+                .ok()
+                .and_then(|ep| ep.events.pop_front())
+            else {
+                break;
+            };
+            request.write_output(written * EventRecord::SIZE as usize, record.as_bytes());
+            written += 1;
+            // The user now knows the new endpoint: it leaves the listen's backlog.
+            if record.event_type == event_type::REQ_RECEIVED
+                && let Ok(child) = self.cep_of(file, record.new_handle)
+            {
+                let _ = self.cm.take_request(child);
+            }
+        }
+        self.done.push((
+            request,
+            status::SUCCESS,
+            written * EventRecord::SIZE as usize,
+        ));
+    }
+
+    fn take_flush(&mut self) -> Flush<R> {
+        Flush {
+            tx: core::mem::take(&mut self.tx),
+            done: core::mem::take(&mut self.done),
+            timer: if self.removed {
+                None
+            } else {
+                self.cm.poll_timeout()
+            },
+        }
+    }
+}
+
+impl<P: Platform> Device<P> {
+    /// A device whose engine uses `config`.
+    pub fn new(platform: P, config: CmConfig) -> Self {
+        Self {
+            platform,
+            inner: P::new_lock(Inner {
+                cm: CmManager::new(config),
+                removed: false,
+                files: Table::new(),
+                owners: Vec::new(),
+                tx: Vec::new(),
+                done: Vec::new(),
+            }),
+        }
+    }
+
+    /// The platform.
+    pub fn platform(&self) -> &P {
+        &self.platform
+    }
+
+    /// Runs `f` on the engine under the lock (counters and diagnostics).
+    pub fn with_engine<T>(&self, f: impl FnOnce(&CmManager) -> T) -> T {
+        self.inner.with(|i| f(&i.cm))
+    }
+
+    fn run<T>(&self, f: impl FnOnce(&mut Inner<P::Request>) -> T) -> T {
+        let (value, flush) = self.inner.with(|i| {
+            let value = f(i);
+            i.drain();
+            (value, i.take_flush())
+        });
+        self.finish(flush);
+        value
+    }
+
+    /// Sends, completes and re-arms with no lock held, then hands the emptied batch
+    /// vectors back so their capacity is reused.
+    fn finish(&self, mut flush: Flush<P::Request>) {
+        for t in &flush.tx {
+            self.platform.send(t);
+        }
+        for (request, st, info) in flush.done.drain(..) {
+            self.platform.complete(request, st, info);
+        }
+        self.platform.set_timer(flush.timer);
+        flush.tx.clear();
+        self.inner.with(|i| {
+            if i.tx.capacity() < flush.tx.capacity() {
+                i.tx = core::mem::take(&mut flush.tx);
+            }
+            if i.done.capacity() < flush.done.capacity() {
+                i.done = core::mem::take(&mut flush.done);
+            }
+        });
+    }
+
+    /// A new file handle (IRP_MJ_CREATE).
+    pub fn open(&self) -> FileId {
+        self.inner.with(|i| {
+            FileId(i.files.insert(File {
+                versioned: false,
+                endpoints: Table::new(),
+                spares: Vec::new(),
+            }))
+        })
+    }
+
+    /// IRP_MJ_CLEANUP: destroys every endpoint of the file and completes its pending
+    /// requests with STATUS_CANCELLED. Nothing waits on the network.
+    pub fn cleanup(&self, file: FileId) {
+        let now = self.platform.now();
+        self.run(|i| {
+            let handles: Vec<u64> = match i.file(file) {
+                Ok(f) => f.endpoints.handles().collect(),
+                Err(_) => return,
+            };
+            for h in handles {
+                let _ = destroy_endpoint(i, now, file, h);
+            }
+        });
+    }
+
+    /// IRP_MJ_CLOSE: forgets the file. Call after [`cleanup`](Self::cleanup).
+    pub fn close(&self, file: FileId) -> bool {
+        self.cleanup(file);
+        self.inner.with(|i| i.files.remove(file.0).is_some())
+    }
+
+    /// Endpoints of a file, for accounting at close.
+    pub fn endpoint_count(&self, file: FileId) -> usize {
+        self.inner
+            .with(|i| i.files.get(file.0).map_or(0, |f| f.endpoints.live))
+    }
+
+    /// Open files.
+    pub fn file_count(&self) -> usize {
+        self.inner.with(|i| i.files.live)
+    }
+
+    /// EvtIoDeviceControl: validates and carries out one IOCTL. The request is always
+    /// completed, now or (GET_EVENT) when an event arrives, is cancelled, or the handle
+    /// closes.
+    pub fn dispatch(&self, file: FileId, request: P::Request, code: u32, input: &[u8]) {
+        let now = self.platform.now();
+        self.run(|i| {
+            if i.removed {
+                i.done.push((request, status::DEVICE_REMOVED, 0));
+            } else {
+                ioctl(i, now, file, request, code, input);
+            }
+        });
+    }
+
+    /// The platform's cancel routine for a pending GET_EVENT: completes it with
+    /// STATUS_CANCELLED unless it was already completed (then this does nothing).
+    pub fn cancel(&self, file: FileId, key: u64) {
+        self.run(|i| {
+            let Ok(f) = i.file(file) else { return };
+            let handles: Vec<u64> = f.endpoints.handles().collect();
+            for h in handles {
+                if let Some(ep) = f.endpoints.get_mut(h)
+                    && let Some(pos) = ep.pending.iter().position(|r| r.key() == key)
+                    && let Some(request) = ep.pending.remove(pos)
+                {
+                    i.done.push((request, status::CANCELLED, 0));
+                    return;
+                }
+            }
+        });
+    }
+
+    /// A MAD received on QP1 (DISPATCH_LEVEL).
+    pub fn receive(&self, src: &MadAddress, mad: &[u8]) {
+        let now = self.platform.now();
+        self.run(|i| {
+            if !i.removed {
+                i.cm.handle_mad(now, src, mad);
+            }
+        });
+    }
+
+    /// The timer fired (DISPATCH_LEVEL).
+    pub fn timer_expired(&self) {
+        let now = self.platform.now();
+        self.run(|i| {
+            if !i.removed {
+                i.cm.handle_timeout(now);
+            }
+        });
+    }
+
+    /// The HCA is gone: every endpoint gets a DEVICE_REMOVAL event (through a pending
+    /// GET_EVENT if there is one), then every other pending request completes with
+    /// STATUS_DEVICE_REMOVED. Later IOCTLs fail with STATUS_DEVICE_REMOVED; destroy and
+    /// close still work and need no network.
+    pub fn remove(&self) {
+        self.run(|i| {
+            i.removed = true;
+            let files: Vec<u64> = i.files.handles().collect();
+            for f in files {
+                let file = FileId(f);
+                let handles: Vec<u64> = match i.file(file) {
+                    Ok(fl) => fl.endpoints.handles().collect(),
+                    Err(_) => continue,
+                };
+                for h in handles {
+                    i.deliver(file, h, removal_record(h));
+                    if let Ok(ep) = i.endpoint(file, h) {
+                        let rest: Vec<P::Request> = ep.pending.drain(..).collect();
+                        for r in rest {
+                            i.done.push((r, status::DEVICE_REMOVED, 0));
+                        }
+                    }
+                }
+            }
+        });
+    }
+}
+
+/// Destroys an endpoint: the engine tears the connection down in the background, the
+/// endpoint's pending requests complete with STATUS_CANCELLED, and REQ-created endpoints
+/// the user never heard of (queued on a listen) go with it.
+fn destroy_endpoint<R: Request>(
+    i: &mut Inner<R>,
+    now: Instant,
+    file: FileId,
+    handle: u64,
+) -> Result<(), Status> {
+    let ep = i
+        .file(file)?
+        .endpoints
+        .remove(handle)
+        .ok_or(status::INVALID_HANDLE)?;
+    for record in &ep.events {
+        if record.event_type == event_type::REQ_RECEIVED {
+            let _ = destroy_endpoint(i, now, file, record.new_handle);
+        }
+    }
+    for r in ep.pending {
+        i.done.push((r, status::CANCELLED, 0));
+    }
+    i.clear_owner(ep.cep);
+    let _ = i.cm.destroy(now, ep.cep);
+    Ok(())
+}
+
+fn check_reserved(ok: bool) -> Result<(), Status> {
+    require(ok)
+}
+
+/// One IOCTL, under the lock: the request is completed (queued on `done`) or, for a
+/// GET_EVENT with nothing to report, left pending on its endpoint.
+fn ioctl<R: Request>(
+    i: &mut Inner<R>,
+    now: Instant,
+    file: FileId,
+    mut request: R,
+    code: u32,
+    bytes: &[u8],
+) {
+    if code == code::GET_EVENT {
+        if let Err((request, st)) = get_event(i, file, request, bytes) {
+            i.done.push((request, st, 0));
+        }
+        return;
+    }
+    match operation(i, now, file, &mut request, code, bytes) {
+        Ok(n) => i.done.push((request, status::SUCCESS, n)),
+        Err(st) => i.done.push((request, st, 0)),
+    }
+}
+
+/// GET_EVENT: completes at once with the queued events, or pends until one arrives.
+fn get_event<R: Request>(
+    i: &mut Inner<R>,
+    file: FileId,
+    request: R,
+    bytes: &[u8],
+) -> Result<(), (R, Status)> {
+    let h = match check_get_event(i, file, &request, bytes) {
+        Ok(h) => h,
+        Err(st) => return Err((request, st)),
+    };
+    let capacity =
+        (request.output_len() / EventRecord::SIZE as usize).min(MAX_EVENTS_PER_REQUEST as usize);
+    // PASSIVE_LEVEL: room for the REQs this request may deliver at DISPATCH_LEVEL.
+    i.prepare_for_requests(file, capacity);
+    let Ok(ep) = i.endpoint(file, h) else {
+        return Err((request, status::INVALID_HANDLE));
+    };
+    if ep.pending.try_reserve(1).is_err() {
+        return Err((request, status::INSUFFICIENT_RESOURCES));
+    }
+    if ep.events.is_empty() {
+        ep.pending.push_back(request);
+    } else {
+        i.fill(file, h, request);
+    }
+    Ok(())
+}
+
+fn check_get_event<R: Request>(
+    i: &mut Inner<R>,
+    file: FileId,
+    request: &R,
+    bytes: &[u8],
+) -> Result<u64, Status> {
+    if !i.file(file)?.versioned {
+        return Err(status::INVALID_DEVICE_STATE);
+    }
+    let h = handle_in(bytes)?;
+    i.endpoint(file, h)?;
+    if request.output_len() < EventRecord::SIZE as usize {
+        return Err(status::BUFFER_TOO_SMALL);
+    }
+    Ok(h)
+}
+
+/// Every IOCTL but GET_EVENT: `Ok(n)` completes with SUCCESS and `n` output bytes.
+fn operation<R: Request>(
+    i: &mut Inner<R>,
+    now: Instant,
+    file: FileId,
+    request: &mut R,
+    code: u32,
+    bytes: &[u8],
+) -> Result<usize, Status> {
+    let versioned = i.file(file)?.versioned;
+    if code == code::VERSION {
+        let v: VersionIn = input(bytes, VersionIn::SIZE)?;
+        if v.abi_version != ABI_VERSION {
+            return Err(status::REVISION_MISMATCH);
+        }
+        let out = VersionOut {
+            size: VersionOut::SIZE,
+            abi_version: ABI_VERSION,
+            event_record_size: EventRecord::SIZE,
+            max_events_per_request: MAX_EVENTS_PER_REQUEST,
+        };
+        let n = output(request, &out)?;
+        i.file(file)?.versioned = true;
+        return Ok(n);
+    }
+    if !code::ALL.contains(&code) {
+        return Err(status::INVALID_DEVICE_REQUEST);
+    }
+    // The handshake comes first: a caller of another ABI must not reach the records.
+    if !versioned {
+        return Err(status::INVALID_DEVICE_STATE);
+    }
+    match code {
+        code::CREATE => {
+            let c: CreateIn = input(bytes, CreateIn::SIZE)?;
+            check_reserved(c.reserved == 0)?;
+            if request.output_len() < CreateOut::SIZE as usize {
+                return Err(status::BUFFER_TOO_SMALL);
+            }
+            let cep = i.cm.create().map_err(status_of)?;
+            let f = i.file(file)?;
+            let handle = f.endpoints.insert(Endpoint::new(cep, FIFO_DEPTH));
+            i.set_owner(
+                cep,
+                Owner {
+                    cep,
+                    file: file.0,
+                    endpoint: handle,
+                },
+            );
+            let out = CreateOut {
+                size: CreateOut::SIZE,
+                reserved: 0,
+                handle,
+            };
+            Ok(output(request, &out)?)
+        }
+        code::DESTROY => {
+            let h = handle_in(bytes)?;
+            destroy_endpoint(i, now, file, h)?;
+            Ok(0)
+        }
+        code::LISTEN => {
+            let l: ListenIn = input(bytes, ListenIn::SIZE)?;
+            check_reserved(l.reserved == 0 && l.reserved1 == 0 && l.reserved2 == [0; 4])?;
+            require((1..=MAX_BACKLOG).contains(&l.backlog))?;
+            let compare = used(&l.compare, l.compare_len, limits::REQ_PRIVATE_DATA)?;
+            require(usize::from(l.compare_offset) + compare.len() <= limits::REQ_PRIVATE_DATA)?;
+            let cep = i.cep_of(file, l.handle)?;
+            let mut buf = Vec::new();
+            buf.try_reserve_exact(compare.len())
+                .map_err(|_| status::INSUFFICIENT_RESOURCES)?;
+            buf.extend_from_slice(compare);
+            let params = ibcm_cep::ListenParams {
+                service_id: l.service_id,
+                service_mask: l.service_mask,
+                port: (l.port != 0).then_some(l.port),
+                compare: (!compare.is_empty()).then_some((l.compare_offset, buf)),
+                backlog: l.backlog,
+            };
+            i.cm.listen(cep, params).map_err(status_of)?;
+            let ep = i.endpoint(file, l.handle)?;
+            ep.backlog = l.backlog;
+            let depth = l.backlog as usize;
+            ep.events.reserve(depth);
+            i.prepare_for_requests(file, 0);
+            Ok(0)
+        }
+        code::CANCEL_LISTEN => {
+            let h = handle_in(bytes)?;
+            let cep = i.cep_of(file, h)?;
+            if i.cm.state(cep).map_err(status_of)? != ibcm_cep::StateName::Listen {
+                return Err(status::INVALID_DEVICE_STATE);
+            }
+            // A listen is ended by destroying its CEP; the endpoint gets a fresh one.
+            let fresh = i.cm.create().map_err(status_of)?;
+            let _ = i.cm.destroy(now, cep);
+            i.clear_owner(cep);
+            let ep = i.endpoint(file, h)?;
+            ep.cep = fresh;
+            ep.backlog = 0;
+            let pending_requests: Vec<u64> = ep
+                .events
+                .iter()
+                .filter(|r| r.event_type == event_type::REQ_RECEIVED)
+                .map(|r| r.new_handle)
+                .collect();
+            ep.events
+                .retain(|r| r.event_type != event_type::REQ_RECEIVED);
+            for child in pending_requests {
+                let _ = destroy_endpoint(i, now, file, child);
+            }
+            i.set_owner(
+                fresh,
+                Owner {
+                    cep: fresh,
+                    file: file.0,
+                    endpoint: h,
+                },
+            );
+            Ok(0)
+        }
+        code::CONNECT => {
+            let c: ConnectIn = input(bytes, ConnectIn::SIZE)?;
+            check_reserved(c.reserved == 0 && c.reserved1 == [0; 3])?;
+            require(c.flags & !flags::ALL == 0)?;
+            let primary = path_from_abi(&c.primary)?;
+            let alternate = if c.flags & flags::ALTERNATE_PATH != 0 {
+                Some(path_from_abi(&c.alternate)?)
+            } else {
+                require(c.alternate == ibcm_ioctl::PathAbi::new_zeroed())?;
+                None
+            };
+            let private_data = used(
+                &c.private_data,
+                c.private_data_len,
+                limits::REQ_PRIVATE_DATA,
+            )?;
+            let params = ibcm_cep::ConnectParams {
+                service_id: c.service_id,
+                port: c.port,
+                pkey: c.pkey,
+                qpn: c.qpn,
+                transport: transport_from_abi(c.transport)?,
+                starting_psn: (c.flags & flags::PSN_GIVEN != 0).then_some(c.starting_psn),
+                primary_path: primary,
+                alternate_path: alternate,
+                path_mtu: mtu_from_abi(c.path_mtu)?,
+                responder_resources: c.responder_resources,
+                initiator_depth: c.initiator_depth,
+                remote_cm_response_timeout: c.remote_cm_response_timeout,
+                local_cm_response_timeout: c.local_cm_response_timeout,
+                retry_count: c.retry_count,
+                rnr_retry_count: c.rnr_retry_count,
+                max_cm_retries: c.max_cm_retries,
+                srq: c.flags & flags::SRQ != 0,
+                flow_control: c.flags & flags::FLOW_CONTROL != 0,
+                private_data,
+            };
+            let cep = i.cep_of(file, c.handle)?;
+            i.cm.connect(now, cep, &params).map_err(status_of)?;
+            Ok(0)
+        }
+        code::FORMAT_REP => {
+            let r: FormatRepIn = input(bytes, FormatRepIn::SIZE)?;
+            check_reserved(r.reserved == 0 && r.reserved1 == [0; 3])?;
+            require(r.flags & !(flags::PSN_GIVEN | flags::SRQ | flags::FLOW_CONTROL) == 0)?;
+            require(r.failover_accepted <= 2)?;
+            if request.output_len() < FormatRepOut::SIZE as usize {
+                return Err(status::BUFFER_TOO_SMALL);
+            }
+            let private_data = used(
+                &r.private_data,
+                r.private_data_len,
+                limits::REP_PRIVATE_DATA,
+            )?;
+            let params = ibcm_cep::RepParams {
+                qpn: r.qpn,
+                starting_psn: (r.flags & flags::PSN_GIVEN != 0).then_some(r.starting_psn),
+                responder_resources: r.responder_resources,
+                initiator_depth: r.initiator_depth,
+                rnr_retry_count: r.rnr_retry_count,
+                failover_accepted: ibcm_mad::Failover::from(r.failover_accepted),
+                flow_control: r.flags & flags::FLOW_CONTROL != 0,
+                srq: r.flags & flags::SRQ != 0,
+                private_data,
+            };
+            let cep = i.cep_of(file, r.handle)?;
+            let prepared = i.cm.prepare_rep(cep, &params).map_err(status_of)?;
+            let out = FormatRepOut {
+                size: FormatRepOut::SIZE,
+                reserved: 0,
+                init: qp_attr_to_abi(&prepared.init),
+                rtr: qp_attr_to_abi(&prepared.rtr),
+                rts: qp_attr_to_abi(&prepared.rts),
+            };
+            Ok(output(request, &out)?)
+        }
+        code::SEND_REP => {
+            let cep = i.cep_of(file, handle_in(bytes)?)?;
+            i.cm.send_rep(now, cep).map_err(status_of)?;
+            Ok(0)
+        }
+        code::RTU | code::DREQ | code::DREP => {
+            let p: PrivateDataIn = input(bytes, PrivateDataIn::SIZE)?;
+            check_reserved(p.reserved == 0 && p.reserved1 == [0; 7])?;
+            let max = if code == code::DREQ {
+                limits::DREQ_PRIVATE_DATA
+            } else {
+                limits::RTU_PRIVATE_DATA
+            };
+            let data = used(&p.private_data, p.private_data_len, max)?;
+            let cep = i.cep_of(file, p.handle)?;
+            match code {
+                code::RTU => i.cm.rtu(cep, data),
+                code::DREQ => i.cm.disconnect(now, cep, data),
+                _ => i.cm.drep(now, cep, data),
+            }
+            .map_err(status_of)?;
+            Ok(0)
+        }
+        code::REJ => {
+            let r: RejIn = input(bytes, RejIn::SIZE)?;
+            check_reserved(r.reserved == 0 && r.reserved1 == 0 && r.reserved2 == [0; 4])?;
+            let ari = used(&r.ari, r.ari_len, limits::REJ_ARI)?;
+            let data = used(
+                &r.private_data,
+                r.private_data_len,
+                limits::REJ_PRIVATE_DATA,
+            )?;
+            let cep = i.cep_of(file, r.handle)?;
+            let params = ibcm_cep::RejectParams {
+                reason: ibcm_mad::RejReason::from(r.reason),
+                ari,
+                private_data: data,
+            };
+            i.cm.reject(now, cep, &params).map_err(status_of)?;
+            Ok(0)
+        }
+        code::MRA => {
+            let m: MraIn = input(bytes, MraIn::SIZE)?;
+            check_reserved(m.reserved == 0 && m.reserved1 == [0; 6] && m.reserved2 == [0; 2])?;
+            let data = used(
+                &m.private_data,
+                m.private_data_len,
+                limits::MRA_PRIVATE_DATA,
+            )?;
+            let cep = i.cep_of(file, m.handle)?;
+            i.cm.mra(cep, m.service_timeout, data).map_err(status_of)?;
+            Ok(0)
+        }
+        code::GET_QP_ATTR => {
+            let q: GetQpAttrIn = input(bytes, GetQpAttrIn::SIZE)?;
+            check_reserved(q.reserved == 0 && q.reserved1 == 0)?;
+            let state = qp_state_from_abi(q.qp_state)?;
+            if request.output_len() < QpAttrOut::SIZE as usize {
+                return Err(status::BUFFER_TOO_SMALL);
+            }
+            let cep = i.cep_of(file, q.handle)?;
+            let attr = i.cm.qp_attributes(cep, state).map_err(status_of)?;
+            let out = QpAttrOut {
+                size: QpAttrOut::SIZE,
+                reserved: 0,
+                attr: qp_attr_to_abi(&attr),
+            };
+            Ok(output(request, &out)?)
+        }
+        code::QUERY => {
+            let h = handle_in(bytes)?;
+            let ep = i.endpoint(file, h)?;
+            let (cep, len) = (ep.cep, usize::from(ep.private_data_len));
+            let pd = ep.private_data;
+            let info = i.cm.query(cep).map_err(status_of)?;
+            let out = query_to_abi(&info, pd.get(..len).unwrap_or(&[]));
+            Ok(output(request, &out)?)
+        }
+        code::ESTABLISHED => {
+            let cep = i.cep_of(file, handle_in(bytes)?)?;
+            i.cm.established(cep).map_err(status_of)?;
+            Ok(0)
+        }
+        code::COUNTERS => {
+            let c: CountersIn = input(bytes, CountersIn::SIZE)?;
+            check_reserved(c.reserved == 0)?;
+            let k = i.cm.counters();
+            let out = CountersOut {
+                size: CountersOut::SIZE,
+                reserved: 0,
+                sent: k.sent,
+                retries: k.retries,
+                received: k.received,
+                duplicates: k.duplicates,
+                malformed: k.malformed,
+                unmatched: k.unmatched,
+                backlog_drops: k.backlog_drops,
+            };
+            Ok(output(request, &out)?)
+        }
+        _ => Err(status::INVALID_DEVICE_REQUEST),
+    }
+}
+
+fn handle_in(bytes: &[u8]) -> Result<u64, Status> {
+    let h: HandleIn = input(bytes, HandleIn::SIZE)?;
+    check_reserved(h.reserved == 0)?;
+    Ok(h.handle)
+}

@@ -1,0 +1,42 @@
+//! The boundary every platform implements: the KMDF binding on Windows, `driver/host` on
+//! Linux. The dispatch layer calls these only with no lock held.
+
+use ibcm_cep::{Instant, Transmit};
+
+/// A request from user mode (a WDFREQUEST on Windows): the dispatch layer owns it from
+/// the moment it is handed in until it passes it to [`Platform::complete`].
+pub trait Request {
+    /// Bytes the caller's output buffer holds.
+    fn output_len(&self) -> usize;
+    /// Writes `bytes` at `offset` of the output buffer. The dispatch layer never writes
+    /// past [`output_len`](Self::output_len); a platform should still refuse (and report)
+    /// such a write.
+    fn write_output(&mut self, offset: usize, bytes: &[u8]);
+    /// Identifies the request for [`Device::cancel`](crate::Device::cancel).
+    fn key(&self) -> u64;
+}
+
+/// A lock around the dispatch layer's state: a WDF spin lock in the kernel, a mutex on
+/// the host, a loom mutex in model checks.
+pub trait Lock<T> {
+    /// Runs `f` with the state locked.
+    fn with<R>(&self, f: impl FnOnce(&mut T) -> R) -> R;
+}
+
+/// What the dispatch layer needs from the platform.
+pub trait Platform {
+    /// The request token.
+    type Request: Request;
+    /// The lock type.
+    type Lock<T>: Lock<T>;
+    /// Wraps the state in a lock.
+    fn new_lock<T>(value: T) -> Self::Lock<T>;
+    /// The current time.
+    fn now(&self) -> Instant;
+    /// Posts a MAD on QP1.
+    fn send(&self, transmit: &Transmit);
+    /// Completes a request with an NTSTATUS and the number of output bytes written.
+    fn complete(&self, request: Self::Request, status: i32, information: usize);
+    /// Arms the one timer to `deadline` (or disarms it).
+    fn set_timer(&self, deadline: Option<Instant>);
+}

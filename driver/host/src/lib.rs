@@ -1,0 +1,22 @@
+//! The Linux platform of ibcm: it stands in for the kernel so the whole driver runs, end
+//! to end, in tests, benches and the CLI.
+//!
+//! - [`HostPlatform`] implements the dispatch layer's [`Platform`](ibcm_endpoint::Platform):
+//!   a lock the verifier can see, requests with bounded output buffers, a clock, one
+//!   timer and an outbox of MADs.
+//! - [`verifier`] enforces what Driver Verifier would: every request completed exactly
+//!   once, never after its cancellation, never under a lock, never past its output
+//!   buffer; every request and endpoint accounted for at close; no allocation at
+//!   DISPATCH_LEVEL (the receive path and the timer run "at DISPATCH").
+//! - [`Fabric`] joins host nodes in virtual time.
+#![forbid(unsafe_code)]
+#![warn(missing_docs)]
+
+mod fabric;
+mod node;
+mod platform;
+pub mod verifier;
+
+pub use fabric::{Fabric, node_address, node_guid};
+pub use node::{Node, file_key};
+pub use platform::{HostLock, HostPlatform, HostRequest};

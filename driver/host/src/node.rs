@@ -1,0 +1,113 @@
+//! A host node: one [`Device`] on a [`HostPlatform`], and the calls a user-mode process
+//! or the fabric makes on it, each under the verifier's eye.
+
+use std::sync::Arc;
+use std::sync::atomic::AtomicU64;
+
+use ibcm_cep::{CmConfig, MadAddress};
+use ibcm_endpoint::{Device, FileId};
+
+use crate::platform::{HostPlatform, HostRequest};
+use crate::verifier::{Completion, Violation, at_dispatch};
+
+/// One node: its device, platform and address on the fabric.
+pub struct Node {
+    /// The dispatch layer.
+    pub device: Device<HostPlatform>,
+    /// The platform (ledger, outbox, timer).
+    pub platform: HostPlatform,
+    /// This node's address as peers see it.
+    pub address: MadAddress,
+}
+
+impl Node {
+    /// A node with `config` at `address`, reading time from `clock`.
+    pub fn new(config: CmConfig, address: MadAddress, clock: Arc<AtomicU64>) -> Self {
+        let platform = HostPlatform::new(clock);
+        Self {
+            device: Device::new(platform.clone(), config),
+            platform,
+            address,
+        }
+    }
+
+    /// Opens a file handle.
+    pub fn open(&self) -> FileId {
+        self.device.open()
+    }
+
+    /// Issues an IOCTL and returns the request's key; the completion (now or later) is
+    /// in the ledger.
+    pub fn ioctl(&self, file: FileId, code: u32, input: &[u8], output_len: usize) -> u64 {
+        let request = self.platform.request(file_key(file), output_len);
+        let key = request.key_value();
+        self.device.dispatch(file, request, code, input);
+        key
+    }
+
+    /// Issues an IOCTL that must complete at once, and returns its completion.
+    pub fn ioctl_now(
+        &self,
+        file: FileId,
+        code: u32,
+        input: &[u8],
+        output_len: usize,
+    ) -> Completion {
+        let key = self.ioctl(file, code, input, output_len);
+        self.completion(key).unwrap_or(Completion {
+            status: ibcm_ioctl::status::PENDING,
+            information: 0,
+            output: Vec::new(),
+        })
+    }
+
+    /// How request `key` ended, if it has.
+    pub fn completion(&self, key: u64) -> Option<Completion> {
+        self.platform.ledger.completion(key)
+    }
+
+    /// Cancels a pending request (the I/O manager's cancel routine).
+    pub fn cancel(&self, file: FileId, key: u64) {
+        self.platform.ledger.cancel_requested(key);
+        self.device.cancel(file, key);
+    }
+
+    /// Closes a file handle (cleanup + close) and checks that every request of the file
+    /// was completed and no endpoint is left.
+    pub fn close(&self, file: FileId) {
+        self.device.cleanup(file);
+        let left = self.device.endpoint_count(file);
+        self.device.close(file);
+        self.platform.ledger.account_file(file_key(file));
+        if left != 0 {
+            self.platform
+                .ledger
+                .violate(Violation::EndpointLeak { count: left });
+        }
+    }
+
+    /// A MAD arrives from `src` (DISPATCH_LEVEL).
+    pub fn receive(&self, src: &MadAddress, mad: &[u8]) {
+        at_dispatch(&self.platform.ledger, || self.device.receive(src, mad));
+    }
+
+    /// The timer DPC (DISPATCH_LEVEL).
+    pub fn fire_timer(&self) {
+        at_dispatch(&self.platform.ledger, || self.device.timer_expired());
+    }
+
+    /// Every rule broken so far.
+    pub fn violations(&self) -> Vec<Violation> {
+        self.platform.ledger.violations()
+    }
+
+    /// A request of this node (for tests that drive the device directly).
+    pub fn request(&self, file: FileId, output_len: usize) -> HostRequest {
+        self.platform.request(file_key(file), output_len)
+    }
+}
+
+/// The ledger key of a file.
+pub fn file_key(file: FileId) -> u64 {
+    file.raw()
+}

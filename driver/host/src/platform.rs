@@ -1,0 +1,139 @@
+//! The host platform: a lock that the verifier can see, requests with bounded output
+//! buffers and a ledger, a clock, a timer and an outbox of MADs.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+
+use ibcm_cep::{Instant, Transmit};
+use ibcm_endpoint::{Lock, Platform, Request};
+
+use crate::verifier::{Completion, Ledger, Violation, lock_acquired, lock_released};
+
+/// A mutex standing in for a WDF spin lock; it tells the verifier when it is held.
+#[derive(Debug, Default)]
+pub struct HostLock<T>(Mutex<T>);
+
+impl<T> Lock<T> for HostLock<T> {
+    fn with<R>(&self, f: impl FnOnce(&mut T) -> R) -> R {
+        let mut guard = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        lock_acquired();
+        let r = f(&mut guard);
+        lock_released();
+        r
+    }
+}
+
+/// A request from a (modelled) user-mode caller: its output buffer has exactly the
+/// length the caller gave.
+#[derive(Debug)]
+pub struct HostRequest {
+    key: u64,
+    output: Vec<u8>,
+    ledger: Arc<Ledger>,
+}
+
+impl HostRequest {
+    /// The request's key in the ledger.
+    pub fn key_value(&self) -> u64 {
+        self.key
+    }
+}
+
+impl Request for HostRequest {
+    fn output_len(&self) -> usize {
+        self.output.len()
+    }
+
+    fn write_output(&mut self, offset: usize, bytes: &[u8]) {
+        let end = offset.saturating_add(bytes.len());
+        match self.output.get_mut(offset..end) {
+            Some(dst) => dst.copy_from_slice(bytes),
+            None => self.ledger.violate(Violation::OutputOverflow {
+                key: self.key,
+                end,
+                len: self.output.len(),
+            }),
+        }
+    }
+
+    fn key(&self) -> u64 {
+        self.key
+    }
+}
+
+/// The host platform of one node.
+#[derive(Debug, Clone)]
+pub struct HostPlatform {
+    /// Every request's fate, and every broken rule.
+    pub ledger: Arc<Ledger>,
+    clock: Arc<AtomicU64>,
+    outbox: Arc<Mutex<Vec<Transmit>>>,
+    timer: Arc<Mutex<Option<Instant>>>,
+}
+
+impl HostPlatform {
+    /// A platform reading time from `clock` (ns).
+    pub fn new(clock: Arc<AtomicU64>) -> Self {
+        Self {
+            ledger: Arc::new(Ledger::default()),
+            clock,
+            outbox: Arc::new(Mutex::new(Vec::new())),
+            timer: Arc::new(Mutex::new(None)),
+        }
+    }
+
+    /// A request of `file` with an output buffer of `output_len` bytes.
+    pub fn request(&self, file: u64, output_len: usize) -> HostRequest {
+        HostRequest {
+            key: self.ledger.issue(file),
+            output: vec![0; output_len],
+            ledger: Arc::clone(&self.ledger),
+        }
+    }
+
+    /// Takes the MADs posted since the last call.
+    pub fn take_sent(&self) -> Vec<Transmit> {
+        std::mem::take(&mut *self.outbox.lock().unwrap_or_else(PoisonError::into_inner))
+    }
+
+    /// The deadline the timer is armed to.
+    pub fn timer(&self) -> Option<Instant> {
+        *self.timer.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+impl Platform for HostPlatform {
+    type Request = HostRequest;
+    type Lock<T> = HostLock<T>;
+
+    fn new_lock<T>(value: T) -> HostLock<T> {
+        HostLock(Mutex::new(value))
+    }
+
+    fn now(&self) -> Instant {
+        Instant::from_nanos(self.clock.load(Ordering::Acquire))
+    }
+
+    fn send(&self, transmit: &Transmit) {
+        self.outbox
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .push(transmit.clone());
+    }
+
+    fn complete(&self, request: HostRequest, status: i32, information: usize) {
+        let HostRequest { key, output, .. } = request;
+        self.ledger.complete(
+            key,
+            Completion {
+                status,
+                information,
+                output,
+            },
+        );
+    }
+
+    fn set_timer(&self, deadline: Option<Instant>) {
+        *self.timer.lock().unwrap_or_else(PoisonError::into_inner) = deadline;
+    }
+}

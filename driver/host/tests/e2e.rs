@@ -1,0 +1,205 @@
+//! Connect, accept, RTU and disconnect between two host nodes, every step crossing the
+//! IOCTL byte records.
+
+use ibcm_host::{Fabric, Node, node_address};
+use ibcm_ioctl::{
+    ABI_VERSION, ConnectIn, CreateIn, CreateOut, EventRecord, FormatRepIn, HandleIn, ListenIn,
+    PathAbi, PrivateDataIn, QueryOut, VersionIn, code, ep_state, event_type, status,
+};
+use zerocopy::{FromBytes, FromZeros, IntoBytes};
+
+fn handshake(node: &Node, file: ibcm_endpoint::FileId) {
+    let v = VersionIn {
+        size: VersionIn::SIZE,
+        abi_version: ABI_VERSION,
+    };
+    assert_eq!(
+        node.ioctl_now(file, code::VERSION, v.as_bytes(), 16).status,
+        status::SUCCESS
+    );
+}
+
+fn create(node: &Node, file: ibcm_endpoint::FileId) -> u64 {
+    let c = CreateIn {
+        size: CreateIn::SIZE,
+        reserved: 0,
+    };
+    let done = node.ioctl_now(file, code::CREATE, c.as_bytes(), 16);
+    assert_eq!(done.status, status::SUCCESS);
+    CreateOut::read_from_bytes(&done.output).unwrap().handle
+}
+
+fn handle_in(h: u64) -> HandleIn {
+    HandleIn {
+        size: HandleIn::SIZE,
+        reserved: 0,
+        handle: h,
+    }
+}
+
+fn events(done: &ibcm_host::verifier::Completion) -> Vec<EventRecord> {
+    done.output[..done.information]
+        .chunks(EventRecord::SIZE as usize)
+        .map(|c| EventRecord::read_from_bytes(c).unwrap())
+        .collect()
+}
+
+fn path(from: usize, to: usize) -> PathAbi {
+    let (a, b) = (node_address(from), node_address(to));
+    let mut p = PathAbi::new_zeroed();
+    p.slid = a.lid;
+    p.dlid = b.lid;
+    p.sgid = a.gid;
+    p.dgid = b.gid;
+    p.rate = 16;
+    p.packet_life_time = 14;
+    p.subnet_local = 1;
+    p
+}
+
+#[test]
+fn connect_accept_rtu_disconnect_over_ioctl_records() {
+    let mut fabric = Fabric::new(2, 7);
+    let (fa, fb) = (fabric.nodes[0].open(), fabric.nodes[1].open());
+    handshake(&fabric.nodes[0], fa);
+    handshake(&fabric.nodes[1], fb);
+    let listen = create(&fabric.nodes[1], fb);
+    let mut l = ListenIn::new_zeroed();
+    l.size = ListenIn::SIZE;
+    l.handle = listen;
+    l.service_id = 0x1234;
+    l.service_mask = u64::MAX;
+    l.backlog = 4;
+    assert_eq!(
+        fabric.nodes[1]
+            .ioctl_now(fb, code::LISTEN, l.as_bytes(), 0)
+            .status,
+        status::SUCCESS
+    );
+    // B waits for a request before A connects: the REQ completes the pending GET_EVENT.
+    let b_wait = fabric.nodes[1].ioctl(fb, code::GET_EVENT, handle_in(listen).as_bytes(), 4 * 464);
+    assert!(fabric.nodes[1].completion(b_wait).is_none());
+
+    let ep = create(&fabric.nodes[0], fa);
+    let mut c = ConnectIn::new_zeroed();
+    c.size = ConnectIn::SIZE;
+    c.handle = ep;
+    c.service_id = 0x1234;
+    c.qpn = 0x101;
+    c.pkey = 0xffff;
+    c.port = 1;
+    c.path_mtu = 5;
+    c.responder_resources = 2;
+    c.initiator_depth = 2;
+    c.remote_cm_response_timeout = 16;
+    c.local_cm_response_timeout = 16;
+    c.retry_count = 7;
+    c.rnr_retry_count = 7;
+    c.max_cm_retries = 3;
+    c.primary = path(0, 1);
+    c.private_data_len = 5;
+    c.private_data[..5].copy_from_slice(b"hello");
+    assert_eq!(
+        fabric.nodes[0]
+            .ioctl_now(fa, code::CONNECT, c.as_bytes(), 0)
+            .status,
+        status::SUCCESS
+    );
+    let a_wait = fabric.nodes[0].ioctl(fa, code::GET_EVENT, handle_in(ep).as_bytes(), 464);
+    fabric.run_for(100_000);
+
+    let req = events(&fabric.nodes[1].completion(b_wait).expect("REQ event"));
+    assert_eq!(req.len(), 1);
+    assert_eq!(req[0].event_type, event_type::REQ_RECEIVED);
+    assert_eq!(&req[0].private_data[..5], b"hello");
+    assert_eq!(req[0].peer_responder_resources, 2);
+    let child = req[0].new_handle;
+
+    let mut r = FormatRepIn::new_zeroed();
+    r.size = FormatRepIn::SIZE;
+    r.handle = child;
+    r.qpn = 0x202;
+    r.responder_resources = 2;
+    r.initiator_depth = 2;
+    r.rnr_retry_count = 7;
+    r.failover_accepted = 1;
+    r.private_data_len = 3;
+    r.private_data[..3].copy_from_slice(b"yes");
+    let rep = fabric.nodes[1].ioctl_now(fb, code::FORMAT_REP, r.as_bytes(), 464);
+    assert_eq!(rep.status, status::SUCCESS);
+    let b_child_wait = fabric.nodes[1].ioctl(fb, code::GET_EVENT, handle_in(child).as_bytes(), 464);
+    assert_eq!(
+        fabric.nodes[1]
+            .ioctl_now(fb, code::SEND_REP, handle_in(child).as_bytes(), 0)
+            .status,
+        status::SUCCESS
+    );
+    fabric.run_for(100_000);
+
+    let rep_ev = events(&fabric.nodes[0].completion(a_wait).expect("REP event"));
+    assert_eq!(rep_ev[0].event_type, event_type::REP_RECEIVED);
+    assert_eq!(rep_ev[0].remote_qpn, 0x202);
+    assert_eq!(&rep_ev[0].private_data[..3], b"yes");
+    let mut rtu = PrivateDataIn::new_zeroed();
+    rtu.size = PrivateDataIn::SIZE;
+    rtu.handle = ep;
+    assert_eq!(
+        fabric.nodes[0]
+            .ioctl_now(fa, code::RTU, rtu.as_bytes(), 0)
+            .status,
+        status::SUCCESS
+    );
+    fabric.run_for(100_000);
+    let rtu_ev = events(&fabric.nodes[1].completion(b_child_wait).expect("RTU event"));
+    assert_eq!(rtu_ev[0].event_type, event_type::RTU_RECEIVED);
+
+    let q = fabric.nodes[0].ioctl_now(
+        fa,
+        code::QUERY,
+        handle_in(ep).as_bytes(),
+        QueryOut::SIZE as usize,
+    );
+    assert_eq!(
+        QueryOut::read_from_bytes(&q.output).unwrap().state,
+        ep_state::ESTABLISHED
+    );
+
+    // Disconnect: DREQ from A, DREP from B, both through timewait.
+    let a_wait = fabric.nodes[0].ioctl(fa, code::GET_EVENT, handle_in(ep).as_bytes(), 4 * 464);
+    let b_wait = fabric.nodes[1].ioctl(fb, code::GET_EVENT, handle_in(child).as_bytes(), 464);
+    let mut d = PrivateDataIn::new_zeroed();
+    d.size = PrivateDataIn::SIZE;
+    d.handle = ep;
+    assert_eq!(
+        fabric.nodes[0]
+            .ioctl_now(fa, code::DREQ, d.as_bytes(), 0)
+            .status,
+        status::SUCCESS
+    );
+    fabric.run_for(100_000);
+    assert_eq!(
+        events(&fabric.nodes[1].completion(b_wait).unwrap())[0].event_type,
+        event_type::DREQ_RECEIVED
+    );
+    d.handle = child;
+    assert_eq!(
+        fabric.nodes[1]
+            .ioctl_now(fb, code::DREP, d.as_bytes(), 0)
+            .status,
+        status::SUCCESS
+    );
+    fabric.run_for(100_000);
+    let a_events = events(&fabric.nodes[0].completion(a_wait).unwrap());
+    assert_eq!(a_events[0].event_type, event_type::DREP_RECEIVED);
+    let a_wait = fabric.nodes[0].ioctl(fa, code::GET_EVENT, handle_in(ep).as_bytes(), 464);
+    fabric.run_for(60_000_000_000);
+    assert_eq!(
+        events(&fabric.nodes[0].completion(a_wait).unwrap())[0].event_type,
+        event_type::TIMEWAIT_EXIT
+    );
+
+    for (n, f) in [(&fabric.nodes[0], fa), (&fabric.nodes[1], fb)] {
+        n.close(f);
+        assert_eq!(n.violations(), vec![]);
+    }
+}

@@ -1,0 +1,862 @@
+//! The ibcm IOCTL ABI, shared by the driver (`driver/endpoint`, the KMDF binding) and the
+//! user library.
+//!
+//! Rules (design.md, "The IOCTL ABI"):
+//! - Codes are `CTL_CODE(FILE_DEVICE_INFINIBAND, 0x800 + n, METHOD_BUFFERED,
+//!   FILE_READ_DATA | FILE_WRITE_DATA)`: a handle opened without read and write access
+//!   cannot issue them.
+//! - Records are flat `#[repr(C)]`, little-endian (every Windows target), with explicit
+//!   padding named `reserved*` that must be zero, fixed inline arrays with a length field
+//!   for private data and ARI, and no pointers. Each input record starts with its `size`.
+//! - Endpoint handles are per file handle: `index | generation << 32`, never global.
+//! - Conversion to and from bytes goes through `zerocopy`: no `unsafe` here.
+#![no_std]
+#![forbid(unsafe_code)]
+#![warn(missing_docs)]
+
+use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout};
+
+/// The ABI version this crate describes; the VERSION handshake must name it.
+pub const ABI_VERSION: u32 = 1;
+
+/// `FILE_DEVICE_INFINIBAND` (devioctl.h).
+pub const FILE_DEVICE_INFINIBAND: u32 = 0x3B;
+/// `METHOD_BUFFERED`: the I/O manager copies input and output through a system buffer,
+/// so the driver never touches a user address.
+pub const METHOD_BUFFERED: u32 = 0;
+/// `FILE_READ_DATA`.
+pub const FILE_READ_DATA: u32 = 1;
+/// `FILE_WRITE_DATA`.
+pub const FILE_WRITE_DATA: u32 = 2;
+
+/// `CTL_CODE` of devioctl.h.
+pub const fn ctl_code(device_type: u32, function: u32, method: u32, access: u32) -> u32 {
+    (device_type << 16) | (access << 14) | (function << 2) | method
+}
+
+/// The code of ibcm IOCTL number `n`.
+pub const fn ibcm_ioctl(n: u32) -> u32 {
+    ctl_code(
+        FILE_DEVICE_INFINIBAND,
+        0x800 + n,
+        METHOD_BUFFERED,
+        FILE_READ_DATA | FILE_WRITE_DATA,
+    )
+}
+
+/// IOCTL codes.
+pub mod code {
+    use super::ibcm_ioctl;
+    /// [`VersionIn`](super::VersionIn) -> [`VersionOut`](super::VersionOut).
+    pub const VERSION: u32 = ibcm_ioctl(0);
+    /// [`CreateIn`](super::CreateIn) -> [`CreateOut`](super::CreateOut).
+    pub const CREATE: u32 = ibcm_ioctl(1);
+    /// [`HandleIn`](super::HandleIn).
+    pub const DESTROY: u32 = ibcm_ioctl(2);
+    /// [`ListenIn`](super::ListenIn).
+    pub const LISTEN: u32 = ibcm_ioctl(3);
+    /// [`HandleIn`](super::HandleIn): stops a listen; the endpoint returns to idle.
+    pub const CANCEL_LISTEN: u32 = ibcm_ioctl(4);
+    /// [`ConnectIn`](super::ConnectIn): sends the REQ.
+    pub const CONNECT: u32 = ibcm_ioctl(5);
+    /// [`FormatRepIn`](super::FormatRepIn) -> [`FormatRepOut`](super::FormatRepOut): pre-REP.
+    pub const FORMAT_REP: u32 = ibcm_ioctl(6);
+    /// [`HandleIn`](super::HandleIn): sends the REP formatted by FORMAT_REP.
+    pub const SEND_REP: u32 = ibcm_ioctl(7);
+    /// [`PrivateDataIn`](super::PrivateDataIn).
+    pub const RTU: u32 = ibcm_ioctl(8);
+    /// [`RejIn`](super::RejIn).
+    pub const REJ: u32 = ibcm_ioctl(9);
+    /// [`MraIn`](super::MraIn).
+    pub const MRA: u32 = ibcm_ioctl(10);
+    /// [`PrivateDataIn`](super::PrivateDataIn) (at most 220 bytes).
+    pub const DREQ: u32 = ibcm_ioctl(11);
+    /// [`PrivateDataIn`](super::PrivateDataIn).
+    pub const DREP: u32 = ibcm_ioctl(12);
+    /// [`GetQpAttrIn`](super::GetQpAttrIn) -> [`QpAttrOut`](super::QpAttrOut).
+    pub const GET_QP_ATTR: u32 = ibcm_ioctl(13);
+    /// [`HandleIn`](super::HandleIn) -> [`QueryOut`](super::QueryOut).
+    pub const QUERY: u32 = ibcm_ioctl(14);
+    /// [`HandleIn`](super::HandleIn): the QP saw traffic before the RTU.
+    pub const ESTABLISHED: u32 = ibcm_ioctl(15);
+    /// [`HandleIn`](super::HandleIn) -> `[EventRecord]`: pends until an event arrives;
+    /// completes with as many queued events as the output buffer holds.
+    pub const GET_EVENT: u32 = ibcm_ioctl(16);
+    /// [`CountersIn`](super::CountersIn) -> [`CountersOut`](super::CountersOut).
+    pub const COUNTERS: u32 = ibcm_ioctl(17);
+
+    /// Every code, in order.
+    pub const ALL: [u32; 18] = [
+        VERSION,
+        CREATE,
+        DESTROY,
+        LISTEN,
+        CANCEL_LISTEN,
+        CONNECT,
+        FORMAT_REP,
+        SEND_REP,
+        RTU,
+        REJ,
+        MRA,
+        DREQ,
+        DREP,
+        GET_QP_ATTR,
+        QUERY,
+        ESTABLISHED,
+        GET_EVENT,
+        COUNTERS,
+    ];
+}
+
+/// NTSTATUS values the driver completes requests with (ntstatus.h).
+pub mod status {
+    /// STATUS_SUCCESS.
+    pub const SUCCESS: i32 = 0;
+    /// STATUS_PENDING (a GET_EVENT waiting for an event).
+    pub const PENDING: i32 = 0x0000_0103;
+    /// STATUS_INFO_LENGTH_MISMATCH: the input buffer is not the record's size.
+    pub const INFO_LENGTH_MISMATCH: i32 = 0xC000_0004_u32 as i32;
+    /// STATUS_INVALID_HANDLE: no endpoint of this file has the handle.
+    pub const INVALID_HANDLE: i32 = 0xC000_0008_u32 as i32;
+    /// STATUS_INVALID_PARAMETER: a field is out of range or a reserved field is set.
+    pub const INVALID_PARAMETER: i32 = 0xC000_000D_u32 as i32;
+    /// STATUS_INVALID_DEVICE_REQUEST: an unknown IOCTL code.
+    pub const INVALID_DEVICE_REQUEST: i32 = 0xC000_0010_u32 as i32;
+    /// STATUS_BUFFER_TOO_SMALL: the output buffer cannot hold the answer.
+    pub const BUFFER_TOO_SMALL: i32 = 0xC000_0023_u32 as i32;
+    /// STATUS_REVISION_MISMATCH: the VERSION handshake names another ABI.
+    pub const REVISION_MISMATCH: i32 = 0xC000_0059_u32 as i32;
+    /// STATUS_INSUFFICIENT_RESOURCES.
+    pub const INSUFFICIENT_RESOURCES: i32 = 0xC000_009A_u32 as i32;
+    /// STATUS_CANCELLED: the request was cancelled, or its endpoint destroyed.
+    pub const CANCELLED: i32 = 0xC000_0120_u32 as i32;
+    /// STATUS_INVALID_DEVICE_STATE: the endpoint's state does not allow the operation.
+    pub const INVALID_DEVICE_STATE: i32 = 0xC000_0184_u32 as i32;
+    /// STATUS_ADDRESS_ALREADY_EXISTS: an identical listen exists.
+    pub const ADDRESS_ALREADY_EXISTS: i32 = 0xC000_020A_u32 as i32;
+    /// STATUS_DEVICE_REMOVED: the port or HCA is gone.
+    pub const DEVICE_REMOVED: i32 = 0xC000_02B6_u32 as i32;
+    /// STATUS_IO_TIMEOUT: a request went unanswered (event status).
+    pub const IO_TIMEOUT: i32 = 0xC000_00B5_u32 as i32;
+    /// STATUS_CONNECTION_REFUSED: the peer rejected (event status).
+    pub const CONNECTION_REFUSED: i32 = 0xC000_0236_u32 as i32;
+}
+
+/// The device interface class of ibcm: `{838455a1-c9b5-47d4-a82d-ab645ee8aad9}`, as
+/// (Data1, Data2, Data3, Data4).
+pub const DEVICE_INTERFACE_GUID: (u32, u16, u16, [u8; 8]) = (
+    0x8384_55a1,
+    0xc9b5,
+    0x47d4,
+    [0xa8, 0x2d, 0xab, 0x64, 0x5e, 0xe8, 0xaa, 0xd9],
+);
+
+/// Maximum private data: REQ 92, REP 196, REJ 148 (+ 72 ARI), MRA 222, RTU 224,
+/// DREQ 220, DREP 224 (IBA Tables 106-113).
+pub mod limits {
+    /// REQ private data.
+    pub const REQ_PRIVATE_DATA: usize = 92;
+    /// REP private data.
+    pub const REP_PRIVATE_DATA: usize = 196;
+    /// REJ private data.
+    pub const REJ_PRIVATE_DATA: usize = 148;
+    /// REJ additional rejection information.
+    pub const REJ_ARI: usize = 72;
+    /// MRA private data.
+    pub const MRA_PRIVATE_DATA: usize = 222;
+    /// RTU and DREP private data.
+    pub const RTU_PRIVATE_DATA: usize = 224;
+    /// DREQ private data.
+    pub const DREQ_PRIVATE_DATA: usize = 220;
+    /// The largest private data of any message.
+    pub const PRIVATE_DATA: usize = 224;
+}
+
+macro_rules! record {
+    ($(#[$m:meta])* pub struct $name:ident { $($(#[$fm:meta])* pub $f:ident : $t:ty,)* } size $size:expr) => {
+        $(#[$m])*
+        #[repr(C)]
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, FromBytes, IntoBytes, Immutable, KnownLayout)]
+        pub struct $name { $($(#[$fm])* pub $f: $t,)* }
+        const _: () = assert!(core::mem::size_of::<$name>() == $size);
+        impl $name {
+            /// The record's size, as its `size` field must say.
+            pub const SIZE: u32 = $size;
+        }
+    };
+}
+
+record! {
+    /// VERSION input: the ABI the caller speaks.
+    pub struct VersionIn {
+        /// `size_of::<VersionIn>()`.
+        pub size: u32,
+        /// Must be [`ABI_VERSION`].
+        pub abi_version: u32,
+    } size 8
+}
+
+record! {
+    /// VERSION output.
+    pub struct VersionOut {
+        /// `size_of::<VersionOut>()`.
+        pub size: u32,
+        /// The driver's ABI version.
+        pub abi_version: u32,
+        /// Size of one [`EventRecord`].
+        pub event_record_size: u32,
+        /// Most events one GET_EVENT returns.
+        pub max_events_per_request: u32,
+    } size 16
+}
+
+record! {
+    /// CREATE input.
+    pub struct CreateIn {
+        /// `size_of::<CreateIn>()`.
+        pub size: u32,
+        /// Zero.
+        pub reserved: u32,
+    } size 8
+}
+
+record! {
+    /// CREATE output.
+    pub struct CreateOut {
+        /// `size_of::<CreateOut>()`.
+        pub size: u32,
+        /// Zero.
+        pub reserved: u32,
+        /// The new endpoint.
+        pub handle: u64,
+    } size 16
+}
+
+record! {
+    /// Input of the operations that only name an endpoint (DESTROY, CANCEL_LISTEN,
+    /// SEND_REP, QUERY, ESTABLISHED, GET_EVENT).
+    pub struct HandleIn {
+        /// `size_of::<HandleIn>()`.
+        pub size: u32,
+        /// Zero.
+        pub reserved: u32,
+        /// The endpoint.
+        pub handle: u64,
+    } size 16
+}
+
+record! {
+    /// LISTEN input.
+    pub struct ListenIn {
+        /// `size_of::<ListenIn>()`.
+        pub size: u32,
+        /// Zero.
+        pub reserved: u32,
+        /// The endpoint (idle).
+        pub handle: u64,
+        /// Service ID.
+        pub service_id: u64,
+        /// Service ID bits that must match.
+        pub service_mask: u64,
+        /// REQs waiting to be retrieved before new ones are dropped (1..=4096).
+        pub backlog: u32,
+        /// Port number, 0 for any.
+        pub port: u8,
+        /// Offset of the compare bytes in the REQ private data.
+        pub compare_offset: u8,
+        /// Number of compare bytes (0: no compare); offset + length <= 92.
+        pub compare_len: u8,
+        /// Zero.
+        pub reserved1: u8,
+        /// Compare bytes.
+        pub compare: [u8; 92],
+        /// Zero.
+        pub reserved2: [u8; 4],
+    } size 136
+}
+
+record! {
+    /// A path record (from this side's point of view).
+    pub struct PathAbi {
+        /// Local LID.
+        pub slid: u16,
+        /// Remote LID.
+        pub dlid: u16,
+        /// Flow label (20 bits).
+        pub flow_label: u32,
+        /// Local GID.
+        pub sgid: [u8; 16],
+        /// Remote GID.
+        pub dgid: [u8; 16],
+        /// Traffic class.
+        pub traffic_class: u8,
+        /// Hop limit.
+        pub hop_limit: u8,
+        /// Service level (4 bits).
+        pub sl: u8,
+        /// Static rate code (6 bits).
+        pub rate: u8,
+        /// Packet life time (5 bits).
+        pub packet_life_time: u8,
+        /// 1 if the remote port is on the local subnet, else 0.
+        pub subnet_local: u8,
+        /// Zero.
+        pub reserved: [u8; 2],
+    } size 48
+}
+
+/// Flags of [`ConnectIn::flags`] and [`FormatRepIn::flags`].
+pub mod flags {
+    /// `starting_psn` is given (otherwise the driver picks a random PSN).
+    pub const PSN_GIVEN: u32 = 1;
+    /// CONNECT: `alternate` holds an alternate path.
+    pub const ALTERNATE_PATH: u32 = 1 << 1;
+    /// The QP uses an SRQ.
+    pub const SRQ: u32 = 1 << 2;
+    /// End-to-end flow control.
+    pub const FLOW_CONTROL: u32 = 1 << 3;
+    /// Every defined flag.
+    pub const ALL: u32 = PSN_GIVEN | ALTERNATE_PATH | SRQ | FLOW_CONTROL;
+}
+
+/// Transport codes of [`ConnectIn::transport`].
+pub mod transport {
+    /// Reliable Connected.
+    pub const RC: u8 = 0;
+    /// Unreliable Connected.
+    pub const UC: u8 = 1;
+    /// Reliable Datagram.
+    pub const RD: u8 = 2;
+    /// XRC.
+    pub const XRC: u8 = 3;
+}
+
+record! {
+    /// CONNECT input: the REQ.
+    pub struct ConnectIn {
+        /// `size_of::<ConnectIn>()`.
+        pub size: u32,
+        /// Zero.
+        pub reserved: u32,
+        /// The endpoint (idle).
+        pub handle: u64,
+        /// Service ID.
+        pub service_id: u64,
+        /// Local QPN (24 bits).
+        pub qpn: u32,
+        /// Starting PSN (24 bits), if `flags` has PSN_GIVEN.
+        pub starting_psn: u32,
+        /// [`flags`].
+        pub flags: u32,
+        /// Partition key.
+        pub pkey: u16,
+        /// Local port.
+        pub port: u8,
+        /// [`transport`] code.
+        pub transport: u8,
+        /// Path MTU code (1..=5).
+        pub path_mtu: u8,
+        /// Responder resources.
+        pub responder_resources: u8,
+        /// Initiator depth.
+        pub initiator_depth: u8,
+        /// RemoteCMResponseTimeout (5 bits).
+        pub remote_cm_response_timeout: u8,
+        /// LocalCMResponseTimeout (5 bits).
+        pub local_cm_response_timeout: u8,
+        /// Retry count (3 bits).
+        pub retry_count: u8,
+        /// RNR retry count (3 bits).
+        pub rnr_retry_count: u8,
+        /// Max CM retries (4 bits).
+        pub max_cm_retries: u8,
+        /// Bytes of `private_data` used (<= 92).
+        pub private_data_len: u8,
+        /// Zero.
+        pub reserved1: [u8; 3],
+        /// Primary path.
+        pub primary: PathAbi,
+        /// Alternate path (if `flags` has ALTERNATE_PATH; else zero).
+        pub alternate: PathAbi,
+        /// REQ private data.
+        pub private_data: [u8; 92],
+    } size 240
+}
+
+record! {
+    /// FORMAT_REP input: the REP (pre-REP).
+    pub struct FormatRepIn {
+        /// `size_of::<FormatRepIn>()`.
+        pub size: u32,
+        /// Zero.
+        pub reserved: u32,
+        /// The endpoint (a retrieved connection request).
+        pub handle: u64,
+        /// Local QPN (24 bits).
+        pub qpn: u32,
+        /// Starting PSN (24 bits), if `flags` has PSN_GIVEN.
+        pub starting_psn: u32,
+        /// [`flags`] (ALTERNATE_PATH not allowed).
+        pub flags: u32,
+        /// Responder resources.
+        pub responder_resources: u8,
+        /// Initiator depth (<= the peer's responder resources).
+        pub initiator_depth: u8,
+        /// RNR retry count for the peer (3 bits).
+        pub rnr_retry_count: u8,
+        /// FailoverAccepted (0 accepted, 1 not supported, 2 rejected).
+        pub failover_accepted: u8,
+        /// Bytes of `private_data` used (<= 196).
+        pub private_data_len: u8,
+        /// Zero.
+        pub reserved1: [u8; 3],
+        /// REP private data.
+        pub private_data: [u8; 196],
+    } size 232
+}
+
+record! {
+    /// An address vector.
+    pub struct AvAbi {
+        /// The path.
+        pub path: PathAbi,
+        /// Local port.
+        pub port: u8,
+        /// Local ACK timeout (5 bits).
+        pub ack_timeout: u8,
+        /// Zero.
+        pub reserved: [u8; 6],
+    } size 56
+}
+
+/// Bits of [`QpAttrAbi::mask`]: which fields are set.
+pub mod qp_mask {
+    /// port, pkey, access_flags.
+    pub const INIT: u32 = 1;
+    /// path_mtu, dest_qpn, rq_psn, max_dest_rd_atomic, primary.
+    pub const RTR: u32 = 1 << 1;
+    /// sq_psn, timeout, retry_count, rnr_retry, max_rd_atomic.
+    pub const RTS: u32 = 1 << 2;
+    /// alternate.
+    pub const ALTERNATE: u32 = 1 << 3;
+    /// path_mig_state.
+    pub const PATH_MIG_STATE: u32 = 1 << 4;
+}
+
+/// QP states of [`GetQpAttrIn::qp_state`] and [`QpAttrAbi::state`].
+pub mod qp_state {
+    /// INIT.
+    pub const INIT: u32 = 1;
+    /// RTR.
+    pub const RTR: u32 = 2;
+    /// RTS.
+    pub const RTS: u32 = 3;
+}
+
+record! {
+    /// QP attributes of one transition.
+    pub struct QpAttrAbi {
+        /// [`qp_mask`] bits.
+        pub mask: u32,
+        /// [`qp_state`].
+        pub state: u32,
+        /// Port.
+        pub port: u8,
+        /// Path MTU code.
+        pub path_mtu: u8,
+        /// Max destination RDMA reads/atomics.
+        pub max_dest_rd_atomic: u8,
+        /// Local ACK timeout.
+        pub timeout: u8,
+        /// Retry count.
+        pub retry_count: u8,
+        /// RNR retry count.
+        pub rnr_retry: u8,
+        /// Max RDMA reads/atomics issued.
+        pub max_rd_atomic: u8,
+        /// 0 REARM, 1 MIGRATED.
+        pub path_mig_state: u8,
+        /// Partition key.
+        pub pkey: u16,
+        /// Zero.
+        pub reserved: u16,
+        /// `IB_ACCESS_*` flags.
+        pub access_flags: u32,
+        /// Destination QPN.
+        pub dest_qpn: u32,
+        /// Receive PSN.
+        pub rq_psn: u32,
+        /// Send PSN.
+        pub sq_psn: u32,
+        /// Zero.
+        pub reserved1: u32,
+        /// Primary address vector.
+        pub primary: AvAbi,
+        /// Alternate address vector.
+        pub alternate: AvAbi,
+    } size 152
+}
+
+record! {
+    /// FORMAT_REP output: the transitions to make before SEND_REP.
+    pub struct FormatRepOut {
+        /// `size_of::<FormatRepOut>()`.
+        pub size: u32,
+        /// Zero.
+        pub reserved: u32,
+        /// Reset -> INIT.
+        pub init: QpAttrAbi,
+        /// INIT -> RTR.
+        pub rtr: QpAttrAbi,
+        /// RTR -> RTS.
+        pub rts: QpAttrAbi,
+    } size 464
+}
+
+record! {
+    /// GET_QP_ATTR input.
+    pub struct GetQpAttrIn {
+        /// `size_of::<GetQpAttrIn>()`.
+        pub size: u32,
+        /// Zero.
+        pub reserved: u32,
+        /// The endpoint.
+        pub handle: u64,
+        /// [`qp_state`].
+        pub qp_state: u32,
+        /// Zero.
+        pub reserved1: u32,
+    } size 24
+}
+
+record! {
+    /// GET_QP_ATTR output.
+    pub struct QpAttrOut {
+        /// `size_of::<QpAttrOut>()`.
+        pub size: u32,
+        /// Zero.
+        pub reserved: u32,
+        /// The attributes.
+        pub attr: QpAttrAbi,
+    } size 160
+}
+
+record! {
+    /// RTU, DREQ and DREP input: private data only.
+    pub struct PrivateDataIn {
+        /// `size_of::<PrivateDataIn>()`.
+        pub size: u32,
+        /// Zero.
+        pub reserved: u32,
+        /// The endpoint.
+        pub handle: u64,
+        /// Bytes of `private_data` used (RTU/DREP <= 224, DREQ <= 220).
+        pub private_data_len: u8,
+        /// Zero.
+        pub reserved1: [u8; 7],
+        /// Private data.
+        pub private_data: [u8; 224],
+    } size 248
+}
+
+record! {
+    /// REJ input.
+    pub struct RejIn {
+        /// `size_of::<RejIn>()`.
+        pub size: u32,
+        /// Zero.
+        pub reserved: u32,
+        /// The endpoint.
+        pub handle: u64,
+        /// Reason (IBA Table 109).
+        pub reason: u16,
+        /// Bytes of `ari` used (<= 72).
+        pub ari_len: u8,
+        /// Bytes of `private_data` used (<= 148).
+        pub private_data_len: u8,
+        /// Zero.
+        pub reserved1: u32,
+        /// Additional rejection information.
+        pub ari: [u8; 72],
+        /// Private data.
+        pub private_data: [u8; 148],
+        /// Zero.
+        pub reserved2: [u8; 4],
+    } size 248
+}
+
+record! {
+    /// MRA input.
+    pub struct MraIn {
+        /// `size_of::<MraIn>()`.
+        pub size: u32,
+        /// Zero.
+        pub reserved: u32,
+        /// The endpoint.
+        pub handle: u64,
+        /// ServiceTimeout (5 bits).
+        pub service_timeout: u8,
+        /// Bytes of `private_data` used (<= 222).
+        pub private_data_len: u8,
+        /// Zero.
+        pub reserved1: [u8; 6],
+        /// Private data.
+        pub private_data: [u8; 222],
+        /// Zero.
+        pub reserved2: [u8; 2],
+    } size 248
+}
+
+/// Endpoint states of [`QueryOut::state`] (the CEP states of IBA 12.9.6).
+pub mod ep_state {
+    /// Idle.
+    pub const IDLE: u32 = 0;
+    /// Listening.
+    pub const LISTEN: u32 = 1;
+    /// REQ sent.
+    pub const REQ_SENT: u32 = 2;
+    /// REQ sent, MRA received.
+    pub const MRA_REQ_RCVD: u32 = 3;
+    /// REQ received.
+    pub const REQ_RCVD: u32 = 4;
+    /// REQ received, MRA sent.
+    pub const MRA_REQ_SENT: u32 = 5;
+    /// REP formatted, not sent.
+    pub const REP_PREPARED: u32 = 6;
+    /// REP sent.
+    pub const REP_SENT: u32 = 7;
+    /// REP sent, MRA received.
+    pub const MRA_REP_RCVD: u32 = 8;
+    /// REP received.
+    pub const REP_RCVD: u32 = 9;
+    /// REP received, MRA sent.
+    pub const MRA_REP_SENT: u32 = 10;
+    /// Established.
+    pub const ESTABLISHED: u32 = 11;
+    /// DREQ sent.
+    pub const DREQ_SENT: u32 = 12;
+    /// DREQ received.
+    pub const DREQ_RCVD: u32 = 13;
+    /// Timewait.
+    pub const TIMEWAIT: u32 = 14;
+    /// The port or HCA was removed.
+    pub const REMOVED: u32 = 15;
+}
+
+record! {
+    /// QUERY output.
+    pub struct QueryOut {
+        /// `size_of::<QueryOut>()`.
+        pub size: u32,
+        /// [`ep_state`].
+        pub state: u32,
+        /// The peer's CA GUID.
+        pub remote_ca_guid: u64,
+        /// Timewait duration in ns.
+        pub timewait_ns: u64,
+        /// Local QPN.
+        pub local_qpn: u32,
+        /// Remote QPN.
+        pub remote_qpn: u32,
+        /// 1 if this side sent the REQ.
+        pub active: u8,
+        /// Local port.
+        pub port: u8,
+        /// The peer's responder resources (bounds this side's initiator depth).
+        pub peer_responder_resources: u8,
+        /// The peer's initiator depth.
+        pub peer_initiator_depth: u8,
+        /// 1 if `alternate` is set.
+        pub has_alternate: u8,
+        /// Bytes of `private_data` used.
+        pub private_data_len: u8,
+        /// Zero.
+        pub reserved: [u8; 2],
+        /// Primary path.
+        pub primary: PathAbi,
+        /// Alternate path.
+        pub alternate: PathAbi,
+        /// The private data of the last message received.
+        pub private_data: [u8; 224],
+    } size 360
+}
+
+/// Event types of [`EventRecord::event_type`].
+pub mod event_type {
+    /// A REQ reached a listen: `new_handle` is the new endpoint (already owned by this
+    /// file), reported on the listen's endpoint.
+    pub const REQ_RECEIVED: u32 = 1;
+    /// REP received (active side).
+    pub const REP_RECEIVED: u32 = 2;
+    /// RTU received: established (passive side).
+    pub const RTU_RECEIVED: u32 = 3;
+    /// MRA received.
+    pub const MRA_RECEIVED: u32 = 4;
+    /// REJ received: `reason`, `message`, `ari`, private data.
+    pub const REJECTED: u32 = 5;
+    /// A request went unanswered: `message` is its attribute ID.
+    pub const TIMEOUT: u32 = 6;
+    /// DREQ received.
+    pub const DREQ_RECEIVED: u32 = 7;
+    /// DREP received.
+    pub const DREP_RECEIVED: u32 = 8;
+    /// Timewait over: the QP may be reused.
+    pub const TIMEWAIT_EXIT: u32 = 9;
+    /// The port or HCA was removed.
+    pub const DEVICE_REMOVAL: u32 = 10;
+}
+
+record! {
+    /// One event, as GET_EVENT returns it (several may follow each other in one output
+    /// buffer).
+    pub struct EventRecord {
+        /// `size_of::<EventRecord>()`.
+        pub size: u32,
+        /// [`event_type`].
+        pub event_type: u32,
+        /// The endpoint the event belongs to.
+        pub handle: u64,
+        /// REQ_RECEIVED: the new endpoint.
+        pub new_handle: u64,
+        /// The peer's CA GUID.
+        pub remote_ca_guid: u64,
+        /// REQ_RECEIVED: the service ID.
+        pub service_id: u64,
+        /// NTSTATUS summary: SUCCESS, CONNECTION_REFUSED, IO_TIMEOUT, DEVICE_REMOVED.
+        pub status: i32,
+        /// The peer's QPN.
+        pub remote_qpn: u32,
+        /// The peer's starting PSN.
+        pub remote_psn: u32,
+        /// REJECTED: reason.
+        pub reason: u16,
+        /// REJECTED: message rejected (0 REQ, 1 REP, 2 other); TIMEOUT: attribute low byte.
+        pub message: u8,
+        /// REJECTED: bytes of `ari` used.
+        pub ari_len: u8,
+        /// Bytes of `private_data` used.
+        pub private_data_len: u8,
+        /// The port.
+        pub port: u8,
+        /// The peer's responder resources.
+        pub peer_responder_resources: u8,
+        /// The peer's initiator depth.
+        pub peer_initiator_depth: u8,
+        /// MRA_RECEIVED: service timeout.
+        pub service_timeout: u8,
+        /// REQ_RECEIVED: path MTU code.
+        pub path_mtu: u8,
+        /// REQ_RECEIVED: [`transport`] code.
+        pub transport: u8,
+        /// RNR retry count the peer asks for.
+        pub rnr_retry_count: u8,
+        /// 1 if the peer uses an SRQ.
+        pub srq: u8,
+        /// REP_RECEIVED: FailoverAccepted.
+        pub failover_accepted: u8,
+        /// REQ_RECEIVED: partition key.
+        pub pkey: u16,
+        /// 1 if `alternate` is set.
+        pub has_alternate: u8,
+        /// Zero.
+        pub reserved: [u8; 3],
+        /// REQ_RECEIVED: primary path (this side's view).
+        pub primary: PathAbi,
+        /// REQ_RECEIVED: alternate path.
+        pub alternate: PathAbi,
+        /// REJECTED: additional rejection information.
+        pub ari: [u8; 72],
+        /// Private data of the message.
+        pub private_data: [u8; 224],
+    } size 464
+}
+
+record! {
+    /// COUNTERS input.
+    pub struct CountersIn {
+        /// `size_of::<CountersIn>()`.
+        pub size: u32,
+        /// Zero.
+        pub reserved: u32,
+    } size 8
+}
+
+record! {
+    /// COUNTERS output: per attribute (index = attribute ID - 0x10; 11 = ClassPortInfo).
+    pub struct CountersOut {
+        /// `size_of::<CountersOut>()`.
+        pub size: u32,
+        /// Zero.
+        pub reserved: u32,
+        /// MADs sent.
+        pub sent: [u64; 12],
+        /// MADs re-sent after a timeout.
+        pub retries: [u64; 12],
+        /// MADs received.
+        pub received: [u64; 12],
+        /// Duplicates received.
+        pub duplicates: [u64; 12],
+        /// MADs that failed to parse.
+        pub malformed: u64,
+        /// MADs for no endpoint or in the wrong state.
+        pub unmatched: u64,
+        /// REQs dropped over a listen's backlog.
+        pub backlog_drops: u64,
+    } size 416
+}
+
+/// The most events one GET_EVENT returns (its output buffer may hold fewer).
+pub const MAX_EVENTS_PER_REQUEST: u32 = 64;
+
+/// A record read from an input buffer: exact length, `size` field equal to the record's
+/// size. Reserved fields are checked by the caller, which knows them.
+pub fn read_record<T: FromBytes + KnownLayout + Immutable>(input: &[u8]) -> Option<T> {
+    T::read_from_bytes(input).ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use core::mem::offset_of;
+    use zerocopy::FromZeros;
+
+    #[test]
+    fn ioctl_codes_follow_ctl_code() {
+        // CTL_CODE(0x3B, 0x800, METHOD_BUFFERED, FILE_READ_DATA|FILE_WRITE_DATA):
+        // 0x3B << 16 | 3 << 14 | 0x800 << 2 | 0 = 0x003BE000 (WinVerbs uses the same base).
+        assert_eq!(code::VERSION, 0x003B_E000);
+        assert_eq!(code::CREATE, 0x003B_E004);
+        assert_eq!(code::COUNTERS, 0x003B_E044);
+        for (n, c) in code::ALL.iter().enumerate() {
+            assert_eq!(*c, 0x003B_E000 + 4 * n as u32);
+        }
+    }
+
+    #[test]
+    fn offsets_are_fixed() {
+        assert_eq!(offset_of!(ListenIn, compare), 40);
+        assert_eq!(offset_of!(ConnectIn, primary), 52);
+        assert_eq!(offset_of!(ConnectIn, alternate), 100);
+        assert_eq!(offset_of!(ConnectIn, private_data), 148);
+        assert_eq!(offset_of!(FormatRepIn, private_data), 36);
+        assert_eq!(offset_of!(QpAttrAbi, primary), 40);
+        assert_eq!(offset_of!(QueryOut, primary), 40);
+        assert_eq!(offset_of!(EventRecord, primary), 72);
+        assert_eq!(offset_of!(EventRecord, private_data), 240);
+        assert_eq!(offset_of!(RejIn, ari), 24);
+        assert_eq!(offset_of!(MraIn, private_data), 24);
+        assert_eq!(offset_of!(CountersOut, malformed), 392);
+    }
+
+    #[test]
+    fn records_round_trip_through_bytes() {
+        let mut e = EventRecord::new_zeroed();
+        e.size = EventRecord::SIZE;
+        e.event_type = event_type::REJECTED;
+        e.private_data[223] = 7;
+        let bytes = e.as_bytes();
+        assert_eq!(bytes.len(), 464);
+        assert_eq!(read_record::<EventRecord>(bytes), Some(e));
+        assert_eq!(read_record::<EventRecord>(&bytes[..463]), None);
+    }
+}
