@@ -1,12 +1,20 @@
-//! An in-process fabric in virtual time: N host nodes, one port each, joined by links of
-//! a fixed latency. Deterministic: MADs are delivered in (time, send order).
+//! An in-process fabric: N host nodes, one port each, joined by links with a latency and
+//! seeded faults (loss, duplication, reordering, delay, corruption).
+//!
+//! Two modes: virtual time, where [`Fabric::step`] advances the clock to the next event
+//! (deterministic, for tests), and real time, where [`Realtime`] runs the fabric on its
+//! own thread while user threads issue IOCTLs concurrently, so the locking design is
+//! exercised for real.
 
-use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Condvar, Mutex, PoisonError};
+use std::thread::JoinHandle;
+use std::time::Duration;
 
 use ibcm_cep::{CmConfig, Instant, MadAddress};
 use ibcm_mad::MAD_SIZE;
 
+use crate::clock::Clock;
 use crate::node::Node;
 
 /// The CA GUID of node `i`.
@@ -31,6 +39,71 @@ pub fn node_address(i: usize) -> MadAddress {
     }
 }
 
+/// Wakes the real-time runner when a node has something to send or re-arms its timer.
+#[derive(Debug, Default)]
+pub struct Wake {
+    flag: Mutex<bool>,
+    cv: Condvar,
+}
+
+impl Wake {
+    /// Signals the runner.
+    pub fn notify(&self) {
+        *self.flag.lock().unwrap_or_else(PoisonError::into_inner) = true;
+        self.cv.notify_one();
+    }
+
+    fn wait(&self, timeout: Duration) {
+        let guard = self.flag.lock().unwrap_or_else(PoisonError::into_inner);
+        let (mut guard, _) = self
+            .cv
+            .wait_timeout_while(guard, timeout, |signalled| !*signalled)
+            .unwrap_or_else(PoisonError::into_inner);
+        *guard = false;
+    }
+}
+
+/// Seeded fault injection, each a probability in [0, 1] applied per MAD.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct Faults {
+    /// Lose the MAD.
+    pub loss: f64,
+    /// Deliver it twice.
+    pub duplicate: f64,
+    /// Hold it back behind later MADs (by up to 4 latencies).
+    pub reorder: f64,
+    /// Extra delay added to every MAD, ns.
+    pub delay_ns: u64,
+    /// Flip one random byte.
+    pub corrupt: f64,
+}
+
+/// Fault counts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct FaultCounts {
+    /// MADs lost.
+    pub lost: u64,
+    /// MADs duplicated.
+    pub duplicated: u64,
+    /// MADs held back.
+    pub reordered: u64,
+    /// MADs corrupted.
+    pub corrupted: u64,
+}
+
+/// A captured MAD: when it crossed the fabric, from and to whom.
+#[derive(Debug, Clone)]
+pub struct Captured {
+    /// Virtual or real time, ns.
+    pub at_ns: u64,
+    /// Sender.
+    pub from: MadAddress,
+    /// Receiver.
+    pub to: MadAddress,
+    /// The MAD as delivered.
+    pub mad: [u8; MAD_SIZE],
+}
+
 struct InFlight {
     at: u64,
     seq: u64,
@@ -39,63 +112,136 @@ struct InFlight {
     mad: [u8; MAD_SIZE],
 }
 
+/// SplitMix64: a small seeded generator for fault decisions.
+#[derive(Debug, Clone)]
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+
+    fn chance(&mut self, p: f64) -> bool {
+        p > 0.0 && ((self.next() >> 11) as f64 / (1u64 << 53) as f64) < p
+    }
+}
+
 /// N nodes and the links between them.
 pub struct Fabric {
-    /// Virtual time in ns, shared by every node's platform.
-    pub clock: Arc<AtomicU64>,
+    /// The clock every node's platform reads.
+    pub clock: Arc<Clock>,
     /// The nodes.
-    pub nodes: Vec<Node>,
+    pub nodes: Vec<Arc<Node>>,
     /// One-way latency.
     pub latency_ns: u64,
-    link: Vec<InFlight>,
-    seq: u64,
+    /// Fault injection.
+    pub faults: Faults,
+    /// Faults injected so far.
+    pub fault_counts: FaultCounts,
     /// MADs delivered.
     pub delivered: u64,
+    /// When set, every delivered MAD is captured here (for pcap).
+    pub capture: Option<Vec<Captured>>,
+    wake: Arc<Wake>,
+    link: Vec<InFlight>,
+    seq: u64,
+    rng: Rng,
 }
 
 impl Fabric {
-    /// `n` nodes with default engine settings; node `i`'s RNG is seeded with `seed + i`.
-    pub fn new(n: usize, seed: u8) -> Self {
-        let clock = Arc::new(AtomicU64::new(1_000_000));
+    /// `n` nodes in virtual time with default engine settings; node `i`'s RNG is seeded
+    /// from `seed` and `i`, and so are the faults.
+    pub fn new(n: usize, seed: u64) -> Self {
+        Self::with_clock(n, seed, Clock::virtual_at(1_000_000))
+    }
+
+    /// `n` nodes on `clock`.
+    pub fn with_clock(n: usize, seed: u64, clock: Clock) -> Self {
+        let clock = Arc::new(clock);
+        let wake = Arc::new(Wake::default());
         let nodes = (0..n)
             .map(|i| {
-                let config = CmConfig::new(node_guid(i), [seed.wrapping_add(i as u8); 32]);
-                Node::new(config, node_address(i), Arc::clone(&clock))
+                let mut rng_seed = [0u8; 32];
+                rng_seed[..8].copy_from_slice(&seed.to_le_bytes());
+                rng_seed[8..16].copy_from_slice(&(i as u64).to_le_bytes());
+                let config = CmConfig::new(node_guid(i), rng_seed);
+                Arc::new(Node::new(
+                    config,
+                    node_address(i),
+                    Arc::clone(&clock),
+                    Arc::clone(&wake),
+                ))
             })
             .collect();
         Self {
             clock,
             nodes,
             latency_ns: 2_000,
+            faults: Faults::default(),
+            fault_counts: FaultCounts::default(),
+            delivered: 0,
+            capture: None,
+            wake,
             link: Vec::new(),
             seq: 0,
-            delivered: 0,
+            rng: Rng(seed ^ 0x5EED_F00D),
         }
     }
 
-    /// Virtual time now.
+    /// Now.
     pub fn now(&self) -> Instant {
-        Instant::from_nanos(self.clock.load(Ordering::Acquire))
+        self.clock.now()
     }
 
     fn collect(&mut self) {
-        let now = self.clock.load(Ordering::Acquire);
-        for (i, node) in self.nodes.iter().enumerate() {
+        let now = self.clock.now().as_nanos();
+        for i in 0..self.nodes.len() {
+            let Some(node) = self.nodes.get(i) else {
+                continue;
+            };
             for t in node.platform.take_sent() {
                 let Some(to) = self.nodes.iter().position(|n| n.address.lid == t.dest.lid) else {
                     continue;
                 };
-                self.seq += 1;
-                self.link.push(InFlight {
-                    at: now + self.latency_ns,
-                    seq: self.seq,
-                    to,
-                    from: MadAddress {
-                        port: 1,
-                        ..node_address(i)
-                    },
-                    mad: t.mad,
-                });
+                let from = node_address(i);
+                let f = self.faults;
+                if self.rng.chance(f.loss) {
+                    self.fault_counts.lost += 1;
+                    continue;
+                }
+                let copies = if self.rng.chance(f.duplicate) {
+                    self.fault_counts.duplicated += 1;
+                    2
+                } else {
+                    1
+                };
+                let mut mad = t.mad;
+                if self.rng.chance(f.corrupt) {
+                    self.fault_counts.corrupted += 1;
+                    let at = (self.rng.next() % MAD_SIZE as u64) as usize;
+                    if let Some(b) = mad.get_mut(at) {
+                        *b ^= 1 << (self.rng.next() % 8);
+                    }
+                }
+                for _ in 0..copies {
+                    let mut at = now + self.latency_ns + f.delay_ns;
+                    if self.rng.chance(f.reorder) {
+                        self.fault_counts.reordered += 1;
+                        at += self.latency_ns * (1 + self.rng.next() % 4);
+                    }
+                    self.seq += 1;
+                    self.link.push(InFlight {
+                        at,
+                        seq: self.seq,
+                        to,
+                        from,
+                        mad,
+                    });
+                }
             }
         }
     }
@@ -110,32 +256,44 @@ impl Fabric {
         [link, timers].into_iter().flatten().min()
     }
 
-    /// Delivers what is due and fires due timers, or advances time to the next of those.
-    /// Returns false when nothing is left to happen.
+    /// Delivers what is due and fires due timers; in virtual time, first advances the
+    /// clock to the next event. Returns false when nothing is left to happen.
     pub fn step(&mut self) -> bool {
         self.collect();
         let Some(at) = self.next_event() else {
             return false;
         };
-        let now = self.clock.load(Ordering::Acquire).max(at);
-        self.clock.store(now, Ordering::Release);
+        self.clock.advance_to(Instant::from_nanos(at));
+        self.deliver_due();
+        true
+    }
+
+    fn deliver_due(&mut self) {
+        let now = self.clock.now().as_nanos();
         let mut due: Vec<InFlight> = Vec::new();
         let mut rest = Vec::with_capacity(self.link.len());
         for m in self.link.drain(..) {
             if m.at <= now {
-                due.push(m)
+                due.push(m);
             } else {
-                rest.push(m)
+                rest.push(m);
             }
         }
         self.link = rest;
         due.sort_by_key(|m| (m.at, m.seq));
         for m in due {
             if let Some(node) = self.nodes.get(m.to) {
+                if let Some(cap) = self.capture.as_mut() {
+                    cap.push(Captured {
+                        at_ns: now,
+                        from: m.from,
+                        to: node.address,
+                        mad: m.mad,
+                    });
+                }
                 node.receive(&m.from, &m.mad);
                 self.delivered += 1;
             }
-            self.collect();
         }
         for node in &self.nodes {
             if node.platform.timer().is_some_and(|t| t.as_nanos() <= now) {
@@ -143,12 +301,11 @@ impl Fabric {
             }
         }
         self.collect();
-        true
     }
 
     /// Steps until nothing is due within `ns` of virtual time.
     pub fn run_for(&mut self, ns: u64) {
-        let end = self.clock.load(Ordering::Acquire) + ns;
+        let end = self.clock.now().as_nanos() + ns;
         self.collect();
         while self.next_event().is_some_and(|t| t <= end) {
             if !self.step() {
@@ -168,5 +325,82 @@ impl Fabric {
             }
         }
         false
+    }
+}
+
+/// A fabric running in real time on its own thread.
+pub struct Realtime {
+    fabric: Arc<Mutex<Fabric>>,
+    nodes: Vec<Arc<Node>>,
+    stop: Arc<AtomicBool>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Realtime {
+    /// Starts the fabric's thread. The fabric must use a real clock.
+    pub fn start(fabric: Fabric) -> Self {
+        let nodes = fabric.nodes.clone();
+        let wake = Arc::clone(&fabric.wake);
+        let fabric = Arc::new(Mutex::new(fabric));
+        let stop = Arc::new(AtomicBool::new(false));
+        let (f, s) = (Arc::clone(&fabric), Arc::clone(&stop));
+        let thread = std::thread::Builder::new()
+            .name("ibcm-fabric".into())
+            .spawn(move || {
+                while !s.load(Ordering::Acquire) {
+                    let wait = {
+                        let mut fab = f.lock().unwrap_or_else(PoisonError::into_inner);
+                        fab.collect();
+                        fab.deliver_due();
+                        let now = fab.clock.now().as_nanos();
+                        fab.next_event()
+                            .map_or(Duration::from_millis(5), |t| {
+                                Duration::from_nanos(t.saturating_sub(now))
+                            })
+                            .min(Duration::from_millis(5))
+                    };
+                    if !wait.is_zero() {
+                        wake.wait(wait);
+                    }
+                }
+            })
+            .ok();
+        Self {
+            fabric,
+            nodes,
+            stop,
+            thread,
+        }
+    }
+
+    /// Node `i`.
+    pub fn node(&self, i: usize) -> Option<Arc<Node>> {
+        self.nodes.get(i).cloned()
+    }
+
+    /// Runs `f` on the fabric (counters, capture).
+    pub fn with_fabric<T>(&self, f: impl FnOnce(&mut Fabric) -> T) -> T {
+        f(&mut self.fabric.lock().unwrap_or_else(PoisonError::into_inner))
+    }
+
+    /// Stops the thread.
+    pub fn stop(mut self) {
+        self.halt();
+    }
+
+    fn halt(&mut self) {
+        self.stop.store(true, Ordering::Release);
+        if let Some(t) = self.thread.take() {
+            if let Some(n) = self.nodes.first() {
+                n.platform.wake();
+            }
+            let _ = t.join();
+        }
+    }
+}
+
+impl Drop for Realtime {
+    fn drop(&mut self) {
+        self.halt();
     }
 }

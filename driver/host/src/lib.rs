@@ -12,11 +12,13 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
+mod clock;
 mod fabric;
 mod node;
 mod platform;
 pub mod verifier;
 
-pub use fabric::{Fabric, node_address, node_guid};
+pub use clock::Clock;
+pub use fabric::{Captured, Fabric, FaultCounts, Faults, Realtime, Wake, node_address, node_guid};
 pub use node::{Node, file_key};
-pub use platform::{HostLock, HostPlatform, HostRequest};
+pub use platform::{CompletionHook, HostLock, HostPlatform, HostRequest};

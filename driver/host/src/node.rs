@@ -2,7 +2,6 @@
 //! or the fabric makes on it, each under the verifier's eye.
 
 use std::sync::Arc;
-use std::sync::atomic::AtomicU64;
 
 use ibcm_cep::{CmConfig, MadAddress};
 use ibcm_endpoint::{Device, FileId};
@@ -22,8 +21,13 @@ pub struct Node {
 
 impl Node {
     /// A node with `config` at `address`, reading time from `clock`.
-    pub fn new(config: CmConfig, address: MadAddress, clock: Arc<AtomicU64>) -> Self {
-        let platform = HostPlatform::new(clock);
+    pub fn new(
+        config: CmConfig,
+        address: MadAddress,
+        clock: Arc<crate::clock::Clock>,
+        wake: Arc<crate::fabric::Wake>,
+    ) -> Self {
+        let platform = HostPlatform::new(clock, wake);
         Self {
             device: Device::new(platform.clone(), config),
             platform,

@@ -1,7 +1,6 @@
 //! The host platform: a lock that the verifier can see, requests with bounded output
 //! buffers and a ledger, a clock, a timer and an outbox of MADs.
 
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
 use ibcm_cep::{Instant, Transmit};
@@ -61,25 +60,54 @@ impl Request for HostRequest {
     }
 }
 
+/// Called once with a request's completion (no lock held): how an in-process user library
+/// learns that its request finished.
+pub type CompletionHook = Box<dyn FnOnce(&Completion) + Send>;
+
 /// The host platform of one node.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct HostPlatform {
     /// Every request's fate, and every broken rule.
     pub ledger: Arc<Ledger>,
-    clock: Arc<AtomicU64>,
+    clock: Arc<crate::clock::Clock>,
     outbox: Arc<Mutex<Vec<Transmit>>>,
     timer: Arc<Mutex<Option<Instant>>>,
+    hooks: Arc<Mutex<std::collections::HashMap<u64, CompletionHook>>>,
+    wake: Arc<crate::fabric::Wake>,
+}
+
+impl core::fmt::Debug for HostPlatform {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.debug_struct("HostPlatform")
+            .field("timer", &self.timer())
+            .finish_non_exhaustive()
+    }
 }
 
 impl HostPlatform {
-    /// A platform reading time from `clock` (ns).
-    pub fn new(clock: Arc<AtomicU64>) -> Self {
+    /// A platform reading time from `clock` and waking `wake` when it has work.
+    pub fn new(clock: Arc<crate::clock::Clock>, wake: Arc<crate::fabric::Wake>) -> Self {
         Self {
             ledger: Arc::new(Ledger::default()),
             clock,
             outbox: Arc::new(Mutex::new(Vec::new())),
             timer: Arc::new(Mutex::new(None)),
+            hooks: Arc::new(Mutex::new(std::collections::HashMap::new())),
+            wake,
         }
+    }
+
+    /// Wakes the fabric's runner thread.
+    pub fn wake(&self) {
+        self.wake.notify();
+    }
+
+    /// Calls `hook` when request `key` completes (install before dispatching it).
+    pub fn on_completion(&self, key: u64, hook: CompletionHook) {
+        self.hooks
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert(key, hook);
     }
 
     /// A request of `file` with an output buffer of `output_len` bytes.
@@ -111,7 +139,7 @@ impl Platform for HostPlatform {
     }
 
     fn now(&self) -> Instant {
-        Instant::from_nanos(self.clock.load(Ordering::Acquire))
+        self.clock.now()
     }
 
     fn send(&self, transmit: &Transmit) {
@@ -119,21 +147,29 @@ impl Platform for HostPlatform {
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .push(transmit.clone());
+        self.wake.notify();
     }
 
     fn complete(&self, request: HostRequest, status: i32, information: usize) {
         let HostRequest { key, output, .. } = request;
-        self.ledger.complete(
-            key,
-            Completion {
-                status,
-                information,
-                output,
-            },
-        );
+        let completion = Completion {
+            status,
+            information,
+            output,
+        };
+        let hook = self
+            .hooks
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .remove(&key);
+        if let Some(hook) = hook {
+            hook(&completion);
+        }
+        self.ledger.complete(key, completion);
     }
 
     fn set_timer(&self, deadline: Option<Instant>) {
         *self.timer.lock().unwrap_or_else(PoisonError::into_inner) = deadline;
+        self.wake.notify();
     }
 }

@@ -153,6 +153,15 @@ impl Ledger {
         }
     }
 
+    /// Self-test hook: records a completion of `key` exactly as the platform does when it
+    /// completes a request. A [`HostRequest`](crate::HostRequest) is consumed by its
+    /// completion and cannot be duplicated, so without this the verifier's own tests could
+    /// not show that [`Violation::DoubleCompletion`] fires. Not for driver code.
+    #[doc(hidden)]
+    pub fn complete_for_test(&self, key: u64, completion: Completion) {
+        self.complete(key, completion);
+    }
+
     pub(crate) fn complete(&self, key: u64, completion: Completion) {
         if locks_held() != 0 {
             self.violate(Violation::CompletedUnderLock { key });

@@ -1,0 +1,55 @@
+//! The in-process backend: the exact IOCTL byte records go to `driver/endpoint` running on
+//! the host platform in this process, so what is tested here is what crosses the kernel
+//! boundary on Windows.
+
+use std::sync::Arc;
+
+use ibcm_endpoint::FileId;
+use ibcm_host::Node;
+
+use super::{Backend, OnComplete};
+use crate::completion::Done;
+
+/// One open of a host node's device.
+pub struct InProcess {
+    node: Arc<Node>,
+    file: FileId,
+}
+
+impl InProcess {
+    /// Opens `node`'s device (IRP_MJ_CREATE).
+    pub fn open(node: Arc<Node>) -> Self {
+        let file = node.open();
+        Self { node, file }
+    }
+}
+
+impl Backend for InProcess {
+    fn submit(&self, code: u32, input: &[u8], output_len: usize, on_complete: OnComplete) -> u64 {
+        let request = self.node.request(self.file, output_len);
+        let key = request.key_value();
+        self.node.platform.on_completion(
+            key,
+            Box::new(move |c| {
+                let len = c.information.min(c.output.len());
+                on_complete(Done {
+                    status: c.status,
+                    output: c.output.get(..len).unwrap_or(&[]).to_vec(),
+                });
+            }),
+        );
+        self.node.device.dispatch(self.file, request, code, input);
+        key
+    }
+
+    fn cancel(&self, key: u64) {
+        self.node.cancel(self.file, key);
+    }
+}
+
+impl Drop for InProcess {
+    fn drop(&mut self) {
+        // IRP_MJ_CLEANUP + IRP_MJ_CLOSE: everything outstanding completes.
+        self.node.close(self.file);
+    }
+}

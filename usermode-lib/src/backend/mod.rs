@@ -1,0 +1,21 @@
+//! Where IOCTLs go: the driver through Win32 (Windows), or the same dispatch code running
+//! in this process on the host platform (everywhere).
+
+pub mod inproc;
+#[allow(unsafe_code)]
+pub mod windows;
+
+use crate::completion::Done;
+
+/// Called exactly once when a request completes, on whatever thread completes it.
+pub type OnComplete = Box<dyn FnOnce(Done) + Send>;
+
+/// An IOCTL transport. Every request completes exactly once, through `on_complete`,
+/// possibly before `submit` returns.
+pub trait Backend: Send + Sync {
+    /// Issues an IOCTL; returns a key for [`cancel`](Self::cancel).
+    fn submit(&self, code: u32, input: &[u8], output_len: usize, on_complete: OnComplete) -> u64;
+    /// Cancels a pending request (`CancelIoEx`); it completes with STATUS_CANCELLED unless
+    /// it already completed.
+    fn cancel(&self, key: u64);
+}

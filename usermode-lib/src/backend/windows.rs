@@ -1,0 +1,304 @@
+//! The Windows backend: the installed ibcm driver through Win32. All of the library's
+//! `unsafe` is in this module.
+//!
+//! The device is found by its interface class (SetupDi), opened with
+//! `FILE_FLAG_OVERLAPPED`, and bound to a private I/O completion port. Every IOCTL is a
+//! `DeviceIoControl` with its own heap-allocated `OVERLAPPED` (the first field of an
+//! [`Op`]); one thread dequeues completions and hands each to its request's callback.
+//! The module compiles everywhere so the whole workspace is type-checked on Linux; only
+//! Windows calls it.
+
+use std::ptr;
+use std::thread::JoinHandle;
+
+use windows_sys::Win32::Devices::DeviceAndDriverInstallation::{
+    DIGCF_DEVICEINTERFACE, DIGCF_PRESENT, SP_DEVICE_INTERFACE_DATA,
+    SP_DEVICE_INTERFACE_DETAIL_DATA_W, SetupDiDestroyDeviceInfoList, SetupDiEnumDeviceInterfaces,
+    SetupDiGetClassDevsW, SetupDiGetDeviceInterfaceDetailW,
+};
+use windows_sys::Win32::Foundation::{
+    CloseHandle, ERROR_IO_PENDING, GENERIC_READ, GENERIC_WRITE, GetLastError, HANDLE,
+    INVALID_HANDLE_VALUE,
+};
+use windows_sys::Win32::Storage::FileSystem::{
+    CreateFileW, FILE_FLAG_OVERLAPPED, FILE_SHARE_READ, FILE_SHARE_WRITE, OPEN_EXISTING,
+};
+use windows_sys::Win32::System::IO::{
+    CancelIoEx, CreateIoCompletionPort, DeviceIoControl, GetQueuedCompletionStatus, OVERLAPPED,
+    PostQueuedCompletionStatus,
+};
+use windows_sys::core::GUID;
+
+use super::{Backend, OnComplete};
+use crate::completion::Done;
+
+/// `INFINITE` for GetQueuedCompletionStatus.
+const INFINITE: u32 = u32::MAX;
+/// Completion key of the packet that stops the completion thread.
+const QUIT_KEY: usize = 1;
+/// STATUS_INVALID_HANDLE, for a request that could not even be issued.
+const STATUS_INVALID_HANDLE: i32 = ibcm_ioctl::status::INVALID_HANDLE;
+
+fn interface_guid() -> GUID {
+    let (data1, data2, data3, data4) = ibcm_ioctl::DEVICE_INTERFACE_GUID;
+    GUID {
+        data1,
+        data2,
+        data3,
+        data4,
+    }
+}
+
+/// One IOCTL in flight. `#[repr(C)]` with the OVERLAPPED first, so the pointer the
+/// completion port returns is the pointer to the whole `Op`.
+#[repr(C)]
+struct Op {
+    overlapped: OVERLAPPED,
+    input: Vec<u8>,
+    output: Vec<u8>,
+    on_complete: OnComplete,
+}
+
+/// A raw pointer that may cross to the completion thread.
+struct SendHandle(HANDLE);
+// SAFETY: an I/O completion port handle may be used from any thread.
+unsafe impl Send for SendHandle {}
+
+/// The open device: file handle, completion port and completion thread.
+pub struct Device {
+    file: HANDLE,
+    port: HANDLE,
+    thread: Option<JoinHandle<()>>,
+}
+
+// SAFETY: file and completion-port handles may be used from any thread; the Ops they
+// refer to are owned by the kernel between DeviceIoControl and their dequeue.
+unsafe impl Send for Device {}
+// SAFETY: as above; `submit` and `cancel` take `&self` and touch no shared Rust state.
+unsafe impl Sync for Device {}
+
+impl Device {
+    /// Opens the first present device of ibcm's interface class.
+    pub fn open() -> Result<Self, i32> {
+        let path = interface_path().ok_or(ibcm_ioctl::status::DEVICE_REMOVED)?;
+        // SAFETY: 1. `path` is a NUL-terminated UTF-16 string that outlives the call;
+        // 2. null security attributes and template are allowed.
+        let file = unsafe {
+            CreateFileW(
+                path.as_ptr(),
+                GENERIC_READ | GENERIC_WRITE,
+                FILE_SHARE_READ | FILE_SHARE_WRITE,
+                ptr::null(),
+                OPEN_EXISTING,
+                FILE_FLAG_OVERLAPPED,
+                ptr::null_mut(),
+            )
+        };
+        if file == INVALID_HANDLE_VALUE {
+            return Err(ibcm_ioctl::status::DEVICE_REMOVED);
+        }
+        // SAFETY: `file` is a valid overlapped handle; a null existing port creates one.
+        let port = unsafe { CreateIoCompletionPort(file, ptr::null_mut(), 0, 1) };
+        if port.is_null() {
+            // SAFETY: `file` is open and owned here.
+            unsafe { CloseHandle(file) };
+            return Err(ibcm_ioctl::status::INSUFFICIENT_RESOURCES);
+        }
+        let p = SendHandle(port);
+        let thread = std::thread::Builder::new()
+            .name("ibcm-completions".into())
+            .spawn(move || completion_loop(p))
+            .ok();
+        Ok(Self { file, port, thread })
+    }
+}
+
+/// Dequeues completions until the quit packet.
+fn completion_loop(port: SendHandle) {
+    loop {
+        let mut bytes = 0u32;
+        let mut key = 0usize;
+        let mut ov: *mut OVERLAPPED = ptr::null_mut();
+        // SAFETY: `port` stays open until the quit packet has been dequeued (Drop joins
+        // this thread before closing it); the out-pointers are valid locals.
+        let ok =
+            unsafe { GetQueuedCompletionStatus(port.0, &mut bytes, &mut key, &mut ov, INFINITE) };
+        if key == QUIT_KEY && ov.is_null() {
+            return;
+        }
+        if ov.is_null() {
+            if ok == 0 {
+                return;
+            }
+            continue;
+        }
+        // SAFETY: 1. every OVERLAPPED queued on this port is the first field of an `Op`
+        // leaked by `submit` with Box::into_raw; 2. the kernel is done with it once its
+        // packet is dequeued, so ownership returns here exactly once.
+        let op = unsafe { Box::from_raw(ov.cast::<Op>()) };
+        let status = op.overlapped.Internal as i32;
+        let len = (bytes as usize).min(op.output.len());
+        let Op {
+            output,
+            on_complete,
+            ..
+        } = *op;
+        on_complete(Done {
+            status,
+            output: output.get(..len).unwrap_or(&[]).to_vec(),
+        });
+    }
+}
+
+/// The device path of the first present ibcm interface, NUL-terminated UTF-16.
+fn interface_path() -> Option<Vec<u16>> {
+    let guid = interface_guid();
+    // SAFETY: `guid` is valid for the call; null enumerator and window are allowed.
+    let set = unsafe {
+        SetupDiGetClassDevsW(
+            &guid,
+            ptr::null(),
+            ptr::null_mut(),
+            DIGCF_PRESENT | DIGCF_DEVICEINTERFACE,
+        )
+    };
+    if set == INVALID_HANDLE_VALUE as isize {
+        return None;
+    }
+    let mut data = SP_DEVICE_INTERFACE_DATA {
+        cbSize: size_of::<SP_DEVICE_INTERFACE_DATA>() as u32,
+        InterfaceClassGuid: guid,
+        Flags: 0,
+        Reserved: 0,
+    };
+    // SAFETY: `set` is a valid device information set; `data.cbSize` is initialised.
+    let found = unsafe { SetupDiEnumDeviceInterfaces(set, ptr::null(), &guid, 0, &mut data) };
+    let mut path = None;
+    if found != 0 {
+        let mut needed = 0u32;
+        // SAFETY: a size query: null buffer with size 0 is the documented pattern.
+        unsafe {
+            SetupDiGetDeviceInterfaceDetailW(
+                set,
+                &data,
+                ptr::null_mut(),
+                0,
+                &mut needed,
+                ptr::null_mut(),
+            )
+        };
+        // A u64-aligned buffer for the variable-length detail structure.
+        let mut buf = vec![0u64; (needed as usize).div_ceil(8).max(1)];
+        let detail = buf.as_mut_ptr().cast::<SP_DEVICE_INTERFACE_DETAIL_DATA_W>();
+        // SAFETY: `buf` holds at least `needed` bytes, is suitably aligned, and cbSize is
+        // the fixed part's size as the API requires.
+        unsafe { (*detail).cbSize = size_of::<SP_DEVICE_INTERFACE_DETAIL_DATA_W>() as u32 };
+        // SAFETY: `detail` points to `needed` writable bytes.
+        let ok = unsafe {
+            SetupDiGetDeviceInterfaceDetailW(
+                set,
+                &data,
+                detail,
+                needed,
+                ptr::null_mut(),
+                ptr::null_mut(),
+            )
+        };
+        if ok != 0 {
+            // SAFETY: on success DevicePath is a NUL-terminated string inside `buf`.
+            let start = unsafe { ptr::addr_of!((*detail).DevicePath) }.cast::<u16>();
+            let max = (needed as usize).saturating_sub(4) / 2;
+            let mut v = Vec::new();
+            for i in 0..max {
+                let at = start.wrapping_add(i);
+                // SAFETY: `i` stays within the `needed` bytes the API filled.
+                let c = unsafe { *at };
+                v.push(c);
+                if c == 0 {
+                    break;
+                }
+            }
+            path = Some(v);
+        }
+    }
+    // SAFETY: `set` came from SetupDiGetClassDevsW and is destroyed once.
+    unsafe { SetupDiDestroyDeviceInfoList(set) };
+    path
+}
+
+impl Backend for Device {
+    fn submit(&self, code: u32, input: &[u8], output_len: usize, on_complete: OnComplete) -> u64 {
+        let op = Box::new(Op {
+            // SAFETY: OVERLAPPED is plain data; all-zero is its documented initial state.
+            overlapped: unsafe { std::mem::zeroed() },
+            input: input.to_vec(),
+            output: vec![0u8; output_len],
+            on_complete,
+        });
+        let raw = Box::into_raw(op);
+        let (in_ptr, in_len, out_ptr, out_len, ov) = {
+            // SAFETY: `raw` was just leaked from a Box: live and not shared yet.
+            let op = unsafe { &mut *raw };
+            (
+                op.input.as_ptr(),
+                op.input.len() as u32,
+                op.output.as_mut_ptr(),
+                op.output.len() as u32,
+                ptr::addr_of_mut!(op.overlapped),
+            )
+        };
+        // SAFETY: 1. the buffers and the OVERLAPPED belong to the leaked Op, which stays
+        // alive until the completion thread reclaims it; 2. `self.file` is open; 3. the
+        // OVERLAPPED is the Op's first field, so the port hands back `raw` itself.
+        let ok = unsafe {
+            DeviceIoControl(
+                self.file,
+                code,
+                in_ptr.cast(),
+                in_len,
+                out_ptr.cast(),
+                out_len,
+                ptr::null_mut(),
+                ov,
+            )
+        };
+        // SAFETY: reading the thread's last-error value has no preconditions.
+        let pending = ok != 0 || unsafe { GetLastError() } == ERROR_IO_PENDING;
+        if !pending {
+            // Failed before it was queued: no packet will come; complete it here.
+            // SAFETY: the kernel never took ownership of `raw`; reclaim it once.
+            let op = unsafe { Box::from_raw(raw) };
+            let status = if op.overlapped.Internal != 0 {
+                op.overlapped.Internal as i32
+            } else {
+                STATUS_INVALID_HANDLE
+            };
+            (op.on_complete)(Done {
+                status,
+                output: Vec::new(),
+            });
+        }
+        raw as u64
+    }
+
+    fn cancel(&self, key: u64) {
+        // SAFETY: CancelIoEx only uses the pointer as a key to match the file's pending
+        // requests; it does not dereference a request that has already completed.
+        unsafe { CancelIoEx(self.file, key as usize as *const OVERLAPPED) };
+    }
+}
+
+impl Drop for Device {
+    fn drop(&mut self) {
+        // SAFETY: each handle is owned here and closed once; closing the file cancels its
+        // requests, whose packets reach the port before the quit packet posted after.
+        unsafe { CloseHandle(self.file) };
+        // SAFETY: `self.port` is open until the thread has quit.
+        unsafe { PostQueuedCompletionStatus(self.port, 0, QUIT_KEY, ptr::null()) };
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+        // SAFETY: the completion thread has exited; nothing uses the port any more.
+        unsafe { CloseHandle(self.port) };
+    }
+}

@@ -1,0 +1,273 @@
+//! Completion of asynchronous requests, three ways: wait for it (blocking), await it (a
+//! Rust future), or have it posted to a [`CompletionPort`] with its [`Overlapped`] (the
+//! I/O completion port model of WinVerbs and NetworkDirect providers).
+//!
+//! A multi-step operation (connect: CONNECT, then GET_EVENT until the REP) is an async
+//! block. Run with [`block_on`] it blocks; awaited it is a future; started with
+//! [`spawn`] it is driven by the completions of its own requests, with no thread of its
+//! own, and its result lands on an [`Overlapped`].
+
+use std::collections::VecDeque;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::{Arc, Condvar, Mutex, PoisonError};
+use std::task::{Context, Poll, Wake, Waker};
+use std::time::Duration;
+
+/// How one request ended: NTSTATUS and output bytes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Done {
+    /// NTSTATUS.
+    pub status: i32,
+    /// The output bytes written.
+    pub output: Vec<u8>,
+}
+
+#[derive(Debug, Default)]
+struct SlotState {
+    done: Option<Done>,
+    waker: Option<Waker>,
+}
+
+/// The completion slot of one request (the library's side of an OVERLAPPED).
+#[derive(Debug, Default)]
+pub struct Slot {
+    state: Mutex<SlotState>,
+    cv: Condvar,
+}
+
+impl Slot {
+    /// A new, pending slot.
+    pub fn new() -> Arc<Self> {
+        Arc::new(Self::default())
+    }
+
+    /// Called by the backend, exactly once.
+    pub fn complete(&self, done: Done) {
+        let waker = {
+            let mut s = self.state.lock().unwrap_or_else(PoisonError::into_inner);
+            s.done = Some(done);
+            s.waker.take()
+        };
+        self.cv.notify_all();
+        if let Some(w) = waker {
+            w.wake();
+        }
+    }
+
+    fn poll(&self, cx: &Context<'_>) -> Poll<Done> {
+        let mut s = self.state.lock().unwrap_or_else(PoisonError::into_inner);
+        match &s.done {
+            Some(d) => Poll::Ready(d.clone()),
+            None => {
+                s.waker = Some(cx.waker().clone());
+                Poll::Pending
+            }
+        }
+    }
+}
+
+/// A future over a slot.
+#[derive(Debug)]
+pub(crate) struct SlotFuture(pub Arc<Slot>);
+
+impl Future for SlotFuture {
+    type Output = Done;
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Done> {
+        self.0.poll(cx)
+    }
+}
+
+struct ThreadWaker(std::thread::Thread);
+
+impl Wake for ThreadWaker {
+    fn wake(self: Arc<Self>) {
+        self.0.unpark();
+    }
+}
+
+/// Runs a future to completion on this thread (the blocking form of every operation).
+pub fn block_on<F: Future>(future: F) -> F::Output {
+    let mut future = std::pin::pin!(future);
+    let waker = Waker::from(Arc::new(ThreadWaker(std::thread::current())));
+    let mut cx = Context::from_waker(&waker);
+    loop {
+        if let Poll::Ready(v) = future.as_mut().poll(&mut cx) {
+            return v;
+        }
+        std::thread::park();
+    }
+}
+
+/// A completion packet: the user's completion key and the finished overlapped operation.
+#[derive(Debug, Clone)]
+pub struct CompletionPacket {
+    /// The key given when the operation was started.
+    pub key: usize,
+    /// The operation's overlapped.
+    pub overlapped: Overlapped,
+}
+
+/// An I/O completion port: finished overlapped operations are queued here, and any thread
+/// may dequeue them ([`CompletionPort::get`], as `GetQueuedCompletionStatus`).
+#[derive(Debug, Default, Clone)]
+pub struct CompletionPort(Arc<(Mutex<VecDeque<CompletionPacket>>, Condvar)>);
+
+impl CompletionPort {
+    /// A new, empty port.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    fn post(&self, packet: CompletionPacket) {
+        self.0
+            .0
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .push_back(packet);
+        self.0.1.notify_one();
+    }
+
+    /// Dequeues a packet, waiting up to `timeout` (None: forever).
+    pub fn get(&self, timeout: Option<Duration>) -> Option<CompletionPacket> {
+        let mut q = self.0.0.lock().unwrap_or_else(PoisonError::into_inner);
+        let deadline = timeout.map(|t| std::time::Instant::now() + t);
+        loop {
+            if let Some(p) = q.pop_front() {
+                return Some(p);
+            }
+            match deadline {
+                None => q = self.0.1.wait(q).unwrap_or_else(PoisonError::into_inner),
+                Some(d) => {
+                    let left = d.checked_duration_since(std::time::Instant::now())?;
+                    q = self
+                        .0
+                        .1
+                        .wait_timeout(q, left)
+                        .unwrap_or_else(PoisonError::into_inner)
+                        .0;
+                }
+            }
+        }
+    }
+}
+
+type AnyResult = Box<dyn std::any::Any + Send>;
+
+#[derive(Default)]
+struct OverlappedState {
+    result: Option<AnyResult>,
+    port: Option<(CompletionPort, usize)>,
+}
+
+/// The state of one overlapped operation (an OVERLAPPED): started with [`spawn`],
+/// completed when its operation finishes, then posted to its completion port if it has
+/// one. Take the result with [`Overlapped::result`].
+#[derive(Clone, Default)]
+pub struct Overlapped(Arc<(Mutex<OverlappedState>, Condvar)>);
+
+impl std::fmt::Debug for Overlapped {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Overlapped")
+            .field("done", &self.is_done())
+            .finish()
+    }
+}
+
+impl Overlapped {
+    /// An overlapped whose completion only signals itself ([`Overlapped::wait`]).
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// An overlapped whose completion is also queued on `port` with `key`.
+    pub fn with_port(port: &CompletionPort, key: usize) -> Self {
+        let o = Self::default();
+        o.0.0.lock().unwrap_or_else(PoisonError::into_inner).port = Some((port.clone(), key));
+        o
+    }
+
+    /// Whether the operation has finished (`HasOverlappedIoCompleted`).
+    pub fn is_done(&self) -> bool {
+        self.0
+            .0
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .result
+            .is_some()
+    }
+
+    /// Blocks until the operation has finished.
+    pub fn wait(&self) {
+        let mut s = self.0.0.lock().unwrap_or_else(PoisonError::into_inner);
+        while s.result.is_none() {
+            s = self.0.1.wait(s).unwrap_or_else(PoisonError::into_inner);
+        }
+    }
+
+    /// The operation's result (`GetOverlappedResult`): `None` while it runs, or if the
+    /// type asked for is not the operation's.
+    pub fn result<T: 'static>(&self) -> Option<T> {
+        let mut s = self.0.0.lock().unwrap_or_else(PoisonError::into_inner);
+        let any = s.result.take()?;
+        match any.downcast::<T>() {
+            Ok(v) => Some(*v),
+            Err(other) => {
+                s.result = Some(other);
+                None
+            }
+        }
+    }
+
+    fn finish(&self, value: AnyResult) {
+        let port = {
+            let mut s = self.0.0.lock().unwrap_or_else(PoisonError::into_inner);
+            s.result = Some(value);
+            s.port.clone()
+        };
+        self.0.1.notify_all();
+        if let Some((port, key)) = port {
+            port.post(CompletionPacket {
+                key,
+                overlapped: self.clone(),
+            });
+        }
+    }
+}
+
+type BoxFuture = Pin<Box<dyn Future<Output = AnyResult> + Send>>;
+
+/// A task driven by the wakes of the requests it awaits.
+struct Task {
+    future: Mutex<Option<BoxFuture>>,
+    overlapped: Overlapped,
+}
+
+impl Wake for Task {
+    fn wake(self: Arc<Self>) {
+        let waker = Waker::from(Arc::clone(&self));
+        let mut cx = Context::from_waker(&waker);
+        let mut slot = self.future.lock().unwrap_or_else(PoisonError::into_inner);
+        let Some(future) = slot.as_mut() else { return };
+        if let Poll::Ready(value) = future.as_mut().poll(&mut cx) {
+            *slot = None;
+            drop(slot);
+            self.overlapped.finish(value);
+        }
+    }
+}
+
+/// Starts `future` as an overlapped operation: it runs until it first waits, then on the
+/// thread that completes each request it awaits; its result lands on `overlapped`.
+pub fn spawn<T: Send + 'static>(
+    future: impl Future<Output = T> + Send + 'static,
+    overlapped: &Overlapped,
+) {
+    let task = Arc::new(Task {
+        future: Mutex::new(Some(Box::pin(async move {
+            Box::new(future.await) as AnyResult
+        }))),
+        overlapped: overlapped.clone(),
+    });
+    task.wake();
+}

@@ -1,0 +1,682 @@
+//! Connection endpoints, listeners and connection requests: the WinVerbs
+//! `IWVConnectEndpoint` / NetworkDirect `IND2Connector` + `IND2Listener` shape, with every
+//! operation blocking, as a future (`*_async`), and overlapped (`ibcm::spawn`).
+
+use std::future::Future;
+
+use ibcm_cep::{MigrationState, QpAttributes, QpState};
+use ibcm_ioctl::{
+    ConnectIn, EventRecord, FormatRepIn, FormatRepOut, GetQpAttrIn, ListenIn, MraIn, PathAbi,
+    PrivateDataIn, QpAttrAbi, QpAttrOut, QueryOut, RejIn, code, ep_state, event_type, flags,
+    qp_mask, qp_state, status,
+};
+use ibcm_mad::{AttributeId, Failover, IpHeader, Mtu, Rate, RejReason, Transport};
+use zerocopy::{FromBytes, FromZeros, IntoBytes};
+
+use crate::completion::block_on;
+use crate::endpoint::Endpoint;
+use crate::error::{Detail, Error, Result};
+use crate::provider::Provider;
+use crate::{AcceptParams, ConnectParams, ListenParams, PathRecord};
+
+fn path_abi(p: &PathRecord) -> PathAbi {
+    PathAbi {
+        slid: p.slid,
+        dlid: p.dlid,
+        flow_label: p.flow_label,
+        sgid: p.sgid,
+        dgid: p.dgid,
+        traffic_class: p.traffic_class,
+        hop_limit: p.hop_limit,
+        sl: p.sl,
+        rate: p.rate.into(),
+        packet_life_time: p.packet_life_time,
+        subnet_local: p.subnet_local.into(),
+        reserved: [0; 2],
+    }
+}
+
+fn path_record(p: &PathAbi) -> PathRecord {
+    PathRecord {
+        slid: p.slid,
+        dlid: p.dlid,
+        sgid: p.sgid,
+        dgid: p.dgid,
+        flow_label: p.flow_label,
+        traffic_class: p.traffic_class,
+        hop_limit: p.hop_limit,
+        sl: p.sl,
+        rate: Rate::from(p.rate),
+        packet_life_time: p.packet_life_time,
+        subnet_local: p.subnet_local != 0,
+    }
+}
+
+fn qp_attributes(r: &QpAttrAbi) -> QpAttributes {
+    let state = match r.state {
+        qp_state::INIT => QpState::Init,
+        qp_state::RTR => QpState::Rtr,
+        _ => QpState::Rts,
+    };
+    let av = |a: &ibcm_ioctl::AvAbi| ibcm_cep::AddressVector {
+        path: path_record(&a.path),
+        port: a.port,
+        ack_timeout: a.ack_timeout,
+    };
+    let init = r.mask & qp_mask::INIT != 0;
+    let rtr = r.mask & qp_mask::RTR != 0;
+    let rts = r.mask & qp_mask::RTS != 0;
+    QpAttributes {
+        state,
+        port: init.then_some(r.port),
+        pkey: init.then_some(r.pkey),
+        access_flags: init.then_some(r.access_flags),
+        path_mtu: rtr.then(|| Mtu::from(r.path_mtu)),
+        dest_qpn: rtr.then_some(r.dest_qpn),
+        rq_psn: rtr.then_some(r.rq_psn),
+        max_dest_rd_atomic: rtr.then_some(r.max_dest_rd_atomic),
+        primary: rtr.then(|| av(&r.primary)),
+        alternate: (r.mask & qp_mask::ALTERNATE != 0).then(|| av(&r.alternate)),
+        sq_psn: rts.then_some(r.sq_psn),
+        timeout: rts.then_some(r.timeout),
+        retry_count: rts.then_some(r.retry_count),
+        rnr_retry: rts.then_some(r.rnr_retry),
+        max_rd_atomic: rts.then_some(r.max_rd_atomic),
+        path_mig_state: (r.mask & qp_mask::PATH_MIG_STATE != 0).then_some(
+            if r.path_mig_state == 0 {
+                MigrationState::Rearm
+            } else {
+                MigrationState::Migrated
+            },
+        ),
+    }
+}
+
+fn transport_code(t: Transport) -> u8 {
+    match t {
+        Transport::Rc => ibcm_ioctl::transport::RC,
+        Transport::Uc => ibcm_ioctl::transport::UC,
+        Transport::Rd => ibcm_ioctl::transport::RD,
+        Transport::Xrc | Transport::Extended(_) => ibcm_ioctl::transport::XRC,
+    }
+}
+
+fn private_data(r: &EventRecord) -> Vec<u8> {
+    r.private_data
+        .get(..usize::from(r.private_data_len))
+        .unwrap_or(&[])
+        .to_vec()
+}
+
+fn too_long(operation: &'static str) -> Error {
+    Error::new(operation, status::INVALID_PARAMETER)
+}
+
+/// Copies `data` into an inline field, failing (before any system call) if it is longer.
+fn inline<const N: usize>(operation: &'static str, data: &[u8]) -> Result<([u8; N], u8)> {
+    let mut buf = [0u8; N];
+    let dst = buf
+        .get_mut(..data.len())
+        .ok_or_else(|| too_long(operation))?;
+    dst.copy_from_slice(data);
+    Ok((buf, data.len() as u8))
+}
+
+/// The failure an event means for `operation`: a REJ, a timeout, or device removal.
+fn failure(operation: &'static str, r: &EventRecord) -> Error {
+    match r.event_type {
+        event_type::REJECTED => Error {
+            operation,
+            status: status::CONNECTION_REFUSED,
+            detail: Detail::Rejected {
+                reason: RejReason::from(r.reason),
+                private_data: private_data(r),
+            },
+        },
+        event_type::TIMEOUT => Error {
+            operation,
+            status: status::IO_TIMEOUT,
+            detail: Detail::Timeout {
+                message: AttributeId::from(u16::from(r.message)),
+            },
+        },
+        _ => Error::new(operation, r.status),
+    }
+}
+
+const ENDS_ATTEMPT: [u32; 3] = [
+    event_type::REJECTED,
+    event_type::TIMEOUT,
+    event_type::DEVICE_REMOVAL,
+];
+
+/// What the active side learns when the REP arrives: the peer's answer and the QP
+/// attributes for RTR and RTS.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConnectReply {
+    /// The peer's QPN.
+    pub remote_qpn: u32,
+    /// The peer's starting PSN.
+    pub remote_psn: u32,
+    /// The peer's responder resources.
+    pub peer_responder_resources: u8,
+    /// The peer's initiator depth.
+    pub peer_initiator_depth: u8,
+    /// Whether the peer accepted the alternate path.
+    pub failover_accepted: Failover,
+    /// REP private data (196 bytes).
+    pub private_data: Vec<u8>,
+    /// INIT -> RTR.
+    pub rtr: QpAttributes,
+    /// RTR -> RTS.
+    pub rts: QpAttributes,
+}
+
+/// The transitions the passive side makes between formatting and sending its REP.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct QpTransitions {
+    /// Reset -> INIT.
+    pub init: QpAttributes,
+    /// INIT -> RTR.
+    pub rtr: QpAttributes,
+    /// RTR -> RTS.
+    pub rts: QpAttributes,
+}
+
+/// A connection endpoint (`IWVConnectEndpoint`): the active side of a connection, or the
+/// passive side handed out by [`Listener::get_request`]. Dropping it destroys it: a
+/// connection still up is torn down by the driver in the background.
+#[derive(Clone)]
+pub struct ConnectEndpoint(pub(crate) Endpoint);
+
+impl Provider {
+    /// A new, idle connection endpoint.
+    pub fn connect_endpoint(&self) -> Result<ConnectEndpoint> {
+        Ok(ConnectEndpoint(self.create_endpoint("create endpoint")?))
+    }
+
+    /// A listener for REQs matching `params`.
+    pub fn listen(&self, params: &ListenParams) -> Result<Listener> {
+        const OP: &str = "listen";
+        let ep = self.create_endpoint(OP)?;
+        let mut l = ListenIn::new_zeroed();
+        l.size = ListenIn::SIZE;
+        l.handle = ep.0.handle;
+        l.service_id = params.service_id;
+        l.service_mask = params.service_mask;
+        l.backlog = params.backlog;
+        l.port = params.port.unwrap_or(0);
+        if let Some((offset, bytes)) = &params.compare {
+            let (buf, len) = inline::<92>(OP, bytes)?;
+            l.compare = buf;
+            l.compare_len = len;
+            l.compare_offset = *offset;
+        }
+        block_on(ep.ioctl(OP, code::LISTEN, l.as_bytes(), 0))?;
+        Ok(Listener(ep))
+    }
+}
+
+impl ConnectEndpoint {
+    /// The driver's handle (per file handle; meaningless to other processes).
+    pub fn handle(&self) -> u64 {
+        self.0.0.handle
+    }
+
+    /// Sends the REQ and completes when the REP arrives, with the RTR and RTS attributes
+    /// (then transition the QP and call [`rtu`](Self::rtu)). A REJ or a timeout fails it.
+    pub fn connect(&self, params: &ConnectParams<'_>) -> Result<ConnectReply> {
+        block_on(self.connect_async(params))
+    }
+
+    /// [`connect`](Self::connect) as a future.
+    pub fn connect_async(
+        &self,
+        params: &ConnectParams<'_>,
+    ) -> impl Future<Output = Result<ConnectReply>> + Send + 'static {
+        const OP: &str = "connect";
+        let ep = self.0.clone();
+        let record = (|| {
+            let mut c = ConnectIn::new_zeroed();
+            c.size = ConnectIn::SIZE;
+            c.handle = ep.0.handle;
+            c.service_id = params.service_id;
+            c.qpn = params.qpn;
+            c.pkey = params.pkey;
+            c.port = params.port;
+            c.transport = transport_code(params.transport);
+            c.path_mtu = params.path_mtu.into();
+            c.responder_resources = params.responder_resources;
+            c.initiator_depth = params.initiator_depth;
+            c.remote_cm_response_timeout = params.remote_cm_response_timeout;
+            c.local_cm_response_timeout = params.local_cm_response_timeout;
+            c.retry_count = params.retry_count;
+            c.rnr_retry_count = params.rnr_retry_count;
+            c.max_cm_retries = params.max_cm_retries;
+            if let Some(psn) = params.starting_psn {
+                c.flags |= flags::PSN_GIVEN;
+                c.starting_psn = psn;
+            }
+            if params.srq {
+                c.flags |= flags::SRQ;
+            }
+            if params.flow_control {
+                c.flags |= flags::FLOW_CONTROL;
+            }
+            c.primary = path_abi(&params.primary_path);
+            if let Some(alt) = &params.alternate_path {
+                c.flags |= flags::ALTERNATE_PATH;
+                c.alternate = path_abi(alt);
+            }
+            let (pd, len) = inline::<92>(OP, params.private_data)?;
+            c.private_data = pd;
+            c.private_data_len = len;
+            Ok(c)
+        })();
+        async move {
+            let c = record?;
+            ep.ioctl(OP, code::CONNECT, c.as_bytes(), 0).await?;
+            let r = ep
+                .wait_event(OP, |r| {
+                    r.event_type == event_type::REP_RECEIVED || ENDS_ATTEMPT.contains(&r.event_type)
+                })
+                .await?;
+            if r.event_type != event_type::REP_RECEIVED {
+                return Err(failure(OP, &r));
+            }
+            let rtr = qp_attr(&ep, OP, qp_state::RTR).await?;
+            let rts = qp_attr(&ep, OP, qp_state::RTS).await?;
+            Ok(ConnectReply {
+                remote_qpn: r.remote_qpn,
+                remote_psn: r.remote_psn,
+                peer_responder_resources: r.peer_responder_resources,
+                peer_initiator_depth: r.peer_initiator_depth,
+                failover_accepted: Failover::from(r.failover_accepted),
+                private_data: private_data(&r),
+                rtr,
+                rts,
+            })
+        }
+    }
+
+    /// Sends the RTU after [`connect`](Self::connect) (WinVerbs: `Accept` on the active
+    /// side): the connection is established.
+    pub fn rtu(&self, private_data: &[u8]) -> Result<()> {
+        block_on(self.private_data_op("rtu", code::RTU, private_data))
+    }
+
+    fn private_data_op(
+        &self,
+        operation: &'static str,
+        code: u32,
+        data: &[u8],
+    ) -> impl Future<Output = Result<()>> + Send + 'static {
+        let ep = self.0.clone();
+        let record = inline::<224>(operation, data).map(|(buf, len)| {
+            let mut p = PrivateDataIn::new_zeroed();
+            p.size = PrivateDataIn::SIZE;
+            p.handle = ep.0.handle;
+            p.private_data = buf;
+            p.private_data_len = len;
+            p
+        });
+        async move {
+            let p = record?;
+            ep.ioctl(operation, code, p.as_bytes(), 0).await.map(|_| ())
+        }
+    }
+
+    /// Pre-REP: formats the REP and returns the QP transitions to make before
+    /// [`accept`](Self::accept) sends it.
+    pub fn prepare_accept(&self, params: &AcceptParams<'_>) -> Result<QpTransitions> {
+        const OP: &str = "accept";
+        let mut r = FormatRepIn::new_zeroed();
+        r.size = FormatRepIn::SIZE;
+        r.handle = self.handle();
+        r.qpn = params.qpn;
+        r.responder_resources = params.responder_resources;
+        r.initiator_depth = params.initiator_depth;
+        r.rnr_retry_count = params.rnr_retry_count;
+        r.failover_accepted = params.failover_accepted.into();
+        if let Some(psn) = params.starting_psn {
+            r.flags |= flags::PSN_GIVEN;
+            r.starting_psn = psn;
+        }
+        if params.srq {
+            r.flags |= flags::SRQ;
+        }
+        if params.flow_control {
+            r.flags |= flags::FLOW_CONTROL;
+        }
+        let (pd, len) = inline::<196>(OP, params.private_data)?;
+        r.private_data = pd;
+        r.private_data_len = len;
+        let out = block_on(self.0.ioctl(
+            OP,
+            code::FORMAT_REP,
+            r.as_bytes(),
+            FormatRepOut::SIZE as usize,
+        ))?;
+        let out = FormatRepOut::read_from_bytes(&out)
+            .map_err(|_| Error::new(OP, status::INFO_LENGTH_MISMATCH))?;
+        Ok(QpTransitions {
+            init: qp_attributes(&out.init),
+            rtr: qp_attributes(&out.rtr),
+            rts: qp_attributes(&out.rts),
+        })
+    }
+
+    /// Sends the REP formatted by [`prepare_accept`](Self::prepare_accept) and completes
+    /// when the RTU arrives (or the QP reports traffic, see
+    /// [`established`](Self::established)).
+    pub fn accept(&self) -> Result<()> {
+        block_on(self.accept_async())
+    }
+
+    /// [`accept`](Self::accept) as a future.
+    pub fn accept_async(&self) -> impl Future<Output = Result<()>> + Send + 'static {
+        const OP: &str = "accept";
+        let ep = self.0.clone();
+        async move {
+            ep.ioctl(OP, code::SEND_REP, ep.handle_in().as_bytes(), 0)
+                .await?;
+            let r = ep
+                .wait_event(OP, |r| {
+                    r.event_type == event_type::RTU_RECEIVED
+                        || r.event_type == event_type::DREQ_RECEIVED
+                        || ENDS_ATTEMPT.contains(&r.event_type)
+                })
+                .await?;
+            match r.event_type {
+                event_type::RTU_RECEIVED => Ok(()),
+                // A DREQ means the RTU was lost but the connection was established; leave
+                // the DREQ for notify_disconnect.
+                event_type::DREQ_RECEIVED => {
+                    ep.requeue(r);
+                    Ok(())
+                }
+                _ => Err(failure(OP, &r)),
+            }
+        }
+    }
+
+    /// Rejects the connection request (or the REP) with `reason` and private data.
+    pub fn reject(&self, reason: RejReason, private_data: &[u8]) -> Result<()> {
+        const OP: &str = "reject";
+        let mut r = RejIn::new_zeroed();
+        r.size = RejIn::SIZE;
+        r.handle = self.handle();
+        r.reason = reason.into();
+        let (pd, len) = inline::<148>(OP, private_data)?;
+        r.private_data = pd;
+        r.private_data_len = len;
+        block_on(self.0.ioctl(OP, code::REJ, r.as_bytes(), 0)).map(|_| ())
+    }
+
+    /// Sends an MRA: the answer will take up to `service_timeout` (5-bit IB time) longer.
+    pub fn mra(&self, service_timeout: u8, private_data: &[u8]) -> Result<()> {
+        const OP: &str = "mra";
+        let mut m = MraIn::new_zeroed();
+        m.size = MraIn::SIZE;
+        m.handle = self.handle();
+        m.service_timeout = service_timeout;
+        let (pd, len) = inline::<222>(OP, private_data)?;
+        m.private_data = pd;
+        m.private_data_len = len;
+        block_on(self.0.ioctl(OP, code::MRA, m.as_bytes(), 0)).map(|_| ())
+    }
+
+    /// Disconnects: answers a DREQ already received with a DREP, or sends a DREQ and
+    /// completes when the DREP (or a crossing DREQ, answered) arrives or the DREQ times
+    /// out. Either way the connection then waits out timewait in the driver.
+    pub fn disconnect(&self, private_data: &[u8]) -> Result<()> {
+        block_on(self.disconnect_async(private_data))
+    }
+
+    /// [`disconnect`](Self::disconnect) as a future.
+    pub fn disconnect_async(
+        &self,
+        private_data: &[u8],
+    ) -> impl Future<Output = Result<()>> + Send + 'static {
+        const OP: &str = "disconnect";
+        let me = self.clone();
+        let dreq = self.private_data_op(
+            OP,
+            code::DREQ,
+            private_data.get(..220).unwrap_or(private_data),
+        );
+        let drep = self.private_data_op(OP, code::DREP, private_data);
+        async move {
+            let q = me.query_async().await?;
+            if q.state == ep_state::DREQ_RCVD {
+                return drep.await;
+            }
+            dreq.await?;
+            let r =
+                me.0.wait_event(OP, |r| {
+                    [
+                        event_type::DREP_RECEIVED,
+                        event_type::DREQ_RECEIVED,
+                        event_type::TIMEOUT,
+                        event_type::REJECTED,
+                        event_type::DEVICE_REMOVAL,
+                    ]
+                    .contains(&r.event_type)
+                })
+                .await?;
+            match r.event_type {
+                event_type::DREP_RECEIVED | event_type::REJECTED => Ok(()),
+                event_type::DREQ_RECEIVED => drep.await,
+                event_type::TIMEOUT => Ok(()),
+                _ => Err(failure(OP, &r)),
+            }
+        }
+    }
+
+    /// Completes when the peer asks to disconnect (its DREQ); answer with
+    /// [`disconnect`](Self::disconnect).
+    pub fn notify_disconnect(&self) -> Result<Vec<u8>> {
+        block_on(self.notify_disconnect_async())
+    }
+
+    /// [`notify_disconnect`](Self::notify_disconnect) as a future.
+    pub fn notify_disconnect_async(
+        &self,
+    ) -> impl Future<Output = Result<Vec<u8>>> + Send + 'static {
+        const OP: &str = "notify disconnect";
+        let ep = self.0.clone();
+        async move {
+            let r = ep
+                .wait_event(OP, |r| {
+                    r.event_type == event_type::DREQ_RECEIVED
+                        || r.event_type == event_type::DEVICE_REMOVAL
+                })
+                .await?;
+            if r.event_type == event_type::DREQ_RECEIVED {
+                Ok(private_data(&r))
+            } else {
+                Err(failure(OP, &r))
+            }
+        }
+    }
+
+    /// Completes when timewait is over: the QP may be reused.
+    pub fn wait_timewait(&self) -> Result<()> {
+        const OP: &str = "wait timewait";
+        let ep = self.0.clone();
+        block_on(async move {
+            let r = ep
+                .wait_event(OP, |r| {
+                    r.event_type == event_type::TIMEWAIT_EXIT
+                        || r.event_type == event_type::DEVICE_REMOVAL
+                })
+                .await?;
+            if r.event_type == event_type::TIMEWAIT_EXIT {
+                Ok(())
+            } else {
+                Err(failure(OP, &r))
+            }
+        })
+    }
+
+    /// The QP received traffic before the RTU: the passive side is established.
+    pub fn established(&self) -> Result<()> {
+        block_on(self.0.ioctl(
+            "established",
+            code::ESTABLISHED,
+            self.0.handle_in().as_bytes(),
+            0,
+        ))
+        .map(|_| ())
+    }
+
+    /// The endpoint's state, the peer's read limits, paths and last private data.
+    pub fn query(&self) -> Result<QueryOut> {
+        block_on(self.query_async())
+    }
+
+    fn query_async(&self) -> impl Future<Output = Result<QueryOut>> + Send + 'static {
+        let ep = self.0.clone();
+        async move {
+            let out = ep
+                .ioctl(
+                    "query",
+                    code::QUERY,
+                    ep.handle_in().as_bytes(),
+                    QueryOut::SIZE as usize,
+                )
+                .await?;
+            QueryOut::read_from_bytes(&out)
+                .map_err(|_| Error::new("query", status::INFO_LENGTH_MISMATCH))
+        }
+    }
+
+    /// QP attributes for a transition.
+    pub fn qp_attributes(&self, state: QpState) -> Result<QpAttributes> {
+        let code = match state {
+            QpState::Init => qp_state::INIT,
+            QpState::Rtr => qp_state::RTR,
+            QpState::Rts => qp_state::RTS,
+        };
+        block_on(qp_attr(&self.0, "get QP attributes", code))
+    }
+
+    /// Fails every operation waiting on this endpoint with STATUS_CANCELLED.
+    pub fn cancel(&self) {
+        self.0.cancel();
+    }
+
+    /// (GET_EVENT system calls, event records received) on this endpoint.
+    pub fn event_stats(&self) -> (u64, u64) {
+        self.0.event_stats()
+    }
+}
+
+async fn qp_attr(ep: &Endpoint, op: &'static str, state: u32) -> Result<QpAttributes> {
+    let q = GetQpAttrIn {
+        size: GetQpAttrIn::SIZE,
+        reserved: 0,
+        handle: ep.0.handle,
+        qp_state: state,
+        reserved1: 0,
+    };
+    let out = ep
+        .ioctl(
+            op,
+            code::GET_QP_ATTR,
+            q.as_bytes(),
+            QpAttrOut::SIZE as usize,
+        )
+        .await?;
+    let out = QpAttrOut::read_from_bytes(&out)
+        .map_err(|_| Error::new(op, status::INFO_LENGTH_MISMATCH))?;
+    Ok(qp_attributes(&out.attr))
+}
+
+/// A listener (`IND2Listener`): REQs that match it become [`ConnectionRequest`]s.
+pub struct Listener(pub(crate) Endpoint);
+
+/// A REQ that reached a listener, with the new endpoint that answers it.
+pub struct ConnectionRequest {
+    /// The endpoint to accept, reject or MRA with.
+    pub endpoint: ConnectEndpoint,
+    /// The service ID asked for.
+    pub service_id: u64,
+    /// The peer's CA GUID.
+    pub remote_ca_guid: u64,
+    /// The peer's QPN.
+    pub remote_qpn: u32,
+    /// The port the REQ arrived on.
+    pub port: u8,
+    /// Partition key.
+    pub pkey: u16,
+    /// Primary path (this side's view).
+    pub primary_path: PathRecord,
+    /// Alternate path.
+    pub alternate_path: Option<PathRecord>,
+    /// Path MTU.
+    pub path_mtu: Mtu,
+    /// The peer's responder resources: the most this side may use as initiator depth.
+    pub peer_responder_resources: u8,
+    /// The peer's initiator depth.
+    pub peer_initiator_depth: u8,
+    /// REQ private data (92 bytes).
+    pub private_data: Vec<u8>,
+}
+
+impl ConnectionRequest {
+    /// The RDMA-CM IP header at the start of the private data, if it carries one.
+    pub fn ip_header(&self) -> Option<IpHeader> {
+        IpHeader::parse(&self.private_data).ok()
+    }
+}
+
+impl Listener {
+    /// Completes with the next connection request.
+    pub fn get_request(&self) -> Result<ConnectionRequest> {
+        block_on(self.get_request_async())
+    }
+
+    /// [`get_request`](Self::get_request) as a future.
+    pub fn get_request_async(
+        &self,
+    ) -> impl Future<Output = Result<ConnectionRequest>> + Send + 'static {
+        const OP: &str = "get request";
+        let ep = self.0.clone();
+        async move {
+            let r = ep
+                .wait_event(OP, |r| {
+                    r.event_type == event_type::REQ_RECEIVED
+                        || r.event_type == event_type::DEVICE_REMOVAL
+                })
+                .await?;
+            if r.event_type != event_type::REQ_RECEIVED {
+                return Err(failure(OP, &r));
+            }
+            Ok(ConnectionRequest {
+                endpoint: ConnectEndpoint(Endpoint::new(ep.0.provider.clone(), r.new_handle)),
+                service_id: r.service_id,
+                remote_ca_guid: r.remote_ca_guid,
+                remote_qpn: r.remote_qpn,
+                port: r.port,
+                pkey: r.pkey,
+                primary_path: path_record(&r.primary),
+                alternate_path: (r.has_alternate != 0).then(|| path_record(&r.alternate)),
+                path_mtu: Mtu::from(r.path_mtu),
+                peer_responder_resources: r.peer_responder_resources,
+                peer_initiator_depth: r.peer_initiator_depth,
+                private_data: private_data(&r),
+            })
+        }
+    }
+
+    /// Fails a pending [`get_request`](Self::get_request) with STATUS_CANCELLED.
+    pub fn cancel(&self) {
+        self.0.cancel();
+    }
+
+    /// (GET_EVENT system calls, event records received) on this listener.
+    pub fn event_stats(&self) -> (u64, u64) {
+        self.0.event_stats()
+    }
+}

@@ -1,0 +1,238 @@
+//! The shared core of listeners and connection endpoints: the handle, the IOCTL helpers,
+//! and the event pump that keeps one GET_EVENT outstanding while anyone waits.
+
+use std::collections::VecDeque;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::task::{Context, Poll, Waker};
+
+use ibcm_ioctl::{EventRecord, HandleIn, code, status};
+use zerocopy::{FromBytes, IntoBytes};
+
+use crate::completion::{Done, Slot, SlotFuture};
+use crate::error::{Error, Result};
+use crate::provider::Provider;
+
+/// Records one GET_EVENT asks for: several events cost one system call.
+const EVENTS_PER_REQUEST: usize = 16;
+
+#[derive(Default)]
+struct Events {
+    queue: VecDeque<EventRecord>,
+    wakers: Vec<Waker>,
+    /// The outstanding GET_EVENT: (ticket, backend key; 0 until `submit` returned).
+    outstanding: Option<(u64, u64)>,
+    tickets: u64,
+    /// Bumped by `cancel`: waiters started before it fail with STATUS_CANCELLED.
+    epoch: u64,
+    /// A terminal failure of GET_EVENT (device removed, endpoint gone).
+    failed: Option<i32>,
+    get_event_calls: u64,
+    records: u64,
+}
+
+pub(crate) struct Inner {
+    pub provider: Provider,
+    pub handle: u64,
+    events: Mutex<Events>,
+}
+
+/// An endpoint handle and its event queue; destroyed when dropped.
+#[derive(Clone)]
+pub(crate) struct Endpoint(pub Arc<Inner>);
+
+impl Endpoint {
+    pub fn new(provider: Provider, handle: u64) -> Self {
+        Self(Arc::new(Inner {
+            provider,
+            handle,
+            events: Mutex::new(Events::default()),
+        }))
+    }
+
+    pub fn handle_in(&self) -> HandleIn {
+        HandleIn {
+            size: HandleIn::SIZE,
+            reserved: 0,
+            handle: self.0.handle,
+        }
+    }
+
+    /// Issues one IOCTL and awaits its completion.
+    pub async fn ioctl(
+        &self,
+        operation: &'static str,
+        code: u32,
+        input: &[u8],
+        output_len: usize,
+    ) -> Result<Vec<u8>> {
+        self.0
+            .provider
+            .ioctl(operation, code, input, output_len)
+            .await
+    }
+
+    /// Waits for the first queued event `wanted` accepts (others stay queued, in order).
+    pub fn wait_event(
+        &self,
+        operation: &'static str,
+        wanted: fn(&EventRecord) -> bool,
+    ) -> EventWait {
+        let epoch = self.events().epoch;
+        EventWait {
+            endpoint: self.clone(),
+            operation,
+            wanted,
+            epoch,
+        }
+    }
+
+    fn events(&self) -> std::sync::MutexGuard<'_, Events> {
+        self.0.events.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Keeps one GET_EVENT outstanding. Called with the event lock released: the
+    /// request may complete before `submit` returns.
+    fn pump(&self) {
+        let ticket = {
+            let mut ev = self.events();
+            if ev.outstanding.is_some() || ev.failed.is_some() {
+                return;
+            }
+            ev.tickets += 1;
+            ev.get_event_calls += 1;
+            ev.outstanding = Some((ev.tickets, 0));
+            ev.tickets
+        };
+        // A weak reference: an endpoint dropped while its GET_EVENT is pending is
+        // destroyed, and the driver completes the GET_EVENT with STATUS_CANCELLED.
+        let me = Arc::downgrade(&self.0);
+        let key = self.0.provider.backend().submit(
+            code::GET_EVENT,
+            self.handle_in().as_bytes(),
+            EVENTS_PER_REQUEST * EventRecord::SIZE as usize,
+            Box::new(move |done| {
+                if let Some(inner) = me.upgrade() {
+                    Endpoint(inner).on_events(done);
+                }
+            }),
+        );
+        let mut ev = self.events();
+        if let Some((t, k)) = ev.outstanding.as_mut()
+            && *t == ticket
+        {
+            *k = key;
+        }
+    }
+
+    fn on_events(&self, done: Done) {
+        let wakers = {
+            let mut ev = self.events();
+            ev.outstanding = None;
+            if done.status == status::SUCCESS {
+                for chunk in done.output.chunks_exact(EventRecord::SIZE as usize) {
+                    if let Ok(record) = EventRecord::read_from_bytes(chunk) {
+                        ev.queue.push_back(record);
+                        ev.records += 1;
+                    }
+                }
+            } else if done.status != status::CANCELLED {
+                ev.failed = Some(done.status);
+            }
+            std::mem::take(&mut ev.wakers)
+        };
+        for w in wakers {
+            w.wake();
+        }
+    }
+
+    /// Fails every wait in progress with STATUS_CANCELLED and cancels the GET_EVENT.
+    pub fn cancel(&self) {
+        let (key, wakers) = {
+            let mut ev = self.events();
+            ev.epoch += 1;
+            (ev.outstanding, std::mem::take(&mut ev.wakers))
+        };
+        if let Some((_, key)) = key.filter(|(_, k)| *k != 0) {
+            self.0.provider.backend().cancel(key);
+        }
+        for w in wakers {
+            w.wake();
+        }
+    }
+
+    /// Puts an event back at the head of the queue, for the next wait.
+    pub fn requeue(&self, record: EventRecord) {
+        self.events().queue.push_front(record);
+    }
+
+    /// (GET_EVENT system calls, event records received) so far.
+    pub fn event_stats(&self) -> (u64, u64) {
+        let ev = self.events();
+        (ev.get_event_calls, ev.records)
+    }
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        // Destroy: the driver completes this endpoint's pending requests and tears the
+        // connection down in the background; nothing here waits for the network.
+        let input = HandleIn {
+            size: HandleIn::SIZE,
+            reserved: 0,
+            handle: self.handle,
+        };
+        self.provider
+            .backend()
+            .submit(code::DESTROY, input.as_bytes(), 0, Box::new(|_| {}));
+    }
+}
+
+/// A wait for one event (see [`Endpoint::wait_event`]).
+pub(crate) struct EventWait {
+    endpoint: Endpoint,
+    operation: &'static str,
+    wanted: fn(&EventRecord) -> bool,
+    epoch: u64,
+}
+
+impl Future for EventWait {
+    type Output = Result<EventRecord>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = self.get_mut();
+        let ep = this.endpoint.clone();
+        let mut ev = ep.events();
+        if ev.epoch != this.epoch {
+            return Poll::Ready(Err(Error::new(this.operation, status::CANCELLED)));
+        }
+        if let Some(pos) = ev.queue.iter().position(this.wanted)
+            && let Some(record) = ev.queue.remove(pos)
+        {
+            return Poll::Ready(Ok(record));
+        }
+        if let Some(st) = ev.failed {
+            return Poll::Ready(Err(Error::new(this.operation, st)));
+        }
+        ev.wakers.push(cx.waker().clone());
+        drop(ev);
+        ep.pump();
+        Poll::Pending
+    }
+}
+
+/// Awaits a request issued on a backend.
+pub(crate) async fn submit(
+    provider: &Provider,
+    code: u32,
+    input: &[u8],
+    output_len: usize,
+) -> Done {
+    let slot = Slot::new();
+    let s = Arc::clone(&slot);
+    provider
+        .backend()
+        .submit(code, input, output_len, Box::new(move |d| s.complete(d)));
+    SlotFuture(slot).await
+}

@@ -1,0 +1,108 @@
+//! A provider: one open handle to the ibcm device.
+
+use std::sync::Arc;
+
+use ibcm_ioctl::{
+    ABI_VERSION, CountersIn, CountersOut, CreateIn, CreateOut, VersionIn, VersionOut, code, status,
+};
+use zerocopy::{FromBytes, IntoBytes};
+
+use crate::backend::Backend;
+use crate::completion::block_on;
+use crate::endpoint::{Endpoint, submit};
+use crate::error::{Error, Result};
+
+/// An open handle to the ibcm device (`IWVProvider`, `IND2Adapter`): endpoints are created
+/// from it and belong to it; dropping the last clone closes the handle, which destroys
+/// whatever endpoints remain and completes their pending requests.
+#[derive(Clone)]
+pub struct Provider(Arc<dyn Backend>);
+
+impl Provider {
+    /// A provider over a backend: performs the version handshake.
+    pub fn with_backend(backend: Arc<dyn Backend>) -> Result<Self> {
+        let p = Self(backend);
+        let v = VersionIn {
+            size: VersionIn::SIZE,
+            abi_version: ABI_VERSION,
+        };
+        let out = block_on(p.ioctl(
+            "open",
+            code::VERSION,
+            v.as_bytes(),
+            VersionOut::SIZE as usize,
+        ))?;
+        let got = VersionOut::read_from_bytes(&out)
+            .map_err(|_| Error::new("open", status::REVISION_MISMATCH))?;
+        if got.abi_version != ABI_VERSION {
+            return Err(Error::new("open", status::REVISION_MISMATCH));
+        }
+        Ok(p)
+    }
+
+    /// A provider on a node of the simulated fabric in this process.
+    pub fn in_process(node: Arc<ibcm_host::Node>) -> Result<Self> {
+        Self::with_backend(Arc::new(crate::backend::inproc::InProcess::open(node)))
+    }
+
+    /// Opens the installed ibcm driver (the first device of its interface class).
+    #[cfg(windows)]
+    pub fn open() -> Result<Self> {
+        let backend =
+            crate::backend::windows::Device::open().map_err(|st| Error::new("open", st))?;
+        Self::with_backend(Arc::new(backend))
+    }
+
+    pub(crate) fn backend(&self) -> &dyn Backend {
+        &*self.0
+    }
+
+    /// Issues an IOCTL and awaits it; a failure status becomes an [`Error`] naming
+    /// `operation`.
+    pub(crate) async fn ioctl(
+        &self,
+        operation: &'static str,
+        code: u32,
+        input: &[u8],
+        output_len: usize,
+    ) -> Result<Vec<u8>> {
+        let done = submit(self, code, input, output_len).await;
+        if done.status == status::SUCCESS {
+            Ok(done.output)
+        } else {
+            Err(Error::new(operation, done.status))
+        }
+    }
+
+    pub(crate) fn create_endpoint(&self, operation: &'static str) -> Result<Endpoint> {
+        let c = CreateIn {
+            size: CreateIn::SIZE,
+            reserved: 0,
+        };
+        let out = block_on(self.ioctl(
+            operation,
+            code::CREATE,
+            c.as_bytes(),
+            CreateOut::SIZE as usize,
+        ))?;
+        let out = CreateOut::read_from_bytes(&out)
+            .map_err(|_| Error::new(operation, status::INFO_LENGTH_MISMATCH))?;
+        Ok(Endpoint::new(self.clone(), out.handle))
+    }
+
+    /// The device's message counters (per attribute: sent, received, duplicates, retries).
+    pub fn counters(&self) -> Result<CountersOut> {
+        let c = CountersIn {
+            size: CountersIn::SIZE,
+            reserved: 0,
+        };
+        let out = block_on(self.ioctl(
+            "counters",
+            code::COUNTERS,
+            c.as_bytes(),
+            CountersOut::SIZE as usize,
+        ))?;
+        CountersOut::read_from_bytes(&out)
+            .map_err(|_| Error::new("counters", status::INFO_LENGTH_MISMATCH))
+    }
+}
