@@ -145,6 +145,12 @@ pub(crate) struct Cep {
     pub failover: Failover,
     /// The MRA this side sent last (ServiceTimeout), to repeat on a duplicate.
     pub mra_service_timeout: u8,
+    /// Private data of that MRA: kept apart from `pdata`, since an MRA sent after the
+    /// pre-REP must not replace the REP's (which `send_rep` and REP repeats still need).
+    pub mra_pdata: Vec<u8>,
+    /// DREQ_RCVD after a simultaneous disconnect: the peer's DREP was reported (a
+    /// duplicate of it must not be).
+    pub drep_rcvd: bool,
     /// Which message `pdata` belongs to: the last one sent that a duplicate may repeat.
     pub cached: Option<AttributeId>,
     /// Private data of that message (allocated at the user's downcall, reused after).
@@ -190,6 +196,8 @@ impl Cep {
             flow_control: false,
             failover: Failover::NotSupported,
             mra_service_timeout: 0,
+            mra_pdata: Vec::new(),
+            drep_rcvd: false,
             cached: None,
             pdata: Vec::new(),
         }

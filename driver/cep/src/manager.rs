@@ -677,7 +677,7 @@ impl CmManager {
                     MessageKind::Req
                 },
                 service_timeout: c.mra_service_timeout,
-                private_data: ids.private_data,
+                private_data: &c.mra_pdata,
             }),
             _ => return,
         };
@@ -775,7 +775,7 @@ impl CmManager {
             CmMessage::Rej(m) => self.on_rej(now, &m),
             CmMessage::Rep(m) => self.on_rep(now, src, tid, &m),
             CmMessage::Rtu(m) => self.on_rtu(&m),
-            CmMessage::Dreq(m) => self.on_dreq(src, tid, &m),
+            CmMessage::Dreq(m) => self.on_dreq(now, src, tid, &m),
             CmMessage::Drep(m) => self.on_drep(now, &m),
             CmMessage::ClassPortInfo(_) if parsed.header.method == Method::Get => {
                 self.on_class_port_info(src, parsed.header);
@@ -994,14 +994,18 @@ impl CmManager {
         }
         let peer_qpn = (rep.local_qpn, rep.local_ca_guid);
         if let Some(&old) = self.remote_qpns.get(&peer_qpn) {
-            // The passive side answers with a QPN another live connection uses.
-            self.reply_rej(
-                src,
-                tid,
-                rep.local_comm_id,
-                MessageKind::Rep,
-                RejReason::StaleConn,
-            );
+            // The passive side answers with a QPN another live connection uses. The REJ
+            // names our comm ID too (Linux `cm_issue_rej` swaps the REP's IDs): the passive
+            // CEP knows its peer, so a REJ from comm ID 0 would not reach it.
+            let rej = Rej {
+                local_comm_id: rep.remote_comm_id,
+                remote_comm_id: rep.local_comm_id,
+                message_rejected: MessageKind::Rep,
+                reason: RejReason::StaleConn,
+                ari: &[],
+                private_data: &[],
+            };
+            self.push_mad(*src, MadHeader::send(tid), CmMessage::Rej(rej));
             self.end_stale(now, old);
             self.emit(
                 id,
@@ -1146,7 +1150,7 @@ impl CmManager {
         }
     }
 
-    fn on_dreq(&mut self, src: &MadAddress, tid: u64, dreq: &Dreq<'_>) {
+    fn on_dreq(&mut self, now: Instant, src: &MadAddress, tid: u64, dreq: &Dreq<'_>) {
         self.received(AttributeId::Dreq);
         let target = self
             .addressed(dreq.remote_comm_id, dreq.local_comm_id)
@@ -1171,18 +1175,25 @@ impl CmManager {
                 self.cancel_timer(id);
                 if let Some(c) = self.cep_mut(id) {
                     c.tid = tid;
+                    c.drep_rcvd = false;
                 }
                 self.set_state(id, State::DreqRcvd);
-                self.emit(id, Event::DreqReceived(PrivateData::new(dreq.private_data)));
-            }
-            Some(State::Timewait) => {
-                self.duplicate(AttributeId::Dreq);
-                if self
-                    .cep_any(id)
-                    .is_some_and(|c| c.cached == Some(AttributeId::Drep))
-                {
-                    self.resend(id, AttributeId::Drep);
+                if self.cep_any(id).is_some_and(|c| c.detached) {
+                    // Destroyed in DREQ_SENT (a simultaneous disconnect): no owner is left
+                    // to answer, so answer now as `destroy` does in DREQ_RCVD.
+                    let _ = self.send_cached(id, AttributeId::Drep, &[]);
+                    self.enter_timewait(now, id);
+                } else {
+                    self.emit(id, Event::DreqReceived(PrivateData::new(dreq.private_data)));
                 }
+            }
+            // TIMEWAIT + DREQ -> DREP (IBA 12.9.6; Linux re-sends the saved DREP), also when
+            // this side sent the DREQ (DREP received, or DREQ timed out: WinOF pre-formats a
+            // DREP then), with no private data. Past timewait (idle) the peer's retry means
+            // our DREP was lost: answer it, as an unknown comm ID would be.
+            Some(State::Timewait | State::Idle) => {
+                self.duplicate(AttributeId::Dreq);
+                self.resend(id, AttributeId::Drep);
             }
             _ => self.duplicate(AttributeId::Dreq),
         }
@@ -1200,8 +1211,11 @@ impl CmManager {
                 self.enter_timewait(now, id);
             }
             // Simultaneous disconnect: the peer answered our DREQ while ours is still
-            // owed; the consumer's DREP ends it.
-            Some(State::DreqRcvd) => {
+            // owed; the consumer's DREP ends it. Reported once: a duplicate DREP is not.
+            Some(State::DreqRcvd) if self.cep_any(id).is_some_and(|c| !c.drep_rcvd) => {
+                if let Some(c) = self.cep_mut(id) {
+                    c.drep_rcvd = true;
+                }
                 self.emit(id, Event::DrepReceived(PrivateData::new(drep.private_data)));
             }
             _ => self.duplicate(AttributeId::Drep),
@@ -1386,10 +1400,16 @@ impl CmManager {
             private_data.len(),
             ibcm_mad::MRA_PRIVATE_DATA_SIZE,
         )?;
-        if let Some(c) = self.cep_mut(id) {
-            c.mra_service_timeout = service_timeout;
-        }
-        self.send_cached(id, AttributeId::Mra, private_data)?;
+        // Not through `send_cached`: after the pre-REP that cache holds the REP's data.
+        let c = self.cep_mut(id).ok_or(CmError::UnknownCep)?;
+        c.mra_pdata.clear();
+        c.mra_pdata
+            .try_reserve(private_data.len())
+            .map_err(|_| CmError::NoResources)?;
+        c.mra_pdata.extend_from_slice(private_data);
+        c.mra_service_timeout = service_timeout;
+        self.resend(id, AttributeId::Mra);
+        Counters::bump(&mut self.counters.sent, AttributeId::Mra);
         self.set_state(id, next);
         Ok(())
     }

@@ -57,6 +57,67 @@ pub struct FaultRule {
     pub fate: Fate,
 }
 
+/// Random faults for every MAD no [`FaultRule`] claims, drawn from a seeded RNG
+/// (splitmix64): each MAD is independently lost, duplicated (the copy gets its own random
+/// delay) or delayed (reordering it behind later MADs).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Chaos {
+    /// RNG state.
+    pub state: u64,
+    /// Chance in 1000 that a MAD is lost.
+    pub drop_per_mille: u16,
+    /// Chance in 1000 that a MAD is delivered twice.
+    pub duplicate_per_mille: u16,
+    /// Chance in 1000 that a copy is delayed.
+    pub delay_per_mille: u16,
+    /// Longest extra delay, in ns (keep it under the packet life time: the protocol
+    /// assumes nothing outlives it).
+    pub max_delay_ns: u64,
+}
+
+impl Chaos {
+    /// No faults yet; set the rates.
+    pub fn new(seed: u64) -> Self {
+        Self {
+            state: seed,
+            drop_per_mille: 0,
+            duplicate_per_mille: 0,
+            delay_per_mille: 0,
+            max_delay_ns: 0,
+        }
+    }
+
+    fn next(&mut self) -> u64 {
+        self.state = self.state.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.state;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+
+    fn chance(&mut self, per_mille: u16) -> bool {
+        self.next() % 1000 < u64::from(per_mille)
+    }
+
+    fn delay(&mut self) -> u64 {
+        if self.max_delay_ns > 0 && self.chance(self.delay_per_mille) {
+            self.next() % (self.max_delay_ns + 1)
+        } else {
+            0
+        }
+    }
+
+    /// The extra delay of each copy of one MAD (none: lost).
+    fn copies(&mut self) -> [Option<u64>; 2] {
+        if self.chance(self.drop_per_mille) {
+            return [None, None];
+        }
+        let first = Some(self.delay());
+        let second = self.chance(self.duplicate_per_mille).then(|| self.delay());
+        [first, second]
+    }
+}
+
 /// A MAD on the link.
 #[derive(Debug, Clone)]
 struct InFlight {
@@ -79,6 +140,8 @@ pub struct Pair {
     pub latency_ns: u64,
     /// Fault rules, applied in order.
     pub faults: Vec<FaultRule>,
+    /// Random faults for MADs no rule claims.
+    pub chaos: Option<Chaos>,
     /// Every MAD put on the link: sender and attribute.
     pub sent: Vec<(Side, AttributeId)>,
     /// Events of node A, in order.
@@ -119,6 +182,7 @@ impl Pair {
             now: Instant::from_nanos(1_000_000),
             latency_ns: 2_000,
             faults: Vec::new(),
+            chaos: None,
             sent: Vec::new(),
             events_a: Vec::new(),
             events_b: Vec::new(),
@@ -261,25 +325,27 @@ impl Pair {
         while let Some(t) = self.node(from).poll_transmit() {
             let attribute = AttributeId::from(Mad::new_unchecked(&t.mad[..]).attribute_id());
             self.sent.push((from, attribute));
-            let mut fate = Fate::Deliver;
-            if let Some(rule) = self
+            let rule = self
                 .faults
                 .iter_mut()
-                .find(|r| r.from == from && r.attribute == attribute && r.count > 0)
-            {
-                rule.count -= 1;
-                fate = rule.fate;
-            }
-            let copies = match fate {
-                Fate::Drop => 0,
-                Fate::Duplicate => 2,
-                _ => 1,
+                .find(|r| r.from == from && r.attribute == attribute && r.count > 0);
+            let copies = match (rule, &mut self.chaos) {
+                (Some(rule), _) => {
+                    rule.count -= 1;
+                    match rule.fate {
+                        Fate::Deliver => [Some(0), None],
+                        Fate::Drop => [None, None],
+                        Fate::Duplicate => [Some(0), Some(0)],
+                        Fate::Delay(ns) => [Some(ns), None],
+                    }
+                }
+                (None, Some(chaos)) => chaos.copies(),
+                (None, None) => [Some(0), None],
             };
-            let extra = if let Fate::Delay(ns) = fate { ns } else { 0 };
-            for _ in 0..copies {
+            for extra in copies.into_iter().flatten() {
                 self.seq += 1;
                 self.link.push_back(InFlight {
-                    at: self.now.add_nanos(self.latency_ns + extra),
+                    at: self.now.add_nanos(self.latency_ns.saturating_add(extra)),
                     seq: self.seq,
                     to: from.peer(),
                     mad: t.mad,
@@ -300,7 +366,8 @@ impl Pair {
         self.collect(Side::B);
     }
 
-    fn next_wakeup(&self) -> Option<Instant> {
+    /// When something next happens: a MAD arrives or a node's timer fires.
+    pub fn next_wakeup(&self) -> Option<Instant> {
         let link = self.link.iter().map(|m| m.at).min();
         [link, self.a.poll_timeout(), self.b.poll_timeout()]
             .into_iter()
