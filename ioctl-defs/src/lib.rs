@@ -84,9 +84,22 @@ pub mod code {
     pub const GET_EVENT: u32 = ibcm_ioctl(16);
     /// [`CountersIn`](super::CountersIn) -> [`CountersOut`](super::CountersOut).
     pub const COUNTERS: u32 = ibcm_ioctl(17);
+    /// [`LapIn`](super::LapIn): proposes an alternate path on an established connection.
+    pub const LAP: u32 = ibcm_ioctl(18);
+    /// [`AprIn`](super::AprIn) -> [`QpAttrOut`](super::QpAttrOut): pre-APR; for status
+    /// success, the RTS attributes with the alternate path and migration state REARM.
+    pub const PREPARE_APR: u32 = ibcm_ioctl(19);
+    /// [`HandleIn`](super::HandleIn): sends the APR formatted by PREPARE_APR.
+    pub const SEND_APR: u32 = ibcm_ioctl(20);
+    /// [`SidrReqIn`](super::SidrReqIn): sends a SIDR_REQ.
+    pub const SIDR_REQ: u32 = ibcm_ioctl(21);
+    /// [`SidrRepIn`](super::SidrRepIn): answers a SIDR_REQ.
+    pub const SIDR_REP: u32 = ibcm_ioctl(22);
+    /// [`HandleIn`](super::HandleIn): the QP migrated to its alternate path.
+    pub const MIGRATE: u32 = ibcm_ioctl(23);
 
     /// Every code, in order.
-    pub const ALL: [u32; 18] = [
+    pub const ALL: [u32; 24] = [
         VERSION,
         CREATE,
         DESTROY,
@@ -105,6 +118,12 @@ pub mod code {
         ESTABLISHED,
         GET_EVENT,
         COUNTERS,
+        LAP,
+        PREPARE_APR,
+        SEND_APR,
+        SIDR_REQ,
+        SIDR_REP,
+        MIGRATE,
     ];
 }
 
@@ -315,8 +334,10 @@ pub mod flags {
     pub const SRQ: u32 = 1 << 2;
     /// End-to-end flow control.
     pub const FLOW_CONTROL: u32 = 1 << 3;
+    /// CONNECT: peer-to-peer (the peer's crossing REQ for the service settles who answers).
+    pub const PEER_TO_PEER: u32 = 1 << 4;
     /// Every defined flag.
-    pub const ALL: u32 = PSN_GIVEN | ALTERNATE_PATH | SRQ | FLOW_CONTROL;
+    pub const ALL: u32 = PSN_GIVEN | ALTERNATE_PATH | SRQ | FLOW_CONTROL | PEER_TO_PEER;
 }
 
 /// Transport codes of [`ConnectIn::transport`].
@@ -641,6 +662,12 @@ pub mod ep_state {
     pub const TIMEWAIT: u32 = 14;
     /// The port or HCA was removed.
     pub const REMOVED: u32 = 15;
+    /// SIDR_REQ sent.
+    pub const SIDR_REQ_SENT: u32 = 16;
+    /// SIDR_REQ received.
+    pub const SIDR_REQ_RCVD: u32 = 17;
+    /// SIDR_REP sent (remembered to answer repeats).
+    pub const SIDR_REP_SENT: u32 = 18;
 }
 
 record! {
@@ -704,6 +731,16 @@ pub mod event_type {
     pub const TIMEWAIT_EXIT: u32 = 9;
     /// The port or HCA was removed.
     pub const DEVICE_REMOVAL: u32 = 10;
+    /// LAP received: `alternate` is the proposed path; answer with PREPARE_APR/SEND_APR.
+    pub const LAP_RECEIVED: u32 = 11;
+    /// APR received: `reason` is the AP status, `ari` the additional info.
+    pub const APR_RECEIVED: u32 = 12;
+    /// SIDR_REQ reached a listen: `new_handle` answers it with SIDR_REP; `primary` holds
+    /// the requester's LID and GID.
+    pub const SIDR_REQ_RECEIVED: u32 = 13;
+    /// SIDR_REP received: `reason` is the SIDR status, `remote_qpn` the QPN, `remote_psn`
+    /// the Q_Key, `ari` the additional info.
+    pub const SIDR_REP_RECEIVED: u32 = 14;
 }
 
 record! {
@@ -805,6 +842,110 @@ record! {
     } size 416
 }
 
+record! {
+    /// LAP input.
+    pub struct LapIn {
+        /// `size_of::<LapIn>()`.
+        pub size: u32,
+        /// Zero.
+        pub reserved: u32,
+        /// The endpoint (established).
+        pub handle: u64,
+        /// The alternate path to load.
+        pub alternate: PathAbi,
+        /// Bytes of `private_data` used (<= 168).
+        pub private_data_len: u8,
+        /// Zero.
+        pub reserved1: [u8; 7],
+        /// Private data.
+        pub private_data: [u8; 168],
+    } size 240
+}
+
+record! {
+    /// PREPARE_APR input.
+    pub struct AprIn {
+        /// `size_of::<AprIn>()`.
+        pub size: u32,
+        /// Zero.
+        pub reserved: u32,
+        /// The endpoint (a LAP received).
+        pub handle: u64,
+        /// AP status (IBA Table 117).
+        pub status: u8,
+        /// Bytes of `info` used (<= 72).
+        pub info_len: u8,
+        /// Bytes of `private_data` used (<= 148).
+        pub private_data_len: u8,
+        /// Zero.
+        pub reserved1: [u8; 5],
+        /// Additional information.
+        pub info: [u8; 72],
+        /// Private data.
+        pub private_data: [u8; 148],
+        /// Zero.
+        pub reserved2: [u8; 4],
+    } size 248
+}
+
+record! {
+    /// SIDR_REQ input.
+    pub struct SidrReqIn {
+        /// `size_of::<SidrReqIn>()`.
+        pub size: u32,
+        /// Zero.
+        pub reserved: u32,
+        /// The endpoint (idle).
+        pub handle: u64,
+        /// The service to resolve.
+        pub service_id: u64,
+        /// Partition key.
+        pub pkey: u16,
+        /// Local port.
+        pub port: u8,
+        /// Responder timeout (5 bits).
+        pub timeout: u8,
+        /// Retries (4 bits).
+        pub max_retries: u8,
+        /// Bytes of `private_data` used (<= 216).
+        pub private_data_len: u8,
+        /// Zero.
+        pub reserved1: [u8; 2],
+        /// The path to the responder.
+        pub path: PathAbi,
+        /// Private data.
+        pub private_data: [u8; 216],
+    } size 296
+}
+
+record! {
+    /// SIDR_REP input.
+    pub struct SidrRepIn {
+        /// `size_of::<SidrRepIn>()`.
+        pub size: u32,
+        /// Zero.
+        pub reserved: u32,
+        /// The endpoint (a SIDR_REQ received).
+        pub handle: u64,
+        /// The service's UD QPN (24 bits).
+        pub qpn: u32,
+        /// The service's Q_Key.
+        pub qkey: u32,
+        /// SIDR status (IBA Table 121).
+        pub status: u8,
+        /// Bytes of `info` used (<= 72).
+        pub info_len: u8,
+        /// Bytes of `private_data` used (<= 136).
+        pub private_data_len: u8,
+        /// Zero.
+        pub reserved1: [u8; 5],
+        /// Additional information.
+        pub info: [u8; 72],
+        /// Private data.
+        pub private_data: [u8; 136],
+    } size 240
+}
+
 /// The most events one GET_EVENT returns (its output buffer may hold fewer).
 pub const MAX_EVENTS_PER_REQUEST: u32 = 64;
 
@@ -827,6 +968,7 @@ mod tests {
         assert_eq!(code::VERSION, 0x003B_E000);
         assert_eq!(code::CREATE, 0x003B_E004);
         assert_eq!(code::COUNTERS, 0x003B_E044);
+        assert_eq!(code::MIGRATE, 0x003B_E05C);
         for (n, c) in code::ALL.iter().enumerate() {
             assert_eq!(*c, 0x003B_E000 + 4 * n as u32);
         }

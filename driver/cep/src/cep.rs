@@ -40,6 +40,14 @@ pub enum StateName {
     DreqRcvd,
     /// Waiting out stray packets before the QP may be reused.
     Timewait,
+    /// SIDR_REQ sent, waiting for the SIDR_REP.
+    SidrReqSent,
+    /// SIDR_REQ received, SIDR_REP not sent yet.
+    SidrReqRcvd,
+    /// SIDR_REP sent; kept a while to answer repeated SIDR_REQs the same way.
+    SidrRepSent,
+    /// The port this CEP used was removed; only destroy remains.
+    Removed,
 }
 
 /// The state, with what only that state needs.
@@ -56,6 +64,10 @@ pub(crate) enum State {
     DreqSent,
     DreqRcvd,
     Timewait,
+    SidrReqSent,
+    SidrReqRcvd,
+    SidrRepSent,
+    Removed,
 }
 
 impl State {
@@ -76,8 +88,26 @@ impl State {
             Self::DreqSent => StateName::DreqSent,
             Self::DreqRcvd => StateName::DreqRcvd,
             Self::Timewait => StateName::Timewait,
+            Self::SidrReqSent => StateName::SidrReqSent,
+            Self::SidrReqRcvd => StateName::SidrReqRcvd,
+            Self::SidrRepSent => StateName::SidrRepSent,
+            Self::Removed => StateName::Removed,
         }
     }
+}
+
+/// Path migration on an established connection (IBA 12.8; Linux's separate `lap_state`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub(crate) enum LapState {
+    /// No LAP in progress.
+    #[default]
+    Idle,
+    /// LAP sent, waiting for the APR.
+    Sent { mra_rcvd: bool },
+    /// LAP received, APR not sent yet.
+    Rcvd { mra_sent: bool },
+    /// APR formatted (pre-APR), not sent yet.
+    AprPrepared { mra_sent: bool },
 }
 
 /// The retransmission state of the one request a CEP may have outstanding.
@@ -153,6 +183,16 @@ pub(crate) struct Cep {
     pub drep_rcvd: bool,
     /// Which message `pdata` belongs to: the last one sent that a duplicate may repeat.
     pub cached: Option<AttributeId>,
+    /// Path migration sub-state (only while established).
+    pub lap: LapState,
+    /// The alternate path a LAP carries, until its APR settles it.
+    pub pending_alternate: Option<PathRecord>,
+    /// The APR this side sent last: status and additional info (repeated on a dup LAP).
+    pub apr_status: u8,
+    pub apr_info: Vec<u8>,
+    /// This CEP connects peer-to-peer: a crossing REQ for its service is compared with
+    /// its own (IBA 12.9.3.1).
+    pub peer_to_peer: bool,
     /// Private data of that message (allocated at the user's downcall, reused after).
     pub pdata: Vec<u8>,
 }
@@ -197,6 +237,11 @@ impl Cep {
             failover: Failover::NotSupported,
             mra_service_timeout: 0,
             mra_pdata: Vec::new(),
+            lap: LapState::Idle,
+            pending_alternate: None,
+            apr_status: 0,
+            apr_info: Vec::new(),
+            peer_to_peer: false,
             drep_rcvd: false,
             cached: None,
             pdata: Vec::new(),

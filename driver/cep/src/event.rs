@@ -61,6 +61,40 @@ pub struct RepInfo {
     pub private_data: PrivateData,
 }
 
+/// A SIDR_REQ that reached a listen.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SidrReqInfo {
+    /// The listening CEP that matched.
+    pub listen: CepId,
+    /// The port it arrived on.
+    pub port: u8,
+    /// ServiceID.
+    pub service_id: u64,
+    /// PartitionKey.
+    pub pkey: u16,
+    /// The requester's address.
+    pub source: crate::types::MadAddress,
+    /// SIDR_REQ private data (216 bytes).
+    pub private_data: PrivateData,
+}
+
+/// A SIDR_REP received by the requester.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SidrRepInfo {
+    /// Status.
+    pub status: ibcm_mad::SidrStatus,
+    /// The service's UD QPN.
+    pub qpn: u32,
+    /// The service's Q_Key.
+    pub qkey: u32,
+    /// Additional information (a ClassPortInfo on redirect).
+    pub info: [u8; 72],
+    /// Length of the additional information.
+    pub info_len: u8,
+    /// SIDR_REP private data (136 bytes).
+    pub private_data: PrivateData,
+}
+
 /// One event on one CEP, in the order the manager produced them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Event {
@@ -100,6 +134,33 @@ pub enum Event {
     DreqReceived(PrivateData),
     /// The peer answered this side's DREQ.
     DrepReceived(PrivateData),
+    /// The peer asks to load an alternate path (LAP); answer with an APR
+    /// ([`CmManager::prepare_apr`](crate::CmManager::prepare_apr) then `send_apr`).
+    LapReceived {
+        /// The alternate path, from this side's point of view.
+        alternate_path: PathRecord,
+        /// LAP private data (168 bytes).
+        private_data: PrivateData,
+    },
+    /// The peer answered this side's LAP.
+    AprReceived {
+        /// APStatus.
+        status: ibcm_mad::AprStatus,
+        /// Additional information.
+        info: [u8; 72],
+        /// Length of the additional information.
+        info_len: u8,
+        /// APR private data (148 bytes).
+        private_data: PrivateData,
+    },
+    /// A SIDR_REQ matched a listen and created this (new) CEP: answer with
+    /// [`CmManager::sidr_reply`](crate::CmManager::sidr_reply).
+    SidrReqReceived(SidrReqInfo),
+    /// The answer to this side's SIDR_REQ.
+    SidrRepReceived(SidrRepInfo),
+    /// The port this CEP used was removed: nothing more will be sent or received; destroy
+    /// the CEP (no network needed).
+    DeviceRemoval,
     /// Timewait is over: the QP may be reused. This is the last event of a connection
     /// that reached the QP's RTR state; one that failed earlier ends with its `Rejected`
     /// or `Timeout` event.

@@ -24,8 +24,8 @@ pub use cep::StateName;
 pub use config::CmConfig;
 pub use counters::{COUNTED_ATTRIBUTES, Counters, slot as counter_slot};
 pub use error::CmError;
-pub use event::{Event, RepInfo, ReqInfo};
-pub use manager::{CepInfo, CmManager, PreparedRep, Transmit};
+pub use event::{Event, RepInfo, ReqInfo, SidrRepInfo, SidrReqInfo};
+pub use manager::{CepInfo, CmManager, PreparedRep, SidrParams, SidrReplyParams, Transmit};
 pub use qp::{AddressVector, MigrationState, QpAttributes, QpState, access, ack_timeout};
 pub use types::{
     CepId, ConnectParams, Instant, ListenParams, MadAddress, PathRecord, PrivateData, RejectParams,

@@ -8,14 +8,14 @@ use core::hash::BuildHasher;
 
 use hashbrown::HashMap;
 use ibcm_mad::{
-    AttributeId, ClassPortInfo, CmMad, CmMessage, CommIds, Dreq, MAD_SIZE, MadHeader, MessageKind,
-    Method, Mra, Rej, RejReason, Rep, Req,
+    AttributeId, ClassPortInfo, CmMad, CmMessage, CommIds, Dreq, Gid, MAD_SIZE, MadHeader,
+    MessageKind, Method, Mra, Rej, RejReason, Rep, Req,
 };
 use rand_chacha::ChaCha8Rng;
 use rand_chacha::rand_core::{Rng, SeedableRng};
 use siphasher::sip::SipHasher13;
 
-use crate::cep::{Cep, Retry, State, StateName};
+use crate::cep::{Cep, LapState, Retry, State, StateName};
 use crate::config::CmConfig;
 use crate::counters::Counters;
 use crate::error::{CmError, check_len, check_max, check_width};
@@ -25,6 +25,12 @@ use crate::types::{
     CepId, ConnectParams, Instant, ListenParams, MadAddress, PathRecord, PrivateData, RejectParams,
     RepParams,
 };
+
+mod lap;
+mod peer;
+mod sidr;
+
+pub use sidr::{SidrParams, SidrReplyParams};
 
 /// One MAD to send on QP1.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -134,6 +140,10 @@ pub struct CmManager {
     remote_ids: PeerMap,
     remote_qpns: PeerMap,
     listens: Vec<ListenEntry>,
+    /// Peer-to-peer CEPs with a REQ out (few; pruned as they move on).
+    peers: Vec<CepId>,
+    /// SIDR requests being answered or lately answered: (request ID, source GID, LID).
+    sidr_requests: HashMap<(u32, Gid, u16), CepId, KeyedHash>,
     timers: BinaryHeap<Reverse<(Instant, u64, u32)>>,
     timer_seq: u64,
     transmits: VecDeque<Transmit>,
@@ -163,6 +173,8 @@ impl CmManager {
             remote_ids: HashMap::with_hasher(hash),
             remote_qpns: HashMap::with_hasher(hash),
             listens: Vec::new(),
+            peers: Vec::new(),
+            sidr_requests: HashMap::with_hasher(hash),
             timers: BinaryHeap::new(),
             timer_seq: 0,
             transmits: VecDeque::new(),
@@ -188,7 +200,7 @@ impl CmManager {
 
     /// Entries in the peer lookup maps (remote comm ID and remote QPN).
     pub fn peer_map_entries(&self) -> usize {
-        self.remote_ids.len() + self.remote_qpns.len()
+        self.remote_ids.len() + self.remote_qpns.len() + self.sidr_requests.len()
     }
 
     /// Timer heap entries, including cancelled ones not yet popped.
@@ -450,13 +462,17 @@ impl CmManager {
         let state = c.state;
         let retry = c.retry;
         let expired = retry.left == 0 || retry.deadline.is_some_and(|d| now >= d);
+        let retried = match state {
+            State::ReqSent { .. } => Some(AttributeId::Req),
+            State::RepSent { .. } => Some(AttributeId::Rep),
+            State::DreqSent => Some(AttributeId::Dreq),
+            State::SidrReqSent => Some(AttributeId::SidrReq),
+            State::Established if matches!(c.lap, LapState::Sent { .. }) => Some(AttributeId::Lap),
+            _ => None,
+        };
         match state {
-            State::ReqSent { .. } | State::RepSent { .. } | State::DreqSent if !expired => {
-                let attr = match state {
-                    State::ReqSent { .. } => AttributeId::Req,
-                    State::RepSent { .. } => AttributeId::Rep,
-                    _ => AttributeId::Dreq,
-                };
+            _ if !expired && retried.is_some() => {
+                let Some(attr) = retried else { return };
                 let done = retry.done.saturating_add(1);
                 let wait = if self.config.exponential_backoff {
                     retry.base_ns.saturating_mul(1u64 << done.min(16))
@@ -506,6 +522,29 @@ impl CmManager {
                 self.enter_timewait(now, id);
             }
             State::Timewait => self.exit_timewait(id),
+            State::Established => {
+                // The LAP went unanswered: the connection stays up on its current paths.
+                if let Some(c) = self.cep_mut(id) {
+                    c.lap = LapState::Idle;
+                    c.pending_alternate = None;
+                }
+                self.emit(
+                    id,
+                    Event::Timeout {
+                        message: AttributeId::Lap,
+                    },
+                );
+            }
+            State::SidrReqSent => {
+                self.emit(
+                    id,
+                    Event::Timeout {
+                        message: AttributeId::SidrReq,
+                    },
+                );
+                self.end_sidr(id);
+            }
+            State::SidrRepSent => self.end_sidr(id),
             _ => {}
         }
     }
@@ -671,13 +710,38 @@ impl CmManager {
             AttributeId::Mra => CmMessage::Mra(Mra {
                 local_comm_id: ids.local_comm_id,
                 remote_comm_id: ids.remote_comm_id,
-                message_mraed: if c.active {
+                message_mraed: if c.state == State::Established {
+                    MessageKind::Other
+                } else if c.active {
                     MessageKind::Rep
                 } else {
                     MessageKind::Req
                 },
                 service_timeout: c.mra_service_timeout,
                 private_data: &c.mra_pdata,
+            }),
+            AttributeId::Lap => CmMessage::Lap(self.build_lap(id, c)),
+            AttributeId::Apr => CmMessage::Apr(ibcm_mad::Apr {
+                local_comm_id: ids.local_comm_id,
+                remote_comm_id: ids.remote_comm_id,
+                status: ibcm_mad::AprStatus::from(c.apr_status),
+                additional_info: &c.apr_info,
+                private_data: ids.private_data,
+            }),
+            AttributeId::SidrReq => CmMessage::SidrReq(ibcm_mad::SidrReq {
+                request_id: ids.local_comm_id,
+                partition_key: c.pkey,
+                service_id: c.service_id,
+                private_data: ids.private_data,
+            }),
+            AttributeId::SidrRep => CmMessage::SidrRep(ibcm_mad::SidrRep {
+                request_id: c.remote_comm_id,
+                status: ibcm_mad::SidrStatus::from(c.apr_status),
+                qpn: c.local_qpn,
+                service_id: c.service_id,
+                qkey: c.remote_psn,
+                additional_info: &c.apr_info,
+                private_data: ids.private_data,
             }),
             _ => return,
         };
@@ -777,6 +841,10 @@ impl CmManager {
             CmMessage::Rtu(m) => self.on_rtu(&m),
             CmMessage::Dreq(m) => self.on_dreq(now, src, tid, &m),
             CmMessage::Drep(m) => self.on_drep(now, &m),
+            CmMessage::Lap(m) => self.on_lap(tid, &m),
+            CmMessage::Apr(m) => self.on_apr(&m),
+            CmMessage::SidrReq(m) => self.on_sidr_req(now, src, tid, &m),
+            CmMessage::SidrRep(m) => self.on_sidr_rep(&m),
             CmMessage::ClassPortInfo(_) if parsed.header.method == Method::Get => {
                 self.on_class_port_info(src, parsed.header);
             }
@@ -865,6 +933,9 @@ impl CmManager {
                 RejReason::StaleConn,
             );
             self.end_stale(now, old);
+            return;
+        }
+        if self.crossing_req(src, tid, req) {
             return;
         }
         let Some(listen_index) = self.listen_for(src.port, req) else {
@@ -1077,6 +1148,11 @@ impl CmManager {
             (State::RepSent { mra_rcvd: false }, MessageKind::Rep) => {
                 State::RepSent { mra_rcvd: true }
             }
+            (State::Established, MessageKind::Other)
+                if c.lap == (LapState::Sent { mra_rcvd: false }) =>
+            {
+                State::Established
+            }
             _ => {
                 // A repeated MRA extends nothing (Linux "apply MRA only once").
                 self.duplicate(AttributeId::Mra);
@@ -1088,6 +1164,11 @@ impl CmManager {
             .unwrap_or(0)
             .saturating_add(c.round_trip_ns() / 2);
         let deadline = c.retry.deadline;
+        if let Some(c) = self.cep_mut(id)
+            && next == State::Established
+        {
+            c.lap = LapState::Sent { mra_rcvd: true };
+        }
         self.set_state(id, next);
         let mut at = now.add_nanos(wait);
         if let Some(d) = deadline {
@@ -1123,6 +1204,13 @@ impl CmManager {
         let event = rejected(rej.reason, rej.message_rejected, rej.ari, rej.private_data);
         let stale = rej.reason == RejReason::StaleConn;
         match state {
+            State::ReqSent { .. }
+                if rej.reason == RejReason::InvalidServiceId
+                    && self.cep_any(id).is_some_and(|c| c.peer_to_peer) =>
+            {
+                // A peer-to-peer CEP whose peer has not started connecting yet keeps
+                // retrying its REQ (as WinOF's p2p): the crossing REQ settles who answers.
+            }
             // Before RTR no packet can be in flight; a stale REJ still quarantines the QPN.
             State::ReqSent { .. } | State::ReqRcvd { .. } | State::RepPrepared { .. } => {
                 // WinOF drops a REJ in REQ_RCVD without an event; the consumer then only
@@ -1144,7 +1232,13 @@ impl CmManager {
                 self.emit(id, event);
                 self.enter_timewait(now, id);
             }
-            State::Idle | State::Listen | State::Timewait => {
+            State::Idle
+            | State::Listen
+            | State::Timewait
+            | State::SidrReqSent
+            | State::SidrReqRcvd
+            | State::SidrRepSent
+            | State::Removed => {
                 self.duplicate(AttributeId::Rej);
             }
         }
@@ -1392,6 +1486,34 @@ impl CmManager {
             State::ReqRcvd { mra_sent: false } => State::ReqRcvd { mra_sent: true },
             State::RepPrepared { mra_sent: false } => State::RepPrepared { mra_sent: true },
             State::RepRcvd { mra_sent: false } => State::RepRcvd { mra_sent: true },
+            State::Established => {
+                let lap = self.user_cep(id)?.lap;
+                let next = match lap {
+                    LapState::Rcvd { mra_sent: false } => LapState::Rcvd { mra_sent: true },
+                    LapState::AprPrepared { mra_sent: false } => {
+                        LapState::AprPrepared { mra_sent: true }
+                    }
+                    _ => return Err(self.invalid(id)),
+                };
+                check_max("service_timeout", service_timeout, 31)?;
+                check_len(
+                    "private_data",
+                    private_data.len(),
+                    ibcm_mad::MRA_PRIVATE_DATA_SIZE,
+                )?;
+                if let Some(c) = self.cep_mut(id) {
+                    c.mra_service_timeout = service_timeout;
+                    c.mra_pdata.clear();
+                    c.mra_pdata
+                        .try_reserve(private_data.len())
+                        .map_err(|_| CmError::NoResources)?;
+                    c.mra_pdata.extend_from_slice(private_data);
+                    c.lap = next;
+                }
+                self.resend(id, AttributeId::Mra);
+                Counters::bump(&mut self.counters.sent, AttributeId::Mra);
+                return Ok(());
+            }
             _ => return Err(self.invalid(id)),
         };
         check_max("service_timeout", service_timeout, 31)?;
@@ -1673,6 +1795,12 @@ impl CmManager {
                 self.enter_timewait(now, id);
             }
             State::DreqSent | State::Timewait => {}
+            State::SidrReqRcvd => {
+                // Linux `ib_destroy_cm_id` in SIDR_REQ_RCVD: answer with status Reject.
+                self.send_sidr_rep_status(id, ibcm_mad::SidrStatus::Reject);
+                self.end_sidr(id);
+            }
+            State::SidrReqSent | State::SidrRepSent | State::Removed => self.end_sidr(id),
         }
         Ok(())
     }

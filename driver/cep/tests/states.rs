@@ -62,6 +62,11 @@ enum Ev {
     Dreq,
     Drep,
     Exit,
+    Lap,
+    Apr,
+    SidrReq,
+    SidrRep,
+    Removal,
 }
 
 fn ev(e: &Event) -> Ev {
@@ -75,6 +80,11 @@ fn ev(e: &Event) -> Ev {
         Event::DreqReceived(_) => Ev::Dreq,
         Event::DrepReceived(_) => Ev::Drep,
         Event::TimewaitExit => Ev::Exit,
+        Event::LapReceived { .. } => Ev::Lap,
+        Event::AprReceived { .. } => Ev::Apr,
+        Event::SidrReqReceived(_) => Ev::SidrReq,
+        Event::SidrRepReceived(_) => Ev::SidrRep,
+        Event::DeviceRemoval => Ev::Removal,
     }
 }
 

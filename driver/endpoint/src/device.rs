@@ -12,9 +12,10 @@ use alloc::vec::Vec;
 
 use ibcm_cep::{CepId, CmConfig, CmManager, Event, Instant, MadAddress, Transmit};
 use ibcm_ioctl::{
-    ABI_VERSION, ConnectIn, CountersIn, CountersOut, CreateIn, CreateOut, EventRecord, FormatRepIn,
-    FormatRepOut, GetQpAttrIn, HandleIn, ListenIn, MAX_EVENTS_PER_REQUEST, MraIn, PrivateDataIn,
-    QpAttrOut, RejIn, VersionIn, VersionOut, code, event_type, flags, limits, status,
+    ABI_VERSION, AprIn, ConnectIn, CountersIn, CountersOut, CreateIn, CreateOut, EventRecord,
+    FormatRepIn, FormatRepOut, GetQpAttrIn, HandleIn, LapIn, ListenIn, MAX_EVENTS_PER_REQUEST,
+    MraIn, PrivateDataIn, QpAttrOut, RejIn, SidrRepIn, SidrReqIn, VersionIn, VersionOut, code,
+    event_type, flags, limits, status,
 };
 use zerocopy::{FromBytes, FromZeros, Immutable, IntoBytes, KnownLayout};
 
@@ -305,9 +306,17 @@ impl<R: Request> Inner<R> {
     }
 
     fn route(&mut self, cep: CepId, event: &Event) {
-        if let Event::ReqReceived(req) = event {
-            self.route_request(cep, req.listen, event);
-            return;
+        match event {
+            // A peer-to-peer CEP that turned passive reports the REQ on itself.
+            Event::ReqReceived(req) if req.listen != cep => {
+                self.route_request(cep, req.listen, event);
+                return;
+            }
+            Event::SidrReqReceived(req) => {
+                self.route_request(cep, req.listen, event);
+                return;
+            }
+            _ => {}
         }
         let Some(o) = self.owner(cep) else { return };
         let record = event_to_abi(event, o.endpoint, 0);
@@ -328,8 +337,10 @@ impl<R: Request> Inner<R> {
             .pop()
             .unwrap_or_else(|| Endpoint::new(cep, FIFO_DEPTH));
         ep.cep = cep;
-        if let Event::ReqReceived(req) = event {
-            let pd = req.private_data.as_slice();
+        if let Event::ReqReceived(ibcm_cep::ReqInfo { private_data, .. })
+        | Event::SidrReqReceived(ibcm_cep::SidrReqInfo { private_data, .. }) = event
+        {
+            let pd = private_data.as_slice();
             let n = pd.len().min(224);
             if let (Some(d), Some(s)) = (ep.private_data.get_mut(..n), pd.get(..n)) {
                 d.copy_from_slice(s);
@@ -354,7 +365,7 @@ impl<R: Request> Inner<R> {
         let Ok(ep) = self.endpoint(file, endpoint) else {
             return;
         };
-        if record.event_type != event_type::REQ_RECEIVED && record.private_data_len > 0 {
+        if record.new_handle == 0 && record.private_data_len > 0 {
             ep.private_data = record.private_data;
             ep.private_data_len = record.private_data_len;
         }
@@ -380,7 +391,9 @@ impl<R: Request> Inner<R> {
             request.write_output(written * EventRecord::SIZE as usize, record.as_bytes());
             written += 1;
             // The user now knows the new endpoint: it leaves the listen's backlog.
-            if record.event_type == event_type::REQ_RECEIVED
+            if (record.event_type == event_type::REQ_RECEIVED
+                || record.event_type == event_type::SIDR_REQ_RECEIVED)
+                && record.new_handle != 0
                 && let Ok(child) = self.cep_of(file, record.new_handle)
             {
                 let _ = self.cm.take_request(child);
@@ -564,6 +577,13 @@ impl<P: Platform> Device<P> {
     /// close still work and need no network.
     pub fn remove(&self) {
         self.run(|i| {
+            // The engine reports DEVICE_REMOVAL on every CEP bound to a port and forgets
+            // their timers; endpoints with no connection (idle, listening) get the record
+            // here, so each endpoint hears of the removal exactly once.
+            for port in 0..=u8::MAX {
+                i.cm.remove_port(port);
+            }
+            i.drain();
             i.removed = true;
             let files: Vec<u64> = i.files.handles().collect();
             for f in files {
@@ -573,7 +593,11 @@ impl<P: Platform> Device<P> {
                     Err(_) => continue,
                 };
                 for h in handles {
-                    i.deliver(file, h, removal_record(h));
+                    let told = i.cep_of(file, h).ok().and_then(|c| i.cm.state(c).ok())
+                        == Some(ibcm_cep::StateName::Removed);
+                    if !told {
+                        i.deliver(file, h, removal_record(h));
+                    }
                     if let Ok(ep) = i.endpoint(file, h) {
                         let rest: Vec<P::Request> = ep.pending.drain(..).collect();
                         for r in rest {
@@ -601,7 +625,10 @@ fn destroy_endpoint<R: Request>(
         .remove(handle)
         .ok_or(status::INVALID_HANDLE)?;
     for record in &ep.events {
-        if record.event_type == event_type::REQ_RECEIVED {
+        if (record.event_type == event_type::REQ_RECEIVED
+            || record.event_type == event_type::SIDR_REQ_RECEIVED)
+            && record.new_handle != 0
+        {
             let _ = destroy_endpoint(i, now, file, record.new_handle);
         }
     }
@@ -845,7 +872,11 @@ fn operation<R: Request>(
                 private_data,
             };
             let cep = i.cep_of(file, c.handle)?;
-            i.cm.connect(now, cep, &params).map_err(status_of)?;
+            if c.flags & flags::PEER_TO_PEER != 0 {
+                i.cm.connect_peer(now, cep, &params).map_err(status_of)?;
+            } else {
+                i.cm.connect(now, cep, &params).map_err(status_of)?;
+            }
             Ok(0)
         }
         code::FORMAT_REP => {
@@ -964,6 +995,80 @@ fn operation<R: Request>(
         code::ESTABLISHED => {
             let cep = i.cep_of(file, handle_in(bytes)?)?;
             i.cm.established(cep).map_err(status_of)?;
+            Ok(0)
+        }
+        code::LAP => {
+            let l: LapIn = input(bytes, LapIn::SIZE)?;
+            check_reserved(l.reserved == 0 && l.reserved1 == [0; 7])?;
+            let path = path_from_abi(&l.alternate)?;
+            let data = used(&l.private_data, l.private_data_len, 168)?;
+            let cep = i.cep_of(file, l.handle)?;
+            i.cm.lap(now, cep, &path, data).map_err(status_of)?;
+            Ok(0)
+        }
+        code::PREPARE_APR => {
+            let a: AprIn = input(bytes, AprIn::SIZE)?;
+            check_reserved(a.reserved == 0 && a.reserved1 == [0; 5] && a.reserved2 == [0; 4])?;
+            require(a.status <= 13)?;
+            let info = used(&a.info, a.info_len, 72)?;
+            let data = used(&a.private_data, a.private_data_len, 148)?;
+            if request.output_len() < QpAttrOut::SIZE as usize {
+                return Err(status::BUFFER_TOO_SMALL);
+            }
+            let cep = i.cep_of(file, a.handle)?;
+            let rts =
+                i.cm.prepare_apr(cep, ibcm_mad::AprStatus::from(a.status), info, data)
+                    .map_err(status_of)?;
+            let mut out = QpAttrOut::new_zeroed();
+            out.size = QpAttrOut::SIZE;
+            if let Some(rts) = rts {
+                out.attr = qp_attr_to_abi(&rts);
+            }
+            Ok(output(request, &out)?)
+        }
+        code::SEND_APR => {
+            let cep = i.cep_of(file, handle_in(bytes)?)?;
+            i.cm.send_apr(cep).map_err(status_of)?;
+            Ok(0)
+        }
+        code::MIGRATE => {
+            let cep = i.cep_of(file, handle_in(bytes)?)?;
+            i.cm.migrate(cep).map_err(status_of)?;
+            Ok(0)
+        }
+        code::SIDR_REQ => {
+            let r: SidrReqIn = input(bytes, SidrReqIn::SIZE)?;
+            check_reserved(r.reserved == 0 && r.reserved1 == [0; 2])?;
+            let path = path_from_abi(&r.path)?;
+            let data = used(&r.private_data, r.private_data_len, 216)?;
+            let params = ibcm_cep::SidrParams {
+                service_id: r.service_id,
+                port: r.port,
+                pkey: r.pkey,
+                path,
+                timeout: r.timeout,
+                max_retries: r.max_retries,
+                private_data: data,
+            };
+            let cep = i.cep_of(file, r.handle)?;
+            i.cm.sidr_request(now, cep, &params).map_err(status_of)?;
+            Ok(0)
+        }
+        code::SIDR_REP => {
+            let r: SidrRepIn = input(bytes, SidrRepIn::SIZE)?;
+            check_reserved(r.reserved == 0 && r.reserved1 == [0; 5])?;
+            require(r.status <= 5)?;
+            let info = used(&r.info, r.info_len, 72)?;
+            let data = used(&r.private_data, r.private_data_len, 136)?;
+            let params = ibcm_cep::SidrReplyParams {
+                status: ibcm_mad::SidrStatus::from(r.status),
+                qpn: r.qpn,
+                qkey: r.qkey,
+                info,
+                private_data: data,
+            };
+            let cep = i.cep_of(file, r.handle)?;
+            i.cm.sidr_reply(now, cep, &params).map_err(status_of)?;
             Ok(0)
         }
         code::COUNTERS => {

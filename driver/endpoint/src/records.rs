@@ -200,6 +200,10 @@ pub fn state_to_abi(s: StateName) -> u32 {
         StateName::DreqSent => ep_state::DREQ_SENT,
         StateName::DreqRcvd => ep_state::DREQ_RCVD,
         StateName::Timewait => ep_state::TIMEWAIT,
+        StateName::SidrReqSent => ep_state::SIDR_REQ_SENT,
+        StateName::SidrReqRcvd => ep_state::SIDR_REQ_RCVD,
+        StateName::SidrRepSent => ep_state::SIDR_REP_SENT,
+        StateName::Removed => ep_state::REMOVED,
     }
 }
 
@@ -318,6 +322,66 @@ pub fn event_to_abi(event: &Event, handle: u64, new_handle: u64) -> EventRecord 
             r.message = u16::from(*message) as u8;
         }
         Event::TimewaitExit => r.event_type = event_type::TIMEWAIT_EXIT,
+        Event::DeviceRemoval => {
+            r.event_type = event_type::DEVICE_REMOVAL;
+            r.status = status::DEVICE_REMOVED;
+        }
+        Event::LapReceived {
+            alternate_path,
+            private_data,
+        } => {
+            r.event_type = event_type::LAP_RECEIVED;
+            r.has_alternate = 1;
+            r.alternate = path_to_abi(alternate_path);
+            copy_private_data(
+                &mut r.private_data,
+                &mut r.private_data_len,
+                private_data.as_slice(),
+            );
+        }
+        Event::AprReceived {
+            status: ap,
+            info,
+            info_len,
+            private_data,
+        } => {
+            r.event_type = event_type::APR_RECEIVED;
+            r.reason = u8::from(*ap).into();
+            r.ari = *info;
+            r.ari_len = *info_len;
+            copy_private_data(
+                &mut r.private_data,
+                &mut r.private_data_len,
+                private_data.as_slice(),
+            );
+        }
+        Event::SidrReqReceived(req) => {
+            r.event_type = event_type::SIDR_REQ_RECEIVED;
+            r.new_handle = new_handle;
+            r.port = req.port;
+            r.service_id = req.service_id;
+            r.pkey = req.pkey;
+            r.primary.dlid = req.source.lid;
+            r.primary.dgid = req.source.gid;
+            copy_private_data(
+                &mut r.private_data,
+                &mut r.private_data_len,
+                req.private_data.as_slice(),
+            );
+        }
+        Event::SidrRepReceived(rep) => {
+            r.event_type = event_type::SIDR_REP_RECEIVED;
+            r.reason = u8::from(rep.status).into();
+            r.remote_qpn = rep.qpn;
+            r.remote_psn = rep.qkey;
+            r.ari = rep.info;
+            r.ari_len = rep.info_len;
+            copy_private_data(
+                &mut r.private_data,
+                &mut r.private_data_len,
+                rep.private_data.as_slice(),
+            );
+        }
     }
     r
 }

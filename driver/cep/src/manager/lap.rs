@@ -1,0 +1,286 @@
+//! Path migration: LAP/APR (IBA 12.8) and the path-migrated notification, plus removal
+//! of a port. WinOF lets only the active side send a LAP and Linux no longer sends one at
+//! all; here either side of an established connection may.
+
+use ibcm_mad::{AprStatus, AttributeId, Lap};
+
+use super::CmManager;
+use crate::cep::{LapState, State};
+use crate::counters::Counters;
+use crate::error::{CmError, check_len, check_max, check_width};
+use crate::event::Event;
+use crate::qp::{QpAttributes, QpState, ack_timeout};
+use crate::types::{CepId, Instant, PathRecord, PrivateData};
+
+impl CmManager {
+    pub(super) fn build_lap<'a>(&self, id: CepId, c: &'a crate::cep::Cep) -> Lap<'a> {
+        let alt = c.pending_alternate.unwrap_or_default();
+        Lap {
+            local_comm_id: self.local_comm_id(id),
+            remote_comm_id: c.remote_comm_id,
+            remote_qpn_eecn: c.remote_qpn,
+            remote_cm_response_timeout: c.remote_cm_response_timeout,
+            alternate_path: alt.to_wire(ack_timeout(alt.packet_life_time, c.target_ack_delay)),
+            private_data: super::cached(c, AttributeId::Lap),
+        }
+    }
+
+    /// Sends a LAP proposing `alternate` as the connection's alternate path. Completes
+    /// with [`Event::AprReceived`] (or `Timeout { Lap }`); retried like a REQ.
+    pub fn lap(
+        &mut self,
+        now: Instant,
+        id: CepId,
+        alternate: &PathRecord,
+        private_data: &[u8],
+    ) -> Result<(), CmError> {
+        let c = self.user_cep(id)?;
+        if c.state != State::Established || c.lap != LapState::Idle {
+            return Err(self.invalid(id));
+        }
+        check_width("flow_label", alternate.flow_label.into(), 20)?;
+        check_max("sl", alternate.sl, 15)?;
+        check_max("packet_life_time", alternate.packet_life_time, 31)?;
+        check_width("rate", u8::from(alternate.rate).into(), 6)?;
+        check_len(
+            "private_data",
+            private_data.len(),
+            ibcm_mad::LAP_PRIVATE_DATA_SIZE,
+        )?;
+        if let Some(c) = self.cep_mut(id) {
+            c.pending_alternate = Some(*alternate);
+            c.lap = LapState::Sent { mra_rcvd: false };
+        }
+        self.send_cached(id, AttributeId::Lap, private_data)?;
+        let Some(c) = self.cep_any(id) else {
+            return Err(CmError::UnknownCep);
+        };
+        let base = c.round_trip_ns().saturating_add(
+            ibcm_mad::ib_time_ns(c.remote_cm_response_timeout.min(31)).unwrap_or(0),
+        );
+        let retries = c.max_cm_retries;
+        self.start_retry(id, now, base, retries);
+        Ok(())
+    }
+
+    pub(super) fn on_lap(&mut self, tid: u64, lap: &Lap<'_>) {
+        self.received(AttributeId::Lap);
+        let Some(id) = self.addressed(lap.remote_comm_id, lap.local_comm_id) else {
+            self.counters.unmatched += 1;
+            return;
+        };
+        let Some(c) = self.cep_any(id) else { return };
+        if c.local_qpn != lap.remote_qpn_eecn {
+            self.counters.unmatched += 1;
+            return;
+        }
+        let (state, lap_state) = (c.state, c.lap);
+        match (state, lap_state) {
+            // IBA 12.8.1: a LAP in REP_SENT means the RTU was lost; the connection is
+            // established.
+            (State::RepSent { .. }, _) => {
+                self.cancel_timer(id);
+                self.set_state(id, State::Established);
+            }
+            (State::Established, LapState::Idle) => {
+                // A LAP already answered by an APR: repeat the APR.
+                if self
+                    .cep_any(id)
+                    .is_some_and(|c| c.cached == Some(AttributeId::Apr))
+                {
+                    self.duplicate(AttributeId::Lap);
+                    self.resend(id, AttributeId::Apr);
+                    return;
+                }
+            }
+            (State::Established, LapState::Rcvd { mra_sent: true })
+            | (State::Established, LapState::AprPrepared { mra_sent: true }) => {
+                self.duplicate(AttributeId::Lap);
+                self.resend(id, AttributeId::Mra);
+                return;
+            }
+            _ => {
+                self.duplicate(AttributeId::Lap);
+                return;
+            }
+        }
+        let alternate = PathRecord::from_peer(&lap.alternate_path);
+        if let Some(c) = self.cep_mut(id) {
+            c.lap = LapState::Rcvd { mra_sent: false };
+            c.pending_alternate = Some(alternate);
+            c.tid = tid;
+        }
+        self.emit(
+            id,
+            Event::LapReceived {
+                alternate_path: alternate,
+                private_data: PrivateData::new(lap.private_data),
+            },
+        );
+    }
+
+    /// Pre-APR: records the answer to a LAP and, for status Success, returns the RTS
+    /// attributes with the alternate path loaded and migration state REARM. Nothing is sent
+    /// until [`send_apr`](Self::send_apr).
+    pub fn prepare_apr(
+        &mut self,
+        id: CepId,
+        status: AprStatus,
+        info: &[u8],
+        private_data: &[u8],
+    ) -> Result<Option<QpAttributes>, CmError> {
+        let c = self.user_cep(id)?;
+        let mra_sent = match c.lap {
+            LapState::Rcvd { mra_sent } | LapState::AprPrepared { mra_sent }
+                if c.state == State::Established =>
+            {
+                mra_sent
+            }
+            _ => return Err(self.invalid(id)),
+        };
+        check_len(
+            "additional_info",
+            info.len(),
+            ibcm_mad::APR_ADDITIONAL_INFO_SIZE,
+        )?;
+        check_len(
+            "private_data",
+            private_data.len(),
+            ibcm_mad::APR_PRIVATE_DATA_SIZE,
+        )?;
+        let Some(c) = self.cep_mut(id) else {
+            return Err(CmError::UnknownCep);
+        };
+        c.apr_info.clear();
+        c.apr_info
+            .try_reserve(info.len())
+            .map_err(|_| CmError::NoResources)?;
+        c.apr_info.extend_from_slice(info);
+        c.pdata.clear();
+        c.pdata
+            .try_reserve(private_data.len())
+            .map_err(|_| CmError::NoResources)?;
+        c.pdata.extend_from_slice(private_data);
+        c.cached = Some(AttributeId::Apr);
+        c.apr_status = status.into();
+        c.lap = LapState::AprPrepared { mra_sent };
+        if status != AprStatus::Success {
+            return Ok(None);
+        }
+        let mut with_alt = c.clone();
+        with_alt.alternate = c.pending_alternate;
+        Ok(Some(super::qp_attributes_of(&with_alt, QpState::Rts)))
+    }
+
+    /// Sends the APR formatted by [`prepare_apr`](Self::prepare_apr); on Success the
+    /// alternate path becomes the connection's.
+    pub fn send_apr(&mut self, id: CepId) -> Result<(), CmError> {
+        let c = self.user_cep(id)?;
+        if !matches!(c.lap, LapState::AprPrepared { .. }) || c.state != State::Established {
+            return Err(self.invalid(id));
+        }
+        let success = c.apr_status == u8::from(AprStatus::Success);
+        if let Some(c) = self.cep_mut(id) {
+            if success {
+                c.alternate = c.pending_alternate;
+            }
+            c.pending_alternate = None;
+            c.lap = LapState::Idle;
+        }
+        self.resend(id, AttributeId::Apr);
+        Counters::bump(&mut self.counters.sent, AttributeId::Apr);
+        Ok(())
+    }
+
+    pub(super) fn on_apr(&mut self, apr: &ibcm_mad::Apr<'_>) {
+        self.received(AttributeId::Apr);
+        let Some(id) = self.addressed(apr.remote_comm_id, apr.local_comm_id) else {
+            self.counters.unmatched += 1;
+            return;
+        };
+        let Some(c) = self.cep_any(id) else { return };
+        if c.state != State::Established || !matches!(c.lap, LapState::Sent { .. }) {
+            self.duplicate(AttributeId::Apr);
+            return;
+        }
+        self.cancel_timer(id);
+        if let Some(c) = self.cep_mut(id) {
+            if apr.status == AprStatus::Success {
+                c.alternate = c.pending_alternate;
+            }
+            c.pending_alternate = None;
+            c.lap = LapState::Idle;
+        }
+        let mut info = [0u8; 72];
+        let len = apr.additional_info.len().min(72);
+        if let (Some(d), Some(s)) = (info.get_mut(..len), apr.additional_info.get(..len)) {
+            d.copy_from_slice(s);
+        }
+        self.emit(
+            id,
+            Event::AprReceived {
+                status: apr.status,
+                info,
+                info_len: len as u8,
+                private_data: PrivateData::new(apr.private_data),
+            },
+        );
+    }
+
+    /// The QP migrated to its alternate path (the path-migrated async event): primary and
+    /// alternate swap, and the RTS attributes follow.
+    pub fn migrate(&mut self, id: CepId) -> Result<(), CmError> {
+        let c = self.user_cep(id)?;
+        if c.state != State::Established || c.alternate.is_none() {
+            return Err(self.invalid(id));
+        }
+        if let Some(c) = self.cep_mut(id)
+            && let Some(alt) = c.alternate.take()
+        {
+            let old = core::mem::replace(&mut c.primary, alt);
+            c.alternate = Some(old);
+            c.dest.lid = alt.dlid;
+            c.dest.gid = alt.dgid;
+            c.dest.sl = alt.sl;
+            c.ack_timeout = ack_timeout(alt.packet_life_time, c.target_ack_delay);
+        }
+        Ok(())
+    }
+
+    /// The port went away (HCA or port removal): every CEP on it gets
+    /// [`Event::DeviceRemoval`], its timers stop and nothing more is sent for it; its
+    /// destroy needs no network. Listens bound to the port are removed too.
+    pub fn remove_port(&mut self, port: u8) {
+        let hit: alloc::vec::Vec<CepId> = self
+            .slots
+            .iter()
+            .enumerate()
+            .filter_map(|(i, s)| {
+                let c = s.cep.as_ref()?;
+                let listen_on_port = c.state == State::Listen
+                    && self
+                        .listens
+                        .iter()
+                        .any(|l| l.params.port == Some(port) && l.cep.index() == i);
+                let bound = c.state != State::Listen
+                    && c.state != State::Idle
+                    && c.state != State::Removed
+                    && c.dest.port == port;
+                (bound || listen_on_port).then(|| CepId::new(i as u32, s.generation))
+            })
+            .collect();
+        for id in hit {
+            self.cancel_timer(id);
+            self.forget_peer(id);
+            self.forget_sidr(id);
+            self.leave_backlog(id);
+            self.listens.retain(|l| l.cep != id);
+            self.set_state(id, State::Removed);
+            if self.cep_any(id).is_some_and(|c| c.detached) {
+                self.release(id);
+            } else {
+                self.emit(id, Event::DeviceRemoval);
+            }
+        }
+    }
+}
