@@ -10,6 +10,10 @@
 use alloc::collections::VecDeque;
 use alloc::vec::Vec;
 
+mod client;
+
+pub use client::{Callback, ClientEvent, ClientId};
+
 use ibcm_cep::{CepId, CmConfig, CmManager, Event, Instant, MadAddress, Transmit};
 use ibcm_ioctl::{
     ABI_VERSION, AprIn, ConnectIn, CountersIn, CountersOut, CreateIn, CreateOut, EventRecord,
@@ -177,15 +181,15 @@ struct Owner {
 }
 
 /// Everything the lock guards.
-#[derive(Debug)]
-pub struct Inner<R> {
+pub struct Inner<P: Platform> {
     cm: CmManager,
     removed: bool,
-    files: Table<File<R>>,
+    files: Table<File<P::Request>>,
     /// The endpoint of each CEP, indexed by the CEP's slab index.
     owners: Vec<Option<Owner>>,
     tx: Vec<Transmit>,
-    done: Vec<(R, i32, usize)>,
+    done: Vec<(P::Request, i32, usize)>,
+    clients: client::Clients<P>,
 }
 
 /// Work to do once the lock is released.
@@ -199,7 +203,7 @@ struct Flush<R> {
 /// event queues; generic over the platform so that the KMDF binding and the host share it.
 pub struct Device<P: Platform> {
     platform: P,
-    inner: P::Lock<Inner<P::Request>>,
+    inner: P::Lock<Inner<P>>,
 }
 
 type Outcome = Result<usize, Status>;
@@ -225,12 +229,12 @@ fn output<R: Request, T: IntoBytes + Immutable>(request: &mut R, value: &T) -> O
     Ok(bytes.len())
 }
 
-impl<R: Request> Inner<R> {
-    fn file(&mut self, file: FileId) -> Result<&mut File<R>, Status> {
+impl<P: Platform> Inner<P> {
+    fn file(&mut self, file: FileId) -> Result<&mut File<P::Request>, Status> {
         self.files.get_mut(file.0).ok_or(status::INVALID_HANDLE)
     }
 
-    fn endpoint(&mut self, file: FileId, handle: u64) -> Result<&mut Endpoint<R>, Status> {
+    fn endpoint(&mut self, file: FileId, handle: u64) -> Result<&mut Endpoint<P::Request>, Status> {
         self.file(file)?
             .endpoints
             .get_mut(handle)
@@ -293,6 +297,14 @@ impl<R: Request> Inner<R> {
         self.done.reserve(want);
     }
 
+    /// Room in the owner table for `n` more CEPs (PASSIVE_LEVEL).
+    fn prepare_owners(&mut self, n: usize) {
+        let room = self.owners.len() + n;
+        self.owners.reserve(n);
+        self.owners.resize(room, None);
+        self.tx.reserve(n);
+    }
+
     /// Moves the engine's output into the batches and the endpoints' queues.
     fn drain(&mut self) {
         while let Some(t) = self.cm.poll_transmit() {
@@ -319,6 +331,16 @@ impl<R: Request> Inner<R> {
             _ => {}
         }
         let Some(o) = self.owner(cep) else { return };
+        if o.file == client::CLIENT_FILE {
+            self.queue_client(
+                o.endpoint,
+                client::ClientEvent {
+                    event: *event,
+                    new_id: None,
+                },
+            );
+            return;
+        }
         let record = event_to_abi(event, o.endpoint, 0);
         self.deliver(FileId(o.file), o.endpoint, record);
     }
@@ -329,6 +351,10 @@ impl<R: Request> Inner<R> {
         let Some(lo) = self.owner(listen) else {
             return;
         };
+        if lo.file == client::CLIENT_FILE {
+            self.client_request(cep, lo.endpoint, event);
+            return;
+        }
         let Ok(file) = self.file(FileId(lo.file)) else {
             return;
         };
@@ -376,7 +402,7 @@ impl<R: Request> Inner<R> {
     }
 
     /// Completes `request` with as many queued records of the endpoint as its buffer holds.
-    fn fill(&mut self, file: FileId, endpoint: u64, mut request: R) {
+    fn fill(&mut self, file: FileId, endpoint: u64, mut request: P::Request) {
         let capacity = (request.output_len() / EventRecord::SIZE as usize)
             .min(MAX_EVENTS_PER_REQUEST as usize);
         let mut written = 0usize;
@@ -406,7 +432,7 @@ impl<R: Request> Inner<R> {
         ));
     }
 
-    fn take_flush(&mut self) -> Flush<R> {
+    fn take_flush(&mut self) -> Flush<P::Request> {
         Flush {
             tx: core::mem::take(&mut self.tx),
             done: core::mem::take(&mut self.done),
@@ -431,6 +457,7 @@ impl<P: Platform> Device<P> {
                 owners: Vec::new(),
                 tx: Vec::new(),
                 done: Vec::new(),
+                clients: client::Clients::new(),
             }),
         }
     }
@@ -445,13 +472,14 @@ impl<P: Platform> Device<P> {
         self.inner.with(|i| f(&i.cm))
     }
 
-    fn run<T>(&self, f: impl FnOnce(&mut Inner<P::Request>) -> T) -> T {
+    fn run<T>(&self, f: impl FnOnce(&mut Inner<P>) -> T) -> T {
         let (value, flush) = self.inner.with(|i| {
             let value = f(i);
             i.drain();
             (value, i.take_flush())
         });
         self.finish(flush);
+        self.deliver_callbacks();
         value
     }
 
@@ -585,6 +613,7 @@ impl<P: Platform> Device<P> {
             }
             i.drain();
             i.removed = true;
+            i.remove_clients();
             let files: Vec<u64> = i.files.handles().collect();
             for f in files {
                 let file = FileId(f);
@@ -613,8 +642,8 @@ impl<P: Platform> Device<P> {
 /// Destroys an endpoint: the engine tears the connection down in the background, the
 /// endpoint's pending requests complete with STATUS_CANCELLED, and REQ-created endpoints
 /// the user never heard of (queued on a listen) go with it.
-fn destroy_endpoint<R: Request>(
-    i: &mut Inner<R>,
+fn destroy_endpoint<P: Platform>(
+    i: &mut Inner<P>,
     now: Instant,
     file: FileId,
     handle: u64,
@@ -646,11 +675,11 @@ fn check_reserved(ok: bool) -> Result<(), Status> {
 
 /// One IOCTL, under the lock: the request is completed (queued on `done`) or, for a
 /// GET_EVENT with nothing to report, left pending on its endpoint.
-fn ioctl<R: Request>(
-    i: &mut Inner<R>,
+fn ioctl<P: Platform>(
+    i: &mut Inner<P>,
     now: Instant,
     file: FileId,
-    mut request: R,
+    mut request: P::Request,
     code: u32,
     bytes: &[u8],
 ) {
@@ -667,12 +696,12 @@ fn ioctl<R: Request>(
 }
 
 /// GET_EVENT: completes at once with the queued events, or pends until one arrives.
-fn get_event<R: Request>(
-    i: &mut Inner<R>,
+fn get_event<P: Platform>(
+    i: &mut Inner<P>,
     file: FileId,
-    request: R,
+    request: P::Request,
     bytes: &[u8],
-) -> Result<(), (R, Status)> {
+) -> Result<(), (P::Request, Status)> {
     let h = match check_get_event(i, file, &request, bytes) {
         Ok(h) => h,
         Err(st) => return Err((request, st)),
@@ -695,10 +724,10 @@ fn get_event<R: Request>(
     Ok(())
 }
 
-fn check_get_event<R: Request>(
-    i: &mut Inner<R>,
+fn check_get_event<P: Platform>(
+    i: &mut Inner<P>,
     file: FileId,
-    request: &R,
+    request: &P::Request,
     bytes: &[u8],
 ) -> Result<u64, Status> {
     if !i.file(file)?.versioned {
@@ -713,11 +742,11 @@ fn check_get_event<R: Request>(
 }
 
 /// Every IOCTL but GET_EVENT: `Ok(n)` completes with SUCCESS and `n` output bytes.
-fn operation<R: Request>(
-    i: &mut Inner<R>,
+fn operation<P: Platform>(
+    i: &mut Inner<P>,
     now: Instant,
     file: FileId,
-    request: &mut R,
+    request: &mut P::Request,
     code: u32,
     bytes: &[u8],
 ) -> Result<usize, Status> {

@@ -23,6 +23,6 @@ mod device;
 mod platform;
 mod records;
 
-pub use device::{Device, FileId, Inner, MAX_BACKLOG};
+pub use device::{Callback, ClientEvent, ClientId, Device, FileId, Inner, MAX_BACKLOG};
 pub use platform::{Lock, Platform, Request};
 pub use records::{Status, status_of};

@@ -39,4 +39,13 @@ pub trait Platform {
     fn complete(&self, request: Self::Request, status: i32, information: usize);
     /// Arms the one timer to `deadline` (or disarms it).
     fn set_timer(&self, deadline: Option<Instant>);
+    /// Identifies the running thread (KeGetCurrentThread): how a kernel client's
+    /// destroy learns that it is called from inside that client's own callback. A
+    /// platform that serves kernel clients must override it.
+    fn current_thread(&self) -> u64 {
+        0
+    }
+    /// Lets another thread run while `destroy_id` waits for a callback on another thread
+    /// to return (a short delay at PASSIVE_LEVEL).
+    fn relax(&self) {}
 }

@@ -8,6 +8,16 @@ use ibcm_endpoint::{Lock, Platform, Request};
 
 use crate::verifier::{Completion, Ledger, Violation, lock_acquired, lock_released};
 
+/// A number unique to the running thread.
+fn thread_key() -> u64 {
+    use std::sync::atomic::AtomicU64;
+    static NEXT: AtomicU64 = AtomicU64::new(1);
+    thread_local! {
+        static KEY: u64 = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    }
+    KEY.with(|k| *k)
+}
+
 /// A mutex standing in for a WDF spin lock; it tells the verifier when it is held.
 #[derive(Debug, Default)]
 pub struct HostLock<T>(Mutex<T>);
@@ -166,6 +176,14 @@ impl Platform for HostPlatform {
             hook(&completion);
         }
         self.ledger.complete(key, completion);
+    }
+
+    fn current_thread(&self) -> u64 {
+        thread_key()
+    }
+
+    fn relax(&self) {
+        std::thread::yield_now();
     }
 
     fn set_timer(&self, deadline: Option<Instant>) {

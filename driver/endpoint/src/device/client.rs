@@ -1,0 +1,584 @@
+//! The kernel-client CM interface: what another driver (a WinVerbs or NetworkDirect kernel
+//! provider) calls, shaped like WinOF's `iba_cm_interface` so providers can move over.
+//!
+//! Guarantees (each tested on the host):
+//! - At most one callback per endpoint runs at a time; events arrive in order and none is
+//!   lost. Callbacks of different endpoints may run in parallel.
+//! - A callback may call any downcall on its own endpoint, including [`destroy_id`]
+//!   (deferred until the callback returns).
+//! - A non-zero return from a callback destroys the endpoint after the callback has
+//!   returned and its reference is dropped (WinOF's al_cm.c freed the id first).
+//! - [`destroy_id`] is synchronous: when it returns, no callback runs or will run. It waits
+//!   only for a callback already running on another thread, never for the network.
+//! - An endpoint created by a listen gets no callback until it is retrieved
+//!   ([`get_request`], [`get_request_ex`]); events that arrive before are queued for it.
+//! - Device removal reaches every endpoint once, through the same serialized path.
+//!
+//! Callbacks run with no lock held, on whichever thread produced the event: the receive
+//! path or timer DPC (DISPATCH_LEVEL) or a downcall's thread. Like `iba_cm` callbacks they
+//! must not block.
+//!
+//! [`destroy_id`]: Device::destroy_id
+//! [`get_request`]: Device::get_request
+//! [`get_request_ex`]: Device::get_request_ex
+
+use alloc::collections::VecDeque;
+use alloc::sync::Arc;
+use alloc::vec::Vec;
+
+use ibcm_cep::{
+    CepId, CmError, CmManager, ConnectParams, Event, Instant, ListenParams, PathRecord,
+    PreparedRep, QpAttributes, QpState, RejectParams, RepParams, SidrParams, SidrReplyParams,
+};
+
+use super::{Device, Inner, Owner, Table};
+use crate::platform::{Lock, Platform};
+
+/// A kernel client's endpoint: index and generation in the client table.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ClientId(u64);
+
+impl ClientId {
+    /// The raw value.
+    pub const fn raw(self) -> u64 {
+        self.0
+    }
+}
+
+/// What a callback receives: the event and, for a REQ or SIDR_REQ on a listen, the new
+/// endpoint (retrieve it with `get_request`).
+#[derive(Debug, Clone, Copy)]
+pub struct ClientEvent {
+    /// The event, with its typed payload.
+    pub event: Event,
+    /// The endpoint a REQ or SIDR_REQ created.
+    pub new_id: Option<ClientId>,
+}
+
+/// A client's callback. Return 0 to keep the endpoint, non-zero to destroy it.
+pub type Callback<P> = Arc<dyn Fn(&Device<P>, ClientId, &ClientEvent) -> i32 + Send + Sync>;
+
+pub(crate) struct ClientEp<P: Platform> {
+    pub cep: CepId,
+    callback: Option<Callback<P>>,
+    queue: VecDeque<ClientEvent>,
+    /// The thread running this endpoint's callback, if one is.
+    delivering: Option<u64>,
+    /// Events wait until the endpoint is retrieved from its listen.
+    retrieved: bool,
+    destroy_requested: bool,
+    /// Requests created by this listen, not yet retrieved.
+    requests: VecDeque<(ClientId, Event)>,
+}
+
+pub(crate) struct Clients<P: Platform> {
+    pub table: Table<ClientEp<P>>,
+    /// Endpoints that received events since the last delivery pass.
+    pub ready: Vec<u64>,
+    /// Threads inside a callback: a downcall made from a callback delivers nothing
+    /// itself (no nesting); the thread's outer delivery loop picks the events up.
+    delivering_threads: Vec<u64>,
+    /// Event queues built ahead (at PASSIVE_LEVEL) for endpoints that REQs create at
+    /// DISPATCH_LEVEL, so the receive path allocates nothing.
+    spares: Vec<VecDeque<ClientEvent>>,
+}
+
+/// Events a client endpoint's queue holds without growing.
+const QUEUE_DEPTH: usize = 8;
+
+impl<P: Platform> Clients<P> {
+    pub const fn new() -> Self {
+        Self {
+            table: Table::new(),
+            ready: Vec::new(),
+            delivering_threads: Vec::new(),
+            spares: Vec::new(),
+        }
+    }
+
+    /// Grows, at PASSIVE_LEVEL, what the receive path may need: `requests` new
+    /// endpoints, and room in the ready list for every endpoint's queue.
+    fn prepare(&mut self, requests: usize) {
+        self.table.reserve(requests);
+        while self.spares.len() < requests {
+            self.spares.push(VecDeque::with_capacity(QUEUE_DEPTH));
+        }
+        let want = (self.table.live + requests) * QUEUE_DEPTH;
+        self.ready.reserve(want.saturating_sub(self.ready.len()));
+        self.delivering_threads.reserve(8);
+    }
+
+    fn new_endpoint(
+        cep: CepId,
+        callback: Option<Callback<P>>,
+        queue: VecDeque<ClientEvent>,
+    ) -> ClientEp<P> {
+        ClientEp {
+            cep,
+            retrieved: callback.is_some(),
+            callback,
+            queue,
+            delivering: None,
+            destroy_requested: false,
+            requests: VecDeque::new(),
+        }
+    }
+}
+
+/// The marker in [`Owner::file`] for a kernel client's CEP (file handles are never 0).
+pub(crate) const CLIENT_FILE: u64 = 0;
+
+impl<P: Platform> Inner<P> {
+    /// Queues an event for a kernel client's endpoint.
+    pub(crate) fn queue_client(&mut self, handle: u64, event: ClientEvent) {
+        if let Some(ep) = self.clients.table.get_mut(handle) {
+            ep.queue.push_back(event);
+            self.clients.ready.push(handle);
+        }
+    }
+
+    /// A REQ or SIDR_REQ created `cep` under a client's listen: the new endpoint is
+    /// created unretrieved (no callback, events queued), and the listen is told.
+    pub(crate) fn client_request(&mut self, cep: CepId, listen: u64, event: &Event) {
+        let queue = self.clients.spares.pop().unwrap_or_default();
+        let child = self
+            .clients
+            .table
+            .insert(Clients::<P>::new_endpoint(cep, None, queue));
+        self.set_owner(
+            cep,
+            Owner {
+                cep,
+                file: CLIENT_FILE,
+                endpoint: child,
+            },
+        );
+        if let Some(l) = self.clients.table.get_mut(listen) {
+            l.requests.push_back((ClientId(child), *event));
+        }
+        self.queue_client(
+            listen,
+            ClientEvent {
+                event: *event,
+                new_id: Some(ClientId(child)),
+            },
+        );
+    }
+
+    /// Device removal for kernel clients: endpoints the engine did not tell (idle,
+    /// listening) get DEVICE_REMOVAL here, so each hears of it exactly once.
+    pub(crate) fn remove_clients(&mut self) {
+        let handles: Vec<u64> = self.clients.table.handles().collect();
+        for h in handles {
+            let told = self
+                .clients
+                .table
+                .get(h)
+                .and_then(|ep| self.cm.state(ep.cep).ok())
+                == Some(ibcm_cep::StateName::Removed);
+            if !told {
+                self.queue_client(
+                    h,
+                    ClientEvent {
+                        event: Event::DeviceRemoval,
+                        new_id: None,
+                    },
+                );
+            }
+        }
+    }
+}
+
+impl<P: Platform> Device<P> {
+    /// `create_id`: a new idle endpoint whose events go to `callback`.
+    pub fn create_id(&self, callback: Callback<P>) -> Result<ClientId, CmError> {
+        self.run(|i| {
+            let cep = i.cm.create()?;
+            i.clients.prepare(0);
+            let id = i.clients.table.insert(Clients::<P>::new_endpoint(
+                cep,
+                Some(callback),
+                VecDeque::with_capacity(QUEUE_DEPTH),
+            ));
+            i.clients.prepare(1);
+            i.set_owner(
+                cep,
+                Owner {
+                    cep,
+                    file: CLIENT_FILE,
+                    endpoint: id,
+                },
+            );
+            Ok(ClientId(id))
+        })
+    }
+
+    /// `destroy_id`: synchronous. From inside the endpoint's own callback the destroy is
+    /// deferred until the callback returns; from elsewhere it waits for a running callback
+    /// to return. The connection is torn down by the engine in the background (it never
+    /// waits for the network); no callback runs after this returns.
+    pub fn destroy_id(&self, id: ClientId) {
+        let me = self.platform.current_thread();
+        loop {
+            let wait = self.inner.with(|i| {
+                let Some(ep) = i.clients.table.get_mut(id.0) else {
+                    return false;
+                };
+                ep.destroy_requested = true;
+                match ep.delivering {
+                    Some(t) if t == me => false, // deferred: the deliverer destroys it
+                    Some(_) => true,
+                    None => false,
+                }
+            });
+            if !wait {
+                break;
+            }
+            self.platform.relax();
+        }
+        let now = self.platform.now();
+        self.run(|i| {
+            let deliverer_is_me = i
+                .clients
+                .table
+                .get(id.0)
+                .and_then(|ep| ep.delivering)
+                .is_some_and(|t| t == me);
+            if !deliverer_is_me {
+                destroy_client(i, now, id);
+            }
+        });
+    }
+
+    /// `listen`.
+    pub fn listen_id(&self, id: ClientId, params: ListenParams) -> Result<(), CmError> {
+        let backlog = params.backlog as usize;
+        self.run(|i| {
+            let cep = i.clients.table.get(id.0).ok_or(CmError::UnknownCep)?.cep;
+            i.cm.listen(cep, params)?;
+            if let Some(ep) = i.clients.table.get_mut(id.0) {
+                ep.requests.reserve(backlog);
+                ep.queue.reserve(backlog);
+            }
+            i.clients.prepare(backlog);
+            let _ = i.cm.reserve(backlog);
+            i.prepare_owners(backlog);
+            Ok(())
+        })
+    }
+
+    /// `cancel_listen`: the endpoint stops listening and returns to idle; requests not
+    /// retrieved yet are refused.
+    pub fn cancel_listen(&self, id: ClientId) -> Result<(), CmError> {
+        let now = self.platform.now();
+        self.run(|i| {
+            let ep = i.clients.table.get_mut(id.0).ok_or(CmError::UnknownCep)?;
+            let old = ep.cep;
+            if i.cm.state(old)? != ibcm_cep::StateName::Listen {
+                return Err(CmError::InvalidState {
+                    state: i.cm.state(old)?,
+                });
+            }
+            let fresh = i.cm.create()?;
+            let children: Vec<ClientId> = i
+                .clients
+                .table
+                .get_mut(id.0)
+                .map(|ep| {
+                    ep.cep = fresh;
+                    ep.queue.retain(|e| e.new_id.is_none());
+                    ep.requests.drain(..).map(|(c, _)| c).collect()
+                })
+                .unwrap_or_default();
+            for child in children {
+                destroy_client(i, now, child);
+            }
+            let _ = i.cm.destroy(now, old);
+            i.clear_owner(old);
+            i.set_owner(
+                fresh,
+                Owner {
+                    cep: fresh,
+                    file: CLIENT_FILE,
+                    endpoint: id.0,
+                },
+            );
+            Ok(())
+        })
+    }
+
+    /// `get_request`: the next request a listen received (the new endpoint and its REQ or
+    /// SIDR_REQ event). The endpoint gets callbacks only once one is installed with
+    /// [`set_callback`](Self::set_callback); use [`get_request_ex`](Self::get_request_ex)
+    /// to do both atomically.
+    pub fn get_request(&self, listen: ClientId) -> Option<(ClientId, Event)> {
+        self.take_request(listen, None)
+    }
+
+    /// `get_request_ex`: [`get_request`](Self::get_request) that installs the new
+    /// endpoint's callback atomically: events queued for it are delivered to `callback`,
+    /// in order, starting now.
+    pub fn get_request_ex(
+        &self,
+        listen: ClientId,
+        callback: Callback<P>,
+    ) -> Option<(ClientId, Event)> {
+        self.take_request(listen, Some(callback))
+    }
+
+    fn take_request(
+        &self,
+        listen: ClientId,
+        callback: Option<Callback<P>>,
+    ) -> Option<(ClientId, Event)> {
+        self.run(|i| {
+            let (child, event) = i.clients.table.get_mut(listen.0)?.requests.pop_front()?;
+            let backlog = i
+                .clients
+                .table
+                .get(listen.0)
+                .map_or(0, |l| l.requests.capacity());
+            i.clients.prepare(backlog);
+            let _ = i.cm.reserve(backlog);
+            i.prepare_owners(backlog);
+            let ep = i.clients.table.get_mut(child.0)?;
+            let cep = ep.cep;
+            if callback.is_some() {
+                ep.callback = callback;
+                ep.retrieved = true;
+                i.clients.ready.push(child.0);
+            }
+            let _ = i.cm.take_request(cep);
+            Some((child, event))
+        })
+    }
+
+    /// Installs (or replaces) an endpoint's callback; queued events then flow to it.
+    pub fn set_callback(&self, id: ClientId, callback: Callback<P>) -> Result<(), CmError> {
+        self.run(|i| {
+            let ep = i.clients.table.get_mut(id.0).ok_or(CmError::UnknownCep)?;
+            ep.callback = Some(callback);
+            ep.retrieved = true;
+            i.clients.ready.push(id.0);
+            Ok(())
+        })
+    }
+
+    fn client_op<T>(
+        &self,
+        id: ClientId,
+        f: impl FnOnce(&mut CmManager, CepId, Instant) -> Result<T, CmError>,
+    ) -> Result<T, CmError> {
+        let now = self.platform.now();
+        self.run(|i| {
+            let cep = i.clients.table.get(id.0).ok_or(CmError::UnknownCep)?.cep;
+            // PASSIVE_LEVEL: room for what the answer to this downcall brings at
+            // DISPATCH_LEVEL (peer lookups, timers, events).
+            let _ = i.cm.reserve(1);
+            i.clients.prepare(0);
+            f(&mut i.cm, cep, now)
+        })
+    }
+
+    /// `send_req`.
+    pub fn send_req(&self, id: ClientId, p: &ConnectParams<'_>) -> Result<(), CmError> {
+        self.client_op(id, |cm, cep, now| cm.connect(now, cep, p))
+    }
+
+    /// `send_req` for a peer-to-peer connection.
+    pub fn send_req_peer(&self, id: ClientId, p: &ConnectParams<'_>) -> Result<(), CmError> {
+        self.client_op(id, |cm, cep, now| cm.connect_peer(now, cep, p))
+    }
+
+    /// `format_rep`: pre-REP, returning the INIT/RTR/RTS attributes.
+    pub fn format_rep(&self, id: ClientId, p: &RepParams<'_>) -> Result<PreparedRep, CmError> {
+        self.client_op(id, |cm, cep, _| cm.prepare_rep(cep, p))
+    }
+
+    /// `send_formatted_rep`.
+    pub fn send_formatted_rep(&self, id: ClientId) -> Result<(), CmError> {
+        self.client_op(id, |cm, cep, now| cm.send_rep(now, cep))
+    }
+
+    /// `send_rep`: format and send in one step.
+    pub fn send_rep(&self, id: ClientId, p: &RepParams<'_>) -> Result<PreparedRep, CmError> {
+        self.client_op(id, |cm, cep, now| cm.accept(now, cep, p))
+    }
+
+    /// `send_rtu`.
+    pub fn send_rtu(&self, id: ClientId, private_data: &[u8]) -> Result<(), CmError> {
+        self.client_op(id, |cm, cep, _| cm.rtu(cep, private_data))
+    }
+
+    /// `send_dreq`.
+    pub fn send_dreq(&self, id: ClientId, private_data: &[u8]) -> Result<(), CmError> {
+        self.client_op(id, |cm, cep, now| cm.disconnect(now, cep, private_data))
+    }
+
+    /// `send_drep`.
+    pub fn send_drep(&self, id: ClientId, private_data: &[u8]) -> Result<(), CmError> {
+        self.client_op(id, |cm, cep, now| cm.drep(now, cep, private_data))
+    }
+
+    /// `send_rej`.
+    pub fn send_rej(&self, id: ClientId, p: &RejectParams<'_>) -> Result<(), CmError> {
+        self.client_op(id, |cm, cep, now| cm.reject(now, cep, p))
+    }
+
+    /// `send_mra`.
+    pub fn send_mra(
+        &self,
+        id: ClientId,
+        service_timeout: u8,
+        private_data: &[u8],
+    ) -> Result<(), CmError> {
+        self.client_op(id, |cm, cep, _| cm.mra(cep, service_timeout, private_data))
+    }
+
+    /// `send_lap`.
+    pub fn send_lap(
+        &self,
+        id: ClientId,
+        alternate: &PathRecord,
+        private_data: &[u8],
+    ) -> Result<(), CmError> {
+        self.client_op(id, |cm, cep, now| cm.lap(now, cep, alternate, private_data))
+    }
+
+    /// `send_apr`: answers a LAP; for status Success returns the RTS attributes with the
+    /// alternate path loaded (REARM).
+    pub fn send_apr(
+        &self,
+        id: ClientId,
+        status: ibcm_mad::AprStatus,
+        info: &[u8],
+        private_data: &[u8],
+    ) -> Result<Option<QpAttributes>, CmError> {
+        self.client_op(id, |cm, cep, _| {
+            let rts = cm.prepare_apr(cep, status, info, private_data)?;
+            cm.send_apr(cep)?;
+            Ok(rts)
+        })
+    }
+
+    /// `send_sidr_req`.
+    pub fn send_sidr_req(&self, id: ClientId, p: &SidrParams<'_>) -> Result<(), CmError> {
+        self.client_op(id, |cm, cep, now| cm.sidr_request(now, cep, p))
+    }
+
+    /// `send_sidr_rep`.
+    pub fn send_sidr_rep(&self, id: ClientId, p: &SidrReplyParams<'_>) -> Result<(), CmError> {
+        self.client_op(id, |cm, cep, now| cm.sidr_reply(now, cep, p))
+    }
+
+    /// `get_qp_attr`.
+    pub fn get_qp_attr(&self, id: ClientId, state: QpState) -> Result<QpAttributes, CmError> {
+        self.client_op(id, |cm, cep, _| cm.qp_attributes(cep, state))
+    }
+
+    /// `migrate`.
+    pub fn migrate(&self, id: ClientId) -> Result<(), CmError> {
+        self.client_op(id, |cm, cep, _| cm.migrate(cep))
+    }
+
+    /// `established`.
+    pub fn established(&self, id: ClientId) -> Result<(), CmError> {
+        self.client_op(id, |cm, cep, _| cm.established(cep))
+    }
+
+    /// The engine's view of an endpoint (state, read limits, paths).
+    pub fn query_id(&self, id: ClientId) -> Result<ibcm_cep::CepInfo, CmError> {
+        self.client_op(id, |cm, cep, _| cm.query(cep))
+    }
+
+    /// Kernel-client endpoints alive.
+    pub fn client_count(&self) -> usize {
+        self.inner.with(|i| i.clients.table.live)
+    }
+
+    /// Delivers queued events to their callbacks, one callback per endpoint at a time,
+    /// with no lock held. Runs after every entry point has flushed.
+    pub(super) fn deliver_callbacks(&self) {
+        let me = self.platform.current_thread();
+        loop {
+            // Claim one endpoint with an event to deliver.
+            let claim = self.inner.with(|i| {
+                if i.clients.delivering_threads.contains(&me) {
+                    return None;
+                }
+                while let Some(h) = i.clients.ready.pop() {
+                    let Some(ep) = i.clients.table.get_mut(h) else {
+                        continue;
+                    };
+                    if ep.delivering.is_some() || !ep.retrieved || ep.destroy_requested {
+                        continue;
+                    }
+                    let Some(cb) = ep.callback.clone() else {
+                        continue;
+                    };
+                    let Some(event) = ep.queue.pop_front() else {
+                        continue;
+                    };
+                    ep.delivering = Some(me);
+                    i.clients.delivering_threads.push(me);
+                    return Some((h, cb, event));
+                }
+                None
+            });
+            let Some((h, cb, event)) = claim else { return };
+            let id = ClientId(h);
+            let mut next = Some((cb, event));
+            while let Some((cb, event)) = next.take() {
+                let verdict = cb(self, id, &event);
+                drop(cb);
+                next = self.inner.with(|i| {
+                    let ep = i.clients.table.get_mut(h)?;
+                    if verdict != 0 || ep.destroy_requested {
+                        ep.delivering = None;
+                        ep.destroy_requested = true;
+                        return None;
+                    }
+                    let more = ep.queue.pop_front();
+                    match (more, ep.callback.clone()) {
+                        (Some(e), Some(cb)) => Some((cb, e)),
+                        (Some(e), None) => {
+                            ep.queue.push_front(e);
+                            ep.delivering = None;
+                            None
+                        }
+                        (None, _) => {
+                            ep.delivering = None;
+                            None
+                        }
+                    }
+                });
+            }
+            // A destroy asked for from inside the callback, or by its return value.
+            let destroy = self.inner.with(|i| {
+                if let Some(pos) = i.clients.delivering_threads.iter().position(|t| *t == me) {
+                    i.clients.delivering_threads.swap_remove(pos);
+                }
+                i.clients
+                    .table
+                    .get(h)
+                    .is_some_and(|ep| ep.destroy_requested && ep.delivering.is_none())
+            });
+            if destroy {
+                let now = self.platform.now();
+                self.run(|i| destroy_client(i, now, id));
+            }
+        }
+    }
+}
+
+/// Removes a client endpoint and destroys its CEP (and its unretrieved requests').
+fn destroy_client<P: Platform>(i: &mut Inner<P>, now: Instant, id: ClientId) {
+    let Some(ep) = i.clients.table.remove(id.0) else {
+        return;
+    };
+    for (child, _) in ep.requests {
+        destroy_client(i, now, child);
+    }
+    i.clear_owner(ep.cep);
+    let _ = i.cm.destroy(now, ep.cep);
+}
