@@ -1,6 +1,7 @@
 //! One CEP: the state of one communication endpoint, and what it remembers of its peer.
 
 use alloc::vec::Vec;
+use core::num::NonZeroU32;
 
 use ibcm_mad::{AttributeId, Failover, Mtu, Transport};
 
@@ -111,46 +112,91 @@ pub(crate) enum LapState {
 }
 
 /// The retransmission state of the one request a CEP may have outstanding.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Retry {
     /// Wait before the first retry.
     pub base_ns: u64,
+    /// When the request is given up whatever retries remain ([`Retry::NO_DEADLINE`]:
+    /// never; not an `Option`, which would take 8 more bytes in every CEP).
+    pub deadline: Instant,
     /// Retries left.
     pub left: u8,
     /// Retries done.
     pub done: u8,
-    /// When the request is given up whatever retries remain.
-    pub deadline: Option<Instant>,
+}
+
+impl Retry {
+    /// No deadline: only the retry count ends the request.
+    pub(crate) const NO_DEADLINE: Instant = Instant::from_nanos(u64::MAX);
+}
+
+impl Default for Retry {
+    fn default() -> Self {
+        Self {
+            base_ns: 0,
+            deadline: Self::NO_DEADLINE,
+            left: 0,
+            done: 0,
+        }
+    }
 }
 
 /// One communication endpoint.
+///
+/// `repr(C)`, hot fields first: with the slot's generation, what routing a MAD and
+/// answering a duplicate read sits in the slot's first 64 bytes (with 10^6 CEPs nearly
+/// every CEP a MAD names is a cache miss, and the lines it spans are what the MAD costs).
+/// The rest is ordered by alignment so that there is no padding: the CEP is most of the
+/// memory a connection takes (budget: 512 bytes in all). Keep both when adding a field.
 #[derive(Debug, Clone)]
+#[repr(C)]
 pub(crate) struct Cep {
+    // ---- hot: the slot's first 64 bytes ----
     pub state: State,
     /// Destroyed by its owner: it lingers (DREQ, timewait) but reports nothing.
     pub detached: bool,
-    /// Set while a REQ-created CEP has not been taken from its listen's backlog.
-    pub backlog_of: Option<CepId>,
     /// This side sent the REQ.
     pub active: bool,
-    /// The armed timer: deadline and the sequence number its heap entry carries.
-    pub timer: Option<(Instant, u64)>,
-    pub retry: Retry,
+    /// Which message `pdata` belongs to: the last one sent that a duplicate may repeat.
+    pub cached: Option<AttributeId>,
+    pub remote_comm_id: u32,
+    pub local_qpn: u32,
+    pub tid: u64,
     /// Where this CEP's MADs go.
     pub dest: MadAddress,
-    pub tid: u64,
-    pub remote_comm_id: u32,
+    pub remote_qpn: u32,
+    /// The MRA this side sent last (ServiceTimeout), to repeat on a duplicate.
+    pub mra_service_timeout: u8,
+    pub max_cm_retries: u8,
+    pub remote_cm_response_timeout: u8,
+    /// The peer's (active side) or this CA's (passive side) ACK delay.
+    pub target_ack_delay: u8,
+    // ---- the rest, by alignment ----
+    /// Private data of that message (allocated at the user's downcall, reused after).
+    pub pdata: Vec<u8>,
+    /// The armed timer: deadline and the sequence number its heap entry carries.
+    pub timer: Option<(Instant, NonZeroU32)>,
+    pub retry: Retry,
     pub remote_ca_guid: u64,
     pub service_id: u64,
-    pub local_qpn: u32,
+    /// Private data of that MRA: kept apart from `pdata`, since an MRA sent after the
+    /// pre-REP must not replace the REP's (which `send_rep` and REP repeats still need).
+    pub mra_pdata: Vec<u8>,
+    pub apr_info: Vec<u8>,
+    pub primary: PathRecord,
+    pub alternate: Option<PathRecord>,
+    /// The alternate path a LAP carries, until its APR settles it.
+    pub pending_alternate: Option<PathRecord>,
+    /// Set while a REQ-created CEP has not been taken from its listen's backlog.
+    pub backlog_of: Option<CepId>,
     pub local_psn: u32,
-    pub remote_qpn: u32,
     pub remote_psn: u32,
     pub pkey: u16,
     pub transport: Transport,
     pub path_mtu: Mtu,
-    pub primary: PathRecord,
-    pub alternate: Option<PathRecord>,
+    pub failover: Failover,
+    /// Path migration sub-state (only while established).
+    pub lap: LapState,
     /// Local ACK timeout of the primary path (for RTS).
     pub ack_timeout: u8,
     /// This side's responder resources and initiator depth.
@@ -165,36 +211,17 @@ pub(crate) struct Cep {
     pub rnr_retry: u8,
     /// RNR retry count this side asks of the peer.
     pub peer_rnr_retry: u8,
-    pub max_cm_retries: u8,
-    pub remote_cm_response_timeout: u8,
     pub local_cm_response_timeout: u8,
-    /// The peer's (active side) or this CA's (passive side) ACK delay.
-    pub target_ack_delay: u8,
     pub srq: bool,
     pub flow_control: bool,
-    pub failover: Failover,
-    /// The MRA this side sent last (ServiceTimeout), to repeat on a duplicate.
-    pub mra_service_timeout: u8,
-    /// Private data of that MRA: kept apart from `pdata`, since an MRA sent after the
-    /// pre-REP must not replace the REP's (which `send_rep` and REP repeats still need).
-    pub mra_pdata: Vec<u8>,
     /// DREQ_RCVD after a simultaneous disconnect: the peer's DREP was reported (a
     /// duplicate of it must not be).
     pub drep_rcvd: bool,
-    /// Which message `pdata` belongs to: the last one sent that a duplicate may repeat.
-    pub cached: Option<AttributeId>,
-    /// Path migration sub-state (only while established).
-    pub lap: LapState,
-    /// The alternate path a LAP carries, until its APR settles it.
-    pub pending_alternate: Option<PathRecord>,
     /// The APR this side sent last: status and additional info (repeated on a dup LAP).
     pub apr_status: u8,
-    pub apr_info: Vec<u8>,
     /// This CEP connects peer-to-peer: a crossing REQ for its service is compared with
     /// its own (IBA 12.9.3.1).
     pub peer_to_peer: bool,
-    /// Private data of that message (allocated at the user's downcall, reused after).
-    pub pdata: Vec<u8>,
 }
 
 impl Cep {

@@ -5,6 +5,7 @@ use alloc::collections::{BinaryHeap, VecDeque};
 use alloc::vec::Vec;
 use core::cmp::Reverse;
 use core::hash::BuildHasher;
+use core::num::NonZeroU32;
 
 use hashbrown::HashMap;
 use ibcm_mad::{
@@ -88,7 +89,10 @@ struct ListenEntry {
     pending: u32,
 }
 
+/// `repr(C)`: the generation, checked first, shares the slot's first 64 bytes with the
+/// CEP's hot fields (see [`Cep`]).
 #[derive(Debug, Clone)]
+#[repr(C)]
 struct Slot {
     generation: u8,
     cep: Option<Cep>,
@@ -106,7 +110,58 @@ impl BuildHasher for KeyedHash {
     }
 }
 
-type PeerMap = HashMap<(u32, u64), CepId, KeyedHash>;
+/// A peer lookup: (comm ID or QPN, CA GUID) -> CEP. Two entries per connection, the largest
+/// cost per connection after the slot: the key is kept in 12 bytes, so that an entry
+/// takes 16 (a `(u32, u64)` key, padded to 16, makes 24).
+#[derive(Debug)]
+struct PeerMap(HashMap<PeerKey, CepId, KeyedHash>);
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct PeerKey {
+    id: u32,
+    guid: [u32; 2],
+}
+
+impl core::hash::Hash for PeerKey {
+    fn hash<H: core::hash::Hasher>(&self, state: &mut H) {
+        state.write_u32(self.id);
+        state.write_u32(self.guid[0]);
+        state.write_u32(self.guid[1]);
+    }
+}
+
+impl PeerMap {
+    fn with_hasher(hash: KeyedHash) -> Self {
+        Self(HashMap::with_hasher(hash))
+    }
+
+    fn key(&(id, guid): &(u32, u64)) -> PeerKey {
+        PeerKey {
+            id,
+            guid: [(guid >> 32) as u32, guid as u32],
+        }
+    }
+
+    fn get(&self, key: &(u32, u64)) -> Option<&CepId> {
+        self.0.get(&Self::key(key))
+    }
+
+    fn insert(&mut self, key: (u32, u64), id: CepId) -> Option<CepId> {
+        self.0.insert(Self::key(&key), id)
+    }
+
+    fn remove(&mut self, key: &(u32, u64)) -> Option<CepId> {
+        self.0.remove(&Self::key(key))
+    }
+
+    fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    fn try_reserve(&mut self, additional: usize) -> Result<(), hashbrown::TryReserveError> {
+        self.0.try_reserve(additional)
+    }
+}
 
 /// The CEP manager of one CA: the sans-IO core of ibcm.
 ///
@@ -144,8 +199,10 @@ pub struct CmManager {
     peers: Vec<CepId>,
     /// SIDR requests being answered or lately answered: (request ID, source GID, LID).
     sidr_requests: HashMap<(u32, Gid, u16), CepId, KeyedHash>,
-    timers: BinaryHeap<Reverse<(Instant, u64, u32)>>,
-    timer_seq: u64,
+    /// (deadline, sequence number, CEP): live while the CEP's timer is still
+    /// (deadline, sequence number). 16 bytes, as `reserve` keeps two per CEP.
+    timers: BinaryHeap<Reverse<(Instant, NonZeroU32, u32)>>,
+    timer_seq: NonZeroU32,
     transmits: VecDeque<Transmit>,
     events: VecDeque<(CepId, Event)>,
     counters: Counters,
@@ -170,13 +227,13 @@ impl CmManager {
             tid_high: rng.next_u32(),
             tid_next: 0,
             rng,
-            remote_ids: HashMap::with_hasher(hash),
-            remote_qpns: HashMap::with_hasher(hash),
+            remote_ids: PeerMap::with_hasher(hash),
+            remote_qpns: PeerMap::with_hasher(hash),
             listens: Vec::new(),
             peers: Vec::new(),
             sidr_requests: HashMap::with_hasher(hash),
             timers: BinaryHeap::new(),
-            timer_seq: 0,
+            timer_seq: NonZeroU32::MIN,
             transmits: VecDeque::new(),
             events: VecDeque::new(),
             counters: Counters::default(),
@@ -386,8 +443,10 @@ impl CmManager {
     // ---- timers --------------------------------------------------------------------
 
     fn arm(&mut self, id: CepId, at: Instant) {
-        self.timer_seq += 1;
+        // 32 bits wrap, but an entry is matched by deadline and number both: a stale one
+        // would have to outlive 2^32 arms and share the live one's deadline to the ns.
         let seq = self.timer_seq;
+        self.timer_seq = seq.checked_add(1).unwrap_or(NonZeroU32::MIN);
         if let Some(c) = self.cep_mut(id) {
             c.timer = Some((at, seq));
             self.timers.push(Reverse((at, seq, id.0)));
@@ -403,11 +462,10 @@ impl CmManager {
 
     /// Pops cancelled entries off the top so `poll_timeout` reports a live deadline.
     fn drop_stale_timers(&mut self) {
-        while let Some(Reverse((_, seq, raw))) = self.timers.peek().copied() {
+        while let Some(Reverse((at, seq, raw))) = self.timers.peek().copied() {
             let live = self
                 .cep_any(CepId(raw))
-                .and_then(|c| c.timer)
-                .is_some_and(|(_, s)| s == seq);
+                .is_some_and(|c| c.timer == Some((at, seq)));
             if live {
                 break;
             }
@@ -423,7 +481,10 @@ impl CmManager {
     }
 
     fn start_retry(&mut self, id: CepId, now: Instant, base_ns: u64, retries: u8) {
-        let deadline = self.config.request_deadline_ns.map(|d| now.add_nanos(d));
+        let deadline = self
+            .config
+            .request_deadline_ns
+            .map_or(Retry::NO_DEADLINE, |d| now.add_nanos(d));
         if let Some(c) = self.cep_mut(id) {
             c.retry = Retry {
                 base_ns,
@@ -446,7 +507,7 @@ impl CmManager {
             let Some(cep) = self.cep_any(id) else {
                 continue;
             };
-            if cep.timer.is_none_or(|(_, s)| s != seq) {
+            if cep.timer != Some((at, seq)) {
                 continue;
             }
             if let Some(c) = self.cep_mut(id) {
@@ -461,7 +522,7 @@ impl CmManager {
         let Some(c) = self.cep_any(id) else { return };
         let state = c.state;
         let retry = c.retry;
-        let expired = retry.left == 0 || retry.deadline.is_some_and(|d| now >= d);
+        let expired = retry.left == 0 || now >= retry.deadline;
         let retried = match state {
             State::ReqSent { .. } => Some(AttributeId::Req),
             State::RepSent { .. } => Some(AttributeId::Rep),
@@ -479,10 +540,7 @@ impl CmManager {
                 } else {
                     retry.base_ns
                 };
-                let mut at = now.add_nanos(wait);
-                if let Some(d) = retry.deadline {
-                    at = at.min(d);
-                }
+                let at = now.add_nanos(wait).min(retry.deadline);
                 if let Some(c) = self.cep_mut(id) {
                     c.retry.left -= 1;
                     c.retry.done = done;
@@ -820,6 +878,49 @@ impl CmManager {
     }
 
     // ---- receiving ------------------------------------------------------------------------
+
+    /// Starts loading what [`handle_mad`](Self::handle_mad) will read for this MAD (the
+    /// CEP it names; for a REQ, the lookups of its peer), and handles nothing.
+    ///
+    /// With many CEPs, the one a MAD names is seldom in the cache, and `handle_mad` waits
+    /// for memory (at 10^6 connections that wait is most of its cost). An owner that
+    /// receives MADs in batches (one completion-queue poll) may call this for each MAD of
+    /// the batch, then `handle_mad` for each: the batch's cache misses then overlap
+    /// instead of adding up. Any buffer is harmless; skipping the call changes only speed.
+    pub fn prefetch(&self, mad: &[u8]) {
+        let be32 = |at: usize| {
+            mad.get(at..at + 4)
+                .and_then(|b| b.try_into().ok())
+                .map(u32::from_be_bytes)
+        };
+        let attribute = mad
+            .get(16..18)
+            .and_then(|b| b.try_into().ok())
+            .map(u16::from_be_bytes);
+        let id = match attribute {
+            // REQ: LocalCommID, LocalCAGUID and LocalQPN (CM data offsets 0, 16 and 32).
+            Some(0x0010) => {
+                let guid = mad
+                    .get(40..48)
+                    .and_then(|b| b.try_into().ok())
+                    .map(u64::from_be_bytes);
+                let (Some(comm), Some(guid), Some(qpn)) = (be32(24), guid, be32(56)) else {
+                    return;
+                };
+                core::hint::black_box(self.remote_qpns.get(&(qpn >> 8, guid)));
+                self.remote_ids.get(&(comm, guid)).copied()
+            }
+            // Every other connection message: RemoteCommID at CM data offset 4.
+            Some(0x0011..=0x0016 | 0x0019 | 0x001a) => be32(28).map(|w| self.id_from_wire(w)),
+            _ => None,
+        };
+        if let Some(slot) = id.and_then(|id| self.slots.get(id.index())) {
+            // The generation and the CEP's hot fields fill the slot's first 64 bytes; the
+            // private data cache follows them (a repeat reads both).
+            let pdata = slot.cep.as_ref().map_or(0, |c| c.pdata.len());
+            core::hint::black_box((slot.generation, pdata));
+        }
+    }
 
     /// Handles one MAD received on QP1 from `src` (the port it arrived on and the sender's
     /// address). Malformed MADs, unknown CEPs and wrong states are counted and dropped;
@@ -1170,10 +1271,7 @@ impl CmManager {
             c.lap = LapState::Sent { mra_rcvd: true };
         }
         self.set_state(id, next);
-        let mut at = now.add_nanos(wait);
-        if let Some(d) = deadline {
-            at = at.min(d.max(now));
-        }
+        let at = now.add_nanos(wait).min(deadline.max(now));
         self.arm(id, at);
         self.emit(
             id,
@@ -1464,6 +1562,11 @@ impl CmManager {
         c.local_cm_response_timeout = p.local_cm_response_timeout;
         c.srq = p.srq;
         c.flow_control = p.flow_control;
+        // A reused CEP starts afresh: no LAP of its last connection, not peer-to-peer
+        // unless `connect_peer` says so again.
+        c.lap = LapState::Idle;
+        c.pending_alternate = None;
+        c.peer_to_peer = false;
         c.state = State::ReqSent { mra_rcvd: false };
         // IBA 12.7.36: wait 2 x packet life time + RemoteCMResponseTimeout.
         let base = c
@@ -1800,7 +1903,10 @@ impl CmManager {
                 self.send_sidr_rep_status(id, ibcm_mad::SidrStatus::Reject);
                 self.end_sidr(id);
             }
-            State::SidrReqSent | State::SidrRepSent | State::Removed => self.end_sidr(id),
+            // Answered: it lingers, ownerless, to repeat its answer, and is freed when that
+            // ends.
+            State::SidrRepSent => {}
+            State::SidrReqSent | State::Removed => self.end_sidr(id),
         }
         Ok(())
     }

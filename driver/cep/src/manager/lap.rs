@@ -47,9 +47,13 @@ impl CmManager {
             private_data.len(),
             ibcm_mad::LAP_PRIVATE_DATA_SIZE,
         )?;
+        // Each LAP is a new transaction: its TID tells the peer a new LAP from a repeat of
+        // the one it already answered.
+        let tid = self.fresh_tid();
         if let Some(c) = self.cep_mut(id) {
             c.pending_alternate = Some(*alternate);
             c.lap = LapState::Sent { mra_rcvd: false };
+            c.tid = tid;
         }
         self.send_cached(id, AttributeId::Lap, private_data)?;
         let Some(c) = self.cep_any(id) else {
@@ -83,10 +87,10 @@ impl CmManager {
                 self.set_state(id, State::Established);
             }
             (State::Established, LapState::Idle) => {
-                // A LAP already answered by an APR: repeat the APR.
+                // A LAP already answered by an APR (same transaction): repeat the APR.
                 if self
                     .cep_any(id)
-                    .is_some_and(|c| c.cached == Some(AttributeId::Apr))
+                    .is_some_and(|c| c.cached == Some(AttributeId::Apr) && c.tid == tid)
                 {
                     self.duplicate(AttributeId::Lap);
                     self.resend(id, AttributeId::Apr);
@@ -241,6 +245,7 @@ impl CmManager {
             c.alternate = Some(old);
             c.dest.lid = alt.dlid;
             c.dest.gid = alt.dgid;
+            c.dest.grh = !alt.subnet_local;
             c.dest.sl = alt.sl;
             c.ack_timeout = ack_timeout(alt.packet_life_time, c.target_ack_delay);
         }

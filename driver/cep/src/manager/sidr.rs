@@ -142,16 +142,15 @@ impl CmManager {
         self.resend(id, AttributeId::SidrRep);
     }
 
-    /// The SIDR exchange is over: forget it, and free the CEP if nobody owns it.
+    /// The SIDR exchange is over: forget it, and free the CEP if nobody owns it (a CEP
+    /// its owner holds -- the requester, or the one SidrReqReceived handed out -- goes
+    /// back to idle and stays the owner's until destroyed).
     pub(super) fn end_sidr(&mut self, id: CepId) {
         self.cancel_timer(id);
         self.forget_sidr(id);
         self.leave_backlog(id);
         let detached = self.cep_any(id).is_some_and(|c| c.detached);
-        let passive = self
-            .cep_any(id)
-            .is_some_and(|c| !c.active && c.state != State::Removed);
-        if detached || passive {
+        if detached {
             self.release(id);
         } else {
             self.set_state(id, State::Idle);
@@ -172,14 +171,20 @@ impl CmManager {
         self.received(AttributeId::SidrReq);
         let key = (req.request_id, src.gid, src.lid);
         if let Some(&id) = self.sidr_requests.get(&key) {
-            self.duplicate(AttributeId::SidrReq);
-            if self
+            let answered = self
                 .cep_any(id)
-                .is_some_and(|c| c.state == State::SidrRepSent)
-            {
-                self.resend(id, AttributeId::SidrRep);
+                .is_some_and(|c| c.state == State::SidrRepSent);
+            if answered && self.cep_any(id).is_some_and(|c| c.tid != tid) {
+                // Same request ID, new transaction: the requester reused its CEP for a new
+                // request, which the old answer does not answer.
+                self.end_sidr(id);
+            } else {
+                self.duplicate(AttributeId::SidrReq);
+                if answered {
+                    self.resend(id, AttributeId::SidrRep);
+                }
+                return;
             }
-            return;
         }
         let listen_index = self.listens.iter().position(|l| {
             let p = &l.params;
