@@ -16,9 +16,7 @@
 //! MADs go straight from one manager's `poll_transmit` to the other's `handle_mad`, with
 //! no link model: this measures the engine, not the `Pair` harness.
 
-use std::alloc::{GlobalAlloc, Layout, System};
 use std::hint::black_box;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::Relaxed};
 use std::time::{Duration, Instant as WallClock};
 
 use criterion::{BatchSize, Criterion, Throughput, criterion_group, criterion_main};
@@ -29,72 +27,10 @@ use ibcm_cep::{
 };
 use ibcm_mad::{AttributeId, MAD_SIZE, RepPacket};
 
-// ---- counting allocator ----------------------------------------------------------------
-
-/// The system allocator, counting live requested bytes (allocator overhead excluded).
-struct Counting;
-
-static LIVE: AtomicUsize = AtomicUsize::new(0);
-static RECORDING: AtomicBool = AtomicBool::new(false);
-static RECORDED_LEN: AtomicUsize = AtomicUsize::new(0);
-static RECORDED: [AtomicUsize; 16] = [const { AtomicUsize::new(0) }; 16];
-
-fn record(size: usize) {
-    if RECORDING.load(Relaxed) {
-        let i = RECORDED_LEN.fetch_add(1, Relaxed);
-        if let Some(slot) = RECORDED.get(i) {
-            slot.store(size, Relaxed);
-        }
-    }
-}
-
-// SAFETY: every method forwards to `System` with the caller's arguments unchanged and
-// only updates counters besides, so `System`'s guarantees carry over.
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        // SAFETY: the caller upholds `GlobalAlloc::alloc`'s contract for `layout`.
-        let p = unsafe { System.alloc(layout) };
-        if !p.is_null() {
-            LIVE.fetch_add(layout.size(), Relaxed);
-            record(layout.size());
-        }
-        p
-    }
-
-    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
-        // SAFETY: the caller upholds `GlobalAlloc::alloc_zeroed`'s contract for `layout`.
-        let p = unsafe { System.alloc_zeroed(layout) };
-        if !p.is_null() {
-            LIVE.fetch_add(layout.size(), Relaxed);
-            record(layout.size());
-        }
-        p
-    }
-
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        // SAFETY: `ptr` was allocated by this allocator (hence `System`) with `layout`.
-        unsafe { System.dealloc(ptr, layout) };
-        LIVE.fetch_sub(layout.size(), Relaxed);
-    }
-
-    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        // SAFETY: `ptr` was allocated by this allocator (hence `System`) with `layout`,
-        // and the caller upholds `realloc`'s contract for `new_size`.
-        let p = unsafe { System.realloc(ptr, layout, new_size) };
-        if !p.is_null() {
-            LIVE.fetch_add(new_size, Relaxed);
-            LIVE.fetch_sub(layout.size(), Relaxed);
-            record(new_size);
-        }
-        p
-    }
-}
-
-#[global_allocator]
-static ALLOCATOR: Counting = Counting;
-
-fn live_bytes() -> usize {
-    LIVE.load(Relaxed)
+/// Heap bytes freed by dropping `value` (allocation_counter counts this thread only).
+fn heap_of<T>(value: T) -> usize {
+    let info = allocation_counter::measure(|| drop(value));
+    info.bytes_current.unsigned_abs() as usize
 }
 
 // ---- two engines, driven directly ------------------------------------------------------
@@ -276,55 +212,12 @@ fn heap_per_manager(n: usize, reserve: bool) -> (usize, usize) {
     }
     assert_eq!(e.a.live_ceps(), n);
     let Engines { a, b, .. } = e;
-    let before = live_bytes();
-    drop(a);
-    let after_a = live_bytes();
-    drop(b);
-    let after_b = live_bytes();
-    drop(conns);
-    (before - after_a, after_a - after_b)
+    (heap_of(a), heap_of(b))
 }
 
 fn memory_report() {
     let n = MEMORY_N;
-    // What `reserve(n)` allocates, in order: slots, free list, the two peer maps, the
-    // timer heap, the event and transmit queues.
-    let mut probe = CmManager::new(config(GUID_A, 1));
-    RECORDED_LEN.store(0, Relaxed);
-    RECORDING.store(true, Relaxed);
-    probe.reserve(n).expect("reserve");
-    RECORDING.store(false, Relaxed);
-    let count = RECORDED_LEN.load(Relaxed).min(RECORDED.len());
-    let sizes: Vec<usize> = RECORDED
-        .iter()
-        .take(count)
-        .map(|s| s.load(Relaxed))
-        .collect();
-    drop(probe);
-    let names = [
-        "slots",
-        "free",
-        "remote_ids",
-        "remote_qpns",
-        "timers",
-        "events",
-        "transmits",
-    ];
     println!("== ibcm-cep memory (heap bytes requested; allocator overhead excluded) ==");
-    println!("reserve({n}) allocations:");
-    for (i, size) in sizes.iter().enumerate() {
-        let name = names.get(i).copied().unwrap_or("?");
-        println!(
-            "  {name:<12} {size:>11} B = {:>7.1} B/CEP",
-            *size as f64 / n as f64
-        );
-    }
-    if let Some(slots) = sizes.first() {
-        println!(
-            "  => size_of::<Slot>() = {} B (slots allocation / {n})",
-            slots / n
-        );
-    }
     for reserve in [true, false] {
         let (a, b) = heap_per_manager(n, reserve);
         let how = if reserve {
@@ -444,11 +337,10 @@ impl Hot {
         }
         let took = t0.elapsed();
         println!(
-            "hot_1e6 setup: {n} connections established in {:.2} s = {:.0} setups/s ({:.0} ns/setup); heap {} MiB",
+            "hot_1e6 setup: {n} connections established in {:.2} s = {:.0} setups/s ({:.0} ns/setup)",
             took.as_secs_f64(),
             n as f64 / took.as_secs_f64(),
             took.as_nanos() as f64 / n as f64,
-            live_bytes() >> 20,
         );
         let mut rng = SplitMix(0x5eed);
         let mut order: Vec<u32> = (0..n as u32).collect();
