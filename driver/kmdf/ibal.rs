@@ -1,0 +1,1486 @@
+//! The binding to the WinOF access layer (IBAL): find it, open it, follow its ports, and
+//! move CM MADs between QP1 and the dispatch layer.
+//!
+//! - Finding IBAL: the IB bus driver registers a device interface of class
+//!   `GUID_IB_AL_INTERFACE` on the HCA's PDO and answers `IRP_MN_QUERY_INTERFACE` for it
+//!   (WinOF `core/bus/kernel/bus_pnp.c`: `IoRegisterDeviceInterface`, `__query_al_ifc`). Our
+//!   device is root-enumerated, so its own stack has no IBAL below it and
+//!   `WdfFdoQueryForInterface` (what WinOF's in-stack filters WinMad and WinVerbs use) would
+//!   reach the root bus. Instead: `IoRegisterPlugPlayNotification` for that interface class;
+//!   on arrival a work item opens a remote I/O target on the interface's symbolic link and
+//!   sends the same IRP with `WdfIoTargetQueryForInterface`. The interface names the HCA it
+//!   came from (`ib_al_ifc_t::ca_guid`); that is the CA this device binds.
+//! - Following ports: `ib_reg_pnp(IB_PNP_PORT | IB_PNP_FLAG_REG_SYNC)`; per port of the bound
+//!   CA a QP1 alias (`ib_get_spl_qp(IB_QPT_QP1_ALIAS)`) and a MAD service for the CM class
+//!   (0x07), version 2, unsolicited methods Send and Get (ClassPortInfo) — WinOF's own CEP
+//!   manager does the same (`al_cm_cep.c`: `__init_data_svc`).
+//! - Receive (DISPATCH_LEVEL): the MAD and its source address are copied into a bounded
+//!   ring, the element goes back to its pool, and a DPC hands the ring to
+//!   `Device::receive` in batches. A full ring drops the MAD (the CM retries).
+//! - Send: `ib_get_mad`, the address into the element (AL builds the address vector when
+//!   `h_av` is NULL, as WinOF's `__format_mad_av` relies on), `ib_send_mad`; the element
+//!   returns to its pool in the send-completion callback.
+//! - Unbinding: when the HCA is query-removed or surprise-removed (the remote target's
+//!   callbacks) or our device is removed: `Device::remove`, wait for sends in flight
+//!   (rundown protection), `ib_close_al` (destroys everything and waits for callbacks),
+//!   release the interface, close the target. The bus waits for every interface reference
+//!   before it deregisters the CA (`__wait_for_clients_to_exit`), so this must happen in the
+//!   target's query-remove callback. A device that unbound does not bind again (the
+//!   dispatch layer's removal is final): restart the device to serve a new HCA.
+//!
+//! Declarations are the `#[repr(C)]` parts of the WinOF headers this file uses
+//! (lucasz93/WinOFED @913bc0ce): `inc/kernel/iba/ib_al_ifc.h` (`ib_al_ifc_t`),
+//! `inc/iba/ib_al.h` (MAD element, MAD service, PnP) and `inc/iba/ib_types.h` (QP creation,
+//! port and CA attributes, GRH). Kernel IBAL is built with `CL_KERNEL`, so `AL_API` is
+//! empty: the C calling convention.
+
+use alloc::collections::VecDeque;
+use alloc::vec::Vec;
+use core::cell::UnsafeCell;
+use core::ffi::{c_char, c_void};
+use core::ptr::NonNull;
+use core::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, Ordering};
+
+use ibcm_cep::{CmConfig, MadAddress, Transmit};
+use ibcm_endpoint::{Device, Lock};
+use ibcm_mad::{CM_CLASS, CM_CLASS_VERSION, MAD_SIZE, Method};
+use wdk_sys::ntddk::{
+    ExAcquireRundownProtection, ExInitializeRundownProtection, ExReleaseRundownProtection,
+    ExWaitForRundownProtectionRelease, IoRegisterPlugPlayNotification,
+    IoUnregisterPlugPlayNotificationEx,
+};
+use wdk_sys::{
+    _IO_NOTIFICATION_EVENT_CATEGORY, _WDF_IO_TARGET_OPEN_TYPE,
+    DEVICE_INTERFACE_CHANGE_NOTIFICATION, EX_RUNDOWN_REF, FILE_NON_DIRECTORY_FILE, FILE_OPEN,
+    GENERIC_READ, GUID, INTERFACE, NT_SUCCESS, NTSTATUS,
+    PNPNOTIFY_DEVICE_INTERFACE_INCLUDE_EXISTING_INTERFACES, PVOID, STATUS_INSUFFICIENT_RESOURCES,
+    STATUS_SUCCESS, UNICODE_STRING, WDF_IO_TARGET_OPEN_PARAMS, WDFDEVICE, WDFDPC, WDFIOTARGET,
+    WDFOBJECT, WDFWORKITEM,
+};
+
+use crate::device::{DeviceState, state_of};
+use crate::platform::KmdfLock;
+use crate::wdf;
+
+// ---------------------------------------------------------------------------------------
+// WinOF declarations
+// ---------------------------------------------------------------------------------------
+
+/// `ib_api_status_t` (ib_types.h): an enum, `IB_SUCCESS` first.
+type IbApiStatus = i32;
+const IB_SUCCESS: IbApiStatus = 0;
+const IB_NOT_FOUND: IbApiStatus = 5;
+const IB_ERROR: IbApiStatus = 43;
+
+/// Every `ib_*_handle_t` and `ib_pool_key_t` is a pointer to an opaque AL object (ib_al.h).
+type Handle = *mut c_void;
+
+/// `AL_INTERFACE_VERSION` (ib_al_ifc.h); `__query_al_ifc` refuses any other version.
+const AL_INTERFACE_VERSION: u16 = 19;
+/// `GUID_IB_AL_INTERFACE` {96234E89-496F-4dfb-AA90-FCE82BCEC8A8} (ib_al_ifc.h).
+static GUID_IB_AL_INTERFACE: GUID = wdf::guid((
+    0x9623_4e89,
+    0x496f,
+    0x4dfb,
+    [0xaa, 0x90, 0xfc, 0xe8, 0x2b, 0xce, 0xc8, 0xa8],
+));
+/// `GUID_DEVICE_INTERFACE_ARRIVAL` {CB3A4004-46F0-11D0-B08F-00609713053F} (wdmguid.h; a
+/// `DEFINE_GUID` without storage, so not in the bindings).
+const GUID_DEVICE_INTERFACE_ARRIVAL: GUID = wdf::guid((
+    0xcb3a_4004,
+    0x46f0,
+    0x11d0,
+    [0xb0, 0x8f, 0x00, 0x60, 0x97, 0x13, 0x05, 0x3f],
+));
+
+/// `IB_PNP_PORT`, `IB_PNP_FLAG_REG_SYNC` (ib_al.h `ib_pnp_class_t`).
+const IB_PNP_PORT: u32 = 0x0000_0002;
+const IB_PNP_FLAG_REG_SYNC: u32 = 0x4000_0000;
+/// `ib_pnp_event_t` values (ib_al.h).
+const IB_PNP_PORT_ADD: u32 = IB_PNP_PORT | 0x0000_1000;
+const IB_PNP_PORT_REMOVE: u32 = IB_PNP_PORT | 0x0000_2000;
+const IB_PNP_PKEY_CHANGE: u32 = IB_PNP_PORT | 0x0008_0000;
+const IB_PNP_GID_CHANGE: u32 = IB_PNP_PORT | 0x0020_0000;
+/// `IB_PDT_ALIAS` (ib_types.h `ib_pd_type_t`), as WinOF's CM allocates for QP1 aliases.
+const IB_PDT_ALIAS: i32 = 1;
+/// `IB_QPT_QP1_ALIAS` (ib_types.h `ib_qp_type_t`).
+const IB_QPT_QP1_ALIAS: i32 = 10;
+/// `IB_MAD_SVC_DEFAULT` (ib_al.h `ib_mad_svc_type_t`).
+const IB_MAD_SVC_DEFAULT: i32 = 0;
+/// `IB_MAX_METHODS` (ib_types.h).
+const IB_MAX_METHODS: usize = 128;
+/// `IB_SEND_OPT_SIGNALED` (ib_types.h).
+const IB_SEND_OPT_SIGNALED: u32 = 0x0000_0004;
+/// `IB_QP1`: QPN 1, network order (ib_types.h).
+const IB_QP1: u32 = 1u32.to_be();
+/// `IB_QP1_WELL_KNOWN_Q_KEY`, network order (ib_types.h).
+const IB_QP1_WELL_KNOWN_Q_KEY: u32 = 0x8001_0000u32.to_be();
+/// Send queue depth of the QP1 alias: WinOF's `CEP_MAD_SQ_DEPTH` (al_cm_cep.c); the
+/// receive side of an alias is AL's, so its depth and SGEs are ignored.
+const QP1_SQ_DEPTH: u32 = 128;
+
+/// `ib_grh_t` (ib_types.h), packed.
+#[repr(C, packed)]
+struct IbGrh {
+    ver_class_flow: u32,
+    resv1: u16,
+    resv2: u8,
+    hop_limit: u8,
+    src_gid: [u8; 16],
+    dest_gid: [u8; 16],
+}
+
+/// `ib_mad_element_t` (ib_al.h). `TO_LONG_PTR` members are unions padded to 64 bits: a
+/// pointer on x64.
+#[repr(C)]
+struct IbMadElement {
+    p_next: *mut IbMadElement,
+    context1: *const c_void,
+    context2: *const c_void,
+    p_mad_buf: *mut c_void,
+    size: u32,
+    immediate_data: u32,
+    remote_qp: u32,
+    h_av: Handle,
+    send_opt: u32,
+    remote_qkey: u32,
+    resp_expected: i32,
+    timeout_ms: u32,
+    retry_cnt: u32,
+    rmpp_version: u8,
+    status: i32,
+    grh_valid: i32,
+    p_grh: *mut IbGrh,
+    recv_opt: u32,
+    remote_lid: u16,
+    remote_sl: u8,
+    pkey_index: u16,
+    path_bits: u8,
+    send_context1: *mut c_void,
+    send_context2: *mut c_void,
+}
+
+/// `ib_pfn_mad_comp_cb_t` (ib_al.h).
+type MadCompletion = Option<
+    unsafe extern "C" fn(h_mad_svc: Handle, context: *mut c_void, element: *mut IbMadElement),
+>;
+
+/// `ib_mad_svc_t` (ib_al.h).
+#[repr(C)]
+struct IbMadSvc {
+    mad_svc_context: *mut c_void,
+    pfn_mad_send_cb: MadCompletion,
+    pfn_mad_recv_cb: MadCompletion,
+    support_unsol: i32,
+    mgmt_class: u8,
+    mgmt_version: u8,
+    method_array: [i32; IB_MAX_METHODS],
+    svc_type: i32,
+}
+
+/// `ib_qp_create_t` (ib_types.h).
+#[repr(C)]
+struct IbQpCreate {
+    qp_type: i32,
+    sq_max_inline: u32,
+    sq_depth: u32,
+    rq_depth: u32,
+    sq_sge: u32,
+    rq_sge: u32,
+    h_sq_cq: Handle,
+    h_rq_cq: Handle,
+    h_srq: Handle,
+    sq_signaled: i32,
+}
+
+/// `ib_pnp_rec_t` (ib_al.h).
+#[repr(C)]
+struct IbPnpRec {
+    pnp_event: u32,
+    h_pnp: Handle,
+    h_ioc_event: Handle,
+    pnp_context: *mut c_void,
+    context: *mut c_void,
+    guid: u64,
+    ca_guid: u64,
+}
+
+/// `ib_pnp_port_rec_t` (ib_al.h).
+#[repr(C)]
+struct IbPnpPortRec {
+    pnp_rec: IbPnpRec,
+    p_ca_attr: *const IbCaAttr,
+    p_port_attr: *const IbPortAttr,
+}
+
+/// `ib_pfn_pnp_cb_t` (ib_al.h).
+type PnpCallback = Option<unsafe extern "C" fn(record: *mut IbPnpRec) -> IbApiStatus>;
+
+/// `ib_pnp_req_t` (ib_al.h).
+#[repr(C)]
+struct IbPnpReq {
+    pnp_class: u32,
+    pnp_context: *const c_void,
+    pfn_pnp_cb: PnpCallback,
+}
+
+/// `ib_port_attr_t` (ib_types.h); `cap` is `ib_port_cap_t`, 26 `boolean_t`.
+#[repr(C)]
+struct IbPortAttr {
+    port_guid: u64,
+    port_num: u8,
+    mtu: u8,
+    transport: i32,
+    max_msg_size: u64,
+    lid: u16,
+    lmc: u8,
+    active_width: u8,
+    max_vls: u16,
+    sm_lid: u16,
+    sm_sl: u8,
+    link_state: u8,
+    init_type_reply: u8,
+    subnet_timeout: u8,
+    active_speed: u8,
+    phys_state: u8,
+    ext_active_speed: u8,
+    link_encoding: u8,
+    cap: [i32; 26],
+    pkey_ctr: u16,
+    qkey_ctr: u16,
+    num_gids: u16,
+    num_pkeys: u16,
+    p_gid_table: *const [u8; 16],
+    p_pkey_table: *const u16,
+}
+
+/// The leading fields of `ib_ca_attr_t` (ib_types.h), up to `local_ack_delay`; only read
+/// through AL's pointer, never allocated here.
+#[repr(C)]
+struct IbCaAttr {
+    ca_guid: u64,
+    vend_id: u32,
+    dev_id: u16,
+    revision: u16,
+    fw_ver: u64,
+    size: u32,
+    max_qps: u32,
+    max_wrs: u32,
+    max_sges: u32,
+    max_rd_sges: u32,
+    max_cqs: u32,
+    max_cqes: u32,
+    max_pds: u32,
+    init_regions: u32,
+    init_region_size: u64,
+    init_windows: u32,
+    max_addr_handles: u64,
+    max_partitions: u32,
+    atomicity: i32,
+    max_qp_resp_res: u8,
+    max_resp_res: u8,
+    max_qp_init_depth: u8,
+    max_ipv6_qps: u32,
+    max_ether_qps: u32,
+    max_mcast_grps: u32,
+    max_mcast_qps: u32,
+    max_qps_per_mcast_grp: u32,
+    max_fmr: u32,
+    max_map_per_fmr: u32,
+    max_srq: u32,
+    max_srq_wrs: u32,
+    max_srq_sges: u32,
+    bf_reg_size: u32,
+    bf_regs_per_page: u32,
+    max_sq_desc_sz: u32,
+    local_ack_delay: u8,
+}
+
+type OpenAl = unsafe extern "C" fn(ph_al: *mut Handle) -> IbApiStatus;
+type CloseAl = unsafe extern "C" fn(h_al: Handle) -> IbApiStatus;
+type OpenCa = unsafe extern "C" fn(
+    h_al: Handle,
+    ca_guid: u64,
+    ca_event_cb: *const c_void,
+    ca_context: *const c_void,
+    ph_ca: *mut Handle,
+) -> IbApiStatus;
+type AllocPd = unsafe extern "C" fn(
+    h_ca: Handle,
+    pd_type: i32,
+    pd_context: *const c_void,
+    ph_pd: *mut Handle,
+) -> IbApiStatus;
+type GetSplQp = unsafe extern "C" fn(
+    h_pd: Handle,
+    port_guid: u64,
+    p_qp_create: *mut IbQpCreate,
+    qp_context: *const c_void,
+    qp_event_cb: *const c_void,
+    p_pool_key: *mut Handle,
+    ph_qp: *mut Handle,
+) -> IbApiStatus;
+type DestroyCallback = Option<unsafe extern "C" fn(context: *mut c_void)>;
+type DestroyQp = unsafe extern "C" fn(h_qp: Handle, destroy_cb: DestroyCallback) -> IbApiStatus;
+type RegMadSvc = unsafe extern "C" fn(
+    h_qp: Handle,
+    p_mad_svc: *const IbMadSvc,
+    ph_mad_svc: *mut Handle,
+) -> IbApiStatus;
+type SendMad = unsafe extern "C" fn(
+    h_mad_svc: Handle,
+    p_mad_element_list: *mut IbMadElement,
+    pp_mad_failure: *mut *mut IbMadElement,
+) -> IbApiStatus;
+type GetMad = unsafe extern "C" fn(
+    file: *mut c_char,
+    line: i32,
+    pool_key: Handle,
+    buf_size: usize,
+    pp_mad_element: *mut *mut IbMadElement,
+) -> IbApiStatus;
+type PutMad = unsafe extern "C" fn(
+    file: *mut c_char,
+    line: i32,
+    p_mad_element_list: *const IbMadElement,
+) -> IbApiStatus;
+type RegPnp = unsafe extern "C" fn(
+    h_al: Handle,
+    p_pnp_req: *const IbPnpReq,
+    ph_pnp: *mut Handle,
+) -> IbApiStatus;
+
+/// `ib_al_ifc_t` (ib_al_ifc.h), complete: `__query_al_ifc` refuses a buffer smaller than the
+/// structure. The entries this binding calls are typed; the others are placeholders of the
+/// same size (every member is a function pointer, or `ib_net64_t ca_guid`).
+#[repr(C)]
+struct IbAlIfc {
+    wdm: INTERFACE,
+    sync_destroy: *const c_void,
+    open_ca: Option<OpenCa>,
+    query_ca_to_close_ca: [*const c_void; 4],
+    alloc_pd: Option<AllocPd>,
+    dealloc_pd_to_create_qp: [*const c_void; 6],
+    get_spl_qp: Option<GetSplQp>,
+    query_qp_modify_qp: [*const c_void; 2],
+    destroy_qp: Option<DestroyQp>,
+    create_cq_to_post_recv: [*const c_void; 17],
+    send_mad: Option<SendMad>,
+    cancel_mad_to_dereg_mad_pool: [*const c_void; 32],
+    get_mad: Option<GetMad>,
+    put_mad: Option<PutMad>,
+    init_dgrm_svc: *const c_void,
+    reg_mad_svc: Option<RegMadSvc>,
+    reg_svc_to_cancel_query: [*const c_void; 4],
+    reg_pnp: Option<RegPnp>,
+    dereg_pnp_to_ci_call: [*const c_void; 5],
+    open_al: Option<OpenAl>,
+    close_al: Option<CloseAl>,
+    get_err_str_to_post_srq_recv: [*const c_void; 16],
+    ca_guid: u64,
+    to_ntstatus_to_open_al_trk: [*const c_void; 16],
+}
+
+#[cfg(target_pointer_width = "64")]
+const _: () = {
+    // 32-byte INTERFACE + 116 pointer-sized members (ib_al_ifc.h).
+    assert!(core::mem::size_of::<IbAlIfc>() == 960);
+    assert!(core::mem::size_of::<IbMadElement>() == 128);
+    assert!(core::mem::size_of::<IbMadSvc>() == 552);
+    assert!(core::mem::size_of::<IbQpCreate>() == 56);
+    assert!(core::mem::size_of::<IbPnpRec>() == 56);
+    assert!(core::mem::size_of::<IbPortAttr>() == 168);
+    assert!(core::mem::size_of::<IbGrh>() == 40);
+};
+
+impl IbAlIfc {
+    const fn empty() -> Self {
+        let null = core::ptr::null();
+        Self {
+            wdm: INTERFACE {
+                Size: 0,
+                Version: 0,
+                Context: core::ptr::null_mut(),
+                InterfaceReference: None,
+                InterfaceDereference: None,
+            },
+            sync_destroy: null,
+            open_ca: None,
+            query_ca_to_close_ca: [null; 4],
+            alloc_pd: None,
+            dealloc_pd_to_create_qp: [null; 6],
+            get_spl_qp: None,
+            query_qp_modify_qp: [null; 2],
+            destroy_qp: None,
+            create_cq_to_post_recv: [null; 17],
+            send_mad: None,
+            cancel_mad_to_dereg_mad_pool: [null; 32],
+            get_mad: None,
+            put_mad: None,
+            init_dgrm_svc: null,
+            reg_mad_svc: None,
+            reg_svc_to_cancel_query: [null; 4],
+            reg_pnp: None,
+            dereg_pnp_to_ci_call: [null; 5],
+            open_al: None,
+            close_al: None,
+            get_err_str_to_post_srq_recv: [null; 16],
+            ca_guid: 0,
+            to_ntstatus_to_open_al_trk: [null; 16],
+        }
+    }
+}
+
+/// The AL entry points this binding calls, checked present once at bind time.
+#[derive(Clone, Copy)]
+struct Al {
+    open_al: OpenAl,
+    close_al: CloseAl,
+    open_ca: OpenCa,
+    alloc_pd: AllocPd,
+    get_spl_qp: GetSplQp,
+    destroy_qp: DestroyQp,
+    reg_mad_svc: RegMadSvc,
+    reg_pnp: RegPnp,
+    get_mad: GetMad,
+    put_mad: PutMad,
+    send_mad: SendMad,
+}
+
+impl Al {
+    fn from_interface(ifc: &IbAlIfc) -> Option<Self> {
+        Some(Self {
+            open_al: ifc.open_al?,
+            close_al: ifc.close_al?,
+            open_ca: ifc.open_ca?,
+            alloc_pd: ifc.alloc_pd?,
+            get_spl_qp: ifc.get_spl_qp?,
+            destroy_qp: ifc.destroy_qp?,
+            reg_mad_svc: ifc.reg_mad_svc?,
+            reg_pnp: ifc.reg_pnp?,
+            get_mad: ifc.get_mad?,
+            put_mad: ifc.put_mad?,
+            send_mad: ifc.send_mad?,
+        })
+    }
+
+    /// `ib_put_mad` (the kernel macro passes the caller's file and line for tracking).
+    ///
+    /// # Safety
+    ///
+    /// `element` is a MAD element AL handed to this driver and not yet returned.
+    unsafe fn put_mad(&self, element: *const IbMadElement, line: u32) {
+        // SAFETY: (I1) per the contract the element is ours to return; the file name is a
+        // NUL-terminated static that AL only reads.
+        let _status =
+            unsafe { (self.put_mad)(c"ibal.rs".as_ptr().cast_mut(), line as i32, element) };
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// State
+// ---------------------------------------------------------------------------------------
+
+/// Received MADs waiting for the DPC: bounded, preallocated at device add.
+const RING_CAPACITY: usize = 1024;
+/// MADs handed to the dispatch layer per DPC run before it requeues itself (a DPC should
+/// stay well under 100 us; design.md "Concurrency and IRQL").
+const DPC_BATCH: usize = 32;
+
+/// A received MAD and where it came from.
+type Received = (MadAddress, [u8; MAD_SIZE]);
+
+/// The IBAL side of the device state.
+pub struct IbalState {
+    /// `IoRegisterPlugPlayNotification`'s entry, between self-managed I/O init and cleanup.
+    notification: AtomicPtr<c_void>,
+    /// The symbolic link of an arrived AL interface, for the bind work item.
+    pending_link: KmdfLock<Option<Vec<u16>>>,
+    /// The binding, while bound.
+    binding: AtomicPtr<Binding>,
+    /// Unbound for good: never bind again, never requeue the DPC.
+    retired: AtomicBool,
+    /// Rundown protection of the binding for the send path.
+    sends: UnsafeCell<EX_RUNDOWN_REF>,
+    ring: KmdfLock<VecDeque<Received>>,
+    /// MADs dropped on receive (ring full, unknown P_Key index) and on send (unbound, no
+    /// such port or P_Key, AL out of elements): for the debugger.
+    dropped_receives: AtomicU64,
+    dropped_sends: AtomicU64,
+}
+
+impl IbalState {
+    pub fn new() -> Self {
+        Self {
+            notification: AtomicPtr::new(core::ptr::null_mut()),
+            pending_link: KmdfLock::new(None),
+            binding: AtomicPtr::new(core::ptr::null_mut()),
+            retired: AtomicBool::new(false),
+            sends: UnsafeCell::new(EX_RUNDOWN_REF::default()),
+            ring: KmdfLock::new(VecDeque::new()),
+            dropped_receives: AtomicU64::new(0),
+            dropped_sends: AtomicU64::new(0),
+        }
+    }
+
+    /// Preallocates the receive ring (PASSIVE_LEVEL, device add).
+    pub fn reserve_ring(&self) -> Result<(), NTSTATUS> {
+        self.ring
+            .with(|ring| ring.try_reserve_exact(RING_CAPACITY))
+            .map_err(|_| STATUS_INSUFFICIENT_RESOURCES)
+    }
+}
+
+/// Initialises the send rundown protection in place (device add, before any send).
+pub fn init_rundown(ibal: &IbalState) {
+    // SAFETY: (I2) the rundown reference lives in the device context (final address) and
+    // nothing uses it yet.
+    unsafe { ExInitializeRundownProtection(ibal.sends.get()) };
+}
+
+/// One binding to IBAL: the interface, the AL instance, the CA's alias PD and its ports.
+struct Binding {
+    state: NonNull<DeviceState>,
+    al: Al,
+    /// The queried interface (kept for `InterfaceDereference`).
+    ifc: IbAlIfc,
+    target: WDFIOTARGET,
+    h_al: Handle,
+    h_pd: Handle,
+    /// The bound CA, network order as AL reports it.
+    ca_guid: u64,
+    /// The ports with a MAD service. Ports are heap objects whose address is their AL
+    /// context; freed by `port_destroyed` or after `ib_close_al`.
+    ports: KmdfLock<Vec<NonNull<Port>>>,
+}
+
+impl Binding {
+    fn state(&self) -> &DeviceState {
+        // SAFETY: (I3) the binding is freed in `unbind`, before the device state.
+        unsafe { self.state.as_ref() }
+    }
+}
+
+/// One port of the bound CA.
+struct Port {
+    number: u8,
+    binding: NonNull<Binding>,
+    /// Written by `ib_get_spl_qp` before any callback can run; read-only afterwards.
+    qp: Handle,
+    pool_key: Handle,
+    mad_svc: AtomicPtr<c_void>,
+    /// Rundown protection of this port for the send path (port removal waits on it).
+    sends: UnsafeCell<EX_RUNDOWN_REF>,
+    attributes: KmdfLock<PortAttributes>,
+}
+
+impl Port {
+    fn binding(&self) -> &Binding {
+        // SAFETY: (I4) ports are destroyed (synchronously by ib_close_al, or earlier by their
+        // own removal) before their binding is freed.
+        unsafe { self.binding.as_ref() }
+    }
+}
+
+/// What translating addresses needs from the port's attributes; refreshed on P_Key and GID
+/// changes.
+struct PortAttributes {
+    /// The P_Key table, host order, by index.
+    pkeys: Vec<u16>,
+    /// GID index 0: the source GID of sends with a GRH.
+    gid: [u8; 16],
+}
+
+impl PortAttributes {
+    /// Copies the P_Key table and GID 0 (PASSIVE_LEVEL: allocates).
+    ///
+    /// # Safety
+    ///
+    /// `attr` is AL's port attribute record of a PnP callback.
+    unsafe fn from_record(attr: &IbPortAttr) -> Option<Self> {
+        let count = usize::from(attr.num_pkeys);
+        let mut pkeys = Vec::new();
+        pkeys.try_reserve_exact(count).ok()?;
+        if count > 0 && !attr.p_pkey_table.is_null() {
+            // SAFETY: (I5) AL's record holds `num_pkeys` table entries behind the pointer.
+            let table = unsafe { core::slice::from_raw_parts(attr.p_pkey_table, count) };
+            pkeys.extend(table.iter().map(|pkey| u16::from_be(*pkey)));
+        }
+        let gid = if attr.num_gids > 0 && !attr.p_gid_table.is_null() {
+            // SAFETY: (I6) the GID table holds `num_gids` >= 1 entries.
+            unsafe { *attr.p_gid_table }
+        } else {
+            [0; 16]
+        };
+        Some(Self { pkeys, gid })
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Finding and binding IBAL (PASSIVE_LEVEL)
+// ---------------------------------------------------------------------------------------
+
+/// EvtDeviceSelfManagedIoInit: register for the AL interface (existing ones included).
+pub fn start(state: &DeviceState) -> NTSTATUS {
+    // SAFETY: (I7) the device is live (its own callback).
+    let driver =
+        unsafe { wdk_sys::call_unsafe_wdf_function_binding!(WdfDeviceGetDriver, state.device) };
+    // SAFETY: (I8) the WDFDRIVER of a live device.
+    let driver_object =
+        unsafe { wdk_sys::call_unsafe_wdf_function_binding!(WdfDriverWdmGetDriverObject, driver) };
+    let mut entry: PVOID = core::ptr::null_mut();
+    // SAFETY: (I9) PASSIVE_LEVEL; the GUID is a static the PnP manager only reads; the
+    // context is the device state, which outlives the registration (unregistered in `stop`,
+    // and IoUnregisterPlugPlayNotificationEx guarantees no callback afterwards).
+    let status = unsafe {
+        IoRegisterPlugPlayNotification(
+            _IO_NOTIFICATION_EVENT_CATEGORY::EventCategoryDeviceInterfaceChange,
+            PNPNOTIFY_DEVICE_INTERFACE_INCLUDE_EXISTING_INTERFACES,
+            (&raw const GUID_IB_AL_INTERFACE).cast_mut().cast(),
+            driver_object,
+            Some(interface_change),
+            core::ptr::from_ref(state).cast_mut().cast(),
+            &raw mut entry,
+        )
+    };
+    if NT_SUCCESS(status) {
+        state.ibal.notification.store(entry, Ordering::Release);
+    }
+    status
+}
+
+/// The device-interface notification callback (PASSIVE_LEVEL, PnP manager thread). It must
+/// not open the interface itself (the PnP manager may hold locks the open needs), so it
+/// hands the symbolic link to the bind work item.
+unsafe extern "C" fn interface_change(notification: PVOID, context: PVOID) -> NTSTATUS {
+    // SAFETY: (I10) for EventCategoryDeviceInterfaceChange the structure is a
+    // DEVICE_INTERFACE_CHANGE_NOTIFICATION, valid during the callback.
+    let notification = unsafe { &*notification.cast::<DEVICE_INTERFACE_CHANGE_NOTIFICATION>() };
+    if !same_guid(&notification.Event, &GUID_DEVICE_INTERFACE_ARRIVAL)
+        || notification.SymbolicLinkName.is_null()
+    {
+        return STATUS_SUCCESS;
+    }
+    // SAFETY: (I11) the context is the device state passed at registration (see I9).
+    let state = unsafe { &*context.cast::<DeviceState>() };
+    // SAFETY: (I12) checked non-null; the PnP manager's string is valid during the callback.
+    let name = unsafe { &*notification.SymbolicLinkName };
+    let chars = usize::from(name.Length) / 2;
+    let mut link = Vec::new();
+    if link.try_reserve_exact(chars).is_err() || name.Buffer.is_null() {
+        return STATUS_SUCCESS;
+    }
+    // SAFETY: (I13) `Buffer` holds `Length` bytes (UNICODE_STRING).
+    link.extend_from_slice(unsafe { core::slice::from_raw_parts(name.Buffer, chars) });
+    let previous = state
+        .ibal
+        .pending_link
+        .with(|pending| pending.replace(link));
+    drop(previous);
+    // SAFETY: (I14) the work item is a live child of the device.
+    unsafe { wdk_sys::call_unsafe_wdf_function_binding!(WdfWorkItemEnqueue, state.bind_work_item) };
+    STATUS_SUCCESS
+}
+
+fn same_guid(a: &GUID, b: &GUID) -> bool {
+    a.Data1 == b.Data1 && a.Data2 == b.Data2 && a.Data3 == b.Data3 && a.Data4 == b.Data4
+}
+
+/// The bind work item (PASSIVE_LEVEL).
+pub unsafe extern "C" fn evt_bind_work_item(work_item: WDFWORKITEM) {
+    // SAFETY: (I15) the work item is live during its callback; its parent is the device.
+    let parent = unsafe {
+        wdk_sys::call_unsafe_wdf_function_binding!(WdfWorkItemGetParentObject, work_item)
+    };
+    // SAFETY: (I16) the parent is a device created by `device::add`.
+    let state = unsafe { state_of(parent as WDFDEVICE) };
+    let Some(link) = state.ibal.pending_link.with(Option::take) else {
+        return;
+    };
+    with_binding_lock(state, || bind(state, &link));
+}
+
+fn with_binding_lock<R>(state: &DeviceState, f: impl FnOnce() -> R) -> R {
+    // SAFETY: (I17) the wait lock is a live child of the device; PASSIVE_LEVEL; a null
+    // timeout waits without limit (and so always succeeds).
+    let _acquired = unsafe {
+        wdk_sys::call_unsafe_wdf_function_binding!(
+            WdfWaitLockAcquire,
+            state.binding_lock,
+            core::ptr::null_mut()
+        )
+    };
+    let result = f();
+    // SAFETY: (I18) acquired above by this thread.
+    unsafe { wdk_sys::call_unsafe_wdf_function_binding!(WdfWaitLockRelease, state.binding_lock) };
+    result
+}
+
+/// Binds to the AL interface behind `link` (binding lock held).
+fn bind(state: &DeviceState, link: &[u16]) {
+    if state.ibal.retired.load(Ordering::Acquire)
+        || !state.ibal.binding.load(Ordering::Acquire).is_null()
+    {
+        return;
+    }
+    let Some(target) = open_target(state, link) else {
+        return;
+    };
+    let mut ifc = IbAlIfc::empty();
+    // SAFETY: (I19) the target is open; the buffer is a whole ib_al_ifc_t, as
+    // `__query_al_ifc` requires, and outlives the call.
+    let status = unsafe {
+        wdk_sys::call_unsafe_wdf_function_binding!(
+            WdfIoTargetQueryForInterface,
+            target,
+            &raw const GUID_IB_AL_INTERFACE,
+            (&raw mut ifc).cast::<INTERFACE>(),
+            core::mem::size_of::<IbAlIfc>() as u16,
+            AL_INTERFACE_VERSION,
+            core::ptr::null_mut()
+        )
+    };
+    if !NT_SUCCESS(status) {
+        wdk::println!("ibcm: IBAL interface query failed: {status:#010x}");
+        delete_target(target);
+        return;
+    }
+    let Some(al) = Al::from_interface(&ifc) else {
+        release_interface(&ifc);
+        delete_target(target);
+        return;
+    };
+    let ca_guid = ifc.ca_guid;
+    match open_al(&al, ca_guid) {
+        Ok((h_al, h_pd)) => {
+            let binding = alloc::boxed::Box::into_raw(alloc::boxed::Box::new(Binding {
+                state: NonNull::from(state),
+                al,
+                ifc,
+                target,
+                h_al,
+                h_pd,
+                ca_guid,
+                ports: KmdfLock::new(Vec::new()),
+            }));
+            state.ibal.binding.store(binding, Ordering::Release);
+            let request = IbPnpReq {
+                pnp_class: IB_PNP_PORT | IB_PNP_FLAG_REG_SYNC,
+                pnp_context: binding.cast_const().cast(),
+                pfn_pnp_cb: Some(pnp_callback),
+            };
+            let mut h_pnp: Handle = core::ptr::null_mut();
+            // SAFETY: (I20) AL is open; the request outlives the call; the context (the
+            // binding) outlives the registration, which ib_close_al ends. With REG_SYNC the
+            // existing ports are reported before this returns.
+            let status = unsafe { (al.reg_pnp)(h_al, &raw const request, &raw mut h_pnp) };
+            if status != IB_SUCCESS {
+                wdk::println!("ibcm: ib_reg_pnp failed: {status}");
+                unbind_locked(state, TargetClose::Close);
+            }
+        }
+        Err(status) => {
+            wdk::println!("ibcm: opening IBAL failed: {status}");
+            release_interface(&ifc);
+            delete_target(target);
+        }
+    }
+}
+
+/// `ib_open_al`, `ib_open_ca` for the interface's CA and an alias PD on it.
+fn open_al(al: &Al, ca_guid: u64) -> Result<(Handle, Handle), IbApiStatus> {
+    let mut h_al: Handle = core::ptr::null_mut();
+    // SAFETY: (I21) valid out pointer; PASSIVE_LEVEL.
+    let status = unsafe { (al.open_al)(&raw mut h_al) };
+    if status != IB_SUCCESS {
+        return Err(status);
+    }
+    let mut h_ca: Handle = core::ptr::null_mut();
+    // SAFETY: (I22) AL is open; no CA event callback; valid out pointer.
+    let status = unsafe {
+        (al.open_ca)(
+            h_al,
+            ca_guid,
+            core::ptr::null(),
+            core::ptr::null(),
+            &raw mut h_ca,
+        )
+    };
+    let mut h_pd: Handle = core::ptr::null_mut();
+    let status = if status == IB_SUCCESS {
+        // SAFETY: (I23) the CA is open; valid out pointer.
+        unsafe { (al.alloc_pd)(h_ca, IB_PDT_ALIAS, core::ptr::null(), &raw mut h_pd) }
+    } else {
+        status
+    };
+    if status != IB_SUCCESS {
+        // SAFETY: (I24) AL is open and no callback of it is running (nothing registered);
+        // closing destroys the CA handle opened above.
+        let _closed = unsafe { (al.close_al)(h_al) };
+        return Err(status);
+    }
+    Ok((h_al, h_pd))
+}
+
+/// Creates a remote I/O target and opens it on `link`.
+fn open_target(state: &DeviceState, link: &[u16]) -> Option<WDFIOTARGET> {
+    let bytes = u16::try_from(core::mem::size_of_val(link)).ok()?;
+    let mut attributes = wdf::attributes(state.device as WDFOBJECT, None);
+    let mut target: WDFIOTARGET = core::ptr::null_mut();
+    // SAFETY: (I25) the device is live; attributes outlive the call.
+    let status = unsafe {
+        wdk_sys::call_unsafe_wdf_function_binding!(
+            WdfIoTargetCreate,
+            state.device,
+            &raw mut attributes,
+            &raw mut target
+        )
+    };
+    if !NT_SUCCESS(status) {
+        return None;
+    }
+    // WDF_IO_TARGET_OPEN_PARAMS_INIT_OPEN_BY_NAME, with this driver's remove callbacks.
+    let mut params = WDF_IO_TARGET_OPEN_PARAMS {
+        Size: wdf::size_of_ulong::<WDF_IO_TARGET_OPEN_PARAMS>(),
+        Type: _WDF_IO_TARGET_OPEN_TYPE::WdfIoTargetOpenByName,
+        EvtIoTargetQueryRemove: Some(evt_target_query_remove),
+        EvtIoTargetRemoveComplete: Some(evt_target_remove_complete),
+        TargetDeviceName: UNICODE_STRING {
+            Length: bytes,
+            MaximumLength: bytes,
+            Buffer: link.as_ptr().cast_mut(),
+        },
+        DesiredAccess: GENERIC_READ,
+        CreateDisposition: FILE_OPEN,
+        CreateOptions: FILE_NON_DIRECTORY_FILE,
+        ..WDF_IO_TARGET_OPEN_PARAMS::default()
+    };
+    // SAFETY: (I26) the target was just created; the parameters and the name buffer outlive
+    // the (synchronous) open.
+    let status = unsafe {
+        wdk_sys::call_unsafe_wdf_function_binding!(WdfIoTargetOpen, target, &raw mut params)
+    };
+    if !NT_SUCCESS(status) {
+        wdk::println!("ibcm: opening the IBAL interface failed: {status:#010x}");
+        delete_target(target);
+        return None;
+    }
+    Some(target)
+}
+
+fn delete_target(target: WDFIOTARGET) {
+    // SAFETY: (I27) a target this module created and no longer uses; deleting closes it.
+    unsafe { wdk_sys::call_unsafe_wdf_function_binding!(WdfObjectDelete, target as WDFOBJECT) };
+}
+
+fn release_interface(ifc: &IbAlIfc) {
+    if let Some(dereference) = ifc.wdm.InterfaceDereference {
+        // SAFETY: (I28) balances the reference `__query_al_ifc` took for this copy.
+        unsafe { dereference(ifc.wdm.Context) };
+    }
+}
+
+/// How `unbind` closes the target.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum TargetClose {
+    /// From EvtIoTargetQueryRemove: `WdfIoTargetCloseForQueryRemove`.
+    ForQueryRemove,
+    /// `WdfIoTargetClose`.
+    Close,
+}
+
+/// EvtIoTargetQueryRemove (PASSIVE_LEVEL): the HCA is about to be removed.
+unsafe extern "C" fn evt_target_query_remove(target: WDFIOTARGET) -> NTSTATUS {
+    // SAFETY: (I29) the target is live during its callback; its parent is our device.
+    let state = unsafe { state_of_target(target) };
+    with_binding_lock(state, || unbind_locked(state, TargetClose::ForQueryRemove));
+    STATUS_SUCCESS
+}
+
+/// EvtIoTargetRemoveComplete (PASSIVE_LEVEL): the HCA was removed (surprise removal).
+unsafe extern "C" fn evt_target_remove_complete(target: WDFIOTARGET) {
+    // SAFETY: (I30) as I29.
+    let state = unsafe { state_of_target(target) };
+    with_binding_lock(state, || unbind_locked(state, TargetClose::Close));
+}
+
+/// # Safety
+///
+/// `target` is a live remote target created by [`open_target`].
+unsafe fn state_of_target<'a>(target: WDFIOTARGET) -> &'a DeviceState {
+    // SAFETY: (I31) per the contract the target is live.
+    let device =
+        unsafe { wdk_sys::call_unsafe_wdf_function_binding!(WdfIoTargetGetDevice, target) };
+    // SAFETY: (I32) the target was created on a device created by `device::add`.
+    unsafe { state_of(device) }
+}
+
+/// EvtDeviceSelfManagedIoCleanup's part: stop listening for the interface, wait for a bind
+/// in progress, unbind.
+pub fn stop(state: &DeviceState) {
+    let entry = state
+        .ibal
+        .notification
+        .swap(core::ptr::null_mut(), Ordering::AcqRel);
+    if !entry.is_null() {
+        // SAFETY: (I33) the entry came from IoRegisterPlugPlayNotification; after this
+        // returns no notification callback runs.
+        let _status = unsafe { IoUnregisterPlugPlayNotificationEx(entry) };
+    }
+    if !state.bind_work_item.is_null() {
+        // SAFETY: (I34) the work item is a live child of the device; PASSIVE_LEVEL.
+        unsafe {
+            wdk_sys::call_unsafe_wdf_function_binding!(WdfWorkItemFlush, state.bind_work_item)
+        };
+    }
+    if !state.binding_lock.is_null() {
+        with_binding_lock(state, || unbind_locked(state, TargetClose::Close));
+    }
+}
+
+/// Unbinds for good (binding lock held, PASSIVE_LEVEL).
+fn unbind_locked(state: &DeviceState, close: TargetClose) {
+    state.ibal.retired.store(true, Ordering::Release);
+    let binding = state.ibal.binding.load(Ordering::Acquire);
+    if binding.is_null() {
+        return;
+    }
+    // Every endpoint hears of the removal; pending requests complete; later sends are
+    // dropped by the dispatch layer itself.
+    if let Some(core) = state.core() {
+        core.remove();
+    }
+    // SAFETY: (I35) initialised at device add; PASSIVE_LEVEL. After this no send is in
+    // flight and none can start (the protection is never re-initialised).
+    unsafe { ExWaitForRundownProtectionRelease(state.ibal.sends.get()) };
+    // SAFETY: (I36) published by `bind` and freed only below.
+    let bound = unsafe { &*binding };
+    // SAFETY: (I37) not called from an AL callback; destroys the PnP registration, the PD,
+    // the CA, every QP1 alias and MAD service, waiting for their callbacks.
+    let _closed = unsafe { (bound.al.close_al)(bound.h_al) };
+    state
+        .ibal
+        .binding
+        .store(core::ptr::null_mut(), Ordering::Release);
+    let ports = bound.ports.with(core::mem::take);
+    for port in ports {
+        // SAFETY: (I38) the port came from Box::into_raw in `port_added`; its QP is gone
+        // with the AL instance, so no callback refers to it.
+        drop(unsafe { alloc::boxed::Box::from_raw(port.as_ptr()) });
+    }
+    release_interface(&bound.ifc);
+    match close {
+        // SAFETY: (I39) the target is open; called from its query-remove callback.
+        TargetClose::ForQueryRemove => unsafe {
+            wdk_sys::call_unsafe_wdf_function_binding!(
+                WdfIoTargetCloseForQueryRemove,
+                bound.target
+            );
+        },
+        // SAFETY: (I40) the target is open or already closed by the framework; PASSIVE_LEVEL.
+        TargetClose::Close => unsafe {
+            wdk_sys::call_unsafe_wdf_function_binding!(WdfIoTargetClose, bound.target);
+        },
+    }
+    // SAFETY: (I41) from Box::into_raw in `bind`; unpublished above, and every callback
+    // that could reach it has ended with ib_close_al.
+    drop(unsafe { alloc::boxed::Box::from_raw(binding) });
+}
+
+// ---------------------------------------------------------------------------------------
+// Ports (IBAL PnP callbacks, PASSIVE_LEVEL, AL's PnP thread)
+// ---------------------------------------------------------------------------------------
+
+/// `ib_pfn_pnp_cb_t` for the port registration.
+unsafe extern "C" fn pnp_callback(record: *mut IbPnpRec) -> IbApiStatus {
+    // SAFETY: (I42) AL's record, valid for the callback.
+    let event = unsafe { (*record).pnp_event };
+    // SAFETY: (I43) as I42.
+    let context = unsafe { (*record).context };
+    // SAFETY: (I44) as I42.
+    let pnp_context = unsafe { (*record).pnp_context };
+    // SAFETY: (I96) the PnP context is the binding registered in `bind`, alive until
+    // ib_close_al has returned, which waits for this callback.
+    let binding = unsafe { &*pnp_context.cast::<Binding>() };
+    match event {
+        // SAFETY: (I45) port events carry an ib_pnp_port_rec_t.
+        IB_PNP_PORT_ADD => unsafe { port_added(binding, record.cast::<IbPnpPortRec>()) },
+        // SAFETY: (I46) the context is null or the port `port_added` stored.
+        IB_PNP_PORT_REMOVE => unsafe { port_removed(binding, context.cast::<Port>()) },
+        IB_PNP_PKEY_CHANGE | IB_PNP_GID_CHANGE => {
+            // SAFETY: (I47) as I45 and I46.
+            unsafe { port_changed(record.cast::<IbPnpPortRec>(), context.cast::<Port>()) };
+            IB_SUCCESS
+        }
+        _ => IB_SUCCESS,
+    }
+}
+
+/// IB_PNP_PORT_ADD: a QP1 alias and a CM MAD service on the port; the dispatch layer is
+/// created with the first port (its configuration comes from the CA's attributes).
+///
+/// # Safety
+///
+/// `record` is AL's port record of an IB_PNP_PORT_ADD callback for this binding.
+unsafe fn port_added(binding: &Binding, record: *mut IbPnpPortRec) -> IbApiStatus {
+    // SAFETY: (I48) per the contract the record is valid for the callback.
+    let port_record = unsafe { &*record };
+    if port_record.pnp_rec.ca_guid != binding.ca_guid
+        || port_record.p_ca_attr.is_null()
+        || port_record.p_port_attr.is_null()
+    {
+        // Another CA's port: no context, no further events for it.
+        return IB_NOT_FOUND;
+    }
+    // SAFETY: (I49) checked non-null; AL's attributes, valid for the callback.
+    let ca = unsafe { &*port_record.p_ca_attr };
+    // SAFETY: (I50) as I49.
+    let attr = unsafe { &*port_record.p_port_attr };
+    let state = binding.state();
+    if state.core().is_none() {
+        let Some(seed) = random_seed() else {
+            return IB_ERROR;
+        };
+        let mut config = CmConfig::new(u64::from_be(ca.ca_guid), seed);
+        config.ca_ack_delay = ca.local_ack_delay;
+        config.max_responder_resources = ca.max_qp_resp_res;
+        config.max_initiator_depth = ca.max_qp_init_depth;
+        state.install_core(Device::new(state.platform(), config));
+    }
+    // SAFETY: (I51) AL's port attributes of this callback.
+    let Some(attributes) = (unsafe { PortAttributes::from_record(attr) }) else {
+        return IB_ERROR;
+    };
+    let port = alloc::boxed::Box::into_raw(alloc::boxed::Box::new(Port {
+        number: attr.port_num,
+        binding: NonNull::from(binding),
+        qp: core::ptr::null_mut(),
+        pool_key: core::ptr::null_mut(),
+        mad_svc: AtomicPtr::new(core::ptr::null_mut()),
+        sends: UnsafeCell::new(EX_RUNDOWN_REF::default()),
+        attributes: KmdfLock::new(attributes),
+    }));
+    // SAFETY: (I52) the port was just allocated; nothing else refers to it yet.
+    let port_sends = unsafe { (*port).sends.get() };
+    // SAFETY: (I97) the rundown reference is in the port's final (heap) place, unused yet.
+    unsafe { ExInitializeRundownProtection(port_sends) };
+    let mut create = IbQpCreate {
+        qp_type: IB_QPT_QP1_ALIAS,
+        sq_max_inline: 0,
+        sq_depth: QP1_SQ_DEPTH,
+        rq_depth: 1,
+        sq_sge: 1,
+        rq_sge: 1,
+        h_sq_cq: core::ptr::null_mut(),
+        h_rq_cq: core::ptr::null_mut(),
+        h_srq: core::ptr::null_mut(),
+        sq_signaled: 1,
+    };
+    let mut pool_key: Handle = core::ptr::null_mut();
+    let mut qp: Handle = core::ptr::null_mut();
+    // SAFETY: (I53) the PD is the binding's; valid out pointers; the port is the QP's context
+    // (given back to `port_destroyed`); no QP event callback.
+    let status = unsafe {
+        (binding.al.get_spl_qp)(
+            binding.h_pd,
+            attr.port_guid,
+            &raw mut create,
+            port.cast_const().cast(),
+            core::ptr::null(),
+            &raw mut pool_key,
+            &raw mut qp,
+        )
+    };
+    if status != IB_SUCCESS {
+        wdk::println!(
+            "ibcm: ib_get_spl_qp failed on port {}: {status}",
+            attr.port_num
+        );
+        // SAFETY: (I54) from Box::into_raw above; no QP refers to it.
+        drop(unsafe { alloc::boxed::Box::from_raw(port) });
+        return status;
+    }
+    let mut methods = [0i32; IB_MAX_METHODS];
+    methods[usize::from(u8::from(Method::Send))] = 1;
+    methods[usize::from(u8::from(Method::Get))] = 1;
+    let service = IbMadSvc {
+        mad_svc_context: port.cast(),
+        pfn_mad_send_cb: Some(mad_sent),
+        pfn_mad_recv_cb: Some(mad_received),
+        support_unsol: 1,
+        mgmt_class: CM_CLASS,
+        mgmt_version: CM_CLASS_VERSION,
+        method_array: methods,
+        svc_type: IB_MAD_SVC_DEFAULT,
+    };
+    // SAFETY: (I55) nothing else refers to the port until its MAD service exists (the QP
+    // has no callbacks before that).
+    unsafe { (*port).qp = qp };
+    // SAFETY: (I98) as I55.
+    unsafe { (*port).pool_key = pool_key };
+    let mut mad_svc: Handle = core::ptr::null_mut();
+    // SAFETY: (I56) the QP was just created; the service description and the out pointer
+    // outlive the call.
+    let status = unsafe { (binding.al.reg_mad_svc)(qp, &raw const service, &raw mut mad_svc) };
+    if status != IB_SUCCESS {
+        // The GSI dispatcher takes one client per (class, version, method): on a stock
+        // WinOF build IBAL's own CEP manager holds CM class 2 Send (al_mad.c
+        // `__mad_disp_reg_unsol`), and this fails.
+        wdk::println!(
+            "ibcm: ib_reg_mad_svc(CM) failed on port {}: {status} (is IBAL's own CM registered?)",
+            attr.port_num
+        );
+        // SAFETY: (I57) the QP is ours; `port_destroyed` frees the port once AL is done.
+        let _destroyed = unsafe { (binding.al.destroy_qp)(qp, Some(port_destroyed)) };
+        return status;
+    }
+    // SAFETY: (I58) the port is live (owned by this function until published below).
+    unsafe { (*port).mad_svc.store(mad_svc, Ordering::Release) };
+    // SAFETY: (I59) `port` is non-null (from Box::into_raw).
+    let port_ptr = unsafe { NonNull::new_unchecked(port) };
+    let published = binding.ports.with(|ports| {
+        if ports.try_reserve(1).is_ok() {
+            ports.push(port_ptr);
+            true
+        } else {
+            false
+        }
+    });
+    if !published {
+        // SAFETY: (I60) as I57.
+        let _destroyed = unsafe { (binding.al.destroy_qp)(qp, Some(port_destroyed)) };
+        return IB_ERROR;
+    }
+    // SAFETY: (I61) the record is valid for the callback; AL keeps the context for the
+    // port's later events (ib_pnp_rec_t `context`).
+    unsafe { (*record).pnp_rec.context = port.cast() };
+    IB_SUCCESS
+}
+
+/// IB_PNP_PORT_REMOVE: unpublish the port, wait for its sends, destroy its QP (and MAD
+/// service); the port is freed when AL reports the QP destroyed.
+///
+/// # Safety
+///
+/// `port` is null or a port `port_added` stored as this event's context.
+unsafe fn port_removed(binding: &Binding, port: *mut Port) -> IbApiStatus {
+    if port.is_null() {
+        return IB_SUCCESS;
+    }
+    binding
+        .ports
+        .with(|ports| ports.retain(|p| p.as_ptr() != port));
+    // SAFETY: (I62) the port is live until its QP's destroy callback.
+    let port_sends = unsafe { (*port).sends.get() };
+    // SAFETY: (I99) PASSIVE_LEVEL; the port is unpublished, so no new send can acquire the
+    // protection: this waits for the ones in flight.
+    unsafe { ExWaitForRundownProtectionRelease(port_sends) };
+    // SAFETY: (I63) as I62.
+    let qp = unsafe { (*port).qp };
+    // SAFETY: (I64) the QP is the port's; asynchronous destruction (WinOF's CM does the
+    // same from its PnP callback) calls `port_destroyed` when callbacks are over.
+    let _destroyed = unsafe { (binding.al.destroy_qp)(qp, Some(port_destroyed)) };
+    IB_SUCCESS
+}
+
+/// P_Key or GID table change: refresh the port's translation tables.
+///
+/// # Safety
+///
+/// As [`port_removed`]; `record` is AL's port record of this callback.
+unsafe fn port_changed(record: *mut IbPnpPortRec, port: *mut Port) {
+    // SAFETY: (I65) per the contract.
+    let attr = unsafe { (*record).p_port_attr };
+    if port.is_null() || attr.is_null() {
+        return;
+    }
+    // SAFETY: (I66) AL's attributes, valid for the callback.
+    let attr = unsafe { &*attr };
+    // SAFETY: (I100) as I66.
+    let Some(fresh) = (unsafe { PortAttributes::from_record(attr) }) else {
+        return;
+    };
+    // SAFETY: (I67) the port is live (its QP exists: this is one of its events).
+    let port = unsafe { &*port };
+    let stale = port.attributes.with(|a| core::mem::replace(a, fresh));
+    drop(stale);
+}
+
+/// `ib_pfn_destroy_cb_t` of a port's QP: frees the port.
+unsafe extern "C" fn port_destroyed(context: *mut c_void) {
+    // SAFETY: (I68) the QP context is the port from Box::into_raw in `port_added`; AL calls
+    // this once, after the QP's last callback.
+    drop(unsafe { alloc::boxed::Box::from_raw(context.cast::<Port>()) });
+}
+
+/// 32 bytes from the system RNG for the engine's seed (PASSIVE_LEVEL).
+fn random_seed() -> Option<[u8; 32]> {
+    /// `BCRYPT_USE_SYSTEM_PREFERRED_RNG` (bcrypt.h): no algorithm handle, PASSIVE_LEVEL only.
+    const BCRYPT_USE_SYSTEM_PREFERRED_RNG: u32 = 0x0000_0002;
+    // Kernel-mode callers link cng.lib (BCryptGenRandom documentation).
+    #[link(name = "cng")]
+    unsafe extern "system" {
+        fn BCryptGenRandom(algorithm: PVOID, buffer: *mut u8, length: u32, flags: u32) -> NTSTATUS;
+    }
+    let mut seed = [0u8; 32];
+    // SAFETY: (I69) PASSIVE_LEVEL (AL's PnP thread); the buffer is valid for 32 bytes.
+    let status = unsafe {
+        BCryptGenRandom(
+            core::ptr::null_mut(),
+            seed.as_mut_ptr(),
+            32,
+            BCRYPT_USE_SYSTEM_PREFERRED_RNG,
+        )
+    };
+    NT_SUCCESS(status).then_some(seed)
+}
+
+// ---------------------------------------------------------------------------------------
+// MADs (DISPATCH_LEVEL)
+// ---------------------------------------------------------------------------------------
+
+/// Receive completion: copy, return the element, queue for the DPC.
+unsafe extern "C" fn mad_received(
+    _h_mad_svc: Handle,
+    context: *mut c_void,
+    element: *mut IbMadElement,
+) {
+    // SAFETY: (I70) the service context is the port, alive while its QP has callbacks.
+    let port = unsafe { &*context.cast::<Port>() };
+    let binding = port.binding();
+    let state = binding.state();
+    // SAFETY: (I71) AL's received element, ours until put back below.
+    let e = unsafe { &*element };
+    let mut mad = [0u8; MAD_SIZE];
+    let len = (e.size as usize).min(MAD_SIZE);
+    if len > 0 && !e.p_mad_buf.is_null() {
+        // SAFETY: (I72) the element's buffer holds `size` bytes of MAD.
+        let bytes = unsafe { core::slice::from_raw_parts(e.p_mad_buf.cast::<u8>(), len) };
+        mad[..len].copy_from_slice(bytes);
+    }
+    let gid = if e.grh_valid != 0 && !e.p_grh.is_null() {
+        // SAFETY: (I73) with `grh_valid` the element's GRH buffer holds the received GRH
+        // (packed: read unaligned).
+        let grh = unsafe { core::ptr::read_unaligned(e.p_grh) };
+        grh.src_gid
+    } else {
+        [0; 16]
+    };
+    let pkey = port
+        .attributes
+        .with(|a| a.pkeys.get(usize::from(e.pkey_index)).copied());
+    let source = pkey.map(|pkey| MadAddress {
+        port: port.number,
+        lid: u16::from_be(e.remote_lid),
+        gid,
+        grh: e.grh_valid != 0,
+        sl: e.remote_sl,
+        pkey,
+    });
+    // SAFETY: (I74) the element came from AL in this callback and is not used afterwards.
+    unsafe { binding.al.put_mad(element, line!()) };
+    let queued = source.is_some_and(|source| {
+        state.ibal.ring.with(|ring| {
+            if ring.len() < RING_CAPACITY {
+                ring.push_back((source, mad));
+                true
+            } else {
+                false
+            }
+        })
+    });
+    if !queued {
+        state.ibal.dropped_receives.fetch_add(1, Ordering::Relaxed);
+        return;
+    }
+    // SAFETY: (I75) the DPC is a live child of the device; callable at DISPATCH_LEVEL.
+    let _newly_queued =
+        unsafe { wdk_sys::call_unsafe_wdf_function_binding!(WdfDpcEnqueue, state.receive_dpc) };
+}
+
+/// Send completion: the element goes back to its pool (the CM retries on its own timers).
+unsafe extern "C" fn mad_sent(
+    _h_mad_svc: Handle,
+    context: *mut c_void,
+    element: *mut IbMadElement,
+) {
+    // SAFETY: (I76) as I70.
+    let port = unsafe { &*context.cast::<Port>() };
+    // SAFETY: (I77) the completed send element is returned to this callback's owner.
+    unsafe { port.binding().al.put_mad(element, line!()) };
+}
+
+/// EvtDpcFunc: hands up to [`DPC_BATCH`] received MADs to the dispatch layer, then
+/// requeues itself if more wait.
+pub unsafe extern "C" fn evt_receive_dpc(dpc: WDFDPC) {
+    // SAFETY: (I78) the DPC is live during its callback; its parent is the device.
+    let parent = unsafe { wdk_sys::call_unsafe_wdf_function_binding!(WdfDpcGetParentObject, dpc) };
+    // SAFETY: (I79) the parent is a device created by `device::add`.
+    let state = unsafe { state_of(parent as WDFDEVICE) };
+    for _ in 0..DPC_BATCH {
+        let Some((source, mad)) = state.ibal.ring.with(VecDeque::pop_front) else {
+            return;
+        };
+        match state.core() {
+            Some(core) => core.receive(&source, &mad),
+            None => {
+                state.ibal.dropped_receives.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+    }
+    let more = state.ibal.ring.with(|ring| !ring.is_empty());
+    if more && !state.ibal.retired.load(Ordering::Acquire) {
+        // SAFETY: (I80) as I75.
+        let _newly_queued =
+            unsafe { wdk_sys::call_unsafe_wdf_function_binding!(WdfDpcEnqueue, dpc) };
+    }
+}
+
+/// Self-managed I/O cleanup: no DPC runs after this (PASSIVE_LEVEL). The first cancel waits
+/// for a running DPC, which may have requeued itself before `retired` was set; the second
+/// removes that one (and it, seeing `retired`, does not requeue).
+pub fn retire_receive_dpc(state: &DeviceState) {
+    state.ibal.retired.store(true, Ordering::Release);
+    if state.receive_dpc.is_null() {
+        return;
+    }
+    for _ in 0..2 {
+        // SAFETY: (I81) the DPC is a live child of the device; Wait = TRUE at PASSIVE_LEVEL.
+        let _was_queued = unsafe {
+            wdk_sys::call_unsafe_wdf_function_binding!(WdfDpcCancel, state.receive_dpc, 1)
+        };
+    }
+}
+
+/// `Platform::send`: one MAD on QP1 of `transmit.dest.port`. Drops the MAD (and counts it)
+/// when there is no binding, no such port, no such P_Key or no MAD element: the engine's
+/// retries cover a lost MAD.
+pub fn send(state: &DeviceState, transmit: &Transmit) {
+    // SAFETY: (I82) initialised at device add; callable at IRQL <= DISPATCH_LEVEL.
+    if unsafe { ExAcquireRundownProtection(state.ibal.sends.get()) } == 0 {
+        state.ibal.dropped_sends.fetch_add(1, Ordering::Relaxed);
+        return;
+    }
+    let sent = send_protected(state, transmit);
+    // SAFETY: (I83) acquired above.
+    unsafe { ExReleaseRundownProtection(state.ibal.sends.get()) };
+    if !sent {
+        state.ibal.dropped_sends.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+/// The send path under the binding's rundown protection.
+fn send_protected(state: &DeviceState, transmit: &Transmit) -> bool {
+    let binding = state.ibal.binding.load(Ordering::Acquire);
+    // SAFETY: (I84) a published binding is freed only after the rundown wait in `unbind`,
+    // which the caller's protection holds off.
+    let Some(binding) = (unsafe { binding.as_ref() }) else {
+        return false;
+    };
+    let port = binding.ports.with(|ports| {
+        ports
+            .iter()
+            .copied()
+            .find(|p| {
+                // SAFETY: (I85) published ports are live (removal unpublishes first).
+                unsafe { p.as_ref() }.number == transmit.dest.port
+            })
+            .filter(|p| {
+                // SAFETY: (I86) as I85.
+                let port_sends = unsafe { p.as_ref() }.sends.get();
+                // SAFETY: (I101) acquiring under the table lock means the port cannot be
+                // unpublished and waited for in between; IRQL <= DISPATCH_LEVEL.
+                let acquired = unsafe { ExAcquireRundownProtection(port_sends) };
+                acquired != 0
+            })
+    });
+    let Some(port) = port else {
+        return false;
+    };
+    // SAFETY: (I87) protected by the port's rundown protection acquired above.
+    let port_ref = unsafe { port.as_ref() };
+    let sent = post(binding, port_ref, transmit);
+    // SAFETY: (I88) acquired in the table lookup above.
+    unsafe { ExReleaseRundownProtection(port_ref.sends.get()) };
+    sent
+}
+
+/// `ib_get_mad`, address, `ib_send_mad`.
+fn post(binding: &Binding, port: &Port, transmit: &Transmit) -> bool {
+    let dest = &transmit.dest;
+    let (pkey_index, source_gid) = port.attributes.with(|a| {
+        // The exact P_Key, as WinOF's CM (`__get_pkey_index`).
+        let index = a.pkeys.iter().position(|pkey| *pkey == dest.pkey);
+        (index, a.gid)
+    });
+    let Some(pkey_index) = pkey_index.and_then(|i| u16::try_from(i).ok()) else {
+        return false;
+    };
+    let mut element: *mut IbMadElement = core::ptr::null_mut();
+    // SAFETY: (I89) the pool key is the port's QP1 alias pool, live under the port's
+    // protection; valid out pointer; callable at DISPATCH_LEVEL.
+    let status = unsafe {
+        (binding.al.get_mad)(
+            c"ibal.rs".as_ptr().cast_mut(),
+            line!() as i32,
+            port.pool_key,
+            MAD_SIZE,
+            &raw mut element,
+        )
+    };
+    if status != IB_SUCCESS || element.is_null() {
+        return false;
+    }
+    // SAFETY: (I90) AL handed this element to us; nothing else refers to it until it is
+    // sent or put back.
+    let e = unsafe { &mut *element };
+    if e.p_mad_buf.is_null() || (dest.grh && e.p_grh.is_null()) {
+        // SAFETY: (I91) ours, unused.
+        unsafe { binding.al.put_mad(element, line!()) };
+        return false;
+    }
+    // SAFETY: (I92) the element's buffer was allocated for MAD_SIZE bytes (get_mad above).
+    unsafe {
+        core::ptr::copy_nonoverlapping(transmit.mad.as_ptr(), e.p_mad_buf.cast::<u8>(), MAD_SIZE);
+    }
+    // The address, as WinOF's `__format_mad_av` fills it: AL builds the address vector.
+    e.context1 = core::ptr::null();
+    e.context2 = core::ptr::null();
+    e.remote_qp = IB_QP1;
+    e.remote_qkey = IB_QP1_WELL_KNOWN_Q_KEY;
+    e.h_av = core::ptr::null_mut();
+    e.send_opt = IB_SEND_OPT_SIGNALED;
+    e.resp_expected = 0;
+    e.timeout_ms = 0;
+    e.retry_cnt = 0;
+    e.rmpp_version = 0;
+    e.remote_lid = dest.lid.to_be();
+    e.remote_sl = dest.sl;
+    e.path_bits = 0;
+    e.pkey_index = pkey_index;
+    e.grh_valid = i32::from(dest.grh);
+    if dest.grh {
+        // IP version 6; the address carries no traffic class, flow label or hop limit:
+        // 0, 0 and 255 (what Linux uses for a GRH built from a received one).
+        let grh = IbGrh {
+            ver_class_flow: (6u32 << 28).to_be(),
+            resv1: 0,
+            resv2: 0,
+            hop_limit: 0xff,
+            src_gid: source_gid,
+            dest_gid: dest.gid,
+        };
+        // SAFETY: (I93) the element's GRH buffer (checked non-null) holds an ib_grh_t.
+        unsafe { core::ptr::write_unaligned(e.p_grh, grh) };
+    }
+    let mad_svc = port.mad_svc.load(Ordering::Acquire);
+    // SAFETY: (I94) the MAD service is the port's, live under its protection; the element
+    // is filled in; callable at DISPATCH_LEVEL.
+    let status = unsafe { (binding.al.send_mad)(mad_svc, element, core::ptr::null_mut()) };
+    if status != IB_SUCCESS {
+        // SAFETY: (I95) not sent, so still ours.
+        unsafe { binding.al.put_mad(element, line!()) };
+        return false;
+    }
+    true
+}
