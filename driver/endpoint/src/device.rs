@@ -40,11 +40,21 @@ impl FileId {
     }
 }
 
+/// Emptied MAD batches kept for entry points that overlap (see `take_flush`).
+const SPARE_BATCHES: usize = 4;
+
 /// Largest listen backlog an IOCTL may ask for.
 pub const MAX_BACKLOG: u32 = 4096;
-/// Event records an endpoint's FIFO holds without growing (more grow it; the host model
-/// flags such growth at DISPATCH_LEVEL).
+/// Event records a new endpoint's FIFO holds.
 const FIFO_DEPTH: usize = 1;
+/// Room every IOCTL naming an endpoint leaves in its FIFO (at PASSIVE_LEVEL), so that the
+/// events arriving at DISPATCH_LEVEL until the user names it again never grow it: without
+/// a user operation the engine reports at most this many transitions of one connection
+/// (REP_SENT: MRA, RTU, LAP, DREQ, DREP, REJ, timewait exit).
+const EVENT_HEADROOM: usize = 8;
+/// Room in the FIFO of an endpoint a REQ creates, before the user first names it: from
+/// REQ_RCVD the engine reports at most a REJ (or a stale connection) and a timewait exit.
+const CHILD_DEPTH: usize = 2;
 
 fn handle_of(index: u32, generation: u32) -> u64 {
     u64::from(index) | (u64::from(generation) << 32)
@@ -153,8 +163,17 @@ impl<T> Table<T> {
         let spare = self.free.len();
         if n > spare {
             self.slots.reserve(n - spare);
-            self.free.reserve(n);
+            // `insert` keeps room in `free` for every slot (so that `remove` never
+            // allocates): make that room now for the slots the new values may add.
+            let slots = self.slots.len() + (n - spare);
+            self.free.reserve(slots.saturating_sub(self.free.len()));
         }
+    }
+
+    /// Whether `insert` can run without allocating.
+    fn can_insert(&self) -> bool {
+        !self.free.is_empty()
+            || (self.slots.len() < self.slots.capacity() && self.free.capacity() > self.slots.len())
     }
 
     fn handles(&self) -> impl Iterator<Item = u64> + '_ {
@@ -171,6 +190,9 @@ struct File<R> {
     endpoints: Table<Endpoint<R>>,
     /// Endpoints built ahead (at PASSIVE_LEVEL) for REQs that arrive at DISPATCH_LEVEL.
     spares: Vec<Endpoint<R>>,
+    /// The sum of its listens' backlogs (kept, so that preparing for REQs does not walk
+    /// every endpoint of the file on every GET_EVENT).
+    backlog: usize,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -188,8 +210,18 @@ pub struct Inner<P: Platform> {
     /// The endpoint of each CEP, indexed by the CEP's slab index.
     owners: Vec<Option<Owner>>,
     tx: Vec<Transmit>,
+    /// Emptied MAD batches with room, for the entry point that runs while another one's
+    /// batch is out being sent.
+    spare_tx: Vec<Vec<Transmit>>,
+    /// Emptied completion batches with room, likewise: a receive completing a GET_EVENT
+    /// while another entry point's completions are out must not allocate.
+    spare_done: Vec<Vec<(P::Request, i32, usize)>>,
     done: Vec<(P::Request, i32, usize)>,
+    /// The time of the entry point running under the lock.
+    now: Instant,
     clients: client::Clients<P>,
+    /// Flushes taken so far: orders their timer deadlines (see `finish`).
+    flushes: u64,
 }
 
 /// Work to do once the lock is released.
@@ -197,6 +229,8 @@ struct Flush<R> {
     tx: Vec<Transmit>,
     done: Vec<(R, i32, usize)>,
     timer: Option<Instant>,
+    /// Its place among flushes (`Inner::flushes`).
+    seq: u64,
 }
 
 /// The dispatch layer of one CA: the engine, the per-handle endpoint tables, and the
@@ -204,9 +238,26 @@ struct Flush<R> {
 pub struct Device<P: Platform> {
     platform: P,
     inner: P::Lock<Inner<P>>,
+    /// The flush whose deadline the timer was last armed to: flushes overlap once the lock
+    /// is released, and an older one must not re-arm (or disarm) over a newer one.
+    armed: P::Lock<u64>,
 }
 
 type Outcome = Result<usize, Status>;
+
+/// Room for `n` more values in `v`. An empty vector that must grow is replaced rather
+/// than reallocated: batches are mostly empty between entry points, and a reallocation
+/// would copy their whole old capacity for nothing.
+fn room<T>(v: &mut Vec<T>, n: usize) {
+    if v.capacity() - v.len() >= n {
+        return;
+    }
+    if v.is_empty() {
+        *v = Vec::with_capacity(n.max(v.capacity() * 2));
+    } else {
+        v.reserve(n);
+    }
+}
 
 fn input<T: FromBytes + KnownLayout + Immutable>(bytes: &[u8], size: u32) -> Result<T, Status> {
     let record = T::read_from_bytes(bytes).map_err(|_| status::INFO_LENGTH_MISMATCH)?;
@@ -245,6 +296,16 @@ impl<P: Platform> Inner<P> {
         Ok(self.endpoint(file, handle)?.cep)
     }
 
+    /// The CEP of the endpoint an IOCTL names (PASSIVE_LEVEL), after making room in its
+    /// FIFO for the events that may arrive at DISPATCH_LEVEL before it is named again.
+    fn touch(&mut self, file: FileId, handle: u64) -> Result<CepId, Status> {
+        let ep = self.endpoint(file, handle)?;
+        ep.events
+            .try_reserve(EVENT_HEADROOM)
+            .map_err(|_| status::INSUFFICIENT_RESOURCES)?;
+        Ok(ep.cep)
+    }
+
     fn set_owner(&mut self, cep: CepId, owner: Owner) {
         let i = (cep.to_raw() & 0x00ff_ffff) as usize;
         if self.owners.len() <= i {
@@ -275,44 +336,66 @@ impl<P: Platform> Inner<P> {
 
     /// Grows, at PASSIVE_LEVEL, everything a burst of REQs on this file's listens could
     /// need at DISPATCH_LEVEL: spare endpoints, table slots, owner entries, engine slots.
+    /// The engine and the batches also get room for a burst over every live CEP at once:
+    /// a REP or DREP for each connecting or disconnecting CEP (peer-table entries, timers)
+    /// and a timer run that ends many timewaits together (events, completions, MADs).
     fn prepare_for_requests(&mut self, file: FileId, extra: usize) {
         let Ok(f) = self.file(file) else { return };
-        let backlog: usize = f
-            .endpoints
-            .slots
-            .iter()
-            .filter_map(|s| s.value.as_ref())
-            .map(|e| e.backlog as usize)
-            .sum();
-        let want = backlog + extra;
+        let want = f.backlog + extra;
         f.endpoints.reserve(want);
         while f.spares.len() < want {
-            f.spares.push(Endpoint::new(CepId::from_raw(0), FIFO_DEPTH));
+            f.spares
+                .push(Endpoint::new(CepId::from_raw(0), CHILD_DEPTH));
         }
-        let room = self.owners.len() + want;
-        self.owners.reserve(want);
-        self.owners.resize(room, None);
-        let _ = self.cm.reserve(want);
-        self.tx.reserve(want);
-        self.done.reserve(want);
+        self.prepare_owners(want);
+        let burst = want + self.cm.live_ceps();
+        let _ = self.cm.reserve(burst);
+        room(&mut self.done, burst);
+        for batch in &mut self.spare_done {
+            room(batch, burst);
+        }
+        while self.spare_done.len() < SPARE_BATCHES {
+            self.spare_done.push(Vec::with_capacity(burst));
+        }
+        room(&mut self.tx, burst);
     }
 
-    /// Room in the owner table for `n` more CEPs (PASSIVE_LEVEL).
+    /// Room in the owner table for `n` more CEPs (PASSIVE_LEVEL). The engine reuses free
+    /// slab slots before it grows the slab, so `n` new CEPs have indices below the slab's
+    /// high-water mark (which the table already covers) or below live + `n`: the table
+    /// grows to that and no further, however often this is called.
     fn prepare_owners(&mut self, n: usize) {
-        let room = self.owners.len() + n;
-        self.owners.reserve(n);
+        let room = self.owners.len().max(self.cm.live_ceps() + n);
         self.owners.resize(room, None);
         self.tx.reserve(n);
     }
 
+    /// Room for `n` MADs in the batch and in every spare batch, so that a timer pass or a
+    /// receive that sends at DISPATCH_LEVEL finds room whichever batch it gets
+    /// (PASSIVE_LEVEL; capped as the engine caps its own transmit queue).
+    fn prepare_batches(&mut self, n: usize) {
+        let n = n.min(4096);
+        self.tx.reserve(n);
+        for batch in &mut self.spare_tx {
+            batch.reserve(n);
+        }
+        while self.spare_tx.len() < SPARE_BATCHES {
+            self.spare_tx.push(Vec::with_capacity(n));
+        }
+    }
+
     /// Moves the engine's output into the batches and the endpoints' queues.
     fn drain(&mut self) {
-        while let Some(t) = self.cm.poll_transmit() {
-            if !self.removed {
-                self.tx.push(t);
+        loop {
+            while let Some(t) = self.cm.poll_transmit() {
+                if !self.removed {
+                    self.tx.push(t);
+                }
             }
-        }
-        while let Some((cep, event)) = self.cm.poll_event() {
+            // Routing may send (a REQ refused for want of room is rejected).
+            let Some((cep, event)) = self.cm.poll_event() else {
+                break;
+            };
             self.route(cep, &event);
         }
     }
@@ -355,13 +438,28 @@ impl<P: Platform> Inner<P> {
             self.client_request(cep, lo.endpoint, event);
             return;
         }
+        // DISPATCH_LEVEL: the REQ takes a spare endpoint, a table slot, an owner entry and
+        // room in the listen's FIFO, all made at PASSIVE_LEVEL. Without them it is refused
+        // (the engine rejects it) rather than allocated for: a peer cycling REQs and REJs
+        // cannot grow the file while its owner does not read its events.
+        let owned = ((cep.to_raw() & 0x00ff_ffff) as usize) < self.owners.len();
         let Ok(file) = self.file(FileId(lo.file)) else {
             return;
         };
-        let mut ep = file
-            .spares
-            .pop()
-            .unwrap_or_else(|| Endpoint::new(cep, FIFO_DEPTH));
+        let listen_room = file
+            .endpoints
+            .get(lo.endpoint)
+            .is_some_and(|l| l.events.len() < l.events.capacity());
+        let spare = if owned && listen_room && file.endpoints.can_insert() {
+            file.spares.pop()
+        } else {
+            None
+        };
+        let Some(mut ep) = spare else {
+            let now = self.now;
+            let _ = self.cm.destroy(now, cep);
+            return;
+        };
         ep.cep = cep;
         if let Event::ReqReceived(ibcm_cep::ReqInfo { private_data, .. })
         | Event::SidrReqReceived(ibcm_cep::SidrReqInfo { private_data, .. }) = event
@@ -433,13 +531,31 @@ impl<P: Platform> Inner<P> {
     }
 
     fn take_flush(&mut self) -> Flush<P::Request> {
+        // The batches go out with no lock held; an entry point running meanwhile (the
+        // receive path, DISPATCH_LEVEL, on another CPU) must still find room without
+        // allocating: an empty batch stays, a MAD batch is replaced by a spare.
+        let tx = if self.tx.is_empty() {
+            Vec::new()
+        } else {
+            let spare = self.spare_tx.pop().unwrap_or_default();
+            core::mem::replace(&mut self.tx, spare)
+        };
         Flush {
-            tx: core::mem::take(&mut self.tx),
-            done: core::mem::take(&mut self.done),
+            tx,
+            done: if self.done.is_empty() {
+                Vec::new()
+            } else {
+                let spare = self.spare_done.pop().unwrap_or_default();
+                core::mem::replace(&mut self.done, spare)
+            },
             timer: if self.removed {
                 None
             } else {
                 self.cm.poll_timeout()
+            },
+            seq: {
+                self.flushes += 1;
+                self.flushes
             },
         }
     }
@@ -456,9 +572,14 @@ impl<P: Platform> Device<P> {
                 files: Table::new(),
                 owners: Vec::new(),
                 tx: Vec::new(),
+                spare_tx: Vec::with_capacity(SPARE_BATCHES),
+                spare_done: Vec::with_capacity(SPARE_BATCHES),
                 done: Vec::new(),
+                now: Instant::from_nanos(0),
                 clients: client::Clients::new(),
+                flushes: 0,
             }),
+            armed: P::new_lock(0),
         }
     }
 
@@ -473,7 +594,9 @@ impl<P: Platform> Device<P> {
     }
 
     fn run<T>(&self, f: impl FnOnce(&mut Inner<P>) -> T) -> T {
+        let now = self.platform.now();
         let (value, flush) = self.inner.with(|i| {
+            i.now = now;
             let value = f(i);
             i.drain();
             (value, i.take_flush())
@@ -492,14 +615,29 @@ impl<P: Platform> Device<P> {
         for (request, st, info) in flush.done.drain(..) {
             self.platform.complete(request, st, info);
         }
-        self.platform.set_timer(flush.timer);
+        // The newest flush's deadline is the engine's: one computed before it (by an entry
+        // point whose batch went out more slowly) would leave the timer stale, or disarm
+        // it while a retry or timewait is pending (nothing would then fire it).
+        self.armed.with(|last| {
+            if flush.seq > *last {
+                *last = flush.seq;
+                self.platform.set_timer(flush.timer);
+            }
+        });
         flush.tx.clear();
         self.inner.with(|i| {
+            // Between entry points the batch is empty: keep the roomier one, spare the other.
             if i.tx.capacity() < flush.tx.capacity() {
-                i.tx = core::mem::take(&mut flush.tx);
+                core::mem::swap(&mut i.tx, &mut flush.tx);
+            }
+            if flush.tx.capacity() > 0 && i.spare_tx.len() < i.spare_tx.capacity() {
+                i.spare_tx.push(core::mem::take(&mut flush.tx));
             }
             if i.done.capacity() < flush.done.capacity() {
-                i.done = core::mem::take(&mut flush.done);
+                core::mem::swap(&mut i.done, &mut flush.done);
+            }
+            if flush.done.capacity() > 0 && i.spare_done.len() < i.spare_done.capacity() {
+                i.spare_done.push(core::mem::take(&mut flush.done));
             }
         });
     }
@@ -511,6 +649,7 @@ impl<P: Platform> Device<P> {
                 versioned: false,
                 endpoints: Table::new(),
                 spares: Vec::new(),
+                backlog: 0,
             }))
         })
     }
@@ -565,16 +704,19 @@ impl<P: Platform> Device<P> {
     /// STATUS_CANCELLED unless it was already completed (then this does nothing).
     pub fn cancel(&self, file: FileId, key: u64) {
         self.run(|i| {
+            // DISPATCH_LEVEL (the I/O manager's cancel routine): nothing is allocated.
             let Ok(f) = i.file(file) else { return };
-            let handles: Vec<u64> = f.endpoints.handles().collect();
-            for h in handles {
-                if let Some(ep) = f.endpoints.get_mut(h)
-                    && let Some(pos) = ep.pending.iter().position(|r| r.key() == key)
-                    && let Some(request) = ep.pending.remove(pos)
-                {
-                    i.done.push((request, status::CANCELLED, 0));
-                    return;
-                }
+            let found = f
+                .endpoints
+                .slots
+                .iter_mut()
+                .filter_map(|s| s.value.as_mut())
+                .find_map(|ep| {
+                    let pos = ep.pending.iter().position(|r| r.key() == key)?;
+                    ep.pending.remove(pos)
+                });
+            if let Some(request) = found {
+                i.done.push((request, status::CANCELLED, 0));
             }
         });
     }
@@ -597,6 +739,14 @@ impl<P: Platform> Device<P> {
                 i.cm.handle_timeout(now);
             }
         });
+    }
+
+    /// One port is gone: the engine reports DEVICE_REMOVAL on every CEP bound to it
+    /// (user endpoints through their GET_EVENT queues, kernel clients through their
+    /// callbacks), stops their timers and sends nothing more for them; the device and its
+    /// other ports keep working.
+    pub fn remove_port(&self, port: u8) {
+        self.run(|i| i.cm.remove_port(port));
     }
 
     /// The HCA is gone: every endpoint gets a DEVICE_REMOVAL event (through a pending
@@ -661,6 +811,10 @@ fn destroy_endpoint<P: Platform>(
             let _ = destroy_endpoint(i, now, file, record.new_handle);
         }
     }
+    if ep.backlog != 0 {
+        let f = i.file(file)?;
+        f.backlog = f.backlog.saturating_sub(ep.backlog as usize);
+    }
     for r in ep.pending {
         i.done.push((r, status::CANCELLED, 0));
     }
@@ -687,12 +841,15 @@ fn ioctl<P: Platform>(
         if let Err((request, st)) = get_event(i, file, request, bytes) {
             i.done.push((request, st, 0));
         }
-        return;
+    } else {
+        match operation(i, now, file, &mut request, code, bytes) {
+            Ok(n) => i.done.push((request, status::SUCCESS, n)),
+            Err(st) => i.done.push((request, st, 0)),
+        }
     }
-    match operation(i, now, file, &mut request, code, bytes) {
-        Ok(n) => i.done.push((request, status::SUCCESS, n)),
-        Err(st) => i.done.push((request, st, 0)),
-    }
+    // PASSIVE_LEVEL: whatever the IOCTL changed (a connection started, a REP sent, a
+    // timewait entered), the DISPATCH_LEVEL paths find room for what follows.
+    i.prepare_for_requests(file, 0);
 }
 
 /// GET_EVENT: completes at once with the queued events, or pends until one arrives.
@@ -713,7 +870,7 @@ fn get_event<P: Platform>(
     let Ok(ep) = i.endpoint(file, h) else {
         return Err((request, status::INVALID_HANDLE));
     };
-    if ep.pending.try_reserve(1).is_err() {
+    if ep.pending.try_reserve(1).is_err() || ep.events.try_reserve(EVENT_HEADROOM).is_err() {
         return Err((request, status::INSUFFICIENT_RESOURCES));
     }
     if ep.events.is_empty() {
@@ -809,7 +966,7 @@ fn operation<P: Platform>(
             require((1..=MAX_BACKLOG).contains(&l.backlog))?;
             let compare = used(&l.compare, l.compare_len, limits::REQ_PRIVATE_DATA)?;
             require(usize::from(l.compare_offset) + compare.len() <= limits::REQ_PRIVATE_DATA)?;
-            let cep = i.cep_of(file, l.handle)?;
+            let cep = i.touch(file, l.handle)?;
             let mut buf = Vec::new();
             buf.try_reserve_exact(compare.len())
                 .map_err(|_| status::INSUFFICIENT_RESOURCES)?;
@@ -823,15 +980,17 @@ fn operation<P: Platform>(
             };
             i.cm.listen(cep, params).map_err(status_of)?;
             let ep = i.endpoint(file, l.handle)?;
-            ep.backlog = l.backlog;
+            let old = core::mem::replace(&mut ep.backlog, l.backlog);
             let depth = l.backlog as usize;
             ep.events.reserve(depth);
+            let f = i.file(file)?;
+            f.backlog = f.backlog.saturating_sub(old as usize) + depth;
             i.prepare_for_requests(file, 0);
             Ok(0)
         }
         code::CANCEL_LISTEN => {
             let h = handle_in(bytes)?;
-            let cep = i.cep_of(file, h)?;
+            let cep = i.touch(file, h)?;
             if i.cm.state(cep).map_err(status_of)? != ibcm_cep::StateName::Listen {
                 return Err(status::INVALID_DEVICE_STATE);
             }
@@ -841,15 +1000,17 @@ fn operation<P: Platform>(
             i.clear_owner(cep);
             let ep = i.endpoint(file, h)?;
             ep.cep = fresh;
-            ep.backlog = 0;
+            let old = core::mem::replace(&mut ep.backlog, 0) as usize;
             let pending_requests: Vec<u64> = ep
                 .events
                 .iter()
-                .filter(|r| r.event_type == event_type::REQ_RECEIVED)
+                .filter(|r| r.new_handle != 0)
                 .map(|r| r.new_handle)
                 .collect();
-            ep.events
-                .retain(|r| r.event_type != event_type::REQ_RECEIVED);
+            // REQs and SIDR_REQs nobody retrieved go with the listen.
+            ep.events.retain(|r| r.new_handle == 0);
+            let f = i.file(file)?;
+            f.backlog = f.backlog.saturating_sub(old);
             for child in pending_requests {
                 let _ = destroy_endpoint(i, now, file, child);
             }
@@ -900,7 +1061,9 @@ fn operation<P: Platform>(
                 flow_control: c.flags & flags::FLOW_CONTROL != 0,
                 private_data,
             };
-            let cep = i.cep_of(file, c.handle)?;
+            let cep = i.touch(file, c.handle)?;
+            // The REP (or REJ, or timeout) comes at DISPATCH_LEVEL: room for it now.
+            i.prepare_for_requests(file, 0);
             if c.flags & flags::PEER_TO_PEER != 0 {
                 i.cm.connect_peer(now, cep, &params).map_err(status_of)?;
             } else {
@@ -932,7 +1095,7 @@ fn operation<P: Platform>(
                 srq: r.flags & flags::SRQ != 0,
                 private_data,
             };
-            let cep = i.cep_of(file, r.handle)?;
+            let cep = i.touch(file, r.handle)?;
             let prepared = i.cm.prepare_rep(cep, &params).map_err(status_of)?;
             let out = FormatRepOut {
                 size: FormatRepOut::SIZE,
@@ -944,7 +1107,7 @@ fn operation<P: Platform>(
             Ok(output(request, &out)?)
         }
         code::SEND_REP => {
-            let cep = i.cep_of(file, handle_in(bytes)?)?;
+            let cep = i.touch(file, handle_in(bytes)?)?;
             i.cm.send_rep(now, cep).map_err(status_of)?;
             Ok(0)
         }
@@ -957,7 +1120,7 @@ fn operation<P: Platform>(
                 limits::RTU_PRIVATE_DATA
             };
             let data = used(&p.private_data, p.private_data_len, max)?;
-            let cep = i.cep_of(file, p.handle)?;
+            let cep = i.touch(file, p.handle)?;
             match code {
                 code::RTU => i.cm.rtu(cep, data),
                 code::DREQ => i.cm.disconnect(now, cep, data),
@@ -975,7 +1138,7 @@ fn operation<P: Platform>(
                 r.private_data_len,
                 limits::REJ_PRIVATE_DATA,
             )?;
-            let cep = i.cep_of(file, r.handle)?;
+            let cep = i.touch(file, r.handle)?;
             let params = ibcm_cep::RejectParams {
                 reason: ibcm_mad::RejReason::from(r.reason),
                 ari,
@@ -992,7 +1155,7 @@ fn operation<P: Platform>(
                 m.private_data_len,
                 limits::MRA_PRIVATE_DATA,
             )?;
-            let cep = i.cep_of(file, m.handle)?;
+            let cep = i.touch(file, m.handle)?;
             i.cm.mra(cep, m.service_timeout, data).map_err(status_of)?;
             Ok(0)
         }
@@ -1003,7 +1166,7 @@ fn operation<P: Platform>(
             if request.output_len() < QpAttrOut::SIZE as usize {
                 return Err(status::BUFFER_TOO_SMALL);
             }
-            let cep = i.cep_of(file, q.handle)?;
+            let cep = i.touch(file, q.handle)?;
             let attr = i.cm.qp_attributes(cep, state).map_err(status_of)?;
             let out = QpAttrOut {
                 size: QpAttrOut::SIZE,
@@ -1022,7 +1185,7 @@ fn operation<P: Platform>(
             Ok(output(request, &out)?)
         }
         code::ESTABLISHED => {
-            let cep = i.cep_of(file, handle_in(bytes)?)?;
+            let cep = i.touch(file, handle_in(bytes)?)?;
             i.cm.established(cep).map_err(status_of)?;
             Ok(0)
         }
@@ -1031,7 +1194,7 @@ fn operation<P: Platform>(
             check_reserved(l.reserved == 0 && l.reserved1 == [0; 7])?;
             let path = path_from_abi(&l.alternate)?;
             let data = used(&l.private_data, l.private_data_len, 168)?;
-            let cep = i.cep_of(file, l.handle)?;
+            let cep = i.touch(file, l.handle)?;
             i.cm.lap(now, cep, &path, data).map_err(status_of)?;
             Ok(0)
         }
@@ -1044,7 +1207,7 @@ fn operation<P: Platform>(
             if request.output_len() < QpAttrOut::SIZE as usize {
                 return Err(status::BUFFER_TOO_SMALL);
             }
-            let cep = i.cep_of(file, a.handle)?;
+            let cep = i.touch(file, a.handle)?;
             let rts =
                 i.cm.prepare_apr(cep, ibcm_mad::AprStatus::from(a.status), info, data)
                     .map_err(status_of)?;
@@ -1056,12 +1219,12 @@ fn operation<P: Platform>(
             Ok(output(request, &out)?)
         }
         code::SEND_APR => {
-            let cep = i.cep_of(file, handle_in(bytes)?)?;
+            let cep = i.touch(file, handle_in(bytes)?)?;
             i.cm.send_apr(cep).map_err(status_of)?;
             Ok(0)
         }
         code::MIGRATE => {
-            let cep = i.cep_of(file, handle_in(bytes)?)?;
+            let cep = i.touch(file, handle_in(bytes)?)?;
             i.cm.migrate(cep).map_err(status_of)?;
             Ok(0)
         }
@@ -1079,7 +1242,7 @@ fn operation<P: Platform>(
                 max_retries: r.max_retries,
                 private_data: data,
             };
-            let cep = i.cep_of(file, r.handle)?;
+            let cep = i.touch(file, r.handle)?;
             i.cm.sidr_request(now, cep, &params).map_err(status_of)?;
             Ok(0)
         }
@@ -1096,7 +1259,7 @@ fn operation<P: Platform>(
                 info,
                 private_data: data,
             };
-            let cep = i.cep_of(file, r.handle)?;
+            let cep = i.touch(file, r.handle)?;
             i.cm.sidr_reply(now, cep, &params).map_err(status_of)?;
             Ok(0)
         }

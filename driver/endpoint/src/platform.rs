@@ -1,5 +1,5 @@
 //! The boundary every platform implements: the KMDF binding on Windows, `driver/host` on
-//! Linux. The dispatch layer calls these only with no lock held.
+//! Linux. The dispatch layer calls these only with its state lock released.
 
 use ibcm_cep::{Instant, Transmit};
 
@@ -37,7 +37,9 @@ pub trait Platform {
     fn send(&self, transmit: &Transmit);
     /// Completes a request with an NTSTATUS and the number of output bytes written.
     fn complete(&self, request: Self::Request, status: i32, information: usize);
-    /// Arms the one timer to `deadline` (or disarms it).
+    /// Arms the one timer to `deadline` (or disarms it). Called with no state lock held,
+    /// but under a lock of its own (one [`new_lock`](Self::new_lock)) that keeps
+    /// overlapping entry points from arming it out of order.
     fn set_timer(&self, deadline: Option<Instant>);
     /// Identifies the running thread (KeGetCurrentThread): how a kernel client's
     /// destroy learns that it is called from inside that client's own callback. A

@@ -49,11 +49,16 @@ pub struct Wake {
 impl Wake {
     /// Signals the runner.
     pub fn notify(&self) {
-        *self.flag.lock().unwrap_or_else(PoisonError::into_inner) = true;
-        self.cv.notify_one();
+        let mut signalled = self.flag.lock().unwrap_or_else(PoisonError::into_inner);
+        // Already signalled: the runner has not consumed it yet and will see it; a second
+        // wake would only cost a system call.
+        if !*signalled {
+            *signalled = true;
+            self.cv.notify_one();
+        }
     }
 
-    fn wait(&self, timeout: Duration) {
+    pub(crate) fn wait(&self, timeout: Duration) {
         let guard = self.flag.lock().unwrap_or_else(PoisonError::into_inner);
         let (mut guard, _) = self
             .cv
@@ -203,7 +208,9 @@ impl Fabric {
             let Some(node) = self.nodes.get(i) else {
                 continue;
             };
-            for t in node.platform.take_sent() {
+            let node = Arc::clone(node);
+            let sent = node.platform.take_sent();
+            for t in &sent {
                 let Some(to) = self.nodes.iter().position(|n| n.address.lid == t.dest.lid) else {
                     continue;
                 };
@@ -243,6 +250,7 @@ impl Fabric {
                     });
                 }
             }
+            node.platform.recycle_sent(sent);
         }
     }
 
@@ -359,7 +367,12 @@ impl Realtime {
                             })
                             .min(Duration::from_millis(5))
                     };
-                    if !wait.is_zero() {
+                    // A MAD due within a few microseconds (the link's latency) is not
+                    // worth a sleep the OS would stretch to its timer slack (~50 us or,
+                    // on a busy machine, a scheduling quantum): yield and deliver it.
+                    if wait <= Duration::from_micros(100) {
+                        std::thread::yield_now();
+                    } else {
                         wake.wait(wait);
                     }
                 }

@@ -9,13 +9,18 @@
 //!   buffer; every request and endpoint accounted for at close; no allocation at
 //!   DISPATCH_LEVEL (the receive path and the timer run "at DISPATCH").
 //! - [`Fabric`] joins host nodes in virtual time.
+//! - [`pcap`] writes what the fabric captured as RoCEv2 frames in a pcap file.
+//! - [`rocev2`] (Linux) puts a node on a real link: QP1 over UDP 4791, on a raw socket.
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
 mod clock;
 mod fabric;
 mod node;
+pub mod pcap;
 mod platform;
+#[cfg(target_os = "linux")]
+pub mod rocev2;
 pub mod verifier;
 
 pub use clock::Clock;

@@ -70,10 +70,11 @@ impl Node {
         self.platform.ledger.completion(key)
     }
 
-    /// Cancels a pending request (the I/O manager's cancel routine).
+    /// Cancels a pending request (the I/O manager's cancel routine, which runs at
+    /// DISPATCH_LEVEL).
     pub fn cancel(&self, file: FileId, key: u64) {
         self.platform.ledger.cancel_requested(key);
-        self.device.cancel(file, key);
+        at_dispatch(&self.platform.ledger, || self.device.cancel(file, key));
     }
 
     /// Closes a file handle (cleanup + close) and checks that every request of the file

@@ -70,6 +70,9 @@ impl Request for HostRequest {
     }
 }
 
+/// MADs the outbox holds without growing, at least (see [`HostPlatform::take_sent`]).
+pub const OUTBOX_ROOM: usize = 1024;
+
 /// Called once with a request's completion (no lock held): how an in-process user library
 /// learns that its request finished.
 pub type CompletionHook = Box<dyn FnOnce(&Completion) + Send>;
@@ -81,6 +84,8 @@ pub struct HostPlatform {
     pub ledger: Arc<Ledger>,
     clock: Arc<crate::clock::Clock>,
     outbox: Arc<Mutex<Vec<Transmit>>>,
+    /// The outbox's other buffer (see [`HostPlatform::take_sent`]).
+    spare: Arc<Mutex<Vec<Transmit>>>,
     timer: Arc<Mutex<Option<Instant>>>,
     hooks: Arc<Mutex<std::collections::HashMap<u64, CompletionHook>>>,
     wake: Arc<crate::fabric::Wake>,
@@ -100,7 +105,8 @@ impl HostPlatform {
         Self {
             ledger: Arc::new(Ledger::default()),
             clock,
-            outbox: Arc::new(Mutex::new(Vec::new())),
+            outbox: Arc::new(Mutex::new(Vec::with_capacity(OUTBOX_ROOM))),
+            spare: Arc::new(Mutex::new(Vec::new())),
             timer: Arc::new(Mutex::new(None)),
             hooks: Arc::new(Mutex::new(std::collections::HashMap::new())),
             wake,
@@ -129,9 +135,32 @@ impl HostPlatform {
         }
     }
 
-    /// Takes the MADs posted since the last call.
+    /// Takes the MADs posted since the last call; hand the emptied vector back with
+    /// [`recycle_sent`](Self::recycle_sent).
+    ///
+    /// Posting a MAD from the receive path or the timer (DISPATCH_LEVEL) must not
+    /// allocate, so the outbox is double-buffered: the buffer put in place here is a
+    /// recycled one, given room (here, on the fabric's thread) for twice the largest batch
+    /// seen and at least [`OUTBOX_ROOM`].
     pub fn take_sent(&self) -> Vec<Transmit> {
-        std::mem::take(&mut *self.outbox.lock().unwrap_or_else(PoisonError::into_inner))
+        let mut outbox = self.outbox.lock().unwrap_or_else(PoisonError::into_inner);
+        if outbox.is_empty() {
+            return Vec::new();
+        }
+        let mut next =
+            std::mem::take(&mut *self.spare.lock().unwrap_or_else(PoisonError::into_inner));
+        let want = (outbox.len() * 2).max(outbox.capacity()).max(OUTBOX_ROOM);
+        next.reserve(want);
+        std::mem::replace(&mut *outbox, next)
+    }
+
+    /// Gives back a vector [`take_sent`](Self::take_sent) returned, for reuse.
+    pub fn recycle_sent(&self, mut sent: Vec<Transmit>) {
+        sent.clear();
+        let mut spare = self.spare.lock().unwrap_or_else(PoisonError::into_inner);
+        if spare.capacity() < sent.capacity() {
+            *spare = sent;
+        }
     }
 
     /// The deadline the timer is armed to.
@@ -153,10 +182,17 @@ impl Platform for HostPlatform {
     }
 
     fn send(&self, transmit: &Transmit) {
-        self.outbox
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .push(transmit.clone());
+        let mut outbox = self.outbox.lock().unwrap_or_else(PoisonError::into_inner);
+        // The outbox is the simulated wire, not the driver: the driver hands over a MAD
+        // it already holds (on Windows, to a send queue of preallocated MAD buffers). A
+        // burst beyond the room `take_sent` made grows the wire's queue, which is not an
+        // allocation of the driver's at DISPATCH_LEVEL.
+        if outbox.len() == outbox.capacity() {
+            let more = outbox.len().max(OUTBOX_ROOM);
+            allocation_counter::opt_out(|| outbox.reserve(more));
+        }
+        outbox.push(transmit.clone());
+        drop(outbox);
         self.wake.notify();
     }
 
@@ -172,10 +208,18 @@ impl Platform for HostPlatform {
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .remove(&key);
-        if let Some(hook) = hook {
-            hook(&completion);
+        match hook {
+            Some(hook) => {
+                // The hook is the user-mode side learning of the completion (IOCP, an
+                // event): on Windows that runs later, in the caller's thread, not at the
+                // completing driver's IRQL, so what it allocates is not counted against
+                // a DISPATCH_LEVEL path that completed the request.
+                allocation_counter::opt_out(|| hook(&completion));
+                // The caller has the output now; keep only the fact of completion.
+                self.ledger.complete_and_forget(key, completion);
+            }
+            None => self.ledger.complete(key, completion),
         }
-        self.ledger.complete(key, completion);
     }
 
     fn current_thread(&self) -> u64 {
@@ -187,7 +231,12 @@ impl Platform for HostPlatform {
     }
 
     fn set_timer(&self, deadline: Option<Instant>) {
-        *self.timer.lock().unwrap_or_else(PoisonError::into_inner) = deadline;
-        self.wake.notify();
+        let mut timer = self.timer.lock().unwrap_or_else(PoisonError::into_inner);
+        // Every dispatch re-arms the timer; only a change needs the runner.
+        if *timer != deadline {
+            *timer = deadline;
+            drop(timer);
+            self.wake.notify();
+        }
     }
 }

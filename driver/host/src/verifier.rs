@@ -117,6 +117,9 @@ struct Entry {
 #[derive(Debug, Default)]
 pub struct Ledger {
     entries: Mutex<HashMap<u64, Entry>>,
+    /// Bit `key` set: the request completed, its completion went to a hook, and its entry
+    /// was dropped (so a long in-process run keeps one bit per request, not a buffer).
+    retired: Mutex<Vec<u64>>,
     violations: Mutex<Vec<Violation>>,
     next_key: AtomicUsize,
 }
@@ -163,11 +166,52 @@ impl Ledger {
     }
 
     pub(crate) fn complete(&self, key: u64, completion: Completion) {
+        self.record(key, completion, true);
+    }
+
+    /// Records a completion whose caller already took it (through a completion hook):
+    /// the rules are checked as for any completion, then the entry is dropped and only
+    /// the fact that `key` completed is kept. [`completion`](Self::completion) then
+    /// answers `None` for it.
+    pub(crate) fn complete_and_forget(&self, key: u64, completion: Completion) {
+        self.record(key, completion, false);
+    }
+
+    fn retired(&self) -> std::sync::MutexGuard<'_, Vec<u64>> {
+        self.retired
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    fn is_retired(&self, key: u64) -> bool {
+        let (word, bit) = ((key / 64) as usize, key % 64);
+        self.retired()
+            .get(word)
+            .is_some_and(|w| w & (1 << bit) != 0)
+    }
+
+    fn retire(&self, key: u64) {
+        let (word, bit) = ((key / 64) as usize, key % 64);
+        let mut r = self.retired();
+        if r.len() <= word {
+            // The verifier's own bookkeeping, not the driver's: not counted.
+            allocation_counter::opt_out(|| r.resize(word + 1, 0));
+        }
+        if let Some(w) = r.get_mut(word) {
+            *w |= 1 << bit;
+        }
+    }
+
+    fn record(&self, key: u64, completion: Completion, retain: bool) {
         if locks_held() != 0 {
             self.violate(Violation::CompletedUnderLock { key });
         }
         let mut entries = self.entries();
         let Some(e) = entries.get_mut(&key) else {
+            drop(entries);
+            if self.is_retired(key) {
+                self.violate(Violation::DoubleCompletion { key });
+            }
             return;
         };
         if e.completion.is_some() {
@@ -177,8 +221,15 @@ impl Ledger {
         }
         let after_cancel = e.cancel_requested && completion.status != ibcm_ioctl::status::CANCELLED;
         let bad_info = completion.information > completion.output.len();
-        e.completion = Some(completion);
+        if retain {
+            e.completion = Some(completion);
+        } else {
+            entries.remove(&key);
+        }
         drop(entries);
+        if !retain {
+            self.retire(key);
+        }
         if after_cancel {
             // Allowed only if the request completed normally before the cancel routine
             // ran; the host marks cancel_requested just before calling it, so any

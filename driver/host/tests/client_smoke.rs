@@ -2,7 +2,7 @@
 
 use std::sync::{Arc, Mutex};
 
-use ibcm_cep::{Event, ListenParams, RepParams};
+use ibcm_cep::{Event, ListenParams};
 use ibcm_endpoint::{ClientEvent, ClientId, Device};
 use ibcm_host::{Fabric, HostPlatform, node_address};
 

@@ -12,7 +12,9 @@
 //!   only for a callback already running on another thread, never for the network.
 //! - An endpoint created by a listen gets no callback until it is retrieved
 //!   ([`get_request`], [`get_request_ex`]); events that arrive before are queued for it.
-//! - Device removal reaches every endpoint once, through the same serialized path.
+//! - Device removal reaches every endpoint once, through the same serialized path. After
+//!   it no endpoint can be created and every downcall but `destroy_id` and the retrieval
+//!   of requests fails with `InvalidState { state: Removed }`.
 //!
 //! Callbacks run with no lock held, on whichever thread produced the event: the receive
 //! path or timer DPC (DISPATCH_LEVEL) or a downcall's thread. Like `iba_cm` callbacks they
@@ -39,9 +41,15 @@ use crate::platform::{Lock, Platform};
 pub struct ClientId(u64);
 
 impl ClientId {
-    /// The raw value.
+    /// The raw value, for a C-ABI handle.
     pub const fn raw(self) -> u64 {
         self.0
+    }
+
+    /// Rebuilds an id from [`ClientId::raw`]; every downcall checks it (index and
+    /// generation), so a stale or forged value names no endpoint.
+    pub const fn from_raw(raw: u64) -> Self {
+        Self(raw)
     }
 }
 
@@ -193,6 +201,8 @@ impl<P: Platform> Device<P> {
     /// `create_id`: a new idle endpoint whose events go to `callback`.
     pub fn create_id(&self, callback: Callback<P>) -> Result<ClientId, CmError> {
         self.run(|i| {
+            // An endpoint created after removal would never hear of it.
+            not_removed(i)?;
             let cep = i.cm.create()?;
             i.clients.prepare(0);
             let id = i.clients.table.insert(Clients::<P>::new_endpoint(
@@ -255,6 +265,7 @@ impl<P: Platform> Device<P> {
         let backlog = params.backlog as usize;
         self.run(|i| {
             let cep = i.clients.table.get(id.0).ok_or(CmError::UnknownCep)?.cep;
+            not_removed(i)?;
             i.cm.listen(cep, params)?;
             if let Some(ep) = i.clients.table.get_mut(id.0) {
                 ep.requests.reserve(backlog);
@@ -331,25 +342,35 @@ impl<P: Platform> Device<P> {
         listen: ClientId,
         callback: Option<Callback<P>>,
     ) -> Option<(ClientId, Event)> {
+        let me = self.platform.current_thread();
         self.run(|i| {
-            let (child, event) = i.clients.table.get_mut(listen.0)?.requests.pop_front()?;
-            let backlog = i
-                .clients
-                .table
-                .get(listen.0)
-                .map_or(0, |l| l.requests.capacity());
-            i.clients.prepare(backlog);
-            let _ = i.cm.reserve(backlog);
-            i.prepare_owners(backlog);
-            let ep = i.clients.table.get_mut(child.0)?;
-            let cep = ep.cep;
-            if callback.is_some() {
-                ep.callback = callback;
-                ep.retrieved = true;
-                i.clients.ready.push(child.0);
+            // From a callback (the receive path: DISPATCH_LEVEL) grow nothing; the spare
+            // queue this request used comes back when an endpoint is destroyed.
+            if !i.clients.delivering_threads.contains(&me) {
+                let backlog = i
+                    .clients
+                    .table
+                    .get(listen.0)
+                    .map_or(0, |l| l.requests.capacity());
+                i.clients.prepare(backlog);
+                let _ = i.cm.reserve(backlog);
+                i.prepare_owners(backlog);
             }
-            let _ = i.cm.take_request(cep);
-            Some((child, event))
+            loop {
+                let (child, event) = i.clients.table.get_mut(listen.0)?.requests.pop_front()?;
+                // A request whose endpoint was destroyed before anyone took it is skipped.
+                let Some(ep) = i.clients.table.get_mut(child.0) else {
+                    continue;
+                };
+                let cep = ep.cep;
+                if callback.is_some() {
+                    ep.callback = callback;
+                    ep.retrieved = true;
+                    i.clients.ready.push(child.0);
+                }
+                let _ = i.cm.take_request(cep);
+                return Some((child, event));
+            }
         })
     }
 
@@ -370,12 +391,22 @@ impl<P: Platform> Device<P> {
         f: impl FnOnce(&mut CmManager, CepId, Instant) -> Result<T, CmError>,
     ) -> Result<T, CmError> {
         let now = self.platform.now();
+        let me = self.platform.current_thread();
         self.run(|i| {
             let cep = i.clients.table.get(id.0).ok_or(CmError::UnknownCep)?.cep;
-            // PASSIVE_LEVEL: room for what the answer to this downcall brings at
-            // DISPATCH_LEVEL (peer lookups, timers, events).
-            let _ = i.cm.reserve(1);
-            i.clients.prepare(0);
+            // After removal nothing is sent and no timer runs: an idle CEP would connect
+            // into the void and never hear back. Only destroy works (as for IOCTLs).
+            not_removed(i)?;
+            // PASSIVE_LEVEL: room for what the answers to every live CEP's downcalls bring
+            // at DISPATCH_LEVEL (peer lookups, timers, events): reserving for this one
+            // alone is used up by the others in flight. From a callback (the receive
+            // path: DISPATCH_LEVEL) grow nothing.
+            if !i.clients.delivering_threads.contains(&me) {
+                let live = i.cm.live_ceps();
+                let _ = i.cm.reserve(live + 1);
+                i.prepare_batches(live + 1);
+                i.clients.prepare(0);
+            }
             f(&mut i.cm, cep, now)
         })
     }
@@ -571,13 +602,28 @@ impl<P: Platform> Device<P> {
     }
 }
 
+/// Downcalls other than destroy fail once the device is removed.
+fn not_removed<P: Platform>(i: &Inner<P>) -> Result<(), CmError> {
+    if i.removed {
+        return Err(CmError::InvalidState {
+            state: ibcm_cep::StateName::Removed,
+        });
+    }
+    Ok(())
+}
+
 /// Removes a client endpoint and destroys its CEP (and its unretrieved requests').
 fn destroy_client<P: Platform>(i: &mut Inner<P>, now: Instant, id: ClientId) {
-    let Some(ep) = i.clients.table.remove(id.0) else {
+    let Some(mut ep) = i.clients.table.remove(id.0) else {
         return;
     };
-    for (child, _) in ep.requests {
+    for (child, _) in core::mem::take(&mut ep.requests) {
         destroy_client(i, now, child);
+    }
+    // Its queue becomes a spare for the next REQ (within the room already reserved).
+    if i.clients.spares.len() < i.clients.spares.capacity() && ep.queue.capacity() >= QUEUE_DEPTH {
+        ep.queue.clear();
+        i.clients.spares.push(core::mem::take(&mut ep.queue));
     }
     i.clear_owner(ep.cep);
     let _ = i.cm.destroy(now, ep.cep);

@@ -1,0 +1,773 @@
+//! A RoCEv2 MAD port: one host node's QP1, carried over UDP port 4791 on a local IPv4
+//! address, so the in-process driver can talk to a real CM (Linux `ib_cm`/`rdma_cm` over
+//! soft-RoCE, a RoCE NIC) across a real link.
+//!
+//! Every MAD goes out as IPv4 / UDP (destination port 4791) / BTH (UD SEND_ONLY, opcode
+//! 0x64, P_Key, destination QP 1) / DETH (Q_Key 0x80010000, source QP 1) / the 256-byte
+//! MAD / ICRC. The packets are built whole, IPv4 header included, and sent on a raw socket
+//! with `IP_HDRINCL`: the ICRC covers the IPv4 header (its identification, flags, length
+//! and addresses; TOS, TTL and checksum are masked), so it must be computed over the
+//! header actually sent. A UDP socket would let the kernel choose the IP ID after the ICRC
+//! was computed (0 for an unconnected socket with don't-fragment set, a counter once
+//! connected). Here the ID is ours, never 0, so the kernel leaves it alone.
+//!
+//! Received packets are read from the same raw socket (it sees every UDP datagram to the
+//! local address, IPv4 header included); those to port 4791 for QP1 with a wrong ICRC are
+//! counted and dropped, as a RoCE NIC drops them. A UDP socket bound to port 4791 keeps
+//! the kernel from answering the peer with ICMP port-unreachable; it is never read.
+//!
+//! Addresses are RoCE's: the GIDs are IPv4-mapped (`::ffff:a.b.c.d`), LIDs are 0xFFFF
+//! (permissive: no subnet manager), the CA GUID is the EUI-64 of the interface's MAC (as
+//! Linux derives it) unless given, and a path between two addresses has hop limit 64 and
+//! a 1024-byte MTU (what rxe reports). Sends are refused (and counted) for any destination
+//! outside the local address's subnet: this port only ever talks on its own link.
+//!
+//! Threads: a receive thread per port feeds [`Node::receive`]; a transmit/timer thread
+//! drains the node's outbox to the socket and fires the device timer on the real clock.
+
+use std::io;
+use std::net::{Ipv4Addr, SocketAddrV4, UdpSocket};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use ibcm_cep::{CmConfig, MadAddress, PathRecord};
+use ibcm_endpoint::Platform;
+use ibcm_mad::{MAD_SIZE, Mtu, Rate};
+use socket2::{Domain, Protocol, SockAddr, Socket, Type};
+
+use crate::clock::Clock;
+use crate::fabric::Wake;
+use crate::node::Node;
+use crate::pcap::{
+    BTH_UD_SEND_ONLY, DEFAULT_PKEY, QP1_QKEY, ROCEV2_PORT, TTL, icrc, ipv4_checksum,
+};
+
+/// Length of an IPv4 header without options.
+pub const IPV4_HEADER_LEN: usize = 20;
+/// UDP header.
+pub const UDP_HEADER_LEN: usize = 8;
+/// Base transport header.
+pub const BTH_LEN: usize = 12;
+/// Datagram extended transport header.
+pub const DETH_LEN: usize = 8;
+/// Invariant CRC.
+pub const ICRC_LEN: usize = 4;
+/// A whole QP1 packet as this port sends it: IPv4 + UDP + BTH + DETH + MAD + ICRC.
+pub const PACKET_LEN: usize =
+    IPV4_HEADER_LEN + UDP_HEADER_LEN + BTH_LEN + DETH_LEN + MAD_SIZE + ICRC_LEN;
+/// The hop limit of a RoCEv2 path (and the TTL sent).
+pub const HOP_LIMIT: u8 = 64;
+/// The path MTU of a RoCE path here: 1024 (code 3), what rxe reports.
+pub const PATH_MTU: Mtu = Mtu::Mtu1024;
+/// The LID of every RoCE address (permissive).
+pub const ROCE_LID: u16 = 0xffff;
+/// The port number of the node's one port.
+pub const PORT_NUM: u8 = 1;
+
+/// The IPv4-mapped GID of `addr` (`::ffff:a.b.c.d`).
+pub fn ipv4_gid(addr: Ipv4Addr) -> [u8; 16] {
+    addr.to_ipv6_mapped().octets()
+}
+
+/// The IPv4 address of an IPv4-mapped GID.
+pub fn gid_ipv4(gid: &[u8; 16]) -> Option<Ipv4Addr> {
+    let (prefix, v4) = gid.split_at(12);
+    if prefix != [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff] {
+        return None;
+    }
+    Some(Ipv4Addr::new(v4[0], v4[1], v4[2], v4[3]))
+}
+
+/// The modified EUI-64 of a MAC: the CA GUID Linux gives an rxe device (and the GID
+/// interface ID of its link-local GID).
+pub fn guid_from_mac(mac: [u8; 6]) -> u64 {
+    let [a, b, c, d, e, f] = mac;
+    u64::from_be_bytes([a ^ 0x02, b, c, 0xff, 0xfe, d, e, f])
+}
+
+/// The address a peer's MAD is reported from, and a reply goes to.
+pub fn roce_address(addr: Ipv4Addr, pkey: u16) -> MadAddress {
+    MadAddress {
+        port: PORT_NUM,
+        lid: ROCE_LID,
+        gid: ipv4_gid(addr),
+        grh: true,
+        sl: 0,
+        pkey,
+    }
+}
+
+/// The path from `local` to `remote` as a path record would give it on RoCEv2 (there is
+/// no SA): LIDs 0xFFFF, IPv4-mapped GIDs, hop limit 64, not subnet-local (RoCEv2 is
+/// routed), a packet life time of `packet_life_time` (IB time exponent).
+pub fn path_record(local: Ipv4Addr, remote: Ipv4Addr, packet_life_time: u8) -> PathRecord {
+    PathRecord {
+        slid: ROCE_LID,
+        dlid: ROCE_LID,
+        sgid: ipv4_gid(local),
+        dgid: ipv4_gid(remote),
+        flow_label: 0,
+        traffic_class: 0,
+        hop_limit: HOP_LIMIT,
+        sl: 0,
+        rate: Rate::Gbps10,
+        packet_life_time,
+        subnet_local: false,
+    }
+}
+
+/// The fields of a packet this port sends, besides the MAD.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Framing {
+    /// Source address.
+    pub src: Ipv4Addr,
+    /// Destination address.
+    pub dst: Ipv4Addr,
+    /// IPv4 identification (never 0 here: the kernel would replace 0).
+    pub ip_id: u16,
+    /// UDP source port (RoCEv2 leaves it to the sender; replies go to 4791).
+    pub udp_src: u16,
+    /// BTH P_Key.
+    pub pkey: u16,
+    /// BTH PSN (24 bits).
+    pub psn: u32,
+    /// The BTH AckReq bit (meaningless on UD; Linux rxe sets it, this port does not).
+    pub ack_req: bool,
+    /// The BTH MigReq bit (Mellanox NICs set it on QP1; Linux rxe and this port do not).
+    pub mig_req: bool,
+}
+
+/// Builds the whole IPv4 packet carrying `mad` to QP1: header checksum, UDP checksum and
+/// ICRC computed. `mad` must be [`MAD_SIZE`] bytes.
+pub fn encode(f: &Framing, mad: &[u8]) -> Option<[u8; PACKET_LEN]> {
+    if mad.len() != MAD_SIZE {
+        return None;
+    }
+    let mut p = [0u8; PACKET_LEN];
+    let udp_len = (PACKET_LEN - IPV4_HEADER_LEN) as u16;
+    // IPv4: version 4, IHL 5, TOS 0, total length, ID, DF, TTL, UDP, checksum, addresses.
+    p[0] = 0x45;
+    p[2..4].copy_from_slice(&(PACKET_LEN as u16).to_be_bytes());
+    p[4..6].copy_from_slice(&f.ip_id.to_be_bytes());
+    p[6] = 0x40;
+    p[8] = TTL;
+    p[9] = 17;
+    p[12..16].copy_from_slice(&f.src.octets());
+    p[16..20].copy_from_slice(&f.dst.octets());
+    let sum = ipv4_checksum(&p[..IPV4_HEADER_LEN]);
+    p[10..12].copy_from_slice(&sum.to_be_bytes());
+    // UDP.
+    let u = IPV4_HEADER_LEN;
+    p[u..u + 2].copy_from_slice(&f.udp_src.to_be_bytes());
+    p[u + 2..u + 4].copy_from_slice(&ROCEV2_PORT.to_be_bytes());
+    p[u + 4..u + 6].copy_from_slice(&udp_len.to_be_bytes());
+    // BTH: opcode, SE/M/PadCnt/TVer 0, P_Key, reserved, destination QP 1, PSN.
+    let b = u + UDP_HEADER_LEN;
+    p[b] = BTH_UD_SEND_ONLY;
+    if f.mig_req {
+        p[b + 1] = 0x40;
+    }
+    p[b + 2..b + 4].copy_from_slice(&f.pkey.to_be_bytes());
+    p[b + 4..b + 8].copy_from_slice(&1u32.to_be_bytes());
+    p[b + 8..b + 12].copy_from_slice(&(f.psn & 0x00ff_ffff).to_be_bytes());
+    if f.ack_req {
+        p[b + 8] |= 0x80;
+    }
+    // DETH: Q_Key, source QP 1.
+    let d = b + BTH_LEN;
+    p[d..d + 4].copy_from_slice(&QP1_QKEY.to_be_bytes());
+    p[d + 4..d + 8].copy_from_slice(&1u32.to_be_bytes());
+    let m = d + DETH_LEN;
+    p[m..m + MAD_SIZE].copy_from_slice(mad);
+    let crc = icrc(&p[..PACKET_LEN - ICRC_LEN])?;
+    p[PACKET_LEN - ICRC_LEN..].copy_from_slice(&crc.to_le_bytes());
+    let csum = udp_checksum(&p[..]);
+    p[u + 6..u + 8].copy_from_slice(&csum.to_be_bytes());
+    Some(p)
+}
+
+/// The UDP checksum of an IPv4 packet (header without options) with its UDP checksum
+/// field zero; 0 is sent as 0xFFFF.
+fn udp_checksum(packet: &[u8]) -> u16 {
+    let udp = packet.get(IPV4_HEADER_LEN..).unwrap_or(&[]);
+    let mut sum = 0u32;
+    let mut add = |bytes: &[u8]| {
+        for pair in bytes.chunks(2) {
+            let hi = u32::from(pair.first().copied().unwrap_or(0));
+            let lo = u32::from(pair.get(1).copied().unwrap_or(0));
+            sum += (hi << 8) | lo;
+        }
+    };
+    add(packet.get(12..20).unwrap_or(&[]));
+    add(&[0, 17]);
+    add(&(udp.len() as u16).to_be_bytes());
+    add(udp);
+    while sum > 0xffff {
+        sum = (sum & 0xffff) + (sum >> 16);
+    }
+    match !(sum as u16) {
+        0 => 0xffff,
+        c => c,
+    }
+}
+
+/// Why a received packet was not handed to the CM.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DropReason {
+    /// Not IPv4/UDP to port 4791 (some other traffic: ignored, not counted as an error).
+    NotRoce,
+    /// RoCEv2, but not a UD SEND_ONLY to QP1 with the QP1 Q_Key and a whole MAD.
+    NotQp1,
+    /// The ICRC does not match.
+    BadIcrc {
+        /// In the packet.
+        stored: u32,
+        /// Computed.
+        computed: u32,
+    },
+}
+
+/// A QP1 MAD taken out of a received IPv4 packet.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Decoded<'a> {
+    /// Source address.
+    pub src: Ipv4Addr,
+    /// Destination address.
+    pub dst: Ipv4Addr,
+    /// IPv4 identification.
+    pub ip_id: u16,
+    /// UDP source port.
+    pub udp_src: u16,
+    /// BTH P_Key.
+    pub pkey: u16,
+    /// BTH PSN.
+    pub psn: u32,
+    /// BTH AckReq.
+    pub ack_req: bool,
+    /// BTH MigReq.
+    pub mig_req: bool,
+    /// The MAD.
+    pub mad: &'a [u8],
+}
+
+/// Takes a received IPv4 packet apart and checks its ICRC.
+pub fn decode(packet: &[u8]) -> Result<Decoded<'_>, DropReason> {
+    let vihl = *packet.first().ok_or(DropReason::NotRoce)?;
+    let ihl = usize::from(vihl & 0x0f) * 4;
+    if vihl >> 4 != 4 || ihl < IPV4_HEADER_LEN || packet.get(9) != Some(&17) {
+        return Err(DropReason::NotRoce);
+    }
+    let total = packet
+        .get(2..4)
+        .map(|b| usize::from(u16::from_be_bytes([b[0], b[1]])))
+        .ok_or(DropReason::NotRoce)?;
+    let packet = packet.get(..total).ok_or(DropReason::NotRoce)?;
+    let be16 = |at: usize| {
+        packet
+            .get(at..at + 2)
+            .map(|b| u16::from_be_bytes([b[0], b[1]]))
+    };
+    let be32 = |at: usize| {
+        packet
+            .get(at..at + 4)
+            .map(|b| u32::from_be_bytes([b[0], b[1], b[2], b[3]]))
+    };
+    let u = ihl;
+    if be16(u + 2) != Some(ROCEV2_PORT) {
+        return Err(DropReason::NotRoce);
+    }
+    let b = u + UDP_HEADER_LEN;
+    let d = b + BTH_LEN;
+    let m = d + DETH_LEN;
+    if packet.len() < m + ICRC_LEN {
+        return Err(DropReason::NotQp1);
+    }
+    let opcode = packet.get(b).copied();
+    let dest_qp = be32(b + 4).map(|w| w & 0x00ff_ffff);
+    let qkey = be32(d);
+    let mad = packet
+        .get(m..packet.len() - ICRC_LEN)
+        .ok_or(DropReason::NotQp1)?;
+    if opcode != Some(BTH_UD_SEND_ONLY)
+        || dest_qp != Some(1)
+        || qkey != Some(QP1_QKEY)
+        || mad.len() != MAD_SIZE
+    {
+        return Err(DropReason::NotQp1);
+    }
+    let s = packet
+        .get(packet.len() - ICRC_LEN..)
+        .ok_or(DropReason::NotQp1)?;
+    let stored = u32::from_le_bytes([s[0], s[1], s[2], s[3]]);
+    let computed = icrc(&packet[..packet.len() - ICRC_LEN]).ok_or(DropReason::NotQp1)?;
+    if stored != computed {
+        return Err(DropReason::BadIcrc { stored, computed });
+    }
+    let addr = |at: usize| {
+        packet
+            .get(at..at + 4)
+            .map(|a| Ipv4Addr::new(a[0], a[1], a[2], a[3]))
+            .unwrap_or(Ipv4Addr::UNSPECIFIED)
+    };
+    Ok(Decoded {
+        src: addr(12),
+        dst: addr(16),
+        ip_id: be16(4).unwrap_or(0),
+        udp_src: be16(u).unwrap_or(0),
+        pkey: be16(b + 2).unwrap_or(0),
+        psn: be32(b + 8).unwrap_or(0) & 0x00ff_ffff,
+        ack_req: packet.get(b + 8).is_some_and(|x| x & 0x80 != 0),
+        mig_req: packet.get(b + 1).is_some_and(|x| x & 0x40 != 0),
+        mad,
+    })
+}
+
+/// The MAD's attribute ID.
+pub fn attribute_of(mad: &[u8]) -> u16 {
+    mad.get(16..18)
+        .map_or(0, |b| u16::from_be_bytes([b[0], b[1]]))
+}
+
+/// Deterministic fault injection: drop the first `count` MADs of an attribute, sent or
+/// received.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RoceFaults {
+    /// (attribute ID, how many) dropped before they are sent.
+    pub drop_tx: Vec<(u16, u32)>,
+    /// (attribute ID, how many) dropped as they arrive.
+    pub drop_rx: Vec<(u16, u32)>,
+}
+
+impl RoceFaults {
+    /// Whether the next MAD of `attribute` is to be dropped (and counts it).
+    fn take(list: &mut [(u16, u32)], attribute: u16) -> bool {
+        match list.iter_mut().find(|(a, n)| *a == attribute && *n > 0) {
+            Some((_, n)) => {
+                *n -= 1;
+                true
+            }
+            None => false,
+        }
+    }
+}
+
+/// Settings of a RoCEv2 port.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RoceConfig {
+    /// The local IPv4 address (it must be configured on an interface).
+    pub local: Ipv4Addr,
+    /// The length of the local subnet's prefix: destinations outside it are refused.
+    pub prefix_len: u8,
+    /// The CA GUID; by default the EUI-64 of `mac`.
+    pub guid: Option<u64>,
+    /// The interface's MAC; by default read from the interface the local subnet is
+    /// routed on (`/proc/net/route`, `/sys/class/net`).
+    pub mac: Option<[u8; 6]>,
+    /// Seed of the CM's RNG (comm IDs, PSNs); by default from the time and process ID.
+    pub seed: Option<u64>,
+    /// Fault injection.
+    pub faults: RoceFaults,
+}
+
+impl RoceConfig {
+    /// A port on `local`, in a /24, everything else by default.
+    pub fn new(local: Ipv4Addr) -> Self {
+        Self {
+            local,
+            prefix_len: 24,
+            guid: None,
+            mac: None,
+            seed: None,
+            faults: RoceFaults::default(),
+        }
+    }
+
+    /// Whether `addr` is on the local subnet.
+    pub fn on_link(&self, addr: Ipv4Addr) -> bool {
+        let bits = u32::from(self.prefix_len.min(32));
+        let mask = if bits == 0 {
+            0
+        } else {
+            u32::MAX << (32 - bits)
+        };
+        (u32::from(addr) & mask) == (u32::from(self.local) & mask)
+            && addr != self.local
+            && !addr.is_broadcast()
+            && (u32::from(addr) & !mask) != !mask
+    }
+}
+
+/// The interface and MAC the subnet of `addr` is routed on, from `/proc/net/route` and
+/// `/sys/class/net` (inside a network namespace, the namespace's).
+pub fn interface_mac(addr: Ipv4Addr) -> Option<(String, [u8; 6])> {
+    let routes = std::fs::read_to_string("/proc/net/route").ok()?;
+    let a = u32::from(addr);
+    let mut best: Option<(u32, String)> = None;
+    for line in routes.lines().skip(1) {
+        let cols: Vec<&str> = line.split_whitespace().collect();
+        let (Some(iface), Some(dest), Some(mask)) = (cols.first(), cols.get(1), cols.get(7)) else {
+            continue;
+        };
+        // The file prints the addresses as host-order hex of network-order words.
+        let parse = |s: &str| u32::from_str_radix(s, 16).ok().map(u32::swap_bytes);
+        let (Some(dest), Some(mask)) = (parse(dest), parse(mask)) else {
+            continue;
+        };
+        if mask != 0 && a & mask == dest && best.as_ref().is_none_or(|(m, _)| mask > *m) {
+            best = Some((mask, (*iface).to_string()));
+        }
+    }
+    let (_, iface) = best?;
+    let text = std::fs::read_to_string(format!("/sys/class/net/{iface}/address")).ok()?;
+    let mut mac = [0u8; 6];
+    let mut parts = text.trim().split(':');
+    for b in &mut mac {
+        *b = u8::from_str_radix(parts.next()?, 16).ok()?;
+    }
+    Some((iface, mac))
+}
+
+/// What a port has counted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct RoceCounts {
+    /// Packets sent.
+    pub sent: u64,
+    /// Sends the socket failed.
+    pub send_errors: u64,
+    /// Sends refused: the destination was not an IPv4-mapped GID on the local subnet.
+    pub refused: u64,
+    /// MADs handed to the CM.
+    pub received: u64,
+    /// Packets dropped for a wrong ICRC.
+    pub bad_icrc: u64,
+    /// RoCEv2 packets that were not QP1 MADs.
+    pub not_qp1: u64,
+    /// Outgoing MADs dropped by fault injection.
+    pub fault_tx: u64,
+    /// Incoming MADs dropped by fault injection.
+    pub fault_rx: u64,
+}
+
+#[derive(Debug, Default)]
+struct Stats {
+    sent: AtomicU64,
+    send_errors: AtomicU64,
+    refused: AtomicU64,
+    received: AtomicU64,
+    bad_icrc: AtomicU64,
+    not_qp1: AtomicU64,
+    fault_tx: AtomicU64,
+    fault_rx: AtomicU64,
+}
+
+impl Stats {
+    fn bump(c: &AtomicU64) {
+        c.fetch_add(1, Ordering::Relaxed);
+    }
+
+    fn counts(&self) -> RoceCounts {
+        let l = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        RoceCounts {
+            sent: l(&self.sent),
+            send_errors: l(&self.send_errors),
+            refused: l(&self.refused),
+            received: l(&self.received),
+            bad_icrc: l(&self.bad_icrc),
+            not_qp1: l(&self.not_qp1),
+            fault_tx: l(&self.fault_tx),
+            fault_rx: l(&self.fault_rx),
+        }
+    }
+}
+
+/// A running RoCEv2 port: a node of the in-process driver on a real link.
+pub struct RocePort {
+    node: Arc<Node>,
+    config: RoceConfig,
+    guid: u64,
+    stats: Arc<Stats>,
+    stop: Arc<AtomicBool>,
+    wake: Arc<Wake>,
+    threads: Vec<JoinHandle<()>>,
+    _udp: UdpSocket,
+}
+
+impl core::fmt::Debug for RocePort {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.debug_struct("RocePort")
+            .field("local", &self.config.local)
+            .field("guid", &format_args!("{:#018x}", self.guid))
+            .finish_non_exhaustive()
+    }
+}
+
+fn seed_from_clock() -> u64 {
+    let t = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64);
+    t ^ (u64::from(std::process::id()) << 32)
+}
+
+impl RocePort {
+    /// Opens the sockets (a raw socket needs CAP_NET_RAW) and starts the threads.
+    pub fn start(config: &RoceConfig) -> io::Result<Self> {
+        let config = config.clone();
+        let mac = match config.mac {
+            Some(m) => Some(m),
+            None => interface_mac(config.local).map(|(_, m)| m),
+        };
+        let guid = match (config.guid, mac) {
+            (Some(g), _) => g,
+            (None, Some(m)) => guid_from_mac(m),
+            (None, None) => {
+                return Err(io::Error::new(
+                    io::ErrorKind::NotFound,
+                    format!(
+                        "no interface routes {}; give the CA GUID or the MAC",
+                        config.local
+                    ),
+                ));
+            }
+        };
+        let raw = Socket::new(Domain::IPV4, Type::RAW, Some(Protocol::UDP))?;
+        raw.set_header_included_v4(true)?;
+        raw.bind(&SockAddr::from(SocketAddrV4::new(config.local, 0)))?;
+        raw.set_read_timeout(Some(Duration::from_millis(50)))?;
+        raw.set_recv_buffer_size(1 << 21)?;
+        // Holds port 4791 so the kernel does not answer the peer's packets with ICMP
+        // port-unreachable; the raw socket reads them.
+        let udp = UdpSocket::bind(SocketAddrV4::new(config.local, ROCEV2_PORT))?;
+
+        let seed = config.seed.unwrap_or_else(seed_from_clock);
+        let mut rng_seed = [0u8; 32];
+        rng_seed[..8].copy_from_slice(&seed.to_le_bytes());
+        rng_seed[8..16].copy_from_slice(&guid.to_le_bytes());
+        let clock = Arc::new(Clock::real());
+        let wake = Arc::new(Wake::default());
+        let node = Arc::new(Node::new(
+            CmConfig::new(guid, rng_seed),
+            roce_address(config.local, DEFAULT_PKEY),
+            clock,
+            Arc::clone(&wake),
+        ));
+        let raw = Arc::new(raw);
+        let stats = Arc::new(Stats::default());
+        let stop = Arc::new(AtomicBool::new(false));
+        let faults = Arc::new(Mutex::new(config.faults.clone()));
+        let mut threads = Vec::new();
+        {
+            let (node, raw, stats, stop, faults) = (
+                Arc::clone(&node),
+                Arc::clone(&raw),
+                Arc::clone(&stats),
+                Arc::clone(&stop),
+                Arc::clone(&faults),
+            );
+            let local = config.local;
+            threads.push(
+                std::thread::Builder::new()
+                    .name("ibcm-rocev2-rx".into())
+                    .spawn(move || receive_loop(&node, &raw, local, &stats, &stop, &faults))?,
+            );
+        }
+        {
+            let (node, stats, stop, wake) = (
+                Arc::clone(&node),
+                Arc::clone(&stats),
+                Arc::clone(&stop),
+                Arc::clone(&wake),
+            );
+            let cfg = config.clone();
+            let id_seed = (seed as u16) | 1;
+            threads.push(
+                std::thread::Builder::new()
+                    .name("ibcm-rocev2-tx".into())
+                    .spawn(move || {
+                        transmit_loop(&node, &raw, &cfg, &stats, &stop, &wake, &faults, id_seed);
+                    })?,
+            );
+        }
+        Ok(Self {
+            node,
+            config,
+            guid,
+            stats,
+            stop,
+            wake,
+            threads,
+            _udp: udp,
+        })
+    }
+
+    /// The node (open it with the user library's `Provider::in_process`).
+    pub fn node(&self) -> Arc<Node> {
+        Arc::clone(&self.node)
+    }
+
+    /// The CA GUID.
+    pub fn guid(&self) -> u64 {
+        self.guid
+    }
+
+    /// The local address.
+    pub fn local(&self) -> Ipv4Addr {
+        self.config.local
+    }
+
+    /// The path from here to `remote`.
+    pub fn path_to(&self, remote: Ipv4Addr, packet_life_time: u8) -> PathRecord {
+        path_record(self.config.local, remote, packet_life_time)
+    }
+
+    /// Counts so far.
+    pub fn counts(&self) -> RoceCounts {
+        self.stats.counts()
+    }
+
+    /// Stops the threads (what was queued to send is sent first).
+    pub fn stop(mut self) {
+        self.halt();
+    }
+
+    fn halt(&mut self) {
+        self.stop.store(true, Ordering::Release);
+        self.wake.notify();
+        for t in self.threads.drain(..) {
+            let _ = t.join();
+        }
+    }
+}
+
+impl Drop for RocePort {
+    fn drop(&mut self) {
+        self.halt();
+    }
+}
+
+fn receive_loop(
+    node: &Node,
+    raw: &Socket,
+    local: Ipv4Addr,
+    stats: &Stats,
+    stop: &AtomicBool,
+    faults: &Mutex<RoceFaults>,
+) {
+    let mut buf = [0u8; 2048];
+    let mut reader = raw;
+    while !stop.load(Ordering::Acquire) {
+        let n = match io::Read::read(&mut reader, &mut buf) {
+            Ok(n) => n,
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    io::ErrorKind::WouldBlock
+                        | io::ErrorKind::TimedOut
+                        | io::ErrorKind::Interrupted
+                ) =>
+            {
+                continue;
+            }
+            Err(_) => {
+                std::thread::sleep(Duration::from_millis(10));
+                continue;
+            }
+        };
+        let Some(packet) = buf.get(..n) else { continue };
+        match decode(packet) {
+            Ok(d) if d.dst == local => {
+                let lose = RoceFaults::take(
+                    &mut faults
+                        .lock()
+                        .unwrap_or_else(PoisonError::into_inner)
+                        .drop_rx,
+                    attribute_of(d.mad),
+                );
+                if lose {
+                    Stats::bump(&stats.fault_rx);
+                    continue;
+                }
+                Stats::bump(&stats.received);
+                node.receive(&roce_address(d.src, d.pkey), d.mad);
+            }
+            Ok(_) | Err(DropReason::NotRoce) => {}
+            Err(DropReason::NotQp1) => Stats::bump(&stats.not_qp1),
+            Err(DropReason::BadIcrc { .. }) => Stats::bump(&stats.bad_icrc),
+        }
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+fn transmit_loop(
+    node: &Node,
+    raw: &Socket,
+    cfg: &RoceConfig,
+    stats: &Stats,
+    stop: &AtomicBool,
+    wake: &Wake,
+    faults: &Mutex<RoceFaults>,
+    id_seed: u16,
+) {
+    let mut ip_id = id_seed;
+    let mut psn: u32 = 0;
+    let udp_src = 0xc000 | (id_seed & 0x3fff);
+    loop {
+        let stopping = stop.load(Ordering::Acquire);
+        let now = node.platform.now();
+        if node.platform.timer().is_some_and(|t| t <= now) {
+            node.fire_timer();
+        }
+        for t in node.platform.take_sent() {
+            let Some(dst) = gid_ipv4(&t.dest.gid).filter(|a| cfg.on_link(*a)) else {
+                Stats::bump(&stats.refused);
+                continue;
+            };
+            let lose = RoceFaults::take(
+                &mut faults
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .drop_tx,
+                attribute_of(&t.mad),
+            );
+            if lose {
+                Stats::bump(&stats.fault_tx);
+                continue;
+            }
+            let framing = Framing {
+                src: cfg.local,
+                dst,
+                ip_id,
+                udp_src,
+                pkey: t.dest.pkey,
+                psn,
+                ack_req: false,
+                mig_req: false,
+            };
+            ip_id = ip_id.wrapping_add(1).max(1);
+            psn = (psn + 1) & 0x00ff_ffff;
+            let Some(packet) = encode(&framing, &t.mad) else {
+                Stats::bump(&stats.send_errors);
+                continue;
+            };
+            match raw.send_to(&packet, &SockAddr::from(SocketAddrV4::new(dst, 0))) {
+                Ok(_) => Stats::bump(&stats.sent),
+                Err(_) => Stats::bump(&stats.send_errors),
+            }
+        }
+        if stopping {
+            return;
+        }
+        let now = node.platform.now();
+        let wait = node
+            .platform
+            .timer()
+            .map_or(Duration::from_millis(50), |t| {
+                Duration::from_nanos(t.as_nanos().saturating_sub(now.as_nanos()))
+            })
+            .min(Duration::from_millis(50));
+        if !wait.is_zero() {
+            wake.wait(wait);
+        }
+    }
+}
