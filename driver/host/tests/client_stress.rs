@@ -38,9 +38,17 @@
 //!   callback (unretrieved requests: once retrieved);
 //! - (h) neither node's verifier reports a violation.
 //!
+//! Three runs: 2000 connections with no loss (exact event sequences; CM response timeouts
+//! of ~4 s so that nothing is retried on a loaded machine), 1000 with 30% loss and short
+//! timers whose last fifth start after the peer is gone (every MAD lost), and 800 during
+//! which both devices are removed. Service 1 also refuses some requests by destroying
+//! their endpoint unretrieved: the next request must still be retrievable. Answers sent
+//! from a callback carry no private data (the engine would copy it into memory it
+//! allocates, which DISPATCH_LEVEL forbids).
+//!
 //! At the end every endpoint is destroyed, the client count is 0, and the engine of each
 //! node holds no CEP once the torn-down connections have left timewait. Each test body
-//! runs under a watchdog.
+//! runs under a 30 s watchdog; `CLIENT_STRESS_TRACE=1` prints progress every 2 s.
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, AtomicUsize, Ordering::SeqCst};
