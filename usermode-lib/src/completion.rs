@@ -10,6 +10,7 @@
 use std::collections::VecDeque;
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::{Arc, Condvar, Mutex, PoisonError};
 use std::task::{Context, Poll, Wake, Waker};
 use std::time::Duration;
@@ -33,7 +34,6 @@ struct SlotState {
 #[derive(Debug, Default)]
 pub struct Slot {
     state: Mutex<SlotState>,
-    cv: Condvar,
 }
 
 impl Slot {
@@ -49,16 +49,16 @@ impl Slot {
             s.done = Some(done);
             s.waker.take()
         };
-        self.cv.notify_all();
         if let Some(w) = waker {
             w.wake();
         }
     }
 
+    /// Ready once, with the completion (a slot has one awaiter, polled until ready).
     fn poll(&self, cx: &Context<'_>) -> Poll<Done> {
         let mut s = self.state.lock().unwrap_or_else(PoisonError::into_inner);
-        match &s.done {
-            Some(d) => Poll::Ready(d.clone()),
+        match s.done.take() {
+            Some(d) => Poll::Ready(d),
             None => {
                 s.waker = Some(cx.waker().clone());
                 Poll::Pending
@@ -238,21 +238,79 @@ impl Overlapped {
 type BoxFuture = Pin<Box<dyn Future<Output = AnyResult> + Send>>;
 
 /// A task driven by the wakes of the requests it awaits.
+///
+/// A wake may come while the task is being polled: from another thread, or from this one
+/// when a request the poll just issued completes at once (the in-process backend completes
+/// a GET_EVENT with queued events before `submit` returns). Such a wake only marks the
+/// task; the thread polling it polls again before letting go, so a task is never polled
+/// by two threads at once and never re-entered.
 struct Task {
+    state: AtomicU8,
     future: Mutex<Option<BoxFuture>>,
     overlapped: Overlapped,
 }
 
+/// Nobody is polling the task.
+const IDLE: u8 = 0;
+/// A thread is polling it.
+const POLLING: u8 = 1;
+/// A thread is polling it and it was woken meanwhile: poll again.
+const NOTIFIED: u8 = 2;
+/// It finished.
+const DONE: u8 = 3;
+
+impl Task {
+    /// Claims the right to poll; false if another poll is under way (which then polls
+    /// again) or the task is done.
+    fn claim(&self) -> bool {
+        let mut s = self.state.load(Ordering::Acquire);
+        loop {
+            let (next, claimed) = match s {
+                IDLE => (POLLING, true),
+                POLLING => (NOTIFIED, false),
+                _ => return false,
+            };
+            match self
+                .state
+                .compare_exchange_weak(s, next, Ordering::AcqRel, Ordering::Acquire)
+            {
+                Ok(_) => return claimed,
+                Err(now) => s = now,
+            }
+        }
+    }
+}
+
 impl Wake for Task {
     fn wake(self: Arc<Self>) {
+        if !self.claim() {
+            return;
+        }
         let waker = Waker::from(Arc::clone(&self));
         let mut cx = Context::from_waker(&waker);
-        let mut slot = self.future.lock().unwrap_or_else(PoisonError::into_inner);
-        let Some(future) = slot.as_mut() else { return };
-        if let Poll::Ready(value) = future.as_mut().poll(&mut cx) {
-            *slot = None;
+        loop {
+            let mut slot = self.future.lock().unwrap_or_else(PoisonError::into_inner);
+            let Some(future) = slot.as_mut() else {
+                self.state.store(DONE, Ordering::Release);
+                return;
+            };
+            if let Poll::Ready(value) = future.as_mut().poll(&mut cx) {
+                *slot = None;
+                drop(slot);
+                self.state.store(DONE, Ordering::Release);
+                self.overlapped.finish(value);
+                return;
+            }
             drop(slot);
-            self.overlapped.finish(value);
+            // Let go unless a wake came during the poll; then poll again.
+            if self
+                .state
+                .compare_exchange(POLLING, IDLE, Ordering::AcqRel, Ordering::Acquire)
+                .is_ok()
+            {
+                return;
+            }
+            self.state.store(POLLING, Ordering::Release);
         }
     }
 }
@@ -264,6 +322,7 @@ pub fn spawn<T: Send + 'static>(
     overlapped: &Overlapped,
 ) {
     let task = Arc::new(Task {
+        state: AtomicU8::new(IDLE),
         future: Mutex::new(Some(Box::pin(async move {
             Box::new(future.await) as AnyResult
         }))),

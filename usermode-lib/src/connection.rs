@@ -213,6 +213,7 @@ impl Provider {
             l.compare_offset = *offset;
         }
         block_on(ep.ioctl(OP, code::LISTEN, l.as_bytes(), 0))?;
+        ep.set_batch(crate::endpoint::LISTENER_EVENTS_PER_REQUEST);
         Ok(Listener(ep))
     }
 }
@@ -302,7 +303,15 @@ impl ConnectEndpoint {
     /// Sends the RTU after [`connect`](Self::connect) (WinVerbs: `Accept` on the active
     /// side): the connection is established.
     pub fn rtu(&self, private_data: &[u8]) -> Result<()> {
-        block_on(self.private_data_op("rtu", code::RTU, private_data))
+        block_on(self.rtu_async(private_data))
+    }
+
+    /// [`rtu`](Self::rtu) as a future.
+    pub fn rtu_async(
+        &self,
+        private_data: &[u8],
+    ) -> impl Future<Output = Result<()>> + Send + 'static {
+        self.private_data_op("rtu", code::RTU, private_data)
     }
 
     fn private_data_op(
@@ -502,9 +511,14 @@ impl ConnectEndpoint {
 
     /// Completes when timewait is over: the QP may be reused.
     pub fn wait_timewait(&self) -> Result<()> {
+        block_on(self.wait_timewait_async())
+    }
+
+    /// [`wait_timewait`](Self::wait_timewait) as a future.
+    pub fn wait_timewait_async(&self) -> impl Future<Output = Result<()>> + Send + 'static {
         const OP: &str = "wait timewait";
         let ep = self.0.clone();
-        block_on(async move {
+        async move {
             let r = ep
                 .wait_event(OP, |r| {
                     r.event_type == event_type::TIMEWAIT_EXIT
@@ -516,7 +530,7 @@ impl ConnectEndpoint {
             } else {
                 Err(failure(OP, &r))
             }
-        })
+        }
     }
 
     /// The QP received traffic before the RTU: the passive side is established.

@@ -14,8 +14,12 @@ use crate::completion::{Done, Slot, SlotFuture};
 use crate::error::{Error, Result};
 use crate::provider::Provider;
 
-/// Records one GET_EVENT asks for: several events cost one system call.
-const EVENTS_PER_REQUEST: usize = 16;
+/// Records one GET_EVENT of a connection endpoint asks for: several events cost one
+/// system call, but the output buffer is allocated (and zeroed) per request, and a
+/// connection rarely has more than a couple of events queued.
+const EVENTS_PER_REQUEST: usize = 4;
+/// Records one GET_EVENT of a listener asks for: REQs come in bursts.
+pub(crate) const LISTENER_EVENTS_PER_REQUEST: usize = 16;
 
 #[derive(Default)]
 struct Events {
@@ -30,6 +34,12 @@ struct Events {
     failed: Option<i32>,
     get_event_calls: u64,
     records: u64,
+    /// Records per GET_EVENT (0: [`EVENTS_PER_REQUEST`]).
+    batch: usize,
+    /// The GET_EVENT (ticket) that [`Endpoint::cancel`] cancelled: its STATUS_CANCELLED is
+    /// ours. Any other comes from the driver (endpoint destroyed, handle closed) and ends
+    /// every wait.
+    cancelled: Option<u64>,
 }
 
 pub(crate) struct Inner {
@@ -95,7 +105,7 @@ impl Endpoint {
     /// Keeps one GET_EVENT outstanding. Called with the event lock released: the
     /// request may complete before `submit` returns.
     fn pump(&self) {
-        let ticket = {
+        let (ticket, batch) = {
             let mut ev = self.events();
             if ev.outstanding.is_some() || ev.failed.is_some() {
                 return;
@@ -103,7 +113,12 @@ impl Endpoint {
             ev.tickets += 1;
             ev.get_event_calls += 1;
             ev.outstanding = Some((ev.tickets, 0));
-            ev.tickets
+            let batch = if ev.batch == 0 {
+                EVENTS_PER_REQUEST
+            } else {
+                ev.batch
+            };
+            (ev.tickets, batch)
         };
         // A weak reference: an endpoint dropped while its GET_EVENT is pending is
         // destroyed, and the driver completes the GET_EVENT with STATUS_CANCELLED.
@@ -111,10 +126,10 @@ impl Endpoint {
         let key = self.0.provider.backend().submit(
             code::GET_EVENT,
             self.handle_in().as_bytes(),
-            EVENTS_PER_REQUEST * EventRecord::SIZE as usize,
+            batch * EventRecord::SIZE as usize,
             Box::new(move |done| {
                 if let Some(inner) = me.upgrade() {
-                    Endpoint(inner).on_events(done);
+                    Endpoint(inner).on_events(ticket, done);
                 }
             }),
         );
@@ -126,10 +141,11 @@ impl Endpoint {
         }
     }
 
-    fn on_events(&self, done: Done) {
+    fn on_events(&self, ticket: u64, done: Done) {
         let wakers = {
             let mut ev = self.events();
             ev.outstanding = None;
+            let ours = ev.cancelled.take() == Some(ticket);
             if done.status == status::SUCCESS {
                 for chunk in done.output.chunks_exact(EventRecord::SIZE as usize) {
                     if let Ok(record) = EventRecord::read_from_bytes(chunk) {
@@ -137,7 +153,7 @@ impl Endpoint {
                         ev.records += 1;
                     }
                 }
-            } else if done.status != status::CANCELLED {
+            } else if done.status != status::CANCELLED || !ours {
                 ev.failed = Some(done.status);
             }
             std::mem::take(&mut ev.wakers)
@@ -152,6 +168,11 @@ impl Endpoint {
         let (key, wakers) = {
             let mut ev = self.events();
             ev.epoch += 1;
+            if let Some((ticket, key)) = ev.outstanding
+                && key != 0
+            {
+                ev.cancelled = Some(ticket);
+            }
             (ev.outstanding, std::mem::take(&mut ev.wakers))
         };
         if let Some((_, key)) = key.filter(|(_, k)| *k != 0) {
@@ -160,6 +181,11 @@ impl Endpoint {
         for w in wakers {
             w.wake();
         }
+    }
+
+    /// Sets how many records each GET_EVENT asks for.
+    pub fn set_batch(&self, records: usize) {
+        self.events().batch = records.max(1);
     }
 
     /// Puts an event back at the head of the queue, for the next wait.

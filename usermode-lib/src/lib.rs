@@ -58,11 +58,16 @@
 #![warn(missing_docs)]
 
 pub mod backend;
+pub mod cmtime;
 mod completion;
 mod connection;
 mod endpoint;
 mod error;
+pub mod exchange;
 mod provider;
+#[cfg(target_os = "linux")]
+pub mod rocev2;
+pub mod sim;
 
 pub use completion::{CompletionPacket, CompletionPort, Overlapped, block_on, spawn};
 pub use connection::{ConnectEndpoint, ConnectReply, ConnectionRequest, Listener, QpTransitions};

@@ -53,6 +53,14 @@ impl Provider {
         Self::with_backend(Arc::new(backend))
     }
 
+    /// Closes the handle now, whoever still holds clones of the provider or endpoints
+    /// made from it (`CloseHandle`): the driver destroys every endpoint of the handle and
+    /// completes every pending request, so every operation still waiting fails with
+    /// STATUS_CANCELLED; later operations fail with STATUS_INVALID_HANDLE.
+    pub fn close(&self) {
+        self.0.close();
+    }
+
     pub(crate) fn backend(&self) -> &dyn Backend {
         &*self.0
     }

@@ -3,6 +3,7 @@
 //! boundary on Windows.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use ibcm_endpoint::FileId;
 use ibcm_host::Node;
@@ -14,18 +15,30 @@ use crate::completion::Done;
 pub struct InProcess {
     node: Arc<Node>,
     file: FileId,
+    closed: AtomicBool,
 }
 
 impl InProcess {
     /// Opens `node`'s device (IRP_MJ_CREATE).
     pub fn open(node: Arc<Node>) -> Self {
         let file = node.open();
-        Self { node, file }
+        Self {
+            node,
+            file,
+            closed: AtomicBool::new(false),
+        }
     }
 }
 
 impl Backend for InProcess {
     fn submit(&self, code: u32, input: &[u8], output_len: usize, on_complete: OnComplete) -> u64 {
+        if self.closed.load(Ordering::Acquire) {
+            on_complete(Done {
+                status: ibcm_ioctl::status::INVALID_HANDLE,
+                output: Vec::new(),
+            });
+            return 0;
+        }
         let request = self.node.request(self.file, output_len);
         let key = request.key_value();
         self.node.platform.on_completion(
@@ -43,13 +56,21 @@ impl Backend for InProcess {
     }
 
     fn cancel(&self, key: u64) {
-        self.node.cancel(self.file, key);
+        if !self.closed.load(Ordering::Acquire) {
+            self.node.cancel(self.file, key);
+        }
+    }
+
+    fn close(&self) {
+        // IRP_MJ_CLEANUP + IRP_MJ_CLOSE: everything outstanding completes.
+        if !self.closed.swap(true, Ordering::AcqRel) {
+            self.node.close(self.file);
+        }
     }
 }
 
 impl Drop for InProcess {
     fn drop(&mut self) {
-        // IRP_MJ_CLEANUP + IRP_MJ_CLOSE: everything outstanding completes.
-        self.node.close(self.file);
+        self.close();
     }
 }

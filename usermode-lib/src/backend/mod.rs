@@ -18,4 +18,9 @@ pub trait Backend: Send + Sync {
     /// Cancels a pending request (`CancelIoEx`); it completes with STATUS_CANCELLED unless
     /// it already completed.
     fn cancel(&self, key: u64);
+    /// Closes the handle now (IRP_MJ_CLEANUP + IRP_MJ_CLOSE), whoever still holds the
+    /// provider: every pending request completes with STATUS_CANCELLED and later requests
+    /// fail with STATUS_INVALID_HANDLE. Dropping the backend closes it if this was not
+    /// called. A backend that cannot close early does nothing here.
+    fn close(&self) {}
 }

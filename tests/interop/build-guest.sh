@@ -1,0 +1,156 @@
+#!/usr/bin/env bash
+# Builds the Linux peer's boot files for the interop harness: a Debian 12 kernel and an
+# initramfs holding busybox, rdma-core's tools and libraries, and the modules of soft-RoCE
+# (rdma_rxe) and the kernel CM (ib_cm, rdma_cm), loaded by tests/interop/guest-init.sh.
+#
+# Everything comes from Debian packages fetched with `apt-get download` (never installed on
+# the host) and is cached under target/interop/: a re-run with the same inputs does nothing.
+#
+#   tests/interop/build-guest.sh [OUT_DIR]      (default: target/interop)
+#
+# Prints the paths of the kernel and the initramfs on its last two lines.
+set -euo pipefail
+
+here="$(cd "$(dirname "$0")" && pwd)"
+repo="$(cd "$here/../.." && pwd)"
+out="${1:-$repo/target/interop}"
+debs="$out/debs"
+mkdir -p "$debs"
+
+die() { echo "build-guest: $*" >&2; exit 1; }
+
+for tool in apt-get apt-cache dpkg-deb readelf modinfo cpio busybox; do
+    command -v "$tool" >/dev/null || die "$tool is missing (run.sh installs busybox-static, cpio, kmod, binutils)"
+done
+[ -x /bin/busybox ] || die "/bin/busybox is missing (apt-get install busybox-static)"
+if readelf -d /bin/busybox 2>/dev/null | grep -q NEEDED; then
+    die "/bin/busybox is dynamically linked; install busybox-static"
+fi
+
+# The kernel flavour with rdma_rxe.ko (the -cloud- one lacks it): whatever
+# linux-image-amd64 depends on today.
+kpkg="$(apt-cache depends linux-image-amd64 2>/dev/null | awk '/Depends: linux-image-[0-9]/ {print $2; exit}')"
+[ -n "$kpkg" ] || die "cannot resolve linux-image-amd64 (run apt-get update first)"
+kver="${kpkg#linux-image-}"
+
+# The guest's user space: rdma-core's tools, the rxe verbs provider, `rdma` from iproute2,
+# and the shared libraries they load (checked below against what readelf says they need).
+packages=(
+    "$kpkg" rdma-core ibverbs-providers libibverbs1 librdmacm1 rdmacm-utils ibverbs-utils
+    iproute2 libc6 libgcc-s1 libnl-3-200 libnl-route-3-200 libmnl0 libbsd0 libmd0 libcap2
+)
+
+stamp="$out/guest.stamp"
+want="$( (printf '%s\n' "${packages[@]}"; cat "$here/guest-init.sh" "$here/build-guest.sh") | sha256sum | cut -c1-32)"
+if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ] && [ -f "$out/vmlinuz" ] && [ -f "$out/initrd.cpio" ]; then
+    echo "build-guest: cached ($out)" >&2
+    echo "$out/vmlinuz"
+    echo "$out/initrd.cpio"
+    exit 0
+fi
+
+echo "build-guest: fetching ${#packages[@]} Debian packages into $debs" >&2
+(
+    cd "$debs"
+    for p in "${packages[@]}"; do
+        if ! ls "${p}"_*.deb >/dev/null 2>&1; then
+            apt-get download "$p" >/dev/null 2>"$debs/.err" || { cat "$debs/.err" >&2; die "apt-get download $p failed"; }
+        fi
+    done
+)
+
+stage="$out/stage"
+rm -rf "$stage" "$out/extract"
+mkdir -p "$out/extract"
+for p in "${packages[@]}"; do
+    deb="$(ls "$debs/${p}"_*.deb | head -n1)"
+    if [ "$p" = "$kpkg" ]; then
+        # Only the kernel and the module trees the targets and their dependencies live in
+        # (a dependency outside them fails below, loudly): a fraction of the package.
+        dpkg-deb --fsys-tarfile "$deb" | tar -x -C "$out/extract" --wildcards \
+            './boot/vmlinuz-*' \
+            './lib/modules/*/kernel/drivers/infiniband/*' './lib/modules/*/kernel/drivers/virtio/*' \
+            './lib/modules/*/kernel/drivers/net/virtio_net.ko' './lib/modules/*/kernel/drivers/net/net_failover.ko' \
+            './lib/modules/*/kernel/net/*' './lib/modules/*/kernel/crypto/*' \
+            './lib/modules/*/kernel/fs/configfs/*' './lib/modules/*/kernel/lib/*'
+    else
+        dpkg-deb -x "$deb" "$out/extract"
+    fi
+done
+x="$out/extract"
+
+mkdir -p "$stage"/{bin,sbin,dev,proc,sys,tmp,etc,lib64,usr/bin,lib/x86_64-linux-gnu,usr/lib/x86_64-linux-gnu/libibverbs,etc/libibverbs.d,lib/modules}
+cp /bin/busybox "$stage/bin/busybox"
+
+# Binaries, then the closure of their NEEDED libraries within the extracted packages.
+bins=(usr/bin/cmtime usr/bin/rping usr/bin/ucmatose usr/bin/ibv_devices usr/bin/ibv_devinfo usr/bin/rdma)
+provider=usr/lib/x86_64-linux-gnu/libibverbs/librxe-rdmav34.so
+for b in "${bins[@]}"; do
+    [ -f "$x/$b" ] || die "$b is not in the packages"
+    cp "$x/$b" "$stage/usr/bin/"
+done
+[ -f "$x/$provider" ] || die "the rxe verbs provider ($provider) is not in the packages"
+cp "$x/$provider" "$stage/$provider"
+cp "$x"/etc/libibverbs.d/rxe.driver "$stage/etc/libibverbs.d/"
+
+find_lib() {
+    local d
+    for d in lib/x86_64-linux-gnu usr/lib/x86_64-linux-gnu; do
+        if [ -e "$x/$d/$1" ]; then echo "$d/$1"; return 0; fi
+    done
+    return 1
+}
+declare -A seen=()
+queue=("${bins[@]/#/$x/}" "$x/$provider")
+while [ ${#queue[@]} -gt 0 ]; do
+    f="${queue[0]}"; queue=("${queue[@]:1}")
+    for lib in $(readelf -d "$f" | sed -n 's/.*(NEEDED).*\[\(.*\)\]/\1/p'); do
+        [ -n "${seen[$lib]:-}" ] && continue
+        rel="$(find_lib "$lib")" || die "$lib (needed by ${f#$x/}) is in none of the packages"
+        seen[$lib]=1
+        mkdir -p "$stage/$(dirname "$rel")"
+        cp -L "$x/$rel" "$stage/$rel"
+        queue+=("$x/$rel")
+    done
+done
+# glibc loads libgcc_s at run time (pthread_cancel, unwinding): ldd does not list it.
+cp -L "$(find_lib libgcc_s.so.1 | sed "s|^|$x/|")" "$stage/lib/x86_64-linux-gnu/"
+cp -L "$x/lib64/ld-linux-x86-64.so.2" "$stage/lib64/" 2>/dev/null ||
+    cp -L "$x/lib/x86_64-linux-gnu/ld-linux-x86-64.so.2" "$stage/lib64/"
+
+# Modules: the targets and their dependencies, in load order (dependencies first).
+kmods="$x/lib/modules/$kver"
+[ -d "$kmods" ] || die "no modules for $kver in $kpkg"
+declare -A path_of=() state=()
+while IFS= read -r f; do
+    n="$(basename "$f" .ko)"
+    path_of[$n]="$f"
+done < <(find "$kmods/kernel" -name '*.ko')
+order=()
+visit() {
+    local m="$1" d
+    [ "${state[$m]:-}" = done ] && return 0
+    [ -n "${path_of[$m]:-}" ] || die "module $m is not in $kpkg"
+    for d in $(modinfo -F depends "${path_of[$m]}" | tr ',' ' '); do visit "$d"; done
+    state[$m]=done
+    order+=("$m")
+}
+for m in virtio_pci virtio_net crc32_generic rdma_rxe ib_cm rdma_cm rdma_ucm ib_umad ib_uverbs; do
+    visit "$m"
+done
+: > "$stage/modules.order"
+for m in "${order[@]}"; do
+    cp "${path_of[$m]}" "$stage/lib/modules/$m.ko"
+    echo "$m" >> "$stage/modules.order"
+done
+
+cp "$here/guest-init.sh" "$stage/init"
+chmod 755 "$stage/init"
+
+(cd "$stage" && find . | LC_ALL=C sort | cpio -o -H newc --quiet) > "$out/initrd.cpio"
+cp "$x/boot/vmlinuz-$kver" "$out/vmlinuz"
+rm -rf "$out/extract"
+echo "$want" > "$stage/../guest.stamp"
+echo "build-guest: kernel $kver, ${#order[@]} modules ($(tr '\n' ' ' < "$stage/modules.order")), initramfs $(du -h "$out/initrd.cpio" | cut -f1)" >&2
+echo "$out/vmlinuz"
+echo "$out/initrd.cpio"

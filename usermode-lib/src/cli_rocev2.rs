@@ -1,0 +1,389 @@
+//! `--rocev2 LOCAL_ADDR`: `ibcm cmtime`, `ibcm listen` and `ibcm connect` on a real
+//! RoCEv2 link (Linux), against a real CM such as Linux `rdma_cm` over soft-RoCE:
+//!
+//! - `ibcm cmtime --rocev2 A --peer B -c N`: the client of a Linux `cmtime -b B` server;
+//! - `ibcm listen --rocev2 A -p 7471 -C N`: the server of a Linux `cmtime -s A -c N`;
+//! - `ibcm connect --rocev2 A --peer B -p PORT -C N`: N connections one after the other,
+//!   each held until all were tried, then all disconnected.
+//!
+//! Connections are RDMA-CM's: TCP port-space service IDs and the Annex A11 IP header in
+//! the REQ's private data.
+
+use std::net::Ipv4Addr;
+
+use clap::Args;
+
+#[cfg(target_os = "linux")]
+pub use imp::{cmtime, exchange};
+
+/// rdma-core cmtime's TCP port.
+const CMTIME_PORT: u16 = 7471;
+
+/// The CM attributes by name.
+const ATTRIBUTES: [(&str, u16); 11] = [
+    ("REQ", 0x10),
+    ("MRA", 0x11),
+    ("REJ", 0x12),
+    ("REP", 0x13),
+    ("RTU", 0x14),
+    ("DREQ", 0x15),
+    ("DREP", 0x16),
+    ("SIDR_REQ", 0x17),
+    ("SIDR_REP", 0x18),
+    ("LAP", 0x19),
+    ("APR", 0x1a),
+];
+
+/// A MAD attribute by name (REQ, REP, RTU, DREQ, ...) or number.
+fn parse_attribute(s: &str) -> Result<u16, String> {
+    if let Some((_, id)) = ATTRIBUTES.iter().find(|(n, _)| n.eq_ignore_ascii_case(s)) {
+        return Ok(*id);
+    }
+    u16::try_from(super::number(s)?)
+        .map_err(|_| format!("`{s}` is not a CM attribute (REQ, REP, RTU, DREQ, ... or a number)"))
+}
+
+/// `ATTR:K`: drop the first K MADs of an attribute.
+fn parse_drop(s: &str) -> Result<(u16, u32), String> {
+    let (a, k) = s
+        .split_once(':')
+        .ok_or_else(|| format!("`{s}`: expected ATTR:K, e.g. REQ:2"))?;
+    let k: u32 = k.parse().map_err(|_| format!("`{k}` is not a count"))?;
+    Ok((parse_attribute(a)?, k))
+}
+
+fn attribute_name(id: u16) -> String {
+    ATTRIBUTES
+        .iter()
+        .find(|(_, a)| *a == id)
+        .map_or_else(|| format!("{id:#06x}"), |(n, _)| (*n).to_string())
+}
+
+/// Options of a RoCEv2 link (flattened into cmtime, listen and connect).
+#[derive(Args, Debug, Clone)]
+pub struct RoceArgs {
+    /// Run on a real RoCEv2 link instead of the simulated fabric: QP1 over UDP 4791 on the
+    /// local IPv4 address LOCAL_ADDR (Linux; a raw socket: root or CAP_NET_RAW). The peer
+    /// is an RDMA-CM one (TCP port-space service IDs, IP header in the REQ).
+    #[arg(long, value_name = "LOCAL_ADDR", help_heading = "RoCEv2 link")]
+    pub rocev2: Option<Ipv4Addr>,
+    /// The peer's IPv4 address (cmtime, connect).
+    #[arg(
+        long,
+        value_name = "PEER_ADDR",
+        requires = "rocev2",
+        help_heading = "RoCEv2 link"
+    )]
+    pub peer: Option<Ipv4Addr>,
+    /// cmtime: the peer's RDMA-CM TCP port (rdma-core cmtime's by default).
+    #[arg(long, value_name = "PORT", default_value_t = CMTIME_PORT, help_heading = "RoCEv2 link")]
+    pub rdma_port: u16,
+    /// Prefix length of the local subnet; MADs to any address outside it are refused.
+    #[arg(long, value_name = "BITS", default_value_t = 24, value_parser = clap::value_parser!(u8).range(8..=32), help_heading = "RoCEv2 link")]
+    pub prefix_len: u8,
+    /// The CA GUID (default: the EUI-64 of the MAC of the interface holding LOCAL_ADDR).
+    #[arg(long, value_name = "GUID", value_parser = super::number, requires = "rocev2", help_heading = "RoCEv2 link")]
+    pub guid: Option<u64>,
+    /// Fault injection: drop the first K outgoing MADs of an attribute (ATTR:K, e.g.
+    /// REQ:2; repeatable).
+    #[arg(long = "drop-tx", value_name = "ATTR:K", value_parser = parse_drop, requires = "rocev2", help_heading = "RoCEv2 link")]
+    pub drop_tx: Vec<(u16, u32)>,
+    /// Fault injection: drop the first K incoming MADs of an attribute (ATTR:K).
+    #[arg(long = "drop-rx", value_name = "ATTR:K", value_parser = parse_drop, requires = "rocev2", help_heading = "RoCEv2 link")]
+    pub drop_rx: Vec<(u16, u32)>,
+    /// cmtime, connect: give every connection the same QPN (a CM must reject the reuse
+    /// while the first connection is up: REJ reason 10, stale connection).
+    #[arg(long, requires = "rocev2", help_heading = "RoCEv2 link")]
+    pub reuse_qpn: bool,
+    /// listen: end each connection with our DREQ once it is established (by default the
+    /// peer's DREQ is awaited and answered).
+    #[arg(long, requires = "rocev2", help_heading = "RoCEv2 link")]
+    pub disconnect: bool,
+}
+
+#[cfg(target_os = "linux")]
+mod imp {
+    use std::net::Ipv4Addr;
+    use std::time::Duration;
+
+    use ibcm::exchange::Service;
+    use ibcm::rocev2::{
+        self, ConnectConfig, ConnectReport, Ending, Roce, RoceConfig, RoceFaults, ServeConfig,
+        StepTimes, Timing,
+    };
+
+    use super::super::{CmtimeArgs, ExchangeArgs, FabricArgs, Failure};
+    use super::{CMTIME_PORT, RoceArgs, attribute_name};
+
+    impl RoceArgs {
+        fn start(&self, fabric: &FabricArgs) -> Result<Option<Roce>, Failure> {
+            let Some(local) = self.rocev2 else {
+                return Ok(None);
+            };
+            if fabric.device {
+                return Err(Failure("--rocev2 and --device exclude each other".into()));
+            }
+            if fabric.pcap.is_some() {
+                return Err(Failure(
+                    "--pcap records the simulated fabric; on --rocev2 capture the link itself \
+                 (tcpdump -i IFACE -w FILE udp port 4791)"
+                        .into(),
+                ));
+            }
+            if fabric.faults() != ibcm::Faults::default() {
+                return Err(Failure(
+                    "--loss/--dup/--reorder/--corrupt/--delay are the simulated fabric's; on \
+                 --rocev2 use --drop-tx/--drop-rx"
+                        .into(),
+                ));
+            }
+            let config = RoceConfig {
+                prefix_len: self.prefix_len,
+                guid: self.guid,
+                faults: RoceFaults {
+                    drop_tx: self.drop_tx.clone(),
+                    drop_rx: self.drop_rx.clone(),
+                },
+                ..RoceConfig::new(local)
+            };
+            let roce = Roce::start(&config).map_err(Failure)?;
+            println!(
+                "rocev2: {local}/{}, CA GUID {:#018x}, GID ::ffff:{local}{}",
+                self.prefix_len,
+                roce.port.guid(),
+                faults_text(&config.faults)
+            );
+            Ok(Some(roce))
+        }
+
+        fn peer(&self) -> Result<Ipv4Addr, Failure> {
+            self.peer
+                .ok_or_else(|| Failure("--rocev2 needs --peer PEER_ADDR here".into()))
+        }
+    }
+
+    fn faults_text(f: &RoceFaults) -> String {
+        let list = |v: &[(u16, u32)], dir: &str| {
+            v.iter()
+                .map(|(a, k)| format!("{dir} the first {k} {}", attribute_name(*a)))
+                .collect::<Vec<_>>()
+        };
+        let mut all = list(&f.drop_tx, "dropping outgoing:");
+        all.extend(list(&f.drop_rx, "dropping incoming:"));
+        if all.is_empty() {
+            String::new()
+        } else {
+            format!("; fault injection: {}", all.join(", "))
+        }
+    }
+
+    /// Prints the link's counts and the driver's counters; false if the host verifier saw
+    /// a rule broken.
+    fn print_link(roce: &Roce) -> bool {
+        let c = roce.port.counts();
+        println!(
+            "rocev2:   {} MADs sent, {} received; dropped: {} bad ICRC, {} not for QP1; {} sends refused (off-link), {} send errors; fault injection dropped {} outgoing, {} incoming",
+            c.sent,
+            c.received,
+            c.bad_icrc,
+            c.not_qp1,
+            c.refused,
+            c.send_errors,
+            c.fault_tx,
+            c.fault_rx
+        );
+        super::super::print_counters(&[("this node (rocev2)", &roce.provider)]);
+        let violations = roce.port.node().violations();
+        if !violations.is_empty() {
+            println!("verifier: {violations:?}");
+        }
+        violations.is_empty()
+    }
+
+    fn ms(d: Duration) -> String {
+        format!("{:.2}", d.as_secs_f64() * 1e3)
+    }
+
+    fn print_steps(r: &ConnectReport) {
+        println!();
+        println!(
+            "{:<22} {:>8} {:>10} {:>10} {:>10} {:>10}",
+            "step", "count", "total ms", "min ms", "median ms", "max ms"
+        );
+        let row = |name: &str, s: &StepTimes| {
+            println!(
+                "{name:<22} {:>8} {:>10} {:>10} {:>10} {:>10}",
+                s.count,
+                ms(s.total),
+                ms(s.min),
+                ms(s.median),
+                ms(s.max)
+            );
+        };
+        row("connect (REQ -> REP)", &r.connect);
+        row("disconnect (DREQ -> DREP)", &r.disconnect);
+        println!();
+        println!(
+            "setup:    {}/{} established in {:.3} s",
+            r.established,
+            r.attempted,
+            r.setup_wall.as_secs_f64()
+        );
+        println!(
+            "teardown: {}/{} disconnected in {:.3} s ({} by the peer first)",
+            r.disconnected,
+            r.established,
+            r.teardown_wall.as_secs_f64(),
+            r.peer_disconnects
+        );
+        print_failures(&r.failures, &r.rejections);
+    }
+
+    fn print_failures(
+        failures: &std::collections::BTreeMap<String, usize>,
+        rejections: &std::collections::BTreeMap<u16, usize>,
+    ) {
+        if failures.is_empty() {
+            println!("failures: none");
+        } else {
+            println!("failures:");
+            for (what, n) in failures {
+                println!("  {n:>8}  {what}");
+            }
+        }
+        for (reason, n) in rejections {
+            println!(
+                "peer REJ: reason {} x {n}",
+                rocev2::rej_reason_name(*reason)
+            );
+        }
+    }
+
+    /// `ibcm cmtime --rocev2`: the client of an RDMA-CM server (Linux `cmtime -b`).
+    pub fn cmtime(a: &CmtimeArgs) -> Result<Option<bool>, Failure> {
+        let Some(roce) = a.roce.start(&a.fabric)? else {
+            return Ok(None);
+        };
+        let peer = a.roce.peer()?;
+        let cfg = ConnectConfig {
+            window: a.window,
+            timing: Timing {
+                packet_life_time: a.packet_life_time,
+                cm_response_timeout: a.response_timeout,
+                max_cm_retries: a.retries,
+            },
+            reuse_qpn: a.roce.reuse_qpn,
+            ..ConnectConfig::new(peer, a.roce.rdma_port, a.connections)
+        };
+        println!(
+            "ibcm cmtime: {} connections to {peer} RDMA-CM TCP port {} (service ID {:#018x}), window {}; a REQ is re-sent after {} ms, {} retries",
+            cfg.count,
+            a.roce.rdma_port,
+            cfg.service_id,
+            cfg.window,
+            ms(cfg.timing.retry_interval()),
+            cfg.timing.max_cm_retries
+        );
+        if cfg.timing.retry_interval() < Duration::from_millis(500) {
+            println!(
+                "  note: a REQ is re-sent after {} ms: a slow peer (a VM) sees duplicates; \
+                 --packet-life-time 12 --response-timeout 18 re-send after about 1.1 s",
+                ms(cfg.timing.retry_interval())
+            );
+        }
+        let log = |line: String| println!("  {line}");
+        let report = rocev2::connect(&roce, &cfg, &log);
+        print_steps(&report);
+        let clean = print_link(&roce);
+        Ok(Some(
+            clean
+                && report.established == report.attempted
+                && report.disconnected == report.established,
+        ))
+    }
+
+    /// `ibcm listen --rocev2` / `ibcm connect --rocev2`.
+    pub fn exchange(a: &ExchangeArgs, listen: bool) -> Result<Option<bool>, Failure> {
+        let Some(roce) = a.roce.start(&a.fabric)? else {
+            return Ok(None);
+        };
+        let service = match (a.port, a.service_id) {
+            (Some(p), _) => Service::Port(p),
+            (None, Some(id)) => Service::Id(id),
+            (None, None) => Service::Port(CMTIME_PORT),
+        };
+        let side = if listen { "listen" } else { "connect" };
+        let start = std::time::Instant::now();
+        let log = move |line: String| {
+            println!("[{:>10.6}] {side}: {line}", start.elapsed().as_secs_f64());
+        };
+        let wait = Duration::from_secs(a.wait as u64);
+        let ok = if listen {
+            let cfg = ServeConfig {
+                service_id: service.service_id(),
+                count: a.count,
+                wait,
+                ending: if a.roce.disconnect {
+                    Ending::Us
+                } else {
+                    Ending::Peer
+                },
+                qpn_base: 0x2000,
+            };
+            let r = rocev2::serve(&roce, &cfg, &log)?;
+            println!(
+                "listen: {} REQs ({} with an RDMA-CM IP header naming {}), {} established, {} ended ({}), in {:.3} s",
+                r.requests,
+                r.ip_headers,
+                roce.port.local(),
+                r.established,
+                r.completed,
+                match cfg.ending {
+                    Ending::Peer => "by the peer's DREQ",
+                    Ending::Us => "by our DREQ",
+                },
+                r.wall.as_secs_f64()
+            );
+            print_failures(&r.failures, &r.rejections);
+            r.requests == a.count && r.completed == a.count
+        } else {
+            let peer = a.roce.peer()?;
+            let cfg = ConnectConfig {
+                service_id: service.service_id(),
+                window: 1,
+                reuse_qpn: a.roce.reuse_qpn,
+                deadline: wait,
+                ..ConnectConfig::new(peer, CMTIME_PORT, a.count)
+            };
+            log(format!(
+                "{} connection(s) to {peer}, {service}, one after the other",
+                a.count
+            ));
+            let r = rocev2::connect(&roce, &cfg, &log);
+            print_steps(&r);
+            r.failures.is_empty() && r.established == r.attempted
+        };
+        let clean = print_link(&roce);
+        Ok(Some(ok && clean))
+    }
+}
+
+/// `ibcm cmtime --rocev2`: RoCEv2 is Linux's here.
+#[cfg(not(target_os = "linux"))]
+pub fn cmtime(a: &super::CmtimeArgs) -> Result<Option<bool>, super::Failure> {
+    off_linux(&a.roce)
+}
+
+/// `ibcm listen/connect --rocev2`: RoCEv2 is Linux's here.
+#[cfg(not(target_os = "linux"))]
+pub fn exchange(a: &super::ExchangeArgs, _listen: bool) -> Result<Option<bool>, super::Failure> {
+    off_linux(&a.roce)
+}
+
+#[cfg(not(target_os = "linux"))]
+fn off_linux(r: &RoceArgs) -> Result<Option<bool>, super::Failure> {
+    match r.rocev2 {
+        Some(_) => Err(super::Failure("--rocev2 runs on Linux".into())),
+        None => Ok(None),
+    }
+}

@@ -1,0 +1,957 @@
+//! `cmtime`: connection setup and teardown timed step by step over many connections, in
+//! the manner of rdma-core's `librdmacm/examples/cmtime.c` (whose `-m` mimic mode likewise
+//! leaves the QPs out and times the CM alone).
+//!
+//! A server listens and answers every REQ with `prepare_accept` + `accept`; a client
+//! opens N connections, keeping up to `window` of them in flight, every one an overlapped
+//! operation ([`spawn`] with an [`Overlapped`] on a [`CompletionPort`]): no thread per
+//! connection, and the futures advance on the threads that complete their requests. Then
+//! the client disconnects them all, the same way, and both sides wait out timewait.
+//!
+//! Per connection it records when each step began and ended (the fabric's clock, real or
+//! virtual): REQ sent -> REP received, RTU sent -> established on the server, DREQ sent ->
+//! DREP received, and DREP -> timewait exit. Every wait is bounded: if nothing completes
+//! for longer than the worst case the retry settings allow, what is still pending is
+//! cancelled and reported as failed.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use ibcm_ioctl::status;
+
+use crate::completion::{CompletionPort, Overlapped, spawn};
+use crate::connection::{ConnectEndpoint, ConnectionRequest};
+use crate::error::{Detail, Error, Result};
+use crate::exchange::PathEnd;
+use crate::provider::Provider;
+use crate::sim::{ClockFn, Pump, Waited};
+use crate::{AcceptParams, Failover, ListenParams};
+
+/// CM timing of the connections (IB time exponents: 4.096 us x 2^t).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Timing {
+    /// PacketLifeTime of the path: round trips and part of timewait.
+    pub packet_life_time: u8,
+    /// Remote and local CM response timeouts.
+    pub cm_response_timeout: u8,
+    /// MaxCMRetries.
+    pub max_cm_retries: u8,
+}
+
+impl Default for Timing {
+    /// 4.2 ms life time and 134 ms response timeout (a retry every ~143 ms), 15 retries:
+    /// a run under several percent loss completes, and in seconds.
+    fn default() -> Self {
+        Self {
+            packet_life_time: 10,
+            cm_response_timeout: 15,
+            max_cm_retries: 15,
+        }
+    }
+}
+
+fn ib_ns(t: u8) -> u64 {
+    ibcm_mad::ib_time_ns(t.min(31)).unwrap_or(0)
+}
+
+impl Timing {
+    /// How long a request waits before it is re-sent.
+    pub fn retry_interval(&self) -> Duration {
+        Duration::from_nanos(
+            ib_ns(self.packet_life_time)
+                .saturating_mul(2)
+                .saturating_add(ib_ns(self.cm_response_timeout)),
+        )
+    }
+
+    /// The longest a request can go unanswered before the engine gives up on it.
+    pub fn request_lifetime(&self) -> Duration {
+        self.retry_interval() * (u32::from(self.max_cm_retries) + 1)
+    }
+}
+
+/// What to run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Config {
+    /// Connections to open.
+    pub connections: usize,
+    /// Most connections in flight at once.
+    pub window: usize,
+    /// Client threads starting connections (each with its own completion port); 1 in
+    /// virtual time.
+    pub threads: usize,
+    /// The service ID the server listens on.
+    pub service_id: u64,
+    /// CM timing.
+    pub timing: Timing,
+    /// The client's end of the path.
+    pub client: PathEnd,
+    /// The server's end.
+    pub server: PathEnd,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Self {
+            connections: 10_000,
+            window: 256,
+            threads: 1,
+            service_id: 0x0000_0000_0001_c0de,
+            timing: Timing::default(),
+            client: PathEnd::sim_node(0),
+            server: PathEnd::sim_node(1),
+        }
+    }
+}
+
+/// A step timed per connection.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Step {
+    /// REQ sent -> REP received (the client's connect completes).
+    ReqToRep,
+    /// RTU sent -> established on the server (its accept completes).
+    RtuToEstablished,
+    /// REQ sent -> established on the server: the whole setup.
+    Setup,
+    /// DREQ sent -> DREP received (the client's disconnect completes).
+    DreqToDrep,
+    /// DREP received -> timewait exit on the client.
+    Timewait,
+}
+
+impl Step {
+    /// Every step, in order.
+    pub const ALL: [Step; 5] = [
+        Step::ReqToRep,
+        Step::RtuToEstablished,
+        Step::Setup,
+        Step::DreqToDrep,
+        Step::Timewait,
+    ];
+
+    /// A short name.
+    pub fn name(self) -> &'static str {
+        match self {
+            Step::ReqToRep => "REQ -> REP",
+            Step::RtuToEstablished => "RTU -> established",
+            Step::Setup => "REQ -> established",
+            Step::DreqToDrep => "DREQ -> DREP",
+            Step::Timewait => "DREP -> timewait exit",
+        }
+    }
+
+    fn marks(self) -> (Mark, Mark) {
+        match self {
+            Step::ReqToRep => (Mark::Req, Mark::Rep),
+            Step::RtuToEstablished => (Mark::Rtu, Mark::Established),
+            Step::Setup => (Mark::Req, Mark::Established),
+            Step::DreqToDrep => (Mark::Dreq, Mark::Drep),
+            Step::Timewait => (Mark::Drep, Mark::TimewaitExit),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy)]
+enum Mark {
+    Req,
+    Rep,
+    Rtu,
+    Established,
+    Dreq,
+    Drep,
+    TimewaitExit,
+    ServerTimewaitExit,
+}
+
+const MARKS: usize = 8;
+
+/// Per-connection timestamps (ns; 0 = not reached).
+#[derive(Default)]
+struct Times([AtomicU64; MARKS]);
+
+impl Times {
+    fn set(&self, m: Mark, ns: u64) {
+        if let Some(a) = self.0.get(m as usize) {
+            a.store(ns.max(1), Ordering::Relaxed);
+        }
+    }
+
+    fn get(&self, m: Mark) -> u64 {
+        self.0
+            .get(m as usize)
+            .map_or(0, |a| a.load(Ordering::Relaxed))
+    }
+}
+
+/// Statistics of one step over the connections that completed it.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct StepStats {
+    /// The step.
+    pub step: Step,
+    /// Connections that completed it.
+    pub count: usize,
+    /// From the first start to the last end, ns.
+    pub span_ns: u64,
+    /// Shortest, ns.
+    pub min_ns: u64,
+    /// Median, ns.
+    pub median_ns: u64,
+    /// 99th percentile, ns.
+    pub p99_ns: u64,
+    /// Longest, ns.
+    pub max_ns: u64,
+}
+
+/// How one side of one connection ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Outcome {
+    /// Never started (this side never heard of the connection).
+    Absent,
+    /// Set up, torn down and out of timewait.
+    Complete,
+    /// Set up, but the teardown failed.
+    TeardownFailed(Error),
+    /// Setup failed.
+    SetupFailed(Error),
+}
+
+impl Outcome {
+    /// Whether this side got the connection established.
+    pub fn established(&self) -> bool {
+        matches!(self, Outcome::Complete | Outcome::TeardownFailed(_))
+    }
+}
+
+/// Both sides of one connection.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Connection {
+    /// The client's side.
+    pub client: Outcome,
+    /// The server's side.
+    pub server: Outcome,
+}
+
+/// Progress, for a progress bar.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Progress {
+    /// "connect" or "disconnect".
+    pub phase: &'static str,
+    /// Connections done in this phase.
+    pub done: usize,
+    /// Connections in this phase.
+    pub total: usize,
+}
+
+/// What a run measured.
+#[derive(Debug, Clone)]
+pub struct Report {
+    /// Connections asked for.
+    pub connections: usize,
+    /// Established on both sides.
+    pub established: usize,
+    /// Failed on one side at least, by reason ("side: error").
+    pub failures: BTreeMap<String, usize>,
+    /// Wall time of the setup phase (every connect and accept done).
+    pub setup_wall: Duration,
+    /// Wall time of the teardown phase (every disconnect and timewait done).
+    pub teardown_wall: Duration,
+    /// CPU time this process spent in the setup phase, all threads (Linux only; 10 ms
+    /// resolution).
+    pub setup_cpu: Option<Duration>,
+    /// Per-step statistics.
+    pub steps: Vec<StepStats>,
+    /// Per-connection outcomes, by connection index.
+    pub outcomes: Vec<Connection>,
+    /// Connections the server was handed by its listener (REQs that became requests).
+    pub requests: usize,
+    /// Requests whose private data named no connection of this run, or one already seen.
+    pub unexpected_requests: usize,
+    /// Waits that ran out and were cancelled (a stall: something never completed).
+    pub stalls: usize,
+}
+
+impl Report {
+    /// Connections set up per second of CPU time (all threads) in the setup phase.
+    pub fn setup_rate_per_cpu(&self) -> Option<f64> {
+        let s = self.setup_cpu?.as_secs_f64();
+        (s > 0.0).then(|| self.established as f64 / s)
+    }
+
+    /// Connections set up per second of setup wall time.
+    pub fn setup_rate(&self) -> f64 {
+        let s = self.setup_wall.as_secs_f64();
+        if s > 0.0 {
+            self.established as f64 / s
+        } else {
+            0.0
+        }
+    }
+}
+
+/// State the server side shares with its tasks.
+struct Server {
+    outcomes: Mutex<Vec<Outcome>>,
+    live: Mutex<HashMap<usize, ConnectEndpoint>>,
+    spawned: AtomicUsize,
+    accepted: AtomicUsize,
+    finished: AtomicUsize,
+    requests: AtomicUsize,
+    unexpected: AtomicUsize,
+}
+
+/// What the client's driving threads and the server's tasks share.
+struct Shared {
+    cfg: Config,
+    clock: ClockFn,
+    times: Vec<Times>,
+    server: Server,
+    client_setup: Mutex<Vec<Outcome>>,
+}
+
+impl Shared {
+    fn mark(&self, i: usize, m: Mark) {
+        if let Some(t) = self.times.get(i) {
+            t.set(m, (self.clock)());
+        }
+    }
+}
+
+fn describe(side: &str, e: &Error) -> String {
+    let mut s = format!("{side} {}: {}", e.operation, crate::status_name(e.status));
+    match &e.detail {
+        Detail::None => {}
+        Detail::Rejected { reason, .. } => s.push_str(&format!(" (rejected: {reason:?})")),
+        Detail::Timeout { message } => s.push_str(&format!(" (no answer to the {message:?})")),
+    }
+    s
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// The client's QPN for connection `i` (the server's is `SERVER_QPN + i`).
+fn client_qpn(i: usize) -> u32 {
+    0x100 + i as u32
+}
+
+const SERVER_QPN: u32 = 0x10_0000;
+
+/// Runs cmtime: the server listens on `server`, the client connects from `client` (they
+/// may be the same provider); `pump` is how the client's threads wait. `progress` is
+/// called as connections finish each phase.
+pub fn run(
+    client: &Provider,
+    server: &Provider,
+    pump: &dyn Pump,
+    cfg: &Config,
+    progress: &(dyn Fn(Progress) + Sync),
+) -> Result<Report> {
+    let mut cfg = *cfg;
+    cfg.window = cfg.window.max(1);
+    cfg.threads = if pump.is_virtual() {
+        1
+    } else {
+        cfg.threads.clamp(1, 64)
+    };
+    let n = cfg.connections;
+    let sh = Arc::new(Shared {
+        cfg,
+        clock: pump.clock(),
+        times: (0..n).map(|_| Times::default()).collect(),
+        server: Server {
+            outcomes: Mutex::new(vec![Outcome::Absent; n]),
+            live: Mutex::new(HashMap::new()),
+            spawned: AtomicUsize::new(0),
+            accepted: AtomicUsize::new(0),
+            finished: AtomicUsize::new(0),
+            requests: AtomicUsize::new(0),
+            unexpected: AtomicUsize::new(0),
+        },
+        client_setup: Mutex::new(vec![Outcome::Absent; n]),
+    });
+    let listener = Arc::new(server.listen(&ListenParams {
+        service_id: cfg.service_id,
+        service_mask: u64::MAX,
+        port: None,
+        compare: None,
+        backlog: 4096,
+    })?);
+    let acceptor = Overlapped::new();
+    {
+        let (sh, l) = (Arc::clone(&sh), Arc::clone(&listener));
+        spawn(
+            async move {
+                loop {
+                    match l.get_request_async().await {
+                        Ok(req) => serve(&sh, req),
+                        Err(e) => return e,
+                    }
+                }
+            },
+            &acceptor,
+        );
+    }
+    // Nothing legitimately stays pending longer than a request's whole retry budget (a
+    // step may need two: a lost REP is re-sent only after the REQ's retries ask for it).
+    let stall = cfg.timing.request_lifetime() * 2 + Duration::from_secs(5);
+    let mut stalls = 0usize;
+
+    // Setup: every connect (REQ -> REP, RTU) and every accept (-> RTU).
+    let wall = std::time::Instant::now();
+    let cpu = process_cpu();
+    let done = AtomicUsize::new(0);
+    let shares: Vec<Vec<usize>> = (0..cfg.threads)
+        .map(|t| (t..n).step_by(cfg.threads).collect())
+        .collect();
+    let results: Vec<Share<ConnectEndpoint>> = std::thread::scope(|s| {
+        let handles: Vec<_> = shares
+            .into_iter()
+            .map(|ids| {
+                let (sh, done) = (&sh, &done);
+                s.spawn(move || setup_share(client, pump, sh, ids, stall, done, progress))
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().unwrap_or_default())
+            .collect()
+    });
+    let mut live: Vec<(usize, ConnectEndpoint)> = Vec::new();
+    for share in results {
+        stalls += share.stalls;
+        live.extend(share.items);
+    }
+    live.sort_by_key(|(i, _)| *i);
+    stalls += wait_until(
+        pump,
+        stall,
+        || sh.server.accepted.load(Ordering::Acquire) >= sh.server.spawned.load(Ordering::Acquire),
+        || cancel_server(&sh),
+    );
+    let setup_wall = wall.elapsed();
+    let setup_cpu = cpu.zip(process_cpu()).map(|(a, b)| b.saturating_sub(a));
+
+    // Teardown: every disconnect (DREQ -> DREP) and timewait, on both sides.
+    let wall = std::time::Instant::now();
+    let done = AtomicUsize::new(0);
+    let total = live.len();
+    let mut shares: Vec<Vec<(usize, ConnectEndpoint)>> = vec![Vec::new(); cfg.threads];
+    for (k, item) in live.into_iter().enumerate() {
+        if let Some(s) = shares.get_mut(k % cfg.threads) {
+            s.push(item);
+        }
+    }
+    let results: Vec<Share<Result<()>>> = std::thread::scope(|s| {
+        let handles: Vec<_> = shares
+            .into_iter()
+            .map(|list| {
+                let (sh, done) = (&sh, &done);
+                s.spawn(move || teardown_share(pump, sh, list, total, stall, done, progress))
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().unwrap_or_default())
+            .collect()
+    });
+    let mut client_teardown: Vec<Option<Result<()>>> = vec![None; n];
+    for share in results {
+        stalls += share.stalls;
+        for (i, r) in share.items {
+            if let Some(slot) = client_teardown.get_mut(i) {
+                *slot = Some(r);
+            }
+        }
+    }
+    stalls += wait_until(
+        pump,
+        stall,
+        || sh.server.finished.load(Ordering::Acquire) >= sh.server.spawned.load(Ordering::Acquire),
+        || cancel_server(&sh),
+    );
+    let teardown_wall = wall.elapsed();
+
+    // The listener goes: its acceptor ends with STATUS_CANCELLED.
+    listener.cancel();
+    stalls += wait_until(pump, Duration::from_secs(5), || acceptor.is_done(), || {});
+    drop(listener);
+
+    let server_outcomes = std::mem::take(&mut *lock(&sh.server.outcomes));
+    let client_setup = std::mem::take(&mut *lock(&sh.client_setup));
+    let mut outcomes = Vec::with_capacity(n);
+    let mut failures: BTreeMap<String, usize> = BTreeMap::new();
+    let mut established = 0;
+    for (i, (c, s)) in client_setup.into_iter().zip(server_outcomes).enumerate() {
+        let c = match (c, client_teardown.get_mut(i).and_then(Option::take)) {
+            (Outcome::Complete, Some(Err(e))) => Outcome::TeardownFailed(e),
+            (Outcome::Complete, None) => {
+                Outcome::TeardownFailed(Error::new("disconnect", status::CANCELLED))
+            }
+            (other, _) => other,
+        };
+        if c.established() && s.established() {
+            established += 1;
+        }
+        for (side, o) in [("client", &c), ("server", &s)] {
+            let reason = match o {
+                Outcome::SetupFailed(e) | Outcome::TeardownFailed(e) => describe(side, e),
+                Outcome::Absent => format!("{side}: never saw the connection"),
+                Outcome::Complete => continue,
+            };
+            *failures.entry(reason).or_default() += 1;
+        }
+        outcomes.push(Connection {
+            client: c,
+            server: s,
+        });
+    }
+    let steps = Step::ALL
+        .iter()
+        .map(|&step| step_stats(&sh.times, step))
+        .collect();
+    Ok(Report {
+        connections: n,
+        established,
+        failures,
+        setup_wall,
+        teardown_wall,
+        setup_cpu,
+        steps,
+        outcomes,
+        requests: sh.server.requests.load(Ordering::Acquire),
+        unexpected_requests: sh.server.unexpected.load(Ordering::Acquire),
+        stalls,
+    })
+}
+
+/// What one client thread got back.
+struct Share<T> {
+    items: Vec<(usize, T)>,
+    stalls: usize,
+}
+
+impl<T> Default for Share<T> {
+    fn default() -> Self {
+        Self {
+            items: Vec::new(),
+            stalls: 0,
+        }
+    }
+}
+
+/// The connection index a REQ's private data names.
+fn index_of(private_data: &[u8]) -> Option<usize> {
+    let b: [u8; 4] = private_data.get(..4)?.try_into().ok()?;
+    Some(u32::from_le_bytes(b) as usize)
+}
+
+/// A REQ reached the server: accept it, then wait for the DREQ, answer, wait out
+/// timewait; all as one task.
+fn serve(sh: &Arc<Shared>, req: ConnectionRequest) {
+    sh.server.requests.fetch_add(1, Ordering::AcqRel);
+    let n = sh.cfg.connections;
+    let idx = index_of(&req.private_data).filter(|&i| i < n);
+    let fresh = idx.is_some_and(|i| {
+        let mut live = lock(&sh.server.live);
+        let seen = lock(&sh.server.outcomes)
+            .get(i)
+            .is_some_and(|o| *o != Outcome::Absent);
+        if seen || live.contains_key(&i) {
+            false
+        } else {
+            live.insert(i, req.endpoint.clone());
+            true
+        }
+    });
+    let Some(i) = idx.filter(|_| fresh) else {
+        sh.server.unexpected.fetch_add(1, Ordering::AcqRel);
+        let _ = req
+            .endpoint
+            .reject(crate::RejReason::ConsumerDefined, b"unexpected");
+        return;
+    };
+    sh.server.spawned.fetch_add(1, Ordering::AcqRel);
+    let sh = Arc::clone(sh);
+    let ep = req.endpoint;
+    spawn(
+        async move {
+            let set_outcome = |o: Outcome| {
+                if let Some(slot) = lock(&sh.server.outcomes).get_mut(i) {
+                    *slot = o;
+                }
+            };
+            let accepted = async {
+                ep.prepare_accept(&AcceptParams {
+                    qpn: SERVER_QPN + i as u32,
+                    starting_psn: None,
+                    responder_resources: 1,
+                    initiator_depth: 1,
+                    rnr_retry_count: 7,
+                    failover_accepted: Failover::NotSupported,
+                    flow_control: true,
+                    srq: false,
+                    private_data: &[],
+                })?;
+                // Each step boxed: a task lives as long as its connection, and an async
+                // block is as large as its largest step, so inline steps would cost every
+                // live connection the size of the biggest one.
+                Box::pin(ep.accept_async()).await
+            }
+            .await;
+            if let Err(e) = accepted {
+                set_outcome(Outcome::SetupFailed(e));
+                lock(&sh.server.live).remove(&i);
+                sh.server.accepted.fetch_add(1, Ordering::AcqRel);
+                sh.server.finished.fetch_add(1, Ordering::AcqRel);
+                return;
+            }
+            sh.mark(i, Mark::Established);
+            sh.server.accepted.fetch_add(1, Ordering::AcqRel);
+            let teardown = async {
+                Box::pin(ep.notify_disconnect_async()).await?;
+                Box::pin(ep.disconnect_async(&[])).await?;
+                Box::pin(ep.wait_timewait_async()).await
+            }
+            .await;
+            set_outcome(match teardown {
+                Ok(()) => {
+                    sh.mark(i, Mark::ServerTimewaitExit);
+                    Outcome::Complete
+                }
+                Err(e) => Outcome::TeardownFailed(e),
+            });
+            lock(&sh.server.live).remove(&i);
+            drop(ep);
+            sh.server.finished.fetch_add(1, Ordering::AcqRel);
+        },
+        &Overlapped::new(),
+    );
+}
+
+fn cancel_server(sh: &Shared) {
+    let eps: Vec<ConnectEndpoint> = lock(&sh.server.live).values().cloned().collect();
+    for ep in eps {
+        ep.cancel();
+    }
+}
+
+/// Waits (stepping a virtual fabric) until `done()`, for at most `limit` without it; on
+/// a stall calls `on_stall` and gives what it cancelled a moment to finish. Returns 1 if
+/// it stalled.
+fn wait_until(
+    pump: &dyn Pump,
+    limit: Duration,
+    done: impl Fn() -> bool,
+    on_stall: impl Fn(),
+) -> usize {
+    let port = CompletionPort::new();
+    let start = pump.now_ns();
+    let limit_ns = limit.as_nanos() as u64;
+    let slice = Duration::from_millis(2);
+    while !done() {
+        let idle = matches!(pump.next_packet(&port, slice), Waited::Idle);
+        if done() {
+            return 0;
+        }
+        if idle || pump.now_ns().saturating_sub(start) > limit_ns {
+            on_stall();
+            let again = pump.now_ns();
+            while !done() && pump.now_ns().saturating_sub(again) < 1_000_000_000 {
+                if matches!(pump.next_packet(&port, slice), Waited::Idle) {
+                    break;
+                }
+            }
+            return 1;
+        }
+    }
+    0
+}
+
+/// Drives the in-flight window of one client thread: starts operations (`start`) and
+/// collects their completions until every one finished; on a stall cancels what is in
+/// flight (`cancel`), and after a second one gives those up.
+fn drive<T: Send + 'static>(
+    pump: &dyn Pump,
+    window: usize,
+    stall: Duration,
+    mut start: impl FnMut(&CompletionPort) -> Option<Option<(usize, ConnectEndpoint)>>,
+    mut finish: impl FnMut(usize, Result<T>, Option<ConnectEndpoint>),
+) -> usize {
+    let port = CompletionPort::new();
+    let mut inflight: HashMap<usize, ConnectEndpoint> = HashMap::new();
+    let mut exhausted = false;
+    let mut last = pump.now_ns();
+    let stall_ns = stall.as_nanos() as u64;
+    let mut stalls = 0;
+    loop {
+        while !exhausted && inflight.len() < window {
+            match start(&port) {
+                None => exhausted = true,
+                Some(None) => {}
+                Some(Some((i, ep))) => {
+                    inflight.insert(i, ep);
+                }
+            }
+        }
+        if inflight.is_empty() {
+            return stalls;
+        }
+        match pump.next_packet(&port, Duration::from_millis(20)) {
+            Waited::Packet(p) => {
+                let i = p.key;
+                let ep = inflight.remove(&i);
+                let r = p
+                    .overlapped
+                    .result::<Result<T>>()
+                    .unwrap_or_else(|| Err(Error::new("cmtime", status::INVALID_PARAMETER)));
+                finish(i, r, ep);
+                last = pump.now_ns();
+            }
+            w => {
+                let idle = matches!(w, Waited::Idle);
+                if idle || pump.now_ns().saturating_sub(last) > stall_ns {
+                    stalls += 1;
+                    if stalls > 2 {
+                        for (i, ep) in inflight.drain() {
+                            finish(i, Err(Error::new("cmtime", status::CANCELLED)), Some(ep));
+                        }
+                        return stalls;
+                    }
+                    for ep in inflight.values() {
+                        ep.cancel();
+                    }
+                    last = pump.now_ns();
+                }
+            }
+        }
+    }
+}
+
+fn setup_share(
+    client: &Provider,
+    pump: &dyn Pump,
+    sh: &Arc<Shared>,
+    ids: Vec<usize>,
+    stall: Duration,
+    done: &AtomicUsize,
+    progress: &(dyn Fn(Progress) + Sync),
+) -> Share<ConnectEndpoint> {
+    let cfg = sh.cfg;
+    let n = cfg.connections;
+    let window = (cfg.window / cfg.threads).max(1);
+    let mut ids = ids.into_iter();
+    let mut out = Share::default();
+    let record = |i: usize, o: Outcome| {
+        if let Some(slot) = lock(&sh.client_setup).get_mut(i) {
+            *slot = o;
+        }
+        let d = done.fetch_add(1, Ordering::AcqRel) + 1;
+        progress(Progress {
+            phase: "connect",
+            done: d,
+            total: n,
+        });
+    };
+    out.stalls = drive::<()>(
+        pump,
+        window,
+        stall,
+        |port| {
+            let i = ids.next()?;
+            let ep = match client.connect_endpoint() {
+                Ok(ep) => ep,
+                Err(e) => {
+                    record(i, Outcome::SetupFailed(e));
+                    return Some(None);
+                }
+            };
+            let mut params = crate::example_connect_params(cfg.service_id, client_qpn(i), 0, 1);
+            params.primary_path.slid = cfg.client.lid;
+            params.primary_path.sgid = cfg.client.gid;
+            params.primary_path.dlid = cfg.server.lid;
+            params.primary_path.dgid = cfg.server.gid;
+            params.primary_path.packet_life_time = cfg.timing.packet_life_time;
+            params.remote_cm_response_timeout = cfg.timing.cm_response_timeout;
+            params.local_cm_response_timeout = cfg.timing.cm_response_timeout;
+            params.max_cm_retries = cfg.timing.max_cm_retries;
+            let index = (i as u32).to_le_bytes();
+            params.private_data = &index;
+            let (sh2, ep2) = (Arc::clone(sh), ep.clone());
+            sh.mark(i, Mark::Req);
+            let connect = Box::pin(ep.connect_async(&params));
+            spawn(
+                async move {
+                    connect.await?;
+                    sh2.mark(i, Mark::Rep);
+                    sh2.mark(i, Mark::Rtu);
+                    Box::pin(ep2.rtu_async(&[])).await
+                },
+                &Overlapped::with_port(port, i),
+            );
+            Some(Some((i, ep)))
+        },
+        |i, r: Result<()>, ep| match r {
+            Ok(()) => {
+                if let Some(ep) = ep {
+                    out.items.push((i, ep));
+                }
+                record(i, Outcome::Complete);
+            }
+            Err(e) => record(i, Outcome::SetupFailed(e)),
+        },
+    );
+    out
+}
+
+fn teardown_share(
+    pump: &dyn Pump,
+    sh: &Arc<Shared>,
+    list: Vec<(usize, ConnectEndpoint)>,
+    total: usize,
+    stall: Duration,
+    done: &AtomicUsize,
+    progress: &(dyn Fn(Progress) + Sync),
+) -> Share<Result<()>> {
+    let window = (sh.cfg.window / sh.cfg.threads).max(1);
+    let mut list = list.into_iter();
+    let mut out = Share::default();
+    let report = |d: usize| {
+        progress(Progress {
+            phase: "disconnect",
+            done: d,
+            total,
+        })
+    };
+    // Disconnects are windowed; the timewaits that follow are not (they only wait), so
+    // they go on a port of their own.
+    let timewaits = CompletionPort::new();
+    let mut waiting: HashMap<usize, ConnectEndpoint> = HashMap::new();
+    let mut failed: Vec<(usize, Result<()>)> = Vec::new();
+    out.stalls = drive::<()>(
+        pump,
+        window,
+        stall,
+        |port| {
+            let (i, ep) = list.next()?;
+            let sh2 = Arc::clone(sh);
+            sh.mark(i, Mark::Dreq);
+            let disconnect = ep.disconnect_async(&[]);
+            spawn(
+                async move {
+                    disconnect.await?;
+                    sh2.mark(i, Mark::Drep);
+                    Ok::<(), Error>(())
+                },
+                &Overlapped::with_port(port, i),
+            );
+            Some(Some((i, ep)))
+        },
+        |i, r, ep| match (r, ep) {
+            (Ok(()), Some(ep)) => {
+                let sh2 = Arc::clone(sh);
+                let wait = ep.wait_timewait_async();
+                spawn(
+                    async move {
+                        wait.await?;
+                        sh2.mark(i, Mark::TimewaitExit);
+                        Ok::<(), Error>(())
+                    },
+                    &Overlapped::with_port(&timewaits, i),
+                );
+                waiting.insert(i, ep);
+            }
+            (r, _) => {
+                failed.push((i, r));
+                report(done.fetch_add(1, Ordering::AcqRel) + 1);
+            }
+        },
+    );
+    out.items.extend(failed);
+    // Collect the timewaits, bounded like everything else.
+    let stall_ns = stall.as_nanos() as u64;
+    let mut last = pump.now_ns();
+    let mut stalls = 0;
+    while !waiting.is_empty() {
+        match pump.next_packet(&timewaits, Duration::from_millis(20)) {
+            Waited::Packet(p) => {
+                let i = p.key;
+                waiting.remove(&i);
+                let r = p
+                    .overlapped
+                    .result::<Result<()>>()
+                    .unwrap_or_else(|| Err(Error::new("cmtime", status::INVALID_PARAMETER)));
+                out.items.push((i, r));
+                report(done.fetch_add(1, Ordering::AcqRel) + 1);
+                last = pump.now_ns();
+            }
+            w => {
+                if matches!(w, Waited::Idle) || pump.now_ns().saturating_sub(last) > stall_ns {
+                    stalls += 1;
+                    if stalls > 2 {
+                        for (i, _) in waiting.drain() {
+                            out.items
+                                .push((i, Err(Error::new("wait timewait", status::CANCELLED))));
+                        }
+                        break;
+                    }
+                    for ep in waiting.values() {
+                        ep.cancel();
+                    }
+                    last = pump.now_ns();
+                }
+            }
+        }
+    }
+    out.stalls += stalls;
+    out
+}
+
+fn step_stats(times: &[Times], step: Step) -> StepStats {
+    let (a, b) = step.marks();
+    let mut d: Vec<u64> = Vec::with_capacity(times.len());
+    let (mut first, mut last) = (u64::MAX, 0u64);
+    for t in times {
+        let (s, e) = (t.get(a), t.get(b));
+        if s != 0 && e != 0 && e >= s {
+            d.push(e - s);
+            first = first.min(s);
+            last = last.max(e);
+        }
+    }
+    d.sort_unstable();
+    let at = |q: f64| -> u64 {
+        if d.is_empty() {
+            return 0;
+        }
+        let k = ((d.len() - 1) as f64 * q).round() as usize;
+        d.get(k).copied().unwrap_or(0)
+    };
+    StepStats {
+        step,
+        count: d.len(),
+        span_ns: last.saturating_sub(first),
+        min_ns: d.first().copied().unwrap_or(0),
+        median_ns: at(0.5),
+        p99_ns: at(0.99),
+        max_ns: d.last().copied().unwrap_or(0),
+    }
+}
+
+/// CPU time (user + system) of this process so far, threads that exited included
+/// (Linux: `/proc/self/stat`, in clock ticks of 10 ms); `None` elsewhere.
+fn process_cpu() -> Option<Duration> {
+    let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
+    // The fields after the command name (which may contain spaces) in parentheses:
+    // state is field 3, utime field 14, stime field 15.
+    let rest = stat.get(stat.rfind(')')? + 2..)?;
+    let mut fields = rest.split_whitespace().skip(11);
+    let utime: u64 = fields.next()?.parse().ok()?;
+    let stime: u64 = fields.next()?.parse().ok()?;
+    const TICKS_PER_SECOND: u64 = 100;
+    Some(Duration::from_millis(
+        (utime + stime) * 1000 / TICKS_PER_SECOND,
+    ))
+}

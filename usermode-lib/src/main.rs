@@ -1,0 +1,664 @@
+//! `ibcm`: the command line of the ibcm connection manager.
+//!
+//! By default (and always off Windows) every command runs on the simulated fabric in this
+//! process, in real time: the driver's own code on two nodes, node 0 the client and node 1
+//! the server. On Windows, `--device` opens the installed driver instead.
+//!
+//! - `ibcm cmtime`: connection setup and teardown timed step by step (rdma-core cmtime).
+//! - `ibcm listen` / `ibcm connect`: ucmatose-style exchanges, printing each event.
+//! - `ibcm stats`: the driver's per-attribute message counters.
+
+use std::io::IsTerminal;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand};
+use ibcm::cmtime::{self, Progress, Report, Timing};
+use ibcm::exchange::{self, PathEnd, Service};
+use ibcm::sim::{Pump, Sim, SimOptions};
+use ibcm::{Faults, Provider};
+use ibcm_ioctl::CountersOut;
+use indicatif::{ProgressBar, ProgressStyle};
+
+mod cli_rocev2;
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "ibcm",
+    version,
+    about = "InfiniBand connection manager tools: cmtime, listen/connect, stats",
+    long_about = "InfiniBand connection manager tools. By default every command runs on a \
+                  simulated two-node fabric in this process (node 0: client, node 1: server), \
+                  in real time; on Windows, --device uses the installed ibcm driver."
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Time connection setup and teardown over many connections (like rdma-core cmtime).
+    Cmtime(CmtimeArgs),
+    /// Accept connections (ucmatose server); on the simulated fabric an internal client
+    /// connects to it.
+    Listen(ExchangeArgs),
+    /// Open connections (ucmatose client); on the simulated fabric an internal server
+    /// accepts them.
+    Connect(ExchangeArgs),
+    /// Show the driver's per-attribute message counters (sent, received, duplicates,
+    /// retries); on the simulated fabric after a short exchange.
+    Stats(StatsArgs),
+}
+
+/// A probability in [0, 1].
+fn fraction(s: &str) -> Result<f64, String> {
+    let v: f64 = s
+        .parse()
+        .map_err(|_| format!("`{s}` is not a number (expected a fraction from 0 to 1)"))?;
+    if (0.0..=1.0).contains(&v) {
+        Ok(v)
+    } else {
+        Err(format!(
+            "{v} is out of range (expected a fraction from 0 to 1)"
+        ))
+    }
+}
+
+/// A 64-bit number, decimal or 0x-hex.
+fn number(s: &str) -> Result<u64, String> {
+    let r = match s.strip_prefix("0x").or_else(|| s.strip_prefix("0X")) {
+        Some(hex) => u64::from_str_radix(&hex.replace('_', ""), 16),
+        None => s.replace('_', "").parse(),
+    };
+    r.map_err(|_| format!("`{s}` is not a number (decimal or 0x-hex)"))
+}
+
+fn positive(s: &str) -> Result<usize, String> {
+    match number(s)? {
+        0 => Err("must be at least 1".into()),
+        n => usize::try_from(n).map_err(|_| format!("{n} is too large")),
+    }
+}
+
+fn ib_time(s: &str) -> Result<u8, String> {
+    match number(s)? {
+        n @ 0..=31 => Ok(n as u8),
+        n => Err(format!(
+            "{n} is out of range (an IB time exponent, 0 to 31)"
+        )),
+    }
+}
+
+fn retries(s: &str) -> Result<u8, String> {
+    match number(s)? {
+        n @ 0..=15 => Ok(n as u8),
+        n => Err(format!("{n} is out of range (MaxCMRetries is 0 to 15)")),
+    }
+}
+
+/// Options of the simulated fabric.
+#[derive(Args, Debug, Clone)]
+struct FabricArgs {
+    /// Probability that a MAD is lost (0..1).
+    #[arg(long, value_name = "P", default_value = "0", value_parser = fraction)]
+    loss: f64,
+    /// Probability that a MAD is delivered twice (0..1).
+    #[arg(long, value_name = "P", default_value = "0", value_parser = fraction)]
+    dup: f64,
+    /// Probability that a MAD is held back behind later ones (0..1).
+    #[arg(long, value_name = "P", default_value = "0", value_parser = fraction)]
+    reorder: f64,
+    /// Probability that a MAD has a byte corrupted (0..1).
+    #[arg(long, value_name = "P", default_value = "0", value_parser = fraction)]
+    corrupt: f64,
+    /// Extra one-way delay of every MAD, ns.
+    #[arg(long, value_name = "NS", default_value = "0", value_parser = number)]
+    delay: u64,
+    /// Seed of the nodes' RNGs and of the fault decisions.
+    #[arg(long, value_name = "S", default_value = "1", value_parser = number)]
+    seed: u64,
+    /// Capture every MAD and write it to FILE as RoCEv2 frames (pcap, Ethernet).
+    #[arg(long, value_name = "FILE")]
+    pcap: Option<PathBuf>,
+    /// Use the installed ibcm driver instead of the simulated fabric (Windows only).
+    #[arg(long)]
+    device: bool,
+}
+
+impl FabricArgs {
+    fn faults(&self) -> Faults {
+        Faults {
+            loss: self.loss,
+            duplicate: self.dup,
+            reorder: self.reorder,
+            delay_ns: self.delay,
+            corrupt: self.corrupt,
+        }
+    }
+
+    fn sim(&self, real_time: bool) -> Sim {
+        Sim::start(&SimOptions {
+            nodes: 2,
+            seed: self.seed,
+            faults: self.faults(),
+            capture: self.pcap.is_some(),
+            real_time,
+        })
+    }
+
+    fn describe(&self, sim: &Sim) -> String {
+        let f = self.faults();
+        let faults = if f == Faults::default() {
+            "no faults".to_string()
+        } else {
+            format!(
+                "loss {}, duplication {}, reordering {}, corruption {}, extra delay {} ns",
+                f.loss, f.duplicate, f.reorder, f.corrupt, f.delay_ns
+            )
+        };
+        format!(
+            "simulated fabric in {} time, seed {}, {faults}",
+            if sim.is_real_time() {
+                "real"
+            } else {
+                "virtual"
+            },
+            self.seed
+        )
+    }
+}
+
+#[derive(Args, Debug)]
+struct CmtimeArgs {
+    /// Connections to open.
+    #[arg(short = 'c', long, default_value = "10000", value_parser = positive)]
+    connections: usize,
+    /// Client threads starting connections (each with its own completion port).
+    #[arg(short = 't', long, default_value = "1", value_parser = positive)]
+    threads: usize,
+    /// Most connections in flight at once.
+    #[arg(short = 'w', long, default_value = "256", value_parser = positive)]
+    window: usize,
+    /// Service ID to listen on and connect to.
+    #[arg(long, default_value = "0x1c0de", value_parser = number)]
+    service_id: u64,
+    /// PacketLifeTime (IB time exponent: 4.096 us x 2^t).
+    #[arg(long, default_value = "10", value_parser = ib_time)]
+    packet_life_time: u8,
+    /// CM response timeout (IB time exponent).
+    #[arg(long, default_value = "15", value_parser = ib_time)]
+    response_timeout: u8,
+    /// MaxCMRetries.
+    #[arg(long, default_value = "15", value_parser = retries)]
+    retries: u8,
+    /// Run the simulated fabric in virtual time on this thread (deterministic; the whole
+    /// stack on one core).
+    #[arg(long)]
+    virtual_time: bool,
+    #[command(flatten)]
+    fabric: FabricArgs,
+    #[command(flatten)]
+    roce: cli_rocev2::RoceArgs,
+    /// Device mode: the local LID (the client connects to --remote-lid).
+    #[arg(long, value_name = "LID", value_parser = number, requires = "device")]
+    local_lid: Option<u64>,
+    /// Device mode: the LID to connect to (the server's; may be the local one).
+    #[arg(long, value_name = "LID", value_parser = number, requires = "device")]
+    remote_lid: Option<u64>,
+}
+
+#[derive(Args, Debug)]
+#[command(group(clap::ArgGroup::new("service").args(["port", "service_id"])))]
+struct ExchangeArgs {
+    /// RDMA-CM TCP port: its port-space service ID, and an RDMA-CM IP header in the REQ.
+    #[arg(short = 'p', long)]
+    port: Option<u16>,
+    /// Service ID (decimal or 0x-hex) when not using --port.
+    #[arg(short = 's', long, value_parser = number)]
+    service_id: Option<u64>,
+    /// Connections, one after the other.
+    #[arg(short = 'C', long, default_value = "1", value_parser = positive)]
+    count: usize,
+    /// Longest wait for a peer's REQ or DREQ, seconds.
+    #[arg(long, default_value = "30", value_parser = positive)]
+    wait: usize,
+    #[command(flatten)]
+    fabric: FabricArgs,
+    #[command(flatten)]
+    roce: cli_rocev2::RoceArgs,
+    /// Device mode: this node's LID.
+    #[arg(long, value_name = "LID", value_parser = number, requires = "device")]
+    local_lid: Option<u64>,
+    /// Device mode: the peer's LID (connect).
+    #[arg(long, value_name = "LID", value_parser = number, requires = "device")]
+    remote_lid: Option<u64>,
+}
+
+#[derive(Args, Debug)]
+struct StatsArgs {
+    /// Connections of the exchange run first on the simulated fabric.
+    #[arg(short = 'c', long, default_value = "100", value_parser = positive)]
+    connections: usize,
+    #[command(flatten)]
+    fabric: FabricArgs,
+}
+
+/// A failure of the command: the message, and the exit code.
+struct Failure(String);
+
+impl<E: std::fmt::Display> From<E> for Failure {
+    fn from(e: E) -> Self {
+        Failure(e.to_string())
+    }
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Cmtime(a) => cmtime_command(&a),
+        Command::Listen(a) => exchange_command(&a, true),
+        Command::Connect(a) => exchange_command(&a, false),
+        Command::Stats(a) => stats_command(&a),
+    };
+    match result {
+        Ok(true) => ExitCode::SUCCESS,
+        Ok(false) => ExitCode::FAILURE,
+        Err(Failure(msg)) => {
+            eprintln!("ibcm: {msg}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// The installed driver (Windows).
+#[cfg(windows)]
+fn device() -> Result<Provider, Failure> {
+    Provider::open().map_err(|e| Failure(format!("cannot open the ibcm device: {e}")))
+}
+
+/// The installed driver: there is none off Windows.
+#[cfg(not(windows))]
+fn device() -> Result<Provider, Failure> {
+    Err(Failure(
+        "--device needs the ibcm driver, which runs on Windows; without --device the \
+         simulated fabric is used"
+            .into(),
+    ))
+}
+
+fn lid(v: Option<u64>, what: &str) -> Result<u16, Failure> {
+    let v = v.ok_or_else(|| Failure(format!("--device needs --{what}")))?;
+    u16::try_from(v).map_err(|_| Failure(format!("--{what} {v} is not a 16-bit LID")))
+}
+
+fn write_capture(fabric: &FabricArgs, sim: &Sim) -> Result<(), Failure> {
+    if let Some(path) = &fabric.pcap {
+        let n = sim
+            .write_pcap(path)
+            .map_err(|e| Failure(format!("cannot write {}: {e}", path.display())))?;
+        println!("pcap: {n} RoCEv2 frames written to {}", path.display());
+    }
+    Ok(())
+}
+
+fn progress_bar() -> Option<ProgressBar> {
+    if !std::io::stderr().is_terminal() {
+        return None;
+    }
+    let bar = ProgressBar::new(0);
+    bar.set_style(
+        ProgressStyle::with_template(
+            "{prefix:>10} [{bar:40}] {pos}/{len} ({per_sec}, {elapsed_precise})",
+        )
+        .unwrap_or_else(|_| ProgressStyle::default_bar())
+        .progress_chars("=> "),
+    );
+    Some(bar)
+}
+
+fn cmtime_command(a: &CmtimeArgs) -> Result<bool, Failure> {
+    if let Some(ok) = cli_rocev2::cmtime(a)? {
+        return Ok(ok);
+    }
+    let mut cfg = cmtime::Config {
+        connections: a.connections,
+        window: a.window,
+        threads: a.threads,
+        service_id: a.service_id,
+        timing: Timing {
+            packet_life_time: a.packet_life_time,
+            cm_response_timeout: a.response_timeout,
+            max_cm_retries: a.retries,
+        },
+        ..cmtime::Config::default()
+    };
+    let bar = progress_bar();
+    let on_progress = |p: Progress| {
+        if let Some(b) = &bar {
+            if b.length() != Some(p.total as u64) || b.prefix() != p.phase {
+                b.set_prefix(p.phase);
+                b.set_length(p.total as u64);
+                b.reset();
+            }
+            b.set_position(p.done as u64);
+        }
+    };
+    let t = cfg.timing;
+    let timing = format!(
+        "packet life time {}, response timeout {} (a retry every {}, {} retries)",
+        ms(ib_ns(t.packet_life_time)),
+        ms(ib_ns(t.cm_response_timeout)),
+        ms(t.retry_interval().as_nanos() as u64),
+        t.max_cm_retries
+    );
+    if a.fabric.device {
+        if a.virtual_time {
+            return Err(Failure("--virtual-time is for the simulated fabric".into()));
+        }
+        let provider = device()?;
+        let (local, remote) = (
+            lid(a.local_lid, "local-lid")?,
+            lid(a.remote_lid, "remote-lid")?,
+        );
+        println!(
+            "ibcm cmtime: {} connections on the ibcm device, LID {local} -> LID {remote}",
+            cfg.connections
+        );
+        println!("timing: {timing}");
+        cfg.client = PathEnd::lid(local);
+        cfg.server = PathEnd::lid(remote);
+        let pump = ibcm::sim::RealTimePump::default();
+        let report = cmtime::run(&provider, &provider, &pump, &cfg, &on_progress)?;
+        if let Some(b) = &bar {
+            b.finish_and_clear();
+        }
+        print_report(&report, &cfg);
+        print_counters(&[("device", &provider)]);
+        return Ok(report.established == report.connections);
+    }
+    let sim = a.fabric.sim(!a.virtual_time);
+    let (client, server) = (sim.provider(0)?, sim.provider(1)?);
+    println!(
+        "ibcm cmtime: {} connections, window {}, {} client thread(s); {}",
+        cfg.connections,
+        cfg.window,
+        if sim.is_virtual() { 1 } else { cfg.threads },
+        a.fabric.describe(&sim)
+    );
+    println!("timing: {timing}");
+    let report = cmtime::run(&client, &server, &sim, &cfg, &on_progress)?;
+    if let Some(b) = &bar {
+        b.finish_and_clear();
+    }
+    print_report(&report, &cfg);
+    print_faults(&sim);
+    print_counters(&[("client (node 0)", &client), ("server (node 1)", &server)]);
+    drop((client, server));
+    write_capture(&a.fabric, &sim)?;
+    Ok(check_driver(&sim) && report.established == report.connections)
+}
+
+/// After the handles closed: CEPs left in the engines, and what the host verifier saw.
+fn check_driver(sim: &Sim) -> bool {
+    let leaks = sim.live_ceps(0) + sim.live_ceps(1);
+    let violations = sim.violations();
+    let mut kinds: std::collections::BTreeMap<String, usize> = std::collections::BTreeMap::new();
+    for (node, v) in &violations {
+        let name = format!("{v:?}");
+        let kind = name.split([' ', '{']).next().unwrap_or("?").to_string();
+        *kinds.entry(format!("node {node}: {kind}")).or_default() += 1;
+    }
+    println!(
+        "driver:   {leaks} CEPs left once both sides were out of timewait; verifier: {}",
+        if kinds.is_empty() {
+            "clean".to_string()
+        } else {
+            format!("{kinds:?}")
+        }
+    );
+    leaks == 0 && violations.is_empty()
+}
+
+fn ib_ns(t: u8) -> u64 {
+    ibcm_mad::ib_time_ns(t).unwrap_or(0)
+}
+
+fn ms(ns: u64) -> String {
+    format!("{:.1} ms", ns as f64 / 1e6)
+}
+
+fn us(ns: u64) -> String {
+    format!("{:.1}", ns as f64 / 1e3)
+}
+
+fn print_report(r: &Report, cfg: &cmtime::Config) {
+    println!();
+    println!(
+        "{:<22} {:>8} {:>10} {:>10} {:>10} {:>10} {:>10}",
+        "step", "count", "span ms", "min us", "median us", "p99 us", "max us"
+    );
+    for s in &r.steps {
+        println!(
+            "{:<22} {:>8} {:>10.1} {:>10} {:>10} {:>10} {:>10}",
+            s.step.name(),
+            s.count,
+            s.span_ns as f64 / 1e6,
+            us(s.min_ns),
+            us(s.median_ns),
+            us(s.p99_ns),
+            us(s.max_ns)
+        );
+    }
+    println!();
+    println!(
+        "setup:    {}/{} connections established on both sides in {:.3} s: {:.0} connections/s",
+        r.established,
+        r.connections,
+        r.setup_wall.as_secs_f64(),
+        r.setup_rate()
+    );
+    if let (Some(cpu), Some(rate)) = (r.setup_cpu, r.setup_rate_per_cpu()) {
+        println!(
+            "          {:.3} s of CPU (all threads): {:.0} connections per CPU-second",
+            cpu.as_secs_f64(),
+            rate
+        );
+    }
+    println!(
+        "teardown: {:.3} s (disconnect and timewait on both sides)",
+        r.teardown_wall.as_secs_f64()
+    );
+    println!(
+        "total:    {:.3} s, window {}",
+        (r.setup_wall + r.teardown_wall).as_secs_f64(),
+        cfg.window
+    );
+    if r.failures.is_empty() {
+        println!("failures: none");
+    } else {
+        println!("failures:");
+        for (reason, n) in &r.failures {
+            println!("  {n:>8}  {reason}");
+        }
+    }
+    if r.unexpected_requests != 0 || r.stalls != 0 {
+        println!(
+            "anomalies: {} unexpected requests, {} stalled waits cancelled",
+            r.unexpected_requests, r.stalls
+        );
+    }
+}
+
+fn print_faults(sim: &Sim) {
+    let f = sim.fault_counts();
+    println!(
+        "fabric:   {} MADs delivered; faults injected: {} lost, {} duplicated, {} reordered, {} corrupted",
+        sim.delivered(),
+        f.lost,
+        f.duplicated,
+        f.reordered,
+        f.corrupted
+    );
+}
+
+const ATTRIBUTES: [&str; 12] = [
+    "REQ",
+    "MRA",
+    "REJ",
+    "REP",
+    "RTU",
+    "DREQ",
+    "DREP",
+    "SIDR_REQ",
+    "SIDR_REP",
+    "LAP",
+    "APR",
+    "ClassPortInfo",
+];
+
+fn print_counters(providers: &[(&str, &Provider)]) {
+    for (name, p) in providers {
+        match p.counters() {
+            Ok(c) => print_counter_table(name, &c),
+            Err(e) => println!("counters of {name}: {e}"),
+        }
+    }
+}
+
+fn print_counter_table(name: &str, c: &CountersOut) {
+    println!();
+    println!("counters, {name}:");
+    println!(
+        "  {:<14} {:>10} {:>10} {:>10} {:>10}",
+        "attribute", "sent", "retries", "received", "duplicates"
+    );
+    for (i, attr) in ATTRIBUTES.iter().enumerate() {
+        let (s, r, v, d) = (c.sent[i], c.retries[i], c.received[i], c.duplicates[i]);
+        if s + r + v + d == 0 {
+            continue;
+        }
+        println!("  {attr:<14} {s:>10} {r:>10} {v:>10} {d:>10}");
+    }
+    println!(
+        "  malformed {}, unmatched {}, backlog drops {}",
+        c.malformed, c.unmatched, c.backlog_drops
+    );
+}
+
+fn exchange_command(a: &ExchangeArgs, listen: bool) -> Result<bool, Failure> {
+    if let Some(ok) = cli_rocev2::exchange(a, listen)? {
+        return Ok(ok);
+    }
+    let service = match (a.port, a.service_id) {
+        (Some(p), _) => Service::Port(p),
+        (None, Some(id)) => Service::Id(id),
+        (None, None) => Service::Id(0x1000),
+    };
+    let wait = Duration::from_secs(a.wait as u64);
+    let side = if listen { "listen" } else { "connect" };
+    let start = std::time::Instant::now();
+    let log = move |line: String| {
+        println!("[{:>10.6}] {side}: {line}", start.elapsed().as_secs_f64());
+    };
+    if a.fabric.device {
+        let provider = device()?;
+        let local = PathEnd::lid(lid(a.local_lid, "local-lid")?);
+        let cfg = exchange::Config {
+            service,
+            count: a.count,
+            local,
+            remote: if listen {
+                local
+            } else {
+                PathEnd::lid(lid(a.remote_lid, "remote-lid")?)
+            },
+            wait,
+        };
+        let summary = if listen {
+            exchange::listen(&provider, &cfg, &log)?
+        } else {
+            exchange::connect(&provider, &cfg, &log)?
+        };
+        println!(
+            "{side}: {} connection(s) completed, {} failed",
+            summary.completed,
+            summary.failed.len()
+        );
+        return Ok(summary.failed.is_empty());
+    }
+    let sim = a.fabric.sim(true);
+    println!("{side}: {}", a.fabric.describe(&sim));
+    let (client, server) = (sim.provider(0)?, sim.provider(1)?);
+    let cfg = exchange::Config {
+        service,
+        count: a.count,
+        local: PathEnd::sim_node(0),
+        remote: PathEnd::sim_node(1),
+        wait,
+    };
+    // The peer runs on the other node, silently; this side prints.
+    let quiet = |_: String| {};
+    let listener = server.listen(&ibcm::ListenParams {
+        service_id: service.service_id(),
+        service_mask: u64::MAX,
+        port: None,
+        compare: None,
+        backlog: 16,
+    })?;
+    let summary = std::thread::scope(|s| -> Result<exchange::Summary, Failure> {
+        if listen {
+            log(format!("listening on {service}"));
+            let peer = s.spawn(|| exchange::connect(&client, &cfg, &quiet));
+            let summary = exchange::serve(&listener, &cfg, &log)?;
+            let _ = peer.join();
+            Ok(summary)
+        } else {
+            let peer = s.spawn(|| exchange::serve(&listener, &cfg, &quiet));
+            let summary = exchange::connect(&client, &cfg, &log)?;
+            if !summary.failed.is_empty() {
+                listener.cancel();
+            }
+            let _ = peer.join();
+            Ok(summary)
+        }
+    })?;
+    println!(
+        "{side}: {} connection(s) completed, {} failed",
+        summary.completed,
+        summary.failed.len()
+    );
+    drop(listener);
+    print_faults(&sim);
+    drop((client, server));
+    write_capture(&a.fabric, &sim)?;
+    Ok(summary.failed.is_empty())
+}
+
+fn stats_command(a: &StatsArgs) -> Result<bool, Failure> {
+    if a.fabric.device {
+        let provider = device()?;
+        print_counters(&[("device", &provider)]);
+        return Ok(true);
+    }
+    let sim = Arc::new(a.fabric.sim(true));
+    let (client, server) = (sim.provider(0)?, sim.provider(1)?);
+    let cfg = cmtime::Config {
+        connections: a.connections,
+        ..cmtime::Config::default()
+    };
+    let report = cmtime::run(&client, &server, &*sim, &cfg, &|_| {})?;
+    println!(
+        "stats: after {} connections set up and torn down ({} established) on the {}",
+        report.connections,
+        report.established,
+        a.fabric.describe(&sim)
+    );
+    print_faults(&sim);
+    print_counters(&[("node 0 (client)", &client), ("node 1 (server)", &server)]);
+    drop((client, server));
+    write_capture(&a.fabric, &sim)?;
+    Ok(report.established == report.connections)
+}

@@ -1,0 +1,271 @@
+//! The simulated fabric as the command line and the tests use it: two (or more) nodes of
+//! the in-process driver, run either in real time (a runner thread delivers MADs and fires
+//! timers while user threads issue IOCTLs) or in virtual time (the thread waiting for
+//! completions steps the fabric itself: deterministic, and everything on one core).
+//!
+//! [`Pump`] is what the tools wait through: a simulated fabric, or (on Windows) the real
+//! device, where waiting is just waiting.
+
+use std::path::Path;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use ibcm_host::verifier::Violation;
+use ibcm_host::{Clock, Fabric, FaultCounts, Faults, Node, Realtime};
+
+use crate::completion::{CompletionPacket, CompletionPort};
+use crate::error::Result;
+use crate::provider::Provider;
+
+/// What a wait for a completion packet ended with.
+#[derive(Debug)]
+pub enum Waited {
+    /// A packet.
+    Packet(CompletionPacket),
+    /// The time asked for passed.
+    Timeout,
+    /// Nothing is left to happen (virtual time: no MAD in flight, no timer armed), so
+    /// nothing will ever be queued without new work.
+    Idle,
+}
+
+/// A clock that tasks may keep: ns since some start.
+pub type ClockFn = Arc<dyn Fn() -> u64 + Send + Sync>;
+
+/// How waiting for completions makes progress.
+pub trait Pump: Sync {
+    /// Now, ns (the fabric's clock: real or virtual).
+    fn now_ns(&self) -> u64;
+    /// The same clock, for tasks to keep.
+    fn clock(&self) -> ClockFn;
+    /// The next packet queued on `port`, waiting up to `wait` (of this pump's time). In
+    /// virtual time the fabric is stepped meanwhile.
+    fn next_packet(&self, port: &CompletionPort, wait: Duration) -> Waited;
+    /// Whether time is virtual (then only one thread may wait at a time).
+    fn is_virtual(&self) -> bool {
+        false
+    }
+}
+
+fn from_port(p: Option<CompletionPacket>) -> Waited {
+    p.map_or(Waited::Timeout, Waited::Packet)
+}
+
+/// Waiting on a real device: the port alone, and the monotonic clock.
+#[derive(Debug)]
+pub struct RealTimePump {
+    start: std::time::Instant,
+}
+
+impl Default for RealTimePump {
+    fn default() -> Self {
+        Self {
+            start: std::time::Instant::now(),
+        }
+    }
+}
+
+impl Pump for RealTimePump {
+    fn now_ns(&self) -> u64 {
+        self.start.elapsed().as_nanos() as u64
+    }
+
+    fn clock(&self) -> ClockFn {
+        let start = self.start;
+        Arc::new(move || start.elapsed().as_nanos() as u64)
+    }
+
+    fn next_packet(&self, port: &CompletionPort, wait: Duration) -> Waited {
+        from_port(port.get(Some(wait)))
+    }
+}
+
+/// Settings of a simulated fabric.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct SimOptions {
+    /// Nodes (node `i` has LID `i + 1`).
+    pub nodes: usize,
+    /// Seeds the nodes' RNGs and the fault decisions.
+    pub seed: u64,
+    /// Fault injection.
+    pub faults: Faults,
+    /// Capture every delivered MAD (for [`Sim::write_pcap`]).
+    pub capture: bool,
+    /// Real time (a runner thread) or virtual time (stepped by the waiting thread).
+    pub real_time: bool,
+}
+
+impl Default for SimOptions {
+    fn default() -> Self {
+        Self {
+            nodes: 2,
+            seed: 1,
+            faults: Faults::default(),
+            capture: false,
+            real_time: true,
+        }
+    }
+}
+
+enum Mode {
+    Real(Realtime),
+    Virtual(Mutex<Fabric>),
+}
+
+/// A running simulated fabric.
+pub struct Sim {
+    mode: Mode,
+    clock: Arc<Clock>,
+    nodes: Vec<Arc<Node>>,
+}
+
+impl Sim {
+    /// Builds the fabric and, in real time, starts its thread.
+    pub fn start(options: &SimOptions) -> Self {
+        let clock = if options.real_time {
+            Clock::real()
+        } else {
+            Clock::virtual_at(1_000_000)
+        };
+        let mut fabric = Fabric::with_clock(options.nodes.max(1), options.seed, clock);
+        fabric.faults = options.faults;
+        if options.capture {
+            fabric.capture = Some(Vec::new());
+        }
+        let clock = Arc::clone(&fabric.clock);
+        let nodes = fabric.nodes.clone();
+        let mode = if options.real_time {
+            Mode::Real(Realtime::start(fabric))
+        } else {
+            Mode::Virtual(Mutex::new(fabric))
+        };
+        Self { mode, clock, nodes }
+    }
+
+    /// Node `i`.
+    pub fn node(&self, i: usize) -> Option<Arc<Node>> {
+        self.nodes.get(i).cloned()
+    }
+
+    /// The nodes.
+    pub fn nodes(&self) -> &[Arc<Node>] {
+        &self.nodes
+    }
+
+    /// Opens a provider on node `i` (the last node if `i` is out of range).
+    pub fn provider(&self, i: usize) -> Result<Provider> {
+        let node = self
+            .nodes
+            .get(i)
+            .or(self.nodes.last())
+            .cloned()
+            .ok_or_else(|| crate::Error::new("open", ibcm_ioctl::status::INVALID_PARAMETER))?;
+        Provider::in_process(node)
+    }
+
+    /// Whether the fabric runs in real time.
+    pub fn is_real_time(&self) -> bool {
+        matches!(self.mode, Mode::Real(_))
+    }
+
+    /// Runs `f` on the fabric (counters, capture). Not from inside a completion.
+    pub fn with_fabric<T>(&self, f: impl FnOnce(&mut Fabric) -> T) -> T {
+        match &self.mode {
+            Mode::Real(rt) => rt.with_fabric(f),
+            Mode::Virtual(m) => f(&mut m.lock().unwrap_or_else(PoisonError::into_inner)),
+        }
+    }
+
+    /// Lets `d` pass: sleeps, or runs the virtual fabric for `d`.
+    pub fn pass(&self, d: Duration) {
+        match &self.mode {
+            Mode::Real(_) => std::thread::sleep(d),
+            Mode::Virtual(m) => m
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .run_for(d.as_nanos() as u64),
+        }
+    }
+
+    /// Faults injected so far.
+    pub fn fault_counts(&self) -> FaultCounts {
+        self.with_fabric(|f| f.fault_counts)
+    }
+
+    /// MADs delivered so far.
+    pub fn delivered(&self) -> u64 {
+        self.with_fabric(|f| f.delivered)
+    }
+
+    /// MADs captured so far.
+    pub fn captured(&self) -> usize {
+        self.with_fabric(|f| f.capture.as_ref().map_or(0, Vec::len))
+    }
+
+    /// Writes what was captured as RoCEv2 frames to a pcap file; returns the frames
+    /// written.
+    pub fn write_pcap(&self, path: &Path) -> std::io::Result<usize> {
+        let captured = self.with_fabric(|f| f.capture.clone().unwrap_or_default());
+        let file = std::io::BufWriter::new(std::fs::File::create(path)?);
+        ibcm_host::pcap::write_pcap(file, &captured)?;
+        Ok(captured.len())
+    }
+
+    /// CEPs alive in node `i`'s engine (including those in timewait).
+    pub fn live_ceps(&self, i: usize) -> usize {
+        self.nodes
+            .get(i)
+            .map_or(0, |n| n.device.with_engine(|cm| cm.live_ceps()))
+    }
+
+    /// Every rule the host verifier saw broken, by node.
+    pub fn violations(&self) -> Vec<(usize, Violation)> {
+        self.nodes
+            .iter()
+            .enumerate()
+            .flat_map(|(i, n)| n.violations().into_iter().map(move |v| (i, v)))
+            .collect()
+    }
+}
+
+impl Pump for Sim {
+    fn now_ns(&self) -> u64 {
+        self.clock.now().as_nanos()
+    }
+
+    fn clock(&self) -> ClockFn {
+        let clock = Arc::clone(&self.clock);
+        Arc::new(move || clock.now().as_nanos())
+    }
+
+    fn next_packet(&self, port: &CompletionPort, wait: Duration) -> Waited {
+        match &self.mode {
+            Mode::Real(_) => from_port(port.get(Some(wait))),
+            Mode::Virtual(m) => {
+                let end = self.now_ns().saturating_add(wait.as_nanos() as u64);
+                loop {
+                    if let Some(p) = port.get(Some(Duration::ZERO)) {
+                        return Waited::Packet(p);
+                    }
+                    let mut fabric = m.lock().unwrap_or_else(PoisonError::into_inner);
+                    if let Some(p) = port.get(Some(Duration::ZERO)) {
+                        return Waited::Packet(p);
+                    }
+                    if self.now_ns() >= end {
+                        return Waited::Timeout;
+                    }
+                    if !fabric.step() {
+                        drop(fabric);
+                        return port
+                            .get(Some(Duration::ZERO))
+                            .map_or(Waited::Idle, Waited::Packet);
+                    }
+                }
+            }
+        }
+    }
+
+    fn is_virtual(&self) -> bool {
+        !self.is_real_time()
+    }
+}

@@ -1,0 +1,99 @@
+//! Two RoCEv2 ports on the loopback interface (127.0.x.1 and 127.0.x.2), each a node of the
+//! in-process driver with its own provider: RDMA-CM connections through real raw sockets,
+//! real IPv4 headers and real ICRCs. Needs root or CAP_NET_RAW (as CI has).
+#![cfg(target_os = "linux")]
+
+use std::net::Ipv4Addr;
+use std::time::Duration;
+
+use ibcm::rocev2::{self, ConnectConfig, Ending, Roce, RoceConfig, RoceFaults, ServeConfig};
+use ibcm_mad::IpServiceId;
+
+fn port(addr: Ipv4Addr, guid: u64, faults: RoceFaults) -> Roce {
+    let cfg = RoceConfig {
+        prefix_len: 24,
+        guid: Some(guid),
+        seed: Some(guid),
+        faults,
+        ..RoceConfig::new(addr)
+    };
+    Roce::start(&cfg).unwrap_or_else(|e| {
+        panic!("{e}: this test opens raw sockets on the loopback interface (run it as root)")
+    })
+}
+
+fn exchange(net: u8, count: usize, ending: Ending, client_faults: RoceFaults) {
+    let (a, b) = (Ipv4Addr::new(127, 0, net, 1), Ipv4Addr::new(127, 0, net, 2));
+    let server = port(b, 0x0200_00ff_fe00_0002, RoceFaults::default());
+    let client = port(a, 0x0200_00ff_fe00_0001, client_faults);
+    let quiet = |_: String| {};
+    let served = std::thread::scope(|s| {
+        let h = s.spawn(|| {
+            rocev2::serve(
+                &server,
+                &ServeConfig {
+                    service_id: IpServiceId::tcp(7471).to_service_id(),
+                    count,
+                    wait: Duration::from_secs(20),
+                    ending,
+                    qpn_base: 0x2000,
+                },
+                &quiet,
+            )
+        });
+        // The listener is up within moments; a REQ before it is rejected, so wait for it.
+        std::thread::sleep(Duration::from_millis(200));
+        let mut cfg = ConnectConfig::new(b, 7471, count);
+        cfg.timing.cm_response_timeout = 14;
+        cfg.deadline = Duration::from_secs(20);
+        let r = rocev2::connect(&client, &cfg, &quiet);
+        assert_eq!(r.established, count, "{r:?}");
+        assert_eq!(r.disconnected, count, "{r:?}");
+        assert!(r.failures.is_empty(), "{r:?}");
+        h.join().unwrap().unwrap()
+    });
+    assert_eq!(served.requests, count, "{served:?}");
+    assert_eq!(
+        served.ip_headers, count,
+        "every REQ carries the RDMA-CM IP header"
+    );
+    assert_eq!(served.established, count);
+    assert_eq!(served.completed, count);
+    for (who, roce) in [("client", &client), ("server", &server)] {
+        let c = roce.port.counts();
+        assert_eq!(c.bad_icrc, 0, "{who}: {c:?}");
+        assert_eq!(c.refused + c.send_errors, 0, "{who}: {c:?}");
+        assert!(c.received >= count as u64 * 2, "{who}: {c:?}");
+        let v = roce.port.node().violations();
+        assert!(v.is_empty(), "{who}: the host verifier saw {v:?}");
+    }
+}
+
+#[test]
+fn connections_over_loopback_rocev2() {
+    exchange(91, 20, Ending::Peer, RoceFaults::default());
+}
+
+#[test]
+fn passive_side_ends_and_lost_reqs_are_resent() {
+    let faults = RoceFaults {
+        drop_tx: vec![(0x10, 2)],
+        drop_rx: vec![],
+    };
+    exchange(92, 3, Ending::Us, faults);
+}
+
+#[test]
+fn sends_off_the_link_are_refused() {
+    let a = Ipv4Addr::new(127, 0, 93, 1);
+    let client = port(a, 0x0200_00ff_fe00_0003, RoceFaults::default());
+    let mut cfg = ConnectConfig::new(Ipv4Addr::new(127, 0, 94, 2), 7471, 1);
+    cfg.timing.cm_response_timeout = 8;
+    cfg.timing.max_cm_retries = 1;
+    cfg.deadline = Duration::from_secs(10);
+    let r = rocev2::connect(&client, &cfg, &|_| {});
+    assert_eq!(r.established, 0);
+    let c = client.port.counts();
+    assert_eq!(c.sent, 0, "{c:?}");
+    assert!(c.refused >= 1, "{c:?}");
+}
