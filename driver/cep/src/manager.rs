@@ -158,6 +158,11 @@ impl PeerMap {
         self.0.len()
     }
 
+    /// Entries that fit without growing (hashbrown's capacity is items + growth left).
+    fn capacity(&self) -> usize {
+        self.0.capacity()
+    }
+
     fn try_reserve(&mut self, additional: usize) -> Result<(), hashbrown::TryReserveError> {
         self.0.try_reserve(additional)
     }
@@ -268,6 +273,11 @@ impl CmManager {
     /// Preallocates room for `ceps` CEPs and their lookups, so that handling MADs for
     /// them allocates nothing. Fails (changing nothing) if memory runs out.
     pub fn reserve(&mut self, ceps: usize) -> Result<(), CmError> {
+        // Room already there costs nothing: a hash map asked to reserve when it has the
+        // room but also tombstones rehashes in place, O(n) per call.
+        if self.room() >= ceps {
+            return Ok(());
+        }
         let no = |_| CmError::NoResources;
         self.slots.try_reserve(ceps).map_err(no)?;
         self.free.try_reserve(ceps).map_err(no)?;
@@ -283,6 +293,23 @@ impl CmManager {
         self.events.try_reserve(ceps.min(4096)).map_err(no)?;
         self.transmits.try_reserve(ceps.min(4096)).map_err(no)?;
         Ok(())
+    }
+
+    /// How many more CEPs (and their lookups, timers, events and MADs) fit without
+    /// allocating.
+    pub fn room(&self) -> usize {
+        let slots = self.slots.capacity() - self.slots.len() + self.free.len();
+        let ids = self.remote_ids.capacity() - self.remote_ids.len();
+        let qpns = self.remote_qpns.capacity() - self.remote_qpns.len();
+        let timers = (self.timers.capacity() - self.timers.len()) / 2;
+        let events = (self.events.capacity() - self.events.len()).min(4096);
+        let transmits = (self.transmits.capacity() - self.transmits.len()).min(4096);
+        let queues = if events >= 4096 && transmits >= 4096 {
+            usize::MAX
+        } else {
+            events.min(transmits)
+        };
+        slots.min(ids).min(qpns).min(timers).min(queues)
     }
 
     // ---- getters -------------------------------------------------------------------

@@ -349,7 +349,10 @@ impl<P: Platform> Inner<P> {
         }
         self.prepare_owners(want);
         let burst = want + self.cm.live_ceps();
-        let _ = self.cm.reserve(burst);
+        // Grow by doubling when short, so the engine's tables grow amortised O(1).
+        if self.cm.room() < burst {
+            let _ = self.cm.reserve(burst.saturating_mul(2));
+        }
         room(&mut self.done, burst);
         for batch in &mut self.spare_done {
             room(batch, burst);

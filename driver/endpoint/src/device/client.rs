@@ -403,7 +403,9 @@ impl<P: Platform> Device<P> {
             // path: DISPATCH_LEVEL) grow nothing.
             if !i.clients.delivering_threads.contains(&me) {
                 let live = i.cm.live_ceps();
-                let _ = i.cm.reserve(live + 1);
+                if i.cm.room() < live + 1 {
+                    let _ = i.cm.reserve((live + 1).saturating_mul(2));
+                }
                 i.prepare_batches(live + 1);
                 i.clients.prepare(0);
             }
