@@ -1092,6 +1092,23 @@ impl CmManager {
         if let Some(l) = self.listens.get_mut(listen_index) {
             l.pending += 1;
         }
+        if let Some(c) = self.cep_mut(id) {
+            c.backlog_of = Some(listen_id);
+        }
+        self.take_req(id, listen_id, src, tid, req);
+    }
+
+    /// A CEP answers `req` (from a listen, or a peer-to-peer CEP that turned passive):
+    /// it takes the peer's side of the connection from the REQ, enters REQ_RCVD, joins the
+    /// peer lookups and reports [`Event::ReqReceived`] naming `listen`.
+    pub(super) fn take_req(
+        &mut self,
+        id: CepId,
+        listen: CepId,
+        src: &MadAddress,
+        tid: u64,
+        req: &Req<'_>,
+    ) {
         let primary = PathRecord::from_peer(&req.primary_path);
         let alternate = req
             .alternate_path
@@ -1099,8 +1116,8 @@ impl CmManager {
             .then(|| PathRecord::from_peer(&req.alternate_path));
         let ca_ack_delay = self.config.ca_ack_delay;
         let Some(c) = self.cep_mut(id) else { return };
+        c.active = false;
         c.state = State::ReqRcvd { mra_sent: false };
-        c.backlog_of = Some(listen_id);
         c.dest = *src;
         c.tid = tid;
         c.remote_comm_id = req.local_comm_id;
@@ -1124,14 +1141,15 @@ impl CmManager {
         c.target_ack_delay = ca_ack_delay;
         c.srq = req.srq;
         c.flow_control = req.end_to_end_flow_control;
-        self.remote_ids.insert(peer, id);
+        self.remote_ids
+            .insert((req.local_comm_id, req.local_ca_guid), id);
         self.remote_qpns
             .insert((req.local_qpn, req.local_ca_guid), id);
         self.emit(
             id,
             Event::ReqReceived(ReqInfo {
                 port: src.port,
-                listen: listen_id,
+                listen,
                 service_id: req.service_id,
                 remote_ca_guid: req.local_ca_guid,
                 remote_qpn: req.local_qpn,

@@ -8,8 +8,7 @@ use ibcm_mad::Req;
 use super::CmManager;
 use crate::CmError;
 use crate::cep::State;
-use crate::event::{Event, ReqInfo};
-use crate::types::{CepId, ConnectParams, Instant, MadAddress, PathRecord, PrivateData};
+use crate::types::{CepId, ConnectParams, Instant, MadAddress};
 
 impl CmManager {
     /// Sends a REQ as [`connect`](Self::connect) does, and also accepts the peer's
@@ -64,64 +63,10 @@ impl CmManager {
             return true;
         }
         self.cancel_timer(id);
-        let primary = PathRecord::from_peer(&req.primary_path);
-        let alternate = req
-            .alternate_path
-            .is_present()
-            .then(|| PathRecord::from_peer(&req.alternate_path));
-        let ca_ack_delay = self.config.ca_ack_delay;
-        let Some(c) = self.cep_mut(id) else {
-            return true;
-        };
-        c.active = false;
-        c.peer_to_peer = false;
-        c.state = State::ReqRcvd { mra_sent: false };
-        c.dest = *src;
-        c.tid = tid;
-        c.remote_comm_id = req.local_comm_id;
-        c.remote_ca_guid = req.local_ca_guid;
-        c.remote_qpn = req.local_qpn;
-        c.remote_psn = req.starting_psn;
-        c.pkey = req.partition_key;
-        c.transport = req.transport;
-        c.path_mtu = req.path_mtu;
-        c.primary = primary;
-        c.alternate = alternate;
-        c.ack_timeout = crate::qp::ack_timeout(primary.packet_life_time, ca_ack_delay);
-        c.peer_responder_resources = req.responder_resources;
-        c.peer_initiator_depth = req.initiator_depth;
-        c.retry_count = req.retry_count;
-        c.rnr_retry = req.rnr_retry_count;
-        c.max_cm_retries = req.max_cm_retries;
-        c.remote_cm_response_timeout = req.remote_cm_response_timeout;
-        c.local_cm_response_timeout = req.local_cm_response_timeout;
-        c.target_ack_delay = ca_ack_delay;
-        c.srq = req.srq;
-        c.flow_control = req.end_to_end_flow_control;
-        self.remote_ids
-            .insert((req.local_comm_id, req.local_ca_guid), id);
-        self.remote_qpns
-            .insert((req.local_qpn, req.local_ca_guid), id);
-        self.emit(
-            id,
-            Event::ReqReceived(ReqInfo {
-                port: src.port,
-                listen: id,
-                service_id: req.service_id,
-                remote_ca_guid: req.local_ca_guid,
-                remote_qpn: req.local_qpn,
-                pkey: req.partition_key,
-                primary_path: primary,
-                alternate_path: alternate,
-                path_mtu: req.path_mtu,
-                transport: req.transport,
-                peer_responder_resources: req.responder_resources,
-                peer_initiator_depth: req.initiator_depth,
-                rnr_retry_count: req.rnr_retry_count,
-                srq: req.srq,
-                private_data: PrivateData::new(req.private_data),
-            }),
-        );
+        if let Some(c) = self.cep_mut(id) {
+            c.peer_to_peer = false;
+        }
+        self.take_req(id, id, src, tid, req);
         true
     }
 }
