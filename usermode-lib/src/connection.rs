@@ -19,7 +19,7 @@ use crate::error::{Detail, Error, Result};
 use crate::provider::Provider;
 use crate::{AcceptParams, ConnectParams, ListenParams, PathRecord};
 
-fn path_abi(p: &PathRecord) -> PathAbi {
+pub(crate) fn path_abi(p: &PathRecord) -> PathAbi {
     PathAbi {
         slid: p.slid,
         dlid: p.dlid,
@@ -36,7 +36,7 @@ fn path_abi(p: &PathRecord) -> PathAbi {
     }
 }
 
-fn path_record(p: &PathAbi) -> PathRecord {
+pub(crate) fn path_record(p: &PathAbi) -> PathRecord {
     PathRecord {
         slid: p.slid,
         dlid: p.dlid,
@@ -52,7 +52,7 @@ fn path_record(p: &PathAbi) -> PathRecord {
     }
 }
 
-fn qp_attributes(r: &QpAttrAbi) -> QpAttributes {
+pub(crate) fn qp_attributes(r: &QpAttrAbi) -> QpAttributes {
     let state = match r.state {
         qp_state::INIT => QpState::Init,
         qp_state::RTR => QpState::Rtr,
@@ -101,7 +101,7 @@ fn transport_code(t: Transport) -> u8 {
     }
 }
 
-fn private_data(r: &EventRecord) -> Vec<u8> {
+pub(crate) fn private_data(r: &EventRecord) -> Vec<u8> {
     r.private_data
         .get(..usize::from(r.private_data_len))
         .unwrap_or(&[])
@@ -113,7 +113,10 @@ fn too_long(operation: &'static str) -> Error {
 }
 
 /// Copies `data` into an inline field, failing (before any system call) if it is longer.
-fn inline<const N: usize>(operation: &'static str, data: &[u8]) -> Result<([u8; N], u8)> {
+pub(crate) fn inline<const N: usize>(
+    operation: &'static str,
+    data: &[u8],
+) -> Result<([u8; N], u8)> {
     let mut buf = [0u8; N];
     let dst = buf
         .get_mut(..data.len())
@@ -123,7 +126,7 @@ fn inline<const N: usize>(operation: &'static str, data: &[u8]) -> Result<([u8; 
 }
 
 /// The failure an event means for `operation`: a REJ, a timeout, or device removal.
-fn failure(operation: &'static str, r: &EventRecord) -> Error {
+pub(crate) fn failure(operation: &'static str, r: &EventRecord) -> Error {
     match r.event_type {
         event_type::REJECTED => Error {
             operation,

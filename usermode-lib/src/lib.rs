@@ -64,6 +64,7 @@ mod connection;
 mod endpoint;
 mod error;
 pub mod exchange;
+mod migration;
 mod provider;
 #[cfg(target_os = "linux")]
 pub mod rocev2;
@@ -72,13 +73,18 @@ pub mod sim;
 pub use completion::{CompletionPacket, CompletionPort, Overlapped, block_on, spawn};
 pub use connection::{ConnectEndpoint, ConnectReply, ConnectionRequest, Listener, QpTransitions};
 pub use error::{Detail, Error, Result, status_name};
+pub use migration::{
+    AprReply, DatagramEndpoint, DatagramRequest, LapRequest, ResolveParams, SidrReply,
+};
 pub use provider::Provider;
 
 pub use ibcm_cep::{
     ConnectParams, ListenParams, PathRecord, QpAttributes, QpState, RepParams as AcceptParams,
 };
 pub use ibcm_host::{Clock, Fabric, Faults, Realtime};
-pub use ibcm_mad::{Failover, IpHeader, IpServiceId, Mtu, Rate, RejReason, Transport};
+pub use ibcm_mad::{
+    AprStatus, Failover, IpHeader, IpServiceId, Mtu, Rate, RejReason, SidrStatus, Transport,
+};
 
 /// Connect parameters for a path between nodes `from` and `to` of the simulated fabric
 /// (IBA defaults otherwise): a starting point for examples and tests.

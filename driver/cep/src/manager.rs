@@ -287,6 +287,10 @@ impl CmManager {
         self.remote_qpns
             .try_reserve(ceps)
             .map_err(|_| CmError::NoResources)?;
+        // SIDR requests are few and short-lived: room for a burst, not for every CEP.
+        self.sidr_requests
+            .try_reserve(ceps.min(4096))
+            .map_err(|_| CmError::NoResources)?;
         self.timers
             .try_reserve(ceps.saturating_mul(2))
             .map_err(no)?;
@@ -301,6 +305,10 @@ impl CmManager {
         let slots = self.slots.capacity() - self.slots.len() + self.free.len();
         let ids = self.remote_ids.capacity() - self.remote_ids.len();
         let qpns = self.remote_qpns.capacity() - self.remote_qpns.len();
+        let sidr = match self.sidr_requests.capacity() - self.sidr_requests.len() {
+            n if n >= 4096 => usize::MAX,
+            n => n,
+        };
         let timers = (self.timers.capacity() - self.timers.len()) / 2;
         let events = (self.events.capacity() - self.events.len()).min(4096);
         let transmits = (self.transmits.capacity() - self.transmits.len()).min(4096);
@@ -309,7 +317,7 @@ impl CmManager {
         } else {
             events.min(transmits)
         };
-        slots.min(ids).min(qpns).min(timers).min(queues)
+        slots.min(ids).min(qpns).min(sidr).min(timers).min(queues)
     }
 
     // ---- getters -------------------------------------------------------------------
