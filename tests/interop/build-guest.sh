@@ -29,8 +29,16 @@ fi
 
 # The kernel flavour with rdma_rxe.ko (the -cloud- one lacks it): whatever
 # linux-image-amd64 depends on today.
-kpkg="$(apt-cache depends linux-image-amd64 2>/dev/null | awk '/Depends: linux-image-[0-9]/ {print $2; exit}')"
-[ -n "$kpkg" ] || die "cannot resolve linux-image-amd64 (run apt-get update first)"
+resolve_kernel() {
+    apt-cache depends linux-image-amd64 2>/dev/null | awk '/Depends: linux-image-[0-9]/ {print $2; exit}'
+}
+kpkg="$(resolve_kernel)"
+if [ -z "$kpkg" ]; then
+    # A fresh machine may have no package lists yet.
+    apt-get update >/dev/null 2>&1 || true
+    kpkg="$(resolve_kernel)"
+fi
+[ -n "$kpkg" ] || die "cannot resolve linux-image-amd64 (apt-get update failed?)"
 kver="${kpkg#linux-image-}"
 
 # The guest's user space: rdma-core's tools, the rxe verbs provider, `rdma` from iproute2,
