@@ -6,11 +6,11 @@ use std::future::Future;
 
 use ibcm_cep::{MigrationState, QpAttributes, QpState};
 use ibcm_ioctl::{
-    ConnectIn, EventRecord, FormatRepIn, FormatRepOut, GetQpAttrIn, ListenIn, MraIn, PathAbi,
-    PrivateDataIn, QpAttrAbi, QpAttrOut, QueryOut, RejIn, code, ep_state, event_type, flags,
-    qp_mask, qp_state, status,
+    ConnectIn, EventRecord, FormatRepIn, FormatRepOut, GetQpAttrIn, ListenIn, MraIn, PrivateDataIn,
+    QpAttrAbi, QpAttrOut, QueryOut, RejIn, code, ep_state, event_type, flags, qp_mask, qp_state,
+    status,
 };
-use ibcm_mad::{AttributeId, Failover, IpHeader, Mtu, Rate, RejReason, Transport};
+use ibcm_mad::{AttributeId, Failover, IpHeader, Mtu, RejReason, Transport};
 use zerocopy::{FromBytes, FromZeros, IntoBytes};
 
 use crate::completion::block_on;
@@ -19,38 +19,7 @@ use crate::error::{Detail, Error, Result};
 use crate::provider::Provider;
 use crate::{AcceptParams, ConnectParams, ListenParams, PathRecord};
 
-pub(crate) fn path_abi(p: &PathRecord) -> PathAbi {
-    PathAbi {
-        slid: p.slid,
-        dlid: p.dlid,
-        flow_label: p.flow_label,
-        sgid: p.sgid,
-        dgid: p.dgid,
-        traffic_class: p.traffic_class,
-        hop_limit: p.hop_limit,
-        sl: p.sl,
-        rate: p.rate.into(),
-        packet_life_time: p.packet_life_time,
-        subnet_local: p.subnet_local.into(),
-        reserved: [0; 2],
-    }
-}
-
-pub(crate) fn path_record(p: &PathAbi) -> PathRecord {
-    PathRecord {
-        slid: p.slid,
-        dlid: p.dlid,
-        sgid: p.sgid,
-        dgid: p.dgid,
-        flow_label: p.flow_label,
-        traffic_class: p.traffic_class,
-        hop_limit: p.hop_limit,
-        sl: p.sl,
-        rate: Rate::from(p.rate),
-        packet_life_time: p.packet_life_time,
-        subnet_local: p.subnet_local != 0,
-    }
-}
+pub(crate) use ibcm_endpoint::{path_of_abi as path_record, path_to_abi as path_abi};
 
 pub(crate) fn qp_attributes(r: &QpAttrAbi) -> QpAttributes {
     let state = match r.state {

@@ -25,4 +25,4 @@ mod records;
 
 pub use device::{Callback, ClientEvent, ClientId, Device, FileId, Inner, MAX_BACKLOG};
 pub use platform::{Lock, Platform, Request};
-pub use records::{Status, status_of};
+pub use records::{Status, path_of_abi, path_to_abi, status_of};

@@ -47,7 +47,13 @@ pub fn path_from_abi(p: &PathAbi) -> Result<PathRecord, Status> {
     require(p.reserved == [0; 2])?;
     require(p.flow_label <= 0xF_FFFF && p.sl <= 15 && p.rate <= 63)?;
     require(p.packet_life_time <= 31 && p.subnet_local <= 1)?;
-    Ok(PathRecord {
+    Ok(path_of_abi(p))
+}
+
+/// A path from its record as the driver writes it (no validation: for the reader of
+/// the driver's own output).
+pub fn path_of_abi(p: &PathAbi) -> PathRecord {
+    PathRecord {
         slid: p.slid,
         dlid: p.dlid,
         sgid: p.sgid,
@@ -59,7 +65,7 @@ pub fn path_from_abi(p: &PathAbi) -> Result<PathRecord, Status> {
         rate: Rate::from(p.rate),
         packet_life_time: p.packet_life_time,
         subnet_local: p.subnet_local != 0,
-    })
+    }
 }
 
 /// A path's record.
