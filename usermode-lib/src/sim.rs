@@ -109,7 +109,7 @@ impl Default for SimOptions {
 
 enum Mode {
     Real(Realtime),
-    Virtual(Mutex<Fabric>),
+    Virtual(Box<Mutex<Fabric>>),
 }
 
 /// A running simulated fabric.
@@ -137,7 +137,7 @@ impl Sim {
         let mode = if options.real_time {
             Mode::Real(Realtime::start(fabric))
         } else {
-            Mode::Virtual(Mutex::new(fabric))
+            Mode::Virtual(Box::new(Mutex::new(fabric)))
         };
         Self { mode, clock, nodes }
     }

@@ -174,10 +174,12 @@ impl Engines {
     /// Moves virtual time past every timewait and retry, and handles the timers.
     fn expire(&mut self) {
         self.now = self.now.add_nanos(TICK_NS);
-        self.a.handle_timeout(self.now);
-        self.b.handle_timeout(self.now);
-        while self.a.poll_event().is_some() {}
-        while self.b.poll_event().is_some() {}
+        for m in [&mut self.a, &mut self.b] {
+            while m.poll_timeout().is_some_and(|at| at <= self.now) {
+                m.handle_timeout(self.now);
+                while m.poll_event().is_some() {}
+            }
+        }
         assert!(self.a.poll_transmit().is_none() && self.b.poll_transmit().is_none());
     }
 }

@@ -25,7 +25,9 @@ pub use config::CmConfig;
 pub use counters::{COUNTED_ATTRIBUTES, Counters, slot as counter_slot};
 pub use error::CmError;
 pub use event::{Event, RepInfo, ReqInfo, SidrRepInfo, SidrReqInfo};
-pub use manager::{CepInfo, CmManager, PreparedRep, SidrParams, SidrReplyParams, Transmit};
+pub use manager::{
+    CepInfo, CmManager, PreparedRep, SidrParams, SidrReplyParams, TIMER_BATCH, Transmit,
+};
 pub use qp::{AddressVector, MigrationState, QpAttributes, QpState, access, ack_timeout};
 pub use types::{
     CepId, ConnectParams, Instant, ListenParams, MadAddress, PathRecord, PrivateData, RejectParams,

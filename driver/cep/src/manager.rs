@@ -33,6 +33,10 @@ mod sidr;
 
 pub use sidr::{SidrParams, SidrReplyParams};
 
+/// Timers one [`CmManager::handle_timeout`] handles at most, so at most this many MADs
+/// and events: what the platform's send batch must hold for a timer pass.
+pub const TIMER_BATCH: usize = 128;
+
 /// One MAD to send on QP1.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Transmit {
@@ -531,12 +535,17 @@ impl CmManager {
         self.arm(id, now.add_nanos(base_ns));
     }
 
-    /// Handles every timer whose deadline is at or before `now`.
+    /// Handles the timers whose deadline is at or before `now`, at most [`TIMER_BATCH`]
+    /// of them: a timer DPC holds the lock for a bounded time and sends a bounded batch.
+    /// If more are due, [`poll_timeout`](Self::poll_timeout) still answers a deadline at
+    /// or before `now`: drain the output and call again (re-arm the timer to fire now).
     pub fn handle_timeout(&mut self, now: Instant) {
+        let mut budget = TIMER_BATCH;
         while let Some(Reverse((at, seq, raw))) = self.timers.peek().copied() {
-            if at > now {
+            if at > now || budget == 0 {
                 break;
             }
+            budget -= 1;
             self.timers.pop();
             let id = CepId(raw);
             let Some(cep) = self.cep_any(id) else {

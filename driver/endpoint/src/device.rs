@@ -42,6 +42,10 @@ impl FileId {
 
 /// Emptied MAD batches kept for entry points that overlap (see `take_flush`).
 const SPARE_BATCHES: usize = 4;
+/// MADs one entry point at DISPATCH_LEVEL may queue, and requests it may complete: a
+/// timer pass sends at most one MAD and reports at most one event (which completes at
+/// most one pending GET_EVENT) per timer it handles; a received MAD brings a couple.
+const DISPATCH_BATCH: usize = ibcm_cep::TIMER_BATCH + 8;
 
 /// Largest listen backlog an IOCTL may ask for.
 pub const MAX_BACKLOG: u32 = 4096;
@@ -336,9 +340,10 @@ impl<P: Platform> Inner<P> {
 
     /// Grows, at PASSIVE_LEVEL, everything a burst of REQs on this file's listens could
     /// need at DISPATCH_LEVEL: spare endpoints, table slots, owner entries, engine slots.
-    /// The engine and the batches also get room for a burst over every live CEP at once:
-    /// a REP or DREP for each connecting or disconnecting CEP (peer-table entries, timers)
-    /// and a timer run that ends many timewaits together (events, completions, MADs).
+    /// The engine also gets room for a burst over every live CEP at once: a REP or DREP
+    /// for each connecting or disconnecting CEP (peer-table entries, timers, events). The
+    /// batches are bounded: a DISPATCH_LEVEL entry point sends and completes at most
+    /// [`DISPATCH_BATCH`] MADs and requests.
     fn prepare_for_requests(&mut self, file: FileId, extra: usize) {
         let Ok(f) = self.file(file) else { return };
         let want = f.backlog + extra;
@@ -353,37 +358,35 @@ impl<P: Platform> Inner<P> {
         if self.cm.room() < burst {
             let _ = self.cm.reserve(burst.saturating_mul(2));
         }
-        room(&mut self.done, burst);
-        for batch in &mut self.spare_done {
-            room(batch, burst);
-        }
-        while self.spare_done.len() < SPARE_BATCHES {
-            self.spare_done.push(Vec::with_capacity(burst));
-        }
-        room(&mut self.tx, burst);
     }
 
-    /// Room in the owner table for `n` more CEPs (PASSIVE_LEVEL). The engine reuses free
-    /// slab slots before it grows the slab, so `n` new CEPs have indices below the slab's
-    /// high-water mark (which the table already covers) or below live + `n`: the table
-    /// grows to that and no further, however often this is called.
+    /// Room in the owner table for `n` more CEPs, and in the batches (PASSIVE_LEVEL). The
+    /// engine reuses free slab slots before it grows the slab, so `n` new CEPs have
+    /// indices below the slab's high-water mark (which the table already covers) or below
+    /// live + `n`: the table grows to that and no further, however often this is called.
     fn prepare_owners(&mut self, n: usize) {
         let room = self.owners.len().max(self.cm.live_ceps() + n);
         self.owners.resize(room, None);
-        self.tx.reserve(n);
+        self.prepare_batches();
     }
 
-    /// Room for `n` MADs in the batch and in every spare batch, so that a timer pass or a
-    /// receive that sends at DISPATCH_LEVEL finds room whichever batch it gets
-    /// (PASSIVE_LEVEL; capped as the engine caps its own transmit queue).
-    fn prepare_batches(&mut self, n: usize) {
-        let n = n.min(4096);
-        self.tx.reserve(n);
+    /// Room for [`DISPATCH_BATCH`] MADs and completions in the batches and in every
+    /// spare batch, so that a timer pass or a receive at DISPATCH_LEVEL finds room
+    /// whichever batch it gets (PASSIVE_LEVEL).
+    fn prepare_batches(&mut self) {
+        room(&mut self.tx, DISPATCH_BATCH);
         for batch in &mut self.spare_tx {
-            batch.reserve(n);
+            room(batch, DISPATCH_BATCH);
         }
         while self.spare_tx.len() < SPARE_BATCHES {
-            self.spare_tx.push(Vec::with_capacity(n));
+            self.spare_tx.push(Vec::with_capacity(DISPATCH_BATCH));
+        }
+        room(&mut self.done, DISPATCH_BATCH);
+        for batch in &mut self.spare_done {
+            room(batch, DISPATCH_BATCH);
+        }
+        while self.spare_done.len() < SPARE_BATCHES {
+            self.spare_done.push(Vec::with_capacity(DISPATCH_BATCH));
         }
     }
 

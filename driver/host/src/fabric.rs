@@ -6,6 +6,8 @@
 //! own thread while user threads issue IOCTLs concurrently, so the locking design is
 //! exercised for real.
 
+use std::cmp::Reverse;
+use std::collections::BinaryHeap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex, PoisonError};
 use std::thread::JoinHandle;
@@ -110,11 +112,56 @@ pub struct Captured {
 }
 
 struct InFlight {
-    at: u64,
-    seq: u64,
     to: usize,
     from: MadAddress,
     mad: [u8; MAD_SIZE],
+}
+
+/// MADs on the wire, delivered in (due time, send order): a heap of small keys over
+/// parked MADs, so that a step costs O(log n) per MAD, not a pass over all in flight.
+#[derive(Default)]
+struct Link {
+    /// (due time, sequence, index into `parked`).
+    due: BinaryHeap<Reverse<(u64, u64, usize)>>,
+    parked: Vec<Option<InFlight>>,
+    free: Vec<usize>,
+}
+
+impl Link {
+    fn push(&mut self, at: u64, seq: u64, m: InFlight) {
+        let slot = match self.free.pop() {
+            Some(i) => {
+                if let Some(p) = self.parked.get_mut(i) {
+                    *p = Some(m);
+                }
+                i
+            }
+            None => {
+                self.parked.push(Some(m));
+                self.parked.len() - 1
+            }
+        };
+        self.due.push(Reverse((at, seq, slot)));
+    }
+
+    fn next_at(&self) -> Option<u64> {
+        self.due.peek().map(|Reverse((at, _, _))| *at)
+    }
+
+    /// The next MAD due at or before `now`.
+    fn pop_due(&mut self, now: u64) -> Option<InFlight> {
+        loop {
+            let &Reverse((at, _, slot)) = self.due.peek()?;
+            if at > now {
+                return None;
+            }
+            self.due.pop();
+            self.free.push(slot);
+            if let Some(m) = self.parked.get_mut(slot).and_then(Option::take) {
+                return Some(m);
+            }
+        }
+    }
 }
 
 /// SplitMix64: a small seeded generator for fault decisions.
@@ -152,7 +199,9 @@ pub struct Fabric {
     /// When set, every delivered MAD is captured here (for pcap).
     pub capture: Option<Vec<Captured>>,
     wake: Arc<Wake>,
-    link: Vec<InFlight>,
+    link: Link,
+    /// MADs due in the current step (kept for its capacity).
+    due: Vec<InFlight>,
     seq: u64,
     rng: Rng,
 }
@@ -191,7 +240,8 @@ impl Fabric {
             delivered: 0,
             capture: None,
             wake,
-            link: Vec::new(),
+            link: Link::default(),
+            due: Vec::new(),
             seq: 0,
             rng: Rng(seed ^ 0x5EED_F00D),
         }
@@ -241,13 +291,7 @@ impl Fabric {
                         at += self.latency_ns * (1 + self.rng.next() % 4);
                     }
                     self.seq += 1;
-                    self.link.push(InFlight {
-                        at,
-                        seq: self.seq,
-                        to,
-                        from,
-                        mad,
-                    });
+                    self.link.push(at, self.seq, InFlight { to, from, mad });
                 }
             }
             node.platform.recycle_sent(sent);
@@ -255,7 +299,7 @@ impl Fabric {
     }
 
     fn next_event(&self) -> Option<u64> {
-        let link = self.link.iter().map(|m| m.at).min();
+        let link = self.link.next_at();
         let timers = self
             .nodes
             .iter()
@@ -278,18 +322,12 @@ impl Fabric {
 
     fn deliver_due(&mut self) {
         let now = self.clock.now().as_nanos();
-        let mut due: Vec<InFlight> = Vec::new();
-        let mut rest = Vec::with_capacity(self.link.len());
-        for m in self.link.drain(..) {
-            if m.at <= now {
-                due.push(m);
-            } else {
-                rest.push(m);
-            }
+        // What is due now, in order; what the receivers send goes out in a later step.
+        let mut due = std::mem::take(&mut self.due);
+        while let Some(m) = self.link.pop_due(now) {
+            due.push(m);
         }
-        self.link = rest;
-        due.sort_by_key(|m| (m.at, m.seq));
-        for m in due {
+        for m in due.drain(..) {
             if let Some(node) = self.nodes.get(m.to) {
                 if let Some(cap) = self.capture.as_mut() {
                     cap.push(Captured {
@@ -303,6 +341,7 @@ impl Fabric {
                 self.delivered += 1;
             }
         }
+        self.due = due;
         for node in &self.nodes {
             if node.platform.timer().is_some_and(|t| t.as_nanos() <= now) {
                 node.fire_timer();

@@ -34,11 +34,22 @@ impl<T> Lock<T> for HostLock<T> {
 
 /// A request from a (modelled) user-mode caller: its output buffer has exactly the
 /// length the caller gave.
-#[derive(Debug)]
 pub struct HostRequest {
     key: u64,
     output: Vec<u8>,
     ledger: Arc<Ledger>,
+    /// Who learns of the completion (an in-process user library); without one the
+    /// ledger keeps the completion for [`Ledger::completion`].
+    hook: Option<CompletionHook>,
+}
+
+impl core::fmt::Debug for HostRequest {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.debug_struct("HostRequest")
+            .field("key", &self.key)
+            .field("output_len", &self.output.len())
+            .finish_non_exhaustive()
+    }
 }
 
 impl HostRequest {
@@ -73,9 +84,10 @@ impl Request for HostRequest {
 /// MADs the outbox holds without growing, at least (see [`HostPlatform::take_sent`]).
 pub const OUTBOX_ROOM: usize = 1024;
 
-/// Called once with a request's completion (no lock held): how an in-process user library
-/// learns that its request finished.
-pub type CompletionHook = Box<dyn FnOnce(&Completion) + Send>;
+/// Called once with a request's completion (no lock held), after the ledger checked it:
+/// how an in-process user library learns that its request finished. It takes the output
+/// buffer, as the I/O manager hands the caller its system buffer.
+pub type CompletionHook = Box<dyn FnOnce(Completion) + Send>;
 
 /// The host platform of one node.
 #[derive(Clone)]
@@ -87,7 +99,6 @@ pub struct HostPlatform {
     /// The outbox's other buffer (see [`HostPlatform::take_sent`]).
     spare: Arc<Mutex<Vec<Transmit>>>,
     timer: Arc<Mutex<Option<Instant>>>,
-    hooks: Arc<Mutex<std::collections::HashMap<u64, CompletionHook>>>,
     wake: Arc<crate::fabric::Wake>,
 }
 
@@ -108,7 +119,6 @@ impl HostPlatform {
             outbox: Arc::new(Mutex::new(Vec::with_capacity(OUTBOX_ROOM))),
             spare: Arc::new(Mutex::new(Vec::new())),
             timer: Arc::new(Mutex::new(None)),
-            hooks: Arc::new(Mutex::new(std::collections::HashMap::new())),
             wake,
         }
     }
@@ -118,20 +128,27 @@ impl HostPlatform {
         self.wake.notify();
     }
 
-    /// Calls `hook` when request `key` completes (install before dispatching it).
-    pub fn on_completion(&self, key: u64, hook: CompletionHook) {
-        self.hooks
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .insert(key, hook);
-    }
-
-    /// A request of `file` with an output buffer of `output_len` bytes.
+    /// A request of `file` with an output buffer of `output_len` bytes; the ledger keeps
+    /// its completion.
     pub fn request(&self, file: u64, output_len: usize) -> HostRequest {
         HostRequest {
             key: self.ledger.issue(file),
             output: vec![0; output_len],
             ledger: Arc::clone(&self.ledger),
+            hook: None,
+        }
+    }
+
+    /// A request whose completion goes to `hook`.
+    pub fn request_with_hook(
+        &self,
+        file: u64,
+        output_len: usize,
+        hook: CompletionHook,
+    ) -> HostRequest {
+        HostRequest {
+            hook: Some(hook),
+            ..self.request(file, output_len)
         }
     }
 
@@ -197,26 +214,24 @@ impl Platform for HostPlatform {
     }
 
     fn complete(&self, request: HostRequest, status: i32, information: usize) {
-        let HostRequest { key, output, .. } = request;
+        let HostRequest {
+            key, output, hook, ..
+        } = request;
         let completion = Completion {
             status,
             information,
             output,
         };
-        let hook = self
-            .hooks
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .remove(&key);
         match hook {
             Some(hook) => {
+                // The caller takes the output; the ledger keeps only the fact.
+                self.ledger
+                    .complete_and_forget(key, status, information, completion.output.len());
                 // The hook is the user-mode side learning of the completion (IOCP, an
                 // event): on Windows that runs later, in the caller's thread, not at the
                 // completing driver's IRQL, so what it allocates is not counted against
                 // a DISPATCH_LEVEL path that completed the request.
-                allocation_counter::opt_out(|| hook(&completion));
-                // The caller has the output now; keep only the fact of completion.
-                self.ledger.complete_and_forget(key, completion);
+                allocation_counter::opt_out(|| hook(completion));
             }
             None => self.ledger.complete(key, completion),
         }

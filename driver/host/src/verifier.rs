@@ -113,20 +113,62 @@ struct Entry {
     completion: Option<Completion>,
 }
 
+/// Hashes a request key (keys are sequential) with one multiplication: the ledger sits
+/// on every IOCTL, so it must cost little next to the dispatch it checks.
+#[derive(Default)]
+struct KeyHasher(u64);
+
+impl std::hash::Hasher for KeyHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = (self.0.rotate_left(8) ^ u64::from(b)).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+        }
+    }
+    fn write_u64(&mut self, key: u64) {
+        self.0 = key.wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    }
+}
+
+#[derive(Debug, Default)]
+struct Book {
+    entries: HashMap<u64, Entry, std::hash::BuildHasherDefault<KeyHasher>>,
+    /// Bit `key` set: the request completed, its completion went to a hook, and its entry
+    /// was dropped (so a long in-process run keeps one bit per request, not a buffer).
+    retired: Vec<u64>,
+}
+
+impl Book {
+    fn is_retired(&self, key: u64) -> bool {
+        let (word, bit) = ((key / 64) as usize, key % 64);
+        self.retired.get(word).is_some_and(|w| w & (1 << bit) != 0)
+    }
+
+    fn retire(&mut self, key: u64) {
+        let (word, bit) = ((key / 64) as usize, key % 64);
+        if self.retired.len() <= word {
+            // The verifier's own bookkeeping, not the driver's: not counted.
+            allocation_counter::opt_out(|| self.retired.resize(word + 1, 0));
+        }
+        if let Some(w) = self.retired.get_mut(word) {
+            *w |= 1 << bit;
+        }
+    }
+}
+
 /// The ledger of every request issued on a host device.
 #[derive(Debug, Default)]
 pub struct Ledger {
-    entries: Mutex<HashMap<u64, Entry>>,
-    /// Bit `key` set: the request completed, its completion went to a hook, and its entry
-    /// was dropped (so a long in-process run keeps one bit per request, not a buffer).
-    retired: Mutex<Vec<u64>>,
+    book: Mutex<Book>,
     violations: Mutex<Vec<Violation>>,
     next_key: AtomicUsize,
 }
 
 impl Ledger {
-    fn entries(&self) -> std::sync::MutexGuard<'_, HashMap<u64, Entry>> {
-        self.entries
+    fn book(&self) -> std::sync::MutexGuard<'_, Book> {
+        self.book
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
@@ -140,7 +182,7 @@ impl Ledger {
 
     pub(crate) fn issue(&self, file: u64) -> u64 {
         let key = self.next_key.fetch_add(1, Ordering::Relaxed) as u64 + 1;
-        self.entries().insert(
+        self.book().entries.insert(
             key,
             Entry {
                 file,
@@ -151,7 +193,7 @@ impl Ledger {
     }
 
     pub(crate) fn cancel_requested(&self, key: u64) {
-        if let Some(e) = self.entries().get_mut(&key) {
+        if let Some(e) = self.book().entries.get_mut(&key) {
             e.cancel_requested = true;
         }
     }
@@ -165,90 +207,87 @@ impl Ledger {
         self.complete(key, completion);
     }
 
+    /// Records a completion and keeps it for [`completion`](Self::completion).
     pub(crate) fn complete(&self, key: u64, completion: Completion) {
-        self.record(key, completion, true);
+        let (status, information, len) = (
+            completion.status,
+            completion.information,
+            completion.output.len(),
+        );
+        self.record(key, status, information, len, Some(completion));
     }
 
-    /// Records a completion whose caller already took it (through a completion hook):
-    /// the rules are checked as for any completion, then the entry is dropped and only
-    /// the fact that `key` completed is kept. [`completion`](Self::completion) then
-    /// answers `None` for it.
-    pub(crate) fn complete_and_forget(&self, key: u64, completion: Completion) {
-        self.record(key, completion, false);
+    /// Records a completion whose caller takes it (through a completion hook): the rules
+    /// are checked as for any completion, then the entry is dropped and only the fact
+    /// that `key` completed is kept. [`completion`](Self::completion) then answers `None`
+    /// for it.
+    pub(crate) fn complete_and_forget(
+        &self,
+        key: u64,
+        status: i32,
+        information: usize,
+        len: usize,
+    ) {
+        self.record(key, status, information, len, None);
     }
 
-    fn retired(&self) -> std::sync::MutexGuard<'_, Vec<u64>> {
-        self.retired
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-    }
-
-    fn is_retired(&self, key: u64) -> bool {
-        let (word, bit) = ((key / 64) as usize, key % 64);
-        self.retired()
-            .get(word)
-            .is_some_and(|w| w & (1 << bit) != 0)
-    }
-
-    fn retire(&self, key: u64) {
-        let (word, bit) = ((key / 64) as usize, key % 64);
-        let mut r = self.retired();
-        if r.len() <= word {
-            // The verifier's own bookkeeping, not the driver's: not counted.
-            allocation_counter::opt_out(|| r.resize(word + 1, 0));
-        }
-        if let Some(w) = r.get_mut(word) {
-            *w |= 1 << bit;
-        }
-    }
-
-    fn record(&self, key: u64, completion: Completion, retain: bool) {
+    fn record(
+        &self,
+        key: u64,
+        status: i32,
+        information: usize,
+        len: usize,
+        retain: Option<Completion>,
+    ) {
         if locks_held() != 0 {
             self.violate(Violation::CompletedUnderLock { key });
         }
-        let mut entries = self.entries();
-        let Some(e) = entries.get_mut(&key) else {
-            drop(entries);
-            if self.is_retired(key) {
+        let mut book = self.book();
+        let Some(e) = book.entries.get_mut(&key) else {
+            let twice = book.is_retired(key);
+            drop(book);
+            if twice {
                 self.violate(Violation::DoubleCompletion { key });
             }
             return;
         };
         if e.completion.is_some() {
-            drop(entries);
+            drop(book);
             self.violate(Violation::DoubleCompletion { key });
             return;
         }
-        let after_cancel = e.cancel_requested && completion.status != ibcm_ioctl::status::CANCELLED;
-        let bad_info = completion.information > completion.output.len();
-        if retain {
-            e.completion = Some(completion);
-        } else {
-            entries.remove(&key);
+        let after_cancel = e.cancel_requested && status != ibcm_ioctl::status::CANCELLED;
+        match retain {
+            Some(c) => e.completion = Some(c),
+            None => {
+                book.entries.remove(&key);
+                book.retire(key);
+            }
         }
-        drop(entries);
-        if !retain {
-            self.retire(key);
-        }
+        drop(book);
         if after_cancel {
             // Allowed only if the request completed normally before the cancel routine
             // ran; the host marks cancel_requested just before calling it, so any
             // non-CANCELLED completion after that point is a race the driver lost.
             self.violate(Violation::CompletedAfterCancel { key });
         }
-        if bad_info {
+        if information > len {
             self.violate(Violation::BadInformation { key });
         }
     }
 
     /// How a request ended, if it has.
     pub fn completion(&self, key: u64) -> Option<Completion> {
-        self.entries().get(&key).and_then(|e| e.completion.clone())
+        self.book()
+            .entries
+            .get(&key)
+            .and_then(|e| e.completion.clone())
     }
 
     /// Requests of `file` not completed yet.
     pub fn outstanding(&self, file: u64) -> Vec<u64> {
-        self.entries()
+        self.book()
+            .entries
             .iter()
             .filter(|(_, e)| e.file == file && e.completion.is_none())
             .map(|(k, _)| *k)

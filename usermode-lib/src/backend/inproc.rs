@@ -39,18 +39,19 @@ impl Backend for InProcess {
             });
             return 0;
         }
-        let request = self.node.request(self.file, output_len);
-        let key = request.key_value();
-        self.node.platform.on_completion(
-            key,
+        let request = self.node.platform.request_with_hook(
+            ibcm_host::file_key(self.file),
+            output_len,
             Box::new(move |c| {
-                let len = c.information.min(c.output.len());
+                let mut output = c.output;
+                output.truncate(c.information);
                 on_complete(Done {
                     status: c.status,
-                    output: c.output.get(..len).unwrap_or(&[]).to_vec(),
+                    output,
                 });
             }),
         );
+        let key = request.key_value();
         self.node.device.dispatch(self.file, request, code, input);
         key
     }

@@ -406,7 +406,7 @@ impl<P: Platform> Device<P> {
                 if i.cm.room() < live + 1 {
                     let _ = i.cm.reserve((live + 1).saturating_mul(2));
                 }
-                i.prepare_batches(live + 1);
+                i.prepare_batches();
                 i.clients.prepare(0);
             }
             f(&mut i.cm, cep, now)
