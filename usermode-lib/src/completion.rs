@@ -108,10 +108,17 @@ pub struct CompletionPacket {
     pub overlapped: Overlapped,
 }
 
+#[derive(Debug, Default)]
+struct PortState {
+    packets: VecDeque<CompletionPacket>,
+    /// Threads blocked in `get`: only they need a (system-call) wake-up.
+    waiting: usize,
+}
+
 /// An I/O completion port: finished overlapped operations are queued here, and any thread
 /// may dequeue them ([`CompletionPort::get`], as `GetQueuedCompletionStatus`).
 #[derive(Debug, Default, Clone)]
-pub struct CompletionPort(Arc<(Mutex<VecDeque<CompletionPacket>>, Condvar)>);
+pub struct CompletionPort(Arc<(Mutex<PortState>, Condvar)>);
 
 impl CompletionPort {
     /// A new, empty port.
@@ -120,12 +127,13 @@ impl CompletionPort {
     }
 
     fn post(&self, packet: CompletionPacket) {
-        self.0
-            .0
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .push_back(packet);
-        self.0.1.notify_one();
+        let mut q = self.0.0.lock().unwrap_or_else(PoisonError::into_inner);
+        q.packets.push_back(packet);
+        let waiting = q.waiting > 0;
+        drop(q);
+        if waiting {
+            self.0.1.notify_one();
+        }
     }
 
     /// Dequeues a packet, waiting up to `timeout` (None: forever).
@@ -133,21 +141,25 @@ impl CompletionPort {
         let mut q = self.0.0.lock().unwrap_or_else(PoisonError::into_inner);
         let deadline = timeout.map(|t| std::time::Instant::now() + t);
         loop {
-            if let Some(p) = q.pop_front() {
+            if let Some(p) = q.packets.pop_front() {
                 return Some(p);
             }
-            match deadline {
-                None => q = self.0.1.wait(q).unwrap_or_else(PoisonError::into_inner),
-                Some(d) => {
-                    let left = d.checked_duration_since(std::time::Instant::now())?;
-                    q = self
-                        .0
+            let left = match deadline {
+                None => None,
+                Some(d) => Some(d.checked_duration_since(std::time::Instant::now())?),
+            };
+            q.waiting += 1;
+            q = match left {
+                None => self.0.1.wait(q).unwrap_or_else(PoisonError::into_inner),
+                Some(left) => {
+                    self.0
                         .1
                         .wait_timeout(q, left)
                         .unwrap_or_else(PoisonError::into_inner)
-                        .0;
+                        .0
                 }
-            }
+            };
+            q.waiting -= 1;
         }
     }
 }
@@ -158,6 +170,8 @@ type AnyResult = Box<dyn std::any::Any + Send>;
 struct OverlappedState {
     result: Option<AnyResult>,
     port: Option<(CompletionPort, usize)>,
+    /// Threads blocked in `wait`.
+    waiting: usize,
 }
 
 /// The state of one overlapped operation (an OVERLAPPED): started with [`spawn`],
@@ -201,7 +215,9 @@ impl Overlapped {
     pub fn wait(&self) {
         let mut s = self.0.0.lock().unwrap_or_else(PoisonError::into_inner);
         while s.result.is_none() {
+            s.waiting += 1;
             s = self.0.1.wait(s).unwrap_or_else(PoisonError::into_inner);
+            s.waiting -= 1;
         }
     }
 
@@ -220,12 +236,14 @@ impl Overlapped {
     }
 
     fn finish(&self, value: AnyResult) {
-        let port = {
+        let (port, waiting) = {
             let mut s = self.0.0.lock().unwrap_or_else(PoisonError::into_inner);
             s.result = Some(value);
-            s.port.clone()
+            (s.port.take(), s.waiting > 0)
         };
-        self.0.1.notify_all();
+        if waiting {
+            self.0.1.notify_all();
+        }
         if let Some((port, key)) = port {
             port.post(CompletionPacket {
                 key,

@@ -17,7 +17,7 @@ use crate::provider::Provider;
 /// Records one GET_EVENT of a connection endpoint asks for: several events cost one
 /// system call, but the output buffer is allocated (and zeroed) per request, and a
 /// connection rarely has more than a couple of events queued.
-const EVENTS_PER_REQUEST: usize = 4;
+const EVENTS_PER_REQUEST: usize = 2;
 /// Records one GET_EVENT of a listener asks for: REQs come in bursts.
 pub(crate) const LISTENER_EVENTS_PER_REQUEST: usize = 16;
 
@@ -127,9 +127,9 @@ impl Endpoint {
             code::GET_EVENT,
             self.handle_in().as_bytes(),
             batch * EventRecord::SIZE as usize,
-            Box::new(move |done| {
+            Box::new(move |status, output| {
                 if let Some(inner) = me.upgrade() {
-                    Endpoint(inner).on_events(ticket, done);
+                    Endpoint(inner).on_events(ticket, Done { status, output });
                 }
             }),
         );
@@ -156,7 +156,7 @@ impl Endpoint {
             } else if done.status != status::CANCELLED || !ours {
                 ev.failed = Some(done.status);
             }
-            std::mem::take(&mut ev.wakers)
+            take_wakers(&mut ev.wakers)
         };
         for w in wakers {
             w.wake();
@@ -173,7 +173,7 @@ impl Endpoint {
             {
                 ev.cancelled = Some(ticket);
             }
-            (ev.outstanding, std::mem::take(&mut ev.wakers))
+            (ev.outstanding, take_wakers(&mut ev.wakers))
         };
         if let Some((_, key)) = key.filter(|(_, k)| *k != 0) {
             self.0.provider.backend().cancel(key);
@@ -211,8 +211,19 @@ impl Drop for Inner {
         };
         self.provider
             .backend()
-            .submit(code::DESTROY, input.as_bytes(), 0, Box::new(|_| {}));
+            .submit(code::DESTROY, input.as_bytes(), 0, Box::new(|_, _| {}));
     }
+}
+
+/// The wakers to wake once the event lock is released. One waiter is the usual case:
+/// the vector keeps its buffer for the next wait rather than being reallocated.
+fn take_wakers(wakers: &mut Vec<Waker>) -> impl Iterator<Item = Waker> + use<> {
+    let (one, many) = if wakers.len() > 1 {
+        (None, std::mem::take(wakers))
+    } else {
+        (wakers.pop(), Vec::new())
+    };
+    one.into_iter().chain(many)
 }
 
 /// A wait for one event (see [`Endpoint::wait_event`]).
@@ -259,6 +270,11 @@ pub(crate) async fn submit(
     let s = Arc::clone(&slot);
     provider
         .backend()
-        .submit(code, input, output_len, Box::new(move |d| s.complete(d)));
+        .submit(
+            code,
+            input,
+            output_len,
+            Box::new(move |status, output| s.complete(Done { status, output })),
+        );
     SlotFuture(slot).await
 }

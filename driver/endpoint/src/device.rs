@@ -249,17 +249,13 @@ pub struct Device<P: Platform> {
 
 type Outcome = Result<usize, Status>;
 
-/// Room for `n` more values in `v`. An empty vector that must grow is replaced rather
-/// than reallocated: batches are mostly empty between entry points, and a reallocation
-/// would copy their whole old capacity for nothing.
+/// A batch that holds `n` values without growing, for the entry points that run before
+/// the next PASSIVE_LEVEL one. A batch that is not empty leaves with the running entry
+/// point's flush (`take_flush` puts a spare in its place), so only an empty one matters;
+/// it is replaced rather than grown, which would copy its old capacity for nothing.
 fn room<T>(v: &mut Vec<T>, n: usize) {
-    if v.capacity() - v.len() >= n {
-        return;
-    }
-    if v.is_empty() {
-        *v = Vec::with_capacity(n.max(v.capacity() * 2));
-    } else {
-        v.reserve(n);
+    if v.is_empty() && v.capacity() < n {
+        *v = Vec::with_capacity(n);
     }
 }
 

@@ -33,10 +33,13 @@ impl<T> Lock<T> for HostLock<T> {
 }
 
 /// A request from a (modelled) user-mode caller: its output buffer has exactly the
-/// length the caller gave.
+/// length the caller gave. It holds the bytes written so far (a prefix, gaps zeroed), so
+/// the ledger sees a report of more bytes than were written, and nothing is zeroed for
+/// the whole buffer on every request.
 pub struct HostRequest {
     key: u64,
     output: Vec<u8>,
+    output_len: usize,
     ledger: Arc<Ledger>,
     /// Who learns of the completion (an in-process user library); without one the
     /// ledger keeps the completion for [`Ledger::completion`].
@@ -47,7 +50,7 @@ impl core::fmt::Debug for HostRequest {
     fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
         f.debug_struct("HostRequest")
             .field("key", &self.key)
-            .field("output_len", &self.output.len())
+            .field("output_len", &self.output_len)
             .finish_non_exhaustive()
     }
 }
@@ -61,18 +64,25 @@ impl HostRequest {
 
 impl Request for HostRequest {
     fn output_len(&self) -> usize {
-        self.output.len()
+        self.output_len
     }
 
     fn write_output(&mut self, offset: usize, bytes: &[u8]) {
         let end = offset.saturating_add(bytes.len());
-        match self.output.get_mut(offset..end) {
-            Some(dst) => dst.copy_from_slice(bytes),
-            None => self.ledger.violate(Violation::OutputOverflow {
+        if end > self.output_len {
+            self.ledger.violate(Violation::OutputOverflow {
                 key: self.key,
                 end,
-                len: self.output.len(),
-            }),
+                len: self.output_len,
+            });
+            return;
+        }
+        // Within the capacity reserved at issue: no allocation (DISPATCH_LEVEL writes).
+        if self.output.len() < end {
+            self.output.resize(end, 0);
+        }
+        if let Some(dst) = self.output.get_mut(offset..end) {
+            dst.copy_from_slice(bytes);
         }
     }
 
@@ -84,10 +94,11 @@ impl Request for HostRequest {
 /// MADs the outbox holds without growing, at least (see [`HostPlatform::take_sent`]).
 pub const OUTBOX_ROOM: usize = 1024;
 
-/// Called once with a request's completion (no lock held), after the ledger checked it:
-/// how an in-process user library learns that its request finished. It takes the output
-/// buffer, as the I/O manager hands the caller its system buffer.
-pub type CompletionHook = Box<dyn FnOnce(Completion) + Send>;
+/// Called once with a request's NTSTATUS and the output bytes it reported (no lock held),
+/// after the ledger checked the completion: how an in-process user library learns that
+/// its request finished. It takes the buffer, as the I/O manager hands the caller its
+/// system buffer.
+pub type CompletionHook = Box<dyn FnOnce(i32, Vec<u8>) + Send>;
 
 /// The host platform of one node.
 #[derive(Clone)]
@@ -133,7 +144,8 @@ impl HostPlatform {
     pub fn request(&self, file: u64, output_len: usize) -> HostRequest {
         HostRequest {
             key: self.ledger.issue(file),
-            output: vec![0; output_len],
+            output: Vec::with_capacity(output_len),
+            output_len,
             ledger: Arc::clone(&self.ledger),
             hook: None,
         }
@@ -217,23 +229,28 @@ impl Platform for HostPlatform {
         let HostRequest {
             key, output, hook, ..
         } = request;
-        let completion = Completion {
-            status,
-            information,
-            output,
-        };
+        // The bytes written: what the caller may read (`information` at most).
         match hook {
             Some(hook) => {
                 // The caller takes the output; the ledger keeps only the fact.
                 self.ledger
-                    .complete_and_forget(key, status, information, completion.output.len());
+                    .complete_and_forget(key, status, information, output.len());
+                let mut output = output;
+                output.truncate(information);
                 // The hook is the user-mode side learning of the completion (IOCP, an
                 // event): on Windows that runs later, in the caller's thread, not at the
                 // completing driver's IRQL, so what it allocates is not counted against
                 // a DISPATCH_LEVEL path that completed the request.
-                allocation_counter::opt_out(|| hook(completion));
+                allocation_counter::opt_out(|| hook(status, output));
             }
-            None => self.ledger.complete(key, completion),
+            None => self.ledger.complete(
+                key,
+                Completion {
+                    status,
+                    information,
+                    output,
+                },
+            ),
         }
     }
 

@@ -102,7 +102,7 @@ pub struct Completion {
     pub status: i32,
     /// Output bytes reported.
     pub information: usize,
-    /// The output buffer as written.
+    /// The bytes written to the output buffer (a prefix; gaps zeroed).
     pub output: Vec<u8>,
 }
 

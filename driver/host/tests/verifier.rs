@@ -134,17 +134,29 @@ fn a_write_past_the_output_buffer_is_flagged() {
 }
 
 #[test]
-fn more_output_reported_than_the_buffer_holds_is_flagged() {
+fn more_output_reported_than_written_or_held_is_flagged() {
     let f = fabric();
     let node = &f.nodes[0];
     let file = node.open();
-    let fits = node.request(file, 4);
+    let mut fits = node.request(file, 4);
+    fits.write_output(0, &[7; 4]);
     node.platform.complete(fits, status::SUCCESS, 4);
     assert_eq!(node.violations(), vec![]);
+    // Reporting bytes never written would hand the caller whatever the buffer held.
+    let mut short = node.request(file, 4);
+    short.write_output(0, &[7; 2]);
+    let short_key = short.key();
+    node.platform.complete(short, status::SUCCESS, 4);
     let r = node.request(file, 4);
     let key = r.key();
     node.platform.complete(r, status::SUCCESS, 5);
-    assert_eq!(node.violations(), vec![Violation::BadInformation { key }]);
+    assert_eq!(
+        node.violations(),
+        vec![
+            Violation::BadInformation { key: short_key },
+            Violation::BadInformation { key }
+        ]
+    );
 }
 
 #[test]

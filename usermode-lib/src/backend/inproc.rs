@@ -9,7 +9,6 @@ use ibcm_endpoint::FileId;
 use ibcm_host::Node;
 
 use super::{Backend, OnComplete};
-use crate::completion::Done;
 
 /// One open of a host node's device.
 pub struct InProcess {
@@ -33,23 +32,13 @@ impl InProcess {
 impl Backend for InProcess {
     fn submit(&self, code: u32, input: &[u8], output_len: usize, on_complete: OnComplete) -> u64 {
         if self.closed.load(Ordering::Acquire) {
-            on_complete(Done {
-                status: ibcm_ioctl::status::INVALID_HANDLE,
-                output: Vec::new(),
-            });
+            on_complete(ibcm_ioctl::status::INVALID_HANDLE, Vec::new());
             return 0;
         }
         let request = self.node.platform.request_with_hook(
             ibcm_host::file_key(self.file),
             output_len,
-            Box::new(move |c| {
-                let mut output = c.output;
-                output.truncate(c.information);
-                on_complete(Done {
-                    status: c.status,
-                    output,
-                });
-            }),
+            on_complete,
         );
         let key = request.key_value();
         self.node.device.dispatch(self.file, request, code, input);

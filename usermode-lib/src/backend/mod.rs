@@ -5,10 +5,10 @@ pub mod inproc;
 #[allow(unsafe_code)]
 pub mod windows;
 
-use crate::completion::Done;
 
-/// Called exactly once when a request completes, on whatever thread completes it.
-pub type OnComplete = Box<dyn FnOnce(Done) + Send>;
+/// Called exactly once when a request completes, on whatever thread completes it, with
+/// the NTSTATUS and the output bytes written.
+pub type OnComplete = Box<dyn FnOnce(i32, Vec<u8>) + Send>;
 
 /// An IOCTL transport. Every request completes exactly once, through `on_complete`,
 /// possibly before `submit` returns.

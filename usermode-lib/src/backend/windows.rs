@@ -30,7 +30,6 @@ use windows_sys::Win32::System::IO::{
 use windows_sys::core::GUID;
 
 use super::{Backend, OnComplete};
-use crate::completion::Done;
 
 /// `INFINITE` for GetQueuedCompletionStatus.
 const INFINITE: u32 = u32::MAX;
@@ -139,14 +138,12 @@ fn completion_loop(port: SendHandle) {
         let status = op.overlapped.Internal as i32;
         let len = (bytes as usize).min(op.output.len());
         let Op {
-            output,
+            mut output,
             on_complete,
             ..
         } = *op;
-        on_complete(Done {
-            status,
-            output: output.get(..len).unwrap_or(&[]).to_vec(),
-        });
+        output.truncate(len);
+        on_complete(status, output);
     }
 }
 
@@ -273,10 +270,7 @@ impl Backend for Device {
             } else {
                 STATUS_INVALID_HANDLE
             };
-            (op.on_complete)(Done {
-                status,
-                output: Vec::new(),
-            });
+            (op.on_complete)(status, Vec::new());
         }
         raw as u64
     }
