@@ -59,9 +59,7 @@ fn full_stack(c: &mut Criterion) {
         panic!("CREATE failed")
     };
     let mut g = c.benchmark_group("ioctl");
-    g.bench_function("query_blocking", |b| {
-        b.iter(|| ep.query().map(|q| q.state))
-    });
+    g.bench_function("query_blocking", |b| b.iter(|| ep.query().map(|q| q.state)));
     g.bench_function("create_destroy", |b| {
         b.iter(|| provider.connect_endpoint().map(drop))
     });

@@ -268,13 +268,11 @@ pub(crate) async fn submit(
 ) -> Done {
     let slot = Slot::new();
     let s = Arc::clone(&slot);
-    provider
-        .backend()
-        .submit(
-            code,
-            input,
-            output_len,
-            Box::new(move |status, output| s.complete(Done { status, output })),
-        );
+    provider.backend().submit(
+        code,
+        input,
+        output_len,
+        Box::new(move |status, output| s.complete(Done { status, output })),
+    );
     SlotFuture(slot).await
 }

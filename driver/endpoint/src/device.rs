@@ -68,10 +68,111 @@ fn split(handle: u64) -> (usize, u32) {
     ((handle & 0xffff_ffff) as usize, (handle >> 32) as u32)
 }
 
+/// Records in one chunk of the [`RecordPool`] (475 KB).
+const RECORD_CHUNK: usize = 1024;
+
+/// The event records queued on the endpoints of the device, in one pool: an endpoint's
+/// FIFO holds indices into it. Every FIFO's capacity is room promised here and made at
+/// PASSIVE_LEVEL, so queueing a record at DISPATCH_LEVEL never allocates; and memory is
+/// touched only for the records queued at once, not for every endpoint's headroom of
+/// 464-byte records. The pool grows by whole chunks that are never moved: growing one
+/// large vector would copy (and so touch) all the room it had.
+#[derive(Debug, Default)]
+struct RecordPool {
+    chunks: Vec<Vec<EventRecord>>,
+    /// Slots ever used; slot `i` is `chunks[i / RECORD_CHUNK][i % RECORD_CHUNK]`.
+    used: usize,
+    free: Vec<u32>,
+    /// The capacities of every endpoint's FIFO (live and spare) summed.
+    promised: usize,
+}
+
+impl RecordPool {
+    fn slot(&mut self, i: u32) -> Option<&mut EventRecord> {
+        let i = i as usize;
+        self.chunks
+            .get_mut(i / RECORD_CHUNK)?
+            .get_mut(i % RECORD_CHUNK)
+    }
+
+    /// Stores `record`; `None` only past u32::MAX records.
+    fn put(&mut self, record: EventRecord) -> Option<u32> {
+        if let Some(i) = self.free.pop() {
+            if let Some(slot) = self.slot(i) {
+                *slot = record;
+            }
+            return Some(i);
+        }
+        let i = u32::try_from(self.used).ok()?;
+        let chunk = self.used / RECORD_CHUNK;
+        if chunk == self.chunks.len() {
+            // Only when more records are queued than was promised (not at DISPATCH_LEVEL).
+            self.chunks.push(Vec::with_capacity(RECORD_CHUNK));
+        }
+        self.chunks.get_mut(chunk)?.push(record);
+        self.used += 1;
+        Some(i)
+    }
+
+    fn get(&self, i: u32) -> Option<&EventRecord> {
+        let i = i as usize;
+        self.chunks.get(i / RECORD_CHUNK)?.get(i % RECORD_CHUNK)
+    }
+
+    /// Takes record `i` out, freeing its slot.
+    fn take(&mut self, i: u32) -> Option<EventRecord> {
+        let record = *self.get(i)?;
+        self.free.push(i);
+        Some(record)
+    }
+
+    /// A new FIFO of `depth` records.
+    fn fifo(&mut self, depth: usize) -> VecDeque<u32> {
+        let fifo = VecDeque::with_capacity(depth);
+        self.promised += fifo.capacity();
+        fifo
+    }
+
+    /// Room in `fifo` for `n` more records (PASSIVE_LEVEL).
+    fn grow(&mut self, fifo: &mut VecDeque<u32>, n: usize) -> Result<(), Status> {
+        let before = fifo.capacity();
+        fifo.try_reserve(n)
+            .map_err(|_| status::INSUFFICIENT_RESOURCES)?;
+        self.promised += fifo.capacity() - before;
+        Ok(())
+    }
+
+    /// A FIFO is gone: its records and its promise are released.
+    fn release(&mut self, fifo: &VecDeque<u32>) {
+        for &i in fifo {
+            let _ = self.take(i);
+        }
+        self.promised = self.promised.saturating_sub(fifo.capacity());
+    }
+
+    /// Room for every record promised (PASSIVE_LEVEL): no FIFO holds more than its
+    /// capacity, so at most `promised` slots are in use at once, and the free list holds
+    /// at most every slot.
+    fn prepare(&mut self) {
+        let want = self.promised.div_ceil(RECORD_CHUNK);
+        if self.chunks.len() < want {
+            self.chunks.reserve(want - self.chunks.len());
+            while self.chunks.len() < want {
+                self.chunks.push(Vec::with_capacity(RECORD_CHUNK));
+            }
+        }
+        let slots = self.chunks.len() * RECORD_CHUNK;
+        if self.free.capacity() < slots {
+            self.free.reserve(slots - self.free.len());
+        }
+    }
+}
+
 #[derive(Debug)]
 struct Endpoint<R> {
     cep: CepId,
-    events: VecDeque<EventRecord>,
+    /// Queued events: indices into the device's [`RecordPool`].
+    events: VecDeque<u32>,
     pending: VecDeque<R>,
     /// Private data of the last message received, for QUERY.
     private_data: [u8; 224],
@@ -81,10 +182,10 @@ struct Endpoint<R> {
 }
 
 impl<R> Endpoint<R> {
-    fn new(cep: CepId, depth: usize) -> Self {
+    fn new(cep: CepId, events: VecDeque<u32>) -> Self {
         Self {
             cep,
-            events: VecDeque::with_capacity(depth),
+            events,
             pending: VecDeque::new(),
             private_data: [0; 224],
             private_data_len: 0,
@@ -221,6 +322,7 @@ pub struct Inner<P: Platform> {
     /// while another entry point's completions are out must not allocate.
     spare_done: Vec<Vec<(P::Request, i32, usize)>>,
     done: Vec<(P::Request, i32, usize)>,
+    records: RecordPool,
     /// The time of the entry point running under the lock.
     now: Instant,
     clients: client::Clients<P>,
@@ -299,10 +401,19 @@ impl<P: Platform> Inner<P> {
     /// The CEP of the endpoint an IOCTL names (PASSIVE_LEVEL), after making room in its
     /// FIFO for the events that may arrive at DISPATCH_LEVEL before it is named again.
     fn touch(&mut self, file: FileId, handle: u64) -> Result<CepId, Status> {
-        let ep = self.endpoint(file, handle)?;
-        ep.events
-            .try_reserve(EVENT_HEADROOM)
-            .map_err(|_| status::INSUFFICIENT_RESOURCES)?;
+        self.grow_fifo(file, handle, EVENT_HEADROOM)
+    }
+
+    /// Room in an endpoint's FIFO for `n` more events (PASSIVE_LEVEL); its CEP.
+    fn grow_fifo(&mut self, file: FileId, handle: u64, n: usize) -> Result<CepId, Status> {
+        let ep = self
+            .files
+            .get_mut(file.0)
+            .ok_or(status::INVALID_HANDLE)?
+            .endpoints
+            .get_mut(handle)
+            .ok_or(status::INVALID_HANDLE)?;
+        self.records.grow(&mut ep.events, n)?;
         Ok(ep.cep)
     }
 
@@ -341,12 +452,14 @@ impl<P: Platform> Inner<P> {
     /// batches are bounded: a DISPATCH_LEVEL entry point sends and completes at most
     /// [`DISPATCH_BATCH`] MADs and requests.
     fn prepare_for_requests(&mut self, file: FileId, extra: usize) {
-        let Ok(f) = self.file(file) else { return };
+        let Some(f) = self.files.get_mut(file.0) else {
+            return;
+        };
         let want = f.backlog + extra;
         f.endpoints.reserve(want);
         while f.spares.len() < want {
-            f.spares
-                .push(Endpoint::new(CepId::from_raw(0), CHILD_DEPTH));
+            let events = self.records.fifo(CHILD_DEPTH);
+            f.spares.push(Endpoint::new(CepId::from_raw(0), events));
         }
         self.prepare_owners(want);
         let burst = want + self.cm.live_ceps();
@@ -384,6 +497,7 @@ impl<P: Platform> Inner<P> {
         while self.spare_done.len() < SPARE_BATCHES {
             self.spare_done.push(Vec::with_capacity(DISPATCH_BATCH));
         }
+        self.records.prepare();
     }
 
     /// Moves the engine's output into the batches and the endpoints' queues.
@@ -488,14 +602,21 @@ impl<P: Platform> Inner<P> {
 
     /// Gives a record to a waiting GET_EVENT, or queues it.
     fn deliver(&mut self, file: FileId, endpoint: u64, record: EventRecord) {
-        let Ok(ep) = self.endpoint(file, endpoint) else {
+        let Some(ep) = self
+            .files
+            .get_mut(file.0)
+            .and_then(|f| f.endpoints.get_mut(endpoint))
+        else {
             return;
         };
         if record.new_handle == 0 && record.private_data_len > 0 {
             ep.private_data = record.private_data;
             ep.private_data_len = record.private_data_len;
         }
-        ep.events.push_back(record);
+        let Some(index) = self.records.put(record) else {
+            return;
+        };
+        ep.events.push_back(index);
         if let Some(request) = ep.pending.pop_front() {
             self.fill(file, endpoint, request);
         }
@@ -511,6 +632,7 @@ impl<P: Platform> Inner<P> {
                 .endpoint(file, endpoint)
                 .ok()
                 .and_then(|ep| ep.events.pop_front())
+                .and_then(|index| self.records.take(index))
             else {
                 break;
             };
@@ -577,6 +699,7 @@ impl<P: Platform> Device<P> {
                 spare_tx: Vec::with_capacity(SPARE_BATCHES),
                 spare_done: Vec::with_capacity(SPARE_BATCHES),
                 done: Vec::new(),
+                records: RecordPool::default(),
                 now: Instant::from_nanos(0),
                 clients: client::Clients::new(),
                 flushes: 0,
@@ -674,7 +797,15 @@ impl<P: Platform> Device<P> {
     /// IRP_MJ_CLOSE: forgets the file. Call after [`cleanup`](Self::cleanup).
     pub fn close(&self, file: FileId) -> bool {
         self.cleanup(file);
-        self.inner.with(|i| i.files.remove(file.0).is_some())
+        self.inner.with(|i| match i.files.remove(file.0) {
+            Some(f) => {
+                for spare in &f.spares {
+                    i.records.release(&spare.events);
+                }
+                true
+            }
+            None => false,
+        })
     }
 
     /// Endpoints of a file, for accounting at close.
@@ -805,13 +936,20 @@ fn destroy_endpoint<P: Platform>(
         .endpoints
         .remove(handle)
         .ok_or(status::INVALID_HANDLE)?;
-    for record in &ep.events {
-        if (record.event_type == event_type::REQ_RECEIVED
-            || record.event_type == event_type::SIDR_REQ_RECEIVED)
-            && record.new_handle != 0
-        {
-            let _ = destroy_endpoint(i, now, file, record.new_handle);
-        }
+    let children: Vec<u64> = ep
+        .events
+        .iter()
+        .filter_map(|&index| i.records.get(index))
+        .filter(|r| {
+            (r.event_type == event_type::REQ_RECEIVED
+                || r.event_type == event_type::SIDR_REQ_RECEIVED)
+                && r.new_handle != 0
+        })
+        .map(|r| r.new_handle)
+        .collect();
+    i.records.release(&ep.events);
+    for child in children {
+        let _ = destroy_endpoint(i, now, file, child);
     }
     if ep.backlog != 0 {
         let f = i.file(file)?;
@@ -869,10 +1007,13 @@ fn get_event<P: Platform>(
         (request.output_len() / EventRecord::SIZE as usize).min(MAX_EVENTS_PER_REQUEST as usize);
     // PASSIVE_LEVEL: room for the REQs this request may deliver at DISPATCH_LEVEL.
     i.prepare_for_requests(file, capacity);
+    if let Err(st) = i.grow_fifo(file, h, EVENT_HEADROOM) {
+        return Err((request, st));
+    }
     let Ok(ep) = i.endpoint(file, h) else {
         return Err((request, status::INVALID_HANDLE));
     };
-    if ep.pending.try_reserve(1).is_err() || ep.events.try_reserve(EVENT_HEADROOM).is_err() {
+    if ep.pending.try_reserve(1).is_err() {
         return Err((request, status::INSUFFICIENT_RESOURCES));
     }
     if ep.events.is_empty() {
@@ -940,8 +1081,9 @@ fn operation<P: Platform>(
                 return Err(status::BUFFER_TOO_SMALL);
             }
             let cep = i.cm.create().map_err(status_of)?;
+            let events = i.records.fifo(FIFO_DEPTH);
             let f = i.file(file)?;
-            let handle = f.endpoints.insert(Endpoint::new(cep, FIFO_DEPTH));
+            let handle = f.endpoints.insert(Endpoint::new(cep, events));
             i.set_owner(
                 cep,
                 Owner {
@@ -981,10 +1123,10 @@ fn operation<P: Platform>(
                 backlog: l.backlog,
             };
             i.cm.listen(cep, params).map_err(status_of)?;
+            let depth = l.backlog as usize;
+            i.grow_fifo(file, l.handle, depth)?;
             let ep = i.endpoint(file, l.handle)?;
             let old = core::mem::replace(&mut ep.backlog, l.backlog);
-            let depth = l.backlog as usize;
-            ep.events.reserve(depth);
             let f = i.file(file)?;
             f.backlog = f.backlog.saturating_sub(old as usize) + depth;
             i.prepare_for_requests(file, 0);
@@ -1000,17 +1142,23 @@ fn operation<P: Platform>(
             let fresh = i.cm.create().map_err(status_of)?;
             let _ = i.cm.destroy(now, cep);
             i.clear_owner(cep);
-            let ep = i.endpoint(file, h)?;
+            let Inner { files, records, .. } = &mut *i;
+            let ep = files
+                .get_mut(file.0)
+                .and_then(|f| f.endpoints.get_mut(h))
+                .ok_or(status::INVALID_HANDLE)?;
             ep.cep = fresh;
             let old = core::mem::replace(&mut ep.backlog, 0) as usize;
-            let pending_requests: Vec<u64> = ep
-                .events
-                .iter()
-                .filter(|r| r.new_handle != 0)
-                .map(|r| r.new_handle)
-                .collect();
             // REQs and SIDR_REQs nobody retrieved go with the listen.
-            ep.events.retain(|r| r.new_handle == 0);
+            let mut pending_requests: Vec<u64> = Vec::new();
+            ep.events.retain(|&index| {
+                let child = records.get(index).map_or(0, |r| r.new_handle);
+                if child != 0 {
+                    pending_requests.push(child);
+                    let _ = records.take(index);
+                }
+                child == 0
+            });
             let f = i.file(file)?;
             f.backlog = f.backlog.saturating_sub(old);
             for child in pending_requests {

@@ -5,7 +5,6 @@ pub mod inproc;
 #[allow(unsafe_code)]
 pub mod windows;
 
-
 /// Called exactly once when a request completes, on whatever thread completes it, with
 /// the NTSTATUS and the output bytes written.
 pub type OnComplete = Box<dyn FnOnce(i32, Vec<u8>) + Send>;
