@@ -750,6 +750,10 @@ impl<P: Platform> Device<P> {
             }
         });
         flush.tx.clear();
+        if flush.tx.capacity() == 0 && flush.done.capacity() == 0 {
+            // Both batches stayed in place (they were empty): nothing to hand back.
+            return;
+        }
         self.inner.with(|i| {
             // Between entry points the batch is empty: keep the roomier one, spare the other.
             if i.tx.capacity() < flush.tx.capacity() {
@@ -977,9 +981,11 @@ fn ioctl<P: Platform>(
     code: u32,
     bytes: &[u8],
 ) {
+    let mut extra = 0;
     if code == code::GET_EVENT {
-        if let Err((request, st)) = get_event(i, file, request, bytes) {
-            i.done.push((request, st, 0));
+        match get_event(i, file, request, bytes) {
+            Ok(records) => extra = records,
+            Err((request, st)) => i.done.push((request, st, 0)),
         }
     } else {
         match operation(i, now, file, &mut request, code, bytes) {
@@ -988,25 +994,25 @@ fn ioctl<P: Platform>(
         }
     }
     // PASSIVE_LEVEL: whatever the IOCTL changed (a connection started, a REP sent, a
-    // timewait entered), the DISPATCH_LEVEL paths find room for what follows.
-    i.prepare_for_requests(file, 0);
+    // timewait entered), the DISPATCH_LEVEL paths find room for what follows, and a
+    // GET_EVENT's room for the REQs it may deliver.
+    i.prepare_for_requests(file, extra);
 }
 
 /// GET_EVENT: completes at once with the queued events, or pends until one arrives.
+/// Returns how many records the request holds.
 fn get_event<P: Platform>(
     i: &mut Inner<P>,
     file: FileId,
     request: P::Request,
     bytes: &[u8],
-) -> Result<(), (P::Request, Status)> {
+) -> Result<usize, (P::Request, Status)> {
     let h = match check_get_event(i, file, &request, bytes) {
         Ok(h) => h,
         Err(st) => return Err((request, st)),
     };
     let capacity =
         (request.output_len() / EventRecord::SIZE as usize).min(MAX_EVENTS_PER_REQUEST as usize);
-    // PASSIVE_LEVEL: room for the REQs this request may deliver at DISPATCH_LEVEL.
-    i.prepare_for_requests(file, capacity);
     if let Err(st) = i.grow_fifo(file, h, EVENT_HEADROOM) {
         return Err((request, st));
     }
@@ -1021,7 +1027,7 @@ fn get_event<P: Platform>(
     } else {
         i.fill(file, h, request);
     }
-    Ok(())
+    Ok(capacity)
 }
 
 fn check_get_event<P: Platform>(
