@@ -407,9 +407,10 @@ impl ConnectEndpoint {
         block_on(self.0.ioctl(OP, code::MRA, m.as_bytes(), 0)).map(|_| ())
     }
 
-    /// Disconnects: answers a DREQ already received with a DREP, or sends a DREQ and
-    /// completes when the DREP (or a crossing DREQ, answered) arrives or the DREQ times
-    /// out. Either way the connection then waits out timewait in the driver.
+    /// Disconnects: sends a DREQ and completes when the DREP (or a crossing DREQ,
+    /// answered) arrives or the DREQ times out; if the peer's DREQ came first, answers it
+    /// with a DREP; if the connection is already in timewait, there is nothing to do.
+    /// Either way the connection then waits out timewait in the driver.
     pub fn disconnect(&self, private_data: &[u8]) -> Result<()> {
         block_on(self.disconnect_async(private_data))
     }
@@ -428,11 +429,18 @@ impl ConnectEndpoint {
         );
         let drep = self.private_data_op(OP, code::DREP, private_data);
         async move {
-            let q = me.query_async().await?;
-            if q.state == ep_state::DREQ_RCVD {
-                return drep.await;
+            // The DREQ first (the usual case costs no QUERY); only a refusal asks why,
+            // which also covers a peer's DREQ that arrives between a check and the DREQ.
+            if let Err(e) = dreq.await {
+                if e.status != status::INVALID_DEVICE_STATE {
+                    return Err(e);
+                }
+                return match me.query_async().await?.state {
+                    ep_state::DREQ_RCVD => drep.await,
+                    ep_state::TIMEWAIT => Ok(()),
+                    _ => Err(e),
+                };
             }
-            dreq.await?;
             let r =
                 me.0.wait_event(OP, |r| {
                     [
