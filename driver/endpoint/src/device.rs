@@ -688,22 +688,27 @@ impl<P: Platform> Inner<P> {
 impl<P: Platform> Device<P> {
     /// A device whose engine uses `config`.
     pub fn new(platform: P, config: CmConfig) -> Self {
+        let mut inner = Inner {
+            cm: CmManager::new(config),
+            removed: false,
+            files: Table::new(),
+            owners: Vec::new(),
+            tx: Vec::new(),
+            spare_tx: Vec::with_capacity(SPARE_BATCHES),
+            spare_done: Vec::with_capacity(SPARE_BATCHES),
+            done: Vec::new(),
+            records: RecordPool::default(),
+            now: Instant::from_nanos(0),
+            clients: client::Clients::new(),
+            flushes: 0,
+        };
+        // Device add runs at PASSIVE_LEVEL: a node nobody has opened yet still answers
+        // MADs (a REJ to a REQ for no listen) and runs timers without allocating.
+        let _ = inner.cm.reserve(DISPATCH_BATCH);
+        inner.prepare_batches();
         Self {
             platform,
-            inner: P::new_lock(Inner {
-                cm: CmManager::new(config),
-                removed: false,
-                files: Table::new(),
-                owners: Vec::new(),
-                tx: Vec::new(),
-                spare_tx: Vec::with_capacity(SPARE_BATCHES),
-                spare_done: Vec::with_capacity(SPARE_BATCHES),
-                done: Vec::new(),
-                records: RecordPool::default(),
-                now: Instant::from_nanos(0),
-                clients: client::Clients::new(),
-                flushes: 0,
-            }),
+            inner: P::new_lock(inner),
             armed: P::new_lock(0),
         }
     }

@@ -203,3 +203,40 @@ fn connect_accept_rtu_disconnect_over_ioctl_records() {
         assert_eq!(n.violations(), vec![]);
     }
 }
+
+/// A node nobody has opened still answers: a REQ for no listen gets a REJ, sent from the
+/// receive path (DISPATCH_LEVEL) without allocating (the device makes its room when it
+/// is added, not at the first IOCTL).
+#[test]
+fn a_node_never_opened_rejects_a_req_without_allocating() {
+    let mut fabric = Fabric::new(2, 11);
+    let fa = fabric.nodes[0].open();
+    handshake(&fabric.nodes[0], fa);
+    let ep = create(&fabric.nodes[0], fa);
+    let mut c = ConnectIn::new_zeroed();
+    c.size = ConnectIn::SIZE;
+    c.handle = ep;
+    c.service_id = 0x4321;
+    c.qpn = 0x101;
+    c.pkey = 0xffff;
+    c.port = 1;
+    c.path_mtu = 5;
+    c.remote_cm_response_timeout = 16;
+    c.local_cm_response_timeout = 16;
+    c.retry_count = 7;
+    c.rnr_retry_count = 7;
+    c.max_cm_retries = 3;
+    c.primary = path(0, 1);
+    assert_eq!(
+        fabric.nodes[0]
+            .ioctl_now(fa, code::CONNECT, c.as_bytes(), 0)
+            .status,
+        status::SUCCESS
+    );
+    let wait = fabric.nodes[0].ioctl(fa, code::GET_EVENT, handle_in(ep).as_bytes(), 464);
+    fabric.run_for(100_000);
+    let rej = events(&fabric.nodes[0].completion(wait).expect("REJ event"));
+    assert_eq!(rej[0].event_type, event_type::REJECTED);
+    assert_eq!(fabric.nodes[1].violations(), vec![]);
+    assert_eq!(fabric.nodes[0].violations(), vec![]);
+}
