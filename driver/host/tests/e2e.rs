@@ -57,6 +57,28 @@ fn path(from: usize, to: usize) -> PathAbi {
     p
 }
 
+/// CONNECT from node 0 to node 1 for `service_id`: QPN 0x101, 2 responder resources and
+/// initiator depth, 3 CM retries.
+fn connect_in(ep: u64, service_id: u64) -> ConnectIn {
+    let mut c = ConnectIn::new_zeroed();
+    c.size = ConnectIn::SIZE;
+    c.handle = ep;
+    c.service_id = service_id;
+    c.qpn = 0x101;
+    c.pkey = 0xffff;
+    c.port = 1;
+    c.path_mtu = 5;
+    c.responder_resources = 2;
+    c.initiator_depth = 2;
+    c.remote_cm_response_timeout = 16;
+    c.local_cm_response_timeout = 16;
+    c.retry_count = 7;
+    c.rnr_retry_count = 7;
+    c.max_cm_retries = 3;
+    c.primary = path(0, 1);
+    c
+}
+
 #[test]
 fn connect_accept_rtu_disconnect_over_ioctl_records() {
     let mut fabric = Fabric::new(2, 7);
@@ -81,22 +103,7 @@ fn connect_accept_rtu_disconnect_over_ioctl_records() {
     assert!(fabric.nodes[1].completion(b_wait).is_none());
 
     let ep = create(&fabric.nodes[0], fa);
-    let mut c = ConnectIn::new_zeroed();
-    c.size = ConnectIn::SIZE;
-    c.handle = ep;
-    c.service_id = 0x1234;
-    c.qpn = 0x101;
-    c.pkey = 0xffff;
-    c.port = 1;
-    c.path_mtu = 5;
-    c.responder_resources = 2;
-    c.initiator_depth = 2;
-    c.remote_cm_response_timeout = 16;
-    c.local_cm_response_timeout = 16;
-    c.retry_count = 7;
-    c.rnr_retry_count = 7;
-    c.max_cm_retries = 3;
-    c.primary = path(0, 1);
+    let mut c = connect_in(ep, 0x1234);
     c.private_data_len = 5;
     c.private_data[..5].copy_from_slice(b"hello");
     assert_eq!(
@@ -213,20 +220,7 @@ fn a_node_never_opened_rejects_a_req_without_allocating() {
     let fa = fabric.nodes[0].open();
     handshake(&fabric.nodes[0], fa);
     let ep = create(&fabric.nodes[0], fa);
-    let mut c = ConnectIn::new_zeroed();
-    c.size = ConnectIn::SIZE;
-    c.handle = ep;
-    c.service_id = 0x4321;
-    c.qpn = 0x101;
-    c.pkey = 0xffff;
-    c.port = 1;
-    c.path_mtu = 5;
-    c.remote_cm_response_timeout = 16;
-    c.local_cm_response_timeout = 16;
-    c.retry_count = 7;
-    c.rnr_retry_count = 7;
-    c.max_cm_retries = 3;
-    c.primary = path(0, 1);
+    let c = connect_in(ep, 0x4321);
     assert_eq!(
         fabric.nodes[0]
             .ioctl_now(fa, code::CONNECT, c.as_bytes(), 0)
