@@ -27,7 +27,7 @@ use ibcm_endpoint::FileId;
 use ibcm_host::{Fabric, Node, file_key, node_address};
 use ibcm_ioctl::{
     ABI_VERSION, ConnectIn, CountersIn, CountersOut, CreateIn, CreateOut, EventRecord, FormatRepIn,
-    FormatRepOut, GetQpAttrIn, HandleIn, ListenIn, MraIn, PathAbi, PrivateDataIn, QpAttrOut,
+    QpTransitionsOut, GetQpAttrIn, HandleIn, ListenIn, MraIn, PathAbi, PrivateDataIn, QpAttrOut,
     QueryOut, RejIn, VersionIn, VersionOut, code, event_type, status,
 };
 use libfuzzer_sys::fuzz_target;
@@ -157,7 +157,7 @@ fn output_size(c: u32) -> usize {
     (match c {
         code::VERSION => VersionOut::SIZE,
         code::CREATE => CreateOut::SIZE,
-        code::FORMAT_REP => FormatRepOut::SIZE,
+        code::FORMAT_REP | code::GET_QP_TRANSITIONS => QpTransitionsOut::SIZE,
         code::GET_QP_ATTR => QpAttrOut::SIZE,
         code::QUERY => QueryOut::SIZE,
         code::GET_EVENT => EventRecord::SIZE,
@@ -578,7 +578,7 @@ impl Harness {
             fb,
             code::FORMAT_REP,
             rep.as_bytes(),
-            FormatRepOut::SIZE as usize,
+            QpTransitionsOut::SIZE as usize,
         );
         if stage == 2 {
             return;

@@ -59,7 +59,8 @@ pub mod code {
     pub const CANCEL_LISTEN: u32 = ibcm_ioctl(4);
     /// [`ConnectIn`](super::ConnectIn): sends the REQ.
     pub const CONNECT: u32 = ibcm_ioctl(5);
-    /// [`FormatRepIn`](super::FormatRepIn) -> [`FormatRepOut`](super::FormatRepOut): pre-REP.
+    /// [`FormatRepIn`](super::FormatRepIn) -> [`QpTransitionsOut`](super::QpTransitionsOut):
+    /// pre-REP.
     pub const FORMAT_REP: u32 = ibcm_ioctl(6);
     /// [`HandleIn`](super::HandleIn): sends the REP formatted by FORMAT_REP.
     pub const SEND_REP: u32 = ibcm_ioctl(7);
@@ -97,9 +98,13 @@ pub mod code {
     pub const SIDR_REP: u32 = ibcm_ioctl(22);
     /// [`HandleIn`](super::HandleIn): the QP migrated to its alternate path.
     pub const MIGRATE: u32 = ibcm_ioctl(23);
+    /// [`HandleIn`](super::HandleIn) -> [`QpTransitionsOut`](super::QpTransitionsOut): the
+    /// INIT, RTR and RTS attributes at once, as the active side needs them once the REP
+    /// arrived (one call where GET_QP_ATTR takes three).
+    pub const GET_QP_TRANSITIONS: u32 = ibcm_ioctl(24);
 
     /// Every code, in order.
-    pub const ALL: [u32; 24] = [
+    pub const ALL: [u32; 25] = [
         VERSION,
         CREATE,
         DESTROY,
@@ -124,6 +129,7 @@ pub mod code {
         SIDR_REQ,
         SIDR_REP,
         MIGRATE,
+        GET_QP_TRANSITIONS,
     ];
 }
 
@@ -519,9 +525,10 @@ record! {
 }
 
 record! {
-    /// FORMAT_REP output: the transitions to make before SEND_REP.
-    pub struct FormatRepOut {
-        /// `size_of::<FormatRepOut>()`.
+    /// FORMAT_REP and GET_QP_TRANSITIONS output: the QP transitions to make (before
+    /// SEND_REP on the passive side, before RTU on the active side).
+    pub struct QpTransitionsOut {
+        /// `size_of::<QpTransitionsOut>()`.
         pub size: u32,
         /// Zero.
         pub reserved: u32,

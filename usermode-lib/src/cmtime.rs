@@ -672,7 +672,9 @@ fn wait_until(
 
 /// Drives the in-flight window of one client thread: starts operations (`start`) and
 /// collects their completions until every one finished; on a stall cancels what is in
-/// flight (`cancel`), and after a second one gives those up.
+/// flight (`cancel`), and after a second one gives those up. Out of line, so that a
+/// profile shows each phase (`valgrind --toggle-collect`) apart.
+#[inline(never)]
 fn drive<T: Send + 'static>(
     pump: &dyn Pump,
     window: usize,

@@ -36,10 +36,44 @@ pub struct Slot {
     state: Mutex<SlotState>,
 }
 
+/// Completed slots a thread keeps for its next requests, at most.
+const SPARE_SLOTS: usize = 16;
+
+thread_local! {
+    /// Slots whose request completed and whose result was taken: the next request on
+    /// this thread reuses one, so issuing an IOCTL allocates nothing for its completion.
+    static SPARES: std::cell::RefCell<Vec<Arc<Slot>>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
 impl Slot {
-    /// A new, pending slot.
+    /// A pending slot: a spare of this thread's, or a new one.
     pub fn new() -> Arc<Self> {
-        Arc::new(Self::default())
+        SPARES
+            .try_with(|s| s.borrow_mut().pop())
+            .ok()
+            .flatten()
+            .unwrap_or_default()
+    }
+
+    /// Keeps `slot` for a later request if nobody else holds it (the backend dropped its
+    /// reference when it completed the request) and its result was taken.
+    fn recycle(slot: Arc<Self>) {
+        if Arc::strong_count(&slot) != 1 || Arc::weak_count(&slot) != 0 {
+            return;
+        }
+        {
+            let mut s = slot.state.lock().unwrap_or_else(PoisonError::into_inner);
+            if s.done.is_some() {
+                return;
+            }
+            s.waker = None;
+        }
+        let _ = SPARES.try_with(|s| {
+            let mut spares = s.borrow_mut();
+            if spares.len() < SPARE_SLOTS {
+                spares.push(slot);
+            }
+        });
     }
 
     /// Called by the backend, exactly once.
@@ -67,14 +101,28 @@ impl Slot {
     }
 }
 
-/// A future over a slot.
+impl crate::backend::CompletionHook for Slot {
+    fn completed(self: Arc<Self>, status: i32, output: Vec<u8>) {
+        self.complete(Done { status, output });
+    }
+}
+
+/// A future over a slot; the slot goes back to its thread's spares when done.
 #[derive(Debug)]
-pub(crate) struct SlotFuture(pub Arc<Slot>);
+pub(crate) struct SlotFuture(pub Option<Arc<Slot>>);
 
 impl Future for SlotFuture {
     type Output = Done;
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Done> {
-        self.0.poll(cx)
+        let this = self.get_mut();
+        let Some(slot) = this.0.as_ref() else {
+            return Poll::Pending;
+        };
+        let done = std::task::ready!(slot.poll(cx));
+        if let Some(slot) = this.0.take() {
+            Slot::recycle(slot);
+        }
+        Poll::Ready(done)
     }
 }
 
@@ -86,10 +134,17 @@ impl Wake for ThreadWaker {
     }
 }
 
+thread_local! {
+    /// The waker of this thread's blocking waits (made once, not per wait).
+    static THREAD_WAKER: Waker = Waker::from(Arc::new(ThreadWaker(std::thread::current())));
+}
+
 /// Runs a future to completion on this thread (the blocking form of every operation).
 pub fn block_on<F: Future>(future: F) -> F::Output {
     let mut future = std::pin::pin!(future);
-    let waker = Waker::from(Arc::new(ThreadWaker(std::thread::current())));
+    let waker = THREAD_WAKER
+        .try_with(Waker::clone)
+        .unwrap_or_else(|_| Waker::from(Arc::new(ThreadWaker(std::thread::current()))));
     let mut cx = Context::from_waker(&waker);
     loop {
         if let Poll::Ready(v) = future.as_mut().poll(&mut cx) {

@@ -6,9 +6,9 @@ use std::future::Future;
 
 use ibcm_cep::{MigrationState, QpAttributes, QpState};
 use ibcm_ioctl::{
-    ConnectIn, EventRecord, FormatRepIn, FormatRepOut, GetQpAttrIn, ListenIn, MraIn, PrivateDataIn,
-    QpAttrAbi, QpAttrOut, QueryOut, RejIn, code, ep_state, event_type, flags, qp_mask, qp_state,
-    status,
+    ConnectIn, EventRecord, FormatRepIn, GetQpAttrIn, ListenIn, MraIn, PrivateDataIn, QpAttrAbi,
+    QpAttrOut, QpTransitionsOut, QueryOut, RejIn, code, ep_state, event_type, flags, qp_mask,
+    qp_state, status,
 };
 use ibcm_mad::{AttributeId, Failover, IpHeader, Mtu, RejReason, Transport};
 use zerocopy::{FromBytes, FromZeros, IntoBytes};
@@ -257,8 +257,17 @@ impl ConnectEndpoint {
             if r.event_type != event_type::REP_RECEIVED {
                 return Err(failure(OP, &r));
             }
-            let rtr = qp_attr(&ep, OP, qp_state::RTR).await?;
-            let rts = qp_attr(&ep, OP, qp_state::RTS).await?;
+            // RTR and RTS in one call (GET_QP_ATTR would take two).
+            let out = ep
+                .ioctl(
+                    OP,
+                    code::GET_QP_TRANSITIONS,
+                    ep.handle_in().as_bytes(),
+                    QpTransitionsOut::SIZE as usize,
+                )
+                .await?;
+            let qp = QpTransitionsOut::read_from_bytes(&out)
+                .map_err(|_| Error::new(OP, status::INFO_LENGTH_MISMATCH))?;
             Ok(ConnectReply {
                 remote_qpn: r.remote_qpn,
                 remote_psn: r.remote_psn,
@@ -266,8 +275,8 @@ impl ConnectEndpoint {
                 peer_initiator_depth: r.peer_initiator_depth,
                 failover_accepted: Failover::from(r.failover_accepted),
                 private_data: private_data(&r),
-                rtr,
-                rts,
+                rtr: qp_attributes(&qp.rtr),
+                rts: qp_attributes(&qp.rts),
             })
         }
     }
@@ -336,9 +345,9 @@ impl ConnectEndpoint {
             OP,
             code::FORMAT_REP,
             r.as_bytes(),
-            FormatRepOut::SIZE as usize,
+            QpTransitionsOut::SIZE as usize,
         ))?;
-        let out = FormatRepOut::read_from_bytes(&out)
+        let out = QpTransitionsOut::read_from_bytes(&out)
             .map_err(|_| Error::new(OP, status::INFO_LENGTH_MISMATCH))?;
         Ok(QpTransitions {
             init: qp_attributes(&out.init),

@@ -1,7 +1,6 @@
 //! The shared core of listeners and connection endpoints: the handle, the IOCTL helpers,
 //! and the event pump that keeps one GET_EVENT outstanding while anyone waits.
 
-use std::collections::VecDeque;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex, PoisonError};
@@ -10,6 +9,7 @@ use std::task::{Context, Poll, Waker};
 use ibcm_ioctl::{EventRecord, HandleIn, code, status};
 use zerocopy::{FromBytes, IntoBytes};
 
+use crate::backend::CompletionHook;
 use crate::completion::{Done, Slot, SlotFuture};
 use crate::error::{Error, Result};
 use crate::provider::Provider;
@@ -23,7 +23,10 @@ pub(crate) const LISTENER_EVENTS_PER_REQUEST: usize = 16;
 
 #[derive(Default)]
 struct Events {
-    queue: VecDeque<EventRecord>,
+    /// Queued event records, back to back as GET_EVENT wrote them: the first batch to
+    /// arrive at an empty queue becomes the queue (no copy, no allocation), and an idle
+    /// connection keeps no buffer at all.
+    queue: Vec<u8>,
     wakers: Vec<Waker>,
     /// The outstanding GET_EVENT: (ticket, backend key; 0 until `submit` returned).
     outstanding: Option<(u64, u64)>,
@@ -42,10 +45,69 @@ struct Events {
     cancelled: Option<u64>,
 }
 
+impl Events {
+    /// Takes the first queued record `wanted` accepts.
+    fn take(&mut self, wanted: fn(&EventRecord) -> bool) -> Option<EventRecord> {
+        let size = EventRecord::SIZE as usize;
+        let (at, record) = self
+            .queue
+            .chunks_exact(size)
+            .filter_map(|c| EventRecord::read_from_bytes(c).ok())
+            .enumerate()
+            .find(|(_, r)| wanted(r))?;
+        if self.queue.len() == size {
+            // Connections mostly sit idle between events: keep no buffer.
+            self.queue = Vec::new();
+        } else {
+            self.queue.drain(at * size..(at + 1) * size);
+        }
+        Some(record)
+    }
+}
+
+/// An endpoint's event queue, and the completion hook of its outstanding GET_EVENT: it
+/// holds nothing of the endpoint, so a pending GET_EVENT does not keep a dropped
+/// endpoint alive (dropping destroys it, and the driver cancels the GET_EVENT).
+#[derive(Default)]
+struct EventQueue(Mutex<Events>);
+
+impl EventQueue {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Events> {
+        self.0.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+impl CompletionHook for EventQueue {
+    fn completed(self: Arc<Self>, status: i32, mut output: Vec<u8>) {
+        let wakers = {
+            let mut ev = self.lock();
+            // One GET_EVENT is outstanding at a time: this is its completion.
+            let ticket = ev.outstanding.take().map(|(t, _)| t);
+            let ours = ticket.is_some() && ev.cancelled.take() == ticket;
+            if status == status::SUCCESS {
+                let size = EventRecord::SIZE as usize;
+                output.truncate(output.len() - output.len() % size);
+                ev.records += (output.len() / size) as u64;
+                if ev.queue.is_empty() {
+                    ev.queue = output;
+                } else {
+                    ev.queue.extend_from_slice(&output);
+                }
+            } else if status != status::CANCELLED || !ours {
+                ev.failed = Some(status);
+            }
+            take_wakers(&mut ev.wakers)
+        };
+        for w in wakers {
+            w.wake();
+        }
+    }
+}
+
 pub(crate) struct Inner {
     pub provider: Provider,
     pub handle: u64,
-    events: Mutex<Events>,
+    events: Arc<EventQueue>,
 }
 
 /// An endpoint handle and its event queue; destroyed when dropped.
@@ -57,7 +119,7 @@ impl Endpoint {
         Self(Arc::new(Inner {
             provider,
             handle,
-            events: Mutex::new(Events::default()),
+            events: Arc::default(),
         }))
     }
 
@@ -99,7 +161,7 @@ impl Endpoint {
     }
 
     fn events(&self) -> std::sync::MutexGuard<'_, Events> {
-        self.0.events.lock().unwrap_or_else(PoisonError::into_inner)
+        self.0.events.lock()
     }
 
     /// Keeps one GET_EVENT outstanding. Called with the event lock released: the
@@ -120,49 +182,17 @@ impl Endpoint {
             };
             (ev.tickets, batch)
         };
-        // A weak reference: an endpoint dropped while its GET_EVENT is pending is
-        // destroyed, and the driver completes the GET_EVENT with STATUS_CANCELLED.
-        let me = Arc::downgrade(&self.0);
         let key = self.0.provider.backend().submit(
             code::GET_EVENT,
             self.handle_in().as_bytes(),
             batch * EventRecord::SIZE as usize,
-            Box::new(move |status, output| {
-                if let Some(inner) = me.upgrade() {
-                    Endpoint(inner).on_events(ticket, Done { status, output });
-                }
-            }),
+            self.0.events.clone(),
         );
         let mut ev = self.events();
         if let Some((t, k)) = ev.outstanding.as_mut()
             && *t == ticket
         {
             *k = key;
-        }
-    }
-
-    fn on_events(&self, ticket: u64, done: Done) {
-        let wakers = {
-            let mut ev = self.events();
-            ev.outstanding = None;
-            let ours = ev.cancelled.take() == Some(ticket);
-            if done.status == status::SUCCESS {
-                // Room for exactly these records: an idle connection then holds none.
-                ev.queue
-                    .reserve_exact(done.output.len() / EventRecord::SIZE as usize);
-                for chunk in done.output.chunks_exact(EventRecord::SIZE as usize) {
-                    if let Ok(record) = EventRecord::read_from_bytes(chunk) {
-                        ev.queue.push_back(record);
-                        ev.records += 1;
-                    }
-                }
-            } else if done.status != status::CANCELLED || !ours {
-                ev.failed = Some(done.status);
-            }
-            take_wakers(&mut ev.wakers)
-        };
-        for w in wakers {
-            w.wake();
         }
     }
 
@@ -193,7 +223,9 @@ impl Endpoint {
 
     /// Puts an event back at the head of the queue, for the next wait.
     pub fn requeue(&self, record: EventRecord) {
-        self.events().queue.push_front(record);
+        self.events()
+            .queue
+            .splice(0..0, record.as_bytes().iter().copied());
     }
 
     /// (GET_EVENT system calls, event records received) so far.
@@ -214,8 +246,24 @@ impl Drop for Inner {
         };
         self.provider
             .backend()
-            .submit(code::DESTROY, input.as_bytes(), 0, Box::new(|_, _| {}));
+            .submit(code::DESTROY, input.as_bytes(), 0, Ignore::hook());
     }
+}
+
+/// The hook of a request whose outcome nobody waits for (DESTROY of a dropped endpoint).
+struct Ignore;
+
+impl Ignore {
+    /// One hook shared by every such request.
+    fn hook() -> Arc<Self> {
+        static HOOK: std::sync::LazyLock<Arc<Ignore>> =
+            std::sync::LazyLock::new(|| Arc::new(Ignore));
+        Arc::clone(&HOOK)
+    }
+}
+
+impl CompletionHook for Ignore {
+    fn completed(self: Arc<Self>, _: i32, _: Vec<u8>) {}
 }
 
 /// The wakers to wake once the event lock is released. One waiter is the usual case:
@@ -247,13 +295,7 @@ impl Future for EventWait {
         if ev.epoch != this.epoch {
             return Poll::Ready(Err(Error::new(this.operation, status::CANCELLED)));
         }
-        if let Some(pos) = ev.queue.iter().position(this.wanted)
-            && let Some(record) = ev.queue.remove(pos)
-        {
-            if ev.queue.is_empty() {
-                // Connections mostly sit idle between events: keep no 464-byte records.
-                ev.queue = VecDeque::new();
-            }
+        if let Some(record) = ev.take(this.wanted) {
             return Poll::Ready(Ok(record));
         }
         if let Some(st) = ev.failed {
@@ -275,11 +317,6 @@ pub(crate) async fn submit(
 ) -> Done {
     let slot = Slot::new();
     let s = Arc::clone(&slot);
-    provider.backend().submit(
-        code,
-        input,
-        output_len,
-        Box::new(move |status, output| s.complete(Done { status, output })),
-    );
-    SlotFuture(slot).await
+    provider.backend().submit(code, input, output_len, s);
+    SlotFuture(Some(slot)).await
 }

@@ -12,6 +12,7 @@
 extern crate alloc;
 
 mod cep;
+pub mod chunked;
 mod config;
 mod counters;
 mod error;

@@ -17,6 +17,7 @@ use rand_chacha::rand_core::{Rng, SeedableRng};
 use siphasher::sip::SipHasher13;
 
 use crate::cep::{Cep, LapState, Retry, State, StateName};
+use crate::chunked::ChunkedVec;
 use crate::config::CmConfig;
 use crate::counters::Counters;
 use crate::error::{CmError, check_len, check_max, check_width};
@@ -194,7 +195,8 @@ impl PeerMap {
 #[derive(Debug)]
 pub struct CmManager {
     config: CmConfig,
-    slots: Vec<Slot>,
+    /// The CEP slab; grows by chunks, so a CEP never moves and growing copies nothing.
+    slots: ChunkedVec<Slot>,
     free: Vec<u32>,
     live: usize,
     comm_id_operand: u32,
@@ -229,7 +231,7 @@ impl CmManager {
         let hash = KeyedHash(rng.next_u64(), rng.next_u64());
         Self {
             config,
-            slots: Vec::new(),
+            slots: ChunkedVec::new(),
             free: Vec::new(),
             live: 0,
             comm_id_operand: rng.next_u32(),
@@ -298,8 +300,8 @@ impl CmManager {
         self.timers
             .try_reserve(ceps.saturating_mul(2))
             .map_err(no)?;
-        self.events.try_reserve(ceps.min(4096)).map_err(no)?;
-        self.transmits.try_reserve(ceps.min(4096)).map_err(no)?;
+        reserve_queue(&mut self.events, ceps.min(4096)).map_err(no)?;
+        reserve_queue(&mut self.transmits, ceps.min(4096)).map_err(no)?;
         Ok(())
     }
 
@@ -1999,6 +2001,22 @@ fn rejected(reason: RejReason, message: MessageKind, ari: &[u8], pdata: &[u8]) -
 }
 
 /// INIT, RTR and RTS attributes as Linux `cm_init_qp_{init,rtr,rts}_attr` computes them.
+/// Room in `queue` for `n` more entries. The queues are empty between entry points, and
+/// an empty one is replaced rather than grown: growing would copy its old buffer, every
+/// byte of it, for nothing.
+fn reserve_queue<T>(
+    queue: &mut VecDeque<T>,
+    n: usize,
+) -> Result<(), alloc::collections::TryReserveError> {
+    if queue.is_empty() && queue.capacity() < n {
+        let mut fresh = VecDeque::new();
+        fresh.try_reserve(n)?;
+        *queue = fresh;
+        return Ok(());
+    }
+    queue.try_reserve(n)
+}
+
 fn qp_attributes_of(c: &Cep, state: QpState) -> QpAttributes {
     let mut a = QpAttributes::empty(state);
     let av = |path: PathRecord, ack: u8| AddressVector {

@@ -14,12 +14,13 @@ mod client;
 
 pub use client::{Callback, ClientEvent, ClientId};
 
-use ibcm_cep::{CepId, CmConfig, CmManager, Event, Instant, MadAddress, Transmit};
+use ibcm_cep::chunked::ChunkedVec;
+use ibcm_cep::{CepId, CmConfig, CmManager, Event, Instant, MadAddress, QpState, Transmit};
 use ibcm_ioctl::{
     ABI_VERSION, AprIn, ConnectIn, CountersIn, CountersOut, CreateIn, CreateOut, EventRecord,
-    FormatRepIn, FormatRepOut, GetQpAttrIn, HandleIn, LapIn, ListenIn, MAX_EVENTS_PER_REQUEST,
-    MraIn, PrivateDataIn, QpAttrOut, RejIn, SidrRepIn, SidrReqIn, VersionIn, VersionOut, code,
-    event_type, flags, limits, status,
+    FormatRepIn, GetQpAttrIn, HandleIn, LapIn, ListenIn, MAX_EVENTS_PER_REQUEST, MraIn,
+    PrivateDataIn, QpAttrOut, QpTransitionsOut, RejIn, SidrRepIn, SidrReqIn, VersionIn, VersionOut,
+    code, event_type, flags, limits, status,
 };
 use zerocopy::{FromBytes, FromZeros, Immutable, IntoBytes, KnownLayout};
 
@@ -203,7 +204,8 @@ struct Slot<T> {
 /// A generation-checked table: handles are `index | generation << 32`, generation >= 1.
 #[derive(Debug)]
 struct Table<T> {
-    slots: Vec<Slot<T>>,
+    /// Grows by chunks: an endpoint never moves and growing copies nothing.
+    slots: ChunkedVec<Slot<T>>,
     free: Vec<u32>,
     live: usize,
 }
@@ -211,7 +213,7 @@ struct Table<T> {
 impl<T> Table<T> {
     const fn new() -> Self {
         Self {
-            slots: Vec::new(),
+            slots: ChunkedVec::new(),
             free: Vec::new(),
             live: 0,
         }
@@ -267,7 +269,8 @@ impl<T> Table<T> {
     fn reserve(&mut self, n: usize) {
         let spare = self.free.len();
         if n > spare {
-            self.slots.reserve(n - spare);
+            // Out of memory leaves the room short; `can_insert` then refuses the insert.
+            let _ = self.slots.try_reserve(n - spare);
             // `insert` keeps room in `free` for every slot (so that `remove` never
             // allocates): make that room now for the slots the new values may add.
             let slots = self.slots.len() + (n - spare);
@@ -1237,7 +1240,7 @@ fn operation<P: Platform>(
             check_reserved(r.reserved == 0 && r.reserved1 == [0; 3])?;
             require(r.flags & !(flags::PSN_GIVEN | flags::SRQ | flags::FLOW_CONTROL) == 0)?;
             require(r.failover_accepted <= 2)?;
-            if request.output_len() < FormatRepOut::SIZE as usize {
+            if request.output_len() < QpTransitionsOut::SIZE as usize {
                 return Err(status::BUFFER_TOO_SMALL);
             }
             let private_data = used(
@@ -1258,8 +1261,8 @@ fn operation<P: Platform>(
             };
             let cep = i.touch(file, r.handle)?;
             let prepared = i.cm.prepare_rep(cep, &params).map_err(status_of)?;
-            let out = FormatRepOut {
-                size: FormatRepOut::SIZE,
+            let out = QpTransitionsOut {
+                size: QpTransitionsOut::SIZE,
                 reserved: 0,
                 init: qp_attr_to_abi(&prepared.init),
                 rtr: qp_attr_to_abi(&prepared.rtr),
@@ -1333,6 +1336,22 @@ fn operation<P: Platform>(
                 size: QpAttrOut::SIZE,
                 reserved: 0,
                 attr: qp_attr_to_abi(&attr),
+            };
+            Ok(output(request, &out)?)
+        }
+        code::GET_QP_TRANSITIONS => {
+            let h = handle_in(bytes)?;
+            if request.output_len() < QpTransitionsOut::SIZE as usize {
+                return Err(status::BUFFER_TOO_SMALL);
+            }
+            let cep = i.touch(file, h)?;
+            let attr = |state| i.cm.qp_attributes(cep, state).map_err(status_of);
+            let out = QpTransitionsOut {
+                size: QpTransitionsOut::SIZE,
+                reserved: 0,
+                init: qp_attr_to_abi(&attr(QpState::Init)?),
+                rtr: qp_attr_to_abi(&attr(QpState::Rtr)?),
+                rts: qp_attr_to_abi(&attr(QpState::Rts)?),
             };
             Ok(output(request, &out)?)
         }

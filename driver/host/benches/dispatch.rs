@@ -30,7 +30,7 @@ use ibcm_host::verifier::{Completion, Violation};
 use ibcm_host::{Fabric, Node, node_address, node_guid};
 use ibcm_ioctl::{
     ABI_VERSION, ConnectIn, CountersIn, CountersOut, CreateIn, CreateOut, EventRecord, FormatRepIn,
-    FormatRepOut, HandleIn, ListenIn, MAX_EVENTS_PER_REQUEST, PathAbi, PrivateDataIn, QueryOut,
+    HandleIn, ListenIn, MAX_EVENTS_PER_REQUEST, PathAbi, PrivateDataIn, QpTransitionsOut, QueryOut,
     VersionIn, code, event_type, status,
 };
 use zerocopy::{FromBytes, FromZeros, IntoBytes};
@@ -525,7 +525,7 @@ impl Run {
                     1,
                     code::FORMAT_REP,
                     rep.as_bytes(),
-                    FormatRepOut::SIZE as usize,
+                    QpTransitionsOut::SIZE as usize,
                 );
                 // The one-pending client waits on the new endpoint before the REP leaves.
                 self.add(1, child, Role::Server);

@@ -43,7 +43,7 @@ pub struct HostRequest {
     ledger: Arc<Ledger>,
     /// Who learns of the completion (an in-process user library); without one the
     /// ledger keeps the completion for [`Ledger::completion`].
-    hook: Option<CompletionHook>,
+    hook: Option<Arc<dyn CompletionHook>>,
 }
 
 impl core::fmt::Debug for HostRequest {
@@ -94,11 +94,15 @@ impl Request for HostRequest {
 /// MADs the outbox holds without growing, at least (see [`HostPlatform::take_sent`]).
 pub const OUTBOX_ROOM: usize = 1024;
 
-/// Called once with a request's NTSTATUS and the output bytes it reported (no lock held),
-/// after the ledger checked the completion: how an in-process user library learns that
-/// its request finished. It takes the buffer, as the I/O manager hands the caller its
-/// system buffer.
-pub type CompletionHook = Box<dyn FnOnce(i32, Vec<u8>) + Send>;
+/// How an in-process user library learns that its request finished: called once with the
+/// request's NTSTATUS and the output bytes it reported (no lock held), after the ledger
+/// checked the completion. It takes the buffer, as the I/O manager hands the caller its
+/// system buffer. Shared (`Arc`), so a caller's completion slot or event queue is the
+/// hook itself, with nothing allocated per request to wrap it.
+pub trait CompletionHook: Send + Sync {
+    /// The request completed with `status`; `output` holds the bytes it reported.
+    fn completed(self: Arc<Self>, status: i32, output: Vec<u8>);
+}
 
 /// The host platform of one node.
 #[derive(Clone)]
@@ -156,7 +160,7 @@ impl HostPlatform {
         &self,
         file: u64,
         output_len: usize,
-        hook: CompletionHook,
+        hook: Arc<dyn CompletionHook>,
     ) -> HostRequest {
         HostRequest {
             hook: Some(hook),
@@ -241,7 +245,7 @@ impl Platform for HostPlatform {
                 // event): on Windows that runs later, in the caller's thread, not at the
                 // completing driver's IRQL, so what it allocates is not counted against
                 // a DISPATCH_LEVEL path that completed the request.
-                allocation_counter::opt_out(|| hook(status, output));
+                allocation_counter::opt_out(|| hook.completed(status, output));
             }
             None => self.ledger.complete(
                 key,

@@ -3,8 +3,9 @@
 
 use ibcm_host::{Fabric, Node, node_address};
 use ibcm_ioctl::{
-    ABI_VERSION, ConnectIn, CreateIn, CreateOut, EventRecord, FormatRepIn, HandleIn, ListenIn,
-    PathAbi, PrivateDataIn, QueryOut, VersionIn, code, ep_state, event_type, status,
+    ABI_VERSION, ConnectIn, CreateIn, CreateOut, EventRecord, FormatRepIn, GetQpAttrIn, HandleIn,
+    ListenIn, PathAbi, PrivateDataIn, QpAttrOut, QpTransitionsOut, QueryOut, VersionIn, code,
+    ep_state, event_type, qp_state, status,
 };
 use zerocopy::{FromBytes, FromZeros, IntoBytes};
 
@@ -112,6 +113,14 @@ fn connect_accept_rtu_disconnect_over_ioctl_records() {
             .status,
         status::SUCCESS
     );
+    // Before the REP there is nothing to transition to RTR.
+    let early = fabric.nodes[0].ioctl_now(
+        fa,
+        code::GET_QP_TRANSITIONS,
+        handle_in(ep).as_bytes(),
+        QpTransitionsOut::SIZE as usize,
+    );
+    assert_eq!(early.status, status::INVALID_DEVICE_STATE);
     let a_wait = fabric.nodes[0].ioctl(fa, code::GET_EVENT, handle_in(ep).as_bytes(), 464);
     fabric.run_for(100_000);
 
@@ -147,6 +156,46 @@ fn connect_accept_rtu_disconnect_over_ioctl_records() {
     assert_eq!(rep_ev[0].event_type, event_type::REP_RECEIVED);
     assert_eq!(rep_ev[0].remote_qpn, 0x202);
     assert_eq!(&rep_ev[0].private_data[..3], b"yes");
+    // GET_QP_TRANSITIONS: the three GET_QP_ATTR answers in one call.
+    let short = fabric.nodes[0].ioctl_now(
+        fa,
+        code::GET_QP_TRANSITIONS,
+        handle_in(ep).as_bytes(),
+        QpTransitionsOut::SIZE as usize - 1,
+    );
+    assert_eq!(short.status, status::BUFFER_TOO_SMALL);
+    let all = fabric.nodes[0].ioctl_now(
+        fa,
+        code::GET_QP_TRANSITIONS,
+        handle_in(ep).as_bytes(),
+        QpTransitionsOut::SIZE as usize,
+    );
+    assert_eq!(all.status, status::SUCCESS);
+    assert_eq!(all.information, QpTransitionsOut::SIZE as usize);
+    let all = QpTransitionsOut::read_from_bytes(&all.output).unwrap();
+    assert_eq!(all.rtr.dest_qpn, 0x202);
+    for (state, got) in [
+        (qp_state::INIT, all.init),
+        (qp_state::RTR, all.rtr),
+        (qp_state::RTS, all.rts),
+    ] {
+        let q = GetQpAttrIn {
+            size: GetQpAttrIn::SIZE,
+            reserved: 0,
+            handle: ep,
+            qp_state: state,
+            reserved1: 0,
+        };
+        let one = fabric.nodes[0].ioctl_now(
+            fa,
+            code::GET_QP_ATTR,
+            q.as_bytes(),
+            QpAttrOut::SIZE as usize,
+        );
+        assert_eq!(one.status, status::SUCCESS);
+        assert_eq!(QpAttrOut::read_from_bytes(&one.output).unwrap().attr, got);
+        assert_eq!(got.state, state);
+    }
     let mut rtu = PrivateDataIn::new_zeroed();
     rtu.size = PrivateDataIn::SIZE;
     rtu.handle = ep;

@@ -21,7 +21,7 @@ use ibcm_host::verifier::Completion;
 use ibcm_host::{Fabric, Node, file_key, node_address};
 use ibcm_ioctl::{
     ABI_VERSION, ConnectIn, CountersIn, CountersOut, CreateIn, CreateOut, EventRecord, FormatRepIn,
-    FormatRepOut, GetQpAttrIn, HandleIn, ListenIn, MraIn, PathAbi, PrivateDataIn, QpAttrOut,
+    GetQpAttrIn, HandleIn, ListenIn, MraIn, PathAbi, PrivateDataIn, QpAttrOut, QpTransitionsOut,
     QueryOut, RejIn, VersionIn, VersionOut, code, ctl_code, ep_state, event_type, flags,
     ibcm_ioctl, qp_state, status,
 };
@@ -286,7 +286,7 @@ fn output_size(c: u32) -> usize {
     (match c {
         code::VERSION => VersionOut::SIZE,
         code::CREATE => CreateOut::SIZE,
-        code::FORMAT_REP => FormatRepOut::SIZE,
+        code::FORMAT_REP => QpTransitionsOut::SIZE,
         code::GET_QP_ATTR => QpAttrOut::SIZE,
         code::QUERY => QueryOut::SIZE,
         code::GET_EVENT => EventRecord::SIZE,
@@ -536,7 +536,7 @@ impl World {
                 main[1],
                 code::FORMAT_REP,
                 r.as_bytes(),
-                FormatRepOut::SIZE as usize,
+                QpTransitionsOut::SIZE as usize,
             );
         }
         for &h in &p[1..4] {

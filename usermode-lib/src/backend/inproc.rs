@@ -32,7 +32,7 @@ impl InProcess {
 impl Backend for InProcess {
     fn submit(&self, code: u32, input: &[u8], output_len: usize, on_complete: OnComplete) -> u64 {
         if self.closed.load(Ordering::Acquire) {
-            on_complete(ibcm_ioctl::status::INVALID_HANDLE, Vec::new());
+            on_complete.completed(ibcm_ioctl::status::INVALID_HANDLE, Vec::new());
             return 0;
         }
         let request = self.node.platform.request_with_hook(

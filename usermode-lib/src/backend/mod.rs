@@ -5,9 +5,12 @@ pub mod inproc;
 #[allow(unsafe_code)]
 pub mod windows;
 
-/// Called exactly once when a request completes, on whatever thread completes it, with
-/// the NTSTATUS and the output bytes written.
-pub type OnComplete = Box<dyn FnOnce(i32, Vec<u8>) + Send>;
+pub use ibcm_host::CompletionHook;
+
+/// Told exactly once when a request completes, on whatever thread completes it, with the
+/// NTSTATUS and the output bytes written. Shared: the caller's completion slot (or event
+/// queue) is itself the hook, so issuing a request allocates nothing to wrap it.
+pub type OnComplete = std::sync::Arc<dyn CompletionHook>;
 
 /// An IOCTL transport. Every request completes exactly once, through `on_complete`,
 /// possibly before `submit` returns.

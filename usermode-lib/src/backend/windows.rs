@@ -143,7 +143,7 @@ fn completion_loop(port: SendHandle) {
             ..
         } = *op;
         output.truncate(len);
-        on_complete(status, output);
+        on_complete.completed(status, output);
     }
 }
 
@@ -270,7 +270,7 @@ impl Backend for Device {
             } else {
                 STATUS_INVALID_HANDLE
             };
-            (op.on_complete)(status, Vec::new());
+            op.on_complete.completed(status, Vec::new());
         }
         raw as u64
     }
