@@ -107,6 +107,51 @@ impl crate::backend::CompletionHook for Slot {
     }
 }
 
+/// Output buffers a thread keeps for its next requests, at most.
+const SPARE_BUFFERS: usize = 16;
+/// Larger buffers are not kept.
+const MAX_SPARE_BUFFER: usize = 64 * 1024;
+
+thread_local! {
+    /// Output buffers whose bytes were read: the next request on this thread that has
+    /// output reuses one rather than allocating.
+    static BUFFERS: std::cell::RefCell<Vec<Vec<u8>>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// An output buffer with room for `len` bytes: a spare of this thread's, or a new one.
+/// A spare much larger than asked for is left alone: a pending request (a connection's
+/// GET_EVENT) holds its buffer for as long as it waits.
+pub(crate) fn output_buffer(len: usize) -> Vec<u8> {
+    if len == 0 {
+        return Vec::new();
+    }
+    BUFFERS
+        .try_with(|b| {
+            let mut b = b.borrow_mut();
+            let i = b
+                .iter()
+                .position(|v| (len..=len.saturating_mul(2)).contains(&v.capacity()))?;
+            Some(b.swap_remove(i))
+        })
+        .ok()
+        .flatten()
+        .unwrap_or_else(|| Vec::with_capacity(len))
+}
+
+/// Keeps an output buffer whose bytes were read for a later request.
+pub(crate) fn recycle_buffer(mut buffer: Vec<u8>) {
+    if buffer.capacity() == 0 || buffer.capacity() > MAX_SPARE_BUFFER {
+        return;
+    }
+    buffer.clear();
+    let _ = BUFFERS.try_with(|b| {
+        let mut b = b.borrow_mut();
+        if b.len() < SPARE_BUFFERS {
+            b.push(buffer);
+        }
+    });
+}
+
 /// A future over a slot; the slot goes back to its thread's spares when done.
 #[derive(Debug)]
 pub(crate) struct SlotFuture(pub Option<Arc<Slot>>);

@@ -11,7 +11,7 @@ use ibcm_ioctl::{
     qp_state, status,
 };
 use ibcm_mad::{AttributeId, Failover, IpHeader, Mtu, RejReason, Transport};
-use zerocopy::{FromBytes, FromZeros, IntoBytes};
+use zerocopy::{FromZeros, IntoBytes};
 
 use crate::completion::block_on;
 use crate::endpoint::Endpoint;
@@ -258,16 +258,9 @@ impl ConnectEndpoint {
                 return Err(failure(OP, &r));
             }
             // RTR and RTS in one call (GET_QP_ATTR would take two).
-            let out = ep
-                .ioctl(
-                    OP,
-                    code::GET_QP_TRANSITIONS,
-                    ep.handle_in().as_bytes(),
-                    QpTransitionsOut::SIZE as usize,
-                )
+            let qp: QpTransitionsOut = ep
+                .ioctl_out(OP, code::GET_QP_TRANSITIONS, ep.handle_in().as_bytes())
                 .await?;
-            let qp = QpTransitionsOut::read_from_bytes(&out)
-                .map_err(|_| Error::new(OP, status::INFO_LENGTH_MISMATCH))?;
             Ok(ConnectReply {
                 remote_qpn: r.remote_qpn,
                 remote_psn: r.remote_psn,
@@ -341,14 +334,7 @@ impl ConnectEndpoint {
         let (pd, len) = inline::<196>(OP, params.private_data)?;
         r.private_data = pd;
         r.private_data_len = len;
-        let out = block_on(self.0.ioctl(
-            OP,
-            code::FORMAT_REP,
-            r.as_bytes(),
-            QpTransitionsOut::SIZE as usize,
-        ))?;
-        let out = QpTransitionsOut::read_from_bytes(&out)
-            .map_err(|_| Error::new(OP, status::INFO_LENGTH_MISMATCH))?;
+        let out: QpTransitionsOut = block_on(self.0.ioctl_out(OP, code::FORMAT_REP, r.as_bytes()))?;
         Ok(QpTransitions {
             init: qp_attributes(&out.init),
             rtr: qp_attributes(&out.rtr),
@@ -541,16 +527,8 @@ impl ConnectEndpoint {
     fn query_async(&self) -> impl Future<Output = Result<QueryOut>> + Send + 'static {
         let ep = self.0.clone();
         async move {
-            let out = ep
-                .ioctl(
-                    "query",
-                    code::QUERY,
-                    ep.handle_in().as_bytes(),
-                    QueryOut::SIZE as usize,
-                )
-                .await?;
-            QueryOut::read_from_bytes(&out)
-                .map_err(|_| Error::new("query", status::INFO_LENGTH_MISMATCH))
+            ep.ioctl_out("query", code::QUERY, ep.handle_in().as_bytes())
+                .await
         }
     }
 
@@ -583,16 +561,7 @@ async fn qp_attr(ep: &Endpoint, op: &'static str, state: u32) -> Result<QpAttrib
         qp_state: state,
         reserved1: 0,
     };
-    let out = ep
-        .ioctl(
-            op,
-            code::GET_QP_ATTR,
-            q.as_bytes(),
-            QpAttrOut::SIZE as usize,
-        )
-        .await?;
-    let out = QpAttrOut::read_from_bytes(&out)
-        .map_err(|_| Error::new(op, status::INFO_LENGTH_MISMATCH))?;
+    let out: QpAttrOut = ep.ioctl_out(op, code::GET_QP_ATTR, q.as_bytes()).await?;
     Ok(qp_attributes(&out.attr))
 }
 

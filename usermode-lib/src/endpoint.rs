@@ -7,10 +7,10 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::task::{Context, Poll, Waker};
 
 use ibcm_ioctl::{EventRecord, HandleIn, code, status};
-use zerocopy::{FromBytes, IntoBytes};
+use zerocopy::{FromBytes, Immutable, IntoBytes};
 
 use crate::backend::CompletionHook;
-use crate::completion::{Done, Slot, SlotFuture};
+use crate::completion::{Done, Slot, SlotFuture, output_buffer, recycle_buffer};
 use crate::error::{Error, Result};
 use crate::provider::Provider;
 
@@ -56,8 +56,9 @@ impl Events {
             .enumerate()
             .find(|(_, r)| wanted(r))?;
         if self.queue.len() == size {
-            // Connections mostly sit idle between events: keep no buffer.
-            self.queue = Vec::new();
+            // Connections mostly sit idle between events: keep no buffer (the thread
+            // keeps it for its next request).
+            recycle_buffer(std::mem::take(&mut self.queue));
         } else {
             self.queue.drain(at * size..(at + 1) * size);
         }
@@ -145,6 +146,16 @@ impl Endpoint {
             .await
     }
 
+    /// Issues an IOCTL whose output is one `T` record, and awaits it.
+    pub async fn ioctl_out<T: FromBytes + IntoBytes + Immutable>(
+        &self,
+        operation: &'static str,
+        code: u32,
+        input: &[u8],
+    ) -> Result<T> {
+        self.0.provider.ioctl_out(operation, code, input).await
+    }
+
     /// Waits for the first queued event `wanted` accepts (others stay queued, in order).
     pub fn wait_event(
         &self,
@@ -182,10 +193,12 @@ impl Endpoint {
             };
             (ev.tickets, batch)
         };
+        let len = batch * EventRecord::SIZE as usize;
         let key = self.0.provider.backend().submit(
             code::GET_EVENT,
             self.handle_in().as_bytes(),
-            batch * EventRecord::SIZE as usize,
+            len,
+            output_buffer(len),
             self.0.events.clone(),
         );
         let mut ev = self.events();
@@ -244,9 +257,13 @@ impl Drop for Inner {
             reserved: 0,
             handle: self.handle,
         };
-        self.provider
-            .backend()
-            .submit(code::DESTROY, input.as_bytes(), 0, Ignore::hook());
+        self.provider.backend().submit(
+            code::DESTROY,
+            input.as_bytes(),
+            0,
+            Vec::new(),
+            Ignore::hook(),
+        );
     }
 }
 
@@ -317,6 +334,8 @@ pub(crate) async fn submit(
 ) -> Done {
     let slot = Slot::new();
     let s = Arc::clone(&slot);
-    provider.backend().submit(code, input, output_len, s);
+    provider
+        .backend()
+        .submit(code, input, output_len, output_buffer(output_len), s);
     SlotFuture(Some(slot)).await
 }

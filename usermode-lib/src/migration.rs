@@ -3,11 +3,9 @@
 use std::future::Future;
 
 use ibcm_cep::QpAttributes;
-use ibcm_ioctl::{
-    AprIn, EventRecord, LapIn, QpAttrOut, SidrRepIn, SidrReqIn, code, event_type, status,
-};
+use ibcm_ioctl::{AprIn, EventRecord, LapIn, QpAttrOut, SidrRepIn, SidrReqIn, code, event_type};
 use ibcm_mad::{AprStatus, SidrStatus};
-use zerocopy::{FromBytes, FromZeros, IntoBytes};
+use zerocopy::{FromZeros, IntoBytes};
 
 use crate::PathRecord;
 use crate::completion::block_on;
@@ -16,7 +14,7 @@ use crate::connection::{
     qp_attributes,
 };
 use crate::endpoint::Endpoint;
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::provider::Provider;
 
 /// The peer's answer to a LAP.
@@ -133,14 +131,7 @@ impl ConnectEndpoint {
         let (pd, len) = inline::<148>(OP, private_data)?;
         a.private_data = pd;
         a.private_data_len = len;
-        let out = block_on(self.0.ioctl(
-            OP,
-            code::PREPARE_APR,
-            a.as_bytes(),
-            QpAttrOut::SIZE as usize,
-        ))?;
-        let out = QpAttrOut::read_from_bytes(&out)
-            .map_err(|_| Error::new(OP, status::INFO_LENGTH_MISMATCH))?;
+        let out: QpAttrOut = block_on(self.0.ioctl_out(OP, code::PREPARE_APR, a.as_bytes()))?;
         block_on(
             self.0
                 .ioctl(OP, code::SEND_APR, self.0.handle_in().as_bytes(), 0),

@@ -5,10 +5,10 @@ use std::sync::Arc;
 use ibcm_ioctl::{
     ABI_VERSION, CountersIn, CountersOut, CreateIn, CreateOut, VersionIn, VersionOut, code, status,
 };
-use zerocopy::{FromBytes, IntoBytes};
+use zerocopy::{FromBytes, Immutable, IntoBytes};
 
 use crate::backend::Backend;
-use crate::completion::block_on;
+use crate::completion::{block_on, recycle_buffer};
 use crate::endpoint::{Endpoint, submit};
 use crate::error::{Error, Result};
 
@@ -26,14 +26,13 @@ impl Provider {
             size: VersionIn::SIZE,
             abi_version: ABI_VERSION,
         };
-        let out = block_on(p.ioctl(
-            "open",
-            code::VERSION,
-            v.as_bytes(),
-            VersionOut::SIZE as usize,
-        ))?;
-        let got = VersionOut::read_from_bytes(&out)
-            .map_err(|_| Error::new("open", status::REVISION_MISMATCH))?;
+        let got: VersionOut =
+            block_on(p.ioctl_out("open", code::VERSION, v.as_bytes())).map_err(|e| {
+                match e.status {
+                    status::INFO_LENGTH_MISMATCH => Error::new("open", status::REVISION_MISMATCH),
+                    _ => e,
+                }
+            })?;
         if got.abi_version != ABI_VERSION {
             return Err(Error::new("open", status::REVISION_MISMATCH));
         }
@@ -82,19 +81,29 @@ impl Provider {
         }
     }
 
+    /// Issues an IOCTL whose output is one `T` record and awaits it; the output buffer is
+    /// kept for a later request.
+    pub(crate) async fn ioctl_out<T: FromBytes + IntoBytes + Immutable>(
+        &self,
+        operation: &'static str,
+        code: u32,
+        input: &[u8],
+    ) -> Result<T> {
+        let out = self
+            .ioctl(operation, code, input, core::mem::size_of::<T>())
+            .await?;
+        let record = T::read_from_bytes(&out)
+            .map_err(|_| Error::new(operation, status::INFO_LENGTH_MISMATCH));
+        recycle_buffer(out);
+        record
+    }
+
     pub(crate) fn create_endpoint(&self, operation: &'static str) -> Result<Endpoint> {
         let c = CreateIn {
             size: CreateIn::SIZE,
             reserved: 0,
         };
-        let out = block_on(self.ioctl(
-            operation,
-            code::CREATE,
-            c.as_bytes(),
-            CreateOut::SIZE as usize,
-        ))?;
-        let out = CreateOut::read_from_bytes(&out)
-            .map_err(|_| Error::new(operation, status::INFO_LENGTH_MISMATCH))?;
+        let out: CreateOut = block_on(self.ioctl_out(operation, code::CREATE, c.as_bytes()))?;
         Ok(Endpoint::new(self.clone(), out.handle))
     }
 
@@ -104,13 +113,6 @@ impl Provider {
             size: CountersIn::SIZE,
             reserved: 0,
         };
-        let out = block_on(self.ioctl(
-            "counters",
-            code::COUNTERS,
-            c.as_bytes(),
-            CountersOut::SIZE as usize,
-        ))?;
-        CountersOut::read_from_bytes(&out)
-            .map_err(|_| Error::new("counters", status::INFO_LENGTH_MISMATCH))
+        block_on(self.ioctl_out("counters", code::COUNTERS, c.as_bytes()))
     }
 }

@@ -155,16 +155,24 @@ impl HostPlatform {
         }
     }
 
-    /// A request whose completion goes to `hook`.
+    /// A request whose completion goes to `hook`, with `buffer` (emptied, given room for
+    /// `output_len` bytes) as its output buffer: the caller hands back a buffer it got
+    /// from an earlier completion, and nothing is allocated per request.
     pub fn request_with_hook(
         &self,
         file: u64,
+        mut buffer: Vec<u8>,
         output_len: usize,
         hook: Arc<dyn CompletionHook>,
     ) -> HostRequest {
+        buffer.clear();
+        buffer.reserve_exact(output_len);
         HostRequest {
+            key: self.ledger.issue(file),
+            output: buffer,
+            output_len,
+            ledger: Arc::clone(&self.ledger),
             hook: Some(hook),
-            ..self.request(file, output_len)
         }
     }
 

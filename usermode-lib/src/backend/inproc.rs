@@ -30,13 +30,21 @@ impl InProcess {
 }
 
 impl Backend for InProcess {
-    fn submit(&self, code: u32, input: &[u8], output_len: usize, on_complete: OnComplete) -> u64 {
+    fn submit(
+        &self,
+        code: u32,
+        input: &[u8],
+        output_len: usize,
+        buffer: Vec<u8>,
+        on_complete: OnComplete,
+    ) -> u64 {
         if self.closed.load(Ordering::Acquire) {
             on_complete.completed(ibcm_ioctl::status::INVALID_HANDLE, Vec::new());
             return 0;
         }
         let request = self.node.platform.request_with_hook(
             ibcm_host::file_key(self.file),
+            buffer,
             output_len,
             on_complete,
         );

@@ -15,8 +15,17 @@ pub type OnComplete = std::sync::Arc<dyn CompletionHook>;
 /// An IOCTL transport. Every request completes exactly once, through `on_complete`,
 /// possibly before `submit` returns.
 pub trait Backend: Send + Sync {
-    /// Issues an IOCTL; returns a key for [`cancel`](Self::cancel).
-    fn submit(&self, code: u32, input: &[u8], output_len: usize, on_complete: OnComplete) -> u64;
+    /// Issues an IOCTL with an output buffer of `output_len` bytes, made in `buffer` (its
+    /// contents are dropped; it comes back in the completion, holding the bytes written,
+    /// so the caller can reuse it); returns a key for [`cancel`](Self::cancel).
+    fn submit(
+        &self,
+        code: u32,
+        input: &[u8],
+        output_len: usize,
+        buffer: Vec<u8>,
+        on_complete: OnComplete,
+    ) -> u64;
     /// Cancels a pending request (`CancelIoEx`); it completes with STATUS_CANCELLED unless
     /// it already completed.
     fn cancel(&self, key: u64);

@@ -224,12 +224,21 @@ fn interface_path() -> Option<Vec<u16>> {
 }
 
 impl Backend for Device {
-    fn submit(&self, code: u32, input: &[u8], output_len: usize, on_complete: OnComplete) -> u64 {
+    fn submit(
+        &self,
+        code: u32,
+        input: &[u8],
+        output_len: usize,
+        mut buffer: Vec<u8>,
+        on_complete: OnComplete,
+    ) -> u64 {
+        buffer.clear();
+        buffer.resize(output_len, 0);
         let op = Box::new(Op {
             // SAFETY: OVERLAPPED is plain data; all-zero is its documented initial state.
             overlapped: unsafe { std::mem::zeroed() },
             input: input.to_vec(),
-            output: vec![0u8; output_len],
+            output: buffer,
             on_complete,
         });
         let raw = Box::into_raw(op);
