@@ -14,10 +14,11 @@ use crate::completion::{Done, Slot, SlotFuture, output_buffer, recycle_buffer};
 use crate::error::{Error, Result};
 use crate::provider::Provider;
 
-/// Records one GET_EVENT of a connection endpoint asks for: several events cost one
-/// system call, but the output buffer is allocated (and zeroed) per request, and a
-/// connection rarely has more than a couple of events queued.
-const EVENTS_PER_REQUEST: usize = 2;
+/// Records one GET_EVENT of a connection endpoint asks for. A connection's events come
+/// one at a time (REP, then DREQ or DREP, then timewait exit), and its GET_EVENT holds
+/// its output buffer (nonpaged system buffer on Windows) for as long as it waits, which
+/// for an established connection is its whole life: room for one record.
+const EVENTS_PER_REQUEST: usize = 1;
 /// Records one GET_EVENT of a listener asks for: REQs come in bursts.
 pub(crate) const LISTENER_EVENTS_PER_REQUEST: usize = 16;
 

@@ -41,8 +41,12 @@ impl FileId {
     }
 }
 
-/// Emptied MAD batches kept for entry points that overlap (see `take_flush`).
+/// Emptied MAD batches kept ready for entry points that overlap (see `take_flush`).
 const SPARE_BATCHES: usize = 4;
+/// Emptied batches kept at most: entry points nest (a completion's caller issues the
+/// next IOCTL from inside `finish`), and the batches of the outer ones come back after
+/// the inner ones refilled the spares; keeping them saves allocating them again.
+const KEPT_BATCHES: usize = 2 * SPARE_BATCHES;
 /// MADs one entry point at DISPATCH_LEVEL may queue, and requests it may complete: a
 /// timer pass sends at most one MAD and reports at most one event (which completes at
 /// most one pending GET_EVENT) per timer it handles; a received MAD brings a couple.
@@ -697,8 +701,8 @@ impl<P: Platform> Device<P> {
             files: Table::new(),
             owners: Vec::new(),
             tx: Vec::new(),
-            spare_tx: Vec::with_capacity(SPARE_BATCHES),
-            spare_done: Vec::with_capacity(SPARE_BATCHES),
+            spare_tx: Vec::with_capacity(KEPT_BATCHES),
+            spare_done: Vec::with_capacity(KEPT_BATCHES),
             done: Vec::new(),
             records: RecordPool::default(),
             now: Instant::from_nanos(0),
