@@ -329,6 +329,9 @@ pub struct Inner<P: Platform> {
     /// while another entry point's completions are out must not allocate.
     spare_done: Vec<Vec<(P::Request, i32, usize)>>,
     done: Vec<(P::Request, i32, usize)>,
+    /// The batches and spares have the room `prepare_batches` makes: nothing took a
+    /// spare since it ran (most IOCTLs then skip the check).
+    batches_ready: bool,
     records: RecordPool,
     /// The time of the entry point running under the lock.
     now: Instant,
@@ -490,6 +493,11 @@ impl<P: Platform> Inner<P> {
     /// spare batch, so that a timer pass or a receive at DISPATCH_LEVEL finds room
     /// whichever batch it gets (PASSIVE_LEVEL).
     fn prepare_batches(&mut self) {
+        self.records.prepare();
+        if self.batches_ready {
+            return;
+        }
+        self.batches_ready = true;
         room(&mut self.tx, DISPATCH_BATCH);
         for batch in &mut self.spare_tx {
             room(batch, DISPATCH_BATCH);
@@ -504,7 +512,6 @@ impl<P: Platform> Inner<P> {
         while self.spare_done.len() < SPARE_BATCHES {
             self.spare_done.push(Vec::with_capacity(DISPATCH_BATCH));
         }
-        self.records.prepare();
     }
 
     /// Moves the engine's output into the batches and the endpoints' queues.
@@ -620,6 +627,17 @@ impl<P: Platform> Inner<P> {
             ep.private_data = record.private_data;
             ep.private_data_len = record.private_data_len;
         }
+        if ep.events.is_empty()
+            && let Some(mut request) = ep.pending.pop_front()
+        {
+            // Nothing queued and a GET_EVENT waits (the usual case): the record goes
+            // straight to its buffer, which holds one at least (checked at dispatch).
+            request.write_output(0, record.as_bytes());
+            self.handed_over(file, &record);
+            self.done
+                .push((request, status::SUCCESS, EventRecord::SIZE as usize));
+            return;
+        }
         let Some(index) = self.records.put(record) else {
             return;
         };
@@ -645,20 +663,25 @@ impl<P: Platform> Inner<P> {
             };
             request.write_output(written * EventRecord::SIZE as usize, record.as_bytes());
             written += 1;
-            // The user now knows the new endpoint: it leaves the listen's backlog.
-            if (record.event_type == event_type::REQ_RECEIVED
-                || record.event_type == event_type::SIDR_REQ_RECEIVED)
-                && record.new_handle != 0
-                && let Ok(child) = self.cep_of(file, record.new_handle)
-            {
-                let _ = self.cm.take_request(child);
-            }
+            self.handed_over(file, &record);
         }
         self.done.push((
             request,
             status::SUCCESS,
             written * EventRecord::SIZE as usize,
         ));
+    }
+
+    /// A record reached the user: a REQ's new endpoint is now known to them, and leaves
+    /// the listen's backlog.
+    fn handed_over(&mut self, file: FileId, record: &EventRecord) {
+        if (record.event_type == event_type::REQ_RECEIVED
+            || record.event_type == event_type::SIDR_REQ_RECEIVED)
+            && record.new_handle != 0
+            && let Ok(child) = self.cep_of(file, record.new_handle)
+        {
+            let _ = self.cm.take_request(child);
+        }
     }
 
     fn take_flush(&mut self) -> Flush<P::Request> {
@@ -668,6 +691,7 @@ impl<P: Platform> Inner<P> {
         let tx = if self.tx.is_empty() {
             Vec::new()
         } else {
+            self.batches_ready = false;
             let spare = self.spare_tx.pop().unwrap_or_default();
             core::mem::replace(&mut self.tx, spare)
         };
@@ -676,6 +700,7 @@ impl<P: Platform> Inner<P> {
             done: if self.done.is_empty() {
                 Vec::new()
             } else {
+                self.batches_ready = false;
                 let spare = self.spare_done.pop().unwrap_or_default();
                 core::mem::replace(&mut self.done, spare)
             },
@@ -703,6 +728,7 @@ impl<P: Platform> Device<P> {
             tx: Vec::new(),
             spare_tx: Vec::with_capacity(KEPT_BATCHES),
             spare_done: Vec::with_capacity(KEPT_BATCHES),
+            batches_ready: false,
             done: Vec::new(),
             records: RecordPool::default(),
             now: Instant::from_nanos(0),
