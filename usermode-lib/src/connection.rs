@@ -250,8 +250,8 @@ impl ConnectEndpoint {
             let c = record?;
             ep.ioctl(OP, code::CONNECT, c.as_bytes(), 0).await?;
             let r = ep
-                .wait_event(OP, |r| {
-                    r.event_type == event_type::REP_RECEIVED || ENDS_ATTEMPT.contains(&r.event_type)
+                .wait_event(OP, |t| {
+                    t == event_type::REP_RECEIVED || ENDS_ATTEMPT.contains(&t)
                 })
                 .await?;
             if r.event_type != event_type::REP_RECEIVED {
@@ -357,10 +357,10 @@ impl ConnectEndpoint {
             ep.ioctl(OP, code::SEND_REP, ep.handle_in().as_bytes(), 0)
                 .await?;
             let r = ep
-                .wait_event(OP, |r| {
-                    r.event_type == event_type::RTU_RECEIVED
-                        || r.event_type == event_type::DREQ_RECEIVED
-                        || ENDS_ATTEMPT.contains(&r.event_type)
+                .wait_event(OP, |t| {
+                    t == event_type::RTU_RECEIVED
+                        || t == event_type::DREQ_RECEIVED
+                        || ENDS_ATTEMPT.contains(&t)
                 })
                 .await?;
             match r.event_type {
@@ -437,7 +437,7 @@ impl ConnectEndpoint {
                 };
             }
             let r =
-                me.0.wait_event(OP, |r| {
+                me.0.wait_event(OP, |t| {
                     [
                         event_type::DREP_RECEIVED,
                         event_type::DREQ_RECEIVED,
@@ -445,7 +445,7 @@ impl ConnectEndpoint {
                         event_type::REJECTED,
                         event_type::DEVICE_REMOVAL,
                     ]
-                    .contains(&r.event_type)
+                    .contains(&t)
                 })
                 .await?;
             match r.event_type {
@@ -471,9 +471,8 @@ impl ConnectEndpoint {
         let ep = self.0.clone();
         async move {
             let r = ep
-                .wait_event(OP, |r| {
-                    r.event_type == event_type::DREQ_RECEIVED
-                        || r.event_type == event_type::DEVICE_REMOVAL
+                .wait_event(OP, |t| {
+                    t == event_type::DREQ_RECEIVED || t == event_type::DEVICE_REMOVAL
                 })
                 .await?;
             if r.event_type == event_type::DREQ_RECEIVED {
@@ -495,9 +494,8 @@ impl ConnectEndpoint {
         let ep = self.0.clone();
         async move {
             let r = ep
-                .wait_event(OP, |r| {
-                    r.event_type == event_type::TIMEWAIT_EXIT
-                        || r.event_type == event_type::DEVICE_REMOVAL
+                .wait_event(OP, |t| {
+                    t == event_type::TIMEWAIT_EXIT || t == event_type::DEVICE_REMOVAL
                 })
                 .await?;
             if r.event_type == event_type::TIMEWAIT_EXIT {
@@ -617,9 +615,8 @@ impl Listener {
         let ep = self.0.clone();
         async move {
             let r = ep
-                .wait_event(OP, |r| {
-                    r.event_type == event_type::REQ_RECEIVED
-                        || r.event_type == event_type::DEVICE_REMOVAL
+                .wait_event(OP, |t| {
+                    t == event_type::REQ_RECEIVED || t == event_type::DEVICE_REMOVAL
                 })
                 .await?;
             if r.event_type != event_type::REQ_RECEIVED {

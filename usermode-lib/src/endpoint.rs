@@ -2,6 +2,7 @@
 //! and the event pump that keeps one GET_EVENT outstanding while anyone waits.
 
 use std::future::Future;
+use std::mem::offset_of;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::task::{Context, Poll, Waker};
@@ -47,21 +48,24 @@ struct Events {
 }
 
 impl Events {
-    /// Takes the first queued record `wanted` accepts.
-    fn take(&mut self, wanted: fn(&EventRecord) -> bool) -> Option<EventRecord> {
+    /// Takes the first queued record whose event type `wanted` accepts (read in place:
+    /// only the record taken is copied out).
+    fn take(&mut self, wanted: fn(u32) -> bool) -> Option<EventRecord> {
         let size = EventRecord::SIZE as usize;
-        let (at, record) = self
-            .queue
-            .chunks_exact(size)
-            .filter_map(|c| EventRecord::read_from_bytes(c).ok())
-            .enumerate()
-            .find(|(_, r)| wanted(r))?;
+        let at = offset_of!(EventRecord, event_type);
+        let i = self.queue.chunks_exact(size).position(|c| {
+            c.get(at..at + 4)
+                .and_then(|b| b.try_into().ok())
+                .is_some_and(|b| wanted(u32::from_le_bytes(b)))
+        })?;
+        let record =
+            EventRecord::read_from_bytes(self.queue.get(i * size..(i + 1) * size)?).ok()?;
         if self.queue.len() == size {
             // Connections mostly sit idle between events: keep no buffer (the thread
             // keeps it for its next request).
             recycle_buffer(std::mem::take(&mut self.queue));
         } else {
-            self.queue.drain(at * size..(at + 1) * size);
+            self.queue.drain(i * size..(i + 1) * size);
         }
         Some(record)
     }
@@ -158,11 +162,7 @@ impl Endpoint {
     }
 
     /// Waits for the first queued event `wanted` accepts (others stay queued, in order).
-    pub fn wait_event(
-        &self,
-        operation: &'static str,
-        wanted: fn(&EventRecord) -> bool,
-    ) -> EventWait {
+    pub fn wait_event(&self, operation: &'static str, wanted: fn(u32) -> bool) -> EventWait {
         let epoch = self.events().epoch;
         EventWait {
             endpoint: self.clone(),
@@ -299,7 +299,7 @@ fn take_wakers(wakers: &mut Vec<Waker>) -> impl Iterator<Item = Waker> + use<> {
 pub(crate) struct EventWait {
     endpoint: Endpoint,
     operation: &'static str,
-    wanted: fn(&EventRecord) -> bool,
+    wanted: fn(u32) -> bool,
     epoch: u64,
 }
 

@@ -70,13 +70,13 @@ impl ConnectEndpoint {
             let l = record?;
             ep.ioctl(OP, code::LAP, l.as_bytes(), 0).await?;
             let r = ep
-                .wait_event(OP, |r| {
+                .wait_event(OP, |t| {
                     [
                         event_type::APR_RECEIVED,
                         event_type::TIMEOUT,
                         event_type::DEVICE_REMOVAL,
                     ]
-                    .contains(&r.event_type)
+                    .contains(&t)
                 })
                 .await?;
             if r.event_type != event_type::APR_RECEIVED {
@@ -97,9 +97,8 @@ impl ConnectEndpoint {
         let ep = self.0.clone();
         block_on(async move {
             let r = ep
-                .wait_event(OP, |r| {
-                    r.event_type == event_type::LAP_RECEIVED
-                        || r.event_type == event_type::DEVICE_REMOVAL
+                .wait_event(OP, |t| {
+                    t == event_type::LAP_RECEIVED || t == event_type::DEVICE_REMOVAL
                 })
                 .await?;
             if r.event_type != event_type::LAP_RECEIVED {
@@ -240,13 +239,13 @@ impl DatagramEndpoint {
             let r = record?;
             ep.ioctl(OP, code::SIDR_REQ, r.as_bytes(), 0).await?;
             let e = ep
-                .wait_event(OP, |r| {
+                .wait_event(OP, |t| {
                     [
                         event_type::SIDR_REP_RECEIVED,
                         event_type::TIMEOUT,
                         event_type::DEVICE_REMOVAL,
                     ]
-                    .contains(&r.event_type)
+                    .contains(&t)
                 })
                 .await?;
             if e.event_type != event_type::SIDR_REP_RECEIVED {
@@ -295,9 +294,8 @@ impl Listener {
         let ep = self.0.clone();
         block_on(async move {
             let r: EventRecord = ep
-                .wait_event(OP, |r| {
-                    r.event_type == event_type::SIDR_REQ_RECEIVED
-                        || r.event_type == event_type::DEVICE_REMOVAL
+                .wait_event(OP, |t| {
+                    t == event_type::SIDR_REQ_RECEIVED || t == event_type::DEVICE_REMOVAL
                 })
                 .await?;
             if r.event_type != event_type::SIDR_REQ_RECEIVED {
