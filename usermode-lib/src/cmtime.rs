@@ -783,13 +783,15 @@ fn setup_share(
             params.private_data = &index;
             let (sh2, ep2) = (Arc::clone(sh), ep.clone());
             sh.mark(i, Mark::Req);
-            let connect = Box::pin(ep.connect_async(&params));
+            // Inline steps: this task ends with the setup (the server's tasks, which live
+            // as long as their connections, box theirs).
+            let connect = ep.connect_async(&params);
             spawn(
                 async move {
                     connect.await?;
                     sh2.mark(i, Mark::Rep);
                     sh2.mark(i, Mark::Rtu);
-                    Box::pin(ep2.rtu_async(&[])).await
+                    ep2.rtu_async(&[]).await
                 },
                 &Overlapped::with_port(port, i),
             );

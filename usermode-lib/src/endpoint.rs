@@ -29,7 +29,7 @@ struct Events {
     /// arrive at an empty queue becomes the queue (no copy, no allocation), and an idle
     /// connection keeps no buffer at all.
     queue: Vec<u8>,
-    wakers: Vec<Waker>,
+    wakers: Wakers,
     /// The outstanding GET_EVENT: (ticket, backend key; 0 until `submit` returned).
     outstanding: Option<(u64, u64)>,
     tickets: u64,
@@ -102,7 +102,7 @@ impl CompletionHook for EventQueue {
             } else if status != status::CANCELLED || !ours {
                 ev.failed = Some(status);
             }
-            take_wakers(&mut ev.wakers)
+            ev.wakers.take()
         };
         for w in wakers {
             w.wake();
@@ -220,7 +220,7 @@ impl Endpoint {
             {
                 ev.cancelled = Some(ticket);
             }
-            (ev.outstanding, take_wakers(&mut ev.wakers))
+            (ev.outstanding, ev.wakers.take())
         };
         if let Some((_, key)) = key.filter(|(_, k)| *k != 0) {
             self.0.provider.backend().cancel(key);
@@ -284,15 +284,30 @@ impl CompletionHook for Ignore {
     fn completed(self: Arc<Self>, _: i32, _: Vec<u8>) {}
 }
 
-/// The wakers to wake once the event lock is released. One waiter is the usual case:
-/// the vector keeps its buffer for the next wait rather than being reallocated.
-fn take_wakers(wakers: &mut Vec<Waker>) -> impl Iterator<Item = Waker> + use<> {
-    let (one, many) = if wakers.len() > 1 {
-        (None, std::mem::take(wakers))
-    } else {
-        (wakers.pop(), Vec::new())
-    };
-    one.into_iter().chain(many)
+/// The tasks waiting on an endpoint's events. One waiter is the usual case: it is held
+/// inline, so waiting allocates nothing.
+#[derive(Default)]
+struct Wakers {
+    first: Option<Waker>,
+    rest: Vec<Waker>,
+}
+
+impl Wakers {
+    fn push(&mut self, waker: Waker) {
+        if self.first.is_none() {
+            self.first = Some(waker);
+        } else {
+            self.rest.push(waker);
+        }
+    }
+
+    /// The wakers to wake once the event lock is released.
+    fn take(&mut self) -> impl Iterator<Item = Waker> + use<> {
+        self.first
+            .take()
+            .into_iter()
+            .chain(std::mem::take(&mut self.rest))
+    }
 }
 
 /// A wait for one event (see [`Endpoint::wait_event`]).
