@@ -166,6 +166,19 @@ fn output_size(c: u32) -> usize {
     }) as usize
 }
 
+/// An output buffer that fits code `c`, varied by `k` where the code takes several: a
+/// GET_EVENT of 1 to 4 records; a CONNECT (0: completes at once; 1 or 2 records: waits
+/// for the answer, 2 with the QP transitions) or SEND_REP (0 or 1) with or without its
+/// answer.
+fn fit(c: u32, k: u8) -> usize {
+    match c {
+        code::GET_EVENT => EV * (1 + usize::from(k % 4)),
+        code::CONNECT => EV * usize::from(k % 3),
+        code::SEND_REP => EV * usize::from(k % 2),
+        _ => output_size(c),
+    }
+}
+
 /// Overlays `raw` after the size field, then (optionally) zeroes the reserved ranges.
 fn finish<T: IntoBytes + FromBytes + Immutable + KnownLayout>(
     mut r: T,
@@ -666,8 +679,7 @@ impl Harness {
                     }
                 };
                 let out = match out {
-                    OutLen::Fit(k) if c == code::GET_EVENT => EV * (1 + usize::from(k % 4)),
-                    OutLen::Fit(_) => output_size(c),
+                    OutLen::Fit(k) => fit(c, k),
                     OutLen::Raw(l) => usize::from(l % 4096),
                 };
                 let key = self.node(n).ioctl(self.files[n][s], c, &bytes, out);
@@ -696,12 +708,7 @@ impl Harness {
                 };
                 let h = self.pick_handle(n, s, &rec.handle);
                 let bytes = record(c, n, h, &rec);
-                let out = if c == code::GET_EVENT {
-                    EV * (1 + usize::from(knobs[0] % 4))
-                } else {
-                    output_size(c)
-                };
-                self.call(n, s, c, &bytes, out);
+                self.call(n, s, c, &bytes, fit(c, knobs[0]));
             }
             Op::Cancel { node, which } => {
                 let n = usize::from(node);

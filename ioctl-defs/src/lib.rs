@@ -57,12 +57,23 @@ pub mod code {
     pub const LISTEN: u32 = ibcm_ioctl(3);
     /// [`HandleIn`](super::HandleIn): stops a listen; the endpoint returns to idle.
     pub const CANCEL_LISTEN: u32 = ibcm_ioctl(4);
-    /// [`ConnectIn`](super::ConnectIn): sends the REQ.
+    /// [`ConnectIn`](super::ConnectIn): sends the REQ. Without an output buffer it
+    /// completes at once and the answer comes through GET_EVENT. With one (NetworkDirect's
+    /// `Connect`), it completes when the attempt is answered: with the REP_RECEIVED
+    /// [`EventRecord`](super::EventRecord), followed by the
+    /// [`QpTransitionsOut`](super::QpTransitionsOut) if the buffer holds both; or with the
+    /// REJECTED, TIMEOUT or DEVICE_REMOVAL record that ended the attempt (peer to peer:
+    /// or the REQ_RECEIVED record of the crossing REQ that made this side passive). Other
+    /// events (an MRA) still go to GET_EVENT. One answer is awaited per endpoint at a time.
     pub const CONNECT: u32 = ibcm_ioctl(5);
     /// [`FormatRepIn`](super::FormatRepIn) -> [`QpTransitionsOut`](super::QpTransitionsOut):
     /// pre-REP.
     pub const FORMAT_REP: u32 = ibcm_ioctl(6);
-    /// [`HandleIn`](super::HandleIn): sends the REP formatted by FORMAT_REP.
+    /// [`HandleIn`](super::HandleIn): sends the REP formatted by FORMAT_REP. Without an
+    /// output buffer it completes at once. With one (NetworkDirect's `Accept`), it
+    /// completes when the REP is answered: with the RTU_RECEIVED
+    /// [`EventRecord`](super::EventRecord), or the DREQ_RECEIVED one (the RTU was lost but
+    /// the peer is connected), or the REJECTED, TIMEOUT or DEVICE_REMOVAL record.
     pub const SEND_REP: u32 = ibcm_ioctl(7);
     /// [`PrivateDataIn`](super::PrivateDataIn).
     pub const RTU: u32 = ibcm_ioctl(8);

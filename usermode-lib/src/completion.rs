@@ -24,6 +24,17 @@ pub struct Done {
     pub output: Vec<u8>,
 }
 
+impl Done {
+    /// The output on success; otherwise an [`Error`](crate::Error) naming `operation`.
+    pub(crate) fn into_result(self, operation: &'static str) -> crate::Result<Vec<u8>> {
+        if self.status == ibcm_ioctl::status::SUCCESS {
+            Ok(self.output)
+        } else {
+            Err(crate::Error::new(operation, self.status))
+        }
+    }
+}
+
 #[derive(Debug, Default)]
 struct SlotState {
     done: Option<Done>,
@@ -86,6 +97,15 @@ impl Slot {
         if let Some(w) = waker {
             w.wake();
         }
+    }
+
+    /// Whether the request completed (its result may not have been taken yet).
+    pub fn is_done(&self) -> bool {
+        self.state
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .done
+            .is_some()
     }
 
     /// Ready once, with the completion (a slot has one awaiter, polled until ready).

@@ -11,9 +11,9 @@ use ibcm_ioctl::{
     qp_state, status,
 };
 use ibcm_mad::{AttributeId, Failover, IpHeader, Mtu, RejReason, Transport};
-use zerocopy::{FromZeros, IntoBytes};
+use zerocopy::{FromBytes, FromZeros, IntoBytes};
 
-use crate::completion::block_on;
+use crate::completion::{block_on, recycle_buffer};
 use crate::endpoint::Endpoint;
 use crate::error::{Detail, Error, Result};
 use crate::provider::Provider;
@@ -95,6 +95,13 @@ pub(crate) fn inline<const N: usize>(
 }
 
 /// The failure an event means for `operation`: a REJ, a timeout, or device removal.
+/// The event record at `offset` of an IOCTL's output.
+fn record_at(operation: &'static str, out: &[u8], offset: usize) -> Result<EventRecord> {
+    out.get(offset..offset + EventRecord::SIZE as usize)
+        .and_then(|b| EventRecord::read_from_bytes(b).ok())
+        .ok_or(Error::new(operation, status::INFO_LENGTH_MISMATCH))
+}
+
 pub(crate) fn failure(operation: &'static str, r: &EventRecord) -> Error {
     match r.event_type {
         event_type::REJECTED => Error {
@@ -115,12 +122,6 @@ pub(crate) fn failure(operation: &'static str, r: &EventRecord) -> Error {
         _ => Error::new(operation, r.status),
     }
 }
-
-const ENDS_ATTEMPT: [u32; 3] = [
-    event_type::REJECTED,
-    event_type::TIMEOUT,
-    event_type::DEVICE_REMOVAL,
-];
 
 /// What the active side learns when the REP arrives: the peer's answer and the QP
 /// attributes for RTR and RTS.
@@ -248,19 +249,23 @@ impl ConnectEndpoint {
         })();
         async move {
             let c = record?;
-            ep.ioctl(OP, code::CONNECT, c.as_bytes(), 0).await?;
-            let r = ep
-                .wait_event(OP, |t| {
-                    t == event_type::REP_RECEIVED || ENDS_ATTEMPT.contains(&t)
-                })
+            // The REQ goes out and the call completes with the answer: the REP record
+            // and the QP transitions after it (one call, as NetworkDirect's Connect).
+            let size = EventRecord::SIZE as usize;
+            let out = ep
+                .ioctl_answer(OP, code::CONNECT, c.as_bytes(), 2 * size)
                 .await?;
+            let r = record_at(OP, &out, 0)?;
             if r.event_type != event_type::REP_RECEIVED {
+                recycle_buffer(out);
                 return Err(failure(OP, &r));
             }
-            // RTR and RTS in one call (GET_QP_ATTR would take two).
-            let qp: QpTransitionsOut = ep
-                .ioctl_out(OP, code::GET_QP_TRANSITIONS, ep.handle_in().as_bytes())
-                .await?;
+            let qp = out
+                .get(size..)
+                .and_then(|b| QpTransitionsOut::read_from_bytes(b).ok())
+                .ok_or(Error::new(OP, status::INFO_LENGTH_MISMATCH));
+            recycle_buffer(out);
+            let qp = qp?;
             Ok(ConnectReply {
                 remote_qpn: r.remote_qpn,
                 remote_psn: r.remote_psn,
@@ -354,15 +359,19 @@ impl ConnectEndpoint {
         const OP: &str = "accept";
         let ep = self.0.clone();
         async move {
-            ep.ioctl(OP, code::SEND_REP, ep.handle_in().as_bytes(), 0)
+            // The REP goes out and the call completes with the answer (NetworkDirect's
+            // Accept).
+            let out = ep
+                .ioctl_answer(
+                    OP,
+                    code::SEND_REP,
+                    ep.handle_in().as_bytes(),
+                    EventRecord::SIZE as usize,
+                )
                 .await?;
-            let r = ep
-                .wait_event(OP, |t| {
-                    t == event_type::RTU_RECEIVED
-                        || t == event_type::DREQ_RECEIVED
-                        || ENDS_ATTEMPT.contains(&t)
-                })
-                .await?;
+            let r = record_at(OP, &out, 0);
+            recycle_buffer(out);
+            let r = r?;
             match r.event_type {
                 event_type::RTU_RECEIVED => Ok(()),
                 // A DREQ means the RTU was lost but the connection was established; leave

@@ -41,6 +41,9 @@ struct Events {
     records: u64,
     /// Records per GET_EVENT (0: [`EVENTS_PER_REQUEST`]).
     batch: usize,
+    /// The backend key of a CONNECT or SEND_REP waiting for its answer, for
+    /// [`Endpoint::cancel`].
+    answer: Option<u64>,
     /// The GET_EVENT (ticket) that [`Endpoint::cancel`] cancelled: its STATUS_CANCELLED is
     /// ours. Any other comes from the driver (endpoint destroyed, handle closed) and ends
     /// every wait.
@@ -161,6 +164,31 @@ impl Endpoint {
         self.0.provider.ioctl_out(operation, code, input).await
     }
 
+    /// Issues a CONNECT or SEND_REP with an output buffer, which completes when the peer
+    /// answers (see `code::CONNECT`), and awaits it; [`cancel`](Self::cancel) cancels it.
+    pub async fn ioctl_answer(
+        &self,
+        operation: &'static str,
+        code: u32,
+        input: &[u8],
+        output_len: usize,
+    ) -> Result<Vec<u8>> {
+        let slot = Slot::new();
+        let key = self.0.provider.backend().submit(
+            code,
+            input,
+            output_len,
+            output_buffer(output_len),
+            Arc::clone(&slot) as Arc<dyn CompletionHook>,
+        );
+        if !slot.is_done() {
+            self.events().answer = Some(key);
+        }
+        let done = SlotFuture(Some(slot)).await;
+        self.events().answer = None;
+        done.into_result(operation)
+    }
+
     /// Waits for the first queued event `wanted` accepts (others stay queued, in order).
     pub fn wait_event(&self, operation: &'static str, wanted: fn(u32) -> bool) -> EventWait {
         let epoch = self.events().epoch;
@@ -210,9 +238,10 @@ impl Endpoint {
         }
     }
 
-    /// Fails every wait in progress with STATUS_CANCELLED and cancels the GET_EVENT.
+    /// Fails every wait in progress with STATUS_CANCELLED and cancels the GET_EVENT, and a
+    /// CONNECT or SEND_REP waiting for its answer.
     pub fn cancel(&self) {
-        let (key, wakers) = {
+        let (key, wakers, answer) = {
             let mut ev = self.events();
             ev.epoch += 1;
             if let Some((ticket, key)) = ev.outstanding
@@ -220,9 +249,12 @@ impl Endpoint {
             {
                 ev.cancelled = Some(ticket);
             }
-            (ev.outstanding, ev.wakers.take())
+            (ev.outstanding, ev.wakers.take(), ev.answer)
         };
         if let Some((_, key)) = key.filter(|(_, k)| *k != 0) {
+            self.0.provider.backend().cancel(key);
+        }
+        if let Some(key) = answer {
             self.0.provider.backend().cancel(key);
         }
         for w in wakers {

@@ -73,12 +73,9 @@ impl Provider {
         input: &[u8],
         output_len: usize,
     ) -> Result<Vec<u8>> {
-        let done = submit(self, code, input, output_len).await;
-        if done.status == status::SUCCESS {
-            Ok(done.output)
-        } else {
-            Err(Error::new(operation, done.status))
-        }
+        submit(self, code, input, output_len)
+            .await
+            .into_result(operation)
     }
 
     /// Issues an IOCTL whose output is one `T` record and awaits it; the output buffer is

@@ -173,12 +173,40 @@ impl RecordPool {
     }
 }
 
+/// What a CONNECT or SEND_REP with an output buffer waits for (see `code::CONNECT`).
+#[derive(Debug, Clone, Copy)]
+enum Awaited {
+    /// The REP (or what ended the attempt, or, peer to peer, the crossing REQ that made
+    /// this side passive); with the QP transitions after a REP when the buffer holds them.
+    Rep { transitions: bool },
+    /// The RTU (or a DREQ, or what ended the attempt).
+    Rtu,
+}
+
+impl Awaited {
+    fn answered_by(self, event: u32) -> bool {
+        let ends = matches!(
+            event,
+            event_type::REJECTED | event_type::TIMEOUT | event_type::DEVICE_REMOVAL
+        );
+        ends || match self {
+            Awaited::Rep { .. } => {
+                matches!(event, event_type::REP_RECEIVED | event_type::REQ_RECEIVED)
+            }
+            Awaited::Rtu => matches!(event, event_type::RTU_RECEIVED | event_type::DREQ_RECEIVED),
+        }
+    }
+}
+
 #[derive(Debug)]
 struct Endpoint<R> {
     cep: CepId,
     /// Queued events: indices into the device's [`RecordPool`].
     events: VecDeque<u32>,
     pending: VecDeque<R>,
+    /// A CONNECT or SEND_REP waiting for its answer (held inline: parking it allocates
+    /// nothing, and its answer arrives at DISPATCH_LEVEL).
+    answer: Option<(R, Awaited)>,
     /// Private data of the last message received, for QUERY.
     private_data: [u8; 224],
     private_data_len: u8,
@@ -192,6 +220,7 @@ impl<R> Endpoint<R> {
             cep,
             events,
             pending: VecDeque::new(),
+            answer: None,
             private_data: [0; 224],
             private_data_len: 0,
             backlog: 0,
@@ -627,6 +656,26 @@ impl<P: Platform> Inner<P> {
             ep.private_data = record.private_data;
             ep.private_data_len = record.private_data_len;
         }
+        if ep
+            .answer
+            .as_ref()
+            .is_some_and(|(_, awaited)| awaited.answered_by(record.event_type))
+            && let Some((mut request, awaited)) = ep.answer.take()
+        {
+            // The CONNECT or SEND_REP that waits for this answer takes it.
+            let cep = ep.cep;
+            request.write_output(0, record.as_bytes());
+            let mut n = EventRecord::SIZE as usize;
+            if let Awaited::Rep { transitions: true } = awaited
+                && record.event_type == event_type::REP_RECEIVED
+                && let Ok(t) = qp_transitions(&self.cm, cep)
+            {
+                request.write_output(n, t.as_bytes());
+                n += QpTransitionsOut::SIZE as usize;
+            }
+            self.done.push((request, status::SUCCESS, n));
+            return;
+        }
         if ep.events.is_empty()
             && let Some(mut request) = ep.pending.pop_front()
         {
@@ -887,6 +936,9 @@ impl<P: Platform> Device<P> {
                 .iter_mut()
                 .filter_map(|s| s.value.as_mut())
                 .find_map(|ep| {
+                    if ep.answer.as_ref().is_some_and(|(r, _)| r.key() == key) {
+                        return ep.answer.take().map(|(r, _)| r);
+                    }
                     let pos = ep.pending.iter().position(|r| r.key() == key)?;
                     ep.pending.remove(pos)
                 });
@@ -953,7 +1005,8 @@ impl<P: Platform> Device<P> {
                         i.deliver(file, h, removal_record(h));
                     }
                     if let Ok(ep) = i.endpoint(file, h) {
-                        let rest: Vec<P::Request> = ep.pending.drain(..).collect();
+                        let answer = ep.answer.take().map(|(r, _)| r);
+                        let rest: Vec<P::Request> = ep.pending.drain(..).chain(answer).collect();
                         for r in rest {
                             i.done.push((r, status::DEVICE_REMOVED, 0));
                         }
@@ -997,7 +1050,7 @@ fn destroy_endpoint<P: Platform>(
         let f = i.file(file)?;
         f.backlog = f.backlog.saturating_sub(ep.backlog as usize);
     }
-    for r in ep.pending {
+    for r in ep.pending.into_iter().chain(ep.answer.map(|(r, _)| r)) {
         i.done.push((r, status::CANCELLED, 0));
     }
     i.clear_owner(ep.cep);
@@ -1025,6 +1078,10 @@ fn ioctl<P: Platform>(
             Ok(records) => extra = records,
             Err((request, st)) => i.done.push((request, st, 0)),
         }
+    } else if (code == code::CONNECT || code == code::SEND_REP) && request.output_len() > 0 {
+        if let Err((request, st)) = answered_operation(i, now, file, request, code, bytes) {
+            i.done.push((request, st, 0));
+        }
     } else {
         match operation(i, now, file, &mut request, code, bytes) {
             Ok(n) => i.done.push((request, status::SUCCESS, n)),
@@ -1035,6 +1092,63 @@ fn ioctl<P: Platform>(
     // timewait entered), the DISPATCH_LEVEL paths find room for what follows, and a
     // GET_EVENT's room for the REQs it may deliver.
     i.prepare_for_requests(file, extra);
+}
+
+/// CONNECT or SEND_REP with an output buffer: carried out, then left pending on its
+/// endpoint until the answer arrives (see `code::CONNECT`, `code::SEND_REP`).
+fn answered_operation<P: Platform>(
+    i: &mut Inner<P>,
+    now: Instant,
+    file: FileId,
+    mut request: P::Request,
+    code: u32,
+    bytes: &[u8],
+) -> Result<(), (P::Request, Status)> {
+    let size = EventRecord::SIZE as usize;
+    if request.output_len() < size {
+        return Err((request, status::BUFFER_TOO_SMALL));
+    }
+    let awaited = if code == code::CONNECT {
+        Awaited::Rep {
+            transitions: request.output_len() >= size + QpTransitionsOut::SIZE as usize,
+        }
+    } else {
+        Awaited::Rtu
+    };
+    let handle = if code == code::CONNECT {
+        input::<ConnectIn>(bytes, ConnectIn::SIZE).map(|c| c.handle)
+    } else {
+        handle_in(bytes)
+    };
+    // One answer awaited per endpoint: refused before anything is sent.
+    if let Ok(h) = handle
+        && i.endpoint(file, h).is_ok_and(|ep| ep.answer.is_some())
+    {
+        return Err((request, status::INVALID_DEVICE_STATE));
+    }
+    if let Err(st) = operation(i, now, file, &mut request, code, bytes) {
+        return Err((request, st));
+    }
+    // The operation succeeded, so the handle named an endpoint of this file.
+    match handle.and_then(|h| i.endpoint(file, h)) {
+        Ok(ep) => {
+            ep.answer = Some((request, awaited));
+            Ok(())
+        }
+        Err(st) => Err((request, st)),
+    }
+}
+
+/// The INIT, RTR and RTS attributes of `cep` (GET_QP_TRANSITIONS, an answered CONNECT).
+fn qp_transitions(cm: &CmManager, cep: CepId) -> Result<QpTransitionsOut, Status> {
+    let attr = |state| cm.qp_attributes(cep, state).map_err(status_of);
+    Ok(QpTransitionsOut {
+        size: QpTransitionsOut::SIZE,
+        reserved: 0,
+        init: qp_attr_to_abi(&attr(QpState::Init)?),
+        rtr: qp_attr_to_abi(&attr(QpState::Rtr)?),
+        rts: qp_attr_to_abi(&attr(QpState::Rts)?),
+    })
 }
 
 /// GET_EVENT: completes at once with the queued events, or pends until one arrives.
@@ -1375,14 +1489,7 @@ fn operation<P: Platform>(
                 return Err(status::BUFFER_TOO_SMALL);
             }
             let cep = i.touch(file, h)?;
-            let attr = |state| i.cm.qp_attributes(cep, state).map_err(status_of);
-            let out = QpTransitionsOut {
-                size: QpTransitionsOut::SIZE,
-                reserved: 0,
-                init: qp_attr_to_abi(&attr(QpState::Init)?),
-                rtr: qp_attr_to_abi(&attr(QpState::Rtr)?),
-                rts: qp_attr_to_abi(&attr(QpState::Rts)?),
-            };
+            let out = qp_transitions(&i.cm, cep)?;
             Ok(output(request, &out)?)
         }
         code::QUERY => {

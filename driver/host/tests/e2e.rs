@@ -1,11 +1,12 @@
 //! Connect, accept, RTU and disconnect between two host nodes, every step crossing the
 //! IOCTL byte records.
 
+use ibcm_host::verifier::Completion;
 use ibcm_host::{Fabric, Node, node_address};
 use ibcm_ioctl::{
     ABI_VERSION, ConnectIn, CreateIn, CreateOut, EventRecord, FormatRepIn, GetQpAttrIn, HandleIn,
-    ListenIn, PathAbi, PrivateDataIn, QpAttrOut, QpTransitionsOut, QueryOut, VersionIn, code,
-    ep_state, event_type, qp_state, status,
+    ListenIn, MraIn, PathAbi, PrivateDataIn, QpAttrOut, QpTransitionsOut, QueryOut, RejIn,
+    VersionIn, code, ep_state, event_type, qp_state, status,
 };
 use zerocopy::{FromBytes, FromZeros, IntoBytes};
 
@@ -282,4 +283,209 @@ fn a_node_never_opened_rejects_a_req_without_allocating() {
     assert_eq!(rej[0].event_type, event_type::REJECTED);
     assert_eq!(fabric.nodes[1].violations(), vec![]);
     assert_eq!(fabric.nodes[0].violations(), vec![]);
+}
+
+/// Node 1 listens for `service_id` (backlog 4); returns (file 0, file 1, listen handle).
+fn listening(
+    fabric: &Fabric,
+    service_id: u64,
+) -> (ibcm_endpoint::FileId, ibcm_endpoint::FileId, u64) {
+    let (fa, fb) = (fabric.nodes[0].open(), fabric.nodes[1].open());
+    handshake(&fabric.nodes[0], fa);
+    handshake(&fabric.nodes[1], fb);
+    let listen = create(&fabric.nodes[1], fb);
+    let mut l = ListenIn::new_zeroed();
+    l.size = ListenIn::SIZE;
+    l.handle = listen;
+    l.service_id = service_id;
+    l.service_mask = u64::MAX;
+    l.backlog = 4;
+    let done = fabric.nodes[1].ioctl_now(fb, code::LISTEN, l.as_bytes(), 0);
+    assert_eq!(done.status, status::SUCCESS);
+    (fa, fb, listen)
+}
+
+fn format_rep(child: u64) -> FormatRepIn {
+    let mut r = FormatRepIn::new_zeroed();
+    r.size = FormatRepIn::SIZE;
+    r.handle = child;
+    r.qpn = 0x202;
+    r.responder_resources = 2;
+    r.initiator_depth = 2;
+    r.rnr_retry_count = 7;
+    r.private_data_len = 2;
+    r.private_data[..2].copy_from_slice(b"ok");
+    r
+}
+
+/// CONNECT and SEND_REP with an output buffer complete with their answers (NetworkDirect's
+/// Connect and Accept): the REP record and the QP transitions, then the RTU record; no
+/// GET_EVENT is needed for them.
+#[test]
+fn connect_and_send_rep_complete_with_their_answers() {
+    let mut fabric = Fabric::new(2, 11);
+    let (fa, fb, listen) = listening(&fabric, 0x55);
+    let size = EventRecord::SIZE as usize;
+    let b_wait = fabric.nodes[1].ioctl(fb, code::GET_EVENT, handle_in(listen).as_bytes(), size);
+
+    // A buffer that cannot hold a record is refused before anything is sent.
+    let ep = create(&fabric.nodes[0], fa);
+    let c = connect_in(ep, 0x55);
+    let short = fabric.nodes[0].ioctl_now(fa, code::CONNECT, c.as_bytes(), size - 1);
+    assert_eq!(short.status, status::BUFFER_TOO_SMALL);
+    fabric.run_for(100_000);
+    assert!(
+        fabric.nodes[1].completion(b_wait).is_none(),
+        "no REQ went out"
+    );
+
+    let connect = fabric.nodes[0].ioctl(fa, code::CONNECT, c.as_bytes(), 2 * size);
+    assert!(
+        fabric.nodes[0].completion(connect).is_none(),
+        "pends until answered"
+    );
+    // One answer awaited per endpoint.
+    let again = fabric.nodes[0].ioctl_now(fa, code::CONNECT, c.as_bytes(), size);
+    assert_eq!(again.status, status::INVALID_DEVICE_STATE);
+    fabric.run_for(100_000);
+    let req = events(&fabric.nodes[1].completion(b_wait).expect("REQ event"));
+    let child = req[0].new_handle;
+    let rep = fabric.nodes[1].ioctl_now(fb, code::FORMAT_REP, format_rep(child).as_bytes(), 464);
+    assert_eq!(rep.status, status::SUCCESS);
+    let accept = fabric.nodes[1].ioctl(fb, code::SEND_REP, handle_in(child).as_bytes(), size);
+    assert!(fabric.nodes[1].completion(accept).is_none());
+    fabric.run_for(100_000);
+
+    let done = fabric.nodes[0]
+        .completion(connect)
+        .expect("CONNECT answered");
+    assert_eq!(done.status, status::SUCCESS);
+    assert_eq!(done.information, size + QpTransitionsOut::SIZE as usize);
+    let answer = events(&Completion {
+        information: size,
+        ..done.clone()
+    });
+    assert_eq!(answer[0].event_type, event_type::REP_RECEIVED);
+    assert_eq!(answer[0].remote_qpn, 0x202);
+    assert_eq!(&answer[0].private_data[..2], b"ok");
+    let qp = QpTransitionsOut::read_from_bytes(&done.output[size..]).unwrap();
+    let asked = fabric.nodes[0].ioctl_now(
+        fa,
+        code::GET_QP_TRANSITIONS,
+        handle_in(ep).as_bytes(),
+        QpTransitionsOut::SIZE as usize,
+    );
+    assert_eq!(
+        QpTransitionsOut::read_from_bytes(&asked.output).unwrap(),
+        qp
+    );
+    assert_eq!(qp.rtr.dest_qpn, 0x202);
+    // The REP went to CONNECT, not to the event queue.
+    let a_wait = fabric.nodes[0].ioctl(fa, code::GET_EVENT, handle_in(ep).as_bytes(), size);
+    fabric.run_for(100_000);
+    assert!(fabric.nodes[0].completion(a_wait).is_none());
+
+    let mut rtu = PrivateDataIn::new_zeroed();
+    rtu.size = PrivateDataIn::SIZE;
+    rtu.handle = ep;
+    assert_eq!(
+        fabric.nodes[0]
+            .ioctl_now(fa, code::RTU, rtu.as_bytes(), 0)
+            .status,
+        status::SUCCESS
+    );
+    fabric.run_for(100_000);
+    let done = fabric.nodes[1]
+        .completion(accept)
+        .expect("SEND_REP answered");
+    assert_eq!(done.status, status::SUCCESS);
+    assert_eq!(events(&done)[0].event_type, event_type::RTU_RECEIVED);
+
+    for (n, f) in [(&fabric.nodes[0], fa), (&fabric.nodes[1], fb)] {
+        n.close(f);
+        assert_eq!(n.violations(), vec![]);
+    }
+}
+
+/// A waiting CONNECT completes with the REJ that ends the attempt; an MRA before it goes
+/// to GET_EVENT; cancelling or destroying a waiting CONNECT completes it CANCELLED.
+#[test]
+fn a_waiting_connect_ends_with_the_rej_or_cancelled() {
+    let mut fabric = Fabric::new(2, 12);
+    let (fa, fb, listen) = listening(&fabric, 0x66);
+    let size = EventRecord::SIZE as usize;
+
+    // Rejected: the MRA goes to GET_EVENT, the REJ answers CONNECT.
+    let b_wait = fabric.nodes[1].ioctl(fb, code::GET_EVENT, handle_in(listen).as_bytes(), size);
+    let ep = create(&fabric.nodes[0], fa);
+    let connect = fabric.nodes[0].ioctl(fa, code::CONNECT, connect_in(ep, 0x66).as_bytes(), size);
+    let a_wait = fabric.nodes[0].ioctl(fa, code::GET_EVENT, handle_in(ep).as_bytes(), size);
+    fabric.run_for(100_000);
+    let child = events(&fabric.nodes[1].completion(b_wait).expect("REQ"))[0].new_handle;
+    let mut m = MraIn::new_zeroed();
+    m.size = MraIn::SIZE;
+    m.handle = child;
+    m.service_timeout = 20;
+    assert_eq!(
+        fabric.nodes[1]
+            .ioctl_now(fb, code::MRA, m.as_bytes(), 0)
+            .status,
+        status::SUCCESS
+    );
+    fabric.run_for(100_000);
+    assert_eq!(
+        events(&fabric.nodes[0].completion(a_wait).expect("MRA event"))[0].event_type,
+        event_type::MRA_RECEIVED
+    );
+    assert!(fabric.nodes[0].completion(connect).is_none());
+    let mut r = RejIn::new_zeroed();
+    r.size = RejIn::SIZE;
+    r.handle = child;
+    r.reason = 28;
+    assert_eq!(
+        fabric.nodes[1]
+            .ioctl_now(fb, code::REJ, r.as_bytes(), 0)
+            .status,
+        status::SUCCESS
+    );
+    fabric.run_for(100_000);
+    let done = fabric.nodes[0]
+        .completion(connect)
+        .expect("CONNECT answered");
+    assert_eq!(done.status, status::SUCCESS);
+    assert_eq!(done.information, size, "a REJ brings no QP transitions");
+    assert_eq!(events(&done)[0].event_type, event_type::REJECTED);
+
+    // Cancelled by the I/O manager's cancel routine.
+    let ep2 = create(&fabric.nodes[0], fa);
+    let connect = fabric.nodes[0].ioctl(fa, code::CONNECT, connect_in(ep2, 0x66).as_bytes(), size);
+    fabric.nodes[0].cancel(fa, connect);
+    assert_eq!(
+        fabric.nodes[0]
+            .completion(connect)
+            .expect("cancelled")
+            .status,
+        status::CANCELLED
+    );
+    // Destroyed while waiting.
+    let ep3 = create(&fabric.nodes[0], fa);
+    let connect = fabric.nodes[0].ioctl(fa, code::CONNECT, connect_in(ep3, 0x66).as_bytes(), size);
+    assert_eq!(
+        fabric.nodes[0]
+            .ioctl_now(fa, code::DESTROY, handle_in(ep3).as_bytes(), 0)
+            .status,
+        status::SUCCESS
+    );
+    assert_eq!(
+        fabric.nodes[0]
+            .completion(connect)
+            .expect("destroyed")
+            .status,
+        status::CANCELLED
+    );
+    fabric.run_for(1_000_000_000);
+    for (n, f) in [(&fabric.nodes[0], fa), (&fabric.nodes[1], fb)] {
+        n.close(f);
+        assert_eq!(n.violations(), vec![]);
+    }
 }
