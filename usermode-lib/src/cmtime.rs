@@ -14,11 +14,12 @@
 //! for longer than the worst case the retry settings allow, what is still pending is
 //! cancelled and reported as failed.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
+use hashbrown::HashMap;
 use ibcm_ioctl::status;
 
 use crate::completion::{CompletionPort, Overlapped, spawn};

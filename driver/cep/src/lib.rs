@@ -12,11 +12,11 @@
 extern crate alloc;
 
 mod cep;
-pub mod chunked;
 mod config;
 mod counters;
 mod error;
 mod event;
+pub mod grow;
 mod manager;
 mod qp;
 mod types;

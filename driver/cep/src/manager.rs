@@ -17,11 +17,11 @@ use rand_chacha::rand_core::{Rng, SeedableRng};
 use siphasher::sip::SipHasher13;
 
 use crate::cep::{Cep, LapState, Retry, State, StateName};
-use crate::chunked::ChunkedVec;
 use crate::config::CmConfig;
 use crate::counters::Counters;
 use crate::error::{CmError, check_len, check_max, check_width};
 use crate::event::{Event, RepInfo, ReqInfo};
+use crate::grow::{ChunkedVec, reserve_queue};
 use crate::qp::{AddressVector, MigrationState, QpAttributes, QpState, access, ack_timeout};
 use crate::types::{
     CepId, ConnectParams, Instant, ListenParams, MadAddress, PathRecord, PrivateData, RejectParams,
@@ -300,6 +300,7 @@ impl CmManager {
         self.timers
             .try_reserve(ceps.saturating_mul(2))
             .map_err(no)?;
+        // The queues are empty between entry points.
         reserve_queue(&mut self.events, ceps.min(4096)).map_err(no)?;
         reserve_queue(&mut self.transmits, ceps.min(4096)).map_err(no)?;
         Ok(())
@@ -2001,22 +2002,6 @@ fn rejected(reason: RejReason, message: MessageKind, ari: &[u8], pdata: &[u8]) -
 }
 
 /// INIT, RTR and RTS attributes as Linux `cm_init_qp_{init,rtr,rts}_attr` computes them.
-/// Room in `queue` for `n` more entries. The queues are empty between entry points, and
-/// an empty one is replaced rather than grown: growing would copy its old buffer, every
-/// byte of it, for nothing.
-fn reserve_queue<T>(
-    queue: &mut VecDeque<T>,
-    n: usize,
-) -> Result<(), alloc::collections::TryReserveError> {
-    if queue.is_empty() && queue.capacity() < n {
-        let mut fresh = VecDeque::new();
-        fresh.try_reserve(n)?;
-        *queue = fresh;
-        return Ok(());
-    }
-    queue.try_reserve(n)
-}
-
 fn qp_attributes_of(c: &Cep, state: QpState) -> QpAttributes {
     let mut a = QpAttributes::empty(state);
     let av = |path: PathRecord, ack: u8| AddressVector {

@@ -14,7 +14,7 @@ mod client;
 
 pub use client::{Callback, ClientEvent, ClientId};
 
-use ibcm_cep::chunked::ChunkedVec;
+use ibcm_cep::grow::{ChunkedVec, reserve_queue};
 use ibcm_cep::{CepId, CmConfig, CmManager, Event, Instant, MadAddress, QpState, Transmit};
 use ibcm_ioctl::{
     ABI_VERSION, AprIn, ConnectIn, CountersIn, CountersOut, CreateIn, CreateOut, EventRecord,
@@ -141,8 +141,7 @@ impl RecordPool {
     /// Room in `fifo` for `n` more records (PASSIVE_LEVEL).
     fn grow(&mut self, fifo: &mut VecDeque<u32>, n: usize) -> Result<(), Status> {
         let before = fifo.capacity();
-        fifo.try_reserve(n)
-            .map_err(|_| status::INSUFFICIENT_RESOURCES)?;
+        reserve_queue(fifo, n).map_err(|_| status::INSUFFICIENT_RESOURCES)?;
         self.promised += fifo.capacity() - before;
         Ok(())
     }

@@ -200,8 +200,6 @@ pub struct Fabric {
     pub capture: Option<Vec<Captured>>,
     wake: Arc<Wake>,
     link: Link,
-    /// MADs due in the current step (kept for its capacity).
-    due: Vec<InFlight>,
     seq: u64,
     rng: Rng,
 }
@@ -241,7 +239,6 @@ impl Fabric {
             capture: None,
             wake,
             link: Link::default(),
-            due: Vec::new(),
             seq: 0,
             rng: Rng(seed ^ 0x5EED_F00D),
         }
@@ -322,12 +319,9 @@ impl Fabric {
 
     fn deliver_due(&mut self) {
         let now = self.clock.now().as_nanos();
-        // What is due now, in order; what the receivers send goes out in a later step.
-        let mut due = std::mem::take(&mut self.due);
+        // What is due now, in order. What the receivers send waits in their outboxes, and
+        // reaches the link in a later step (`collect`).
         while let Some(m) = self.link.pop_due(now) {
-            due.push(m);
-        }
-        for m in due.drain(..) {
             if let Some(node) = self.nodes.get(m.to) {
                 if let Some(cap) = self.capture.as_mut() {
                     cap.push(Captured {
@@ -341,7 +335,6 @@ impl Fabric {
                 self.delivered += 1;
             }
         }
-        self.due = due;
         for node in &self.nodes {
             if node.platform.timer().is_some_and(|t| t.as_nanos() <= now) {
                 node.fire_timer();

@@ -1,13 +1,25 @@
-//! A vector that grows by fixed-size chunks, for the tables that grow with the number of
-//! connections (the CEP slab, the device's endpoint tables).
+//! Growing without copying, for the tables and queues that grow with the number of
+//! connections.
 //!
 //! A `Vec` that doubles copies its whole old buffer into a new one: on a host that means
 //! faulting in fresh pages for everything it held, and in a kernel a transient peak of
-//! twice the table in nonpaged pool. Here an element never moves once pushed: growing
-//! allocates one more chunk and copies nothing.
+//! twice the table in nonpaged pool. [`ChunkedVec`] grows by chunks and never moves an
+//! element; [`reserve_queue`] replaces an empty queue's buffer rather than growing it.
 
-use alloc::collections::TryReserveError;
+use alloc::collections::{TryReserveError, VecDeque};
 use alloc::vec::Vec;
+
+/// Room in `queue` for `n` more entries. An empty queue gets a new buffer: growing it
+/// would copy its old buffer, every byte of it, for nothing.
+pub fn reserve_queue<T>(queue: &mut VecDeque<T>, n: usize) -> Result<(), TryReserveError> {
+    if queue.is_empty() && queue.capacity() < n {
+        let mut fresh = VecDeque::new();
+        fresh.try_reserve(n)?;
+        *queue = fresh;
+        return Ok(());
+    }
+    queue.try_reserve(n)
+}
 
 /// Elements per chunk (a power of two: indexing is a shift and a mask).
 pub const CHUNK: usize = 128;
@@ -129,6 +141,17 @@ mod tests {
         assert!(v.iter().copied().skip(8).eq(8..3 * CHUNK + 5));
         v.iter_mut().for_each(|x| *x += 1);
         assert_eq!(v.get(0), Some(&1));
+    }
+
+    #[test]
+    fn an_empty_queue_gets_a_new_buffer_a_full_one_keeps_its_entries() {
+        let mut q: VecDeque<u32> = VecDeque::with_capacity(1);
+        assert!(reserve_queue(&mut q, 8).is_ok());
+        assert!(q.capacity() >= 8 && q.is_empty());
+        q.extend(1..=8);
+        assert!(reserve_queue(&mut q, 8).is_ok());
+        assert!(q.capacity() >= 16);
+        assert!(q.iter().copied().eq(1..=8));
     }
 
     #[test]
