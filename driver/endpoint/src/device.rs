@@ -55,7 +55,7 @@ const DISPATCH_BATCH: usize = ibcm_cep::TIMER_BATCH + 8;
 /// Largest listen backlog an IOCTL may ask for.
 pub const MAX_BACKLOG: u32 = 4096;
 /// Event records a new endpoint's FIFO holds.
-const FIFO_DEPTH: usize = 1;
+const FIFO_DEPTH: usize = EVENT_HEADROOM;
 /// Room every IOCTL naming an endpoint leaves in its FIFO (at PASSIVE_LEVEL), so that the
 /// events arriving at DISPATCH_LEVEL until the user names it again never grow it: without
 /// a user operation the engine reports at most this many transitions of one connection
