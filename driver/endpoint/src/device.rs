@@ -366,15 +366,22 @@ pub struct Inner<P: Platform> {
     clients: client::Clients<P>,
     /// Flushes taken so far: orders their timer deadlines (see `finish`).
     flushes: u64,
+    /// The deadline the last flush carried: a flush with the same one need not re-arm
+    /// (the flush that carried it first arms it, unless a newer one overrides it). `None`
+    /// once the timer fired: a one-shot timer (WdfTimerStart) must then be armed again.
+    deadline: Option<Option<Instant>>,
 }
 
 /// Work to do once the lock is released.
 struct Flush<R> {
     tx: Vec<Transmit>,
     done: Vec<(R, i32, usize)>,
-    timer: Option<Instant>,
+    /// The deadline to arm the timer to, if it changed since the last flush.
+    timer: Option<Option<Instant>>,
     /// Its place among flushes (`Inner::flushes`).
     seq: u64,
+    /// Kernel clients have events to deliver.
+    callbacks: bool,
 }
 
 /// The dispatch layer of one CA: the engine, the per-handle endpoint tables, and the
@@ -752,15 +759,21 @@ impl<P: Platform> Inner<P> {
                 let spare = self.spare_done.pop().unwrap_or_default();
                 core::mem::replace(&mut self.done, spare)
             },
-            timer: if self.removed {
-                None
-            } else {
-                self.cm.poll_timeout()
+            timer: {
+                let deadline = if self.removed {
+                    None
+                } else {
+                    self.cm.poll_timeout()
+                };
+                let changed = self.deadline != Some(deadline);
+                self.deadline = Some(deadline);
+                changed.then_some(deadline)
             },
             seq: {
                 self.flushes += 1;
                 self.flushes
             },
+            callbacks: !self.clients.ready.is_empty(),
         }
     }
 }
@@ -782,6 +795,7 @@ impl<P: Platform> Device<P> {
             now: Instant::from_nanos(0),
             clients: client::Clients::new(),
             flushes: 0,
+            deadline: None,
         };
         // Device add runs at PASSIVE_LEVEL: a node nobody has opened yet still answers
         // MADs (a REJ to a REQ for no listen) and runs timers without allocating.
@@ -812,8 +826,12 @@ impl<P: Platform> Device<P> {
             i.drain();
             (value, i.take_flush())
         });
+        let callbacks = flush.callbacks;
         self.finish(flush);
-        self.deliver_callbacks();
+        // Every entry point that makes a kernel client's event ready delivers it.
+        if callbacks {
+            self.deliver_callbacks();
+        }
         value
     }
 
@@ -829,12 +847,14 @@ impl<P: Platform> Device<P> {
         // The newest flush's deadline is the engine's: one computed before it (by an entry
         // point whose batch went out more slowly) would leave the timer stale, or disarm
         // it while a retry or timewait is pending (nothing would then fire it).
-        self.armed.with(|last| {
-            if flush.seq > *last {
-                *last = flush.seq;
-                self.platform.set_timer(flush.timer);
-            }
-        });
+        if let Some(timer) = flush.timer {
+            self.armed.with(|last| {
+                if flush.seq > *last {
+                    *last = flush.seq;
+                    self.platform.set_timer(timer);
+                }
+            });
+        }
         flush.tx.clear();
         if flush.tx.capacity() == 0 && flush.done.capacity() == 0 {
             // Both batches stayed in place (they were empty): nothing to hand back.
@@ -961,6 +981,8 @@ impl<P: Platform> Device<P> {
     pub fn timer_expired(&self) {
         let now = self.platform.now();
         self.run(|i| {
+            // The timer is spent: whatever the next deadline, arm it.
+            i.deadline = None;
             if !i.removed {
                 i.cm.handle_timeout(now);
             }

@@ -98,6 +98,8 @@ impl Node {
 
     /// The timer DPC (DISPATCH_LEVEL).
     pub fn fire_timer(&self) {
+        // One-shot, as a WDFTIMER: firing disarms it, and the device must arm it again.
+        self.platform.disarm_timer();
         at_dispatch(&self.platform.ledger, || self.device.timer_expired());
     }
 

@@ -204,6 +204,11 @@ impl HostPlatform {
         }
     }
 
+    /// The timer fired: it is disarmed until the device arms it again.
+    pub(crate) fn disarm_timer(&self) {
+        *self.timer.lock().unwrap_or_else(PoisonError::into_inner) = None;
+    }
+
     /// The deadline the timer is armed to.
     pub fn timer(&self) -> Option<Instant> {
         *self.timer.lock().unwrap_or_else(PoisonError::into_inner)
