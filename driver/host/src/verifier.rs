@@ -5,9 +5,7 @@
 //! none.
 
 use std::cell::Cell;
-use std::collections::HashMap;
 use std::sync::Mutex;
-use std::sync::atomic::{AtomicUsize, Ordering};
 
 /// A broken rule.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -113,47 +111,83 @@ struct Entry {
     completion: Option<Completion>,
 }
 
-/// Hashes a request key (keys are sequential) with one multiplication: the ledger sits
-/// on every IOCTL, so it must cost little next to the dispatch it checks.
-#[derive(Default)]
-struct KeyHasher(u64);
-
-impl std::hash::Hasher for KeyHasher {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-    fn write(&mut self, bytes: &[u8]) {
-        for &b in bytes {
-            self.0 = (self.0.rotate_left(8) ^ u64::from(b)).wrapping_mul(0x9e37_79b9_7f4a_7c15);
-        }
-    }
-    fn write_u64(&mut self, key: u64) {
-        self.0 = key.wrapping_mul(0x9e37_79b9_7f4a_7c15);
-    }
+/// One request's place in the ledger: its entry while the ledger tracks it, and the
+/// generation its key names.
+#[derive(Debug, Default)]
+struct Slot {
+    generation: u32,
+    entry: Option<Entry>,
 }
 
+/// Every tracked request, in slots reused once a request's completion went to its
+/// caller: a key is `generation << 32 | index + 1`, so a completion finds its entry by
+/// index (the ledger sits on every IOCTL, so it must cost little next to the dispatch it
+/// checks), and a key whose slot has moved to a later generation was completed before.
 #[derive(Debug, Default)]
 struct Book {
-    entries: HashMap<u64, Entry, std::hash::BuildHasherDefault<KeyHasher>>,
-    /// Bit `key` set: the request completed, its completion went to a hook, and its entry
-    /// was dropped (so a long in-process run keeps one bit per request, not a buffer).
-    retired: Vec<u64>,
+    slots: Vec<Slot>,
+    free: Vec<u32>,
 }
 
 impl Book {
-    fn is_retired(&self, key: u64) -> bool {
-        let (word, bit) = ((key / 64) as usize, key % 64);
-        self.retired.get(word).is_some_and(|w| w & (1 << bit) != 0)
+    fn key(index: usize, generation: u32) -> u64 {
+        (u64::from(generation) << 32) | (index as u64 + 1)
     }
 
-    fn retire(&mut self, key: u64) {
-        let (word, bit) = ((key / 64) as usize, key % 64);
-        if self.retired.len() <= word {
-            // The verifier's own bookkeeping, not the driver's: not counted.
-            allocation_counter::opt_out(|| self.retired.resize(word + 1, 0));
+    /// The slot a key names, and the generation it names.
+    fn slot(&mut self, key: u64) -> Option<(&mut Slot, u32)> {
+        let index = ((key & 0xffff_ffff) as usize).checked_sub(1)?;
+        Some((self.slots.get_mut(index)?, (key >> 32) as u32))
+    }
+
+    /// The entry of `key`, if the ledger still tracks that request.
+    fn entry(&mut self, key: u64) -> Option<&mut Entry> {
+        let (slot, generation) = self.slot(key)?;
+        if slot.generation == generation {
+            slot.entry.as_mut()
+        } else {
+            None
         }
-        if let Some(w) = self.retired.get_mut(word) {
-            *w |= 1 << bit;
+    }
+
+    /// Whether `key` named a request whose completion went to its caller.
+    fn is_retired(&mut self, key: u64) -> bool {
+        self.slot(key)
+            .is_some_and(|(slot, generation)| generation < slot.generation)
+    }
+
+    fn issue(&mut self, file: u64) -> u64 {
+        let entry = Entry {
+            file,
+            ..Entry::default()
+        };
+        if let Some(index) = self.free.pop()
+            && let Some(slot) = self.slots.get_mut(index as usize)
+        {
+            slot.entry = Some(entry);
+            return Self::key(index as usize, slot.generation);
+        }
+        // The verifier's own bookkeeping, not the driver's: not counted.
+        allocation_counter::opt_out(|| {
+            self.slots.push(Slot {
+                generation: 0,
+                entry: Some(entry),
+            });
+            // Room in the free list for every slot: retiring (on a completion, maybe at
+            // DISPATCH_LEVEL) never allocates.
+            self.free
+                .reserve(self.slots.len().saturating_sub(self.free.len()));
+        });
+        Self::key(self.slots.len() - 1, 0)
+    }
+
+    /// Forgets `key`'s request (its completion went to its caller).
+    fn retire(&mut self, key: u64) {
+        if let Some((slot, _)) = self.slot(key) {
+            slot.entry = None;
+            slot.generation = slot.generation.wrapping_add(1);
+            // Room was made when the slot was added.
+            self.free.push((key & 0xffff_ffff) as u32 - 1);
         }
     }
 }
@@ -163,7 +197,6 @@ impl Book {
 pub struct Ledger {
     book: Mutex<Book>,
     violations: Mutex<Vec<Violation>>,
-    next_key: AtomicUsize,
 }
 
 impl Ledger {
@@ -181,19 +214,11 @@ impl Ledger {
     }
 
     pub(crate) fn issue(&self, file: u64) -> u64 {
-        let key = self.next_key.fetch_add(1, Ordering::Relaxed) as u64 + 1;
-        self.book().entries.insert(
-            key,
-            Entry {
-                file,
-                ..Entry::default()
-            },
-        );
-        key
+        self.book().issue(file)
     }
 
     pub(crate) fn cancel_requested(&self, key: u64) {
-        if let Some(e) = self.book().entries.get_mut(&key) {
+        if let Some(e) = self.book().entry(key) {
             e.cancel_requested = true;
         }
     }
@@ -243,7 +268,7 @@ impl Ledger {
             self.violate(Violation::CompletedUnderLock { key });
         }
         let mut book = self.book();
-        let Some(e) = book.entries.get_mut(&key) else {
+        let Some(e) = book.entry(key) else {
             let twice = book.is_retired(key);
             drop(book);
             if twice {
@@ -259,10 +284,7 @@ impl Ledger {
         let after_cancel = e.cancel_requested && status != ibcm_ioctl::status::CANCELLED;
         match retain {
             Some(c) => e.completion = Some(c),
-            None => {
-                book.entries.remove(&key);
-                book.retire(key);
-            }
+            None => book.retire(key),
         }
         drop(book);
         if after_cancel {
@@ -278,19 +300,21 @@ impl Ledger {
 
     /// How a request ended, if it has.
     pub fn completion(&self, key: u64) -> Option<Completion> {
-        self.book()
-            .entries
-            .get(&key)
-            .and_then(|e| e.completion.clone())
+        self.book().entry(key).and_then(|e| e.completion.clone())
     }
 
     /// Requests of `file` not completed yet.
     pub fn outstanding(&self, file: u64) -> Vec<u64> {
         self.book()
-            .entries
+            .slots
             .iter()
-            .filter(|(_, e)| e.file == file && e.completion.is_none())
-            .map(|(k, _)| *k)
+            .enumerate()
+            .filter(|(_, s)| {
+                s.entry
+                    .as_ref()
+                    .is_some_and(|e| e.file == file && e.completion.is_none())
+            })
+            .map(|(i, s)| Book::key(i, s.generation))
             .collect()
     }
 
