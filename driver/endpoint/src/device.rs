@@ -357,9 +357,6 @@ pub struct Inner<P: Platform> {
     /// while another entry point's completions are out must not allocate.
     spare_done: Vec<Vec<(P::Request, i32, usize)>>,
     done: Vec<(P::Request, i32, usize)>,
-    /// The batches and spares have the room `prepare_batches` makes: nothing took a
-    /// spare since it ran (most IOCTLs then skip the check).
-    batches_ready: bool,
     records: RecordPool,
     /// The time of the entry point running under the lock.
     now: Instant,
@@ -529,21 +526,13 @@ impl<P: Platform> Inner<P> {
     /// whichever batch it gets (PASSIVE_LEVEL).
     fn prepare_batches(&mut self) {
         self.records.prepare();
-        if self.batches_ready {
-            return;
-        }
-        self.batches_ready = true;
+        // A batch is made with room for DISPATCH_BATCH or none (an empty stand-in), and
+        // `finish` keeps only batches with room: only missing ones need making.
         room(&mut self.tx, DISPATCH_BATCH);
-        for batch in &mut self.spare_tx {
-            room(batch, DISPATCH_BATCH);
-        }
         while self.spare_tx.len() < SPARE_BATCHES {
             self.spare_tx.push(Vec::with_capacity(DISPATCH_BATCH));
         }
         room(&mut self.done, DISPATCH_BATCH);
-        for batch in &mut self.spare_done {
-            room(batch, DISPATCH_BATCH);
-        }
         while self.spare_done.len() < SPARE_BATCHES {
             self.spare_done.push(Vec::with_capacity(DISPATCH_BATCH));
         }
@@ -746,7 +735,6 @@ impl<P: Platform> Inner<P> {
         let tx = if self.tx.is_empty() {
             Vec::new()
         } else {
-            self.batches_ready = false;
             let spare = self.spare_tx.pop().unwrap_or_default();
             core::mem::replace(&mut self.tx, spare)
         };
@@ -755,7 +743,6 @@ impl<P: Platform> Inner<P> {
             done: if self.done.is_empty() {
                 Vec::new()
             } else {
-                self.batches_ready = false;
                 let spare = self.spare_done.pop().unwrap_or_default();
                 core::mem::replace(&mut self.done, spare)
             },
@@ -789,7 +776,6 @@ impl<P: Platform> Device<P> {
             tx: Vec::new(),
             spare_tx: Vec::with_capacity(KEPT_BATCHES),
             spare_done: Vec::with_capacity(KEPT_BATCHES),
-            batches_ready: false,
             done: Vec::new(),
             records: RecordPool::default(),
             now: Instant::from_nanos(0),
