@@ -2,9 +2,14 @@
 //! one core): the user library's overlapped connects and accepts -> IOCTL records ->
 //! dispatch -> engine -> simulated fabric, both sides, on one thread in virtual time.
 //!
-//! Each sample runs `cmtime` over fresh nodes and counts only its setup phase (REQ, REP,
-//! RTU and established on both sides); the teardown that follows is not timed. The
-//! figure criterion prints as thrpt is connection setups per second.
+//! Each sample runs `cmtime` and counts only its setup phase (REQ, REP, RTU and
+//! established on both sides); the teardown that follows (disconnect, timewait) is not
+//! timed. The figure criterion prints as thrpt is connection setups per second.
+//!
+//! - `cmtime_setup_fresh_fabric`: each sample on new nodes, so every table grows from
+//!   empty and its memory is new to the process (faulted in).
+//! - `cmtime_setup_warm_fabric`: every sample on the same two nodes, as a server that has
+//!   been up a while: the tables have the room earlier connections left behind.
 //!
 //! `cargo bench -p ibcm --bench full_stack`
 
@@ -17,11 +22,15 @@ use ibcm::sim::{Sim, SimOptions};
 /// Connections per sample: enough to fill the window many times over.
 const CONNECTIONS: usize = 4000;
 
-fn setup_time(connections: usize) -> Duration {
-    let sim = Sim::start(&SimOptions {
+fn virtual_sim() -> Sim {
+    Sim::start(&SimOptions {
         real_time: false,
         ..SimOptions::default()
-    });
+    })
+}
+
+/// The setup phase of one cmtime run of `connections` over `sim`.
+fn setup_time(sim: &Sim, connections: usize) -> Duration {
     let (client, server) = match (sim.provider(0), sim.provider(1)) {
         (Ok(c), Ok(s)) => (c, s),
         _ => panic!("the simulated fabric has two nodes"),
@@ -30,7 +39,7 @@ fn setup_time(connections: usize) -> Duration {
         connections,
         ..Config::default()
     };
-    let report = match cmtime::run(&client, &server, &sim, &cfg, &|_| {}) {
+    let report = match cmtime::run(&client, &server, sim, &cfg, &|_| {}) {
         Ok(r) => r,
         Err(e) => panic!("cmtime: {e}"),
     };
@@ -42,16 +51,21 @@ fn full_stack(c: &mut Criterion) {
     let mut g = c.benchmark_group("full_stack");
     g.sample_size(10);
     g.throughput(Throughput::Elements(CONNECTIONS as u64));
-    g.bench_function("cmtime_setup_virtual_time", |b| {
-        b.iter_custom(|iters| (0..iters).map(|_| setup_time(CONNECTIONS)).sum())
+    g.bench_function("cmtime_setup_fresh_fabric", |b| {
+        b.iter_custom(|iters| {
+            (0..iters)
+                .map(|_| setup_time(&virtual_sim(), CONNECTIONS))
+                .sum()
+        })
+    });
+    let sim = virtual_sim();
+    g.bench_function("cmtime_setup_warm_fabric", |b| {
+        b.iter_custom(|iters| (0..iters).map(|_| setup_time(&sim, CONNECTIONS)).sum())
     });
     g.finish();
 
     // One IOCTL through the library: QUERY on an idle endpoint, blocking and awaited.
-    let sim = Sim::start(&SimOptions {
-        real_time: false,
-        ..SimOptions::default()
-    });
+    let sim = virtual_sim();
     let Ok(provider) = sim.provider(0) else {
         panic!("the simulated fabric has a node 0")
     };

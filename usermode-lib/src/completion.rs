@@ -127,6 +127,24 @@ impl crate::backend::CompletionHook for Slot {
     }
 }
 
+/// An IOCTL in flight (see [`Provider::ioctl`](crate::provider::Provider)): issued when
+/// made, as `DeviceIoControl` is, so it borrows nothing of its input and an operation
+/// awaiting it holds only this.
+#[derive(Debug)]
+pub(crate) struct Ioctl {
+    pub slot: SlotFuture,
+    pub operation: &'static str,
+}
+
+impl Future for Ioctl {
+    type Output = crate::Result<Vec<u8>>;
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = self.get_mut();
+        let done = std::task::ready!(Pin::new(&mut this.slot).poll(cx));
+        Poll::Ready(done.into_result(this.operation))
+    }
+}
+
 /// Output buffers a thread keeps for its next requests, at most.
 const SPARE_BUFFERS: usize = 16;
 /// Larger buffers are not kept.

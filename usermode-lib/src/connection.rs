@@ -248,13 +248,15 @@ impl ConnectEndpoint {
             Ok(c)
         })();
         async move {
-            let c = record?;
             // The REQ goes out and the call completes with the answer: the REP record
-            // and the QP transitions after it (one call, as NetworkDirect's Connect).
+            // and the QP transitions after it (one call, as NetworkDirect's Connect). The
+            // record is copied out when the IOCTL is issued: not kept while it waits.
             let size = EventRecord::SIZE as usize;
-            let out = ep
-                .ioctl_answer(OP, code::CONNECT, c.as_bytes(), 2 * size)
-                .await?;
+            let answer = {
+                let c = record?;
+                ep.ioctl_answer(OP, code::CONNECT, c.as_bytes(), 2 * size)
+            };
+            let out = answer.await?;
             let r = record_at(OP, &out, 0)?;
             if r.event_type != event_type::REP_RECEIVED {
                 recycle_buffer(out);
@@ -309,8 +311,11 @@ impl ConnectEndpoint {
             p
         });
         async move {
-            let p = record?;
-            ep.ioctl(operation, code, p.as_bytes(), 0).await.map(|_| ())
+            let ioctl = {
+                let p = record?;
+                ep.ioctl(operation, code, p.as_bytes(), 0)
+            };
+            ioctl.await.map(|_| ())
         }
     }
 

@@ -11,7 +11,7 @@ use ibcm_ioctl::{EventRecord, HandleIn, code, status};
 use zerocopy::{FromBytes, Immutable, IntoBytes};
 
 use crate::backend::CompletionHook;
-use crate::completion::{Done, Slot, SlotFuture, output_buffer, recycle_buffer};
+use crate::completion::{Ioctl, Slot, SlotFuture, output_buffer, recycle_buffer};
 use crate::error::{Error, Result};
 use crate::provider::Provider;
 
@@ -140,39 +140,37 @@ impl Endpoint {
         }
     }
 
-    /// Issues one IOCTL and awaits its completion.
-    pub async fn ioctl(
+    /// Issues one IOCTL; awaiting it gives its output.
+    pub fn ioctl(
         &self,
         operation: &'static str,
         code: u32,
         input: &[u8],
         output_len: usize,
-    ) -> Result<Vec<u8>> {
-        self.0
-            .provider
-            .ioctl(operation, code, input, output_len)
-            .await
+    ) -> Ioctl {
+        self.0.provider.ioctl(operation, code, input, output_len)
     }
 
-    /// Issues an IOCTL whose output is one `T` record, and awaits it.
-    pub async fn ioctl_out<T: FromBytes + IntoBytes + Immutable>(
+    /// Issues an IOCTL whose output is one `T` record; awaiting it gives the record.
+    pub fn ioctl_out<T: FromBytes + IntoBytes + Immutable>(
         &self,
         operation: &'static str,
         code: u32,
         input: &[u8],
-    ) -> Result<T> {
-        self.0.provider.ioctl_out(operation, code, input).await
+    ) -> impl Future<Output = Result<T>> + Send + 'static {
+        self.0.provider.ioctl_out(operation, code, input)
     }
 
     /// Issues a CONNECT or SEND_REP with an output buffer, which completes when the peer
-    /// answers (see `code::CONNECT`), and awaits it; [`cancel`](Self::cancel) cancels it.
-    pub async fn ioctl_answer(
+    /// answers (see `code::CONNECT`); awaiting it gives the answer. [`cancel`](Self::cancel)
+    /// cancels it.
+    pub fn ioctl_answer(
         &self,
         operation: &'static str,
         code: u32,
         input: &[u8],
         output_len: usize,
-    ) -> Result<Vec<u8>> {
+    ) -> impl Future<Output = Result<Vec<u8>>> + Send + 'static {
         let slot = Slot::new();
         let key = self.0.provider.backend().submit(
             code,
@@ -184,9 +182,12 @@ impl Endpoint {
         if !slot.is_done() {
             self.events().answer = Some(key);
         }
-        let done = SlotFuture(Some(slot)).await;
-        self.events().answer = None;
-        done.into_result(operation)
+        let events = Arc::clone(&self.0.events);
+        async move {
+            let done = SlotFuture(Some(slot)).await;
+            events.lock().answer = None;
+            done.into_result(operation)
+        }
     }
 
     /// Waits for the first queued event `wanted` accepts (others stay queued, in order).
@@ -371,19 +372,4 @@ impl Future for EventWait {
         ep.pump();
         Poll::Pending
     }
-}
-
-/// Awaits a request issued on a backend.
-pub(crate) async fn submit(
-    provider: &Provider,
-    code: u32,
-    input: &[u8],
-    output_len: usize,
-) -> Done {
-    let slot = Slot::new();
-    let s = Arc::clone(&slot);
-    provider
-        .backend()
-        .submit(code, input, output_len, output_buffer(output_len), s);
-    SlotFuture(Some(slot)).await
 }

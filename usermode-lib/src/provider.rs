@@ -8,8 +8,9 @@ use ibcm_ioctl::{
 use zerocopy::{FromBytes, Immutable, IntoBytes};
 
 use crate::backend::Backend;
-use crate::completion::{block_on, recycle_buffer};
-use crate::endpoint::{Endpoint, submit};
+use crate::backend::CompletionHook;
+use crate::completion::{Ioctl, Slot, SlotFuture, block_on, output_buffer, recycle_buffer};
+use crate::endpoint::Endpoint;
 use crate::error::{Error, Result};
 
 /// An open handle to the ibcm device (`IWVProvider`, `IND2Adapter`): endpoints are created
@@ -64,35 +65,44 @@ impl Provider {
         &*self.0
     }
 
-    /// Issues an IOCTL and awaits it; a failure status becomes an [`Error`] naming
-    /// `operation`.
-    pub(crate) async fn ioctl(
+    /// Issues an IOCTL; awaiting it gives its output, or an [`Error`] naming `operation`.
+    pub(crate) fn ioctl(
         &self,
         operation: &'static str,
         code: u32,
         input: &[u8],
         output_len: usize,
-    ) -> Result<Vec<u8>> {
-        submit(self, code, input, output_len)
-            .await
-            .into_result(operation)
+    ) -> Ioctl {
+        let slot = Slot::new();
+        self.backend().submit(
+            code,
+            input,
+            output_len,
+            output_buffer(output_len),
+            Arc::clone(&slot) as Arc<dyn CompletionHook>,
+        );
+        Ioctl {
+            slot: SlotFuture(Some(slot)),
+            operation,
+        }
     }
 
-    /// Issues an IOCTL whose output is one `T` record and awaits it; the output buffer is
-    /// kept for a later request.
-    pub(crate) async fn ioctl_out<T: FromBytes + IntoBytes + Immutable>(
+    /// Issues an IOCTL whose output is one `T` record; awaiting it gives the record (the
+    /// output buffer is kept for a later request).
+    pub(crate) fn ioctl_out<T: FromBytes + IntoBytes + Immutable>(
         &self,
         operation: &'static str,
         code: u32,
         input: &[u8],
-    ) -> Result<T> {
-        let out = self
-            .ioctl(operation, code, input, core::mem::size_of::<T>())
-            .await?;
-        let record = T::read_from_bytes(&out)
-            .map_err(|_| Error::new(operation, status::INFO_LENGTH_MISMATCH));
-        recycle_buffer(out);
-        record
+    ) -> impl Future<Output = Result<T>> + Send + 'static {
+        let ioctl = self.ioctl(operation, code, input, core::mem::size_of::<T>());
+        async move {
+            let out = ioctl.await?;
+            let record = T::read_from_bytes(&out)
+                .map_err(|_| Error::new(operation, status::INFO_LENGTH_MISMATCH));
+            recycle_buffer(out);
+            record
+        }
     }
 
     pub(crate) fn create_endpoint(&self, operation: &'static str) -> Result<Endpoint> {
