@@ -648,7 +648,11 @@ impl<P: Platform> Inner<P> {
             return;
         };
         if record.new_handle == 0 && record.private_data_len > 0 {
-            ep.private_data = record.private_data;
+            let n = usize::from(record.private_data_len);
+            if let (Some(d), Some(s)) = (ep.private_data.get_mut(..n), record.private_data.get(..n))
+            {
+                d.copy_from_slice(s);
+            }
             ep.private_data_len = record.private_data_len;
         }
         if ep
