@@ -84,22 +84,7 @@ fn connect_in(ep: u64, service_id: u64) -> ConnectIn {
 #[test]
 fn connect_accept_rtu_disconnect_over_ioctl_records() {
     let mut fabric = Fabric::new(2, 7);
-    let (fa, fb) = (fabric.nodes[0].open(), fabric.nodes[1].open());
-    handshake(&fabric.nodes[0], fa);
-    handshake(&fabric.nodes[1], fb);
-    let listen = create(&fabric.nodes[1], fb);
-    let mut l = ListenIn::new_zeroed();
-    l.size = ListenIn::SIZE;
-    l.handle = listen;
-    l.service_id = 0x1234;
-    l.service_mask = u64::MAX;
-    l.backlog = 4;
-    assert_eq!(
-        fabric.nodes[1]
-            .ioctl_now(fb, code::LISTEN, l.as_bytes(), 0)
-            .status,
-        status::SUCCESS
-    );
+    let (fa, fb, listen) = listening(&fabric, 0x1234);
     // B waits for a request before A connects: the REQ completes the pending GET_EVENT.
     let b_wait = fabric.nodes[1].ioctl(fb, code::GET_EVENT, handle_in(listen).as_bytes(), 4 * 464);
     assert!(fabric.nodes[1].completion(b_wait).is_none());
@@ -132,16 +117,8 @@ fn connect_accept_rtu_disconnect_over_ioctl_records() {
     assert_eq!(req[0].peer_responder_resources, 2);
     let child = req[0].new_handle;
 
-    let mut r = FormatRepIn::new_zeroed();
-    r.size = FormatRepIn::SIZE;
-    r.handle = child;
-    r.qpn = 0x202;
-    r.responder_resources = 2;
-    r.initiator_depth = 2;
-    r.rnr_retry_count = 7;
+    let mut r = format_rep(child, b"yes");
     r.failover_accepted = 1;
-    r.private_data_len = 3;
-    r.private_data[..3].copy_from_slice(b"yes");
     let rep = fabric.nodes[1].ioctl_now(fb, code::FORMAT_REP, r.as_bytes(), 464);
     assert_eq!(rep.status, status::SUCCESS);
     let b_child_wait = fabric.nodes[1].ioctl(fb, code::GET_EVENT, handle_in(child).as_bytes(), 464);
@@ -197,13 +174,8 @@ fn connect_accept_rtu_disconnect_over_ioctl_records() {
         assert_eq!(QpAttrOut::read_from_bytes(&one.output).unwrap().attr, got);
         assert_eq!(got.state, state);
     }
-    let mut rtu = PrivateDataIn::new_zeroed();
-    rtu.size = PrivateDataIn::SIZE;
-    rtu.handle = ep;
     assert_eq!(
-        fabric.nodes[0]
-            .ioctl_now(fa, code::RTU, rtu.as_bytes(), 0)
-            .status,
+        empty_private_data_op(&fabric.nodes[0], fa, code::RTU, ep),
         status::SUCCESS
     );
     fabric.run_for(100_000);
@@ -224,13 +196,8 @@ fn connect_accept_rtu_disconnect_over_ioctl_records() {
     // Disconnect: DREQ from A, DREP from B, both through timewait.
     let a_wait = fabric.nodes[0].ioctl(fa, code::GET_EVENT, handle_in(ep).as_bytes(), 4 * 464);
     let b_wait = fabric.nodes[1].ioctl(fb, code::GET_EVENT, handle_in(child).as_bytes(), 464);
-    let mut d = PrivateDataIn::new_zeroed();
-    d.size = PrivateDataIn::SIZE;
-    d.handle = ep;
     assert_eq!(
-        fabric.nodes[0]
-            .ioctl_now(fa, code::DREQ, d.as_bytes(), 0)
-            .status,
+        empty_private_data_op(&fabric.nodes[0], fa, code::DREQ, ep),
         status::SUCCESS
     );
     fabric.run_for(100_000);
@@ -238,11 +205,8 @@ fn connect_accept_rtu_disconnect_over_ioctl_records() {
         events(&fabric.nodes[1].completion(b_wait).unwrap())[0].event_type,
         event_type::DREQ_RECEIVED
     );
-    d.handle = child;
     assert_eq!(
-        fabric.nodes[1]
-            .ioctl_now(fb, code::DREP, d.as_bytes(), 0)
-            .status,
+        empty_private_data_op(&fabric.nodes[1], fb, code::DREP, child),
         status::SUCCESS
     );
     fabric.run_for(100_000);
@@ -255,10 +219,7 @@ fn connect_accept_rtu_disconnect_over_ioctl_records() {
         event_type::TIMEWAIT_EXIT
     );
 
-    for (n, f) in [(&fabric.nodes[0], fa), (&fabric.nodes[1], fb)] {
-        n.close(f);
-        assert_eq!(n.violations(), vec![]);
-    }
+    close_clean(&fabric, fa, fb);
 }
 
 /// A node nobody has opened still answers: a REQ for no listen gets a REJ, sent from the
@@ -285,6 +246,22 @@ fn a_node_never_opened_rejects_a_req_without_allocating() {
     assert_eq!(fabric.nodes[0].violations(), vec![]);
 }
 
+/// RTU, DREQ or DREP on `handle`, with no private data: its status.
+fn empty_private_data_op(node: &Node, file: ibcm_endpoint::FileId, code: u32, handle: u64) -> i32 {
+    let mut p = PrivateDataIn::new_zeroed();
+    p.size = PrivateDataIn::SIZE;
+    p.handle = handle;
+    node.ioctl_now(file, code, p.as_bytes(), 0).status
+}
+
+/// Closes both nodes' files; neither broke a rule.
+fn close_clean(fabric: &Fabric, fa: ibcm_endpoint::FileId, fb: ibcm_endpoint::FileId) {
+    for (n, f) in [(&fabric.nodes[0], fa), (&fabric.nodes[1], fb)] {
+        n.close(f);
+        assert_eq!(n.violations(), vec![]);
+    }
+}
+
 /// Node 1 listens for `service_id` (backlog 4); returns (file 0, file 1, listen handle).
 fn listening(
     fabric: &Fabric,
@@ -305,7 +282,9 @@ fn listening(
     (fa, fb, listen)
 }
 
-fn format_rep(child: u64) -> FormatRepIn {
+/// FORMAT_REP for `child`: QPN 0x202, 2 responder resources and initiator depth, and
+/// `private_data`.
+fn format_rep(child: u64, private_data: &[u8]) -> FormatRepIn {
     let mut r = FormatRepIn::new_zeroed();
     r.size = FormatRepIn::SIZE;
     r.handle = child;
@@ -313,8 +292,8 @@ fn format_rep(child: u64) -> FormatRepIn {
     r.responder_resources = 2;
     r.initiator_depth = 2;
     r.rnr_retry_count = 7;
-    r.private_data_len = 2;
-    r.private_data[..2].copy_from_slice(b"ok");
+    r.private_data_len = private_data.len() as u8;
+    r.private_data[..private_data.len()].copy_from_slice(private_data);
     r
 }
 
@@ -350,7 +329,12 @@ fn connect_and_send_rep_complete_with_their_answers() {
     fabric.run_for(100_000);
     let req = events(&fabric.nodes[1].completion(b_wait).expect("REQ event"));
     let child = req[0].new_handle;
-    let rep = fabric.nodes[1].ioctl_now(fb, code::FORMAT_REP, format_rep(child).as_bytes(), 464);
+    let rep = fabric.nodes[1].ioctl_now(
+        fb,
+        code::FORMAT_REP,
+        format_rep(child, b"ok").as_bytes(),
+        464,
+    );
     assert_eq!(rep.status, status::SUCCESS);
     let accept = fabric.nodes[1].ioctl(fb, code::SEND_REP, handle_in(child).as_bytes(), size);
     assert!(fabric.nodes[1].completion(accept).is_none());
@@ -385,13 +369,8 @@ fn connect_and_send_rep_complete_with_their_answers() {
     fabric.run_for(100_000);
     assert!(fabric.nodes[0].completion(a_wait).is_none());
 
-    let mut rtu = PrivateDataIn::new_zeroed();
-    rtu.size = PrivateDataIn::SIZE;
-    rtu.handle = ep;
     assert_eq!(
-        fabric.nodes[0]
-            .ioctl_now(fa, code::RTU, rtu.as_bytes(), 0)
-            .status,
+        empty_private_data_op(&fabric.nodes[0], fa, code::RTU, ep),
         status::SUCCESS
     );
     fabric.run_for(100_000);
@@ -401,10 +380,7 @@ fn connect_and_send_rep_complete_with_their_answers() {
     assert_eq!(done.status, status::SUCCESS);
     assert_eq!(events(&done)[0].event_type, event_type::RTU_RECEIVED);
 
-    for (n, f) in [(&fabric.nodes[0], fa), (&fabric.nodes[1], fb)] {
-        n.close(f);
-        assert_eq!(n.violations(), vec![]);
-    }
+    close_clean(&fabric, fa, fb);
 }
 
 /// A waiting CONNECT completes with the REJ that ends the attempt; an MRA before it goes
@@ -484,8 +460,5 @@ fn a_waiting_connect_ends_with_the_rej_or_cancelled() {
         status::CANCELLED
     );
     fabric.run_for(1_000_000_000);
-    for (n, f) in [(&fabric.nodes[0], fa), (&fabric.nodes[1], fb)] {
-        n.close(f);
-        assert_eq!(n.violations(), vec![]);
-    }
+    close_clean(&fabric, fa, fb);
 }
