@@ -41,9 +41,6 @@ struct Events {
     records: u64,
     /// Records per GET_EVENT (0: [`EVENTS_PER_REQUEST`]).
     batch: usize,
-    /// The backend key of a CONNECT or SEND_REP waiting for its answer, for
-    /// [`Endpoint::cancel`].
-    answer: Option<u64>,
     /// The GET_EVENT (ticket) that [`Endpoint::cancel`] cancelled: its STATUS_CANCELLED is
     /// ours. Any other comes from the driver (endpoint destroyed, handle closed) and ends
     /// every wait.
@@ -116,7 +113,12 @@ impl CompletionHook for EventQueue {
 pub(crate) struct Inner {
     pub provider: Provider,
     pub handle: u64,
-    events: Arc<EventQueue>,
+    /// The backend key of a CONNECT or SEND_REP waiting for its answer, for
+    /// [`Endpoint::cancel`].
+    answer: Mutex<Option<u64>>,
+    /// Made at the first wait for an event: connect and accept get their answers
+    /// without one, so a connection that is only set up never needs it.
+    events: std::sync::OnceLock<Arc<EventQueue>>,
 }
 
 /// An endpoint handle and its event queue; destroyed when dropped.
@@ -128,7 +130,8 @@ impl Endpoint {
         Self(Arc::new(Inner {
             provider,
             handle,
-            events: Arc::default(),
+            answer: Mutex::new(None),
+            events: std::sync::OnceLock::new(),
         }))
     }
 
@@ -180,12 +183,12 @@ impl Endpoint {
             Arc::clone(&slot) as Arc<dyn CompletionHook>,
         );
         if !slot.is_done() {
-            self.events().answer = Some(key);
+            *self.answer() = Some(key);
         }
-        let events = Arc::clone(&self.0.events);
+        let me = self.clone();
         async move {
             let done = SlotFuture(Some(slot)).await;
-            events.lock().answer = None;
+            *me.answer() = None;
             done.into_result(operation)
         }
     }
@@ -201,8 +204,17 @@ impl Endpoint {
         }
     }
 
+    fn answer(&self) -> std::sync::MutexGuard<'_, Option<u64>> {
+        self.0.answer.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The event queue, made at first use.
+    fn queue(&self) -> &Arc<EventQueue> {
+        self.0.events.get_or_init(Arc::default)
+    }
+
     fn events(&self) -> std::sync::MutexGuard<'_, Events> {
-        self.0.events.lock()
+        self.queue().lock()
     }
 
     /// Keeps one GET_EVENT outstanding. Called with the event lock released: the
@@ -229,7 +241,7 @@ impl Endpoint {
             self.handle_in().as_bytes(),
             len,
             output_buffer(len),
-            self.0.events.clone(),
+            Arc::clone(self.queue()) as Arc<dyn CompletionHook>,
         );
         let mut ev = self.events();
         if let Some((t, k)) = ev.outstanding.as_mut()
@@ -242,20 +254,25 @@ impl Endpoint {
     /// Fails every wait in progress with STATUS_CANCELLED and cancels the GET_EVENT, and a
     /// CONNECT or SEND_REP waiting for its answer.
     pub fn cancel(&self) {
-        let (key, wakers, answer) = {
-            let mut ev = self.events();
+        let answer = *self.answer();
+        if let Some(key) = answer {
+            self.0.provider.backend().cancel(key);
+        }
+        // No event queue yet: nobody waits for an event.
+        let Some(queue) = self.0.events.get() else {
+            return;
+        };
+        let (key, wakers) = {
+            let mut ev = queue.lock();
             ev.epoch += 1;
             if let Some((ticket, key)) = ev.outstanding
                 && key != 0
             {
                 ev.cancelled = Some(ticket);
             }
-            (ev.outstanding, ev.wakers.take(), ev.answer)
+            (ev.outstanding, ev.wakers.take())
         };
         if let Some((_, key)) = key.filter(|(_, k)| *k != 0) {
-            self.0.provider.backend().cancel(key);
-        }
-        if let Some(key) = answer {
             self.0.provider.backend().cancel(key);
         }
         for w in wakers {
@@ -277,8 +294,10 @@ impl Endpoint {
 
     /// (GET_EVENT system calls, event records received) so far.
     pub fn event_stats(&self) -> (u64, u64) {
-        let ev = self.events();
-        (ev.get_event_calls, ev.records)
+        self.0.events.get().map_or((0, 0), |q| {
+            let ev = q.lock();
+            (ev.get_event_calls, ev.records)
+        })
     }
 }
 
