@@ -7,9 +7,14 @@
 //! timed. The figure criterion prints as thrpt is connection setups per second.
 //!
 //! - `cmtime_setup_fresh_fabric`: each sample on new nodes, so every table grows from
-//!   empty and its memory is new to the process (faulted in).
+//!   empty and its memory is new to the process (faulted in). cmtime's default window:
+//!   256 connections in flight.
 //! - `cmtime_setup_warm_fabric`: every sample on the same two nodes, as a server that has
 //!   been up a while: the tables have the room earlier connections left behind.
+//! - `cmtime_setup_window_64`: fresh nodes, 64 connections in flight. In virtual time a
+//!   step delivers every MAD in flight, so the window is the batch each step works
+//!   through: 256 connections' state outgrows a core's L2, 64 does not. (cmtime's default
+//!   stays 256: with loss, a smaller window stalls behind retries.)
 //!
 //! `cargo bench -p ibcm --bench full_stack`
 
@@ -29,14 +34,15 @@ fn virtual_sim() -> Sim {
     })
 }
 
-/// The setup phase of one cmtime run of `connections` over `sim`.
-fn setup_time(sim: &Sim, connections: usize) -> Duration {
+/// The setup phase of one cmtime run of `connections` over `sim`, `window` in flight.
+fn setup_time(sim: &Sim, connections: usize, window: usize) -> Duration {
     let (client, server) = match (sim.provider(0), sim.provider(1)) {
         (Ok(c), Ok(s)) => (c, s),
         _ => panic!("the simulated fabric has two nodes"),
     };
     let cfg = Config {
         connections,
+        window,
         ..Config::default()
     };
     let report = match cmtime::run(&client, &server, sim, &cfg, &|_| {}) {
@@ -51,16 +57,28 @@ fn full_stack(c: &mut Criterion) {
     let mut g = c.benchmark_group("full_stack");
     g.sample_size(10);
     g.throughput(Throughput::Elements(CONNECTIONS as u64));
+    let window = Config::default().window;
     g.bench_function("cmtime_setup_fresh_fabric", |b| {
         b.iter_custom(|iters| {
             (0..iters)
-                .map(|_| setup_time(&virtual_sim(), CONNECTIONS))
+                .map(|_| setup_time(&virtual_sim(), CONNECTIONS, window))
                 .sum()
         })
     });
     let sim = virtual_sim();
     g.bench_function("cmtime_setup_warm_fabric", |b| {
-        b.iter_custom(|iters| (0..iters).map(|_| setup_time(&sim, CONNECTIONS)).sum())
+        b.iter_custom(|iters| {
+            (0..iters)
+                .map(|_| setup_time(&sim, CONNECTIONS, window))
+                .sum()
+        })
+    });
+    g.bench_function("cmtime_setup_window_64", |b| {
+        b.iter_custom(|iters| {
+            (0..iters)
+                .map(|_| setup_time(&virtual_sim(), CONNECTIONS, 64))
+                .sum()
+        })
     });
     g.finish();
 
