@@ -134,6 +134,15 @@ impl crate::backend::CompletionHook for Slot {
 pub(crate) struct Ioctl {
     pub slot: SlotFuture,
     pub operation: &'static str,
+    /// The backend's key, for a cancel.
+    pub key: u64,
+}
+
+impl Ioctl {
+    /// Whether it has not completed yet.
+    pub fn pending(&self) -> bool {
+        self.slot.0.as_ref().is_some_and(|s| !s.is_done())
+    }
 }
 
 impl Future for Ioctl {

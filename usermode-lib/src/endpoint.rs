@@ -11,7 +11,7 @@ use ibcm_ioctl::{EventRecord, HandleIn, code, status};
 use zerocopy::{FromBytes, Immutable, IntoBytes};
 
 use crate::backend::CompletionHook;
-use crate::completion::{Ioctl, Slot, SlotFuture, output_buffer, recycle_buffer};
+use crate::completion::{Ioctl, output_buffer, recycle_buffer};
 use crate::error::{Error, Result};
 use crate::provider::Provider;
 
@@ -174,22 +174,15 @@ impl Endpoint {
         input: &[u8],
         output_len: usize,
     ) -> impl Future<Output = Result<Vec<u8>>> + Send + 'static {
-        let slot = Slot::new();
-        let key = self.0.provider.backend().submit(
-            code,
-            input,
-            output_len,
-            output_buffer(output_len),
-            Arc::clone(&slot) as Arc<dyn CompletionHook>,
-        );
-        if !slot.is_done() {
-            *self.answer() = Some(key);
+        let ioctl = self.ioctl(operation, code, input, output_len);
+        if ioctl.pending() {
+            *self.answer() = Some(ioctl.key);
         }
         let me = self.clone();
         async move {
-            let done = SlotFuture(Some(slot)).await;
+            let answer = ioctl.await;
             *me.answer() = None;
-            done.into_result(operation)
+            answer
         }
     }
 

@@ -74,7 +74,7 @@ impl Provider {
         output_len: usize,
     ) -> Ioctl {
         let slot = Slot::new();
-        self.backend().submit(
+        let key = self.backend().submit(
             code,
             input,
             output_len,
@@ -84,6 +84,7 @@ impl Provider {
         Ioctl {
             slot: SlotFuture(Some(slot)),
             operation,
+            key,
         }
     }
 
