@@ -95,10 +95,10 @@ pub(crate) fn inline<const N: usize>(
 }
 
 /// The failure an event means for `operation`: a REJ, a timeout, or device removal.
-/// The event record at `offset` of an IOCTL's output.
-fn record_at(operation: &'static str, out: &[u8], offset: usize) -> Result<EventRecord> {
-    out.get(offset..offset + EventRecord::SIZE as usize)
-        .and_then(|b| EventRecord::read_from_bytes(b).ok())
+/// The `T` record at `offset` of an IOCTL's output.
+fn record_at<T: FromBytes>(operation: &'static str, out: &[u8], offset: usize) -> Result<T> {
+    out.get(offset..offset + core::mem::size_of::<T>())
+        .and_then(|b| T::read_from_bytes(b).ok())
         .ok_or(Error::new(operation, status::INFO_LENGTH_MISMATCH))
 }
 
@@ -257,15 +257,12 @@ impl ConnectEndpoint {
                 ep.ioctl_answer(OP, code::CONNECT, c.as_bytes(), 2 * size)
             };
             let out = answer.await?;
-            let r = record_at(OP, &out, 0)?;
+            let r: EventRecord = record_at(OP, &out, 0)?;
             if r.event_type != event_type::REP_RECEIVED {
                 recycle_buffer(out);
                 return Err(failure(OP, &r));
             }
-            let qp = out
-                .get(size..)
-                .and_then(|b| QpTransitionsOut::read_from_bytes(b).ok())
-                .ok_or(Error::new(OP, status::INFO_LENGTH_MISMATCH));
+            let qp = record_at::<QpTransitionsOut>(OP, &out, size);
             recycle_buffer(out);
             let qp = qp?;
             Ok(ConnectReply {
@@ -374,7 +371,7 @@ impl ConnectEndpoint {
                     EventRecord::SIZE as usize,
                 )
                 .await?;
-            let r = record_at(OP, &out, 0);
+            let r = record_at::<EventRecord>(OP, &out, 0);
             recycle_buffer(out);
             let r = r?;
             match r.event_type {

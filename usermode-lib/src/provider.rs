@@ -27,13 +27,15 @@ impl Provider {
             size: VersionIn::SIZE,
             abi_version: ABI_VERSION,
         };
-        let got: VersionOut =
-            block_on(p.ioctl_out("open", code::VERSION, v.as_bytes())).map_err(|e| {
-                match e.status {
-                    status::INFO_LENGTH_MISMATCH => Error::new("open", status::REVISION_MISMATCH),
-                    _ => e,
-                }
-            })?;
+        // A driver whose answer is not a VersionOut speaks another ABI.
+        let out = block_on(p.ioctl(
+            "open",
+            code::VERSION,
+            v.as_bytes(),
+            VersionOut::SIZE as usize,
+        ))?;
+        let got = VersionOut::read_from_bytes(&out)
+            .map_err(|_| Error::new("open", status::REVISION_MISMATCH))?;
         if got.abi_version != ABI_VERSION {
             return Err(Error::new("open", status::REVISION_MISMATCH));
         }
