@@ -44,29 +44,33 @@ pub fn node_address(i: usize) -> MadAddress {
 /// Wakes the real-time runner when a node has something to send or re-arms its timer.
 #[derive(Debug, Default)]
 pub struct Wake {
-    flag: Mutex<bool>,
+    /// Signalled and not yet consumed by the runner. Set outside the lock, so that every
+    /// MAD sent while the runner is busy (or, in virtual time, never waits) costs one
+    /// atomic swap rather than a lock.
+    signalled: AtomicBool,
+    lock: Mutex<()>,
     cv: Condvar,
 }
 
 impl Wake {
     /// Signals the runner.
     pub fn notify(&self) {
-        let mut signalled = self.flag.lock().unwrap_or_else(PoisonError::into_inner);
-        // Already signalled: the runner has not consumed it yet and will see it; a second
-        // wake would only cost a system call.
-        if !*signalled {
-            *signalled = true;
+        if !self.signalled.swap(true, Ordering::AcqRel) {
+            // The first signal since the runner last woke: passing through the lock
+            // orders it after a runner that checked the flag and is about to wait, so the
+            // notification reaches it.
+            drop(self.lock.lock().unwrap_or_else(PoisonError::into_inner));
             self.cv.notify_one();
         }
     }
 
     pub(crate) fn wait(&self, timeout: Duration) {
-        let guard = self.flag.lock().unwrap_or_else(PoisonError::into_inner);
-        let (mut guard, _) = self
+        let guard = self.lock.lock().unwrap_or_else(PoisonError::into_inner);
+        let _ = self
             .cv
-            .wait_timeout_while(guard, timeout, |signalled| !*signalled)
+            .wait_timeout_while(guard, timeout, |()| !self.signalled.load(Ordering::Acquire))
             .unwrap_or_else(PoisonError::into_inner);
-        *guard = false;
+        self.signalled.store(false, Ordering::Release);
     }
 }
 
@@ -148,18 +152,25 @@ impl Link {
         self.due.peek().map(|Reverse((at, _, _))| *at)
     }
 
-    /// The next MAD due at or before `now`.
-    fn pop_due(&mut self, now: u64) -> Option<InFlight> {
-        loop {
-            let &Reverse((at, _, slot)) = self.due.peek()?;
-            if at > now {
-                return None;
-            }
-            self.due.pop();
+    /// The slot of the next MAD due at or before `now`: read it in place
+    /// ([`parked`](Self::parked)), then [`release`](Self::release) it.
+    fn pop_due(&mut self, now: u64) -> Option<usize> {
+        let &Reverse((at, _, slot)) = self.due.peek()?;
+        if at > now {
+            return None;
+        }
+        self.due.pop();
+        Some(slot)
+    }
+
+    fn parked(&self, slot: usize) -> Option<&InFlight> {
+        self.parked.get(slot)?.as_ref()
+    }
+
+    fn release(&mut self, slot: usize) {
+        if let Some(p) = self.parked.get_mut(slot) {
+            *p = None;
             self.free.push(slot);
-            if let Some(m) = self.parked.get_mut(slot).and_then(Option::take) {
-                return Some(m);
-            }
         }
     }
 }
@@ -321,8 +332,11 @@ impl Fabric {
         let now = self.clock.now().as_nanos();
         // What is due now, in order. What the receivers send waits in their outboxes, and
         // reaches the link in a later step (`collect`).
-        while let Some(m) = self.link.pop_due(now) {
-            if let Some(node) = self.nodes.get(m.to) {
+        while let Some(slot) = self.link.pop_due(now) {
+            // Delivered from where it was parked: a MAD is copied onto the wire once.
+            if let Some(m) = self.link.parked(slot)
+                && let Some(node) = self.nodes.get(m.to)
+            {
                 if let Some(cap) = self.capture.as_mut() {
                     cap.push(Captured {
                         at_ns: now,
@@ -334,6 +348,7 @@ impl Fabric {
                 node.receive(&m.from, &m.mad);
                 self.delivered += 1;
             }
+            self.link.release(slot);
         }
         for node in &self.nodes {
             if node.platform.timer().is_some_and(|t| t.as_nanos() <= now) {
