@@ -203,13 +203,15 @@ impl ConnectEndpoint {
         block_on(self.connect_async(params))
     }
 
-    /// [`connect`](Self::connect) as a future.
+    /// [`connect`](Self::connect) as a future. The REQ goes out when this is called, as an
+    /// overlapped `DeviceIoControl` is issued when made: the future holds only the pending
+    /// answer (not the 240-byte record), and awaiting it gives the answer.
     pub fn connect_async(
         &self,
         params: &ConnectParams<'_>,
     ) -> impl Future<Output = Result<ConnectReply>> + Send + 'static {
         const OP: &str = "connect";
-        let ep = self.0.clone();
+        let ep = &self.0;
         let record = (|| {
             let mut c = ConnectIn::new_zeroed();
             c.size = ConnectIn::SIZE;
@@ -247,16 +249,12 @@ impl ConnectEndpoint {
             c.private_data_len = len;
             Ok(c)
         })();
+        // The call completes with the answer: the REP record and the QP transitions after
+        // it (one call, as NetworkDirect's Connect).
+        let size = EventRecord::SIZE as usize;
+        let answer = record.map(|c| ep.ioctl_answer(OP, code::CONNECT, c.as_bytes(), 2 * size));
         async move {
-            // The REQ goes out and the call completes with the answer: the REP record
-            // and the QP transitions after it (one call, as NetworkDirect's Connect). The
-            // record is copied out when the IOCTL is issued: not kept while it waits.
-            let size = EventRecord::SIZE as usize;
-            let answer = {
-                let c = record?;
-                ep.ioctl_answer(OP, code::CONNECT, c.as_bytes(), 2 * size)
-            };
-            let out = answer.await?;
+            let out = answer?.await?;
             let r: EventRecord = record_at(OP, &out, 0)?;
             if r.event_type != event_type::REP_RECEIVED {
                 recycle_buffer(out);
@@ -284,14 +282,31 @@ impl ConnectEndpoint {
         block_on(self.rtu_async(private_data))
     }
 
-    /// [`rtu`](Self::rtu) as a future.
+    /// [`rtu`](Self::rtu) as a future. The RTU goes out when this is called (as
+    /// [`connect_async`](Self::connect_async)'s REQ): the future holds only the request.
     pub fn rtu_async(
         &self,
         private_data: &[u8],
     ) -> impl Future<Output = Result<()>> + Send + 'static {
-        self.private_data_op("rtu", code::RTU, private_data)
+        const OP: &str = "rtu";
+        let ioctl = self
+            .private_data_in(OP, private_data)
+            .map(|p| self.0.ioctl(OP, code::RTU, p.as_bytes(), 0));
+        async move { ioctl?.await.map(|_| ()) }
     }
 
+    fn private_data_in(&self, operation: &'static str, data: &[u8]) -> Result<PrivateDataIn> {
+        inline::<224>(operation, data).map(|(buf, len)| {
+            let mut p = PrivateDataIn::new_zeroed();
+            p.size = PrivateDataIn::SIZE;
+            p.handle = self.handle();
+            p.private_data = buf;
+            p.private_data_len = len;
+            p
+        })
+    }
+
+    /// An IOCTL carrying private data, issued when the future is first polled.
     fn private_data_op(
         &self,
         operation: &'static str,
@@ -299,14 +314,7 @@ impl ConnectEndpoint {
         data: &[u8],
     ) -> impl Future<Output = Result<()>> + Send + 'static {
         let ep = self.0.clone();
-        let record = inline::<224>(operation, data).map(|(buf, len)| {
-            let mut p = PrivateDataIn::new_zeroed();
-            p.size = PrivateDataIn::SIZE;
-            p.handle = ep.0.handle;
-            p.private_data = buf;
-            p.private_data_len = len;
-            p
-        });
+        let record = self.private_data_in(operation, data);
         async move {
             let ioctl = {
                 let p = record?;

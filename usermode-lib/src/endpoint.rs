@@ -173,7 +173,7 @@ impl Endpoint {
         code: u32,
         input: &[u8],
         output_len: usize,
-    ) -> impl Future<Output = Result<Vec<u8>>> + Send + 'static {
+    ) -> impl Future<Output = Result<Vec<u8>>> + Send + 'static + use<> {
         let ioctl = self.ioctl(operation, code, input, output_len);
         if ioctl.pending() {
             *self.answer() = Some(ioctl.key);
