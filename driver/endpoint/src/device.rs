@@ -101,10 +101,10 @@ impl RecordPool {
     }
 
     /// Stores `record`; `None` only past u32::MAX records.
-    fn put(&mut self, record: EventRecord) -> Option<u32> {
+    fn put(&mut self, record: &EventRecord) -> Option<u32> {
         if let Some(i) = self.free.pop() {
             if let Some(slot) = self.slot(i) {
-                *slot = record;
+                *slot = *record;
             }
             return Some(i);
         }
@@ -114,7 +114,7 @@ impl RecordPool {
             // Only when more records are queued than was promised (not at DISPATCH_LEVEL).
             self.chunks.push(Vec::with_capacity(RECORD_CHUNK));
         }
-        self.chunks.get_mut(chunk)?.push(record);
+        self.chunks.get_mut(chunk)?.push(*record);
         self.used += 1;
         Some(i)
     }
@@ -579,7 +579,7 @@ impl<P: Platform> Inner<P> {
             return;
         }
         let record = event_to_abi(event, o.endpoint, 0);
-        self.deliver(FileId(o.file), o.endpoint, record);
+        self.deliver(FileId(o.file), o.endpoint, &record);
     }
 
     /// A REQ created `cep` under `listen`: the new endpoint joins the listen's file, and
@@ -635,11 +635,11 @@ impl<P: Platform> Inner<P> {
             },
         );
         let record = event_to_abi(event, lo.endpoint, handle);
-        self.deliver(FileId(lo.file), lo.endpoint, record);
+        self.deliver(FileId(lo.file), lo.endpoint, &record);
     }
 
-    /// Gives a record to a waiting GET_EVENT, or queues it.
-    fn deliver(&mut self, file: FileId, endpoint: u64, record: EventRecord) {
+    /// Gives a record to a waiting GET_EVENT, or queues it (copied once, to where it goes).
+    fn deliver(&mut self, file: FileId, endpoint: u64, record: &EventRecord) {
         let Some(ep) = self
             .files
             .get_mut(file.0)
@@ -681,7 +681,7 @@ impl<P: Platform> Inner<P> {
             // Nothing queued and a GET_EVENT waits (the usual case): the record goes
             // straight to its buffer, which holds one at least (checked at dispatch).
             request.write_output(0, record.as_bytes());
-            self.handed_over(file, &record);
+            self.handed_over(file, record);
             self.done
                 .push((request, status::SUCCESS, EventRecord::SIZE as usize));
             return;
@@ -1013,7 +1013,7 @@ impl<P: Platform> Device<P> {
                     let told = i.cep_of(file, h).ok().and_then(|c| i.cm.state(c).ok())
                         == Some(ibcm_cep::StateName::Removed);
                     if !told {
-                        i.deliver(file, h, removal_record(h));
+                        i.deliver(file, h, &removal_record(h));
                     }
                     if let Ok(ep) = i.endpoint(file, h) {
                         let answer = ep.answer.take().map(|(r, _)| r);
