@@ -23,6 +23,8 @@ mod device;
 mod platform;
 mod records;
 
-pub use device::{Callback, ClientEvent, ClientId, Device, FileId, Inner, MAX_BACKLOG};
+pub use device::{
+    Callback, ClientEvent, ClientId, Device, FileId, Inner, MAX_BACKLOG, RECEIVE_BATCH,
+};
 pub use platform::{Lock, Platform, Request};
 pub use records::{Status, path_of_abi, path_to_abi, status_of};

@@ -14,6 +14,7 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 use ibcm_cep::{CmConfig, Instant, MadAddress};
+use ibcm_endpoint::RECEIVE_BATCH;
 use ibcm_mad::MAD_SIZE;
 
 use crate::clock::Clock;
@@ -152,15 +153,16 @@ impl Link {
         self.due.peek().map(|Reverse((at, _, _))| *at)
     }
 
-    /// The slot of the next MAD due at or before `now`: read it in place
-    /// ([`parked`](Self::parked)), then [`release`](Self::release) it.
-    fn pop_due(&mut self, now: u64) -> Option<usize> {
+    /// The slot of the next MAD due at or before `now`, left in place: read it
+    /// ([`parked`](Self::parked)), take it off the heap ([`pop`](Self::pop)), then
+    /// [`release`](Self::release) it.
+    fn next_due(&self, now: u64) -> Option<usize> {
         let &Reverse((at, _, slot)) = self.due.peek()?;
-        if at > now {
-            return None;
-        }
+        (at <= now).then_some(slot)
+    }
+
+    fn pop(&mut self) {
         self.due.pop();
-        Some(slot)
     }
 
     fn parked(&self, slot: usize) -> Option<&InFlight> {
@@ -332,23 +334,48 @@ impl Fabric {
         let now = self.clock.now().as_nanos();
         // What is due now, in order. What the receivers send waits in their outboxes, and
         // reaches the link in a later step (`collect`).
-        while let Some(slot) = self.link.pop_due(now) {
-            // Delivered from where it was parked: a MAD is copied onto the wire once.
-            if let Some(m) = self.link.parked(slot)
-                && let Some(node) = self.nodes.get(m.to)
-            {
+        // A receiver takes the MADs due for it in runs, as a QP1 completion pass hands
+        // up what the CQ holds. Each is delivered from where it was parked: a MAD is
+        // copied onto the wire once.
+        let mut run = [0usize; RECEIVE_BATCH];
+        loop {
+            let mut n = 0;
+            let mut to = None;
+            while let Some(slot) = self.link.next_due(now) {
+                let Some(dest) = self.link.parked(slot).map(|m| m.to) else {
+                    self.link.pop();
+                    self.link.release(slot);
+                    continue;
+                };
+                if n == RECEIVE_BATCH || to.is_some_and(|t| t != dest) {
+                    break;
+                }
+                self.link.pop();
+                to = Some(dest);
+                if let Some(r) = run.get_mut(n) {
+                    *r = slot;
+                }
+                n += 1;
+            }
+            let (Some(to), Some(slots)) = (to, run.get(..n)) else {
+                break;
+            };
+            if let Some(node) = self.nodes.get(to) {
+                let mads = slots.iter().filter_map(|&s| self.link.parked(s));
                 if let Some(cap) = self.capture.as_mut() {
-                    cap.push(Captured {
+                    cap.extend(mads.clone().map(|m| Captured {
                         at_ns: now,
                         from: m.from,
                         to: node.address,
                         mad: m.mad,
-                    });
+                    }));
                 }
-                node.receive(&m.from, &m.mad);
-                self.delivered += 1;
+                node.receive_batch(mads.map(|m| (&m.from, &m.mad[..])));
+                self.delivered += n as u64;
             }
-            self.link.release(slot);
+            for &slot in slots {
+                self.link.release(slot);
+            }
         }
         for node in &self.nodes {
             if node.platform.timer().is_some_and(|t| t.as_nanos() <= now) {

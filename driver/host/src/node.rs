@@ -96,6 +96,15 @@ impl Node {
         at_dispatch(&self.platform.ledger, || self.device.receive(src, mad));
     }
 
+    /// MADs arrive together, as one QP1 completion pass hands them up (DISPATCH_LEVEL).
+    pub fn receive_batch<'a, I>(&self, mads: I)
+    where
+        I: IntoIterator<Item = (&'a MadAddress, &'a [u8])>,
+        I::IntoIter: Clone,
+    {
+        at_dispatch(&self.platform.ledger, || self.device.receive_batch(mads));
+    }
+
     /// The timer DPC (DISPATCH_LEVEL).
     pub fn fire_timer(&self) {
         // One-shot, as a WDFTIMER: firing disarms it, and the device must arm it again.
