@@ -976,13 +976,9 @@ impl<P: Platform> Device<P> {
         I::IntoIter: Clone,
     {
         let mut rest = mads.into_iter();
-        loop {
+        while rest.clone().next().is_some() {
             let batch = rest.clone().take(RECEIVE_BATCH);
-            let several = match batch.clone().nth(1) {
-                Some(_) => true,
-                None if batch.clone().next().is_some() => false,
-                None => return,
-            };
+            let several = batch.clone().nth(1).is_some();
             let now = self.platform.now();
             self.run(|i| {
                 if i.removed {

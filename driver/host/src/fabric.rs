@@ -332,11 +332,10 @@ impl Fabric {
 
     fn deliver_due(&mut self) {
         let now = self.clock.now().as_nanos();
-        // What is due now, in order. What the receivers send waits in their outboxes, and
-        // reaches the link in a later step (`collect`).
-        // A receiver takes the MADs due for it in runs, as a QP1 completion pass hands
-        // up what the CQ holds. Each is delivered from where it was parked: a MAD is
-        // copied onto the wire once.
+        // What is due now, in order, each receiver taking the MADs due for it in runs (as
+        // a QP1 completion pass hands up what the CQ holds), read where they were parked:
+        // a MAD is copied onto the wire once. What the receivers send waits in their
+        // outboxes, and reaches the link in a later step (`collect`).
         let mut run = [0usize; RECEIVE_BATCH];
         loop {
             let mut n = 0;
