@@ -56,6 +56,11 @@ pub struct Wake {
 impl Wake {
     /// Signals the runner.
     pub fn notify(&self) {
+        // Already signalled (the runner is busy, or in virtual time never waits): a load,
+        // not a read-modify-write of the shared line.
+        if self.signalled.load(Ordering::Acquire) {
+            return;
+        }
         if !self.signalled.swap(true, Ordering::AcqRel) {
             // The first signal since the runner last woke: passing through the lock
             // orders it after a runner that checked the flag and is about to wait, so the
