@@ -267,6 +267,15 @@ fn listening(
     fabric: &Fabric,
     service_id: u64,
 ) -> (ibcm_endpoint::FileId, ibcm_endpoint::FileId, u64) {
+    listening_with_backlog(fabric, service_id, 4)
+}
+
+/// Node 1 listens for `service_id` with `backlog`; returns (file 0, file 1, listen handle).
+fn listening_with_backlog(
+    fabric: &Fabric,
+    service_id: u64,
+    backlog: u32,
+) -> (ibcm_endpoint::FileId, ibcm_endpoint::FileId, u64) {
     let (fa, fb) = (fabric.nodes[0].open(), fabric.nodes[1].open());
     handshake(&fabric.nodes[0], fa);
     handshake(&fabric.nodes[1], fb);
@@ -276,7 +285,7 @@ fn listening(
     l.handle = listen;
     l.service_id = service_id;
     l.service_mask = u64::MAX;
-    l.backlog = 4;
+    l.backlog = backlog;
     let done = fabric.nodes[1].ioctl_now(fb, code::LISTEN, l.as_bytes(), 0);
     assert_eq!(done.status, status::SUCCESS);
     (fa, fb, listen)
@@ -470,18 +479,7 @@ fn a_waiting_connect_ends_with_the_rej_or_cancelled() {
 fn burst_of_reqs(deliver: impl FnOnce(&mut Fabric)) {
     let burst = 2 * ibcm_endpoint::RECEIVE_BATCH + 5;
     let mut fabric = Fabric::new(2, 23);
-    let (fa, fb) = (fabric.nodes[0].open(), fabric.nodes[1].open());
-    handshake(&fabric.nodes[0], fa);
-    handshake(&fabric.nodes[1], fb);
-    let listen = create(&fabric.nodes[1], fb);
-    let mut l = ListenIn::new_zeroed();
-    l.size = ListenIn::SIZE;
-    l.handle = listen;
-    l.service_id = 0x5151;
-    l.service_mask = u64::MAX;
-    l.backlog = 64;
-    let done = fabric.nodes[1].ioctl_now(fb, code::LISTEN, l.as_bytes(), 0);
-    assert_eq!(done.status, status::SUCCESS);
+    let (fa, fb, listen) = listening_with_backlog(&fabric, 0x5151, 64);
     for i in 0..burst {
         let ep = create(&fabric.nodes[0], fa);
         let mut c = connect_in(ep, 0x5151);
