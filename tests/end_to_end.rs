@@ -5,7 +5,7 @@
 
 use std::time::Duration;
 
-use ibcm::sim::{Sim, SimOptions};
+use ibcm_cli::sim::{Sim, SimOptions};
 use ibcm::{
     AcceptParams, CompletionPort, ConnectParams, Detail, Error, Failover, ListenParams, Overlapped,
     Provider, RejReason, spawn,

@@ -1,7 +1,7 @@
 //! Path migration (LAP/APR, migrate) and the datagram endpoint (SIDR) through the user
 //! library, the IOCTL records and the driver on the simulated fabric.
 
-use ibcm::sim::{Sim, SimOptions};
+use ibcm_cli::sim::{Sim, SimOptions};
 use ibcm::{
     AcceptParams, AprStatus, Failover, ListenParams, Provider, QpState, ResolveParams, SidrStatus,
 };

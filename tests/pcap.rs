@@ -3,8 +3,8 @@
 
 use std::collections::HashMap;
 
-use ibcm::cmtime;
-use ibcm::sim::{Sim, SimOptions};
+use ibcm_cli::cmtime;
+use ibcm_cli::sim::{Sim, SimOptions};
 use ibcm_host::pcap::{LINKTYPE_ETHERNET, node_ipv4, node_mac, parse_rocev2, read_pcap};
 
 #[test]

@@ -9,12 +9,30 @@
 //!   padding named `reserved*` that must be zero, fixed inline arrays with a length field
 //!   for private data and ARI, and no pointers. Each input record starts with its `size`.
 //! - Endpoint handles are per file handle: `index | generation << 32`, never global.
-//! - Conversion to and from bytes goes through `zerocopy`: no `unsafe` here.
+//! - Conversion to and from bytes goes through `zerocopy`: no `unsafe` here; [`convert`]
+//!   turns records into the IBA values they carry and back.
 #![no_std]
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
 use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout};
+
+extern crate alloc;
+
+pub mod convert;
+
+/// How the issuer of an IOCTL learns that it finished: called exactly once with the
+/// request's NTSTATUS and the output bytes it reported (METHOD_BUFFERED: the system
+/// buffer's first `Information` bytes), with no lock held. It takes the buffer, as the I/O
+/// manager hands the caller its system buffer. Shared (`Arc`), so a caller's completion
+/// slot or event queue is the hook itself, with nothing allocated per request to wrap it.
+pub trait CompletionHook: Send + Sync {
+    /// The request completed with `status`; `output` holds the bytes it reported.
+    fn completed(self: alloc::sync::Arc<Self>, status: i32, output: alloc::vec::Vec<u8>);
+}
+
+/// The IBA values the records carry (paths, QP attributes, CM parameters, wire enums).
+pub use ibcm_iba as iba;
 
 /// The ABI version this crate describes; the VERSION handshake must name it.
 pub const ABI_VERSION: u32 = 1;

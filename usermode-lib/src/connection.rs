@@ -4,13 +4,13 @@
 
 use std::future::Future;
 
-use ibcm_cep::{MigrationState, QpAttributes, QpState};
+use ibcm_ioctl::convert::transport_to_abi;
+pub(crate) use ibcm_ioctl::convert::{path_of_abi as path_record, path_to_abi as path_abi};
+use ibcm_ioctl::iba::{AttributeId, Failover, IpHeader, Mtu, QpAttributes, QpState, RejReason};
 use ibcm_ioctl::{
-    ConnectIn, EventRecord, FormatRepIn, GetQpAttrIn, ListenIn, MraIn, PrivateDataIn, QpAttrAbi,
-    QpAttrOut, QpTransitionsOut, QueryOut, RejIn, code, ep_state, event_type, flags, qp_mask,
-    qp_state, status,
+    ConnectIn, EventRecord, FormatRepIn, GetQpAttrIn, ListenIn, MraIn, PrivateDataIn, QpAttrOut,
+    QpTransitionsOut, QueryOut, RejIn, code, ep_state, event_type, flags, qp_state, status,
 };
-use ibcm_mad::{AttributeId, Failover, IpHeader, Mtu, RejReason, Transport};
 use zerocopy::{FromBytes, FromZeros, IntoBytes};
 
 use crate::completion::{block_on, recycle_buffer};
@@ -19,56 +19,7 @@ use crate::error::{Detail, Error, Result};
 use crate::provider::Provider;
 use crate::{AcceptParams, ConnectParams, ListenParams, PathRecord};
 
-pub(crate) use ibcm_endpoint::{path_of_abi as path_record, path_to_abi as path_abi};
-
-pub(crate) fn qp_attributes(r: &QpAttrAbi) -> QpAttributes {
-    let state = match r.state {
-        qp_state::INIT => QpState::Init,
-        qp_state::RTR => QpState::Rtr,
-        _ => QpState::Rts,
-    };
-    let av = |a: &ibcm_ioctl::AvAbi| ibcm_cep::AddressVector {
-        path: path_record(&a.path),
-        port: a.port,
-        ack_timeout: a.ack_timeout,
-    };
-    let init = r.mask & qp_mask::INIT != 0;
-    let rtr = r.mask & qp_mask::RTR != 0;
-    let rts = r.mask & qp_mask::RTS != 0;
-    QpAttributes {
-        state,
-        port: init.then_some(r.port),
-        pkey: init.then_some(r.pkey),
-        access_flags: init.then_some(r.access_flags),
-        path_mtu: rtr.then(|| Mtu::from(r.path_mtu)),
-        dest_qpn: rtr.then_some(r.dest_qpn),
-        rq_psn: rtr.then_some(r.rq_psn),
-        max_dest_rd_atomic: rtr.then_some(r.max_dest_rd_atomic),
-        primary: rtr.then(|| av(&r.primary)),
-        alternate: (r.mask & qp_mask::ALTERNATE != 0).then(|| av(&r.alternate)),
-        sq_psn: rts.then_some(r.sq_psn),
-        timeout: rts.then_some(r.timeout),
-        retry_count: rts.then_some(r.retry_count),
-        rnr_retry: rts.then_some(r.rnr_retry),
-        max_rd_atomic: rts.then_some(r.max_rd_atomic),
-        path_mig_state: (r.mask & qp_mask::PATH_MIG_STATE != 0).then_some(
-            if r.path_mig_state == 0 {
-                MigrationState::Rearm
-            } else {
-                MigrationState::Migrated
-            },
-        ),
-    }
-}
-
-fn transport_code(t: Transport) -> u8 {
-    match t {
-        Transport::Rc => ibcm_ioctl::transport::RC,
-        Transport::Uc => ibcm_ioctl::transport::UC,
-        Transport::Rd => ibcm_ioctl::transport::RD,
-        Transport::Xrc | Transport::Extended(_) => ibcm_ioctl::transport::XRC,
-    }
-}
+pub(crate) use ibcm_ioctl::convert::qp_attr_of_abi as qp_attributes;
 
 pub(crate) fn private_data(r: &EventRecord) -> Vec<u8> {
     r.private_data
@@ -220,7 +171,7 @@ impl ConnectEndpoint {
             c.qpn = params.qpn;
             c.pkey = params.pkey;
             c.port = params.port;
-            c.transport = transport_code(params.transport);
+            c.transport = transport_to_abi(params.transport);
             c.path_mtu = params.path_mtu.into();
             c.responder_resources = params.responder_resources;
             c.initiator_depth = params.initiator_depth;

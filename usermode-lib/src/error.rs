@@ -2,8 +2,8 @@
 
 use std::fmt;
 
+use ibcm_ioctl::iba::{AttributeId, RejReason};
 use ibcm_ioctl::status;
-use ibcm_mad::{AttributeId, RejReason};
 
 /// What went wrong beyond the status.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -15,8 +15,11 @@
 //! Dropping an endpoint destroys it; cancellation is explicit (`cancel`).
 //!
 //! Two backends speak the same IOCTL byte records: the installed driver on Windows
-//! ([`Provider::open`]), and the driver's own dispatch code running in this process on a
-//! simulated fabric ([`Provider::in_process`]), which is how everything is tested on Linux.
+//! ([`Provider::open`]), and, with the `in-process` feature (off by default), the driver's
+//! own dispatch code running in this process on a simulated fabric
+//! (`Provider::in_process`), which is how everything is tested on Linux. Without that
+//! feature the library links only the ABI (`ibcm-ioctl`), `zerocopy` and, on Windows,
+//! `windows-sys`.
 //!
 //! # Example: connect and accept
 //!
@@ -58,17 +61,12 @@
 #![warn(missing_docs)]
 
 pub mod backend;
-pub mod cmtime;
 mod completion;
 mod connection;
 mod endpoint;
 mod error;
-pub mod exchange;
 mod migration;
 mod provider;
-#[cfg(target_os = "linux")]
-pub mod rocev2;
-pub mod sim;
 
 pub use completion::{CompletionPacket, CompletionPort, Overlapped, block_on, spawn};
 pub use connection::{ConnectEndpoint, ConnectReply, ConnectionRequest, Listener, QpTransitions};
@@ -78,16 +76,21 @@ pub use migration::{
 };
 pub use provider::Provider;
 
-pub use ibcm_cep::{
+pub use ibcm_ioctl::iba::{
+    AprStatus, Failover, IpHeader, IpServiceId, MigrationState, Mtu, Rate, RejReason, SidrStatus,
+    Transport,
+};
+pub use ibcm_ioctl::iba::{
     ConnectParams, ListenParams, PathRecord, QpAttributes, QpState, RepParams as AcceptParams,
 };
+
+/// The simulated fabric the in-process backend runs on.
+#[cfg(feature = "in-process")]
 pub use ibcm_host::{Clock, Fabric, Faults, Realtime};
-pub use ibcm_mad::{
-    AprStatus, Failover, IpHeader, IpServiceId, Mtu, Rate, RejReason, SidrStatus, Transport,
-};
 
 /// Connect parameters for a path between nodes `from` and `to` of the simulated fabric
 /// (IBA defaults otherwise): a starting point for examples and tests.
+#[cfg(feature = "in-process")]
 pub fn example_connect_params(
     service_id: u64,
     qpn: u32,

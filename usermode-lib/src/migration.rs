@@ -2,9 +2,9 @@
 
 use std::future::Future;
 
-use ibcm_cep::QpAttributes;
+use ibcm_ioctl::iba::QpAttributes;
+use ibcm_ioctl::iba::{AprStatus, SidrStatus};
 use ibcm_ioctl::{AprIn, EventRecord, LapIn, QpAttrOut, SidrRepIn, SidrReqIn, code, event_type};
-use ibcm_mad::{AprStatus, SidrStatus};
 use zerocopy::{FromZeros, IntoBytes};
 
 use crate::PathRecord;

@@ -42,7 +42,8 @@ impl Provider {
         Ok(p)
     }
 
-    /// A provider on a node of the simulated fabric in this process.
+    /// A provider on a node of the simulated fabric in this process (feature `in-process`).
+    #[cfg(feature = "in-process")]
     pub fn in_process(node: Arc<ibcm_host::Node>) -> Result<Self> {
         Self::with_backend(Arc::new(crate::backend::inproc::InProcess::open(node)))
     }

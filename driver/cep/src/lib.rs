@@ -18,7 +18,6 @@ mod error;
 mod event;
 pub mod grow;
 mod manager;
-mod qp;
 mod types;
 
 pub use cep::StateName;
@@ -26,14 +25,14 @@ pub use config::CmConfig;
 pub use counters::{COUNTED_ATTRIBUTES, Counters, slot as counter_slot};
 pub use error::CmError;
 pub use event::{Event, RepInfo, ReqInfo, SidrRepInfo, SidrReqInfo};
+pub use ibcm_iba::{
+    AddressVector, ConnectParams, ListenParams, MigrationState, PathRecord, QpAttributes, QpState,
+    RepParams, access, ack_timeout,
+};
 pub use manager::{
     CepInfo, CmManager, PreparedRep, SidrParams, SidrReplyParams, TIMER_BATCH, Transmit,
 };
-pub use qp::{AddressVector, MigrationState, QpAttributes, QpState, access, ack_timeout};
-pub use types::{
-    CepId, ConnectParams, Instant, ListenParams, MadAddress, PathRecord, PrivateData, RejectParams,
-    RepParams,
-};
+pub use types::{CepId, Instant, MadAddress, PrivateData, RejectParams};
 
 #[cfg(feature = "pair")]
 pub mod pair;

@@ -22,11 +22,11 @@ use crate::counters::Counters;
 use crate::error::{CmError, check_len, check_max, check_width};
 use crate::event::{Event, RepInfo, ReqInfo};
 use crate::grow::{ChunkedVec, reserve_queue};
-use crate::qp::{AddressVector, MigrationState, QpAttributes, QpState, access, ack_timeout};
 use crate::types::{
     CepId, ConnectParams, Instant, ListenParams, MadAddress, PathRecord, PrivateData, RejectParams,
-    RepParams,
+    RepParams, WirePath,
 };
+use ibcm_iba::{AddressVector, MigrationState, QpAttributes, QpState, access, ack_timeout};
 
 mod lap;
 mod peer;

@@ -1,6 +1,7 @@
-//! Identifiers, time, addresses and the parameters of user operations.
+//! Identifiers, time, addresses, private data and the engine's view of wire paths.
 
-use ibcm_mad::{Gid, Mtu, Path, Rate, RejReason, Transport};
+pub(crate) use ibcm_iba::{ConnectParams, ListenParams, PathRecord, RepParams};
+use ibcm_mad::{Gid, Path, RejReason};
 
 /// A point in time, in nanoseconds since an arbitrary epoch chosen by the caller. The
 /// manager never reads a clock: every input carries `now`, and time must not go backwards.
@@ -78,36 +79,16 @@ pub struct MadAddress {
     pub pkey: u16,
 }
 
-/// A path as a path record gives it, from this side's point of view.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
-pub struct PathRecord {
-    /// Local port LID.
-    pub slid: u16,
-    /// Remote port LID.
-    pub dlid: u16,
-    /// Local port GID.
-    pub sgid: Gid,
-    /// Remote port GID.
-    pub dgid: Gid,
-    /// Flow label (20 bits).
-    pub flow_label: u32,
-    /// Traffic class.
-    pub traffic_class: u8,
-    /// Hop limit.
-    pub hop_limit: u8,
-    /// Service level (4 bits).
-    pub sl: u8,
-    /// Static rate.
-    pub rate: Rate,
-    /// Packet life time (5-bit IB time).
-    pub packet_life_time: u8,
-    /// The remote port is on the local subnet.
-    pub subnet_local: bool,
+/// A path record as the REQ and LAP carry it (IBA Tables 106, 115).
+pub(crate) trait WirePath {
+    /// The REQ/LAP wire path with the given local ACK timeout.
+    fn to_wire(self, local_ack_timeout: u8) -> Path;
+    /// This side's view of a path the peer sent.
+    fn from_peer(path: &Path) -> Self;
 }
 
-impl PathRecord {
-    /// The REQ/LAP wire path with the given local ACK timeout.
-    pub(crate) fn to_wire(self, local_ack_timeout: u8) -> Path {
+impl WirePath for PathRecord {
+    fn to_wire(self, local_ack_timeout: u8) -> Path {
         Path {
             local_lid: self.slid,
             remote_lid: self.dlid,
@@ -123,9 +104,9 @@ impl PathRecord {
         }
     }
 
-    /// This side's view of a path the peer sent: local and remote swap, and the packet
-    /// life time is recovered from LocalACKTimeout - 1 (as Linux `cm_format_paths_from_req`).
-    pub(crate) fn from_peer(path: &Path) -> Self {
+    /// Local and remote swap, and the packet life time is recovered from
+    /// LocalACKTimeout - 1 (as Linux `cm_format_paths_from_req`).
+    fn from_peer(path: &Path) -> Self {
         Self {
             slid: path.remote_lid,
             dlid: path.local_lid,
@@ -139,10 +120,6 @@ impl PathRecord {
             packet_life_time: path.local_ack_timeout.saturating_sub(1),
             subnet_local: path.subnet_local,
         }
-    }
-
-    pub(crate) fn is_present(&self) -> bool {
-        self.slid != 0 || self.dlid != 0 || self.sgid != [0; 16] || self.dgid != [0; 16]
     }
 }
 
@@ -186,89 +163,6 @@ impl core::fmt::Debug for PrivateData {
     fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
         write!(f, "PrivateData({} bytes)", self.len)
     }
-}
-
-/// A listen: which REQs (and SIDR_REQs) a listening CEP accepts.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ListenParams {
-    /// Service ID to match under `service_mask`.
-    pub service_id: u64,
-    /// Bits of the service ID that must match (all ones: exact).
-    pub service_mask: u64,
-    /// Only REQs arriving on this port, or any port.
-    pub port: Option<u8>,
-    /// Private data the REQ must carry: `(offset, bytes)`, within the 92-byte REQ field.
-    pub compare: Option<(u8, alloc::vec::Vec<u8>)>,
-    /// REQs created by this listen and not yet taken by the user; beyond it new REQs are
-    /// dropped silently so the peer retries.
-    pub backlog: u32,
-}
-
-/// Everything the active side chooses for a REQ.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct ConnectParams<'a> {
-    /// The service to connect to.
-    pub service_id: u64,
-    /// Local port.
-    pub port: u8,
-    /// Partition key.
-    pub pkey: u16,
-    /// Local QPN (24 bits).
-    pub qpn: u32,
-    /// Transport.
-    pub transport: Transport,
-    /// Starting PSN (24 bits), or `None` for a random one.
-    pub starting_psn: Option<u32>,
-    /// Primary path.
-    pub primary_path: PathRecord,
-    /// Alternate path, for automatic path migration.
-    pub alternate_path: Option<PathRecord>,
-    /// Path MTU.
-    pub path_mtu: Mtu,
-    /// RDMA reads/atomics this side accepts in flight (<= the local CA's limit).
-    pub responder_resources: u8,
-    /// RDMA reads/atomics this side will issue in flight (<= the local CA's limit).
-    pub initiator_depth: u8,
-    /// How long the passive side may take to answer (5-bit IB time).
-    pub remote_cm_response_timeout: u8,
-    /// How long this side may take to answer a REP (5-bit IB time).
-    pub local_cm_response_timeout: u8,
-    /// Transport retry count (3 bits).
-    pub retry_count: u8,
-    /// RNR retry count the passive side should use (3 bits).
-    pub rnr_retry_count: u8,
-    /// CM retries of the REQ and of the REP (4 bits).
-    pub max_cm_retries: u8,
-    /// The QP uses an SRQ.
-    pub srq: bool,
-    /// End-to-end flow control.
-    pub flow_control: bool,
-    /// REQ private data (<= 92 bytes).
-    pub private_data: &'a [u8],
-}
-
-/// Everything the passive side chooses for a REP.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct RepParams<'a> {
-    /// Local QPN (24 bits).
-    pub qpn: u32,
-    /// Starting PSN (24 bits), or `None` for a random one.
-    pub starting_psn: Option<u32>,
-    /// RDMA reads/atomics this side accepts in flight (<= the local CA's limit).
-    pub responder_resources: u8,
-    /// RDMA reads/atomics this side will issue (<= the peer's responder resources and the
-    /// local CA's limit).
-    pub initiator_depth: u8,
-    /// RNR retry count the active side should use (3 bits).
-    pub rnr_retry_count: u8,
-    /// Whether the alternate path of the REQ is accepted.
-    pub failover_accepted: ibcm_mad::Failover,
-    /// End-to-end flow control.
-    pub flow_control: bool,
-    /// The QP uses an SRQ.
-    pub srq: bool,
-    /// REP private data (<= 196 bytes).
-    pub private_data: &'a [u8],
 }
 
 /// Why a REJ is sent: reason, ARI (<= 72 bytes) and private data (<= 148 bytes).

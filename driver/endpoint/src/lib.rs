@@ -27,4 +27,4 @@ pub use device::{
     Callback, ClientEvent, ClientId, Device, FileId, Inner, MAX_BACKLOG, RECEIVE_BATCH,
 };
 pub use platform::{Lock, Platform, Request};
-pub use records::{Status, path_of_abi, path_to_abi, status_of};
+pub use records::{Status, status_of};

@@ -1,19 +1,14 @@
-//! Conversions between the IOCTL records (ioctl-defs) and the engine's types, with the
-//! validation every input gets before it may change anything.
+//! Conversions between the IOCTL records (ioctl-defs) and the engine's own types (events,
+//! states, errors), with the validation every input gets before it may change anything.
+//! The IBA values the records carry convert in `ibcm_ioctl::convert`.
 
-use ibcm_cep::{
-    AddressVector, CepInfo, CmError, Event, MigrationState, PathRecord, QpAttributes, QpState,
-    StateName,
+use ibcm_cep::{CepInfo, CmError, Event, StateName};
+pub use ibcm_ioctl::convert::{
+    Status, mtu_from_abi, path_from_abi, path_to_abi, qp_attr_to_abi, qp_state_from_abi, require,
+    transport_from_abi, transport_to_abi,
 };
-use ibcm_ioctl::{
-    AvAbi, EventRecord, PathAbi, QpAttrAbi, QueryOut, ep_state, event_type, qp_mask, qp_state,
-    status, transport,
-};
-use ibcm_mad::{Mtu, Rate, Transport};
+use ibcm_ioctl::{EventRecord, QueryOut, ep_state, event_type, status};
 use zerocopy::FromZeros;
-
-/// An NTSTATUS failure.
-pub type Status = i32;
 
 /// The NTSTATUS of an engine error.
 pub fn status_of(e: CmError) -> Status {
@@ -26,166 +21,11 @@ pub fn status_of(e: CmError) -> Status {
     }
 }
 
-/// Fails with INVALID_PARAMETER unless `ok`.
-pub fn require(ok: bool) -> Result<(), Status> {
-    if ok {
-        Ok(())
-    } else {
-        Err(status::INVALID_PARAMETER)
-    }
-}
-
 /// The used part of an inline buffer, or INVALID_PARAMETER if `len` exceeds `max`.
 pub fn used(buf: &[u8], len: u8, max: usize) -> Result<&[u8], Status> {
     let len = usize::from(len);
     require(len <= max)?;
     buf.get(..len).ok_or(status::INVALID_PARAMETER)
-}
-
-/// A path from its record; reserved bytes must be zero and fields within their widths.
-pub fn path_from_abi(p: &PathAbi) -> Result<PathRecord, Status> {
-    require(p.reserved == [0; 2])?;
-    require(p.flow_label <= 0xF_FFFF && p.sl <= 15 && p.rate <= 63)?;
-    require(p.packet_life_time <= 31 && p.subnet_local <= 1)?;
-    Ok(path_of_abi(p))
-}
-
-/// A path from its record as the driver writes it (no validation: for the reader of
-/// the driver's own output).
-pub fn path_of_abi(p: &PathAbi) -> PathRecord {
-    PathRecord {
-        slid: p.slid,
-        dlid: p.dlid,
-        sgid: p.sgid,
-        dgid: p.dgid,
-        flow_label: p.flow_label,
-        traffic_class: p.traffic_class,
-        hop_limit: p.hop_limit,
-        sl: p.sl,
-        rate: Rate::from(p.rate),
-        packet_life_time: p.packet_life_time,
-        subnet_local: p.subnet_local != 0,
-    }
-}
-
-/// A path's record.
-pub fn path_to_abi(p: &PathRecord) -> PathAbi {
-    PathAbi {
-        slid: p.slid,
-        dlid: p.dlid,
-        flow_label: p.flow_label,
-        sgid: p.sgid,
-        dgid: p.dgid,
-        traffic_class: p.traffic_class,
-        hop_limit: p.hop_limit,
-        sl: p.sl,
-        rate: p.rate.into(),
-        packet_life_time: p.packet_life_time,
-        subnet_local: p.subnet_local.into(),
-        reserved: [0; 2],
-    }
-}
-
-/// A transport from its code.
-pub fn transport_from_abi(code: u8) -> Result<Transport, Status> {
-    match code {
-        transport::RC => Ok(Transport::Rc),
-        transport::UC => Ok(Transport::Uc),
-        transport::RD => Ok(Transport::Rd),
-        transport::XRC => Ok(Transport::Xrc),
-        _ => Err(status::INVALID_PARAMETER),
-    }
-}
-
-fn transport_to_abi(t: Transport) -> u8 {
-    match t {
-        Transport::Rc => transport::RC,
-        Transport::Uc => transport::UC,
-        Transport::Rd => transport::RD,
-        Transport::Xrc | Transport::Extended(_) => transport::XRC,
-    }
-}
-
-/// An MTU from its code (1..=5).
-pub fn mtu_from_abi(code: u8) -> Result<Mtu, Status> {
-    let mtu = Mtu::from(code);
-    require(mtu.bytes().is_some())?;
-    Ok(mtu)
-}
-
-/// A QP state from its code.
-pub fn qp_state_from_abi(code: u32) -> Result<QpState, Status> {
-    match code {
-        qp_state::INIT => Ok(QpState::Init),
-        qp_state::RTR => Ok(QpState::Rtr),
-        qp_state::RTS => Ok(QpState::Rts),
-        _ => Err(status::INVALID_PARAMETER),
-    }
-}
-
-fn av_to_abi(av: &AddressVector) -> AvAbi {
-    AvAbi {
-        path: path_to_abi(&av.path),
-        port: av.port,
-        ack_timeout: av.ack_timeout,
-        reserved: [0; 6],
-    }
-}
-
-/// QP attributes as a record.
-pub fn qp_attr_to_abi(a: &QpAttributes) -> QpAttrAbi {
-    let mut r = QpAttrAbi::new_zeroed();
-    r.state = match a.state {
-        QpState::Init => qp_state::INIT,
-        QpState::Rtr => qp_state::RTR,
-        QpState::Rts => qp_state::RTS,
-    };
-    if let (Some(port), Some(pkey), Some(flags)) = (a.port, a.pkey, a.access_flags) {
-        r.mask |= qp_mask::INIT;
-        r.port = port;
-        r.pkey = pkey;
-        r.access_flags = flags;
-    }
-    if let (Some(mtu), Some(qpn), Some(psn), Some(rd), Some(av)) = (
-        a.path_mtu,
-        a.dest_qpn,
-        a.rq_psn,
-        a.max_dest_rd_atomic,
-        a.primary,
-    ) {
-        r.mask |= qp_mask::RTR;
-        r.path_mtu = mtu.into();
-        r.dest_qpn = qpn;
-        r.rq_psn = psn;
-        r.max_dest_rd_atomic = rd;
-        r.primary = av_to_abi(&av);
-    }
-    if let (Some(psn), Some(t), Some(retry), Some(rnr), Some(rd)) = (
-        a.sq_psn,
-        a.timeout,
-        a.retry_count,
-        a.rnr_retry,
-        a.max_rd_atomic,
-    ) {
-        r.mask |= qp_mask::RTS;
-        r.sq_psn = psn;
-        r.timeout = t;
-        r.retry_count = retry;
-        r.rnr_retry = rnr;
-        r.max_rd_atomic = rd;
-    }
-    if let Some(alt) = a.alternate {
-        r.mask |= qp_mask::ALTERNATE;
-        r.alternate = av_to_abi(&alt);
-    }
-    if let Some(m) = a.path_mig_state {
-        r.mask |= qp_mask::PATH_MIG_STATE;
-        r.path_mig_state = match m {
-            MigrationState::Rearm => 0,
-            MigrationState::Migrated => 1,
-        };
-    }
-    r
 }
 
 /// The ABI code of a state.

@@ -94,15 +94,9 @@ impl Request for HostRequest {
 /// MADs the outbox holds without growing, at least (see [`HostPlatform::take_sent`]).
 pub const OUTBOX_ROOM: usize = 1024;
 
-/// How an in-process user library learns that its request finished: called once with the
-/// request's NTSTATUS and the output bytes it reported (no lock held), after the ledger
-/// checked the completion. It takes the buffer, as the I/O manager hands the caller its
-/// system buffer. Shared (`Arc`), so a caller's completion slot or event queue is the
-/// hook itself, with nothing allocated per request to wrap it.
-pub trait CompletionHook: Send + Sync {
-    /// The request completed with `status`; `output` holds the bytes it reported.
-    fn completed(self: Arc<Self>, status: i32, output: Vec<u8>);
-}
+/// How an in-process user library learns that its request finished (after the ledger
+/// checked the completion): the ABI's completion contract, defined with the records.
+pub use ibcm_ioctl::CompletionHook;
 
 /// The host platform of one node.
 #[derive(Clone)]

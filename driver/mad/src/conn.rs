@@ -2,10 +2,10 @@
 //! DREQ (Table 112) and DREP (Table 113).
 
 use crate::D;
-use crate::enums::{MessageKind, RejReason};
 use crate::error::{Error, check_len, check_width};
 use crate::req::field_of;
 use crate::view::view;
+use ibcm_iba::{MessageKind, RejReason};
 
 /// MRA private data: 222 bytes.
 pub const MRA_PRIVATE_DATA_SIZE: usize = 222;

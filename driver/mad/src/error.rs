@@ -44,12 +44,6 @@ pub enum Error {
         /// The message's maximum for that field.
         max: usize,
     },
-    /// RDMA-CM IP header: MajMinVer is not 0.0 (Annex A11).
-    IpHeaderVersion(u8),
-    /// RDMA-CM IP header: IPVersion is neither 4 nor 6.
-    IpVersion(u8),
-    /// RDMA-CM IP header: the two addresses are of different families.
-    IpFamilyMismatch,
     /// Emit: a value does not fit its field's width (e.g. a QPN over 24 bits).
     OutOfRange {
         /// The field, as the IBA table names it.
@@ -80,11 +74,6 @@ impl fmt::Display for Error {
             }
             Self::TooLong { field, len, max } => {
                 write!(f, "{field} of {len} bytes exceeds the maximum of {max}")
-            }
-            Self::IpHeaderVersion(v) => write!(f, "RDMA-CM IP header version {v:#04x}, expected 0"),
-            Self::IpVersion(v) => write!(f, "RDMA-CM IP version {v}, expected 4 or 6"),
-            Self::IpFamilyMismatch => {
-                f.write_str("RDMA-CM source and destination differ in IP family")
             }
             Self::OutOfRange { field, value, max } => {
                 write!(f, "{field} = {value} is out of range (max {max})")

@@ -1,8 +1,8 @@
 //! The common MAD header (IBA 13.4.3, Table 137) as the CM class uses it.
 
-use crate::enums::{AttributeId, Method};
 use crate::error::Error;
 use crate::field;
+use ibcm_iba::{AttributeId, Method};
 
 /// A MAD is always 256 bytes (IBA 13.4.1).
 pub const MAD_SIZE: usize = 256;

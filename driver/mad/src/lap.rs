@@ -2,11 +2,11 @@
 //! (IBA 12.8.2, Table 116).
 
 use crate::D;
-use crate::enums::AprStatus;
 use crate::error::{Error, check_len, check_width};
 use crate::path::{LapPath, Path};
 use crate::req::field_of;
 use crate::view::view;
+use ibcm_iba::AprStatus;
 
 /// LAP private data: 168 bytes.
 pub const LAP_PRIVATE_DATA_SIZE: usize = 168;

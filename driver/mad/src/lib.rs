@@ -35,17 +35,14 @@
 
 mod conn;
 mod cpi;
-mod enums;
 mod error;
 mod field;
 mod header;
 mod lap;
 mod path;
-mod rdma_cm;
 mod rep;
 mod req;
 mod sidr;
-mod time;
 mod view;
 
 pub use conn::{
@@ -54,28 +51,27 @@ pub use conn::{
     RTU_PRIVATE_DATA_SIZE, Rej, RejPacket, Rtu, RtuPacket,
 };
 pub use cpi::{CLASS_PORT_INFO_SIZE, ClassPortInfo, ClassPortInfoPacket, CpiTarget};
-pub use enums::{
-    AprStatus, AttributeId, Failover, MessageKind, Method, Mtu, Rate, RejReason, SidrStatus,
-    Transport,
-};
 pub use error::Error;
 pub use header::{
     BASE_VERSION, CM_CLASS, CM_CLASS_VERSION, CM_DATA_SIZE, MAD_HEADER_SIZE, MAD_SIZE, Mad,
     MadHeader,
+};
+pub use ibcm_iba::{
+    AprStatus, AttributeId, Failover, IB_TIME_BASE_NS, IB_TIME_MAX, IP_HEADER_SIZE,
+    IP_HEADER_VERSION, IpHeader, IpHeaderError, IpServiceId, MessageKind, Method, Mtu, PortSpace,
+    Rate, RejReason, SidrStatus, Transport, ib_time_from_ns_ceil, ib_time_ns,
 };
 pub use lap::{
     APR_ADDITIONAL_INFO_SIZE, APR_PRIVATE_DATA_SIZE, Apr, AprPacket, LAP_PRIVATE_DATA_SIZE, Lap,
     LapPacket,
 };
 pub use path::{Gid, LapPath, Path, ReqPath};
-pub use rdma_cm::{IP_HEADER_SIZE, IP_HEADER_VERSION, IpHeader, IpServiceId, PortSpace};
 pub use rep::{REP_PRIVATE_DATA_SIZE, Rep, RepPacket};
 pub use req::{REQ_PRIVATE_DATA_SIZE, Req, ReqPacket};
 pub use sidr::{
     SIDR_REP_ADDITIONAL_INFO_SIZE, SIDR_REP_PRIVATE_DATA_SIZE, SIDR_REQ_PRIVATE_DATA_SIZE, SidrRep,
     SidrRepPacket, SidrReq, SidrReqPacket,
 };
-pub use time::{IB_TIME_BASE_NS, IB_TIME_MAX, ib_time_from_ns_ceil, ib_time_ns};
 
 /// Offset of the CM data in a MAD: the IBA tables' offsets are relative to it.
 const D: usize = MAD_HEADER_SIZE;

@@ -2,12 +2,11 @@
 //! (alternate, Table 115). The two messages order the path fields differently, so each has
 //! its own view; both parse to the same [`Path`].
 
-use crate::enums::Rate;
 use crate::error::{Error, check_width};
 use crate::view::view;
+use ibcm_iba::Rate;
 
-/// A 128-bit GID, in network byte order.
-pub type Gid = [u8; 16];
+pub use ibcm_iba::Gid;
 
 /// One path's addressing and timing (the "Primary/Alternate ..." fields of a REQ, or the
 /// "Alternate ..." fields of a LAP). "Local" is the sender of the message.
@@ -35,12 +34,6 @@ pub struct Path {
     pub subnet_local: bool,
     /// Local ACK timeout, 5-bit IB time.
     pub local_ack_timeout: u8,
-}
-
-impl Default for Rate {
-    fn default() -> Self {
-        Rate::Unknown(0)
-    }
 }
 
 impl Path {

@@ -1,10 +1,10 @@
 //! REP, ConnectReply (IBA 12.6.8, Table 110).
 
 use crate::D;
-use crate::enums::Failover;
 use crate::error::{Error, check_len, check_width};
 use crate::req::field_of;
 use crate::view::view;
+use ibcm_iba::Failover;
 
 /// REP private data: 196 bytes.
 pub const REP_PRIVATE_DATA_SIZE: usize = 196;

@@ -1,10 +1,10 @@
 //! REQ, ConnectRequest (IBA 12.6.5, Table 106).
 
 use crate::D;
-use crate::enums::{Mtu, Transport};
 use crate::error::{Error, check_len, check_width};
 use crate::path::{Path, ReqPath};
 use crate::view::view;
+use ibcm_iba::{Mtu, Transport};
 
 /// REQ private data: 92 bytes.
 pub const REQ_PRIVATE_DATA_SIZE: usize = 92;

@@ -2,10 +2,10 @@
 //! (IBA 12.11.2, Table 120).
 
 use crate::D;
-use crate::enums::SidrStatus;
 use crate::error::{Error, check_len, check_width};
 use crate::req::field_of;
 use crate::view::view;
+use ibcm_iba::SidrStatus;
 
 /// SIDR_REQ private data: 216 bytes.
 pub const SIDR_REQ_PRIVATE_DATA_SIZE: usize = 216;

@@ -1,11 +1,13 @@
 //! Where IOCTLs go: the driver through Win32 (Windows), or the same dispatch code running
 //! in this process on the host platform (everywhere).
 
+#[cfg(feature = "in-process")]
 pub mod inproc;
+#[cfg(windows)]
 #[allow(unsafe_code)]
 pub mod windows;
 
-pub use ibcm_host::CompletionHook;
+pub use ibcm_ioctl::CompletionHook;
 
 /// Told exactly once when a request completes, on whatever thread completes it, with the
 /// NTSTATUS and the output bytes written. Shared: the caller's completion slot (or event

@@ -5,8 +5,8 @@
 //! `FILE_FLAG_OVERLAPPED`, and bound to a private I/O completion port. Every IOCTL is a
 //! `DeviceIoControl` with its own heap-allocated `OVERLAPPED` (the first field of an
 //! [`Op`]); one thread dequeues completions and hands each to its request's callback.
-//! The module compiles everywhere so the whole workspace is type-checked on Linux; only
-//! Windows calls it.
+//! Windows only: CI type-checks it against the real Windows std and windows-sys from
+//! Linux (`.ci/windows-check`).
 
 use std::ptr;
 use std::thread::JoinHandle;

@@ -9,8 +9,8 @@ use crate::cep::{LapState, State};
 use crate::counters::Counters;
 use crate::error::{CmError, check_len, check_max, check_width};
 use crate::event::Event;
-use crate::qp::{QpAttributes, QpState, ack_timeout};
-use crate::types::{CepId, Instant, PathRecord, PrivateData};
+use crate::types::{CepId, Instant, PathRecord, PrivateData, WirePath};
+use ibcm_iba::{QpAttributes, QpState, ack_timeout};
 
 impl CmManager {
     pub(super) fn build_lap<'a>(&self, id: CepId, c: &'a crate::cep::Cep) -> Lap<'a> {

@@ -22,13 +22,13 @@ use std::time::Duration;
 use hashbrown::HashMap;
 use ibcm_ioctl::status;
 
-use crate::completion::{CompletionPort, Overlapped, spawn};
-use crate::connection::{ConnectEndpoint, ConnectionRequest};
-use crate::error::{Detail, Error, Result};
+use ibcm::{CompletionPort, Overlapped, spawn};
+use ibcm::{ConnectEndpoint, ConnectionRequest};
+use ibcm::{Detail, Error, Result};
 use crate::exchange::PathEnd;
-use crate::provider::Provider;
+use ibcm::Provider;
 use crate::sim::{ClockFn, Pump, Waited};
-use crate::{AcceptParams, Failover, ListenParams};
+use ibcm::{AcceptParams, Failover, ListenParams};
 
 /// CM timing of the connections (IB time exponents: 4.096 us x 2^t).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -320,7 +320,7 @@ impl Shared {
 }
 
 fn describe(side: &str, e: &Error) -> String {
-    let mut s = format!("{side} {}: {}", e.operation, crate::status_name(e.status));
+    let mut s = format!("{side} {}: {}", e.operation, ibcm::status_name(e.status));
     match &e.detail {
         Detail::None => {}
         Detail::Rejected { reason, .. } => s.push_str(&format!(" (rejected: {reason:?})")),
@@ -571,7 +571,7 @@ fn serve(sh: &Arc<Shared>, req: ConnectionRequest) {
         sh.server.unexpected.fetch_add(1, Ordering::AcqRel);
         let _ = req
             .endpoint
-            .reject(crate::RejReason::ConsumerDefined, b"unexpected");
+            .reject(ibcm::RejReason::ConsumerDefined, b"unexpected");
         return;
     };
     sh.server.spawned.fetch_add(1, Ordering::AcqRel);
@@ -771,7 +771,7 @@ fn setup_share(
                     return Some(None);
                 }
             };
-            let mut params = crate::example_connect_params(cfg.service_id, client_qpn(i), 0, 1);
+            let mut params = ibcm::example_connect_params(cfg.service_id, client_qpn(i), 0, 1);
             params.primary_path.slid = cfg.client.lid;
             params.primary_path.sgid = cfg.client.gid;
             params.primary_path.dlid = cfg.server.lid;

@@ -15,10 +15,10 @@ use std::time::Duration;
 
 use ibcm_mad::{IP_HEADER_SIZE, IpHeader, IpServiceId};
 
-use crate::connection::{ConnectEndpoint, Listener};
-use crate::error::{Error, Result};
-use crate::provider::Provider;
-use crate::{AcceptParams, ConnectParams, Failover, ListenParams, PathRecord};
+use ibcm::{ConnectEndpoint, Listener};
+use ibcm::{Error, Result};
+use ibcm::Provider;
+use ibcm::{AcceptParams, ConnectParams, Failover, ListenParams, PathRecord};
 
 /// The service to listen on or connect to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -283,7 +283,7 @@ pub fn connect(
 
 /// The REQ's path from `cfg`.
 fn params(cfg: &Config, qpn: u32) -> ConnectParams<'static> {
-    let mut p = crate::example_connect_params(cfg.service.service_id(), qpn, 0, 1);
+    let mut p = ibcm::example_connect_params(cfg.service.service_id(), qpn, 0, 1);
     p.primary_path = PathRecord {
         slid: cfg.local.lid,
         dlid: cfg.remote.lid,

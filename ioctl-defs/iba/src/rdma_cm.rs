@@ -4,7 +4,6 @@
 use core::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use crate::enums::enum_with_unknown;
-use crate::error::Error;
 
 /// The IP addressing header takes the first 36 bytes of the REQ private data, leaving 56.
 pub const IP_HEADER_SIZE: usize = 36;
@@ -75,31 +74,28 @@ pub struct IpHeader {
 
 impl IpHeader {
     /// Reads the header from the start of REQ private data.
-    pub fn parse(private_data: &[u8]) -> Result<Self, Error> {
-        let Some(h) = private_data.get(..IP_HEADER_SIZE) else {
-            return Err(Error::TooLong {
-                field: "IP CM header",
-                len: IP_HEADER_SIZE,
-                max: private_data.len(),
+    pub fn parse(private_data: &[u8]) -> Result<Self, IpHeaderError> {
+        let Some(&[version, ip_version, port_hi, port_lo, ref addrs @ ..]) =
+            private_data.first_chunk::<IP_HEADER_SIZE>()
+        else {
+            return Err(IpHeaderError::Truncated {
+                len: private_data.len(),
             });
         };
-        let version = h.first().copied().unwrap_or(0);
         if version != IP_HEADER_VERSION {
-            return Err(Error::IpHeaderVersion(version));
+            return Err(IpHeaderError::Version(version));
         }
-        let ip_version = h.get(1).copied().unwrap_or(0) >> 4;
-        let src = crate::field::get::<16>(h, 4);
-        let dst = crate::field::get::<16>(h, 20);
-        let (src_addr, dst_addr) = match ip_version {
+        let (src, dst) = split_addresses(addrs);
+        let (src_addr, dst_addr) = match ip_version >> 4 {
             4 => (v4(&src), v4(&dst)),
             6 => (
                 IpAddr::V6(Ipv6Addr::from(src)),
                 IpAddr::V6(Ipv6Addr::from(dst)),
             ),
-            other => return Err(Error::IpVersion(other)),
+            other => return Err(IpHeaderError::IpVersion(other)),
         };
         Ok(Self {
-            src_port: crate::field::u16_at(h, 2),
+            src_port: u16::from_be_bytes([port_hi, port_lo]),
             src_addr,
             dst_addr,
         })
@@ -107,24 +103,70 @@ impl IpHeader {
 
     /// Writes the header to the first 36 bytes of `out`; both addresses must be of one
     /// family. IPv4 addresses go in the last 4 bytes of their 16-byte fields.
-    pub fn emit(&self, out: &mut [u8]) -> Result<(), Error> {
+    pub fn emit(&self, out: &mut [u8]) -> Result<(), IpHeaderError> {
         let len = out.len();
-        let Some(h) = out.get_mut(..IP_HEADER_SIZE) else {
-            return Err(Error::Truncated { len });
+        let Some(h) = out.first_chunk_mut::<IP_HEADER_SIZE>() else {
+            return Err(IpHeaderError::Truncated { len });
         };
         let (ip_version, src, dst) = match (self.src_addr, self.dst_addr) {
             (IpAddr::V4(s), IpAddr::V4(d)) => (4u8, v4_field(s), v4_field(d)),
             (IpAddr::V6(s), IpAddr::V6(d)) => (6u8, s.octets(), d.octets()),
-            _ => return Err(Error::IpFamilyMismatch),
+            _ => return Err(IpHeaderError::FamilyMismatch),
         };
-        h.fill(0);
-        crate::field::set_u8(h, 0, IP_HEADER_VERSION);
-        crate::field::set_u8(h, 1, ip_version << 4);
-        crate::field::set_u16(h, 2, self.src_port);
-        crate::field::put(h, 4, src);
-        crate::field::put(h, 20, dst);
+        let [port_hi, port_lo] = self.src_port.to_be_bytes();
+        let mut header = [0u8; IP_HEADER_SIZE];
+        header[..4].copy_from_slice(&[IP_HEADER_VERSION, ip_version << 4, port_hi, port_lo]);
+        header[4..20].copy_from_slice(&src);
+        header[20..].copy_from_slice(&dst);
+        *h = header;
         Ok(())
     }
+}
+
+/// Why an RDMA-CM IP header could not be read or written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum IpHeaderError {
+    /// The private data (or the output) is shorter than the 36-byte header.
+    Truncated {
+        /// Its length.
+        len: usize,
+    },
+    /// MajMinVer is not 0.0 (Annex A11).
+    Version(u8),
+    /// IPVersion is neither 4 nor 6.
+    IpVersion(u8),
+    /// The two addresses are of different families.
+    FamilyMismatch,
+}
+
+impl core::fmt::Display for IpHeaderError {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        match *self {
+            Self::Truncated { len } => {
+                write!(
+                    f,
+                    "RDMA-CM IP header needs {IP_HEADER_SIZE} bytes, got {len}"
+                )
+            }
+            Self::Version(v) => write!(f, "RDMA-CM IP header version {v:#04x}, expected 0"),
+            Self::IpVersion(v) => write!(f, "RDMA-CM IP version {v}, expected 4 or 6"),
+            Self::FamilyMismatch => {
+                f.write_str("RDMA-CM source and destination differ in IP family")
+            }
+        }
+    }
+}
+
+impl core::error::Error for IpHeaderError {}
+
+/// The source and destination address fields (16 bytes each) after the first 4 bytes.
+fn split_addresses(addrs: &[u8; IP_HEADER_SIZE - 4]) -> ([u8; 16], [u8; 16]) {
+    let mut src = [0u8; 16];
+    let mut dst = [0u8; 16];
+    let (s, d) = addrs.split_at(16);
+    src.copy_from_slice(s);
+    dst.copy_from_slice(d);
+    (src, dst)
 }
 
 fn v4(field: &[u8; 16]) -> IpAddr {
@@ -167,16 +209,16 @@ mod tests {
         pd[1] = 0x40;
         assert!(IpHeader::parse(&pd).is_ok());
         pd[0] = 0x10;
-        assert_eq!(IpHeader::parse(&pd), Err(Error::IpHeaderVersion(0x10)));
+        assert_eq!(IpHeader::parse(&pd), Err(IpHeaderError::Version(0x10)));
         pd[0] = 0;
         pd[1] = 0x50;
-        assert_eq!(IpHeader::parse(&pd), Err(Error::IpVersion(5)));
+        assert_eq!(IpHeader::parse(&pd), Err(IpHeaderError::IpVersion(5)));
         assert!(IpHeader::parse(&pd[..35]).is_err());
         let mixed = IpHeader {
             src_port: 1,
             src_addr: IpAddr::V4(Ipv4Addr::LOCALHOST),
             dst_addr: IpAddr::V6(Ipv6Addr::LOCALHOST),
         };
-        assert_eq!(mixed.emit(&mut pd), Err(Error::IpFamilyMismatch));
+        assert_eq!(mixed.emit(&mut pd), Err(IpHeaderError::FamilyMismatch));
     }
 }

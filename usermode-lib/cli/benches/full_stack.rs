@@ -21,8 +21,8 @@
 use std::time::Duration;
 
 use criterion::{Criterion, Throughput};
-use ibcm::cmtime::{self, Config};
-use ibcm::sim::{Sim, SimOptions};
+use ibcm_cli::cmtime::{self, Config};
+use ibcm_cli::sim::{Sim, SimOptions};
 
 /// Connections per sample: enough to fill the window many times over.
 const CONNECTIONS: usize = 4000;

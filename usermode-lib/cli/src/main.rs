@@ -15,10 +15,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
-use ibcm::cmtime::{self, Progress, Report, Timing};
-use ibcm::exchange::{self, PathEnd, Service};
-use ibcm::sim::{Pump, Sim, SimOptions};
 use ibcm::{Faults, Provider};
+use ibcm_cli::cmtime::{self, Progress, Report, Timing};
+use ibcm_cli::exchange::{self, PathEnd, Service};
+use ibcm_cli::sim::{Pump, Sim, SimOptions};
 use ibcm_ioctl::CountersOut;
 use indicatif::{ProgressBar, ProgressStyle};
 
@@ -370,7 +370,7 @@ fn cmtime_command(a: &CmtimeArgs) -> Result<bool, Failure> {
         println!("timing: {timing}");
         cfg.client = PathEnd::lid(local);
         cfg.server = PathEnd::lid(remote);
-        let pump = ibcm::sim::RealTimePump::default();
+        let pump = ibcm_cli::sim::RealTimePump::default();
         let report = cmtime::run(&provider, &provider, &pump, &cfg, &on_progress)?;
         if let Some(b) = &bar {
             b.finish_and_clear();

@@ -13,9 +13,9 @@ use std::time::Duration;
 use ibcm_host::verifier::Violation;
 use ibcm_host::{Clock, Fabric, FaultCounts, Faults, Node, Realtime};
 
-use crate::completion::{CompletionPacket, CompletionPort};
-use crate::error::Result;
-use crate::provider::Provider;
+use ibcm::{CompletionPacket, CompletionPort};
+use ibcm::Result;
+use ibcm::Provider;
 
 /// What a wait for a completion packet ended with.
 #[derive(Debug)]
@@ -159,7 +159,7 @@ impl Sim {
             .get(i)
             .or(self.nodes.last())
             .cloned()
-            .ok_or_else(|| crate::Error::new("open", ibcm_ioctl::status::INVALID_PARAMETER))?;
+            .ok_or_else(|| ibcm::Error::new("open", ibcm_ioctl::status::INVALID_PARAMETER))?;
         Provider::in_process(node)
     }
 

@@ -2,9 +2,10 @@
 //! exchanged (IBA 12.7.x; the same fields Linux `ib_cm_init_qp_attr` and WinOF
 //! `al_cep_get_rtr/rts_attr` fill in).
 
-use ibcm_mad::Mtu;
+use crate::enums::Mtu;
+use crate::time::{ib_time_from_ns_ceil, ib_time_ns};
 
-use crate::types::PathRecord;
+use crate::path::PathRecord;
 
 /// Target QP state of a transition.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -87,7 +88,8 @@ pub struct QpAttributes {
 }
 
 impl QpAttributes {
-    pub(crate) const fn empty(state: QpState) -> Self {
+    /// A transition to `state` with no attribute set yet.
+    pub const fn empty(state: QpState) -> Self {
         Self {
             state,
             port: None,
@@ -112,9 +114,9 @@ impl QpAttributes {
 /// The local ACK timeout for a path: the smallest IB time >= 2 x packet life time + the
 /// receiving CA's ACK delay (IBA 12.7.34), computed exactly in integers.
 pub fn ack_timeout(packet_life_time: u8, ack_delay: u8) -> u8 {
-    let two_plt = ibcm_mad::ib_time_ns(packet_life_time.min(30) + 1).unwrap_or(u64::MAX);
-    let delay = ibcm_mad::ib_time_ns(ack_delay.min(31)).unwrap_or(u64::MAX);
-    ibcm_mad::ib_time_from_ns_ceil(two_plt.saturating_add(delay))
+    let two_plt = ib_time_ns(packet_life_time.min(30) + 1).unwrap_or(u64::MAX);
+    let delay = ib_time_ns(ack_delay.min(31)).unwrap_or(u64::MAX);
+    ib_time_from_ns_ceil(two_plt.saturating_add(delay))
 }
 
 #[cfg(test)]

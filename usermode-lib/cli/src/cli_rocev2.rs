@@ -106,8 +106,8 @@ mod imp {
     use std::net::Ipv4Addr;
     use std::time::Duration;
 
-    use ibcm::exchange::Service;
-    use ibcm::rocev2::{
+    use ibcm_cli::exchange::Service;
+    use ibcm_cli::rocev2::{
         self, ConnectConfig, ConnectReport, Ending, Roce, RoceConfig, RoceFaults, ServeConfig,
         StepTimes, Timing,
     };

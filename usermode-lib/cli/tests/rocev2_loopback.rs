@@ -6,7 +6,7 @@
 use std::net::Ipv4Addr;
 use std::time::Duration;
 
-use ibcm::rocev2::{self, ConnectConfig, Ending, Roce, RoceConfig, RoceFaults, ServeConfig};
+use ibcm_cli::rocev2::{self, ConnectConfig, Ending, Roce, RoceConfig, RoceFaults, ServeConfig};
 use ibcm_mad::IpServiceId;
 
 fn port(addr: Ipv4Addr, guid: u64, faults: RoceFaults) -> Roce {

@@ -246,6 +246,13 @@ enum_with_unknown! {
     }
 }
 
+/// No rate given: the path record's "unknown" (0), which a REQ may carry.
+impl Default for Rate {
+    fn default() -> Self {
+        Rate::Unknown(0)
+    }
+}
+
 impl Mtu {
     /// The MTU in bytes, if the code is known.
     pub fn bytes(self) -> Option<u32> {

@@ -1,0 +1,16 @@
+//! The `ibcm` command line's workings, as a library so the benches and the end-to-end
+//! tests drive exactly what the CLI runs:
+//!
+//! - [`sim`]: the simulated fabric the commands run on (real or virtual time), and the
+//!   [`sim::Pump`] they wait through (the fabric, or the real device on Windows).
+//! - [`cmtime`]: connection setup and teardown timed step by step (rdma-core `cmtime`).
+//! - [`exchange`]: ucmatose-style `listen` / `connect` exchanges.
+//! - [`rocev2`]: the same over RoCEv2 on a real interface, as a peer for Linux `rdma_cm`.
+#![deny(unsafe_code)]
+#![warn(missing_docs)]
+
+pub mod cmtime;
+pub mod exchange;
+#[cfg(target_os = "linux")]
+pub mod rocev2;
+pub mod sim;
