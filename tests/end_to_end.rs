@@ -5,11 +5,11 @@
 
 use std::time::Duration;
 
-use ibcm_cli::sim::{Sim, SimOptions};
 use ibcm::{
     AcceptParams, CompletionPort, ConnectParams, Detail, Error, Failover, ListenParams, Overlapped,
     Provider, RejReason, spawn,
 };
+use ibcm_cli::sim::{Sim, SimOptions};
 use ibcm_ioctl::status;
 use ibcm_mad::AttributeId;
 

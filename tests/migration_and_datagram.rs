@@ -1,10 +1,10 @@
 //! Path migration (LAP/APR, migrate) and the datagram endpoint (SIDR) through the user
 //! library, the IOCTL records and the driver on the simulated fabric.
 
-use ibcm_cli::sim::{Sim, SimOptions};
 use ibcm::{
     AcceptParams, AprStatus, Failover, ListenParams, Provider, QpState, ResolveParams, SidrStatus,
 };
+use ibcm_cli::sim::{Sim, SimOptions};
 
 fn connected(
     client: &Provider,

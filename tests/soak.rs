@@ -7,9 +7,9 @@
 //! (no CEP left in either engine once both sides are out of timewait and the handles are
 //! closed; the host verifier clean).
 
+use ibcm::{Error, Faults, RejReason};
 use ibcm_cli::cmtime::{self, Outcome, Timing};
 use ibcm_cli::sim::{Sim, SimOptions};
-use ibcm::{Error, Faults, RejReason};
 use ibcm_host::verifier::Violation;
 use ibcm_ioctl::status;
 

@@ -18,6 +18,7 @@ mod error;
 mod event;
 pub mod grow;
 mod manager;
+mod trace;
 mod types;
 
 pub use cep::StateName;
@@ -32,6 +33,7 @@ pub use ibcm_iba::{
 pub use manager::{
     CepInfo, CmManager, PreparedRep, SidrParams, SidrReplyParams, TIMER_BATCH, Transmit,
 };
+pub use trace::{DropReason, Level, TracePoint, Tracer};
 pub use types::{CepId, Instant, MadAddress, PrivateData, RejectParams};
 
 #[cfg(feature = "pair")]

@@ -22,6 +22,7 @@ use crate::counters::Counters;
 use crate::error::{CmError, check_len, check_max, check_width};
 use crate::event::{Event, RepInfo, ReqInfo};
 use crate::grow::{ChunkedVec, reserve_queue};
+use crate::trace::{DropReason, TraceHook, TracePoint, Tracer};
 use crate::types::{
     CepId, ConnectParams, Instant, ListenParams, MadAddress, PathRecord, PrivateData, RejectParams,
     RepParams, WirePath,
@@ -217,6 +218,7 @@ pub struct CmManager {
     transmits: VecDeque<Transmit>,
     events: VecDeque<(CepId, Event)>,
     counters: Counters,
+    trace: TraceHook,
 }
 
 /// The "additional rejection information" of a REJ(Timeout): the sender's CA GUID.
@@ -248,7 +250,18 @@ impl CmManager {
             transmits: VecDeque::new(),
             events: VecDeque::new(),
             counters: Counters::default(),
+            trace: TraceHook::default(),
         }
+    }
+
+    /// Installs (or removes) the tracer that receives this manager's trace points.
+    pub fn set_tracer(&mut self, tracer: Option<&'static dyn Tracer>) {
+        self.trace = TraceHook::new(tracer);
+    }
+
+    #[inline]
+    fn trace(&self, point: TracePoint<'_>) {
+        self.trace.point(self.config.ca_guid, point);
     }
 
     /// The configuration.
@@ -544,8 +557,13 @@ impl CmManager {
     /// or before `now`: drain the output and call again (re-arm the timer to fire now).
     pub fn handle_timeout(&mut self, now: Instant) {
         let mut budget = TIMER_BATCH;
+        let mut more_due = false;
         while let Some(Reverse((at, seq, raw))) = self.timers.peek().copied() {
-            if at > now || budget == 0 {
+            if at > now {
+                break;
+            }
+            if budget == 0 {
+                more_due = true;
                 break;
             }
             budget -= 1;
@@ -563,6 +581,10 @@ impl CmManager {
             self.on_timer(now, id);
         }
         self.drop_stale_timers();
+        self.trace(TracePoint::TimerPass {
+            handled: (TIMER_BATCH - budget) as u32,
+            more_due,
+        });
     }
 
     fn on_timer(&mut self, now: Instant, id: CepId) {
@@ -594,6 +616,11 @@ impl CmManager {
                 }
                 self.resend(id, attr);
                 Counters::bump(&mut self.counters.retries, attr);
+                self.trace(TracePoint::Retry {
+                    cep: id,
+                    attribute: attr,
+                    attempt: done,
+                });
                 self.arm(id, at);
             }
             State::ReqSent { .. } => {
@@ -658,12 +685,23 @@ impl CmManager {
 
     /// The one place a CEP changes state.
     fn set_state(&mut self, id: CepId, state: State) {
-        if let Some(c) = self.cep_mut(id) {
-            c.state = state;
-        }
+        let to = state.name();
+        let Some(c) = self.cep_mut(id) else { return };
+        let from = c.state.name();
+        c.state = state;
+        self.trace(TracePoint::State {
+            cep: id,
+            local_comm_id: self.local_comm_id(id),
+            from,
+            to,
+        });
     }
 
     fn emit(&mut self, id: CepId, event: Event) {
+        self.trace(TracePoint::Event {
+            cep: id,
+            event: &event,
+        });
         if self.cep_any(id).is_some_and(|c| !c.detached) {
             self.events.push_back((id, event));
         }
@@ -731,6 +769,15 @@ impl CmManager {
         // Every field was validated when the user gave it; a failure here is a bug in
         // this crate, and dropping the MAD is the safe answer (the peer retries).
         if mad.emit(&mut buf).is_ok() {
+            self.trace(TracePoint::Send {
+                attribute: attr,
+                dlid: dest.lid,
+                tid: header.transaction_id,
+                rej: match mad.message {
+                    CmMessage::Rej(ref r) => Some(r.reason),
+                    _ => None,
+                },
+            });
             self.transmits.push_back(Transmit { dest, mad: buf });
             Counters::bump(&mut self.counters.sent, attr);
         }
@@ -975,8 +1022,15 @@ impl CmManager {
     pub fn handle_mad(&mut self, now: Instant, src: &MadAddress, mad: &[u8]) {
         let parsed = match CmMad::parse(mad) {
             Ok(m) => m,
-            Err(_) => {
+            Err(e) => {
                 self.counters.malformed += 1;
+                self.trace(TracePoint::Drop {
+                    attribute: mad
+                        .get(16..18)
+                        .and_then(|b| b.try_into().ok())
+                        .map_or(0, u16::from_be_bytes),
+                    reason: DropReason::Malformed(e),
+                });
                 return;
             }
         };
@@ -996,7 +1050,7 @@ impl CmManager {
             CmMessage::ClassPortInfo(_) if parsed.header.method == Method::Get => {
                 self.on_class_port_info(src, parsed.header);
             }
-            _ => self.counters.unmatched += 1,
+            other => self.unmatched(other.attribute_id()),
         }
         self.drop_stale_timers();
     }
@@ -1007,6 +1061,25 @@ impl CmManager {
 
     fn duplicate(&mut self, attr: AttributeId) {
         Counters::bump(&mut self.counters.duplicates, attr);
+        self.trace(TracePoint::Duplicate { attribute: attr });
+    }
+
+    /// A MAD that names no CEP, or one whose state does not take it: counted and dropped.
+    fn unmatched(&mut self, attr: AttributeId) {
+        self.counters.unmatched += 1;
+        self.trace(TracePoint::Drop {
+            attribute: attr.into(),
+            reason: DropReason::Unmatched,
+        });
+    }
+
+    /// A REQ or SIDR_REQ for a listen with no room: dropped silently so the peer retries.
+    fn backlog_drop(&mut self, attr: AttributeId) {
+        self.counters.backlog_drops += 1;
+        self.trace(TracePoint::Drop {
+            attribute: attr.into(),
+            reason: DropReason::BacklogFull,
+        });
     }
 
     /// A CEP named by a message's RemoteCommID whose peer is the message's sender (once
@@ -1102,11 +1175,11 @@ impl CmManager {
         let listen_id = listen.cep;
         if listen.pending >= listen.params.backlog {
             // Silent drop: the peer's retry may find room (never a REJ storm).
-            self.counters.backlog_drops += 1;
+            self.backlog_drop(AttributeId::Req);
             return;
         }
         let Ok(id) = self.alloc() else {
-            self.counters.backlog_drops += 1;
+            self.backlog_drop(AttributeId::Req);
             return;
         };
         if let Some(l) = self.listens.get_mut(listen_index) {
@@ -1137,7 +1210,6 @@ impl CmManager {
         let ca_ack_delay = self.config.ca_ack_delay;
         let Some(c) = self.cep_mut(id) else { return };
         c.active = false;
-        c.state = State::ReqRcvd { mra_sent: false };
         c.dest = *src;
         c.tid = tid;
         c.remote_comm_id = req.local_comm_id;
@@ -1161,6 +1233,7 @@ impl CmManager {
         c.target_ack_delay = ca_ack_delay;
         c.srq = req.srq;
         c.flow_control = req.end_to_end_flow_control;
+        self.set_state(id, State::ReqRcvd { mra_sent: false });
         self.remote_ids
             .insert((req.local_comm_id, req.local_ca_guid), id);
         self.remote_qpns
@@ -1208,7 +1281,7 @@ impl CmManager {
     fn on_rep(&mut self, now: Instant, src: &MadAddress, tid: u64, rep: &Rep<'_>) {
         self.received(AttributeId::Rep);
         let Some(id) = self.addressed(rep.remote_comm_id, rep.local_comm_id) else {
-            self.counters.unmatched += 1;
+            self.unmatched(AttributeId::Rep);
             return;
         };
         let Some(c) = self.cep_any(id) else { return };
@@ -1263,7 +1336,7 @@ impl CmManager {
         c.rnr_retry = rep.rnr_retry_count;
         c.failover = rep.failover_accepted;
         c.ack_timeout = ack_timeout(c.primary.packet_life_time, rep.target_ack_delay);
-        c.state = State::RepRcvd { mra_sent: false };
+        self.set_state(id, State::RepRcvd { mra_sent: false });
         self.remote_ids
             .insert((rep.local_comm_id, rep.local_ca_guid), id);
         self.remote_qpns.insert(peer_qpn, id);
@@ -1285,7 +1358,7 @@ impl CmManager {
     fn on_rtu(&mut self, rtu: &CommIds<'_>) {
         self.received(AttributeId::Rtu);
         let Some(id) = self.addressed(rtu.remote_comm_id, rtu.local_comm_id) else {
-            self.counters.unmatched += 1;
+            self.unmatched(AttributeId::Rtu);
             return;
         };
         if !matches!(
@@ -1303,7 +1376,7 @@ impl CmManager {
     fn on_mra(&mut self, now: Instant, mra: &Mra<'_>) {
         self.received(AttributeId::Mra);
         let Some(id) = self.addressed(mra.remote_comm_id, mra.local_comm_id) else {
-            self.counters.unmatched += 1;
+            self.unmatched(AttributeId::Mra);
             return;
         };
         let Some(c) = self.cep_any(id) else { return };
@@ -1358,7 +1431,7 @@ impl CmManager {
             self.remote_ids.get(&(rej.local_comm_id, guid)).copied()
         };
         let Some(id) = by_comm_id.or_else(by_guid) else {
-            self.counters.unmatched += 1;
+            self.unmatched(AttributeId::Rej);
             return;
         };
         let Some(state) = self.cep_any(id).map(|c| c.state) else {
@@ -1459,7 +1532,7 @@ impl CmManager {
     fn on_drep(&mut self, now: Instant, drep: &CommIds<'_>) {
         self.received(AttributeId::Drep);
         let Some(id) = self.addressed(drep.remote_comm_id, drep.local_comm_id) else {
-            self.counters.unmatched += 1;
+            self.unmatched(AttributeId::Drep);
             return;
         };
         match self.cep_any(id).map(|c| c.state) {
@@ -1632,11 +1705,11 @@ impl CmManager {
         c.lap = LapState::Idle;
         c.pending_alternate = None;
         c.peer_to_peer = false;
-        c.state = State::ReqSent { mra_rcvd: false };
         // IBA 12.7.36: wait 2 x packet life time + RemoteCMResponseTimeout.
         let base = c
             .round_trip_ns()
             .saturating_add(ibcm_mad::ib_time_ns(p.remote_cm_response_timeout).unwrap_or(0));
+        self.set_state(id, State::ReqSent { mra_rcvd: false });
         self.send_cached(id, AttributeId::Req, p.private_data)?;
         self.start_retry(id, now, base, p.max_cm_retries);
         Ok(())
@@ -1761,8 +1834,8 @@ impl CmManager {
         c.failover = p.failover_accepted;
         c.flow_control = p.flow_control;
         c.srq = p.srq;
-        c.state = State::RepPrepared { mra_sent };
-        let c = &*c;
+        self.set_state(id, State::RepPrepared { mra_sent });
+        let c = self.cep_any(id).ok_or(CmError::UnknownCep)?;
         Ok(PreparedRep {
             init: qp_attributes_of(c, QpState::Init),
             rtr: qp_attributes_of(c, QpState::Rtr),

@@ -29,6 +29,7 @@ use crate::records::{
     Status, event_to_abi, mtu_from_abi, path_from_abi, qp_attr_to_abi, qp_state_from_abi,
     query_to_abi, removal_record, require, status_of, transport_from_abi, used,
 };
+use crate::trace::{DispatchHook, DispatchPoint};
 
 /// A file handle (one open of the device): index and generation.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -371,6 +372,7 @@ pub struct Inner<P: Platform> {
     /// (the flush that carried it first arms it, unless a newer one overrides it). `None`
     /// once the timer fired: a one-shot timer (WdfTimerStart) must then be armed again.
     deadline: Option<Option<Instant>>,
+    trace: DispatchHook,
 }
 
 /// Work to do once the lock is released.
@@ -776,8 +778,11 @@ impl<P: Platform> Inner<P> {
 impl<P: Platform> Device<P> {
     /// A device whose engine uses `config`.
     pub fn new(platform: P, config: CmConfig) -> Self {
+        let trace = DispatchHook::new(platform.tracer());
+        let mut cm = CmManager::new(config);
+        cm.set_tracer(trace.engine());
         let mut inner = Inner {
-            cm: CmManager::new(config),
+            cm,
             removed: false,
             files: Table::new(),
             owners: Vec::new(),
@@ -790,6 +795,7 @@ impl<P: Platform> Device<P> {
             clients: client::Clients::new(),
             flushes: 0,
             deadline: None,
+            trace,
         };
         // Device add runs at PASSIVE_LEVEL: a node nobody has opened yet still answers
         // MADs (a REJ to a REQ for no listen) and runs timers without allocating.
@@ -892,6 +898,10 @@ impl<P: Platform> Device<P> {
                 Ok(f) => f.endpoints.handles().collect(),
                 Err(_) => return,
             };
+            i.trace.point(DispatchPoint::Cleanup {
+                file,
+                endpoints: handles.len() as u32,
+            });
             for h in handles {
                 let _ = destroy_endpoint(i, now, file, h);
             }
@@ -956,6 +966,7 @@ impl<P: Platform> Device<P> {
                     ep.pending.remove(pos)
                 });
             if let Some(request) = found {
+                i.trace.point(DispatchPoint::Cancelled { file });
                 i.done.push((request, status::CANCELLED, 0));
             }
         });
@@ -1034,6 +1045,9 @@ impl<P: Platform> Device<P> {
             i.removed = true;
             i.remove_clients();
             let files: Vec<u64> = i.files.handles().collect();
+            i.trace.point(DispatchPoint::Removed {
+                files: files.len() as u32,
+            });
             for f in files {
                 let file = FileId(f);
                 let handles: Vec<u64> = match i.file(file) {
@@ -1115,20 +1129,32 @@ fn ioctl<P: Platform>(
     bytes: &[u8],
 ) {
     let mut extra = 0;
-    if code == code::GET_EVENT {
+    let failed = if code == code::GET_EVENT {
         match get_event(i, file, request, bytes) {
-            Ok(records) => extra = records,
-            Err((request, st)) => i.done.push((request, st, 0)),
+            Ok(records) => {
+                extra = records;
+                None
+            }
+            Err(failed) => Some(failed),
         }
     } else if (code == code::CONNECT || code == code::SEND_REP) && request.output_len() > 0 {
-        if let Err((request, st)) = answered_operation(i, now, file, request, code, bytes) {
-            i.done.push((request, st, 0));
-        }
+        answered_operation(i, now, file, request, code, bytes).err()
     } else {
         match operation(i, now, file, &mut request, code, bytes) {
-            Ok(n) => i.done.push((request, status::SUCCESS, n)),
-            Err(st) => i.done.push((request, st, 0)),
+            Ok(n) => {
+                i.done.push((request, status::SUCCESS, n));
+                None
+            }
+            Err(st) => Some((request, st)),
         }
+    };
+    if let Some((request, st)) = failed {
+        i.trace.point(DispatchPoint::IoctlFailed {
+            file,
+            code,
+            status: st,
+        });
+        i.done.push((request, st, 0));
     }
     // PASSIVE_LEVEL: whatever the IOCTL changed (a connection started, a REP sent, a
     // timewait entered), the DISPATCH_LEVEL paths find room for what follows, and a

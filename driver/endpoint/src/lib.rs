@@ -22,9 +22,11 @@ extern crate alloc;
 mod device;
 mod platform;
 mod records;
+mod trace;
 
 pub use device::{
     Callback, ClientEvent, ClientId, Device, FileId, Inner, MAX_BACKLOG, RECEIVE_BATCH,
 };
 pub use platform::{Lock, Platform, Request};
 pub use records::{Status, status_of};
+pub use trace::{DispatchPoint, DispatchTracer};

@@ -47,6 +47,11 @@ pub trait Platform {
     fn current_thread(&self) -> u64 {
         0
     }
+    /// Where trace points go (the engine's and the dispatch layer's), asked once when
+    /// the device is added; `None` (the default): nowhere, at the cost of one branch each.
+    fn tracer(&self) -> Option<&'static dyn crate::DispatchTracer> {
+        None
+    }
     /// Lets another thread run while `destroy_id` waits for a callback on another thread
     /// to return (a short delay at PASSIVE_LEVEL).
     fn relax(&self) {}

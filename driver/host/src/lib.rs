@@ -21,9 +21,11 @@ pub mod pcap;
 mod platform;
 #[cfg(target_os = "linux")]
 pub mod rocev2;
+mod trace;
 pub mod verifier;
 
 pub use clock::Clock;
 pub use fabric::{Captured, Fabric, FaultCounts, Faults, Realtime, Wake, node_address, node_guid};
 pub use node::{Node, file_key};
 pub use platform::{CompletionHook, HostLock, HostPlatform, HostRequest};
+pub use trace::{TRACING, TracingSink};

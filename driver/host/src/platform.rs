@@ -221,6 +221,10 @@ impl Platform for HostPlatform {
         self.clock.now()
     }
 
+    fn tracer(&self) -> Option<&'static dyn ibcm_endpoint::DispatchTracer> {
+        crate::trace::TracingSink::if_listening()
+    }
+
     fn send(&self, transmit: &Transmit) {
         let mut outbox = self.outbox.lock().unwrap_or_else(PoisonError::into_inner);
         // The outbox is the simulated wire, not the driver: the driver hands over a MAD

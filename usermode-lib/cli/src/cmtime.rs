@@ -22,13 +22,13 @@ use std::time::Duration;
 use hashbrown::HashMap;
 use ibcm_ioctl::status;
 
+use crate::exchange::PathEnd;
+use crate::sim::{ClockFn, Pump, Waited};
+use ibcm::Provider;
+use ibcm::{AcceptParams, Failover, ListenParams};
 use ibcm::{CompletionPort, Overlapped, spawn};
 use ibcm::{ConnectEndpoint, ConnectionRequest};
 use ibcm::{Detail, Error, Result};
-use crate::exchange::PathEnd;
-use ibcm::Provider;
-use crate::sim::{ClockFn, Pump, Waited};
-use ibcm::{AcceptParams, Failover, ListenParams};
 
 /// CM timing of the connections (IB time exponents: 4.096 us x 2^t).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -15,10 +15,10 @@ use std::time::Duration;
 
 use ibcm_mad::{IP_HEADER_SIZE, IpHeader, IpServiceId};
 
-use ibcm::{ConnectEndpoint, Listener};
-use ibcm::{Error, Result};
 use ibcm::Provider;
 use ibcm::{AcceptParams, ConnectParams, Failover, ListenParams, PathRecord};
+use ibcm::{ConnectEndpoint, Listener};
+use ibcm::{Error, Result};
 
 /// The service to listen on or connect to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

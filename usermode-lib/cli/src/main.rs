@@ -34,6 +34,11 @@ mod cli_rocev2;
                   in real time; on Windows, --device uses the installed ibcm driver."
 )]
 struct Cli {
+    /// Trace what the driver does on stderr: -v connection milestones and failures with
+    /// their reason, -vv every state change, retry and drop, -vvv every MAD and timer
+    /// pass. RUST_LOG (e.g. `RUST_LOG=ibcm=debug`) overrides.
+    #[arg(short, long, action = clap::ArgAction::Count, global = true)]
+    verbose: u8,
     #[command(subcommand)]
     command: Command,
 }
@@ -225,6 +230,11 @@ struct ExchangeArgs {
     /// Longest wait for a peer's REQ or DREQ, seconds.
     #[arg(long, default_value = "30", value_parser = positive)]
     wait: usize,
+    /// Simulated fabric: the service ID the other node listens on (default: the one
+    /// connected to). Another one shows how the CM refuses a REQ for a service nobody
+    /// listens on (REJ reason 8, invalid service ID; see it with -v).
+    #[arg(long, value_name = "ID", value_parser = number, conflicts_with = "device")]
+    peer_service: Option<u64>,
     #[command(flatten)]
     fabric: FabricArgs,
     #[command(flatten)]
@@ -257,6 +267,7 @@ impl<E: std::fmt::Display> From<E> for Failure {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    init_tracing(cli.verbose);
     let result = match cli.command {
         Command::Cmtime(a) => cmtime_command(&a),
         Command::Listen(a) => exchange_command(&a, true),
@@ -271,6 +282,30 @@ fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// Sends the driver's trace points (target `ibcm`) to stderr, human-readable, when asked
+/// for with `-v` or RUST_LOG; otherwise installs nothing, so the driver's trace points
+/// cost one branch each.
+fn init_tracing(verbose: u8) {
+    use tracing_subscriber::EnvFilter;
+    let level = match verbose {
+        0 => None,
+        1 => Some("ibcm=info"),
+        2 => Some("ibcm=debug"),
+        _ => Some("ibcm=trace"),
+    };
+    let filter = match (std::env::var("RUST_LOG"), level) {
+        (Ok(env), _) if !env.is_empty() => EnvFilter::new(env),
+        (_, Some(level)) => EnvFilter::new(level),
+        _ => return,
+    };
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal())
+        .with_target(false)
+        .init();
 }
 
 /// The installed driver (Windows).
@@ -602,7 +637,7 @@ fn exchange_command(a: &ExchangeArgs, listen: bool) -> Result<bool, Failure> {
     // The peer runs on the other node, silently; this side prints.
     let quiet = |_: String| {};
     let listener = server.listen(&ibcm::ListenParams {
-        service_id: service.service_id(),
+        service_id: a.peer_service.unwrap_or(service.service_id()),
         service_mask: u64::MAX,
         port: None,
         compare: None,

@@ -28,11 +28,11 @@ pub use ibcm_host::rocev2::{
     PATH_MTU, RoceConfig, RoceCounts, RoceFaults, RocePort, guid_from_mac, ipv4_gid, path_record,
 };
 
+use ibcm::Provider;
+use ibcm::{AcceptParams, ConnectParams, Failover, ListenParams, Transport};
 use ibcm::{CompletionPort, Overlapped, spawn};
 use ibcm::{ConnectEndpoint, ConnectionRequest};
 use ibcm::{Detail, Error, Result};
-use ibcm::Provider;
-use ibcm::{AcceptParams, ConnectParams, Failover, ListenParams, Transport};
 
 /// The TCP port rdma-core's `cmtime` listens on and connects to.
 pub const CMTIME_PORT: u16 = 7471;

@@ -13,9 +13,9 @@ use std::time::Duration;
 use ibcm_host::verifier::Violation;
 use ibcm_host::{Clock, Fabric, FaultCounts, Faults, Node, Realtime};
 
-use ibcm::{CompletionPacket, CompletionPort};
-use ibcm::Result;
 use ibcm::Provider;
+use ibcm::Result;
+use ibcm::{CompletionPacket, CompletionPort};
 
 /// What a wait for a completion packet ended with.
 #[derive(Debug)]

@@ -70,12 +70,12 @@ impl CmManager {
     pub(super) fn on_lap(&mut self, tid: u64, lap: &Lap<'_>) {
         self.received(AttributeId::Lap);
         let Some(id) = self.addressed(lap.remote_comm_id, lap.local_comm_id) else {
-            self.counters.unmatched += 1;
+            self.unmatched(AttributeId::Lap);
             return;
         };
         let Some(c) = self.cep_any(id) else { return };
         if c.local_qpn != lap.remote_qpn_eecn {
-            self.counters.unmatched += 1;
+            self.unmatched(AttributeId::Lap);
             return;
         }
         let (state, lap_state) = (c.state, c.lap);
@@ -199,7 +199,7 @@ impl CmManager {
     pub(super) fn on_apr(&mut self, apr: &ibcm_mad::Apr<'_>) {
         self.received(AttributeId::Apr);
         let Some(id) = self.addressed(apr.remote_comm_id, apr.local_comm_id) else {
-            self.counters.unmatched += 1;
+            self.unmatched(AttributeId::Apr);
             return;
         };
         let Some(c) = self.cep_any(id) else { return };

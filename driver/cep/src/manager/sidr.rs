@@ -84,10 +84,10 @@ impl CmManager {
             sl: p.path.sl,
             pkey: p.pkey,
         };
-        c.state = State::SidrReqSent;
         let base = c
             .round_trip_ns()
             .saturating_add(ibcm_mad::ib_time_ns(p.timeout).unwrap_or(0));
+        self.set_state(id, State::SidrReqSent);
         self.send_cached(id, AttributeId::SidrReq, p.private_data)?;
         self.start_retry(id, now, base, p.max_retries);
         Ok(())
@@ -210,28 +210,28 @@ impl CmManager {
         };
         let listen_id = listen.cep;
         if listen.pending >= listen.params.backlog {
-            self.counters.backlog_drops += 1;
+            self.backlog_drop(AttributeId::SidrReq);
             return;
         }
         if self.sidr_requests.try_reserve(1).is_err() {
-            self.counters.backlog_drops += 1;
+            self.backlog_drop(AttributeId::SidrReq);
             return;
         }
         let Ok(id) = self.alloc() else {
-            self.counters.backlog_drops += 1;
+            self.backlog_drop(AttributeId::SidrReq);
             return;
         };
         if let Some(l) = self.listens.iter_mut().find(|l| l.cep == listen_id) {
             l.pending += 1;
         }
         let Some(c) = self.cep_mut(id) else { return };
-        c.state = State::SidrReqRcvd;
         c.backlog_of = Some(listen_id);
         c.dest = *src;
         c.tid = tid;
         c.remote_comm_id = req.request_id;
         c.service_id = req.service_id;
         c.pkey = req.partition_key;
+        self.set_state(id, State::SidrReqRcvd);
         self.sidr_requests.insert(key, id);
         self.emit(
             id,
@@ -250,7 +250,7 @@ impl CmManager {
         self.received(AttributeId::SidrRep);
         let id = self.id_from_wire(rep.request_id);
         let Some(c) = self.cep_any(id) else {
-            self.counters.unmatched += 1;
+            self.unmatched(AttributeId::SidrRep);
             return;
         };
         if c.state != State::SidrReqSent {
