@@ -11,6 +11,7 @@
 //! | `set_timer`         | one WDFTIMER, `WdfTimerStart` with a relative due time      |
 //! | `current_thread`    | `PsGetCurrentThreadId`                                      |
 //! | `relax`             | `KeDelayExecutionThread` (PASSIVE) / `KeStallExecutionProcessor` |
+//! | `tracer`            | [`trace::ETW`](crate::trace::ETW): TraceLogging provider `ibcm` |
 
 use core::cell::UnsafeCell;
 use core::ptr::NonNull;
@@ -256,6 +257,10 @@ impl Platform for KmdfPlatform {
 
     fn now(&self) -> Instant {
         Instant::from_nanos(interrupt_time_100ns().saturating_mul(100))
+    }
+
+    fn tracer(&self) -> Option<&'static dyn ibcm_endpoint::DispatchTracer> {
+        Some(&crate::trace::ETW)
     }
 
     fn send(&self, transmit: &Transmit) {
