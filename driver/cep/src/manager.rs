@@ -845,6 +845,7 @@ impl CmManager {
             AttributeId::SidrRep => CmMessage::SidrRep(ibcm_mad::SidrRep {
                 request_id: c.remote_comm_id,
                 status: ibcm_mad::SidrStatus::from(c.apr_status),
+                vendor_id: 0,
                 qpn: c.local_qpn,
                 service_id: c.service_id,
                 qkey: c.remote_psn,
@@ -984,6 +985,14 @@ impl CmManager {
             }
         };
         let tid = parsed.header.transaction_id;
+        if matches!(
+            parsed.message,
+            CmMessage::Rej(_) | CmMessage::Apr(_) | CmMessage::SidrRep(_)
+        ) && CmMad::length_clamped(mad)
+        {
+            // Handled with the length clamped to 72 (never dropped: see `Rej::parse`).
+            self.counters.clamped_lengths += 1;
+        }
         match parsed.message {
             CmMessage::Req(m) => self.on_req(now, src, tid, &m),
             CmMessage::Mra(m) => self.on_mra(now, &m),

@@ -494,3 +494,35 @@ fn stale_rep_qpn_disconnects_the_old_connection_with_a_dreq() {
     assert_eq!(p.sent_count(Side::A, AttributeId::Dreq), dreqs + 1);
     assert_eq!(p.a.state(a), Ok(S::DreqSent));
 }
+
+// ---- 9. the codec never drops a peer's REJ -------------------------------------------------
+
+/// IBA Table 108 gives RejectedInfoLength at most 72; a peer's REJ with 127 (all seven
+/// bits) is still a REJ: handled with the ARI clamped to 72 and counted, never dropped as
+/// malformed (dropping it would leave A waiting out its whole REQ timeout; Linux
+/// `cm_format_rej_event` passes the length through unchecked).
+#[test]
+fn rej_with_rejected_info_length_over_72_still_rejects_the_connection() {
+    let (mut p, a, b) = requested(&cp());
+    p.flush();
+    let now = p.now;
+    let reject = ibcm_cep::RejectParams {
+        reason: RejReason::ConsumerDefined,
+        ari: &[0xA5; 8],
+        private_data: b"",
+    };
+    p.b.reject(now, b, &reject).unwrap();
+    let mut rej = p.b.poll_transmit().expect("the REJ").mad;
+    rej[24 + 9] = 127 << 1;
+    p.a.handle_mad(now, &from(Side::B), &rej);
+    assert_eq!(p.a.state(a), Ok(S::Idle));
+    let got = rejects(&mut p, Side::A, a);
+    assert_eq!(got, [(RejReason::ConsumerDefined, MessageKind::Req)]);
+    let ari_len = events(&mut p, Side::A, a).iter().find_map(|e| match e {
+        Event::Rejected { ari_len, .. } => Some(*ari_len),
+        _ => None,
+    });
+    assert_eq!(ari_len, Some(72));
+    assert_eq!(p.a.counters().clamped_lengths, 1);
+    assert_eq!(p.a.counters().malformed, 0);
+}
