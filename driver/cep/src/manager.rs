@@ -1277,6 +1277,17 @@ impl CmManager {
                 return;
             }
         }
+        // Linux `cm_rep_handler` "Check for duplicate REP": a (LocalCommID, CA GUID) that
+        // already names another connection is not this REQ's answer (a stray or forged
+        // REP); drop it rather than re-point that connection's lookup. The REQ retries.
+        if self
+            .remote_ids
+            .get(&(rep.local_comm_id, rep.local_ca_guid))
+            .is_some_and(|&other| other != id)
+        {
+            self.duplicate(AttributeId::Rep);
+            return;
+        }
         // An XRC initiator finds the target's QPN in LocalEEContext (Linux `cm_rep_get_qpn`).
         let rep_qpn = if c.transport == Transport::Xrc {
             rep.local_eecn

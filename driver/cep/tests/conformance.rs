@@ -526,3 +526,95 @@ fn rej_with_rejected_info_length_over_72_still_rejects_the_connection() {
     assert_eq!(p.a.counters().clamped_lengths, 1);
     assert_eq!(p.a.counters().malformed, 0);
 }
+
+// ---- 8. decided divergences -----------------------------------------------------------------
+
+/// Linux `cm_rep_handler` ("Check for duplicate REP": `cm_insert_remote_id` fails): a REP
+/// whose (LocalCommID, LocalCAGUID) already names another connection is dropped and
+/// counted as a duplicate; the REQ it claims to answer stays in REQ_SENT (and retries),
+/// and the existing connection's lookup is not re-pointed.
+#[test]
+fn rep_with_a_known_comm_id_and_ca_guid_is_dropped_as_a_duplicate() {
+    let (mut p, a1, b1) = established(&cp(), &rp());
+    let a2 = p.a.create().unwrap();
+    let now = p.now;
+    p.a.connect(now, a2, &Pair::connect_params(SID, QPN_A + 1))
+        .unwrap();
+    p.drive_for(MS);
+    let b2 = p.last_request().unwrap();
+    p.flush();
+    let now = p.now;
+    p.b.accept(now, b2, &Pair::rep_params(QPN_B + 1)).unwrap();
+    let mut rep = p.b.poll_transmit().expect("the REP").mad;
+    // The REP claims to come from B's first connection.
+    rep[24..28].copy_from_slice(&p.b.local_comm_id(b1).to_be_bytes());
+    let dups = p.a.counters().duplicates[ibcm_cep::counter_slot(AttributeId::Rep).unwrap()];
+    p.a.handle_mad(now, &from(Side::B), &rep);
+    assert_eq!(p.a.state(a2), Ok(S::ReqSent));
+    assert_eq!(
+        p.a.counters().duplicates[ibcm_cep::counter_slot(AttributeId::Rep).unwrap()],
+        dups + 1
+    );
+    // The first connection is still reached by its peer's messages.
+    let now = p.now;
+    p.b.disconnect(now, b1, b"").unwrap();
+    p.drive_for(MS);
+    assert_eq!(p.a.state(a1), Ok(S::DreqRcvd));
+}
+
+/// WinOF `__process_stale` (MessageRejected 0 in REQ_RCVD/PRE_REP, 1 in REP_RCVD, 2
+/// otherwise) and IBA Table 108: the REJ(StaleConn) that ends a not-yet-established old
+/// connection names the message that CEP holds unanswered. Here B's old CEP is in
+/// REQ_RCVD when a REQ from the same QPN arrives: its REJ says REQ.
+#[test]
+fn stale_rej_names_the_message_the_old_cep_holds() {
+    let (mut p, a1, b1) = requested(&cp());
+    let a2 = p.a.create().unwrap();
+    let now = p.now;
+    p.a.connect(now, a2, &cp()).unwrap();
+    p.drive_for(MS);
+    assert_eq!(p.b.state(b1), Ok(S::Timewait));
+    assert_eq!(
+        rejects(&mut p, Side::A, a1),
+        [(RejReason::StaleConn, MessageKind::Req)]
+    );
+    assert_eq!(
+        rejects(&mut p, Side::A, a2),
+        [(RejReason::StaleConn, MessageKind::Req)]
+    );
+}
+
+/// IBA 12.9.6 (Figure 154: DREQ_SENT + DREQ received -> DREQ_RCVD) and Linux
+/// `cm_dreq_handler` (DREQ_SENT: cancel the DREQ, DREQ_RECEIVED): DREQs that cross are
+/// each reported; each side answers with a DREP and both end in timewait, then exit.
+#[test]
+fn crossing_dreqs_each_get_a_drep_and_both_sides_reach_timewait() {
+    let (mut p, a, b) = established(&cp(), &rp());
+    let now = p.now;
+    p.a.disconnect(now, a, b"").unwrap();
+    p.b.disconnect(now, b, b"").unwrap();
+    p.drive_for(MS);
+    assert_eq!(p.a.state(a), Ok(S::DreqRcvd));
+    assert_eq!(p.b.state(b), Ok(S::DreqRcvd));
+    let now = p.now;
+    p.a.drep(now, a, b"").unwrap();
+    p.b.drep(now, b, b"").unwrap();
+    p.drive_for(MS);
+    assert_eq!(p.a.state(a), Ok(S::Timewait));
+    assert_eq!(p.b.state(b), Ok(S::Timewait));
+    p.drive();
+    for (side, cep) in [(Side::A, a), (Side::B, b)] {
+        let evs = events(&mut p, side, cep);
+        assert!(
+            matches!(evs.last(), Some(Event::TimewaitExit)),
+            "{side:?}: {evs:?}"
+        );
+        assert_eq!(
+            evs.iter()
+                .filter(|e| matches!(e, Event::DreqReceived(_)))
+                .count(),
+            1,
+            "{side:?}"
+        );
+    }
+}
