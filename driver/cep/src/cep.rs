@@ -276,9 +276,15 @@ impl Cep {
     }
 
     /// Timewait: 2 x packet life time + the target's ACK delay (IBA 12.9.8.7; WinOF
-    /// `__calc_timewait`).
+    /// `__calc_timewait`), with the larger packet life time of the primary and the loaded
+    /// alternate path: packets may linger on either (WinOF's `max_2pkt_life`, "of any
+    /// path used on a connection", set by `__save_user_req` / `__save_wire_req`).
     pub(crate) fn timewait_ns(&self) -> u64 {
-        let plt = ibcm_mad::ib_time_ns(self.primary.packet_life_time.min(31)).unwrap_or(0);
+        let longest = self
+            .alternate
+            .map_or(0, |a| a.packet_life_time)
+            .max(self.primary.packet_life_time);
+        let plt = ibcm_mad::ib_time_ns(longest.min(31)).unwrap_or(0);
         let delay = ibcm_mad::ib_time_ns(self.target_ack_delay.min(31)).unwrap_or(0);
         plt.saturating_mul(2).saturating_add(delay)
     }

@@ -23,6 +23,9 @@ pub struct Counters {
     pub unmatched: u64,
     /// REQs dropped because their listen's backlog was full.
     pub backlog_drops: u64,
+    /// REJ, APR and SIDR_REP MADs whose length field (RejectedInfoLength,
+    /// AdditionalInfoLength) exceeded 72: handled with it clamped to 72, never dropped.
+    pub clamped_lengths: u64,
 }
 
 /// The counter slot of an attribute.

@@ -24,6 +24,14 @@ pub enum CmError {
         /// The largest value allowed.
         max: u64,
     },
+    /// A value the field can hold but the protocol reserves (a REQ from QPN 0, a reserved
+    /// transport service type: IBA Table 106; WinOF `__req_handler` rejects both).
+    Reserved {
+        /// The parameter.
+        field: &'static str,
+        /// The value given.
+        value: u64,
+    },
     /// Private data, ARI or a compare buffer exceeds the message's maximum.
     TooLong {
         /// The parameter.
@@ -53,6 +61,9 @@ impl fmt::Display for CmError {
             Self::InvalidState { state } => write!(f, "not valid in state {state:?}"),
             Self::OutOfRange { field, value, max } => {
                 write!(f, "{field} = {value} is out of range (max {max})")
+            }
+            Self::Reserved { field, value } => {
+                write!(f, "{field} = {value} is reserved by the protocol")
             }
             Self::TooLong { field, len, max } => {
                 write!(f, "{field} of {len} bytes exceeds the maximum of {max}")

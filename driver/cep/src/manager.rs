@@ -9,8 +9,8 @@ use core::num::NonZeroU32;
 
 use hashbrown::HashMap;
 use ibcm_mad::{
-    AttributeId, ClassPortInfo, CmMad, CmMessage, CommIds, Dreq, Gid, MAD_SIZE, MadHeader,
-    MessageKind, Method, Mra, Rej, RejReason, Rep, Req,
+    AttributeId, ClassPortInfo, CmMad, CmMessage, CommIds, Dreq, Failover, Gid, MAD_SIZE,
+    MadHeader, MessageKind, Method, Mra, Rej, RejReason, Rep, Req, Transport,
 };
 use rand_chacha::ChaCha8Rng;
 use rand_chacha::rand_core::{Rng, SeedableRng};
@@ -817,12 +817,15 @@ impl CmManager {
     }
 
     fn build_rep<'a>(&self, id: CepId, c: &'a Cep) -> Rep<'a> {
+        // An XRC target puts its QPN in LocalEEContext and sets SRQ (Linux `cm_format_rep`
+        // for IB_QPT_XRC_TGT; the initiator reads it back with `cm_rep_get_qpn`).
+        let xrc = c.transport == Transport::Xrc;
         Rep {
             local_comm_id: self.local_comm_id(id),
             remote_comm_id: c.remote_comm_id,
             local_qkey: 0,
-            local_qpn: c.local_qpn,
-            local_eecn: 0,
+            local_qpn: if xrc { 0 } else { c.local_qpn },
+            local_eecn: if xrc { c.local_qpn } else { 0 },
             vendor_id: 0,
             starting_psn: c.local_psn,
             responder_resources: c.responder_resources,
@@ -831,7 +834,7 @@ impl CmManager {
             failover_accepted: c.failover,
             end_to_end_flow_control: c.flow_control,
             rnr_retry_count: c.peer_rnr_retry,
-            srq: c.srq,
+            srq: c.srq || xrc,
             local_ca_guid: self.config.ca_guid,
             private_data: cached(c, AttributeId::Rep),
         }
@@ -889,6 +892,7 @@ impl CmManager {
             AttributeId::SidrRep => CmMessage::SidrRep(ibcm_mad::SidrRep {
                 request_id: c.remote_comm_id,
                 status: ibcm_mad::SidrStatus::from(c.apr_status),
+                vendor_id: 0,
                 qpn: c.local_qpn,
                 service_id: c.service_id,
                 qkey: c.remote_psn,
@@ -1035,6 +1039,14 @@ impl CmManager {
             }
         };
         let tid = parsed.header.transaction_id;
+        if matches!(
+            parsed.message,
+            CmMessage::Rej(_) | CmMessage::Apr(_) | CmMessage::SidrRep(_)
+        ) && CmMad::length_clamped(mad)
+        {
+            // Handled with the length clamped to 72 (never dropped: see `Rej::parse`).
+            self.counters.clamped_lengths += 1;
+        }
         match parsed.message {
             CmMessage::Req(m) => self.on_req(now, src, tid, &m),
             CmMessage::Mra(m) => self.on_mra(now, &m),
@@ -1122,6 +1134,20 @@ impl CmManager {
 
     fn on_req(&mut self, now: Instant, src: &MadAddress, tid: u64, req: &Req<'_>) {
         self.received(AttributeId::Req);
+        // WinOF `__req_handler` checks this first, before any lookup ("Reserved value.
+        // Reject."): a transport this CM does not run (RD, which neither anchor supports,
+        // or a reserved ExtendedTransportType, IBA Table 106) or LocalQPN 0 (QP0 is the
+        // SMI's, never a connection's) gets REJ(InvalidTransportType).
+        if !transport_supported(req.transport) || req.local_qpn == 0 {
+            self.reply_rej(
+                src,
+                tid,
+                req.local_comm_id,
+                MessageKind::Req,
+                RejReason::InvalidTransportType,
+            );
+            return;
+        }
         let peer = (req.local_comm_id, req.local_ca_guid);
         if let Some(&id) = self.remote_ids.get(&peer) {
             self.duplicate(AttributeId::Req);
@@ -1260,22 +1286,44 @@ impl CmManager {
         );
     }
 
-    /// An older connection owns a QPN the peer reuses: it is stale. Tell its peer with a
-    /// REJ(StaleConn) and end it through timewait (WinOF `__process_stale`), unless it is
-    /// already there.
+    /// An older connection owns a QPN the peer reuses: it is stale (IBA 12.9.8.3.1).
+    ///
+    /// - Established: disconnect it with a DREQ, retried until the DREP or MaxCMRetries,
+    ///   then timewait (Linux `cm_match_req` / `cm_rep_handler` -> `ib_send_cm_dreq`; the
+    ///   DREQ's RemoteQPN is the connection's remote QPN, the one the REQ/REP reuses).
+    ///   Its owner sees the DREP (or the DREQ's timeout) and then TimewaitExit.
+    /// - Not yet established: REJ(StaleConn) to its peer, MessageRejected from its state
+    ///   (WinOF `__process_stale`), reported to its owner, then timewait.
+    /// - Already disconnecting or in timewait: nothing more.
     fn end_stale(&mut self, now: Instant, old: CepId) {
         let Some(state) = self.cep_any(old).map(|c| c.state) else {
             return;
         };
-        if matches!(state, State::Timewait | State::Idle | State::Listen) {
-            return;
+        match state {
+            State::Established => {
+                // A DREQ with no private data needs no allocation and cannot fail.
+                let _ = self.send_dreq(now, old, &[]);
+            }
+            State::ReqSent { .. }
+            | State::ReqRcvd { .. }
+            | State::RepPrepared { .. }
+            | State::RepSent { .. }
+            | State::RepRcvd { .. } => {
+                let message = message_rejected(state);
+                self.send_rej_for(old, RejReason::StaleConn, message);
+                self.emit(old, rejected(RejReason::StaleConn, message, &[], &[]));
+                self.enter_timewait(now, old);
+            }
+            State::DreqSent
+            | State::DreqRcvd
+            | State::Timewait
+            | State::Idle
+            | State::Listen
+            | State::SidrReqSent
+            | State::SidrReqRcvd
+            | State::SidrRepSent
+            | State::Removed => {}
         }
-        self.send_rej_for(old, RejReason::StaleConn, MessageKind::Other);
-        self.emit(
-            old,
-            rejected(RejReason::StaleConn, MessageKind::Other, &[], &[]),
-        );
-        self.enter_timewait(now, old);
     }
 
     fn on_rep(&mut self, now: Instant, src: &MadAddress, tid: u64, rep: &Rep<'_>) {
@@ -1302,7 +1350,24 @@ impl CmManager {
                 return;
             }
         }
-        let peer_qpn = (rep.local_qpn, rep.local_ca_guid);
+        // Linux `cm_rep_handler` "Check for duplicate REP": a (LocalCommID, CA GUID) that
+        // already names another connection is not this REQ's answer (a stray or forged
+        // REP); drop it rather than re-point that connection's lookup. The REQ retries.
+        if self
+            .remote_ids
+            .get(&(rep.local_comm_id, rep.local_ca_guid))
+            .is_some_and(|&other| other != id)
+        {
+            self.duplicate(AttributeId::Rep);
+            return;
+        }
+        // An XRC initiator finds the target's QPN in LocalEEContext (Linux `cm_rep_get_qpn`).
+        let rep_qpn = if c.transport == Transport::Xrc {
+            rep.local_eecn
+        } else {
+            rep.local_qpn
+        };
+        let peer_qpn = (rep_qpn, rep.local_ca_guid);
         if let Some(&old) = self.remote_qpns.get(&peer_qpn) {
             // The passive side answers with a QPN another live connection uses. The REJ
             // names our comm ID too (Linux `cm_issue_rej` swaps the REP's IDs): the passive
@@ -1328,10 +1393,22 @@ impl CmManager {
         let Some(c) = self.cep_mut(id) else { return };
         c.remote_comm_id = rep.local_comm_id;
         c.remote_ca_guid = rep.local_ca_guid;
-        c.remote_qpn = rep.local_qpn;
+        c.remote_qpn = rep_qpn;
         c.remote_psn = rep.starting_psn;
         c.peer_responder_resources = rep.responder_resources;
         c.peer_initiator_depth = rep.initiator_depth;
+        // The read limits cross over (Linux `cm_rep_handler`: initiator_depth =
+        // REP.ResponderResources, responder_resources = REP.InitiatorDepth; WinOF
+        // `__save_wire_rep`): this side issues no more RDMA reads than the passive side
+        // accepts (RTS max_rd_atomic) and accepts as many as it issues (RTR
+        // max_dest_rd_atomic).
+        c.initiator_depth = rep.responder_resources;
+        c.responder_resources = rep.initiator_depth;
+        // IBA Table 110: an alternate path the passive side did not accept (1 not
+        // supported, 2 rejected) is loaded into no QP state and cannot be migrated to.
+        if rep.failover_accepted != Failover::Accepted {
+            c.alternate = None;
+        }
         c.target_ack_delay = rep.target_ack_delay;
         c.rnr_retry = rep.rnr_retry_count;
         c.failover = rep.failover_accepted;
@@ -1344,7 +1421,7 @@ impl CmManager {
             id,
             Event::RepReceived(RepInfo {
                 remote_ca_guid: rep.local_ca_guid,
-                remote_qpn: rep.local_qpn,
+                remote_qpn: rep_qpn,
                 remote_psn: rep.starting_psn,
                 peer_responder_resources: rep.responder_resources,
                 peer_initiator_depth: rep.initiator_depth,
@@ -1623,6 +1700,20 @@ impl CmManager {
             return Err(self.invalid(id));
         }
         check_width("qpn", p.qpn.into(), 24)?;
+        // The REQ the passive side would refuse (WinOF `__req_handler`): never send it.
+        if p.qpn == 0 {
+            return Err(CmError::Reserved {
+                field: "qpn",
+                value: 0,
+            });
+        }
+        if !transport_supported(p.transport) {
+            let (service_type, extended) = p.transport.to_wire();
+            return Err(CmError::Reserved {
+                field: "transport",
+                value: u64::from(service_type) << 8 | u64::from(extended),
+            });
+        }
         if let Some(psn) = p.starting_psn {
             check_width("starting_psn", psn.into(), 24)?;
         }
@@ -1832,6 +1923,16 @@ impl CmManager {
         c.initiator_depth = p.initiator_depth;
         c.peer_rnr_retry = p.rnr_retry_count;
         c.failover = p.failover_accepted;
+        // IBA Table 110: the REQ's alternate path is loaded only if accepted. Kept aside
+        // (no LAP can be pending before the connection is established) so that a
+        // re-formatted REP may still accept it.
+        if p.failover_accepted == Failover::Accepted {
+            if c.alternate.is_none() {
+                c.alternate = c.pending_alternate.take();
+            }
+        } else if let Some(alt) = c.alternate.take() {
+            c.pending_alternate = Some(alt);
+        }
         c.flow_control = p.flow_control;
         c.srq = p.srq;
         self.set_state(id, State::RepPrepared { mra_sent });
@@ -1849,6 +1950,10 @@ impl CmManager {
             return Err(self.invalid(id));
         }
         self.leave_backlog(id);
+        if let Some(c) = self.cep_mut(id) {
+            // The REQ's refused alternate path, if any, is forgotten now.
+            c.pending_alternate = None;
+        }
         self.set_state(id, State::RepSent { mra_rcvd: false });
         self.resend(id, AttributeId::Rep);
         Counters::bump(&mut self.counters.sent, AttributeId::Rep);
@@ -1952,9 +2057,10 @@ impl CmManager {
         let Some(c) = self.cep_any(id) else {
             return Err(CmError::UnknownCep);
         };
-        let base = c.round_trip_ns().saturating_add(
-            ibcm_mad::ib_time_ns(c.remote_cm_response_timeout.min(31)).unwrap_or(0),
-        );
+        // The peer's response time: the passive side waits the REQ's LocalCMResponseTimeout.
+        let base = c
+            .round_trip_ns()
+            .saturating_add(ibcm_mad::ib_time_ns(peer_response_timeout(c).min(31)).unwrap_or(0));
         let retries = c.max_cm_retries;
         self.start_retry(id, now, base, retries);
         Ok(())
@@ -2117,4 +2223,37 @@ fn qp_attributes_of(c: &Cep, state: QpState) -> QpAttributes {
         }
     }
     a
+}
+
+/// The transports a connection may use: RC, UC and XRC (Linux `cm_req_get_qp_type`). RD
+/// (TransportServiceType 2) has no support in either anchor, and ExtendedTransportType
+/// values other than 1 are reserved (IBA Table 106).
+fn transport_supported(transport: Transport) -> bool {
+    match transport {
+        Transport::Rc | Transport::Uc | Transport::Xrc => true,
+        Transport::Extended(e) => Transport::from_wire(3, e) == Transport::Xrc,
+        Transport::Rd => false,
+    }
+}
+
+/// How long the peer may take to answer this side's DREQ or LAP (5-bit IB time): on the
+/// active side the REQ's RemoteCMResponseTimeout, on the passive side the REQ's
+/// LocalCMResponseTimeout (Linux `cm_req_handler` sets the id's `timeout_ms` from it, and
+/// `cm_send_dreq_locked` waits that; WinOF `__save_wire_req`).
+pub(crate) fn peer_response_timeout(c: &Cep) -> u8 {
+    if c.active {
+        c.remote_cm_response_timeout
+    } else {
+        c.local_cm_response_timeout
+    }
+}
+
+/// MessageRejected of a REJ this CEP sends: the REQ while it answers one, the REP while
+/// it holds one unanswered, otherwise Other (WinOF `__process_stale`; IBA Table 108).
+fn message_rejected(state: State) -> MessageKind {
+    match state {
+        State::ReqRcvd { .. } | State::RepPrepared { .. } => MessageKind::Req,
+        State::RepRcvd { .. } => MessageKind::Rep,
+        _ => MessageKind::Other,
+    }
 }

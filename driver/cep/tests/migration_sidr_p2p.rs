@@ -718,7 +718,12 @@ fn lap_refused_by_the_apr_status() {
         settle(&mut p);
         let b = p.last_request().unwrap();
         let now = p.now;
-        p.b.accept(now, b, &Pair::rep_params(QPN_B)).unwrap();
+        // FailoverAccepted 0: the REQ's alternate path is loaded (IBA Table 110).
+        let rp = RepParams {
+            failover_accepted: ibcm_mad::Failover::Accepted,
+            ..Pair::rep_params(QPN_B)
+        };
+        p.b.accept(now, b, &rp).unwrap();
         settle(&mut p);
         p.a.rtu(a, b"").unwrap();
         settle(&mut p);
@@ -1072,7 +1077,12 @@ fn migrate_to_the_req_alternate() {
     // Not before the connection is established.
     assert_eq!(p.b.migrate(b), invalid(S::ReqRcvd));
     let now = p.now;
-    p.b.accept(now, b, &Pair::rep_params(QPN_B)).unwrap();
+    // FailoverAccepted 0: the REQ's alternate path is loaded (IBA Table 110).
+    let rp = RepParams {
+        failover_accepted: ibcm_mad::Failover::Accepted,
+        ..Pair::rep_params(QPN_B)
+    };
+    p.b.accept(now, b, &rp).unwrap();
     settle(&mut p);
     assert_eq!(p.a.migrate(a), invalid(S::RepRcvd));
     p.a.rtu(a, b"").unwrap();

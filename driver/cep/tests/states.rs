@@ -2102,23 +2102,24 @@ fn stale_req_reusing_a_live_qpn_ends_both_connections() {
         [rej_event(RejReason::StaleConn, MessageKind::Req, &[], &[])]
     );
     assert_state(&fx.p.a, a2, S::Timewait);
-    // ... and the old connection is ended on both sides (WinOF `__process_stale`): B tells
-    // A's old CEP with REJ(StaleConn); both go to timewait.
-    assert_sent(&mut fx.p, Side::B, AttributeId::Rej, 2);
-    assert_states(&fx.p, a1, S::Timewait, b1, S::Timewait);
-    assert_eq!(
-        fx.p.events_of(Side::A, a1)[1],
-        rej_event(RejReason::StaleConn, MessageKind::Other, &[], &[])
-    );
-    let Event::Rejected { reason, .. } = fx.p.events_of(Side::B, b1)[2] else {
-        panic!()
-    };
-    assert_eq!(reason, RejReason::StaleConn);
+    // ... and the old connection is disconnected (IBA 12.9.8.3.1; Linux `cm_match_req`
+    // -> `ib_send_cm_dreq`): B's only REJ is the newcomer's; the old one gets a DREQ.
+    assert_sent(&mut fx.p, Side::B, AttributeId::Rej, 1);
+    assert_sent(&mut fx.p, Side::B, AttributeId::Dreq, 1);
+    assert_states(&fx.p, a1, S::DreqRcvd, b1, S::DreqSent);
+    assert_events(&mut fx.p, Side::A, a1, &[Ev::Rep, Ev::Dreq]);
+    let now = fx.p.now;
+    fx.p.a.drep(now, a1, b"").unwrap();
     fx.p.drive();
     let stale = Ev::Rej(RejReason::StaleConn);
-    assert_events(&mut fx.p, Side::A, a1, &[Ev::Rep, stale, Ev::Exit]);
+    assert_events(&mut fx.p, Side::A, a1, &[Ev::Rep, Ev::Dreq, Ev::Exit]);
     assert_events(&mut fx.p, Side::A, a2, &[stale, Ev::Exit]);
-    assert_events(&mut fx.p, Side::B, b1, &[Ev::Req, Ev::Rtu, stale, Ev::Exit]);
+    assert_events(
+        &mut fx.p,
+        Side::B,
+        b1,
+        &[Ev::Req, Ev::Rtu, Ev::Drep, Ev::Exit],
+    );
     finish(fx.p, &[a1, a2], &[b1, fx.l]);
 }
 
@@ -2142,7 +2143,10 @@ fn stale_rep_reusing_a_live_qpn_is_refused() {
         fx.p.events_of(Side::A, a2),
         [local_rej(RejReason::StaleConn, MessageKind::Rep)]
     );
-    assert_sent(&mut fx.p, Side::A, AttributeId::Rej, 2);
+    // A's only REJ is the newcomer's; the old connection gets a DREQ (Linux
+    // `cm_rep_handler` -> `ib_send_cm_dreq`).
+    assert_sent(&mut fx.p, Side::A, AttributeId::Rej, 1);
+    assert_sent(&mut fx.p, Side::A, AttributeId::Dreq, 1);
     // B's new CEP hears of it and goes to timewait (its QP reached RTR).
     assert_state(&fx.p.b, b2, S::Timewait);
     assert_events(
@@ -2151,13 +2155,20 @@ fn stale_rep_reusing_a_live_qpn_is_refused() {
         b2,
         &[Ev::Req, Ev::Rej(RejReason::StaleConn)],
     );
-    // The old connection ends on both sides.
-    assert_states(&fx.p, a1, S::Timewait, b1, S::Timewait);
+    // The old connection is disconnected.
+    assert_states(&fx.p, a1, S::DreqSent, b1, S::DreqRcvd);
+    let now = fx.p.now;
+    fx.p.b.drep(now, b1, b"").unwrap();
     fx.p.drive();
     let stale = Ev::Rej(RejReason::StaleConn);
-    assert_events(&mut fx.p, Side::A, a1, &[Ev::Rep, stale, Ev::Exit]);
+    assert_events(&mut fx.p, Side::A, a1, &[Ev::Rep, Ev::Drep, Ev::Exit]);
     assert_events(&mut fx.p, Side::A, a2, &[stale]);
-    assert_events(&mut fx.p, Side::B, b1, &[Ev::Req, Ev::Rtu, stale, Ev::Exit]);
+    assert_events(
+        &mut fx.p,
+        Side::B,
+        b1,
+        &[Ev::Req, Ev::Rtu, Ev::Dreq, Ev::Exit],
+    );
     assert_events(&mut fx.p, Side::B, b2, &[Ev::Req, stale, Ev::Exit]);
     assert_sent(&mut fx.p, Side::B, AttributeId::Rep, 2);
     finish(fx.p, &[a1, a2], &[b1, b2, fx.l]);

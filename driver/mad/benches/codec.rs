@@ -190,6 +190,7 @@ fn messages() -> Vec<(&'static str, CmMad<'static>)> {
             CmMessage::SidrRep(SidrRep {
                 request_id: 7,
                 status: SidrStatus::Success,
+                vendor_id: 0,
                 qpn: 0x42,
                 service_id: 0x0000_0000_0111_0035,
                 qkey: 0x8001_0000,

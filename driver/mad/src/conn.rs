@@ -123,17 +123,13 @@ pub struct Rej<'a> {
 }
 
 impl<'a> Rej<'a> {
-    /// Reads a REJ from a MAD buffer; an ARI length over 72 is malformed.
+    /// Reads a REJ from a MAD buffer. A RejectedInfoLength over 72 (the ARI field, IBA
+    /// Table 108) is clamped to 72, never refused: a REJ dropped leaves the active side
+    /// waiting out a whole REQ timeout, and Linux `cm_format_rej_event` passes the length
+    /// on unchecked. [`CmMad::length_clamped`](crate::CmMad::length_clamped) tells when it happened.
     pub fn parse(buf: &'a [u8]) -> Result<Self, Error> {
         let p = RejPacket::new_checked(buf)?;
-        let len = p.rejected_info_length();
-        if usize::from(len) > REJ_ARI_SIZE {
-            return Err(Error::LengthField {
-                field: "RejectedInfoLength",
-                len,
-                max: REJ_ARI_SIZE as u8,
-            });
-        }
+        let len = p.rejected_info_length().min(REJ_ARI_SIZE as u8);
         Ok(Self {
             local_comm_id: p.local_comm_id(),
             remote_comm_id: p.remote_comm_id(),

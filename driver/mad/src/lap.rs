@@ -147,17 +147,14 @@ pub struct Apr<'a> {
 }
 
 impl<'a> Apr<'a> {
-    /// Reads an APR from a MAD buffer; an additional-info length over 72 is malformed.
+    /// Reads an APR from a MAD buffer. An AdditionalInfoLength over 72 (IBA Table 116) is
+    /// clamped to 72, never refused (an APR dropped leaves the LAP's sender waiting out its
+    /// retries); [`CmMad::length_clamped`](crate::CmMad::length_clamped) tells when.
     pub fn parse(buf: &'a [u8]) -> Result<Self, Error> {
         let p = AprPacket::new_checked(buf)?;
-        let len = p.additional_info_length();
-        if usize::from(len) > APR_ADDITIONAL_INFO_SIZE {
-            return Err(Error::LengthField {
-                field: "AdditionalInfoLength",
-                len,
-                max: APR_ADDITIONAL_INFO_SIZE as u8,
-            });
-        }
+        let len = p
+            .additional_info_length()
+            .min(APR_ADDITIONAL_INFO_SIZE as u8);
         Ok(Self {
             local_comm_id: p.local_comm_id(),
             remote_comm_id: p.remote_comm_id(),

@@ -15,6 +15,24 @@
 //! Private data has no length on the wire: `parse` returns the whole field (92 bytes for a
 //! REQ, 196 for a REP, ...), and `emit` accepts up to that many bytes and zero-fills the rest.
 //!
+//! **Length fields** (REJ RejectedInfoLength, APR and SIDR_REP AdditionalInfoLength) over
+//! the 72-byte field they describe are clamped to 72, not refused: a peer's REJ must never
+//! be lost to a bad length (the active side would wait out a whole REQ timeout). See
+//! [`CmMad::length_clamped`].
+//!
+//! **Reserved bits.** The codec preserves none of them in a representation:
+//!
+//! - `parse` ignores every reserved bit and byte (REQ bytes 4 and 24-27 and the rsvd bits
+//!   of 50/94/95/138/139, REP 27[3:0] and the low byte of the QPN/EECN/PSN words outside
+//!   the VendorID bytes, REJ 9[0], LAP 8-11 and 16-19, APR 10-11, SIDR_REQ 6-7, the MAD
+//!   header's Reserved@18, ...): a representation has no field for them, so re-emitting a
+//!   parsed MAD zeroes them. The REQ, REP and SIDR_REP VendorID bytes (IBA 1.4 ECE, which
+//!   older revisions reserve) are not reserved here: they are parsed and emitted.
+//! - `emit` zeroes the whole 256-byte buffer first: every reserved bit it writes is zero.
+//! - The views' setters change only their own bits (a bit-field setter keeps the rest of its
+//!   byte, a flow-label setter the low 12 bits of its word), so editing a received MAD in
+//!   place through a view preserves its reserved bits; the getters never mask them in.
+//!
 //! ```
 //! use ibcm_mad::{CmMad, CmMessage, MadHeader, Rtu, MAD_SIZE};
 //!
@@ -202,6 +220,20 @@ impl<'a> CmMad<'a> {
             AttributeId::Unknown(id) => return Err(Error::UnknownAttribute(id)),
         };
         Ok(Self { header, message })
+    }
+
+    /// Whether [`parse`](Self::parse) clamped a length field of this MAD to 72: a REJ whose
+    /// RejectedInfoLength, or an APR or SIDR_REP whose AdditionalInfoLength, exceeds it.
+    /// Reads only the attribute ID and that one field (a short buffer reads as false).
+    pub fn length_clamped(buf: &[u8]) -> bool {
+        let attribute = AttributeId::from(Mad::new_unchecked(buf).attribute_id());
+        let len = match attribute {
+            AttributeId::Rej => RejPacket::new_unchecked(buf).rejected_info_length(),
+            AttributeId::Apr => AprPacket::new_unchecked(buf).additional_info_length(),
+            AttributeId::SidrRep => SidrRepPacket::new_unchecked(buf).additional_info_length(),
+            _ => return false,
+        };
+        usize::from(len) > REJ_ARI_SIZE
     }
 
     /// Checks the header's method against the attribute and every field of the message.

@@ -80,8 +80,12 @@ view! {
         status / set_status: u8(4);
         /// AdditionalInfoLength.
         additional_info_length / set_additional_info_length: u8(5);
+        /// VendorID bits 23..8 (IBA 1.4 ECE; Linux `CM_SIDR_REP_VENDOR_ID_H`).
+        vendor_id_h / set_vendor_id_h: u16(6);
         /// QPN (24 bits).
         qpn / set_qpn: u24(8);
+        /// VendorID bits 7..0 (Linux `CM_SIDR_REP_VENDOR_ID_L`).
+        vendor_id_l / set_vendor_id_l: u8(11);
         /// ServiceID.
         service_id / set_service_id: u64(12);
         /// Q_Key.
@@ -100,6 +104,8 @@ pub struct SidrRep<'a> {
     pub request_id: u32,
     /// Status.
     pub status: SidrStatus,
+    /// VendorID (24 bits; 0 unless ECE is used), as in a REQ and a REP.
+    pub vendor_id: u32,
     /// QPN (24 bits).
     pub qpn: u32,
     /// ServiceID.
@@ -113,20 +119,19 @@ pub struct SidrRep<'a> {
 }
 
 impl<'a> SidrRep<'a> {
-    /// Reads a SIDR_REP from a MAD buffer; an additional-info length over 72 is malformed.
+    /// Reads a SIDR_REP from a MAD buffer. An AdditionalInfoLength over 72 (IBA Table 120)
+    /// is clamped to 72, never refused (a SIDR_REP dropped leaves the requester waiting out
+    /// its retries); [`CmMad::length_clamped`](crate::CmMad::length_clamped) tells when.
     pub fn parse(buf: &'a [u8]) -> Result<Self, Error> {
         let p = SidrRepPacket::new_checked(buf)?;
-        let len = p.additional_info_length();
-        if usize::from(len) > SIDR_REP_ADDITIONAL_INFO_SIZE {
-            return Err(Error::LengthField {
-                field: "AdditionalInfoLength",
-                len,
-                max: SIDR_REP_ADDITIONAL_INFO_SIZE as u8,
-            });
-        }
+        let len = p
+            .additional_info_length()
+            .min(SIDR_REP_ADDITIONAL_INFO_SIZE as u8);
+        let [vendor_h, vendor_m] = p.vendor_id_h().to_be_bytes();
         Ok(Self {
             request_id: p.request_id(),
             status: SidrStatus::from(p.status()),
+            vendor_id: u32::from_be_bytes([0, vendor_h, vendor_m, p.vendor_id_l()]),
             qpn: p.qpn(),
             service_id: p.service_id(),
             qkey: p.qkey(),
@@ -135,9 +140,11 @@ impl<'a> SidrRep<'a> {
         })
     }
 
-    /// Checks the QPN width and the additional-info and private-data lengths.
+    /// Checks the QPN and vendor ID widths and the additional-info and private-data
+    /// lengths.
     pub fn check(&self) -> Result<(), Error> {
         check_width("QPN", self.qpn.into(), 24)?;
+        check_width("VendorID", self.vendor_id.into(), 24)?;
         check_len(
             "AdditionalInfo",
             self.additional_info.len(),
@@ -156,7 +163,10 @@ impl<'a> SidrRep<'a> {
         p.set_status(self.status.into());
         // Checked against 72 bytes.
         p.set_additional_info_length(self.additional_info.len() as u8);
+        let [_, vendor_h, vendor_m, vendor_l] = self.vendor_id.to_be_bytes();
+        p.set_vendor_id_h(u16::from_be_bytes([vendor_h, vendor_m]));
         p.set_qpn(self.qpn);
+        p.set_vendor_id_l(vendor_l);
         p.set_service_id(self.service_id);
         p.set_qkey(self.qkey);
         p.set_additional_info(self.additional_info);

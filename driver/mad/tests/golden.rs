@@ -162,6 +162,12 @@ fn golden(mad: &CmMad<'_>, expected: &Mad, reserved: &[Reserved]) {
             let mut flipped = *expected;
             flipped[i] ^= m;
             let ignored = CmMad::parse(&flipped).is_ok_and(|p| p == *mad);
+            if i >= D && CmMad::length_clamped(&flipped) && !CmMad::length_clamped(expected) {
+                // A length flipped above 72 is clamped to 72: from 72 that is the same
+                // message, from less it is not; both are right, and
+                // `length_fields_over_72_are_clamped_and_flagged_never_refused` checks it.
+                continue;
+            }
             let is_reserved = reserved_mask(reserved, i) & m != 0;
             assert_eq!(
                 ignored,
@@ -1638,10 +1644,17 @@ fn sidr_req_vectors() {
 // SIDR_REP (Table 120)
 // ---------------------------------------------------------------------------------------
 
-const SIDR_REP_RESERVED: &[Reserved] = &[
-    (D + 6, D + 8, 0xFF),   // 6..7 reserved
-    (D + 11, D + 12, 0xFF), // 11: after QPN
-];
+/// None: bytes 6..7 and 11 carry the VendorID (IBA 1.4 ECE; Linux
+/// `CM_SIDR_REP_VENDOR_ID_H` / `_L`), as the REQ's and REP's spare bytes do.
+const SIDR_REP_RESERVED: &[Reserved] = &[];
+
+/// `mad` (a SIDR_REP) with the given VendorID.
+fn with_vendor(mut mad: CmMad<'_>, vendor_id: u32) -> CmMad<'_> {
+    if let CmMessage::SidrRep(r) = &mut mad.message {
+        r.vendor_id = vendor_id;
+    }
+    mad
+}
 
 #[allow(clippy::too_many_arguments)]
 fn sidr_rep<'a>(
@@ -1659,6 +1672,7 @@ fn sidr_rep<'a>(
         message: CmMessage::SidrRep(SidrRep {
             request_id,
             status,
+            vendor_id: 0,
             qpn,
             service_id,
             qkey,
@@ -1670,8 +1684,7 @@ fn sidr_rep<'a>(
 
 fn sidr_rep_max_bytes() -> Mad {
     let mut b = all_ones(0x03, [0x00, 0x18]);
-    put(&mut b, D + 4, &[0xFF, 0x48, 0x00, 0x00]); // Status | InfoLength 72 | reserved
-    put(&mut b, D + 11, &[0x00]); // reserved after QPN
+    put(&mut b, D + 4, &[0xFF, 0x48]); // Status | InfoLength 72; 6..7 VendorID high
     b
 }
 
@@ -1733,15 +1746,18 @@ fn sidr_rep_all_ones_and_halves() {
     let ones = [0xFF; 136];
     let zeros = [0u8; 136];
     golden(
-        &sidr_rep(
-            MAX_SEND,
-            u32::MAX,
-            SidrStatus::Unknown(0xFF),
+        &with_vendor(
+            sidr_rep(
+                MAX_SEND,
+                u32::MAX,
+                SidrStatus::Unknown(0xFF),
+                0xFF_FFFF,
+                u64::MAX,
+                u32::MAX,
+                &ones_info,
+                &ones,
+            ),
             0xFF_FFFF,
-            u64::MAX,
-            u32::MAX,
-            &ones_info,
-            &ones,
         ),
         &sidr_rep_max_bytes(),
         SIDR_REP_RESERVED,
@@ -1769,19 +1785,22 @@ fn sidr_rep_all_ones_and_halves() {
     );
 
     let mut bb = header(0x03, [0, 0, 0, 0, 0, 0, 0, 0x0B], [0x00, 0x18]);
-    put(&mut bb, D + 4, &[0xFF, 0x00]); // Status 0xFF | InfoLength 0
-    put(&mut bb, D + 8, &[0xFF, 0xFF, 0xFF, 0x00]); // QPN | reserved
+    put(&mut bb, D + 4, &[0xFF, 0x00, 0xFF, 0xFF]); // Status 0xFF | InfoLength 0 | VendorID hi
+    put(&mut bb, D + 8, &[0xFF, 0xFF, 0xFF, 0xFF]); // QPN | VendorID low
     put(&mut bb, D + 20, &[0xFF; 4]); // Q_Key
     golden(
-        &sidr_rep(
-            MadHeader::send(0xB),
-            0,
-            SidrStatus::Unknown(0xFF),
+        &with_vendor(
+            sidr_rep(
+                MadHeader::send(0xB),
+                0,
+                SidrStatus::Unknown(0xFF),
+                0xFF_FFFF,
+                0,
+                u32::MAX,
+                &[],
+                &zeros,
+            ),
             0xFF_FFFF,
-            0,
-            u32::MAX,
-            &[],
-            &zeros,
         ),
         &bb,
         &with(SIDR_REP_RESERVED, &[(D + 24, D + 96, 0xFF)]),
@@ -2070,62 +2089,74 @@ fn parse_errors_in_the_header() {
     assert_eq!(CmMad::parse(&b), Err(Error::UnknownAttribute(0x8010)));
 }
 
+/// IBA Tables 108, 116 and 120 give RejectedInfoLength / AdditionalInfoLength fields of at
+/// most 72; a peer's larger value is clamped to 72 and reported by
+/// `CmMad::length_clamped`, never refused: a REJ refused leaves the active side waiting
+/// out a whole REQ timeout (Linux `cm_format_rej_event` passes the length through).
 #[test]
-fn parse_errors_in_length_fields() {
-    // REJ: RejectedInfoLength is 9[7:1]; 73<<1 = 0x92, 127<<1 = 0xFE.
+fn length_fields_over_72_are_clamped_and_flagged_never_refused() {
+    let ari: Vec<u8> = (0..72).collect();
+    // REJ: RejectedInfoLength is 9[7:1]; 72<<1 = 0x90, 73<<1 = 0x92, 127<<1 | 1 = 0xFF.
     let mut b = header(0x03, [0; 8], [0x00, 0x12]);
-    put(&mut b, D + 9, &[0x90]);
-    assert!(CmMad::parse(&b).is_ok());
-    put(&mut b, D + 9, &[0x92]);
-    assert_eq!(
-        CmMad::parse(&b),
-        Err(Error::LengthField {
-            field: "RejectedInfoLength",
-            len: 73,
-            max: 72
-        })
-    );
-    put(&mut b, D + 9, &[0xFF]); // 127, reserved bit set
-    assert_eq!(
-        CmMad::parse(&b),
-        Err(Error::LengthField {
-            field: "RejectedInfoLength",
-            len: 127,
-            max: 72
-        })
-    );
+    put(&mut b, D + 10, &[0x00, 0x01]); // Reason 1
+    put(&mut b, D + 12, &ari);
+    for (byte, clamped) in [(0x90u8, false), (0x92, true), (0xFF, true)] {
+        put(&mut b, D + 9, &[byte]);
+        let CmMessage::Rej(rej) = CmMad::parse(&b).expect("a REJ is never refused").message else {
+            panic!("not a REJ")
+        };
+        assert_eq!(
+            (rej.ari, rej.reason),
+            (&ari[..], RejReason::NoQp),
+            "{byte:#x}"
+        );
+        assert_eq!(CmMad::length_clamped(&b), clamped, "{byte:#x}");
+    }
 
     // APR: AdditionalInfoLength is byte 8.
     let mut b = header(0x03, [0; 8], [0x00, 0x1A]);
-    put(&mut b, D + 8, &[72]);
-    assert!(CmMad::parse(&b).is_ok());
-    for len in [73u8, 0xFF] {
+    put(&mut b, D + 12, &ari);
+    for (len, clamped) in [(72u8, false), (73, true), (0xFF, true)] {
         put(&mut b, D + 8, &[len]);
-        assert_eq!(
-            CmMad::parse(&b),
-            Err(Error::LengthField {
-                field: "AdditionalInfoLength",
-                len,
-                max: 72
-            })
-        );
+        let CmMessage::Apr(apr) = CmMad::parse(&b).expect("an APR is never refused").message else {
+            panic!("not an APR")
+        };
+        assert_eq!(apr.additional_info, &ari[..], "{len}");
+        assert_eq!(CmMad::length_clamped(&b), clamped, "{len}");
     }
 
     // SIDR_REP: AdditionalInfoLength is byte 5.
     let mut b = header(0x03, [0; 8], [0x00, 0x18]);
-    put(&mut b, D + 5, &[72]);
-    assert!(CmMad::parse(&b).is_ok());
-    for len in [73u8, 0xFF] {
+    put(&mut b, D + 24, &ari);
+    for (len, clamped) in [(72u8, false), (73, true), (0xFF, true)] {
         put(&mut b, D + 5, &[len]);
-        assert_eq!(
-            CmMad::parse(&b),
-            Err(Error::LengthField {
-                field: "AdditionalInfoLength",
-                len,
-                max: 72
-            })
-        );
+        let CmMessage::SidrRep(rep) = CmMad::parse(&b)
+            .expect("a SIDR_REP is never refused")
+            .message
+        else {
+            panic!("not a SIDR_REP")
+        };
+        assert_eq!(rep.additional_info, &ari[..], "{len}");
+        assert_eq!(CmMad::length_clamped(&b), clamped, "{len}");
     }
+    // Other attributes never report a clamp.
+    assert!(!CmMad::length_clamped(&header(0x03, [0; 8], [0x00, 0x10])));
+    assert!(!CmMad::length_clamped(&[]));
+}
+
+/// Linux `CM_SIDR_REP_VENDOR_ID_H` (16 bits at 6) and `CM_SIDR_REP_VENDOR_ID_L` (8 bits
+/// at 11): the SIDR_REP carries the ECE VendorID as the REQ and REP do.
+#[test]
+fn sidr_rep_carries_the_ece_vendor_id_in_bytes_6_7_and_11() {
+    let mut b = header(0x03, [0; 8], [0x00, 0x18]);
+    put(&mut b, D + 6, &[0xAB, 0xCD, 0x12, 0x34, 0x56, 0xEF]); // Vendor hi | QPN | Vendor lo
+    let CmMessage::SidrRep(rep) = CmMad::parse(&b).unwrap().message else {
+        panic!("not a SIDR_REP")
+    };
+    assert_eq!((rep.vendor_id, rep.qpn), (0xAB_CDEF, 0x12_3456));
+    let mut out = [0u8; 256];
+    send(0, CmMessage::SidrRep(rep)).emit(&mut out).unwrap();
+    assert_eq!(&out[D + 6..D + 12], &[0xAB, 0xCD, 0x12, 0x34, 0x56, 0xEF]);
 }
 
 /// Emit fails with `err`, and neither a full nor a short buffer is touched.

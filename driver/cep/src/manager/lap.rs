@@ -19,7 +19,7 @@ impl CmManager {
             local_comm_id: self.local_comm_id(id),
             remote_comm_id: c.remote_comm_id,
             remote_qpn_eecn: c.remote_qpn,
-            remote_cm_response_timeout: c.remote_cm_response_timeout,
+            remote_cm_response_timeout: super::peer_response_timeout(c),
             alternate_path: alt.to_wire(ack_timeout(alt.packet_life_time, c.target_ack_delay)),
             private_data: super::cached(c, AttributeId::Lap),
         }
@@ -59,8 +59,9 @@ impl CmManager {
         let Some(c) = self.cep_any(id) else {
             return Err(CmError::UnknownCep);
         };
+        // The peer's response time (the passive side: the REQ's LocalCMResponseTimeout).
         let base = c.round_trip_ns().saturating_add(
-            ibcm_mad::ib_time_ns(c.remote_cm_response_timeout.min(31)).unwrap_or(0),
+            ibcm_mad::ib_time_ns(super::peer_response_timeout(c).min(31)).unwrap_or(0),
         );
         let retries = c.max_cm_retries;
         self.start_retry(id, now, base, retries);

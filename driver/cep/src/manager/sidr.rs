@@ -199,6 +199,7 @@ impl CmManager {
             let rep = SidrRep {
                 request_id: req.request_id,
                 status: SidrStatus::Unsupported,
+                vendor_id: 0,
                 qpn: 0,
                 service_id: req.service_id,
                 qkey: 0,
