@@ -9,6 +9,8 @@
 //!   buffer; every request and endpoint accounted for at close; no allocation at
 //!   DISPATCH_LEVEL (the receive path and the timer run "at DISPATCH").
 //! - [`Fabric`] joins host nodes in virtual time.
+//! - [`wire`] builds and takes apart the RoCEv2 packet of a QP1 MAD (IPv4 / UDP / BTH /
+//!   DETH / MAD / ICRC).
 //! - [`pcap`] writes what the fabric captured as RoCEv2 frames in a pcap file.
 //! - [`rocev2`] (Linux) puts a node on a real link: QP1 over UDP 4791, on a raw socket.
 #![forbid(unsafe_code)]
@@ -22,6 +24,7 @@ mod platform;
 #[cfg(target_os = "linux")]
 pub mod rocev2;
 pub mod verifier;
+pub mod wire;
 
 pub use clock::Clock;
 pub use fabric::{Captured, Fabric, FaultCounts, Faults, Realtime, Wake, node_address, node_guid};
