@@ -6,15 +6,19 @@
 //! addresses are derived from the LID: MAC `02:00:00:4d:hi:lo`, IPv4 `10.77.hi.lo` (node
 //! `i` has LID `i + 1`, so `10.77.0.(i+1)`).
 //!
-//! The Ethernet and VLAN headers are etherparse's.
+//! The file format is pcap-file's, the Ethernet and VLAN headers etherparse's.
 //! [`read_pcap`] and [`parse_rocev2`] read such files back (and real captures: a VLAN
 //! tag is skipped), for tests.
 
+use std::borrow::Cow;
 use std::fmt;
 use std::io::{self, Write};
 use std::net::Ipv4Addr;
+use std::time::Duration;
 
 use etherparse::{EtherType, Ethernet2Header, Ethernet2HeaderSlice, SingleVlanHeaderSlice};
+use pcap_file::pcap::{PcapHeader, PcapParser, PcapWriter};
+use pcap_file::{DataLink, Endianness, PcapError, TsResolution};
 
 use crate::fabric::Captured;
 use crate::wire::{self, Framing, NotUdp, PACKET_LEN};
@@ -24,10 +28,6 @@ pub use crate::wire::{
 
 /// pcap linktype of Ethernet.
 pub const LINKTYPE_ETHERNET: u32 = 1;
-/// Classic pcap magic with microsecond timestamps.
-const MAGIC_US: u32 = 0xa1b2_c3d4;
-/// Classic pcap magic with nanosecond timestamps (what [`write_pcap`] writes).
-const MAGIC_NS: u32 = 0xa1b2_3c4d;
 
 /// The MAC address written for the node with `lid` (locally administered).
 pub fn node_mac(lid: u16) -> [u8; 6] {
@@ -76,32 +76,36 @@ pub fn rocev2_frame(captured: &Captured, psn: u32) -> Vec<u8> {
     f
 }
 
-/// Writes `captured` as a classic pcap file (nanosecond timestamps, linktype Ethernet),
-/// one RoCEv2 frame per MAD; each sender's PSNs count up from 0.
-pub fn write_pcap<W: Write>(mut out: W, captured: &[Captured]) -> io::Result<()> {
-    let mut header = Vec::with_capacity(24);
-    header.extend_from_slice(&MAGIC_NS.to_le_bytes());
-    header.extend_from_slice(&2u16.to_le_bytes());
-    header.extend_from_slice(&4u16.to_le_bytes());
-    header.extend_from_slice(&0i32.to_le_bytes()); // thiszone
-    header.extend_from_slice(&0u32.to_le_bytes()); // sigfigs
-    header.extend_from_slice(&65_535u32.to_le_bytes()); // snaplen
-    header.extend_from_slice(&LINKTYPE_ETHERNET.to_le_bytes());
-    out.write_all(&header)?;
+/// Writes `captured` as a classic pcap file (nanosecond timestamps, little-endian,
+/// linktype Ethernet), one RoCEv2 frame per MAD; each sender's PSNs count up from 0.
+pub fn write_pcap<W: Write>(out: W, captured: &[Captured]) -> io::Result<()> {
+    let header = PcapHeader {
+        datalink: DataLink::ETHERNET,
+        ts_resolution: TsResolution::NanoSecond,
+        endianness: Endianness::Little,
+        ..PcapHeader::default()
+    };
+    let mut writer = PcapWriter::with_header(out, header).map_err(io_error)?;
     let mut psns: std::collections::HashMap<u16, u32> = std::collections::HashMap::new();
     for c in captured {
         let psn = psns.entry(c.from.lid).or_insert(0);
         let frame = rocev2_frame(c, *psn);
         *psn = (*psn + 1) & 0x00ff_ffff;
-        let mut record = Vec::with_capacity(16 + frame.len());
-        record.extend_from_slice(&((c.at_ns / 1_000_000_000) as u32).to_le_bytes());
-        record.extend_from_slice(&((c.at_ns % 1_000_000_000) as u32).to_le_bytes());
-        record.extend_from_slice(&(frame.len() as u32).to_le_bytes());
-        record.extend_from_slice(&(frame.len() as u32).to_le_bytes());
-        record.extend_from_slice(&frame);
-        out.write_all(&record)?;
+        let packet = pcap_file::pcap::PcapPacket::new(
+            Duration::from_nanos(c.at_ns),
+            frame.len() as u32,
+            &frame,
+        );
+        writer.write_packet(&packet).map_err(io_error)?;
     }
-    out.flush()
+    writer.into_writer().flush()
+}
+
+fn io_error(e: PcapError) -> io::Error {
+    match e {
+        PcapError::IoError(e) => e,
+        e => io::Error::new(io::ErrorKind::InvalidInput, e),
+    }
 }
 
 /// Why a pcap file or a frame could not be read.
@@ -157,56 +161,39 @@ pub struct Pcap {
     pub packets: Vec<PcapPacket>,
 }
 
-fn take<'a>(
-    bytes: &'a [u8],
-    at: usize,
-    n: usize,
-    what: &'static str,
-) -> Result<&'a [u8], FrameError> {
-    bytes
-        .get(at..at.saturating_add(n))
-        .ok_or(FrameError::Truncated { what })
-}
-
 /// Reads a classic pcap file (either byte order, micro- or nanosecond timestamps).
 pub fn read_pcap(bytes: &[u8]) -> Result<Pcap, FrameError> {
-    let head = take(bytes, 0, 24, "pcap header")?;
-    let word = |s: &[u8], big: bool| {
-        let a = [s[0], s[1], s[2], s[3]];
-        if big {
-            u32::from_be_bytes(a)
-        } else {
-            u32::from_le_bytes(a)
-        }
-    };
-    let magic = word(head, false);
-    let (big, nanosecond) = match magic {
-        MAGIC_US => (false, false),
-        MAGIC_NS => (false, true),
-        m if m.swap_bytes() == MAGIC_US => (true, false),
-        m if m.swap_bytes() == MAGIC_NS => (true, true),
-        m => return Err(FrameError::BadMagic(m)),
-    };
-    let linktype = word(take(head, 20, 4, "pcap header")?, big);
+    let (mut rest, parser) = PcapParser::new(bytes).map_err(|e| match e {
+        PcapError::IncompleteBuffer => FrameError::Truncated {
+            what: "pcap header",
+        },
+        _ => FrameError::BadMagic(u32::from_le_bytes(
+            bytes
+                .get(..4)
+                .and_then(|m| m.try_into().ok())
+                .unwrap_or_default(),
+        )),
+    })?;
+    let header = parser.header();
+    let nanosecond = header.ts_resolution == TsResolution::NanoSecond;
     let mut packets = Vec::new();
-    let mut at = 24;
-    while at < bytes.len() {
-        let rec = take(bytes, at, 16, "record header")?;
-        let sec = u64::from(word(rec, big));
-        let frac = u64::from(word(take(rec, 4, 4, "record header")?, big));
-        let incl = word(take(rec, 8, 4, "record header")?, big) as usize;
-        let orig_len = word(take(rec, 12, 4, "record header")?, big);
-        let data = take(bytes, at + 16, incl, "record")?.to_vec();
-        let ts_ns = sec * 1_000_000_000 + if nanosecond { frac } else { frac * 1_000 };
+    while !rest.is_empty() {
+        // The raw record, unvalidated: pcap-file's checked record refuses an original
+        // length above the snap length, which is what a truncating capture (`-s 96`)
+        // writes.
+        let (next, raw) = parser
+            .next_raw_packet(rest)
+            .map_err(|_| FrameError::Truncated { what: "record" })?;
+        let frac = u64::from(raw.ts_frac) * if nanosecond { 1 } else { 1_000 };
         packets.push(PcapPacket {
-            ts_ns,
-            orig_len,
-            data,
+            ts_ns: u64::from(raw.ts_sec) * 1_000_000_000 + frac,
+            orig_len: raw.orig_len,
+            data: Cow::into_owned(raw.data),
         });
-        at += 16 + incl;
+        rest = next;
     }
     Ok(Pcap {
-        linktype,
+        linktype: header.datalink.into(),
         nanosecond,
         packets,
     })
