@@ -456,7 +456,7 @@ fn receive_loop(
         };
         let Some(packet) = buf.get(..n) else { continue };
         match decode(packet) {
-            Ok(d) if d.dst == local => {
+            Ok(d) if d.framing.dst == local => {
                 let lose = RoceFaults::take(
                     &mut faults
                         .lock()
@@ -469,7 +469,7 @@ fn receive_loop(
                     continue;
                 }
                 Stats::bump(&stats.received);
-                node.receive(&roce_address(d.src, d.pkey), d.mad);
+                node.receive(&roce_address(d.framing.src, d.framing.pkey), d.mad);
             }
             Ok(_) | Err(DropReason::NotRoce) => {}
             Err(DropReason::NotQp1) => Stats::bump(&stats.not_qp1),

@@ -229,22 +229,9 @@ pub enum DropReason {
 /// A QP1 MAD taken out of a received IPv4 packet.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Decoded<'a> {
-    /// Source address.
-    pub src: Ipv4Addr,
-    /// Destination address.
-    pub dst: Ipv4Addr,
-    /// IPv4 identification.
-    pub ip_id: u16,
-    /// UDP source port.
-    pub udp_src: u16,
-    /// BTH P_Key.
-    pub pkey: u16,
-    /// BTH PSN.
-    pub psn: u32,
-    /// BTH AckReq.
-    pub ack_req: bool,
-    /// BTH MigReq.
-    pub mig_req: bool,
+    /// The fields of the packet: [`encode`] of these and the MAD gives the packet back
+    /// (but for TOS, TTL and the checksums).
+    pub framing: Framing,
     /// The MAD.
     pub mad: &'a [u8],
 }
@@ -338,14 +325,16 @@ pub fn decode(packet: &[u8]) -> Result<Decoded<'_>, DropReason> {
         });
     }
     Ok(Decoded {
-        src: p.ip.source_addr(),
-        dst: p.ip.destination_addr(),
-        ip_id: p.ip.identification(),
-        udp_src: p.udp.source_port(),
-        pkey: bth.pkey.get(),
-        psn: bth.psn.get() & LOW_24,
-        ack_req: bth.psn.get() & BTH_ACK_REQ != 0,
-        mig_req: bth.flags & BTH_MIG_REQ != 0,
+        framing: Framing {
+            src: p.ip.source_addr(),
+            dst: p.ip.destination_addr(),
+            ip_id: p.ip.identification(),
+            udp_src: p.udp.source_port(),
+            pkey: bth.pkey.get(),
+            psn: bth.psn.get() & LOW_24,
+            ack_req: bth.psn.get() & BTH_ACK_REQ != 0,
+            mig_req: bth.flags & BTH_MIG_REQ != 0,
+        },
         mad: t.payload,
     })
 }
