@@ -24,9 +24,11 @@ mod platform;
 #[cfg(target_os = "linux")]
 pub mod rocev2;
 pub mod verifier;
+mod wake;
 pub mod wire;
 
 pub use clock::Clock;
-pub use fabric::{Captured, Fabric, FaultCounts, Faults, Realtime, Wake, node_address, node_guid};
+pub use fabric::{Captured, Fabric, FaultCounts, Faults, Realtime, node_address, node_guid};
 pub use node::{Node, file_key};
 pub use platform::{CompletionHook, HostLock, HostPlatform, HostRequest};
+pub use wake::Wake;

@@ -39,8 +39,8 @@ use ibcm_mad::{Mtu, Rate};
 use socket2::{Domain, Protocol, SockAddr, Socket, Type};
 
 use crate::clock::Clock;
-use crate::fabric::Wake;
 use crate::node::Node;
+use crate::wake::Wake;
 pub use crate::wire::{
     BTH_LEN, DETH_LEN, Decoded, DropReason, Framing, ICRC_LEN, IPV4_HEADER_LEN, PACKET_LEN,
     UDP_HEADER_LEN, decode, encode,
