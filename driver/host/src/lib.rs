@@ -9,6 +9,8 @@
 //!   buffer; every request and endpoint accounted for at close; no allocation at
 //!   DISPATCH_LEVEL (the receive path and the timer run "at DISPATCH").
 //! - [`Fabric`] joins host nodes in virtual time.
+//! - [`wire`] builds and takes apart the RoCEv2 packet of a QP1 MAD (IPv4 / UDP / BTH /
+//!   DETH / MAD / ICRC).
 //! - [`pcap`] writes what the fabric captured as RoCEv2 frames in a pcap file.
 //! - [`rocev2`] (Linux) puts a node on a real link: QP1 over UDP 4791, on a raw socket.
 #![forbid(unsafe_code)]
@@ -23,9 +25,12 @@ mod platform;
 pub mod rocev2;
 mod trace;
 pub mod verifier;
+mod wake;
+pub mod wire;
 
 pub use clock::Clock;
-pub use fabric::{Captured, Fabric, FaultCounts, Faults, Realtime, Wake, node_address, node_guid};
+pub use fabric::{Captured, Fabric, FaultCounts, Faults, Realtime, node_address, node_guid};
 pub use node::{Node, file_key};
 pub use platform::{CompletionHook, HostLock, HostPlatform, HostRequest};
 pub use trace::{TRACING, TracingSink};
+pub use wake::Wake;

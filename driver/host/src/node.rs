@@ -6,8 +6,10 @@ use std::sync::Arc;
 use ibcm_cep::{CmConfig, MadAddress};
 use ibcm_endpoint::{Device, FileId};
 
+use crate::clock::Clock;
 use crate::platform::{HostPlatform, HostRequest};
 use crate::verifier::{Completion, Violation, at_dispatch};
+use crate::wake::Wake;
 
 /// One node: its device, platform and address on the fabric.
 pub struct Node {
@@ -21,12 +23,7 @@ pub struct Node {
 
 impl Node {
     /// A node with `config` at `address`, reading time from `clock`.
-    pub fn new(
-        config: CmConfig,
-        address: MadAddress,
-        clock: Arc<crate::clock::Clock>,
-        wake: Arc<crate::fabric::Wake>,
-    ) -> Self {
+    pub fn new(config: CmConfig, address: MadAddress, clock: Arc<Clock>, wake: Arc<Wake>) -> Self {
         let platform = HostPlatform::new(clock, wake);
         Self {
             device: Device::new(platform.clone(), config),

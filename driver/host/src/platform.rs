@@ -6,7 +6,9 @@ use std::sync::{Arc, Mutex, PoisonError};
 use ibcm_cep::{Instant, Transmit};
 use ibcm_endpoint::{Lock, Platform, Request};
 
+use crate::clock::Clock;
 use crate::verifier::{Completion, Ledger, Violation, lock_acquired, lock_released};
+use crate::wake::Wake;
 
 /// A number unique to the running thread.
 fn thread_key() -> u64 {
@@ -103,12 +105,12 @@ pub use ibcm_ioctl::CompletionHook;
 pub struct HostPlatform {
     /// Every request's fate, and every broken rule.
     pub ledger: Arc<Ledger>,
-    clock: Arc<crate::clock::Clock>,
+    clock: Arc<Clock>,
     outbox: Arc<Mutex<Vec<Transmit>>>,
     /// The outbox's other buffer (see [`HostPlatform::take_sent`]).
     spare: Arc<Mutex<Vec<Transmit>>>,
     timer: Arc<Mutex<Option<Instant>>>,
-    wake: Arc<crate::fabric::Wake>,
+    wake: Arc<Wake>,
 }
 
 impl core::fmt::Debug for HostPlatform {
@@ -121,7 +123,7 @@ impl core::fmt::Debug for HostPlatform {
 
 impl HostPlatform {
     /// A platform reading time from `clock` and waking `wake` when it has work.
-    pub fn new(clock: Arc<crate::clock::Clock>, wake: Arc<crate::fabric::Wake>) -> Self {
+    pub fn new(clock: Arc<Clock>, wake: Arc<Wake>) -> Self {
         Self {
             ledger: Arc::new(Ledger::default()),
             clock,

@@ -4,7 +4,8 @@
 //!
 //! Every MAD goes out as IPv4 / UDP (destination port 4791) / BTH (UD SEND_ONLY, opcode
 //! 0x64, P_Key, destination QP 1) / DETH (Q_Key 0x80010000, source QP 1) / the 256-byte
-//! MAD / ICRC. The packets are built whole, IPv4 header included, and sent on a raw socket
+//! MAD / ICRC ([`crate::wire`] builds and checks them). The packets are built whole, IPv4
+//! header included, and sent on a raw socket
 //! with `IP_HDRINCL`: the ICRC covers the IPv4 header (its identification, flags, length
 //! and addresses; TOS, TTL and checksum are masked), so it must be computed over the
 //! header actually sent. A UDP socket would let the kernel choose the IP ID after the ICRC
@@ -26,7 +27,7 @@
 //! drains the node's outbox to the socket and fires the device timer on the real clock.
 
 use std::io;
-use std::net::{Ipv4Addr, SocketAddrV4, UdpSocket};
+use std::net::{Ipv4Addr, Ipv6Addr, SocketAddrV4, UdpSocket};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::thread::JoinHandle;
@@ -34,31 +35,20 @@ use std::time::Duration;
 
 use ibcm_cep::{CmConfig, MadAddress, PathRecord};
 use ibcm_endpoint::Platform;
-use ibcm_mad::{MAD_SIZE, Mtu, Rate};
+use ibcm_mad::{Mtu, Rate};
 use socket2::{Domain, Protocol, SockAddr, Socket, Type};
 
 use crate::clock::Clock;
-use crate::fabric::Wake;
 use crate::node::Node;
-use crate::pcap::{
-    BTH_UD_SEND_ONLY, DEFAULT_PKEY, QP1_QKEY, ROCEV2_PORT, TTL, icrc, ipv4_checksum,
+use crate::wake::Wake;
+pub use crate::wire::{
+    BTH_LEN, DETH_LEN, Decoded, DropReason, Framing, ICRC_LEN, IPV4_HEADER_LEN, PACKET_LEN,
+    UDP_HEADER_LEN, decode, encode,
 };
+use crate::wire::{DEFAULT_PKEY, ROCEV2_PORT, TTL};
 
-/// Length of an IPv4 header without options.
-pub const IPV4_HEADER_LEN: usize = 20;
-/// UDP header.
-pub const UDP_HEADER_LEN: usize = 8;
-/// Base transport header.
-pub const BTH_LEN: usize = 12;
-/// Datagram extended transport header.
-pub const DETH_LEN: usize = 8;
-/// Invariant CRC.
-pub const ICRC_LEN: usize = 4;
-/// A whole QP1 packet as this port sends it: IPv4 + UDP + BTH + DETH + MAD + ICRC.
-pub const PACKET_LEN: usize =
-    IPV4_HEADER_LEN + UDP_HEADER_LEN + BTH_LEN + DETH_LEN + MAD_SIZE + ICRC_LEN;
 /// The hop limit of a RoCEv2 path (and the TTL sent).
-pub const HOP_LIMIT: u8 = 64;
+pub const HOP_LIMIT: u8 = TTL;
 /// The path MTU of a RoCE path here: 1024 (code 3), what rxe reports.
 pub const PATH_MTU: Mtu = Mtu::Mtu1024;
 /// The LID of every RoCE address (permissive).
@@ -73,11 +63,7 @@ pub fn ipv4_gid(addr: Ipv4Addr) -> [u8; 16] {
 
 /// The IPv4 address of an IPv4-mapped GID.
 pub fn gid_ipv4(gid: &[u8; 16]) -> Option<Ipv4Addr> {
-    let (prefix, v4) = gid.split_at(12);
-    if prefix != [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff] {
-        return None;
-    }
-    Some(Ipv4Addr::new(v4[0], v4[1], v4[2], v4[3]))
+    Ipv6Addr::from(*gid).to_ipv4_mapped()
 }
 
 /// The modified EUI-64 of a MAC: the CA GUID Linux gives an rxe device (and the GID
@@ -116,212 +102,6 @@ pub fn path_record(local: Ipv4Addr, remote: Ipv4Addr, packet_life_time: u8) -> P
         packet_life_time,
         subnet_local: false,
     }
-}
-
-/// The fields of a packet this port sends, besides the MAD.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Framing {
-    /// Source address.
-    pub src: Ipv4Addr,
-    /// Destination address.
-    pub dst: Ipv4Addr,
-    /// IPv4 identification (never 0 here: the kernel would replace 0).
-    pub ip_id: u16,
-    /// UDP source port (RoCEv2 leaves it to the sender; replies go to 4791).
-    pub udp_src: u16,
-    /// BTH P_Key.
-    pub pkey: u16,
-    /// BTH PSN (24 bits).
-    pub psn: u32,
-    /// The BTH AckReq bit (meaningless on UD; Linux rxe sets it, this port does not).
-    pub ack_req: bool,
-    /// The BTH MigReq bit (Mellanox NICs set it on QP1; Linux rxe and this port do not).
-    pub mig_req: bool,
-}
-
-/// Builds the whole IPv4 packet carrying `mad` to QP1: header checksum, UDP checksum and
-/// ICRC computed. `mad` must be [`MAD_SIZE`] bytes.
-pub fn encode(f: &Framing, mad: &[u8]) -> Option<[u8; PACKET_LEN]> {
-    if mad.len() != MAD_SIZE {
-        return None;
-    }
-    let mut p = [0u8; PACKET_LEN];
-    let udp_len = (PACKET_LEN - IPV4_HEADER_LEN) as u16;
-    // IPv4: version 4, IHL 5, TOS 0, total length, ID, DF, TTL, UDP, checksum, addresses.
-    p[0] = 0x45;
-    p[2..4].copy_from_slice(&(PACKET_LEN as u16).to_be_bytes());
-    p[4..6].copy_from_slice(&f.ip_id.to_be_bytes());
-    p[6] = 0x40;
-    p[8] = TTL;
-    p[9] = 17;
-    p[12..16].copy_from_slice(&f.src.octets());
-    p[16..20].copy_from_slice(&f.dst.octets());
-    let sum = ipv4_checksum(&p[..IPV4_HEADER_LEN]);
-    p[10..12].copy_from_slice(&sum.to_be_bytes());
-    // UDP.
-    let u = IPV4_HEADER_LEN;
-    p[u..u + 2].copy_from_slice(&f.udp_src.to_be_bytes());
-    p[u + 2..u + 4].copy_from_slice(&ROCEV2_PORT.to_be_bytes());
-    p[u + 4..u + 6].copy_from_slice(&udp_len.to_be_bytes());
-    // BTH: opcode, SE/M/PadCnt/TVer 0, P_Key, reserved, destination QP 1, PSN.
-    let b = u + UDP_HEADER_LEN;
-    p[b] = BTH_UD_SEND_ONLY;
-    if f.mig_req {
-        p[b + 1] = 0x40;
-    }
-    p[b + 2..b + 4].copy_from_slice(&f.pkey.to_be_bytes());
-    p[b + 4..b + 8].copy_from_slice(&1u32.to_be_bytes());
-    p[b + 8..b + 12].copy_from_slice(&(f.psn & 0x00ff_ffff).to_be_bytes());
-    if f.ack_req {
-        p[b + 8] |= 0x80;
-    }
-    // DETH: Q_Key, source QP 1.
-    let d = b + BTH_LEN;
-    p[d..d + 4].copy_from_slice(&QP1_QKEY.to_be_bytes());
-    p[d + 4..d + 8].copy_from_slice(&1u32.to_be_bytes());
-    let m = d + DETH_LEN;
-    p[m..m + MAD_SIZE].copy_from_slice(mad);
-    let crc = icrc(&p[..PACKET_LEN - ICRC_LEN])?;
-    p[PACKET_LEN - ICRC_LEN..].copy_from_slice(&crc.to_le_bytes());
-    let csum = udp_checksum(&p[..]);
-    p[u + 6..u + 8].copy_from_slice(&csum.to_be_bytes());
-    Some(p)
-}
-
-/// The UDP checksum of an IPv4 packet (header without options) with its UDP checksum
-/// field zero; 0 is sent as 0xFFFF.
-fn udp_checksum(packet: &[u8]) -> u16 {
-    let udp = packet.get(IPV4_HEADER_LEN..).unwrap_or(&[]);
-    let mut sum = 0u32;
-    let mut add = |bytes: &[u8]| {
-        for pair in bytes.chunks(2) {
-            let hi = u32::from(pair.first().copied().unwrap_or(0));
-            let lo = u32::from(pair.get(1).copied().unwrap_or(0));
-            sum += (hi << 8) | lo;
-        }
-    };
-    add(packet.get(12..20).unwrap_or(&[]));
-    add(&[0, 17]);
-    add(&(udp.len() as u16).to_be_bytes());
-    add(udp);
-    while sum > 0xffff {
-        sum = (sum & 0xffff) + (sum >> 16);
-    }
-    match !(sum as u16) {
-        0 => 0xffff,
-        c => c,
-    }
-}
-
-/// Why a received packet was not handed to the CM.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum DropReason {
-    /// Not IPv4/UDP to port 4791 (some other traffic: ignored, not counted as an error).
-    NotRoce,
-    /// RoCEv2, but not a UD SEND_ONLY to QP1 with the QP1 Q_Key and a whole MAD.
-    NotQp1,
-    /// The ICRC does not match.
-    BadIcrc {
-        /// In the packet.
-        stored: u32,
-        /// Computed.
-        computed: u32,
-    },
-}
-
-/// A QP1 MAD taken out of a received IPv4 packet.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Decoded<'a> {
-    /// Source address.
-    pub src: Ipv4Addr,
-    /// Destination address.
-    pub dst: Ipv4Addr,
-    /// IPv4 identification.
-    pub ip_id: u16,
-    /// UDP source port.
-    pub udp_src: u16,
-    /// BTH P_Key.
-    pub pkey: u16,
-    /// BTH PSN.
-    pub psn: u32,
-    /// BTH AckReq.
-    pub ack_req: bool,
-    /// BTH MigReq.
-    pub mig_req: bool,
-    /// The MAD.
-    pub mad: &'a [u8],
-}
-
-/// Takes a received IPv4 packet apart and checks its ICRC.
-pub fn decode(packet: &[u8]) -> Result<Decoded<'_>, DropReason> {
-    let vihl = *packet.first().ok_or(DropReason::NotRoce)?;
-    let ihl = usize::from(vihl & 0x0f) * 4;
-    if vihl >> 4 != 4 || ihl < IPV4_HEADER_LEN || packet.get(9) != Some(&17) {
-        return Err(DropReason::NotRoce);
-    }
-    let total = packet
-        .get(2..4)
-        .map(|b| usize::from(u16::from_be_bytes([b[0], b[1]])))
-        .ok_or(DropReason::NotRoce)?;
-    let packet = packet.get(..total).ok_or(DropReason::NotRoce)?;
-    let be16 = |at: usize| {
-        packet
-            .get(at..at + 2)
-            .map(|b| u16::from_be_bytes([b[0], b[1]]))
-    };
-    let be32 = |at: usize| {
-        packet
-            .get(at..at + 4)
-            .map(|b| u32::from_be_bytes([b[0], b[1], b[2], b[3]]))
-    };
-    let u = ihl;
-    if be16(u + 2) != Some(ROCEV2_PORT) {
-        return Err(DropReason::NotRoce);
-    }
-    let b = u + UDP_HEADER_LEN;
-    let d = b + BTH_LEN;
-    let m = d + DETH_LEN;
-    if packet.len() < m + ICRC_LEN {
-        return Err(DropReason::NotQp1);
-    }
-    let opcode = packet.get(b).copied();
-    let dest_qp = be32(b + 4).map(|w| w & 0x00ff_ffff);
-    let qkey = be32(d);
-    let mad = packet
-        .get(m..packet.len() - ICRC_LEN)
-        .ok_or(DropReason::NotQp1)?;
-    if opcode != Some(BTH_UD_SEND_ONLY)
-        || dest_qp != Some(1)
-        || qkey != Some(QP1_QKEY)
-        || mad.len() != MAD_SIZE
-    {
-        return Err(DropReason::NotQp1);
-    }
-    let s = packet
-        .get(packet.len() - ICRC_LEN..)
-        .ok_or(DropReason::NotQp1)?;
-    let stored = u32::from_le_bytes([s[0], s[1], s[2], s[3]]);
-    let computed = icrc(&packet[..packet.len() - ICRC_LEN]).ok_or(DropReason::NotQp1)?;
-    if stored != computed {
-        return Err(DropReason::BadIcrc { stored, computed });
-    }
-    let addr = |at: usize| {
-        packet
-            .get(at..at + 4)
-            .map(|a| Ipv4Addr::new(a[0], a[1], a[2], a[3]))
-            .unwrap_or(Ipv4Addr::UNSPECIFIED)
-    };
-    Ok(Decoded {
-        src: addr(12),
-        dst: addr(16),
-        ip_id: be16(4).unwrap_or(0),
-        udp_src: be16(u).unwrap_or(0),
-        pkey: be16(b + 2).unwrap_or(0),
-        psn: be32(b + 8).unwrap_or(0) & 0x00ff_ffff,
-        ack_req: packet.get(b + 8).is_some_and(|x| x & 0x80 != 0),
-        mig_req: packet.get(b + 1).is_some_and(|x| x & 0x40 != 0),
-        mad,
-    })
 }
 
 /// The MAD's attribute ID.
@@ -676,7 +456,7 @@ fn receive_loop(
         };
         let Some(packet) = buf.get(..n) else { continue };
         match decode(packet) {
-            Ok(d) if d.dst == local => {
+            Ok(d) if d.framing.dst == local => {
                 let lose = RoceFaults::take(
                     &mut faults
                         .lock()
@@ -689,7 +469,7 @@ fn receive_loop(
                     continue;
                 }
                 Stats::bump(&stats.received);
-                node.receive(&roce_address(d.src, d.pkey), d.mad);
+                node.receive(&roce_address(d.framing.src, d.framing.pkey), d.mad);
             }
             Ok(_) | Err(DropReason::NotRoce) => {}
             Err(DropReason::NotQp1) => Stats::bump(&stats.not_qp1),
