@@ -1,0 +1,88 @@
+//! State changes: the one `set_state`, events for a CEP's owner, and the ends of a
+//! connection (an attempt that failed, timewait, IBA 12.9.7).
+
+use crate::cep::{Cep, State};
+use crate::event::Event;
+use crate::trace::TracePoint;
+use crate::types::{CepId, Instant};
+
+use super::CmManager;
+
+impl CmManager {
+    /// The one place a CEP changes state.
+    pub(super) fn set_state(&mut self, id: CepId, state: State) {
+        let to = state.name();
+        let Some(c) = self.cep_mut(id) else { return };
+        let from = c.state.name();
+        c.state = state;
+        self.trace(TracePoint::State {
+            cep: id,
+            local_comm_id: self.local_comm_id(id),
+            from,
+            to,
+        });
+    }
+
+    pub(super) fn emit(&mut self, id: CepId, event: Event) {
+        self.trace(TracePoint::Event {
+            cep: id,
+            event: &event,
+        });
+        if self.cep_any(id).is_some_and(|c| !c.detached) {
+            self.events.push_back((id, event));
+        }
+    }
+
+    pub(super) fn forget_peer(&mut self, id: CepId) {
+        let Some(c) = self.cep_any(id) else { return };
+        let (rid, rqpn, guid) = (c.remote_comm_id, c.remote_qpn, c.remote_ca_guid);
+        if self.remote_ids.get(&(rid, guid)) == Some(&id) {
+            self.remote_ids.remove(&(rid, guid));
+        }
+        if self.remote_qpns.get(&(rqpn, guid)) == Some(&id) {
+            self.remote_qpns.remove(&(rqpn, guid));
+        }
+    }
+
+    pub(super) fn leave_backlog(&mut self, id: CepId) {
+        let Some(listen) = self.cep_mut(id).and_then(|c| c.backlog_of.take()) else {
+            return;
+        };
+        if let Some(l) = self.listens.iter_mut().find(|l| l.cep == listen) {
+            l.pending = l.pending.saturating_sub(1);
+        }
+    }
+
+    /// The connection attempt is over without reaching timewait: forget the peer, and
+    /// free a detached CEP.
+    pub(super) fn end_attempt(&mut self, id: CepId) {
+        self.cancel_timer(id);
+        self.forget_peer(id);
+        self.leave_backlog(id);
+        self.set_state(id, State::Idle);
+        if self.cep_any(id).is_some_and(|c| c.detached) {
+            self.release(id);
+        }
+    }
+
+    /// Timewait keeps the peer's comm ID and QPN in the lookups until it ends, so a late
+    /// duplicate or a QPN reused too early is recognised (WinOF's choice; Linux drops
+    /// them on entry and so misses both).
+    pub(super) fn enter_timewait(&mut self, now: Instant, id: CepId) {
+        self.cancel_timer(id);
+        self.leave_backlog(id);
+        self.set_state(id, State::Timewait);
+        let wait = self.cep_any(id).map_or(0, Cep::timewait_ns);
+        self.arm(id, now.add_nanos(wait));
+    }
+
+    pub(super) fn exit_timewait(&mut self, id: CepId) {
+        self.forget_peer(id);
+        self.set_state(id, State::Idle);
+        if self.cep_any(id).is_some_and(|c| c.detached) {
+            self.release(id);
+        } else {
+            self.emit(id, Event::TimewaitExit);
+        }
+    }
+}

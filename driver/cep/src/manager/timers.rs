@@ -1,0 +1,201 @@
+//! Timers: one heap of (deadline, sequence, CEP) for every CEP; retries with MRA honoured
+//! once and an overall deadline (IBA 12.7.36, 12.6.6); a timer pass is bounded.
+
+use core::cmp::Reverse;
+use core::num::NonZeroU32;
+
+use ibcm_mad::{AttributeId, MessageKind, RejReason};
+
+use crate::cep::{Cep, LapState, Retry, State};
+use crate::counters::Counters;
+use crate::event::Event;
+use crate::trace::TracePoint;
+use crate::types::{CepId, Instant};
+
+use super::{CmManager, TIMER_BATCH};
+
+impl CmManager {
+    pub(super) fn arm(&mut self, id: CepId, at: Instant) {
+        // 32 bits wrap, but an entry is matched by deadline and number both: a stale one
+        // would have to outlive 2^32 arms and share the live one's deadline to the ns.
+        let seq = self.timer_seq;
+        self.timer_seq = seq.checked_add(1).unwrap_or(NonZeroU32::MIN);
+        if let Some(c) = self.cep_mut(id) {
+            c.timer = Some((at, seq));
+            self.timers.push(Reverse((at, seq, id.0)));
+        }
+    }
+
+    pub(super) fn cancel_timer(&mut self, id: CepId) {
+        if let Some(c) = self.cep_mut(id) {
+            c.timer = None;
+        }
+        self.drop_stale_timers();
+    }
+
+    /// Pops cancelled entries off the top so `poll_timeout` reports a live deadline.
+    pub(super) fn drop_stale_timers(&mut self) {
+        while let Some(Reverse((at, seq, raw))) = self.timers.peek().copied() {
+            let live = self
+                .cep_any(CepId(raw))
+                .is_some_and(|c| c.timer == Some((at, seq)));
+            if live {
+                break;
+            }
+            self.timers.pop();
+        }
+    }
+
+    pub(super) fn cep_any(&self, id: CepId) -> Option<&Cep> {
+        let slot = self.slots.get(id.index())?;
+        (slot.generation == id.generation())
+            .then_some(slot.cep.as_ref())
+            .flatten()
+    }
+
+    pub(super) fn start_retry(&mut self, id: CepId, now: Instant, base_ns: u64, retries: u8) {
+        let deadline = self
+            .config
+            .request_deadline_ns
+            .map_or(Retry::NO_DEADLINE, |d| now.add_nanos(d));
+        if let Some(c) = self.cep_mut(id) {
+            c.retry = Retry {
+                base_ns,
+                left: retries,
+                done: 0,
+                deadline,
+            };
+        }
+        self.arm(id, now.add_nanos(base_ns));
+    }
+
+    /// Handles the timers whose deadline is at or before `now`, at most [`TIMER_BATCH`]
+    /// of them: a timer DPC holds the lock for a bounded time and sends a bounded batch.
+    /// If more are due, [`poll_timeout`](Self::poll_timeout) still answers a deadline at
+    /// or before `now`: drain the output and call again (re-arm the timer to fire now).
+    pub fn handle_timeout(&mut self, now: Instant) {
+        let mut budget = TIMER_BATCH;
+        let mut more_due = false;
+        while let Some(Reverse((at, seq, raw))) = self.timers.peek().copied() {
+            if at > now {
+                break;
+            }
+            if budget == 0 {
+                more_due = true;
+                break;
+            }
+            budget -= 1;
+            self.timers.pop();
+            let id = CepId(raw);
+            let Some(cep) = self.cep_any(id) else {
+                continue;
+            };
+            if cep.timer != Some((at, seq)) {
+                continue;
+            }
+            if let Some(c) = self.cep_mut(id) {
+                c.timer = None;
+            }
+            self.on_timer(now, id);
+        }
+        self.drop_stale_timers();
+        self.trace(TracePoint::TimerPass {
+            handled: (TIMER_BATCH - budget) as u32,
+            more_due,
+        });
+    }
+
+    pub(super) fn on_timer(&mut self, now: Instant, id: CepId) {
+        let Some(c) = self.cep_any(id) else { return };
+        let state = c.state;
+        let retry = c.retry;
+        let expired = retry.left == 0 || now >= retry.deadline;
+        let retried = match state {
+            State::ReqSent { .. } => Some(AttributeId::Req),
+            State::RepSent { .. } => Some(AttributeId::Rep),
+            State::DreqSent => Some(AttributeId::Dreq),
+            State::SidrReqSent => Some(AttributeId::SidrReq),
+            State::Established if matches!(c.lap, LapState::Sent { .. }) => Some(AttributeId::Lap),
+            _ => None,
+        };
+        match state {
+            _ if !expired && retried.is_some() => {
+                let Some(attr) = retried else { return };
+                let done = retry.done.saturating_add(1);
+                let wait = if self.config.exponential_backoff {
+                    retry.base_ns.saturating_mul(1u64 << done.min(16))
+                } else {
+                    retry.base_ns
+                };
+                let at = now.add_nanos(wait).min(retry.deadline);
+                if let Some(c) = self.cep_mut(id) {
+                    c.retry.left -= 1;
+                    c.retry.done = done;
+                }
+                self.resend(id, attr);
+                Counters::bump(&mut self.counters.retries, attr);
+                self.trace(TracePoint::Retry {
+                    cep: id,
+                    attribute: attr,
+                    attempt: done,
+                });
+                self.arm(id, at);
+            }
+            State::ReqSent { .. } => {
+                // IBA 12.9.8.1: the active side gives up and tells the passive side.
+                self.send_rej_for(id, RejReason::Timeout, MessageKind::Other);
+                self.emit(
+                    id,
+                    Event::Timeout {
+                        message: AttributeId::Req,
+                    },
+                );
+                self.end_attempt(id);
+            }
+            State::RepSent { .. } => {
+                self.send_rej_for(id, RejReason::Timeout, MessageKind::Other);
+                self.emit(
+                    id,
+                    Event::Timeout {
+                        message: AttributeId::Rep,
+                    },
+                );
+                self.enter_timewait(now, id);
+            }
+            State::DreqSent => {
+                self.emit(
+                    id,
+                    Event::Timeout {
+                        message: AttributeId::Dreq,
+                    },
+                );
+                self.enter_timewait(now, id);
+            }
+            State::Timewait => self.exit_timewait(id),
+            State::Established => {
+                // The LAP went unanswered: the connection stays up on its current paths.
+                if let Some(c) = self.cep_mut(id) {
+                    c.lap = LapState::Idle;
+                    c.pending_alternate = None;
+                }
+                self.emit(
+                    id,
+                    Event::Timeout {
+                        message: AttributeId::Lap,
+                    },
+                );
+            }
+            State::SidrReqSent => {
+                self.emit(
+                    id,
+                    Event::Timeout {
+                        message: AttributeId::SidrReq,
+                    },
+                );
+                self.end_sidr(id);
+            }
+            State::SidrRepSent => self.end_sidr(id),
+            _ => {}
+        }
+    }
+}
