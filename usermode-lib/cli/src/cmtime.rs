@@ -58,6 +58,16 @@ fn ib_ns(t: u8) -> u64 {
 }
 
 impl Timing {
+    /// A 16.8 ms packet life time and a 1.07 s response timeout (a REQ is re-sent after
+    /// about 1.1 s), 15 retries: patient enough for a peer in an emulated VM (RoCEv2).
+    pub fn patient() -> Self {
+        Self {
+            packet_life_time: 12,
+            cm_response_timeout: 18,
+            max_cm_retries: 15,
+        }
+    }
+
     /// How long a request waits before it is re-sent.
     pub fn retry_interval(&self) -> Duration {
         Duration::from_nanos(
