@@ -12,6 +12,7 @@ use alloc::vec::Vec;
 mod client;
 mod endpoint;
 mod ioctl;
+mod memory;
 mod pool;
 mod routing;
 mod table;
@@ -19,6 +20,7 @@ mod table;
 pub use client::{Callback, ClientEvent, ClientId};
 use endpoint::{Awaited, Endpoint, File, Owner};
 use ioctl::{destroy_endpoint, ioctl, qp_transitions, room};
+pub use memory::DispatchMemory;
 use pool::RecordPool;
 use table::Table;
 
@@ -154,6 +156,11 @@ impl<P: Platform> Device<P> {
     /// The platform.
     pub fn platform(&self) -> &P {
         &self.platform
+    }
+
+    /// The dispatch layer's memory by part (its tables' and pools' capacities).
+    pub fn memory(&self) -> DispatchMemory {
+        self.inner.with(|i| i.memory())
     }
 
     /// Runs `f` on the engine under the lock (counters and diagnostics).

@@ -2,6 +2,7 @@
 //! or the fabric makes on it, each under the verifier's eye.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicI64, Ordering};
 
 use ibcm_cep::{CmConfig, MadAddress};
 use ibcm_endpoint::{Device, FileId};
@@ -19,6 +20,10 @@ pub struct Node {
     pub platform: HostPlatform,
     /// This node's address as peers see it.
     pub address: MadAddress,
+    /// Heap bytes the driver holds: what its entry points allocated less what they freed,
+    /// counted by the allocator (the platform's own bookkeeping and the callers' buffers
+    /// opted out).
+    driver_bytes: AtomicI64,
 }
 
 impl Node {
@@ -29,12 +34,37 @@ impl Node {
             device: Device::new(platform.clone(), config),
             platform,
             address,
+            driver_bytes: AtomicI64::new(0),
         }
+    }
+
+    /// Runs a driver entry point, counting what it leaves allocated.
+    fn in_driver<T>(&self, f: impl FnOnce() -> T) -> T {
+        let mut value = None;
+        let info = allocation_counter::measure(|| value = Some(f()));
+        self.driver_bytes
+            .fetch_add(info.bytes_current, Ordering::Relaxed);
+        match value {
+            Some(v) => v,
+            None => unreachable!("allocation_counter::measure did not run the closure"),
+        }
+    }
+
+    /// Heap bytes the driver holds now, by the allocator's count over every entry point
+    /// of this node (the kernel-client calls tests make on `device` directly excepted).
+    pub fn driver_bytes(&self) -> u64 {
+        self.driver_bytes.load(Ordering::Relaxed).max(0) as u64
     }
 
     /// Opens a file handle.
     pub fn open(&self) -> FileId {
-        self.device.open()
+        self.in_driver(|| self.device.open())
+    }
+
+    /// EvtIoDeviceControl with a request made by the caller (the user library's
+    /// in-process backend).
+    pub fn dispatch(&self, file: FileId, request: HostRequest, code: u32, input: &[u8]) {
+        self.in_driver(|| self.device.dispatch(file, request, code, input));
     }
 
     /// Issues an IOCTL and returns the request's key; the completion (now or later) is
@@ -42,7 +72,7 @@ impl Node {
     pub fn ioctl(&self, file: FileId, code: u32, input: &[u8], output_len: usize) -> u64 {
         let request = self.platform.request(file_key(file), output_len);
         let key = request.key_value();
-        self.device.dispatch(file, request, code, input);
+        self.dispatch(file, request, code, input);
         key
     }
 
@@ -71,15 +101,18 @@ impl Node {
     /// DISPATCH_LEVEL).
     pub fn cancel(&self, file: FileId, key: u64) {
         self.platform.ledger.cancel_requested(key);
-        at_dispatch(&self.platform.ledger, || self.device.cancel(file, key));
+        self.in_driver(|| at_dispatch(&self.platform.ledger, || self.device.cancel(file, key)));
     }
 
     /// Closes a file handle (cleanup + close) and checks that every request of the file
     /// was completed and no endpoint is left.
     pub fn close(&self, file: FileId) {
-        self.device.cleanup(file);
-        let left = self.device.endpoint_count(file);
-        self.device.close(file);
+        let left = self.in_driver(|| {
+            self.device.cleanup(file);
+            let left = self.device.endpoint_count(file);
+            self.device.close(file);
+            left
+        });
         self.platform.ledger.account_file(file_key(file));
         if left != 0 {
             self.platform
@@ -90,7 +123,7 @@ impl Node {
 
     /// A MAD arrives from `src` (DISPATCH_LEVEL).
     pub fn receive(&self, src: &MadAddress, mad: &[u8]) {
-        at_dispatch(&self.platform.ledger, || self.device.receive(src, mad));
+        self.in_driver(|| at_dispatch(&self.platform.ledger, || self.device.receive(src, mad)));
     }
 
     /// MADs arrive together, as one QP1 completion pass hands them up (DISPATCH_LEVEL).
@@ -99,14 +132,14 @@ impl Node {
         I: IntoIterator<Item = (&'a MadAddress, &'a [u8])>,
         I::IntoIter: Clone,
     {
-        at_dispatch(&self.platform.ledger, || self.device.receive_batch(mads));
+        self.in_driver(|| at_dispatch(&self.platform.ledger, || self.device.receive_batch(mads)));
     }
 
     /// The timer DPC (DISPATCH_LEVEL).
     pub fn fire_timer(&self) {
         // One-shot, as a WDFTIMER: firing disarms it, and the device must arm it again.
         self.platform.disarm_timer();
-        at_dispatch(&self.platform.ledger, || self.device.timer_expired());
+        self.in_driver(|| at_dispatch(&self.platform.ledger, || self.device.timer_expired()));
     }
 
     /// Every rule broken so far.

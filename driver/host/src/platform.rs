@@ -249,9 +249,12 @@ impl Platform for HostPlatform {
         // The bytes written: what the caller may read (`information` at most).
         match hook {
             Some(hook) => {
-                // The caller takes the output; the ledger keeps only the fact.
-                self.ledger
-                    .complete_and_forget(key, status, information, output.len());
+                // The caller takes the output; the ledger keeps only the fact. The ledger
+                // is the verifier's, not the driver's: what it holds is not the driver's.
+                allocation_counter::opt_out(|| {
+                    self.ledger
+                        .complete_and_forget(key, status, information, output.len())
+                });
                 let mut output = output;
                 output.truncate(information);
                 // The hook is the user-mode side learning of the completion (IOCP, an
@@ -260,14 +263,16 @@ impl Platform for HostPlatform {
                 // a DISPATCH_LEVEL path that completed the request.
                 allocation_counter::opt_out(|| hook.completed(status, output));
             }
-            None => self.ledger.complete(
-                key,
-                Completion {
-                    status,
-                    information,
-                    output,
-                },
-            ),
+            None => allocation_counter::opt_out(|| {
+                self.ledger.complete(
+                    key,
+                    Completion {
+                        status,
+                        information,
+                        output,
+                    },
+                )
+            }),
         }
     }
 

@@ -23,7 +23,7 @@ use hashbrown::HashMap;
 use ibcm_ioctl::status;
 
 use crate::exchange::PathEnd;
-use crate::sim::{ClockFn, Pump, Waited};
+use crate::sim::{ClockFn, DriverMemory, Pump, Waited};
 use ibcm::Provider;
 use ibcm::{AcceptParams, Failover, ListenParams};
 use ibcm::{CompletionPort, Overlapped, spawn};
@@ -281,6 +281,9 @@ pub struct Report {
     pub unexpected_requests: usize,
     /// Waits that ran out and were cancelled (a stall: something never completed).
     pub stalls: usize,
+    /// The drivers' memory before the run, with every connection established, and after
+    /// the teardown (when the pump can tell: the simulated fabric).
+    pub driver_memory: Option<[DriverMemory; 3]>,
 }
 
 impl Report {
@@ -410,6 +413,8 @@ pub fn run(
     let stall = cfg.timing.request_lifetime() * 2 + Duration::from_secs(5);
     let mut stalls = 0usize;
 
+    let memory_before = pump.driver_memory();
+
     // Setup: every connect (REQ -> REP, RTU) and every accept (-> RTU).
     let wall = std::time::Instant::now();
     let cpu = process_cpu();
@@ -444,6 +449,7 @@ pub fn run(
     );
     let setup_wall = wall.elapsed();
     let setup_cpu = cpu.zip(process_cpu()).map(|(a, b)| b.saturating_sub(a));
+    let memory_established = pump.driver_memory();
 
     // Teardown: every disconnect (DREQ -> DREP) and timewait, on both sides.
     let wall = std::time::Instant::now();
@@ -484,6 +490,7 @@ pub fn run(
         || cancel_server(&sh),
     );
     let teardown_wall = wall.elapsed();
+    let memory_after = pump.driver_memory();
 
     // The listener goes: its acceptor ends with STATUS_CANCELLED.
     listener.cancel();
@@ -535,6 +542,10 @@ pub fn run(
         requests: sh.server.requests.load(Ordering::Acquire),
         unexpected_requests: sh.server.unexpected.load(Ordering::Acquire),
         stalls,
+        driver_memory: memory_before
+            .zip(memory_established)
+            .zip(memory_after)
+            .map(|((b, e), a)| [b, e, a]),
     })
 }
 

@@ -18,7 +18,7 @@ use clap::{Args, Parser, Subcommand};
 use ibcm::{Faults, Provider};
 use ibcm_cli::cmtime::{self, Progress, Report, Timing};
 use ibcm_cli::exchange::{self, PathEnd, Service};
-use ibcm_cli::sim::{Pump, Sim, SimOptions};
+use ibcm_cli::sim::{DriverMemory, Pump, Sim, SimOptions};
 use ibcm_ioctl::CountersOut;
 use indicatif::{ProgressBar, ProgressStyle};
 
@@ -511,6 +511,24 @@ fn print_report(r: &Report, cfg: &cmtime::Config) {
         (r.setup_wall + r.teardown_wall).as_secs_f64(),
         cfg.window
     );
+    if let Some([before, established, after]) = r.driver_memory {
+        let per = |f: fn(&DriverMemory) -> u64| {
+            f(&established).saturating_sub(f(&before)) as f64 / r.established.max(1) as f64
+        };
+        println!(
+            "driver:   {:.0} bytes per established connection, both nodes: engine {:.0}, \
+             endpoints {:.0}, event records {:.0}, batches {:.0} (cached private data {:.0} \
+             more); {} KB before the run, {} KB after the teardown",
+            per(DriverMemory::total),
+            per(|m| m.engine),
+            per(|m| m.endpoints),
+            per(|m| m.records),
+            per(|m| m.batches),
+            per(|m| m.private_data),
+            before.total() / 1024,
+            after.total() / 1024,
+        );
+    }
     if r.failures.is_empty() {
         println!("failures: none");
     } else {

@@ -37,6 +37,11 @@ impl<T> Table<T> {
         }
     }
 
+    /// Every live value.
+    pub(super) fn values(&self) -> impl Iterator<Item = &T> {
+        (0..self.slots.len()).filter_map(|i| self.slots.get(i)?.value.as_ref())
+    }
+
     pub(super) fn get(&self, handle: u64) -> Option<&T> {
         let (i, g) = split(handle);
         let s = self.slots.get(i)?;
