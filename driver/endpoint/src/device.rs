@@ -21,7 +21,7 @@ pub use client::{Callback, ClientEvent, ClientId};
 use endpoint::{Awaited, Endpoint, File, Owner};
 use ioctl::{destroy_endpoint, ioctl, qp_transitions, room};
 pub use memory::DispatchMemory;
-use pool::RecordPool;
+use pool::{ROOM_RETRY_NS, RecordPool};
 use table::Table;
 
 use ibcm_cep::{CmConfig, CmManager, Instant, MadAddress, Transmit};
@@ -96,6 +96,20 @@ pub struct Inner<P: Platform> {
     /// once the timer fired: a one-shot timer (WdfTimerStart) must then be armed again.
     deadline: Option<Option<Instant>>,
     trace: DispatchHook,
+    /// While the record pool is short: the timer waits until then before its next pass.
+    room_retry: Option<Instant>,
+    /// DISPATCH_LEVEL work held back because the record pool was short.
+    shortfalls: RoomShortfalls,
+}
+
+/// DISPATCH_LEVEL work held back because the event-record pool was short (see
+/// [`Device::room_shortfalls`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RoomShortfalls {
+    /// Received MADs dropped (the peer's retries recover them).
+    pub mads_dropped: u64,
+    /// Timer passes deferred by 1 ms.
+    pub timer_passes_deferred: u64,
 }
 
 /// Work to do once the lock is released.
@@ -141,6 +155,8 @@ impl<P: Platform> Device<P> {
             flushes: 0,
             deadline: None,
             trace,
+            room_retry: None,
+            shortfalls: RoomShortfalls::default(),
         };
         // Device add runs at PASSIVE_LEVEL: a node nobody has opened yet still answers
         // MADs (a REJ to a REQ for no listen) and runs timers without allocating.
@@ -341,9 +357,18 @@ impl<P: Platform> Device<P> {
             let batch = rest.clone().take(RECEIVE_BATCH);
             let several = batch.clone().nth(1).is_some();
             let now = self.platform.now();
-            self.run(|i| {
+            let short = self.run(|i| {
                 if i.removed {
-                    return;
+                    return false;
+                }
+                if !i.records.has_dispatch_room() {
+                    let n = batch.clone().count();
+                    i.shortfalls.mads_dropped += n as u64;
+                    i.trace.point(DispatchPoint::NoRoom {
+                        dropped: n as u32,
+                        queued: i.records.queued() as u32,
+                    });
+                    return true;
                 }
                 if several {
                     batch.clone().for_each(|(_, mad)| i.cm.prefetch(mad));
@@ -354,7 +379,11 @@ impl<P: Platform> Device<P> {
                     // batches hold it, and the engine's queues stay as short as for one.
                     i.drain();
                 }
+                false
             });
+            if short {
+                self.platform.request_passive_work();
+            }
             let _ = rest.nth(RECEIVE_BATCH - 1);
         }
     }
@@ -362,13 +391,47 @@ impl<P: Platform> Device<P> {
     /// The timer fired (DISPATCH_LEVEL).
     pub fn timer_expired(&self) {
         let now = self.platform.now();
-        self.run(|i| {
+        let short = self.run(|i| {
             // The timer is spent: whatever the next deadline, arm it.
             i.deadline = None;
-            if !i.removed {
-                i.cm.handle_timeout(now);
+            if i.removed {
+                return false;
+            }
+            if !i.records.has_dispatch_room() {
+                // The pass waits for room (PASSIVE_LEVEL work), retrying shortly.
+                i.room_retry = Some(now.add_nanos(ROOM_RETRY_NS));
+                i.shortfalls.timer_passes_deferred += 1;
+                i.trace.point(DispatchPoint::NoRoom {
+                    dropped: 0,
+                    queued: i.records.queued() as u32,
+                });
+                return true;
+            }
+            i.room_retry = None;
+            i.cm.handle_timeout(now);
+            false
+        });
+        if short {
+            self.platform.request_passive_work();
+        }
+    }
+
+    /// PASSIVE_LEVEL work a DISPATCH_LEVEL path asked for
+    /// ([`Platform::request_passive_work`]): grows the event-record pool (and the batches)
+    /// so that deferred timer passes and dropped MADs' retries find room.
+    pub fn passive_work(&self) {
+        self.run(|i| {
+            i.prepare_batches();
+            if i.records.has_dispatch_room() && i.room_retry.take().is_some() {
+                // The timer, deferred, fires at the engine's deadline again.
+                i.deadline = None;
             }
         });
+    }
+
+    /// DISPATCH_LEVEL work held back so far because the event-record pool was short.
+    pub fn room_shortfalls(&self) -> RoomShortfalls {
+        self.inner.with(|i| i.shortfalls)
     }
 
     /// One port is gone: the engine reports DEVICE_REMOVAL on every CEP bound to it

@@ -279,6 +279,16 @@ impl DispatchTracer for EtwSink {
                     u32("Files", &files),
                 );
             }
+            DispatchPoint::NoRoom { dropped, queued } => {
+                tlg::write_event!(
+                    PROVIDER,
+                    "EventPoolShort",
+                    level(Warning),
+                    keyword(0x8),
+                    u32("MadsDropped", &dropped),
+                    u32("RecordsQueued", &queued),
+                );
+            }
         }
     }
 }

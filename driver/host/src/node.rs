@@ -142,6 +142,14 @@ impl Node {
         self.in_driver(|| at_dispatch(&self.platform.ledger, || self.device.timer_expired()));
     }
 
+    /// Runs the PASSIVE_LEVEL work a DISPATCH_LEVEL path asked for, if it did (a work
+    /// item on Windows).
+    pub fn run_passive_work(&self) {
+        if self.platform.take_passive_work() {
+            self.in_driver(|| self.device.passive_work());
+        }
+    }
+
     /// Every rule broken so far.
     pub fn violations(&self) -> Vec<Violation> {
         self.platform.ledger.violations()

@@ -111,6 +111,9 @@ pub struct HostPlatform {
     spare: Arc<Mutex<Vec<Transmit>>>,
     timer: Arc<Mutex<Option<Instant>>>,
     wake: Arc<Wake>,
+    /// A DISPATCH_LEVEL path asked for PASSIVE_LEVEL work (the WDFWORKITEM's stand-in:
+    /// the fabric runs it between deliveries).
+    passive_work: Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl core::fmt::Debug for HostPlatform {
@@ -131,7 +134,14 @@ impl HostPlatform {
             spare: Arc::new(Mutex::new(Vec::new())),
             timer: Arc::new(Mutex::new(None)),
             wake,
+            passive_work: Arc::new(std::sync::atomic::AtomicBool::new(false)),
         }
+    }
+
+    /// Whether PASSIVE_LEVEL work was asked for since the last call (and forgets it).
+    pub fn take_passive_work(&self) -> bool {
+        self.passive_work
+            .swap(false, std::sync::atomic::Ordering::AcqRel)
     }
 
     /// Wakes the fabric's runner thread.
@@ -221,6 +231,12 @@ impl Platform for HostPlatform {
 
     fn now(&self) -> Instant {
         self.clock.now()
+    }
+
+    fn request_passive_work(&self) {
+        self.passive_work
+            .store(true, std::sync::atomic::Ordering::Release);
+        self.wake.notify();
     }
 
     fn tracer(&self) -> Option<&'static dyn ibcm_endpoint::DispatchTracer> {

@@ -516,17 +516,26 @@ fn print_report(r: &Report, cfg: &cmtime::Config) {
             f(&established).saturating_sub(f(&before)) as f64 / r.established.max(1) as f64
         };
         println!(
-            "driver:   {:.0} bytes per established connection, both nodes: engine {:.0}, \
-             endpoints {:.0}, event records {:.0}, batches {:.0} (cached private data {:.0} \
-             more); {} KB before the run, {} KB after the teardown",
+            "driver:   {:.0} bytes per established connection and node ({:.0} both nodes: \
+             engine {:.0}, endpoints {:.0}, event records {:.0}, batches {:.0}; cached \
+             private data {:.0} more)",
+            per(DriverMemory::total) / 2.0,
             per(DriverMemory::total),
             per(|m| m.engine),
             per(|m| m.endpoints),
             per(|m| m.records),
             per(|m| m.batches),
             per(|m| m.private_data),
+        );
+        println!(
+            "          both nodes: {} KB before the run, {} KB established, {} KB after the \
+             teardown (engine {} KB, endpoints {} KB, event records {} KB)",
             before.total() / 1024,
+            established.total() / 1024,
             after.total() / 1024,
+            after.engine / 1024,
+            after.endpoints / 1024,
+            after.records / 1024,
         );
     }
     if r.failures.is_empty() {

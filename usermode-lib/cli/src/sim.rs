@@ -58,7 +58,8 @@ pub trait Pump: Sync {
 pub struct DriverMemory {
     /// The engines: CEP slabs, peer lookups, timer heaps, queues.
     pub engine: u64,
-    /// The engines' cached private data (outside the budget).
+    /// Cached private data: the engines' (for repeats) and the endpoints' (for QUERY),
+    /// outside the budget.
     pub private_data: u64,
     /// The event-record pools.
     pub records: u64,
@@ -266,7 +267,7 @@ impl Sim {
             let d = n.device.memory();
             let e = n.device.with_engine(|cm| cm.memory());
             m.engine += e.tables() as u64;
-            m.private_data += e.private_data as u64;
+            m.private_data += (e.private_data + d.private_data) as u64;
             m.records += d.records as u64;
             m.endpoints += d.endpoints as u64;
             m.clients += d.clients as u64;

@@ -8,6 +8,8 @@ use alloc::collections::VecDeque;
 use alloc::vec::Vec;
 
 use super::CmManager;
+use crate::error::CmError;
+use crate::grow::reserve_queue;
 
 /// The manager's heap by part (see [`CmManager::memory`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -62,6 +64,45 @@ pub(super) fn hash_table_bytes(capacity: usize, entry: usize) -> usize {
 }
 
 impl CmManager {
+    /// Makes room, at PASSIVE_LEVEL, for `new` more CEPs and for every CEP to hold all it
+    /// may (its two peer-lookup entries, two more timer arms), so that handling
+    /// MADs and timeouts allocates nothing; each table grows to that need and no further
+    /// (hash tables by powers of two, the slab by chunks: amortised O(1) either way).
+    /// Cheap when the room is there. Fails (keeping what it made) if memory runs out.
+    pub fn prepare_for(&mut self, new: usize) -> Result<(), CmError> {
+        let no = |_| CmError::NoResources;
+        let ceps = self.live + new;
+        if self.slots.capacity() - self.slots.len() + self.free.len() < new {
+            self.slots.try_reserve(new).map_err(no)?;
+        }
+        let slots = self.slots.capacity();
+        if self.free.capacity() < slots {
+            self.free.try_reserve(slots - self.free.len()).map_err(no)?;
+        }
+        for map in [&mut self.remote_ids, &mut self.remote_qpns] {
+            if map.capacity() < ceps {
+                map.try_reserve(ceps - map.len())
+                    .map_err(|_| CmError::NoResources)?;
+            }
+        }
+        let sidr = new.min(4096);
+        if self.sidr_requests.capacity() - self.sidr_requests.len() < sidr {
+            self.sidr_requests
+                .try_reserve(sidr)
+                .map_err(|_| CmError::NoResources)?;
+        }
+        // Cancelled entries stay in the heap until they reach its top: room for two
+        // more arms of every CEP beyond what it holds, as `reserve` makes.
+        let timers = ceps.saturating_mul(2);
+        if self.timers.capacity() - self.timers.len() < timers {
+            self.timers.try_reserve(timers).map_err(no)?;
+        }
+        // The queues are drained after every MAD and timer pass.
+        reserve_queue(&mut self.events, new.min(4096)).map_err(no)?;
+        reserve_queue(&mut self.transmits, new.min(4096)).map_err(no)?;
+        Ok(())
+    }
+
     /// The heap this manager holds, by part.
     pub fn memory(&self) -> EngineMemory {
         let mut private_data = 0;

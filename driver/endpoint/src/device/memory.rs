@@ -18,7 +18,7 @@ use crate::platform::Platform;
 /// The dispatch layer's memory by part (see [`Device::memory`](crate::Device::memory)).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct DispatchMemory {
-    /// The event-record pool: room for every record promised to an endpoint's FIFO.
+    /// The event-record pool: the records queued on endpoints, and a few batches' worth free.
     pub records: usize,
     /// File and endpoint tables, endpoints built ahead, their FIFOs and request queues,
     /// and the CEP-to-owner table.
@@ -27,12 +27,20 @@ pub struct DispatchMemory {
     pub clients: usize,
     /// Batches kept for the DISPATCH_LEVEL paths (MADs to send, requests to complete).
     pub batches: usize,
+    /// The private data of the last message each endpoint received (inline, for QUERY),
+    /// counted apart from `endpoints` as the budgets exclude cached private data.
+    pub private_data: usize,
 }
 
 impl DispatchMemory {
+    /// All parts but the cached private data.
+    pub fn tables(&self) -> usize {
+        self.records + self.endpoints + self.clients + self.batches
+    }
+
     /// All parts.
     pub fn total(&self) -> usize {
-        self.records + self.endpoints + self.clients + self.batches
+        self.tables() + self.private_data
     }
 }
 
@@ -74,9 +82,17 @@ impl<P: Platform> Clients<P> {
 
 impl<P: Platform> Inner<P> {
     pub(super) fn memory(&self) -> DispatchMemory {
+        let inline_private_data = size_of::<[u8; 224]>()
+            * self
+                .files
+                .values()
+                .map(|f| f.endpoints.slots.capacity() + f.spares.capacity())
+                .sum::<usize>();
+        let endpoints = table_bytes(&self.files, file_bytes) + vec_bytes(&self.owners);
         DispatchMemory {
             records: self.records.bytes(),
-            endpoints: table_bytes(&self.files, file_bytes) + vec_bytes(&self.owners),
+            endpoints: endpoints - inline_private_data,
+            private_data: inline_private_data,
             clients: self.clients.bytes(),
             batches: vec_bytes(&self.tx)
                 + vec_bytes(&self.done)

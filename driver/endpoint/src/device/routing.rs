@@ -105,11 +105,9 @@ impl<P: Platform> Inner<P> {
             f.spares.push(Endpoint::new(CepId::from_raw(0), events));
         }
         self.prepare_owners(want);
-        let burst = want + self.cm.live_ceps();
-        // Grow by doubling when short, so the engine's tables grow amortised O(1).
-        if self.cm.room() < burst {
-            let _ = self.cm.reserve(burst.saturating_mul(2));
-        }
+        // The engine: room for the burst, and for every live CEP to take its peer
+        // entries and timers (a REP or DREP for each connecting or disconnecting CEP).
+        let _ = self.cm.prepare_for(want);
     }
 
     /// Room in the owner table for `n` more CEPs, and in the batches (PASSIVE_LEVEL). The
@@ -355,7 +353,12 @@ impl<P: Platform> Inner<P> {
                 let deadline = if self.removed {
                     None
                 } else {
-                    self.cm.poll_timeout()
+                    // While the record pool is short, no pass before `room_retry`.
+                    let engine = self.cm.poll_timeout();
+                    match self.room_retry {
+                        Some(retry) => engine.map(|d| d.max(retry)),
+                        None => engine,
+                    }
                 };
                 let changed = self.deadline != Some(deadline);
                 self.deadline = Some(deadline);
