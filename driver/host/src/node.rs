@@ -1,8 +1,8 @@
 //! A host node: one [`Device`] on a [`HostPlatform`], and the calls a user-mode process
 //! or the fabric makes on it, each under the verifier's eye.
 
-use std::sync::Arc;
-use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
 
 use ibcm_cep::{CmConfig, MadAddress};
 use ibcm_endpoint::{Device, FileId};
@@ -24,6 +24,33 @@ pub struct Node {
     /// counted by the allocator (the platform's own bookkeeping and the callers' buffers
     /// opted out).
     driver_bytes: AtomicI64,
+    /// Whether the DISPATCH_LEVEL entry points are timed, and their times.
+    timing: AtomicBool,
+    dpc_times: Mutex<DpcTimes>,
+}
+
+/// How long the DISPATCH_LEVEL entry points took (what a DPC would hold the CPU for), in
+/// ns, less the user library's completion hooks (user-mode work on Windows); kept when
+/// [`Node::time_dpcs`] asks for it.
+#[derive(Debug, Clone)]
+pub struct DpcTimes {
+    /// Receive calls handed a full batch ([`ibcm_endpoint::RECEIVE_BATCH`] MADs).
+    pub full_receive_batches: hdrhistogram::Histogram<u64>,
+    /// Receive calls handed fewer.
+    pub other_receive_batches: hdrhistogram::Histogram<u64>,
+    /// Timer passes.
+    pub timer_passes: hdrhistogram::Histogram<u64>,
+}
+
+impl Default for DpcTimes {
+    fn default() -> Self {
+        let h = || hdrhistogram::Histogram::new(3).unwrap_or_else(|_| unreachable!("3 digits"));
+        Self {
+            full_receive_batches: h(),
+            other_receive_batches: h(),
+            timer_passes: h(),
+        }
+    }
 }
 
 impl Node {
@@ -35,7 +62,48 @@ impl Node {
             platform,
             address,
             driver_bytes: AtomicI64::new(0),
+            timing: AtomicBool::new(false),
+            dpc_times: Mutex::new(DpcTimes::default()),
         }
+    }
+
+    /// Starts (or stops) timing the DISPATCH_LEVEL entry points.
+    pub fn time_dpcs(&self, on: bool) {
+        self.timing.store(on, Ordering::Relaxed);
+    }
+
+    /// The DISPATCH_LEVEL entry points' times so far.
+    pub fn dpc_times(&self) -> DpcTimes {
+        self.dpc_times
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    /// Runs a DISPATCH_LEVEL entry point, timing it if asked to (less the completion
+    /// hooks it ran) into the histogram `which` picks.
+    fn dpc<T>(
+        &self,
+        which: fn(&mut DpcTimes) -> &mut hdrhistogram::Histogram<u64>,
+        f: impl FnOnce() -> T,
+    ) -> T {
+        if !self.timing.load(Ordering::Relaxed) {
+            return f();
+        }
+        let hooks = crate::platform::hook_ns();
+        let start = std::time::Instant::now();
+        let value = f();
+        let ns = (start.elapsed().as_nanos() as u64)
+            .saturating_sub(crate::platform::hook_ns().saturating_sub(hooks));
+        // The measuring is the harness's, not the driver's (a histogram may grow).
+        allocation_counter::opt_out(|| {
+            let mut t = self
+                .dpc_times
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner);
+            let _ = which(&mut t).record(ns.max(1));
+        });
+        value
     }
 
     /// Runs a driver entry point, counting what it leaves allocated.
@@ -132,14 +200,29 @@ impl Node {
         I: IntoIterator<Item = (&'a MadAddress, &'a [u8])>,
         I::IntoIter: Clone,
     {
-        self.in_driver(|| at_dispatch(&self.platform.ledger, || self.device.receive_batch(mads)));
+        let mads = mads.into_iter();
+        let which: fn(&mut DpcTimes) -> &mut hdrhistogram::Histogram<u64> =
+            if mads.clone().count() == ibcm_endpoint::RECEIVE_BATCH {
+                |t| &mut t.full_receive_batches
+            } else {
+                |t| &mut t.other_receive_batches
+            };
+        self.in_driver(|| {
+            at_dispatch(&self.platform.ledger, || {
+                self.dpc(which, || self.device.receive_batch(mads))
+            })
+        });
     }
 
     /// The timer DPC (DISPATCH_LEVEL).
     pub fn fire_timer(&self) {
         // One-shot, as a WDFTIMER: firing disarms it, and the device must arm it again.
         self.platform.disarm_timer();
-        self.in_driver(|| at_dispatch(&self.platform.ledger, || self.device.timer_expired()));
+        self.in_driver(|| {
+            at_dispatch(&self.platform.ledger, || {
+                self.dpc(|t| &mut t.timer_passes, || self.device.timer_expired())
+            })
+        });
     }
 
     /// Runs the PASSIVE_LEVEL work a DISPATCH_LEVEL path asked for, if it did (a work

@@ -100,6 +100,17 @@ pub const OUTBOX_ROOM: usize = 1024;
 /// checked the completion): the ABI's completion contract, defined with the records.
 pub use ibcm_ioctl::CompletionHook;
 
+thread_local! {
+    /// Time this thread spent in completion hooks (the user library's side of a
+    /// completion), ns: a timed DISPATCH_LEVEL entry point leaves it out.
+    static HOOK_NS: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+}
+
+/// Time this thread has spent in completion hooks so far, ns.
+pub(crate) fn hook_ns() -> u64 {
+    HOOK_NS.with(std::cell::Cell::get)
+}
+
 /// The host platform of one node.
 #[derive(Clone)]
 pub struct HostPlatform {
@@ -277,7 +288,9 @@ impl Platform for HostPlatform {
                 // event): on Windows that runs later, in the caller's thread, not at the
                 // completing driver's IRQL, so what it allocates is not counted against
                 // a DISPATCH_LEVEL path that completed the request.
+                let start = std::time::Instant::now();
                 allocation_counter::opt_out(|| hook.completed(status, output));
+                HOOK_NS.with(|ns| ns.set(ns.get() + start.elapsed().as_nanos() as u64));
             }
             None => allocation_counter::opt_out(|| {
                 self.ledger.complete(

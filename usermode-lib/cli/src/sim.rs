@@ -260,6 +260,19 @@ impl Sim {
 }
 
 impl Sim {
+    /// Starts timing every node's DISPATCH_LEVEL entry points (receive batches, timer
+    /// passes).
+    pub fn time_dpcs(&self) {
+        for n in &self.nodes {
+            n.time_dpcs(true);
+        }
+    }
+
+    /// Every node's DISPATCH_LEVEL times so far.
+    pub fn dpc_times(&self) -> Vec<ibcm_host::DpcTimes> {
+        self.nodes.iter().map(|n| n.dpc_times()).collect()
+    }
+
     /// What the drivers of every node hold now.
     pub fn driver_memory(&self) -> DriverMemory {
         let mut m = DriverMemory::default();
