@@ -30,7 +30,8 @@ pub struct Node {
 }
 
 /// How long the DISPATCH_LEVEL entry points took (what a DPC would hold the CPU for), in
-/// ns, less the user library's completion hooks (user-mode work on Windows); kept when
+/// ns, less the host's stand-ins (the user library's completion hooks, user-mode work on
+/// Windows; the verifier's ledger; the simulated wire's queue); kept when
 /// [`Node::time_dpcs`] asks for it.
 #[derive(Debug, Clone)]
 pub struct DpcTimes {
@@ -70,6 +71,9 @@ impl Node {
     /// Starts (or stops) timing the DISPATCH_LEVEL entry points.
     pub fn time_dpcs(&self, on: bool) {
         self.timing.store(on, Ordering::Relaxed);
+        if on {
+            crate::platform::TIMING_DPCS.store(true, Ordering::Relaxed);
+        }
     }
 
     /// The DISPATCH_LEVEL entry points' times so far.
@@ -80,8 +84,8 @@ impl Node {
             .clone()
     }
 
-    /// Runs a DISPATCH_LEVEL entry point, timing it if asked to (less the completion
-    /// hooks it ran) into the histogram `which` picks.
+    /// Runs a DISPATCH_LEVEL entry point, timing it if asked to (less the host's
+    /// stand-ins it ran) into the histogram `which` picks.
     fn dpc<T>(
         &self,
         which: fn(&mut DpcTimes) -> &mut hdrhistogram::Histogram<u64>,
@@ -90,11 +94,11 @@ impl Node {
         if !self.timing.load(Ordering::Relaxed) {
             return f();
         }
-        let hooks = crate::platform::hook_ns();
+        let hooks = crate::platform::harness_ns();
         let start = std::time::Instant::now();
         let value = f();
         let ns = (start.elapsed().as_nanos() as u64)
-            .saturating_sub(crate::platform::hook_ns().saturating_sub(hooks));
+            .saturating_sub(crate::platform::harness_ns().saturating_sub(hooks));
         // The measuring is the harness's, not the driver's (a histogram may grow).
         allocation_counter::opt_out(|| {
             let mut t = self

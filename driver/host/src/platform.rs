@@ -101,14 +101,31 @@ pub const OUTBOX_ROOM: usize = 1024;
 pub use ibcm_ioctl::CompletionHook;
 
 thread_local! {
-    /// Time this thread spent in completion hooks (the user library's side of a
-    /// completion), ns: a timed DISPATCH_LEVEL entry point leaves it out.
-    static HOOK_NS: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+    /// Time this thread spent in the host's stand-ins for what is not the driver (the
+    /// user library's completion hooks, the verifier's ledger, the simulated wire's
+    /// queue growing), ns: a timed DISPATCH_LEVEL entry point leaves it out.
+    static HARNESS_NS: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
 }
 
-/// Time this thread has spent in completion hooks so far, ns.
-pub(crate) fn hook_ns() -> u64 {
-    HOOK_NS.with(std::cell::Cell::get)
+/// Time this thread has spent in the host's stand-ins so far, ns.
+pub(crate) fn harness_ns() -> u64 {
+    HARNESS_NS.with(std::cell::Cell::get)
+}
+
+/// Whether any node times its DISPATCH_LEVEL entry points (then the stand-ins are timed).
+pub(crate) static TIMING_DPCS: std::sync::atomic::AtomicBool =
+    std::sync::atomic::AtomicBool::new(false);
+
+/// Runs `f`, a stand-in for what is not the driver, counting its time as the harness's
+/// while DISPATCH_LEVEL times are kept.
+fn harness<T>(f: impl FnOnce() -> T) -> T {
+    if !TIMING_DPCS.load(std::sync::atomic::Ordering::Relaxed) {
+        return f();
+    }
+    let start = std::time::Instant::now();
+    let value = f();
+    HARNESS_NS.with(|ns| ns.set(ns.get() + start.elapsed().as_nanos() as u64));
+    value
 }
 
 /// The host platform of one node.
@@ -262,7 +279,7 @@ impl Platform for HostPlatform {
         // allocation of the driver's at DISPATCH_LEVEL.
         if outbox.len() == outbox.capacity() {
             let more = outbox.len().max(OUTBOX_ROOM);
-            allocation_counter::opt_out(|| outbox.reserve(more));
+            harness(|| allocation_counter::opt_out(|| outbox.reserve(more)));
         }
         outbox.push(transmit.clone());
         drop(outbox);
@@ -278,9 +295,11 @@ impl Platform for HostPlatform {
             Some(hook) => {
                 // The caller takes the output; the ledger keeps only the fact. The ledger
                 // is the verifier's, not the driver's: what it holds is not the driver's.
-                allocation_counter::opt_out(|| {
-                    self.ledger
-                        .complete_and_forget(key, status, information, output.len())
+                harness(|| {
+                    allocation_counter::opt_out(|| {
+                        self.ledger
+                            .complete_and_forget(key, status, information, output.len())
+                    })
                 });
                 let mut output = output;
                 output.truncate(information);
@@ -288,19 +307,19 @@ impl Platform for HostPlatform {
                 // event): on Windows that runs later, in the caller's thread, not at the
                 // completing driver's IRQL, so what it allocates is not counted against
                 // a DISPATCH_LEVEL path that completed the request.
-                let start = std::time::Instant::now();
-                allocation_counter::opt_out(|| hook.completed(status, output));
-                HOOK_NS.with(|ns| ns.set(ns.get() + start.elapsed().as_nanos() as u64));
+                harness(|| allocation_counter::opt_out(|| hook.completed(status, output)));
             }
-            None => allocation_counter::opt_out(|| {
-                self.ledger.complete(
-                    key,
-                    Completion {
-                        status,
-                        information,
-                        output,
-                    },
-                )
+            None => harness(|| {
+                allocation_counter::opt_out(|| {
+                    self.ledger.complete(
+                        key,
+                        Completion {
+                            status,
+                            information,
+                            output,
+                        },
+                    )
+                })
             }),
         }
     }
