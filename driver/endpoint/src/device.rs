@@ -50,8 +50,13 @@ const SPARE_BATCHES: usize = 4;
 const KEPT_BATCHES: usize = 2 * SPARE_BATCHES;
 /// MADs one entry point at DISPATCH_LEVEL may queue, and requests it may complete: a
 /// timer pass sends at most one MAD and reports at most one event (which completes at
-/// most one pending GET_EVENT) per timer it handles; a received MAD brings a couple.
-const DISPATCH_BATCH: usize = ibcm_cep::TIMER_BATCH + 8;
+/// most one pending GET_EVENT) per timer it handles; a received MAD brings a couple (a
+/// stale REQ: a REJ and a DREQ), so a receive batch is given four per MAD.
+const DISPATCH_BATCH: usize = max(ibcm_cep::TIMER_BATCH, 4 * RECEIVE_BATCH) + 8;
+
+const fn max(a: usize, b: usize) -> usize {
+    if a > b { a } else { b }
+}
 
 /// MADs one [`Device::receive_batch`] call takes at most: each brings a couple of MADs to
 /// send and requests to complete, so a batch stays well inside [`DISPATCH_BATCH`].

@@ -1,8 +1,8 @@
 //! The pool of event records queued on endpoints with no GET_EVENT waiting: one pool for
 //! the device, grown at PASSIVE_LEVEL, taken from at DISPATCH_LEVEL without allocating.
 //!
-//! Memory follows what is queued, not what could be: the pool keeps [`KEEP_FREE`] free
-//! records beyond the ones queued, and every DISPATCH_LEVEL entry point first checks that
+//! Memory follows what is queued, not what could be: the pool keeps as many records free
+//! as are queued ([`KEEP_FREE`] at least), and every DISPATCH_LEVEL entry point first checks that
 //! [`DISPATCH_RECORDS`] are free (what one receive batch or timer pass can queue at most).
 //! When they are not (consumers that read no events while thousands queue), that entry
 //! point holds back: a receive batch is dropped as a full receive queue would drop it
@@ -117,14 +117,19 @@ impl RecordPool {
         }
     }
 
-    /// PASSIVE_LEVEL: [`KEEP_FREE`] records free beyond those queued, and a free list
+    /// PASSIVE_LEVEL: as many records free as are queued, [`KEEP_FREE`] at least, and a free list
     /// with room for every slot. With nothing queued, a pool grown by a burst shrinks
     /// back to that (nothing is kept at its high-water mark).
     pub(super) fn prepare(&mut self) {
         if self.queued() == 0 && self.chunks.len() * RECORD_CHUNK > KEEP_FREE {
             *self = Self::default();
         }
-        let short = KEEP_FREE.saturating_sub(self.free_slots());
+        // As many free as queued (at least KEEP_FREE): a pool that ran short doubles, so
+        // the retries of what it dropped find room at once, and stays within twice what
+        // is queued.
+        let short = KEEP_FREE
+            .max(self.queued())
+            .saturating_sub(self.free_slots());
         let more = short.div_ceil(RECORD_CHUNK);
         self.chunks.reserve(more);
         for _ in 0..more {
