@@ -461,9 +461,36 @@ impl CmManager {
         } else {
             None
         };
-        let index = match index {
-            Some(index) => index,
+        let ids = self.ids;
+        // The generation to hand out, moved off the one whose wire ID would be 0.
+        let usable = |index: u32, generation: u32| {
+            let g = if ids.wire(ids.handle(index, generation)) == 0 {
+                generation.wrapping_add(1) & ids.generation_mask()
+            } else {
+                generation
+            };
+            // No generation bits to move off 0 (a mask fixing every free bit, to 0).
+            (ids.wire(ids.handle(index, g)) != 0).then_some(g)
+        };
+        let id = match index {
+            Some(index) => {
+                let slot = self
+                    .slots
+                    .get_mut(index as usize)
+                    .ok_or(CmError::NoResources)?;
+                let Some(generation) = usable(index, slot.generation) else {
+                    // The slot stays free (room for it in `free` was reserved with it).
+                    self.free.push_back(index);
+                    return Err(CmError::NoResources);
+                };
+                slot.generation = generation;
+                slot.cep = Some(Cep::new());
+                CepId::new(index, generation)
+            }
             None => {
+                let index = len as u32;
+                let random = self.rng.next_u32() & ids.generation_mask();
+                let generation = usable(index, random).ok_or(CmError::NoResources)?;
                 self.slots
                     .try_reserve(1)
                     .map_err(|_| CmError::NoResources)?;
@@ -471,30 +498,13 @@ impl CmManager {
                 self.free
                     .try_reserve((len + 1).saturating_sub(self.free.len()))
                     .map_err(|_| CmError::NoResources)?;
-                let generation = self.rng.next_u32() & self.ids.generation_mask();
                 self.slots.push(Slot {
                     generation,
-                    cep: None,
+                    cep: Some(Cep::new()),
                 });
-                len as u32
+                CepId::new(index, generation)
             }
         };
-        let ids = self.ids;
-        let slot = self
-            .slots
-            .get_mut(index as usize)
-            .ok_or(CmError::NoResources)?;
-        if ids.wire(ids.handle(index, slot.generation)) == 0 {
-            slot.generation = slot.generation.wrapping_add(1) & ids.generation_mask();
-        }
-        let id = CepId::new(index, slot.generation);
-        if ids.wire(ids.handle(index, slot.generation)) == 0 {
-            // No generation bits to move off 0 (a mask fixing every free bit, to 0): the
-            // slot stays free (room for it in `free` was reserved with it).
-            self.free.push_back(index);
-            return Err(CmError::NoResources);
-        }
-        slot.cep = Some(Cep::new());
         self.live += 1;
         Ok(id)
     }
