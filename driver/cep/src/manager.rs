@@ -27,6 +27,7 @@ mod lap;
 mod lookup;
 mod operations;
 mod peer;
+mod ports;
 mod qp;
 mod receive;
 mod release;
@@ -149,6 +150,8 @@ pub struct CmManager {
     remote_ids: PeerMap,
     remote_qpns: PeerMap,
     listens: Vec<ListenEntry>,
+    /// This CA's ports, as [`Self::set_port`] told them (empty: REQ paths unchecked).
+    ports: Vec<ports::PortAddress>,
     /// Peer-to-peer CEPs with a REQ out (few; pruned as they move on).
     peers: Vec<CepId>,
     /// SIDR requests being answered or lately answered: (request ID, source GID, LID).
@@ -190,6 +193,7 @@ impl CmManager {
             remote_ids: PeerMap::with_hasher(hash),
             remote_qpns: PeerMap::with_hasher(hash),
             listens: Vec::new(),
+            ports: Vec::new(),
             peers: Vec::new(),
             sidr_requests: HashMap::with_hasher(hash),
             timers: BinaryHeap::new(),

@@ -13,6 +13,7 @@
 //! | REP FailoverAccepted (IBA Table 110) | `failover_*` |
 //! | XRC REP (Linux `cm_format_rep`, `cm_rep_get_qpn`) | `xrc_*` |
 //! | REQ transport / QPN 0 (WinOF `__req_handler`, IBA 12.6.5 Table 106) | `req_with_*` |
+//! | REQ paths end at this CA's ports: REJ 12/13/18/19 (IBA Table 108, Linux `cm_req_handler`) | `req_*_port_*`, `*_told_no_port_*` |
 //! | Local comm IDs: reuse distance, fixed pattern, never 0 (Linux `cm_alloc_id_priv`, issue #19) | `local_comm_ids_*`, `*_comm_id_*` |
 //!
 //! Timing (virtual ns): A's packet life time is 14; B recovers 15 from the REQ's
@@ -851,4 +852,157 @@ proptest! {
             live.push_back(id);
         }
     }
+}
+
+// ---- 11. the REQ's paths must end at this CA's ports ------------------------------------------
+
+/// B's port 1 as `set_port` is told it: base LID 4 with LMC 2 (LIDs 4..=7), GID gid(2).
+fn pair_with_b_port() -> Pair {
+    let mut p = Pair::new(7);
+    p.b.set_port(1, 4, 2, &[gid(9), gid(2)]).unwrap();
+    p
+}
+
+/// A connects to B with `cp` (B listens); returns the REJ A got, if any, with its ARI,
+/// and whether B reported the REQ.
+fn connect_to_b(mut p: Pair, cp: &ConnectParams<'_>) -> (Option<(RejReason, Vec<u8>)>, bool) {
+    let l = p.b.create().unwrap();
+    p.b.listen(l, Pair::listen_params(SID, 16)).unwrap();
+    let a = p.a.create().unwrap();
+    let now = p.now;
+    p.a.connect(now, a, cp).unwrap();
+    p.drive_for(MS);
+    let reported = p.last_request().is_some();
+    let rej = events(&mut p, Side::A, a)
+        .into_iter()
+        .find_map(|e| match e {
+            Event::Rejected {
+                reason,
+                message: MessageKind::Req,
+                ari,
+                ari_len,
+                ..
+            } => Some((reason, ari[..usize::from(ari_len)].to_vec())),
+            _ => None,
+        });
+    (rej, reported)
+}
+
+fn to_b(dlid: u16, dgid: [u8; 16], subnet_local: bool) -> PathRecord {
+    PathRecord {
+        dlid,
+        dgid,
+        subnet_local,
+        ..Pair::path(Side::A)
+    }
+}
+
+/// IBA 12.6.7 Table 108 reason 12 (InvalidGID): the REQ's Primary Remote Port GID (the
+/// passive side's, IBA Table 106) is on none of B's ports: REJ with, as ARI, the GID of
+/// the port the REQ came in on (Linux `cm_req_handler`: GID index 0 of `work->port`).
+#[test]
+fn req_to_a_gid_on_no_port_gets_rej_invalid_gid_with_the_ports_gid() {
+    let cp = ConnectParams {
+        primary_path: to_b(5, gid(3), true),
+        ..cp()
+    };
+    let (rej, reported) = connect_to_b(pair_with_b_port(), &cp);
+    assert_eq!(rej, Some((RejReason::InvalidGid, gid(9).to_vec())));
+    assert!(!reported);
+}
+
+/// IBA Table 108 reason 13 (InvalidLID): the GID is B's but the subnet-local path's
+/// Remote Port LID is outside the port's range (base 4, LMC 2: 4..=7, as WinOF
+/// `__is_lid_valid`): REJ with the port's base LID (2 bytes) as ARI. A LID within the
+/// range is taken.
+#[test]
+fn req_to_a_lid_off_the_port_gets_rej_invalid_lid_and_one_in_its_lmc_range_is_taken() {
+    let off = ConnectParams {
+        primary_path: to_b(8, gid(2), true),
+        ..cp()
+    };
+    let (rej, reported) = connect_to_b(pair_with_b_port(), &off);
+    assert_eq!(rej, Some((RejReason::InvalidLid, vec![0, 4])));
+    assert!(!reported);
+    let within = ConnectParams {
+        primary_path: to_b(7, gid(2), true),
+        ..cp()
+    };
+    assert_eq!(connect_to_b(pair_with_b_port(), &within), (None, true));
+}
+
+/// A path that is not subnet-local carries router or permissive LIDs (Linux
+/// `cm_format_req` sends 0xFFFF: "Work-around until there's a way to obtain remote LID
+/// info"), and RoCE paths carry 0xFFFF: only the GID is checked then.
+#[test]
+fn req_port_lid_is_not_checked_off_subnet_or_when_permissive() {
+    for path in [to_b(0x30, gid(2), false), to_b(0xFFFF, gid(2), true)] {
+        let cp = ConnectParams {
+            primary_path: path,
+            ..cp()
+        };
+        assert_eq!(
+            connect_to_b(pair_with_b_port(), &cp),
+            (None, true),
+            "{path:?}"
+        );
+    }
+}
+
+/// IBA Table 108 reasons 18 and 19 (InvalidAlternateGID/LID): the same checks on the
+/// alternate path; the GID ARI is the primary path's GID, as Linux `cm_req_handler`
+/// (INVALID_ALT_GID with `work->path[0].sgid`); the LID ARI the port's base LID.
+#[test]
+fn req_alternate_path_off_the_ports_gets_rej_invalid_alt_gid_or_alt_lid() {
+    let cp = ConnectParams {
+        alternate_path: Some(to_b(6, gid(3), true)),
+        ..cp()
+    };
+    let want_gid = (RejReason::InvalidAltGid, gid(2).to_vec());
+    let (rej, reported) = connect_to_b(
+        pair_with_b_port(),
+        &ConnectParams {
+            primary_path: to_b(4, gid(2), true),
+            ..cp
+        },
+    );
+    assert_eq!(rej, Some(want_gid));
+    assert!(!reported);
+    let cp = ConnectParams {
+        primary_path: to_b(4, gid(2), true),
+        alternate_path: Some(to_b(3, gid(9), true)),
+        ..cp
+    };
+    assert_eq!(
+        connect_to_b(pair_with_b_port(), &cp).0,
+        Some((RejReason::InvalidAltLid, vec![0, 4]))
+    );
+}
+
+/// A manager told no port (`set_port` never called: tests, fuzzers, a host that cannot
+/// tell) checks no path, as before: a REQ to any GID and LID is reported.
+#[test]
+fn manager_told_no_port_checks_no_req_path() {
+    let cp = ConnectParams {
+        primary_path: to_b(0x77, gid(3), true),
+        alternate_path: Some(to_b(0x78, gid(4), true)),
+        ..cp()
+    };
+    assert_eq!(connect_to_b(Pair::new(7), &cp), (None, true));
+}
+
+/// `remove_port` (device removal) forgets the port's GIDs: a REQ naming them is then
+/// refused with InvalidGID (another port still told keeps the check on).
+#[test]
+fn req_to_a_removed_ports_gid_gets_rej_invalid_gid() {
+    let mut p = pair_with_b_port();
+    p.b.set_port(2, 0x40, 0, &[gid(0x40)]).unwrap();
+    p.b.remove_port(1);
+    let cp = ConnectParams {
+        port: 1,
+        primary_path: to_b(4, gid(2), true),
+        ..cp()
+    };
+    let (rej, _) = connect_to_b(p, &cp);
+    assert_eq!(rej.map(|r| r.0), Some(RejReason::InvalidGid));
 }
