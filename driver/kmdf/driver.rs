@@ -13,12 +13,11 @@ use crate::{device, wdf};
 
 /// The body of `DriverEntry` (PASSIVE_LEVEL).
 pub fn entry(driver: PDRIVER_OBJECT, registry_path: PCUNICODE_STRING) -> NTSTATUS {
-    // SAFETY: (R2) EtwRegister at PASSIVE_LEVEL, once per load; every path out of the
-    // driver unregisters (EvtDriverUnload, or below if WdfDriverCreate fails), so no ETW
-    // callback can reach an unloaded image. A failed registration leaves the provider
-    // disabled: tracing is then off, nothing else changes.
+    // SAFETY: (R2) the ETW provider (ibcm-etw) is registered at PASSIVE_LEVEL, once per
+    // load; every path out of the driver unregisters it (EvtDriverUnload, or below if
+    // WdfDriverCreate fails), as `register`'s contract asks.
     unsafe {
-        crate::PROVIDER.register();
+        ibcm_etw::register();
     }
     // WDF_DRIVER_CONFIG_INIT: the device-add callback and the unload routine (for the ETW
     // provider); pool tag left to the framework.
@@ -43,14 +42,14 @@ pub fn entry(driver: PDRIVER_OBJECT, registry_path: PCUNICODE_STRING) -> NTSTATU
     };
     if !wdk_sys::NT_SUCCESS(status) {
         // No unload routine runs after a failed DriverEntry.
-        crate::PROVIDER.unregister();
+        ibcm_etw::unregister();
     }
     status
 }
 
 /// EvtDriverUnload (PASSIVE_LEVEL): the last device is gone; the ETW provider goes too.
 unsafe extern "C" fn evt_driver_unload(_driver: WDFDRIVER) {
-    crate::PROVIDER.unregister();
+    ibcm_etw::unregister();
 }
 
 /// EvtDriverDeviceAdd (PASSIVE_LEVEL): one call per `Root\ibcm` device node.

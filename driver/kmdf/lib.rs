@@ -14,8 +14,6 @@
 //!   port, and the receive ring drained by a DPC.
 //! - [`client`]: the kernel-client interface other drivers query with
 //!   `IRP_MN_QUERY_INTERFACE`.
-//! - [`trace`]: the engine's and the dispatch layer's trace points to ETW (TraceLogging
-//!   provider `ibcm`).
 //! - [`wdf`]: structure sizes, object attributes and typed contexts (wdk-sys has no
 //!   `WDF_*_INIT` helpers or `WDF_DECLARE_CONTEXT_TYPE`).
 //!
@@ -38,12 +36,7 @@ mod device;
 mod driver;
 mod ibal;
 mod platform;
-mod trace;
 mod wdf;
-
-// The ETW provider of the trace points (see `trace`): registered in DriverEntry,
-// unregistered in EvtDriverUnload. Defined here so that every module can name it.
-tracelogging::define_provider!(PROVIDER, "ibcm");
 
 use wdk_sys::{NTSTATUS, PCUNICODE_STRING, PDRIVER_OBJECT};
 

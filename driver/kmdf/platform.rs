@@ -11,7 +11,7 @@
 //! | `set_timer`         | one WDFTIMER, `WdfTimerStart` with a relative due time      |
 //! | `current_thread`    | `PsGetCurrentThreadId`                                      |
 //! | `relax`             | `KeDelayExecutionThread` (PASSIVE) / `KeStallExecutionProcessor` |
-//! | `tracer`            | [`trace::ETW`](crate::trace::ETW): TraceLogging provider `ibcm` |
+//! | `tracer`            | `ibcm_etw::ETW`: TraceLogging provider `ibcm` |
 
 use core::cell::UnsafeCell;
 use core::ptr::NonNull;
@@ -260,7 +260,7 @@ impl Platform for KmdfPlatform {
     }
 
     fn tracer(&self) -> Option<&'static dyn ibcm_endpoint::DispatchTracer> {
-        Some(&crate::trace::ETW)
+        Some(&ibcm_etw::ETW)
     }
 
     fn send(&self, transmit: &Transmit) {

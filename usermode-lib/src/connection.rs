@@ -116,13 +116,13 @@ pub struct ConnectEndpoint(pub(crate) Endpoint);
 impl Provider {
     /// A new, idle connection endpoint.
     pub fn connect_endpoint(&self) -> Result<ConnectEndpoint> {
-        Ok(ConnectEndpoint(self.create_endpoint("create endpoint")?))
+        Ok(ConnectEndpoint(Endpoint::create(self, "create endpoint")?))
     }
 
     /// A listener for REQs matching `params`.
     pub fn listen(&self, params: &ListenParams) -> Result<Listener> {
         const OP: &str = "listen";
-        let ep = self.create_endpoint(OP)?;
+        let ep = Endpoint::create(self, OP)?;
         let mut l = ListenIn::new_zeroed();
         l.size = ListenIn::SIZE;
         l.handle = ep.0.handle;

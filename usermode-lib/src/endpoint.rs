@@ -7,11 +7,11 @@ use std::pin::Pin;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::task::{Context, Poll, Waker};
 
-use ibcm_ioctl::{EventRecord, HandleIn, code, status};
+use ibcm_ioctl::{CreateIn, CreateOut, EventRecord, HandleIn, code, status};
 use zerocopy::{FromBytes, Immutable, IntoBytes};
 
 use crate::backend::CompletionHook;
-use crate::completion::{Ioctl, output_buffer, recycle_buffer};
+use crate::completion::{Ioctl, block_on, output_buffer, recycle_buffer};
 use crate::error::{Error, Result};
 use crate::provider::Provider;
 
@@ -126,6 +126,16 @@ pub(crate) struct Inner {
 pub(crate) struct Endpoint(pub Arc<Inner>);
 
 impl Endpoint {
+    /// CREATE: a new endpoint on `provider`'s handle.
+    pub fn create(provider: &Provider, operation: &'static str) -> Result<Self> {
+        let c = CreateIn {
+            size: CreateIn::SIZE,
+            reserved: 0,
+        };
+        let out: CreateOut = block_on(provider.ioctl_out(operation, code::CREATE, c.as_bytes()))?;
+        Ok(Self::new(provider.clone(), out.handle))
+    }
+
     pub fn new(provider: Provider, handle: u64) -> Self {
         Self(Arc::new(Inner {
             provider,

@@ -202,9 +202,10 @@ pub struct ResolveParams<'a> {
 impl Provider {
     /// A new datagram endpoint.
     pub fn datagram_endpoint(&self) -> Result<DatagramEndpoint> {
-        Ok(DatagramEndpoint(
-            self.create_endpoint("create datagram endpoint")?,
-        ))
+        Ok(DatagramEndpoint(Endpoint::create(
+            self,
+            "create datagram endpoint",
+        )?))
     }
 }
 

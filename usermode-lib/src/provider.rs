@@ -2,15 +2,12 @@
 
 use std::sync::Arc;
 
-use ibcm_ioctl::{
-    ABI_VERSION, CountersIn, CountersOut, CreateIn, CreateOut, VersionIn, VersionOut, code, status,
-};
+use ibcm_ioctl::{ABI_VERSION, CountersIn, CountersOut, VersionIn, VersionOut, code, status};
 use zerocopy::{FromBytes, Immutable, IntoBytes};
 
 use crate::backend::Backend;
 use crate::backend::CompletionHook;
 use crate::completion::{Ioctl, Slot, SlotFuture, block_on, output_buffer, recycle_buffer};
-use crate::endpoint::Endpoint;
 use crate::error::{Error, Result};
 
 /// An open handle to the ibcm device (`IWVProvider`, `IND2Adapter`): endpoints are created
@@ -107,15 +104,6 @@ impl Provider {
             recycle_buffer(out);
             record
         }
-    }
-
-    pub(crate) fn create_endpoint(&self, operation: &'static str) -> Result<Endpoint> {
-        let c = CreateIn {
-            size: CreateIn::SIZE,
-            reserved: 0,
-        };
-        let out: CreateOut = block_on(self.ioctl_out(operation, code::CREATE, c.as_bytes()))?;
-        Ok(Endpoint::new(self.clone(), out.handle))
     }
 
     /// The device's message counters (per attribute: sent, received, duplicates, retries).

@@ -66,6 +66,13 @@ impl<T> ChunkedVec<T> {
         self.chunks.len() * CHUNK
     }
 
+    /// Heap bytes it holds: its chunks and the list of them.
+    #[must_use]
+    pub fn heap_bytes(&self) -> usize {
+        self.capacity() * core::mem::size_of::<T>()
+            + self.chunks.capacity() * core::mem::size_of::<Vec<T>>()
+    }
+
     /// Element `i`.
     #[must_use]
     pub fn get(&self, i: usize) -> Option<&T> {

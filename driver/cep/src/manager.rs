@@ -25,6 +25,7 @@ use ibcm_iba::{QpAttributes, QpState};
 mod establish;
 mod lap;
 mod lookup;
+mod memory;
 mod operations;
 mod peer;
 mod ports;
@@ -37,6 +38,7 @@ mod state;
 mod timers;
 
 use lookup::{KeyedHash, PeerMap};
+pub use memory::EngineMemory;
 use qp::qp_attributes_of;
 pub use sidr::{SidrParams, SidrReplyParams};
 

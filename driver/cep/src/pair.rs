@@ -157,7 +157,8 @@ pub const GUID_A: u64 = 0x0002_c903_0000_000a;
 /// Node B's CA GUID.
 pub const GUID_B: u64 = 0x0002_c903_0000_000b;
 
-fn gid(lid: u16) -> [u8; 16] {
+/// The link-local GID of the port with `lid` (fe80::lid), as the pair's nodes use.
+pub fn gid(lid: u16) -> [u8; 16] {
     let mut g = [0u8; 16];
     g[0] = 0xfe;
     g[1] = 0x80;
@@ -306,7 +307,8 @@ impl Pair {
         }
     }
 
-    fn address_of(side: Side) -> MadAddress {
+    /// The address a MAD from `side` arrives from.
+    pub fn address_of(side: Side) -> MadAddress {
         let lid = match side {
             Side::A => 1,
             Side::B => 2,

@@ -19,10 +19,10 @@
 //! Timing (virtual ns): A's packet life time is 14; B recovers 15 from the REQ's
 //! LocalACKTimeout (16) minus one; both CAs have an ACK delay of 15.
 
-use ibcm_cep::pair::{GUID_A, GUID_B, Pair, Side};
+use ibcm_cep::pair::{GUID_A, GUID_B, Pair, Side, gid};
 use ibcm_cep::{
-    CepId, CmConfig, CmError, CmManager, ConnectParams, Event, MadAddress, PathRecord,
-    QpAttributes, QpState, RepParams, StateName as S,
+    CepId, CmConfig, CmError, CmManager, ConnectParams, Event, PathRecord, QpAttributes, QpState,
+    RepParams, StateName as S,
 };
 use ibcm_mad::{
     AttributeId, CmMad, CmMessage, Failover, MAD_SIZE, MessageKind, RejReason, RepPacket, Transport,
@@ -37,30 +37,6 @@ const MS: u64 = 1_000_000;
 /// 4.096 us * 2^t in ns.
 const fn ib(t: u32) -> u64 {
     4096 << t
-}
-
-fn gid(lid: u16) -> [u8; 16] {
-    let mut g = [0u8; 16];
-    g[0] = 0xfe;
-    g[1] = 0x80;
-    g[14..].copy_from_slice(&lid.to_be_bytes());
-    g
-}
-
-/// The address a MAD from `side` arrives from (what `Pair` uses).
-fn from(side: Side) -> MadAddress {
-    let lid = match side {
-        Side::A => 1,
-        Side::B => 2,
-    };
-    MadAddress {
-        port: 1,
-        lid,
-        gid: gid(lid),
-        grh: false,
-        sl: 0,
-        pkey: 0xffff,
-    }
 }
 
 fn cp() -> ConnectParams<'static> {
@@ -325,7 +301,7 @@ fn xrc_rep_carries_the_target_qpn_in_local_ee_context_with_srq_set() {
         (0, QPN_B, 1),
         "(LocalQPN, LocalEEContext, SRQ) of an XRC target's REP"
     );
-    p.a.handle_mad(now, &from(Side::B), &rep.mad);
+    p.a.handle_mad(now, &Pair::address_of(Side::B), &rep.mad);
     assert_eq!(attrs(&p, Side::A, a, QpState::Rtr).dest_qpn, Some(QPN_B));
     assert_eq!(p.a.query(a).unwrap().remote_qpn, QPN_B);
 }
@@ -364,7 +340,7 @@ fn req_with_reserved_transport_or_qpn_0_gets_rej_invalid_transport_type() {
     for (what, edit) in cases {
         let (mut p, mad) = req_mad(edit);
         let now = p.now;
-        p.b.handle_mad(now, &from(Side::A), &mad);
+        p.b.handle_mad(now, &Pair::address_of(Side::A), &mad);
         let rej =
             p.b.poll_transmit()
                 .unwrap_or_else(|| panic!("{what}: no answer"));
@@ -517,7 +493,7 @@ fn rej_with_rejected_info_length_over_72_still_rejects_the_connection() {
     p.b.reject(now, b, &reject).unwrap();
     let mut rej = p.b.poll_transmit().expect("the REJ").mad;
     rej[24 + 9] = 127 << 1;
-    p.a.handle_mad(now, &from(Side::B), &rej);
+    p.a.handle_mad(now, &Pair::address_of(Side::B), &rej);
     assert_eq!(p.a.state(a), Ok(S::Idle));
     let got = rejects(&mut p, Side::A, a);
     assert_eq!(got, [(RejReason::ConsumerDefined, MessageKind::Req)]);
@@ -552,7 +528,7 @@ fn rep_with_a_known_comm_id_and_ca_guid_is_dropped_as_a_duplicate() {
     // The REP claims to come from B's first connection.
     rep[24..28].copy_from_slice(&p.b.local_comm_id(b1).to_be_bytes());
     let dups = p.a.counters().duplicates[ibcm_cep::counter_slot(AttributeId::Rep).unwrap()];
-    p.a.handle_mad(now, &from(Side::B), &rep);
+    p.a.handle_mad(now, &Pair::address_of(Side::B), &rep);
     assert_eq!(p.a.state(a2), Ok(S::ReqSent));
     assert_eq!(
         p.a.counters().duplicates[ibcm_cep::counter_slot(AttributeId::Rep).unwrap()],
@@ -724,7 +700,11 @@ fn a_remote_comm_id_outside_the_space_or_of_another_generation_reaches_no_cep() 
             bad == wire ^ 0x8000_0000,
             "{bad:#x}"
         );
-        p.a.handle_mad(now, &from(Side::B), &with_remote_comm_id(dreq, bad));
+        p.a.handle_mad(
+            now,
+            &Pair::address_of(Side::B),
+            &with_remote_comm_id(dreq, bad),
+        );
         assert_eq!(p.a.state(a), Ok(S::Established), "{bad:#x}");
         let drep = p.a.poll_transmit().expect("an unaffiliated DREP").mad;
         assert_eq!(drep[16..18], 0x0016u16.to_be_bytes(), "{bad:#x}");
@@ -735,7 +715,7 @@ fn a_remote_comm_id_outside_the_space_or_of_another_generation_reaches_no_cep() 
             .iter()
             .any(|e| matches!(e, Event::DreqReceived(_)))
     );
-    p.a.handle_mad(now, &from(Side::B), &dreq);
+    p.a.handle_mad(now, &Pair::address_of(Side::B), &dreq);
     assert_eq!(p.a.state(a), Ok(S::DreqRcvd));
 }
 
@@ -770,7 +750,7 @@ fn a_released_comm_id_does_not_reach_the_next_cep_of_its_slot() {
     assert_eq!(p.a.state(a2), Ok(S::Established));
     p.flush();
     let now = p.now;
-    p.a.handle_mad(now, &from(Side::B), &stale);
+    p.a.handle_mad(now, &Pair::address_of(Side::B), &stale);
     assert_eq!(p.a.state(a2), Ok(S::Established));
     // IBA 12.9.8.5: the unaffiliated DREP, from the released ID.
     let drep = p.a.poll_transmit().expect("an unaffiliated DREP").mad;

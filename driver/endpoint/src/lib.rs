@@ -25,7 +25,8 @@ mod records;
 mod trace;
 
 pub use device::{
-    Callback, ClientEvent, ClientId, Device, FileId, Inner, MAX_BACKLOG, RECEIVE_BATCH,
+    Callback, ClientEvent, ClientId, Device, DispatchMemory, FileId, Inner, MAX_BACKLOG,
+    RECEIVE_BATCH,
 };
 pub use platform::{Lock, Platform, Request};
 pub use records::{Status, status_of};

@@ -52,6 +52,10 @@ pub trait Platform {
     fn tracer(&self) -> Option<&'static dyn crate::DispatchTracer> {
         None
     }
+    /// Asks for [`Device::passive_work`](crate::Device::passive_work) to run soon at
+    /// PASSIVE_LEVEL (a work item), from a DISPATCH_LEVEL path that found the event-record
+    /// pool short. The default does nothing: the next IOCTL grows the pool as well.
+    fn request_passive_work(&self) {}
     /// Lets another thread run while `destroy_id` waits for a callback on another thread
     /// to return (a short delay at PASSIVE_LEVEL).
     fn relax(&self) {}

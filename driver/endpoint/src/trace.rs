@@ -38,13 +38,22 @@ pub enum DispatchPoint {
         /// Open handles.
         files: u32,
     },
+    /// The event-record pool was short at DISPATCH_LEVEL (consumers read no events while
+    /// many queued): received MADs were dropped (the peer retries), or a timer pass was
+    /// deferred, until PASSIVE_LEVEL work grows the pool.
+    NoRoom {
+        /// MADs dropped (0 for a deferred timer pass).
+        dropped: u32,
+        /// Records queued on endpoints.
+        queued: u32,
+    },
 }
 
 impl DispatchPoint {
     /// The point's level.
     pub fn level(&self) -> Level {
         match self {
-            Self::Removed { .. } => Level::Warn,
+            Self::Removed { .. } | Self::NoRoom { .. } => Level::Warn,
             Self::Cleanup { endpoints: 1.., .. } => Level::Info,
             Self::Cleanup { .. } | Self::IoctlFailed { .. } | Self::Cancelled { .. } => {
                 Level::Debug

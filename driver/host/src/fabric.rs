@@ -348,6 +348,7 @@ impl Fabric {
             if node.platform.timer().is_some_and(|t| t.as_nanos() <= now) {
                 node.fire_timer();
             }
+            node.run_passive_work();
         }
         self.collect();
     }

@@ -30,7 +30,7 @@ pub mod wire;
 
 pub use clock::Clock;
 pub use fabric::{Captured, Fabric, FaultCounts, Faults, Realtime, node_address, node_guid};
-pub use node::{Node, file_key};
+pub use node::{DpcTimes, Node, file_key};
 pub use platform::{CompletionHook, HostLock, HostPlatform, HostRequest};
 pub use trace::{TRACING, TracingSink};
 pub use wake::Wake;

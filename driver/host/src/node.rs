@@ -1,7 +1,8 @@
 //! A host node: one [`Device`] on a [`HostPlatform`], and the calls a user-mode process
 //! or the fabric makes on it, each under the verifier's eye.
 
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
 
 use ibcm_cep::{CmConfig, MadAddress};
 use ibcm_endpoint::{Device, FileId};
@@ -19,6 +20,37 @@ pub struct Node {
     pub platform: HostPlatform,
     /// This node's address as peers see it.
     pub address: MadAddress,
+    /// Heap bytes the driver holds: what its entry points allocated less what they freed,
+    /// counted by the allocator (the platform's own bookkeeping and the callers' buffers
+    /// opted out).
+    driver_bytes: AtomicI64,
+    /// Whether the DISPATCH_LEVEL entry points are timed, and their times.
+    timing: AtomicBool,
+    dpc_times: Mutex<DpcTimes>,
+}
+
+/// How long the DISPATCH_LEVEL entry points took (what a DPC would hold the CPU for), in
+/// ns, less the user library's completion hooks (user-mode work on Windows); kept when
+/// [`Node::time_dpcs`] asks for it.
+#[derive(Debug, Clone)]
+pub struct DpcTimes {
+    /// Receive calls handed a full batch ([`ibcm_endpoint::RECEIVE_BATCH`] MADs).
+    pub full_receive_batches: hdrhistogram::Histogram<u64>,
+    /// Receive calls handed fewer.
+    pub other_receive_batches: hdrhistogram::Histogram<u64>,
+    /// Timer passes.
+    pub timer_passes: hdrhistogram::Histogram<u64>,
+}
+
+impl Default for DpcTimes {
+    fn default() -> Self {
+        let h = || hdrhistogram::Histogram::new(3).unwrap_or_else(|_| unreachable!("3 digits"));
+        Self {
+            full_receive_batches: h(),
+            other_receive_batches: h(),
+            timer_passes: h(),
+        }
+    }
 }
 
 impl Node {
@@ -29,12 +61,78 @@ impl Node {
             device: Device::new(platform.clone(), config),
             platform,
             address,
+            driver_bytes: AtomicI64::new(0),
+            timing: AtomicBool::new(false),
+            dpc_times: Mutex::new(DpcTimes::default()),
         }
+    }
+
+    /// Starts (or stops) timing the DISPATCH_LEVEL entry points.
+    pub fn time_dpcs(&self, on: bool) {
+        self.timing.store(on, Ordering::Relaxed);
+    }
+
+    /// The DISPATCH_LEVEL entry points' times so far.
+    pub fn dpc_times(&self) -> DpcTimes {
+        self.dpc_times
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    /// Runs a DISPATCH_LEVEL entry point, timing it if asked to (less the completion
+    /// hooks it ran) into the histogram `which` picks.
+    fn dpc<T>(
+        &self,
+        which: fn(&mut DpcTimes) -> &mut hdrhistogram::Histogram<u64>,
+        f: impl FnOnce() -> T,
+    ) -> T {
+        if !self.timing.load(Ordering::Relaxed) {
+            return f();
+        }
+        let hooks = crate::platform::hook_ns();
+        let start = std::time::Instant::now();
+        let value = f();
+        let ns = (start.elapsed().as_nanos() as u64)
+            .saturating_sub(crate::platform::hook_ns().saturating_sub(hooks));
+        // The measuring is the harness's, not the driver's (a histogram may grow).
+        allocation_counter::opt_out(|| {
+            let mut t = self
+                .dpc_times
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner);
+            let _ = which(&mut t).record(ns.max(1));
+        });
+        value
+    }
+
+    /// Runs a driver entry point, counting what it leaves allocated.
+    fn in_driver<T>(&self, f: impl FnOnce() -> T) -> T {
+        let mut value = None;
+        let info = allocation_counter::measure(|| value = Some(f()));
+        self.driver_bytes
+            .fetch_add(info.bytes_current, Ordering::Relaxed);
+        match value {
+            Some(v) => v,
+            None => unreachable!("allocation_counter::measure did not run the closure"),
+        }
+    }
+
+    /// Heap bytes the driver holds now, by the allocator's count over every entry point
+    /// of this node (the kernel-client calls tests make on `device` directly excepted).
+    pub fn driver_bytes(&self) -> u64 {
+        self.driver_bytes.load(Ordering::Relaxed).max(0) as u64
     }
 
     /// Opens a file handle.
     pub fn open(&self) -> FileId {
-        self.device.open()
+        self.in_driver(|| self.device.open())
+    }
+
+    /// EvtIoDeviceControl with a request made by the caller (the user library's
+    /// in-process backend).
+    pub fn dispatch(&self, file: FileId, request: HostRequest, code: u32, input: &[u8]) {
+        self.in_driver(|| self.device.dispatch(file, request, code, input));
     }
 
     /// Issues an IOCTL and returns the request's key; the completion (now or later) is
@@ -42,7 +140,7 @@ impl Node {
     pub fn ioctl(&self, file: FileId, code: u32, input: &[u8], output_len: usize) -> u64 {
         let request = self.platform.request(file_key(file), output_len);
         let key = request.key_value();
-        self.device.dispatch(file, request, code, input);
+        self.dispatch(file, request, code, input);
         key
     }
 
@@ -71,15 +169,18 @@ impl Node {
     /// DISPATCH_LEVEL).
     pub fn cancel(&self, file: FileId, key: u64) {
         self.platform.ledger.cancel_requested(key);
-        at_dispatch(&self.platform.ledger, || self.device.cancel(file, key));
+        self.in_driver(|| at_dispatch(&self.platform.ledger, || self.device.cancel(file, key)));
     }
 
     /// Closes a file handle (cleanup + close) and checks that every request of the file
     /// was completed and no endpoint is left.
     pub fn close(&self, file: FileId) {
-        self.device.cleanup(file);
-        let left = self.device.endpoint_count(file);
-        self.device.close(file);
+        let left = self.in_driver(|| {
+            self.device.cleanup(file);
+            let left = self.device.endpoint_count(file);
+            self.device.close(file);
+            left
+        });
         self.platform.ledger.account_file(file_key(file));
         if left != 0 {
             self.platform
@@ -90,7 +191,7 @@ impl Node {
 
     /// A MAD arrives from `src` (DISPATCH_LEVEL).
     pub fn receive(&self, src: &MadAddress, mad: &[u8]) {
-        at_dispatch(&self.platform.ledger, || self.device.receive(src, mad));
+        self.in_driver(|| at_dispatch(&self.platform.ledger, || self.device.receive(src, mad)));
     }
 
     /// MADs arrive together, as one QP1 completion pass hands them up (DISPATCH_LEVEL).
@@ -99,14 +200,37 @@ impl Node {
         I: IntoIterator<Item = (&'a MadAddress, &'a [u8])>,
         I::IntoIter: Clone,
     {
-        at_dispatch(&self.platform.ledger, || self.device.receive_batch(mads));
+        let mads = mads.into_iter();
+        let which: fn(&mut DpcTimes) -> &mut hdrhistogram::Histogram<u64> =
+            if mads.clone().count() == ibcm_endpoint::RECEIVE_BATCH {
+                |t| &mut t.full_receive_batches
+            } else {
+                |t| &mut t.other_receive_batches
+            };
+        self.in_driver(|| {
+            at_dispatch(&self.platform.ledger, || {
+                self.dpc(which, || self.device.receive_batch(mads))
+            })
+        });
     }
 
     /// The timer DPC (DISPATCH_LEVEL).
     pub fn fire_timer(&self) {
         // One-shot, as a WDFTIMER: firing disarms it, and the device must arm it again.
         self.platform.disarm_timer();
-        at_dispatch(&self.platform.ledger, || self.device.timer_expired());
+        self.in_driver(|| {
+            at_dispatch(&self.platform.ledger, || {
+                self.dpc(|t| &mut t.timer_passes, || self.device.timer_expired())
+            })
+        });
+    }
+
+    /// Runs the PASSIVE_LEVEL work a DISPATCH_LEVEL path asked for, if it did (a work
+    /// item on Windows).
+    pub fn run_passive_work(&self) {
+        if self.platform.take_passive_work() {
+            self.in_driver(|| self.device.passive_work());
+        }
     }
 
     /// Every rule broken so far.

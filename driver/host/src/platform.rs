@@ -100,6 +100,17 @@ pub const OUTBOX_ROOM: usize = 1024;
 /// checked the completion): the ABI's completion contract, defined with the records.
 pub use ibcm_ioctl::CompletionHook;
 
+thread_local! {
+    /// Time this thread spent in completion hooks (the user library's side of a
+    /// completion), ns: a timed DISPATCH_LEVEL entry point leaves it out.
+    static HOOK_NS: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+}
+
+/// Time this thread has spent in completion hooks so far, ns.
+pub(crate) fn hook_ns() -> u64 {
+    HOOK_NS.with(std::cell::Cell::get)
+}
+
 /// The host platform of one node.
 #[derive(Clone)]
 pub struct HostPlatform {
@@ -111,6 +122,9 @@ pub struct HostPlatform {
     spare: Arc<Mutex<Vec<Transmit>>>,
     timer: Arc<Mutex<Option<Instant>>>,
     wake: Arc<Wake>,
+    /// A DISPATCH_LEVEL path asked for PASSIVE_LEVEL work (the WDFWORKITEM's stand-in:
+    /// the fabric runs it between deliveries).
+    passive_work: Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl core::fmt::Debug for HostPlatform {
@@ -131,7 +145,14 @@ impl HostPlatform {
             spare: Arc::new(Mutex::new(Vec::new())),
             timer: Arc::new(Mutex::new(None)),
             wake,
+            passive_work: Arc::new(std::sync::atomic::AtomicBool::new(false)),
         }
+    }
+
+    /// Whether PASSIVE_LEVEL work was asked for since the last call (and forgets it).
+    pub fn take_passive_work(&self) -> bool {
+        self.passive_work
+            .swap(false, std::sync::atomic::Ordering::AcqRel)
     }
 
     /// Wakes the fabric's runner thread.
@@ -223,6 +244,12 @@ impl Platform for HostPlatform {
         self.clock.now()
     }
 
+    fn request_passive_work(&self) {
+        self.passive_work
+            .store(true, std::sync::atomic::Ordering::Release);
+        self.wake.notify();
+    }
+
     fn tracer(&self) -> Option<&'static dyn ibcm_endpoint::DispatchTracer> {
         crate::trace::TracingSink::if_listening()
     }
@@ -249,25 +276,32 @@ impl Platform for HostPlatform {
         // The bytes written: what the caller may read (`information` at most).
         match hook {
             Some(hook) => {
-                // The caller takes the output; the ledger keeps only the fact.
-                self.ledger
-                    .complete_and_forget(key, status, information, output.len());
+                // The caller takes the output; the ledger keeps only the fact. The ledger
+                // is the verifier's, not the driver's: what it holds is not the driver's.
+                allocation_counter::opt_out(|| {
+                    self.ledger
+                        .complete_and_forget(key, status, information, output.len())
+                });
                 let mut output = output;
                 output.truncate(information);
                 // The hook is the user-mode side learning of the completion (IOCP, an
                 // event): on Windows that runs later, in the caller's thread, not at the
                 // completing driver's IRQL, so what it allocates is not counted against
                 // a DISPATCH_LEVEL path that completed the request.
+                let start = std::time::Instant::now();
                 allocation_counter::opt_out(|| hook.completed(status, output));
+                HOOK_NS.with(|ns| ns.set(ns.get() + start.elapsed().as_nanos() as u64));
             }
-            None => self.ledger.complete(
-                key,
-                Completion {
-                    status,
-                    information,
-                    output,
-                },
-            ),
+            None => allocation_counter::opt_out(|| {
+                self.ledger.complete(
+                    key,
+                    Completion {
+                        status,
+                        information,
+                        output,
+                    },
+                )
+            }),
         }
     }
 

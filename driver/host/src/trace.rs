@@ -155,5 +155,8 @@ fn dispatch_point(point: &DispatchPoint) {
         DispatchPoint::Removed { files } => {
             tracing::warn!(target: "ibcm", files, "device removed")
         }
+        DispatchPoint::NoRoom { dropped, queued } => {
+            tracing::warn!(target: "ibcm", dropped, queued, "event-record pool short at DISPATCH_LEVEL: {dropped} MADs dropped (0: a timer pass deferred), {queued} records queued unread; growing it at PASSIVE_LEVEL")
+        }
     }
 }

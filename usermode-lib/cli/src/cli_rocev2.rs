@@ -52,6 +52,7 @@ fn parse_drop(s: &str) -> Result<(u16, u32), String> {
     Ok((parse_attribute(a)?, k))
 }
 
+#[cfg(target_os = "linux")]
 fn attribute_name(id: u16) -> String {
     ATTRIBUTES
         .iter()

@@ -157,10 +157,20 @@ pub fn listen(provider: &Provider, cfg: &Config, log: &(dyn Fn(String) + Sync)) 
 
 /// Serves `cfg.count` connections on an existing listener.
 pub fn serve(listener: &Listener, cfg: &Config, log: &(dyn Fn(String) + Sync)) -> Result<Summary> {
+    each(cfg, log, |k| serve_one(listener, cfg, k, log))
+}
+
+/// Runs `one` for connections 0..`cfg.count`, one after the other, logging each failure,
+/// then waits out the timewait of those that were set up.
+fn each(
+    cfg: &Config,
+    log: &(dyn Fn(String) + Sync),
+    one: impl Fn(usize) -> Result<ConnectEndpoint>,
+) -> Result<Summary> {
     let mut done = Vec::new();
     let mut summary = Summary::default();
     for k in 0..cfg.count {
-        match serve_one(listener, cfg, k, log) {
+        match one(k) {
             Ok(ep) => done.push((k, ep)),
             Err(e) => {
                 log(format!("connection {k}: {e}"));
@@ -266,19 +276,7 @@ pub fn connect(
     cfg: &Config,
     log: &(dyn Fn(String) + Sync),
 ) -> Result<Summary> {
-    let mut done = Vec::new();
-    let mut summary = Summary::default();
-    for k in 0..cfg.count {
-        match connect_one(provider, cfg, k, log) {
-            Ok(ep) => done.push((k, ep)),
-            Err(e) => {
-                log(format!("connection {k}: {e}"));
-                summary.failed.push(e);
-            }
-        }
-    }
-    finish(done, cfg, log, &mut summary);
-    Ok(summary)
+    each(cfg, log, |k| connect_one(provider, cfg, k, log))
 }
 
 /// The REQ's path from `cfg`.

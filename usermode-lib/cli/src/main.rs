@@ -18,7 +18,7 @@ use clap::{Args, Parser, Subcommand};
 use ibcm::{Faults, Provider};
 use ibcm_cli::cmtime::{self, Progress, Report, Timing};
 use ibcm_cli::exchange::{self, PathEnd, Service};
-use ibcm_cli::sim::{Pump, Sim, SimOptions};
+use ibcm_cli::sim::{DriverMemory, Pump, Sim, SimOptions};
 use ibcm_ioctl::CountersOut;
 use indicatif::{ProgressBar, ProgressStyle};
 
@@ -203,6 +203,15 @@ struct CmtimeArgs {
     /// stack on one core).
     #[arg(long)]
     virtual_time: bool,
+    /// Churn: run W waves of --connections each on the same nodes (each set up and torn
+    /// down before the next), printing the drivers' memory and the process's RSS after
+    /// every wave: a leak or a high-water mark kept shows as growth.
+    #[arg(long, value_name = "W", default_value = "1", value_parser = positive)]
+    waves: usize,
+    /// Time the simulated drivers' DISPATCH_LEVEL entry points (what a receive DPC or
+    /// the timer DPC would hold a CPU for) and print their percentiles.
+    #[arg(long)]
+    dpc_times: bool,
     #[command(flatten)]
     fabric: FabricArgs,
     #[command(flatten)]
@@ -424,16 +433,84 @@ fn cmtime_command(a: &CmtimeArgs) -> Result<bool, Failure> {
         a.fabric.describe(&sim)
     );
     println!("timing: {timing}");
-    let report = cmtime::run(&client, &server, &sim, &cfg, &on_progress)?;
+    if a.dpc_times {
+        sim.time_dpcs();
+    }
+    let mut report = cmtime::run(&client, &server, &sim, &cfg, &on_progress)?;
+    let mut all_established = report.established == report.connections;
+    if a.waves > 1 {
+        let start = std::time::Instant::now();
+        print_wave(1, a.waves, &report, &sim, start);
+        for wave in 2..=a.waves {
+            report = cmtime::run(&client, &server, &sim, &cfg, &on_progress)?;
+            all_established &= report.established == report.connections;
+            print_wave(wave, a.waves, &report, &sim, start);
+        }
+        println!("last wave:");
+    }
     if let Some(b) = &bar {
         b.finish_and_clear();
     }
     print_report(&report, &cfg);
+    if a.dpc_times {
+        print_dpc_times(&sim);
+    }
     print_faults(&sim);
     print_counters(&[("client (node 0)", &client), ("server (node 1)", &server)]);
     drop((client, server));
     write_capture(&a.fabric, &sim)?;
-    Ok(check_driver(&sim) && report.established == report.connections)
+    Ok(check_driver(&sim) && all_established)
+}
+
+/// Percentiles of the DISPATCH_LEVEL entry points, per node.
+fn print_dpc_times(sim: &Sim) {
+    println!(
+        "{:<32} {:>9} {:>9} {:>9} {:>9} {:>9}",
+        "DISPATCH_LEVEL time", "count", "p50 us", "p99 us", "p99.9 us", "max us"
+    );
+    for (node, t) in sim.dpc_times().iter().enumerate() {
+        for (what, h) in [
+            ("receive, 16 MADs", &t.full_receive_batches),
+            ("receive, 1-15 MADs", &t.other_receive_batches),
+            ("timer pass", &t.timer_passes),
+        ] {
+            println!(
+                "node {node}: {what:<24} {:>9} {:>9} {:>9} {:>9} {:>9}",
+                h.len(),
+                us(h.value_at_quantile(0.5)),
+                us(h.value_at_quantile(0.99)),
+                us(h.value_at_quantile(0.999)),
+                us(h.max())
+            );
+        }
+    }
+}
+
+/// One line per churn wave: what was set up, and what the drivers and the process hold
+/// once it is torn down.
+fn print_wave(wave: usize, waves: usize, r: &Report, sim: &Sim, start: std::time::Instant) {
+    let m = sim.driver_memory();
+    println!(
+        "wave {wave:>4}/{waves}: {}/{} established, {:.0} setups/s; after the teardown the \
+         drivers hold {} KB (engine {} KB, endpoints {} KB, event records {} KB), RSS {}, \
+         {:.1} s in",
+        r.established,
+        r.connections,
+        r.setup_rate(),
+        m.total() / 1024,
+        m.engine / 1024,
+        m.endpoints / 1024,
+        m.records / 1024,
+        process_rss().map_or("?".to_string(), |b| format!("{} MB", b >> 20)),
+        start.elapsed().as_secs_f64(),
+    );
+}
+
+/// The process's resident set, bytes (Linux: /proc/self/statm, in pages of 4 KiB).
+fn process_rss() -> Option<u64> {
+    let statm = std::fs::read_to_string("/proc/self/statm").ok()?;
+    let pages: u64 = statm.split_whitespace().nth(1)?.parse().ok()?;
+    Some(pages * 4096)
 }
 
 /// After the handles closed: CEPs left in the engines, and what the host verifier saw.
@@ -511,6 +588,33 @@ fn print_report(r: &Report, cfg: &cmtime::Config) {
         (r.setup_wall + r.teardown_wall).as_secs_f64(),
         cfg.window
     );
+    if let Some([before, established, after]) = r.driver_memory {
+        let per = |f: fn(&DriverMemory) -> u64| {
+            f(&established).saturating_sub(f(&before)) as f64 / r.established.max(1) as f64
+        };
+        println!(
+            "driver:   {:.0} bytes per established connection and node ({:.0} both nodes: \
+             engine {:.0}, endpoints {:.0}, event records {:.0}, batches {:.0}; cached \
+             private data {:.0} more)",
+            per(DriverMemory::total) / 2.0,
+            per(DriverMemory::total),
+            per(|m| m.engine),
+            per(|m| m.endpoints),
+            per(|m| m.records),
+            per(|m| m.batches),
+            per(|m| m.private_data),
+        );
+        println!(
+            "          both nodes: {} KB before the run, {} KB established, {} KB after the \
+             teardown (engine {} KB, endpoints {} KB, event records {} KB)",
+            before.total() / 1024,
+            established.total() / 1024,
+            after.total() / 1024,
+            after.engine / 1024,
+            after.endpoints / 1024,
+            after.records / 1024,
+        );
+    }
     if r.failures.is_empty() {
         println!("failures: none");
     } else {

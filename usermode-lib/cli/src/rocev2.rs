@@ -28,6 +28,7 @@ pub use ibcm_host::rocev2::{
     PATH_MTU, RoceConfig, RoceCounts, RoceFaults, RocePort, guid_from_mac, ipv4_gid, path_record,
 };
 
+pub use crate::cmtime::Timing;
 use ibcm::Provider;
 use ibcm::{AcceptParams, ConnectParams, Failover, ListenParams, Transport};
 use ibcm::{CompletionPort, Overlapped, spawn};
@@ -63,41 +64,6 @@ impl Roce {
     }
 }
 
-/// CM timing of the connections this side opens (IB time exponents: 4.096 us x 2^t).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Timing {
-    /// PacketLifeTime of the path.
-    pub packet_life_time: u8,
-    /// Remote and local CM response timeouts.
-    pub cm_response_timeout: u8,
-    /// MaxCMRetries.
-    pub max_cm_retries: u8,
-}
-
-impl Default for Timing {
-    /// A 16.8 ms packet life time and a 1.07 s response timeout (a REQ is re-sent after
-    /// about 1.1 s), 15 retries: patient enough for a peer in an emulated VM.
-    fn default() -> Self {
-        Self {
-            packet_life_time: 12,
-            cm_response_timeout: 18,
-            max_cm_retries: 15,
-        }
-    }
-}
-
-impl Timing {
-    /// How long a REQ waits for its answer before it is re-sent.
-    pub fn retry_interval(&self) -> Duration {
-        let ns = |t: u8| ibcm_mad::ib_time_ns(t.min(31)).unwrap_or(0);
-        Duration::from_nanos(
-            ns(self.packet_life_time)
-                .saturating_mul(2)
-                .saturating_add(ns(self.cm_response_timeout)),
-        )
-    }
-}
-
 /// The active side's settings.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ConnectConfig {
@@ -129,7 +95,7 @@ impl ConnectConfig {
             service_id: IpServiceId::tcp(rdma_port).to_service_id(),
             count,
             window: count.max(1),
-            timing: Timing::default(),
+            timing: Timing::patient(),
             qpn_base: 0x1000,
             reuse_qpn: false,
             deadline: Duration::from_secs(60),

@@ -45,6 +45,37 @@ pub trait Pump: Sync {
     fn is_virtual(&self) -> bool {
         false
     }
+    /// What the drivers behind this pump hold now, if it can tell (the simulated nodes).
+    fn driver_memory(&self) -> Option<DriverMemory> {
+        None
+    }
+}
+
+/// The heap the drivers of the simulated nodes hold, summed over the nodes, by part: the
+/// capacities of the engines' and the dispatch layers' tables, pools and queues (what a
+/// kernel pays in nonpaged pool, touched or not).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct DriverMemory {
+    /// The engines: CEP slabs, peer lookups, timer heaps, queues.
+    pub engine: u64,
+    /// Cached private data: the engines' (for repeats) and the endpoints' (for QUERY),
+    /// outside the budget.
+    pub private_data: u64,
+    /// The event-record pools.
+    pub records: u64,
+    /// File and endpoint tables, FIFOs, owners.
+    pub endpoints: u64,
+    /// Kernel-client endpoints.
+    pub clients: u64,
+    /// Send and completion batches.
+    pub batches: u64,
+}
+
+impl DriverMemory {
+    /// Everything but the cached private data.
+    pub fn total(&self) -> u64 {
+        self.engine + self.records + self.endpoints + self.clients + self.batches
+    }
 }
 
 fn from_port(p: Option<CompletionPacket>) -> Waited {
@@ -228,7 +259,42 @@ impl Sim {
     }
 }
 
+impl Sim {
+    /// Starts timing every node's DISPATCH_LEVEL entry points (receive batches, timer
+    /// passes).
+    pub fn time_dpcs(&self) {
+        for n in &self.nodes {
+            n.time_dpcs(true);
+        }
+    }
+
+    /// Every node's DISPATCH_LEVEL times so far.
+    pub fn dpc_times(&self) -> Vec<ibcm_host::DpcTimes> {
+        self.nodes.iter().map(|n| n.dpc_times()).collect()
+    }
+
+    /// What the drivers of every node hold now.
+    pub fn driver_memory(&self) -> DriverMemory {
+        let mut m = DriverMemory::default();
+        for n in &self.nodes {
+            let d = n.device.memory();
+            let e = n.device.with_engine(|cm| cm.memory());
+            m.engine += e.tables() as u64;
+            m.private_data += (e.private_data + d.private_data) as u64;
+            m.records += d.records as u64;
+            m.endpoints += d.endpoints as u64;
+            m.clients += d.clients as u64;
+            m.batches += d.batches as u64;
+        }
+        m
+    }
+}
+
 impl Pump for Sim {
+    fn driver_memory(&self) -> Option<DriverMemory> {
+        Some(Sim::driver_memory(self))
+    }
+
     fn now_ns(&self) -> u64 {
         self.clock.now().as_nanos()
     }

@@ -49,7 +49,7 @@ impl Backend for InProcess {
             on_complete,
         );
         let key = request.key_value();
-        self.node.device.dispatch(self.file, request, code, input);
+        self.node.dispatch(self.file, request, code, input);
         key
     }
 

@@ -68,6 +68,11 @@ impl PeerMap {
         self.0.len()
     }
 
+    /// Heap bytes of the table.
+    pub(super) fn heap_bytes(&self) -> usize {
+        super::memory::hash_table_bytes(self.0.capacity(), core::mem::size_of::<(PeerKey, CepId)>())
+    }
+
     /// Entries that fit without growing (hashbrown's capacity is items + growth left).
     pub(super) fn capacity(&self) -> usize {
         self.0.capacity()

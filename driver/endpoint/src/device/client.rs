@@ -91,6 +91,26 @@ pub(crate) struct Clients<P: Platform> {
     spares: Vec<VecDeque<ClientEvent>>,
 }
 
+impl<P: Platform> ClientEp<P> {
+    /// Heap bytes of its queues.
+    pub(super) fn heap_bytes(&self) -> usize {
+        self.queue.capacity() * core::mem::size_of::<ClientEvent>()
+            + self.requests.capacity() * core::mem::size_of::<(ClientId, Event)>()
+    }
+}
+
+impl<P: Platform> Clients<P> {
+    /// Heap bytes of the queues built ahead, and of the lists of threads and spares.
+    pub(super) fn spare_bytes(&self) -> usize {
+        self.spares
+            .iter()
+            .map(|q| q.capacity() * core::mem::size_of::<ClientEvent>())
+            .sum::<usize>()
+            + self.spares.capacity() * core::mem::size_of::<VecDeque<ClientEvent>>()
+            + self.delivering_threads.capacity() * core::mem::size_of::<u64>()
+    }
+}
+
 /// Events a client endpoint's queue holds without growing.
 const QUEUE_DEPTH: usize = 8;
 

@@ -8,6 +8,13 @@
 //!
 //! Keywords: 0x1 connection (state changes, events), 0x2 MADs (sends, retries,
 //! duplicates, drops), 0x4 timers, 0x8 dispatch (IOCTLs, cleanup, removal).
+//!
+//! Windows only (empty elsewhere): CI type-checks it for x86_64-pc-windows-msvc against
+//! core and alloc (`.ci/windows-check`), which the KMDF binding itself cannot be.
+#![cfg(windows)]
+#![no_std]
+#![deny(unsafe_code)]
+#![warn(missing_docs)]
 
 use core::fmt::{self, Write};
 
@@ -15,7 +22,29 @@ use ibcm_cep::{DropReason, Event, Level, TracePoint, Tracer};
 use ibcm_endpoint::{DispatchPoint, DispatchTracer};
 use tracelogging as tlg;
 
-use crate::PROVIDER;
+tlg::define_provider!(PROVIDER, "ibcm");
+
+/// Registers the provider (EtwRegister), at PASSIVE_LEVEL, once per driver load. A
+/// failed registration leaves it disabled: tracing is off, nothing else changes.
+///
+/// # Safety
+///
+/// [`unregister`] must be called before the driver image unloads, so that no ETW enable
+/// callback can reach unloaded code.
+#[allow(unsafe_code)]
+pub unsafe fn register() {
+    // SAFETY: (E1) the caller unregisters before unload (this function's contract); the
+    // provider is a static, registered once.
+    unsafe {
+        PROVIDER.register();
+    }
+}
+
+/// Unregisters the provider (EtwUnregister), at PASSIVE_LEVEL; a no-op if it is not
+/// registered.
+pub fn unregister() {
+    PROVIDER.unregister();
+}
 
 /// The one sink the platform hands every device.
 pub static ETW: EtwSink = EtwSink;
@@ -248,6 +277,16 @@ impl DispatchTracer for EtwSink {
                     level(Warning),
                     keyword(0x8),
                     u32("Files", &files),
+                );
+            }
+            DispatchPoint::NoRoom { dropped, queued } => {
+                tlg::write_event!(
+                    PROVIDER,
+                    "EventPoolShort",
+                    level(Warning),
+                    keyword(0x8),
+                    u32("MadsDropped", &dropped),
+                    u32("RecordsQueued", &queued),
                 );
             }
         }

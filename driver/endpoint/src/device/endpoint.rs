@@ -1,0 +1,83 @@
+//! An endpoint, its file, and the owner of each CEP: what a GET_EVENT or an answered
+//! CONNECT/SEND_REP waits on, and where an event is delivered.
+
+use alloc::collections::VecDeque;
+use alloc::vec::Vec;
+
+use ibcm_cep::CepId;
+use ibcm_ioctl::event_type;
+
+use super::Table;
+
+/// What a CONNECT or SEND_REP with an output buffer waits for (see `code::CONNECT`).
+#[derive(Debug, Clone, Copy)]
+pub(super) enum Awaited {
+    /// The REP (or what ended the attempt, or, peer to peer, the crossing REQ that made
+    /// this side passive); with the QP transitions after a REP when the buffer holds them.
+    Rep { transitions: bool },
+    /// The RTU (or a DREQ, or what ended the attempt).
+    Rtu,
+}
+
+impl Awaited {
+    pub(super) fn answered_by(self, event: u32) -> bool {
+        let ends = matches!(
+            event,
+            event_type::REJECTED | event_type::TIMEOUT | event_type::DEVICE_REMOVAL
+        );
+        ends || match self {
+            Awaited::Rep { .. } => {
+                matches!(event, event_type::REP_RECEIVED | event_type::REQ_RECEIVED)
+            }
+            Awaited::Rtu => matches!(event, event_type::RTU_RECEIVED | event_type::DREQ_RECEIVED),
+        }
+    }
+}
+
+#[derive(Debug)]
+pub(super) struct Endpoint<R> {
+    pub(super) cep: CepId,
+    /// Queued events: indices into the device's [`RecordPool`].
+    pub(super) events: VecDeque<u32>,
+    pub(super) pending: VecDeque<R>,
+    /// A CONNECT or SEND_REP waiting for its answer (held inline: parking it allocates
+    /// nothing, and its answer arrives at DISPATCH_LEVEL).
+    pub(super) answer: Option<(R, Awaited)>,
+    /// Private data of the last message received, for QUERY.
+    pub(super) private_data: [u8; 224],
+    pub(super) private_data_len: u8,
+    /// LISTEN's backlog while listening.
+    pub(super) backlog: u32,
+}
+
+impl<R> Endpoint<R> {
+    pub(super) fn new(cep: CepId, events: VecDeque<u32>) -> Self {
+        Self {
+            cep,
+            events,
+            pending: VecDeque::new(),
+            answer: None,
+            private_data: [0; 224],
+            private_data_len: 0,
+            backlog: 0,
+        }
+    }
+}
+
+#[derive(Debug)]
+pub(super) struct File<R> {
+    pub(super) versioned: bool,
+    pub(super) endpoints: Table<Endpoint<R>>,
+    /// Endpoints built ahead (at PASSIVE_LEVEL) for REQs that arrive at DISPATCH_LEVEL.
+    pub(super) spares: Vec<Endpoint<R>>,
+    /// The sum of its listens' backlogs (kept, so that preparing for REQs does not walk
+    /// every endpoint of the file on every GET_EVENT).
+    pub(super) backlog: usize,
+}
+
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Owner {
+    pub(super) cep: CepId,
+    pub(super) file: u64,
+    pub(super) endpoint: u64,
+}

@@ -1,0 +1,660 @@
+//! The IOCTLs: each input record validated completely before anything changes (every
+//! malformed input completes with a precise NTSTATUS), then carried out on the engine.
+
+use alloc::vec::Vec;
+
+use ibcm_cep::{CepId, CmManager, Instant, QpState};
+use ibcm_ioctl::{
+    ABI_VERSION, AprIn, ConnectIn, CountersIn, CountersOut, CreateIn, CreateOut, EventRecord,
+    FormatRepIn, GetQpAttrIn, HandleIn, LapIn, ListenIn, MAX_EVENTS_PER_REQUEST, MraIn,
+    PrivateDataIn, QpAttrOut, QpTransitionsOut, RejIn, SidrRepIn, SidrReqIn, VersionIn, VersionOut,
+    code, event_type, flags, limits, status,
+};
+use zerocopy::{FromBytes, FromZeros, Immutable, IntoBytes, KnownLayout};
+
+use crate::platform::{Platform, Request};
+use crate::records::{
+    Status, mtu_from_abi, path_from_abi, qp_attr_to_abi, qp_state_from_abi, query_to_abi, require,
+    status_of, transport_from_abi, used,
+};
+use crate::trace::DispatchPoint;
+
+use super::{Awaited, EVENT_HEADROOM, Endpoint, FIFO_DEPTH, FileId, Inner, MAX_BACKLOG, Owner};
+
+pub(super) type Outcome = Result<usize, Status>;
+
+/// A batch that holds `n` values without growing, for the entry points that run before
+/// the next PASSIVE_LEVEL one. A batch that is not empty leaves with the running entry
+/// point's flush (`take_flush` puts a spare in its place), so only an empty one matters;
+/// it is replaced rather than grown, which would copy its old capacity for nothing.
+pub(super) fn room<T>(v: &mut Vec<T>, n: usize) {
+    if v.is_empty() && v.capacity() < n {
+        *v = Vec::with_capacity(n);
+    }
+}
+
+pub(super) fn input<T: FromBytes + KnownLayout + Immutable>(
+    bytes: &[u8],
+    size: u32,
+) -> Result<T, Status> {
+    let record = T::read_from_bytes(bytes).map_err(|_| status::INFO_LENGTH_MISMATCH)?;
+    let declared = bytes
+        .get(..4)
+        .and_then(|b| b.try_into().ok())
+        .map(u32::from_le_bytes);
+    if declared != Some(size) {
+        return Err(status::REVISION_MISMATCH);
+    }
+    Ok(record)
+}
+
+pub(super) fn output<R: Request, T: IntoBytes + Immutable>(request: &mut R, value: &T) -> Outcome {
+    let bytes = value.as_bytes();
+    if request.output_len() < bytes.len() {
+        return Err(status::BUFFER_TOO_SMALL);
+    }
+    request.write_output(0, bytes);
+    Ok(bytes.len())
+}
+
+/// Destroys an endpoint: the engine tears the connection down in the background, the
+/// endpoint's pending requests complete with STATUS_CANCELLED, and REQ-created endpoints
+/// the user never heard of (queued on a listen) go with it.
+pub(super) fn destroy_endpoint<P: Platform>(
+    i: &mut Inner<P>,
+    now: Instant,
+    file: FileId,
+    handle: u64,
+) -> Result<(), Status> {
+    let ep = i
+        .file(file)?
+        .endpoints
+        .remove(handle)
+        .ok_or(status::INVALID_HANDLE)?;
+    let children: Vec<u64> = ep
+        .events
+        .iter()
+        .filter_map(|&index| i.records.get(index))
+        .filter(|r| {
+            (r.event_type == event_type::REQ_RECEIVED
+                || r.event_type == event_type::SIDR_REQ_RECEIVED)
+                && r.new_handle != 0
+        })
+        .map(|r| r.new_handle)
+        .collect();
+    i.records.release(&ep.events);
+    for child in children {
+        let _ = destroy_endpoint(i, now, file, child);
+    }
+    if ep.backlog != 0 {
+        let f = i.file(file)?;
+        f.backlog = f.backlog.saturating_sub(ep.backlog as usize);
+    }
+    for r in ep.pending.into_iter().chain(ep.answer.map(|(r, _)| r)) {
+        i.done.push((r, status::CANCELLED, 0));
+    }
+    i.clear_owner(ep.cep);
+    let _ = i.cm.destroy(now, ep.cep);
+    Ok(())
+}
+
+pub(super) fn check_reserved(ok: bool) -> Result<(), Status> {
+    require(ok)
+}
+
+/// One IOCTL, under the lock: the request is completed (queued on `done`) or, for a
+/// GET_EVENT with nothing to report, left pending on its endpoint.
+pub(super) fn ioctl<P: Platform>(
+    i: &mut Inner<P>,
+    now: Instant,
+    file: FileId,
+    mut request: P::Request,
+    code: u32,
+    bytes: &[u8],
+) {
+    let mut extra = 0;
+    let failed = if code == code::GET_EVENT {
+        match get_event(i, file, request, bytes) {
+            Ok(records) => {
+                extra = records;
+                None
+            }
+            Err(failed) => Some(failed),
+        }
+    } else if (code == code::CONNECT || code == code::SEND_REP) && request.output_len() > 0 {
+        answered_operation(i, now, file, request, code, bytes).err()
+    } else {
+        match operation(i, now, file, &mut request, code, bytes) {
+            Ok(n) => {
+                i.done.push((request, status::SUCCESS, n));
+                None
+            }
+            Err(st) => Some((request, st)),
+        }
+    };
+    if let Some((request, st)) = failed {
+        i.trace.point(DispatchPoint::IoctlFailed {
+            file,
+            code,
+            status: st,
+        });
+        i.done.push((request, st, 0));
+    }
+    // PASSIVE_LEVEL: whatever the IOCTL changed (a connection started, a REP sent, a
+    // timewait entered), the DISPATCH_LEVEL paths find room for what follows, and a
+    // GET_EVENT's room for the REQs it may deliver.
+    i.prepare_for_requests(file, extra);
+}
+
+/// CONNECT or SEND_REP with an output buffer: carried out, then left pending on its
+/// endpoint until the answer arrives (see `code::CONNECT`, `code::SEND_REP`).
+pub(super) fn answered_operation<P: Platform>(
+    i: &mut Inner<P>,
+    now: Instant,
+    file: FileId,
+    mut request: P::Request,
+    code: u32,
+    bytes: &[u8],
+) -> Result<(), (P::Request, Status)> {
+    let size = EventRecord::SIZE as usize;
+    if request.output_len() < size {
+        return Err((request, status::BUFFER_TOO_SMALL));
+    }
+    let awaited = if code == code::CONNECT {
+        Awaited::Rep {
+            transitions: request.output_len() >= size + QpTransitionsOut::SIZE as usize,
+        }
+    } else {
+        Awaited::Rtu
+    };
+    let handle = if code == code::CONNECT {
+        input::<ConnectIn>(bytes, ConnectIn::SIZE).map(|c| c.handle)
+    } else {
+        handle_in(bytes)
+    };
+    // One answer awaited per endpoint: refused before anything is sent.
+    if let Ok(h) = handle
+        && i.endpoint(file, h).is_ok_and(|ep| ep.answer.is_some())
+    {
+        return Err((request, status::INVALID_DEVICE_STATE));
+    }
+    if let Err(st) = operation(i, now, file, &mut request, code, bytes) {
+        return Err((request, st));
+    }
+    // The operation succeeded, so the handle named an endpoint of this file.
+    match handle.and_then(|h| i.endpoint(file, h)) {
+        Ok(ep) => {
+            ep.answer = Some((request, awaited));
+            Ok(())
+        }
+        Err(st) => Err((request, st)),
+    }
+}
+
+/// The INIT, RTR and RTS attributes of `cep` (GET_QP_TRANSITIONS, an answered CONNECT).
+pub(super) fn qp_transitions(cm: &CmManager, cep: CepId) -> Result<QpTransitionsOut, Status> {
+    let attr = |state| cm.qp_attributes(cep, state).map_err(status_of);
+    Ok(QpTransitionsOut {
+        size: QpTransitionsOut::SIZE,
+        reserved: 0,
+        init: qp_attr_to_abi(&attr(QpState::Init)?),
+        rtr: qp_attr_to_abi(&attr(QpState::Rtr)?),
+        rts: qp_attr_to_abi(&attr(QpState::Rts)?),
+    })
+}
+
+/// GET_EVENT: completes at once with the queued events, or pends until one arrives.
+/// Returns how many records the request holds.
+pub(super) fn get_event<P: Platform>(
+    i: &mut Inner<P>,
+    file: FileId,
+    request: P::Request,
+    bytes: &[u8],
+) -> Result<usize, (P::Request, Status)> {
+    let h = match check_get_event(i, file, &request, bytes) {
+        Ok(h) => h,
+        Err(st) => return Err((request, st)),
+    };
+    let capacity =
+        (request.output_len() / EventRecord::SIZE as usize).min(MAX_EVENTS_PER_REQUEST as usize);
+    if let Err(st) = i.grow_fifo(file, h, EVENT_HEADROOM) {
+        return Err((request, st));
+    }
+    let Ok(ep) = i.endpoint(file, h) else {
+        return Err((request, status::INVALID_HANDLE));
+    };
+    if ep.pending.try_reserve(1).is_err() {
+        return Err((request, status::INSUFFICIENT_RESOURCES));
+    }
+    if ep.events.is_empty() {
+        ep.pending.push_back(request);
+    } else {
+        i.fill(file, h, request);
+    }
+    Ok(capacity)
+}
+
+pub(super) fn check_get_event<P: Platform>(
+    i: &mut Inner<P>,
+    file: FileId,
+    request: &P::Request,
+    bytes: &[u8],
+) -> Result<u64, Status> {
+    if !i.file(file)?.versioned {
+        return Err(status::INVALID_DEVICE_STATE);
+    }
+    let h = handle_in(bytes)?;
+    i.endpoint(file, h)?;
+    if request.output_len() < EventRecord::SIZE as usize {
+        return Err(status::BUFFER_TOO_SMALL);
+    }
+    Ok(h)
+}
+
+/// Every IOCTL but GET_EVENT: `Ok(n)` completes with SUCCESS and `n` output bytes.
+pub(super) fn operation<P: Platform>(
+    i: &mut Inner<P>,
+    now: Instant,
+    file: FileId,
+    request: &mut P::Request,
+    code: u32,
+    bytes: &[u8],
+) -> Result<usize, Status> {
+    let versioned = i.file(file)?.versioned;
+    if code == code::VERSION {
+        let v: VersionIn = input(bytes, VersionIn::SIZE)?;
+        if v.abi_version != ABI_VERSION {
+            return Err(status::REVISION_MISMATCH);
+        }
+        let out = VersionOut {
+            size: VersionOut::SIZE,
+            abi_version: ABI_VERSION,
+            event_record_size: EventRecord::SIZE,
+            max_events_per_request: MAX_EVENTS_PER_REQUEST,
+        };
+        let n = output(request, &out)?;
+        i.file(file)?.versioned = true;
+        return Ok(n);
+    }
+    if !code::ALL.contains(&code) {
+        return Err(status::INVALID_DEVICE_REQUEST);
+    }
+    // The handshake comes first: a caller of another ABI must not reach the records.
+    if !versioned {
+        return Err(status::INVALID_DEVICE_STATE);
+    }
+    match code {
+        code::CREATE => {
+            let c: CreateIn = input(bytes, CreateIn::SIZE)?;
+            check_reserved(c.reserved == 0)?;
+            if request.output_len() < CreateOut::SIZE as usize {
+                return Err(status::BUFFER_TOO_SMALL);
+            }
+            let cep = i.cm.create().map_err(status_of)?;
+            let events = i.records.fifo(FIFO_DEPTH);
+            let f = i.file(file)?;
+            let handle = f.endpoints.insert(Endpoint::new(cep, events));
+            i.set_owner(
+                cep,
+                Owner {
+                    cep,
+                    file: file.0,
+                    endpoint: handle,
+                },
+            );
+            let out = CreateOut {
+                size: CreateOut::SIZE,
+                reserved: 0,
+                handle,
+            };
+            Ok(output(request, &out)?)
+        }
+        code::DESTROY => {
+            let h = handle_in(bytes)?;
+            destroy_endpoint(i, now, file, h)?;
+            Ok(0)
+        }
+        code::LISTEN => {
+            let l: ListenIn = input(bytes, ListenIn::SIZE)?;
+            check_reserved(l.reserved == 0 && l.reserved1 == 0 && l.reserved2 == [0; 4])?;
+            require((1..=MAX_BACKLOG).contains(&l.backlog))?;
+            let compare = used(&l.compare, l.compare_len, limits::REQ_PRIVATE_DATA)?;
+            require(usize::from(l.compare_offset) + compare.len() <= limits::REQ_PRIVATE_DATA)?;
+            let cep = i.touch(file, l.handle)?;
+            let mut buf = Vec::new();
+            buf.try_reserve_exact(compare.len())
+                .map_err(|_| status::INSUFFICIENT_RESOURCES)?;
+            buf.extend_from_slice(compare);
+            let params = ibcm_cep::ListenParams {
+                service_id: l.service_id,
+                service_mask: l.service_mask,
+                port: (l.port != 0).then_some(l.port),
+                compare: (!compare.is_empty()).then_some((l.compare_offset, buf)),
+                backlog: l.backlog,
+            };
+            i.cm.listen(cep, params).map_err(status_of)?;
+            let depth = l.backlog as usize;
+            i.grow_fifo(file, l.handle, depth)?;
+            let ep = i.endpoint(file, l.handle)?;
+            let old = core::mem::replace(&mut ep.backlog, l.backlog);
+            let f = i.file(file)?;
+            f.backlog = f.backlog.saturating_sub(old as usize) + depth;
+            i.prepare_for_requests(file, 0);
+            Ok(0)
+        }
+        code::CANCEL_LISTEN => {
+            let h = handle_in(bytes)?;
+            let cep = i.touch(file, h)?;
+            if i.cm.state(cep).map_err(status_of)? != ibcm_cep::StateName::Listen {
+                return Err(status::INVALID_DEVICE_STATE);
+            }
+            // A listen is ended by destroying its CEP; the endpoint gets a fresh one.
+            let fresh = i.cm.create().map_err(status_of)?;
+            let _ = i.cm.destroy(now, cep);
+            i.clear_owner(cep);
+            let Inner { files, records, .. } = &mut *i;
+            let ep = files
+                .get_mut(file.0)
+                .and_then(|f| f.endpoints.get_mut(h))
+                .ok_or(status::INVALID_HANDLE)?;
+            ep.cep = fresh;
+            let old = core::mem::replace(&mut ep.backlog, 0) as usize;
+            // REQs and SIDR_REQs nobody retrieved go with the listen.
+            let mut pending_requests: Vec<u64> = Vec::new();
+            ep.events.retain(|&index| {
+                let child = records.get(index).map_or(0, |r| r.new_handle);
+                if child != 0 {
+                    pending_requests.push(child);
+                    let _ = records.take(index);
+                }
+                child == 0
+            });
+            let f = i.file(file)?;
+            f.backlog = f.backlog.saturating_sub(old);
+            for child in pending_requests {
+                let _ = destroy_endpoint(i, now, file, child);
+            }
+            i.set_owner(
+                fresh,
+                Owner {
+                    cep: fresh,
+                    file: file.0,
+                    endpoint: h,
+                },
+            );
+            Ok(0)
+        }
+        code::CONNECT => {
+            let c: ConnectIn = input(bytes, ConnectIn::SIZE)?;
+            check_reserved(c.reserved == 0 && c.reserved1 == [0; 3])?;
+            require(c.flags & !flags::ALL == 0)?;
+            let primary = path_from_abi(&c.primary)?;
+            let alternate = if c.flags & flags::ALTERNATE_PATH != 0 {
+                Some(path_from_abi(&c.alternate)?)
+            } else {
+                require(c.alternate == ibcm_ioctl::PathAbi::new_zeroed())?;
+                None
+            };
+            let private_data = used(
+                &c.private_data,
+                c.private_data_len,
+                limits::REQ_PRIVATE_DATA,
+            )?;
+            let params = ibcm_cep::ConnectParams {
+                service_id: c.service_id,
+                port: c.port,
+                pkey: c.pkey,
+                qpn: c.qpn,
+                transport: transport_from_abi(c.transport)?,
+                starting_psn: (c.flags & flags::PSN_GIVEN != 0).then_some(c.starting_psn),
+                primary_path: primary,
+                alternate_path: alternate,
+                path_mtu: mtu_from_abi(c.path_mtu)?,
+                responder_resources: c.responder_resources,
+                initiator_depth: c.initiator_depth,
+                remote_cm_response_timeout: c.remote_cm_response_timeout,
+                local_cm_response_timeout: c.local_cm_response_timeout,
+                retry_count: c.retry_count,
+                rnr_retry_count: c.rnr_retry_count,
+                max_cm_retries: c.max_cm_retries,
+                srq: c.flags & flags::SRQ != 0,
+                flow_control: c.flags & flags::FLOW_CONTROL != 0,
+                private_data,
+            };
+            let cep = i.touch(file, c.handle)?;
+            // The REP (or REJ, or timeout) comes at DISPATCH_LEVEL: room for it now.
+            i.prepare_for_requests(file, 0);
+            if c.flags & flags::PEER_TO_PEER != 0 {
+                i.cm.connect_peer(now, cep, &params).map_err(status_of)?;
+            } else {
+                i.cm.connect(now, cep, &params).map_err(status_of)?;
+            }
+            Ok(0)
+        }
+        code::FORMAT_REP => {
+            let r: FormatRepIn = input(bytes, FormatRepIn::SIZE)?;
+            check_reserved(r.reserved == 0 && r.reserved1 == [0; 3])?;
+            require(r.flags & !(flags::PSN_GIVEN | flags::SRQ | flags::FLOW_CONTROL) == 0)?;
+            require(r.failover_accepted <= 2)?;
+            if request.output_len() < QpTransitionsOut::SIZE as usize {
+                return Err(status::BUFFER_TOO_SMALL);
+            }
+            let private_data = used(
+                &r.private_data,
+                r.private_data_len,
+                limits::REP_PRIVATE_DATA,
+            )?;
+            let params = ibcm_cep::RepParams {
+                qpn: r.qpn,
+                starting_psn: (r.flags & flags::PSN_GIVEN != 0).then_some(r.starting_psn),
+                responder_resources: r.responder_resources,
+                initiator_depth: r.initiator_depth,
+                rnr_retry_count: r.rnr_retry_count,
+                failover_accepted: ibcm_mad::Failover::from(r.failover_accepted),
+                flow_control: r.flags & flags::FLOW_CONTROL != 0,
+                srq: r.flags & flags::SRQ != 0,
+                private_data,
+            };
+            let cep = i.touch(file, r.handle)?;
+            let prepared = i.cm.prepare_rep(cep, &params).map_err(status_of)?;
+            let out = QpTransitionsOut {
+                size: QpTransitionsOut::SIZE,
+                reserved: 0,
+                init: qp_attr_to_abi(&prepared.init),
+                rtr: qp_attr_to_abi(&prepared.rtr),
+                rts: qp_attr_to_abi(&prepared.rts),
+            };
+            Ok(output(request, &out)?)
+        }
+        code::SEND_REP => {
+            let cep = i.touch(file, handle_in(bytes)?)?;
+            i.cm.send_rep(now, cep).map_err(status_of)?;
+            Ok(0)
+        }
+        code::RTU | code::DREQ | code::DREP => {
+            let p: PrivateDataIn = input(bytes, PrivateDataIn::SIZE)?;
+            check_reserved(p.reserved == 0 && p.reserved1 == [0; 7])?;
+            let max = if code == code::DREQ {
+                limits::DREQ_PRIVATE_DATA
+            } else {
+                limits::RTU_PRIVATE_DATA
+            };
+            let data = used(&p.private_data, p.private_data_len, max)?;
+            let cep = i.touch(file, p.handle)?;
+            match code {
+                code::RTU => i.cm.rtu(cep, data),
+                code::DREQ => i.cm.disconnect(now, cep, data),
+                _ => i.cm.drep(now, cep, data),
+            }
+            .map_err(status_of)?;
+            Ok(0)
+        }
+        code::REJ => {
+            let r: RejIn = input(bytes, RejIn::SIZE)?;
+            check_reserved(r.reserved == 0 && r.reserved1 == 0 && r.reserved2 == [0; 4])?;
+            let ari = used(&r.ari, r.ari_len, limits::REJ_ARI)?;
+            let data = used(
+                &r.private_data,
+                r.private_data_len,
+                limits::REJ_PRIVATE_DATA,
+            )?;
+            let cep = i.touch(file, r.handle)?;
+            let params = ibcm_cep::RejectParams {
+                reason: ibcm_mad::RejReason::from(r.reason),
+                ari,
+                private_data: data,
+            };
+            i.cm.reject(now, cep, &params).map_err(status_of)?;
+            Ok(0)
+        }
+        code::MRA => {
+            let m: MraIn = input(bytes, MraIn::SIZE)?;
+            check_reserved(m.reserved == 0 && m.reserved1 == [0; 6] && m.reserved2 == [0; 2])?;
+            let data = used(
+                &m.private_data,
+                m.private_data_len,
+                limits::MRA_PRIVATE_DATA,
+            )?;
+            let cep = i.touch(file, m.handle)?;
+            i.cm.mra(cep, m.service_timeout, data).map_err(status_of)?;
+            Ok(0)
+        }
+        code::GET_QP_ATTR => {
+            let q: GetQpAttrIn = input(bytes, GetQpAttrIn::SIZE)?;
+            check_reserved(q.reserved == 0 && q.reserved1 == 0)?;
+            let state = qp_state_from_abi(q.qp_state)?;
+            if request.output_len() < QpAttrOut::SIZE as usize {
+                return Err(status::BUFFER_TOO_SMALL);
+            }
+            let cep = i.touch(file, q.handle)?;
+            let attr = i.cm.qp_attributes(cep, state).map_err(status_of)?;
+            let out = QpAttrOut {
+                size: QpAttrOut::SIZE,
+                reserved: 0,
+                attr: qp_attr_to_abi(&attr),
+            };
+            Ok(output(request, &out)?)
+        }
+        code::GET_QP_TRANSITIONS => {
+            let h = handle_in(bytes)?;
+            if request.output_len() < QpTransitionsOut::SIZE as usize {
+                return Err(status::BUFFER_TOO_SMALL);
+            }
+            let cep = i.touch(file, h)?;
+            let out = qp_transitions(&i.cm, cep)?;
+            Ok(output(request, &out)?)
+        }
+        code::QUERY => {
+            let h = handle_in(bytes)?;
+            let ep = i.endpoint(file, h)?;
+            let (cep, len) = (ep.cep, usize::from(ep.private_data_len));
+            let pd = ep.private_data;
+            let info = i.cm.query(cep).map_err(status_of)?;
+            let out = query_to_abi(&info, pd.get(..len).unwrap_or(&[]));
+            Ok(output(request, &out)?)
+        }
+        code::ESTABLISHED => {
+            let cep = i.touch(file, handle_in(bytes)?)?;
+            i.cm.established(cep).map_err(status_of)?;
+            Ok(0)
+        }
+        code::LAP => {
+            let l: LapIn = input(bytes, LapIn::SIZE)?;
+            check_reserved(l.reserved == 0 && l.reserved1 == [0; 7])?;
+            let path = path_from_abi(&l.alternate)?;
+            let data = used(&l.private_data, l.private_data_len, 168)?;
+            let cep = i.touch(file, l.handle)?;
+            i.cm.lap(now, cep, &path, data).map_err(status_of)?;
+            Ok(0)
+        }
+        code::PREPARE_APR => {
+            let a: AprIn = input(bytes, AprIn::SIZE)?;
+            check_reserved(a.reserved == 0 && a.reserved1 == [0; 5] && a.reserved2 == [0; 4])?;
+            require(a.status <= 13)?;
+            let info = used(&a.info, a.info_len, 72)?;
+            let data = used(&a.private_data, a.private_data_len, 148)?;
+            if request.output_len() < QpAttrOut::SIZE as usize {
+                return Err(status::BUFFER_TOO_SMALL);
+            }
+            let cep = i.touch(file, a.handle)?;
+            let rts =
+                i.cm.prepare_apr(cep, ibcm_mad::AprStatus::from(a.status), info, data)
+                    .map_err(status_of)?;
+            let mut out = QpAttrOut::new_zeroed();
+            out.size = QpAttrOut::SIZE;
+            if let Some(rts) = rts {
+                out.attr = qp_attr_to_abi(&rts);
+            }
+            Ok(output(request, &out)?)
+        }
+        code::SEND_APR => {
+            let cep = i.touch(file, handle_in(bytes)?)?;
+            i.cm.send_apr(cep).map_err(status_of)?;
+            Ok(0)
+        }
+        code::MIGRATE => {
+            let cep = i.touch(file, handle_in(bytes)?)?;
+            i.cm.migrate(cep).map_err(status_of)?;
+            Ok(0)
+        }
+        code::SIDR_REQ => {
+            let r: SidrReqIn = input(bytes, SidrReqIn::SIZE)?;
+            check_reserved(r.reserved == 0 && r.reserved1 == [0; 2])?;
+            let path = path_from_abi(&r.path)?;
+            let data = used(&r.private_data, r.private_data_len, 216)?;
+            let params = ibcm_cep::SidrParams {
+                service_id: r.service_id,
+                port: r.port,
+                pkey: r.pkey,
+                path,
+                timeout: r.timeout,
+                max_retries: r.max_retries,
+                private_data: data,
+            };
+            let cep = i.touch(file, r.handle)?;
+            i.cm.sidr_request(now, cep, &params).map_err(status_of)?;
+            Ok(0)
+        }
+        code::SIDR_REP => {
+            let r: SidrRepIn = input(bytes, SidrRepIn::SIZE)?;
+            check_reserved(r.reserved == 0 && r.reserved1 == [0; 5])?;
+            require(r.status <= 5)?;
+            let info = used(&r.info, r.info_len, 72)?;
+            let data = used(&r.private_data, r.private_data_len, 136)?;
+            let params = ibcm_cep::SidrReplyParams {
+                status: ibcm_mad::SidrStatus::from(r.status),
+                qpn: r.qpn,
+                qkey: r.qkey,
+                info,
+                private_data: data,
+            };
+            let cep = i.touch(file, r.handle)?;
+            i.cm.sidr_reply(now, cep, &params).map_err(status_of)?;
+            Ok(0)
+        }
+        code::COUNTERS => {
+            let c: CountersIn = input(bytes, CountersIn::SIZE)?;
+            check_reserved(c.reserved == 0)?;
+            let k = i.cm.counters();
+            let out = CountersOut {
+                size: CountersOut::SIZE,
+                reserved: 0,
+                sent: k.sent,
+                retries: k.retries,
+                received: k.received,
+                duplicates: k.duplicates,
+                malformed: k.malformed,
+                unmatched: k.unmatched,
+                backlog_drops: k.backlog_drops,
+            };
+            Ok(output(request, &out)?)
+        }
+        _ => Err(status::INVALID_DEVICE_REQUEST),
+    }
+}
+
+pub(super) fn handle_in(bytes: &[u8]) -> Result<u64, Status> {
+    let h: HandleIn = input(bytes, HandleIn::SIZE)?;
+    check_reserved(h.reserved == 0)?;
+    Ok(h.handle)
+}

@@ -1,0 +1,105 @@
+//! What the dispatch layer holds, by part, in bytes: the capacity of every table, queue
+//! and pool it owns (what a kernel pays in nonpaged pool, touched or not). The engine's
+//! share is what the platform measures for the whole driver less these parts.
+
+use core::mem::size_of;
+
+use alloc::collections::VecDeque;
+use alloc::vec::Vec;
+
+use ibcm_ioctl::EventRecord;
+
+use super::client::Clients;
+use super::pool::{RECORD_CHUNK, RecordPool};
+use super::table::Table;
+use super::{Endpoint, File, Inner};
+use crate::platform::Platform;
+
+/// The dispatch layer's memory by part (see [`Device::memory`](crate::Device::memory)).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct DispatchMemory {
+    /// The event-record pool: the records queued on endpoints, and a few batches' worth free.
+    pub records: usize,
+    /// File and endpoint tables, endpoints built ahead, their FIFOs and request queues,
+    /// and the CEP-to-owner table.
+    pub endpoints: usize,
+    /// Kernel-client endpoints and their event queues.
+    pub clients: usize,
+    /// Batches kept for the DISPATCH_LEVEL paths (MADs to send, requests to complete).
+    pub batches: usize,
+    /// The private data of the last message each endpoint received (inline, for QUERY),
+    /// counted apart from `endpoints` as the budgets exclude cached private data.
+    pub private_data: usize,
+}
+
+impl DispatchMemory {
+    /// All parts but the cached private data.
+    pub fn tables(&self) -> usize {
+        self.records + self.endpoints + self.clients + self.batches
+    }
+
+    /// All parts.
+    pub fn total(&self) -> usize {
+        self.tables() + self.private_data
+    }
+}
+
+fn vec_bytes<T>(v: &Vec<T>) -> usize {
+    v.capacity() * size_of::<T>()
+}
+
+fn deque_bytes<T>(v: &VecDeque<T>) -> usize {
+    v.capacity() * size_of::<T>()
+}
+
+fn table_bytes<T>(t: &Table<T>, each: impl Fn(&T) -> usize) -> usize {
+    t.slots.heap_bytes() + vec_bytes(&t.free) + t.values().map(each).sum::<usize>()
+}
+
+fn endpoint_bytes<R>(ep: &Endpoint<R>) -> usize {
+    deque_bytes(&ep.events) + deque_bytes(&ep.pending)
+}
+
+fn file_bytes<R>(f: &File<R>) -> usize {
+    table_bytes(&f.endpoints, endpoint_bytes)
+        + vec_bytes(&f.spares)
+        + f.spares.iter().map(endpoint_bytes).sum::<usize>()
+}
+
+impl RecordPool {
+    fn bytes(&self) -> usize {
+        self.chunks.len() * RECORD_CHUNK * size_of::<EventRecord>()
+            + vec_bytes(&self.chunks)
+            + vec_bytes(&self.free)
+    }
+}
+
+impl<P: Platform> Clients<P> {
+    fn bytes(&self) -> usize {
+        table_bytes(&self.table, |c| c.heap_bytes()) + vec_bytes(&self.ready) + self.spare_bytes()
+    }
+}
+
+impl<P: Platform> Inner<P> {
+    pub(super) fn memory(&self) -> DispatchMemory {
+        let inline_private_data = size_of::<[u8; 224]>()
+            * self
+                .files
+                .values()
+                .map(|f| f.endpoints.slots.capacity() + f.spares.capacity())
+                .sum::<usize>();
+        let endpoints = table_bytes(&self.files, file_bytes) + vec_bytes(&self.owners);
+        DispatchMemory {
+            records: self.records.bytes(),
+            endpoints: endpoints - inline_private_data,
+            private_data: inline_private_data,
+            clients: self.clients.bytes(),
+            batches: vec_bytes(&self.tx)
+                + vec_bytes(&self.done)
+                + vec_bytes(&self.spare_tx)
+                + self.spare_tx.iter().map(vec_bytes).sum::<usize>()
+                + vec_bytes(&self.spare_done)
+                + self.spare_done.iter().map(vec_bytes).sum::<usize>(),
+        }
+    }
+}

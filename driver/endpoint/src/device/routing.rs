@@ -1,0 +1,374 @@
+//! Where the engine's output goes, under the lock: each event to its CEP's owner (a user
+//! endpoint's waiting GET_EVENT, its FIFO, or a kernel client), each MAD to the send
+//! batch; then the flush that leaves the lock with the batches.
+
+use alloc::vec::Vec;
+
+use ibcm_cep::{CepId, Event};
+use ibcm_ioctl::{EventRecord, MAX_EVENTS_PER_REQUEST, QpTransitionsOut, event_type, status};
+use zerocopy::IntoBytes;
+
+use crate::platform::{Platform, Request};
+use crate::records::{Status, event_to_abi};
+
+use super::{
+    Awaited, CHILD_DEPTH, DISPATCH_BATCH, EVENT_HEADROOM, Endpoint, File, FileId, Flush, Inner,
+    Owner, SPARE_BATCHES, qp_transitions, room,
+};
+
+impl<P: Platform> Inner<P> {
+    pub(super) fn file(&mut self, file: FileId) -> Result<&mut File<P::Request>, Status> {
+        self.files.get_mut(file.0).ok_or(status::INVALID_HANDLE)
+    }
+
+    pub(super) fn endpoint(
+        &mut self,
+        file: FileId,
+        handle: u64,
+    ) -> Result<&mut Endpoint<P::Request>, Status> {
+        self.file(file)?
+            .endpoints
+            .get_mut(handle)
+            .ok_or(status::INVALID_HANDLE)
+    }
+
+    pub(super) fn cep_of(&mut self, file: FileId, handle: u64) -> Result<CepId, Status> {
+        Ok(self.endpoint(file, handle)?.cep)
+    }
+
+    /// The CEP of the endpoint an IOCTL names (PASSIVE_LEVEL), after making room in its
+    /// FIFO for the events that may arrive at DISPATCH_LEVEL before it is named again.
+    pub(super) fn touch(&mut self, file: FileId, handle: u64) -> Result<CepId, Status> {
+        self.grow_fifo(file, handle, EVENT_HEADROOM)
+    }
+
+    /// Room in an endpoint's FIFO for `n` more events (PASSIVE_LEVEL); its CEP.
+    pub(super) fn grow_fifo(
+        &mut self,
+        file: FileId,
+        handle: u64,
+        n: usize,
+    ) -> Result<CepId, Status> {
+        let ep = self
+            .files
+            .get_mut(file.0)
+            .ok_or(status::INVALID_HANDLE)?
+            .endpoints
+            .get_mut(handle)
+            .ok_or(status::INVALID_HANDLE)?;
+        self.records.grow(&mut ep.events, n)?;
+        Ok(ep.cep)
+    }
+
+    pub(super) fn set_owner(&mut self, cep: CepId, owner: Owner) {
+        let i = (cep.to_raw() & 0x00ff_ffff) as usize;
+        if self.owners.len() <= i {
+            self.owners.resize(i + 1, None);
+        }
+        if let Some(o) = self.owners.get_mut(i) {
+            *o = Some(owner);
+        }
+    }
+
+    pub(super) fn owner(&self, cep: CepId) -> Option<Owner> {
+        let i = (cep.to_raw() & 0x00ff_ffff) as usize;
+        self.owners
+            .get(i)
+            .copied()
+            .flatten()
+            .filter(|o| o.cep == cep)
+    }
+
+    pub(super) fn clear_owner(&mut self, cep: CepId) {
+        let i = (cep.to_raw() & 0x00ff_ffff) as usize;
+        if let Some(o) = self.owners.get_mut(i)
+            && o.is_some_and(|o| o.cep == cep)
+        {
+            *o = None;
+        }
+    }
+
+    /// Grows, at PASSIVE_LEVEL, everything a burst of REQs on this file's listens could
+    /// need at DISPATCH_LEVEL: spare endpoints, table slots, owner entries, engine slots.
+    /// The engine also gets room for a burst over every live CEP at once: a REP or DREP
+    /// for each connecting or disconnecting CEP (peer-table entries, timers, events). The
+    /// batches are bounded: a DISPATCH_LEVEL entry point sends and completes at most
+    /// [`DISPATCH_BATCH`] MADs and requests.
+    pub(super) fn prepare_for_requests(&mut self, file: FileId, extra: usize) {
+        let Some(f) = self.files.get_mut(file.0) else {
+            return;
+        };
+        let want = f.backlog + extra;
+        f.endpoints.reserve(want);
+        while f.spares.len() < want {
+            let events = self.records.fifo(CHILD_DEPTH);
+            f.spares.push(Endpoint::new(CepId::from_raw(0), events));
+        }
+        self.prepare_owners(want);
+        // The engine: room for the burst, and for every live CEP to take its peer
+        // entries and timers (a REP or DREP for each connecting or disconnecting CEP).
+        let _ = self.cm.prepare_for(want);
+    }
+
+    /// Room in the owner table for `n` more CEPs, and in the batches (PASSIVE_LEVEL). The
+    /// engine reuses free slab slots before it grows the slab, so `n` new CEPs have
+    /// indices below the slab's high-water mark (which the table already covers) or below
+    /// live + `n`: the table grows to that and no further, however often this is called.
+    pub(super) fn prepare_owners(&mut self, n: usize) {
+        let room = self.owners.len().max(self.cm.live_ceps() + n);
+        self.owners.resize(room, None);
+        self.prepare_batches();
+    }
+
+    /// Room for [`DISPATCH_BATCH`] MADs and completions in the batches and in every
+    /// spare batch, so that a timer pass or a receive at DISPATCH_LEVEL finds room
+    /// whichever batch it gets (PASSIVE_LEVEL).
+    pub(super) fn prepare_batches(&mut self) {
+        self.records.prepare();
+        // A batch is made with room for DISPATCH_BATCH or none (an empty stand-in), and
+        // `finish` keeps only batches with room: only missing ones need making.
+        room(&mut self.tx, DISPATCH_BATCH);
+        while self.spare_tx.len() < SPARE_BATCHES {
+            self.spare_tx.push(Vec::with_capacity(DISPATCH_BATCH));
+        }
+        room(&mut self.done, DISPATCH_BATCH);
+        while self.spare_done.len() < SPARE_BATCHES {
+            self.spare_done.push(Vec::with_capacity(DISPATCH_BATCH));
+        }
+    }
+
+    /// Moves the engine's output into the batches and the endpoints' queues.
+    pub(super) fn drain(&mut self) {
+        loop {
+            while let Some(t) = self.cm.poll_transmit() {
+                if !self.removed {
+                    self.tx.push(t);
+                }
+            }
+            // Routing may send (a REQ refused for want of room is rejected).
+            let Some((cep, event)) = self.cm.poll_event() else {
+                break;
+            };
+            self.route(cep, &event);
+        }
+    }
+
+    pub(super) fn route(&mut self, cep: CepId, event: &Event) {
+        match event {
+            // A peer-to-peer CEP that turned passive reports the REQ on itself.
+            Event::ReqReceived(req) if req.listen != cep => {
+                self.route_request(cep, req.listen, event);
+                return;
+            }
+            Event::SidrReqReceived(req) => {
+                self.route_request(cep, req.listen, event);
+                return;
+            }
+            _ => {}
+        }
+        let Some(o) = self.owner(cep) else { return };
+        if o.file == super::client::CLIENT_FILE {
+            self.queue_client(
+                o.endpoint,
+                super::client::ClientEvent {
+                    event: *event,
+                    new_id: None,
+                },
+            );
+            return;
+        }
+        let record = event_to_abi(event, o.endpoint, 0);
+        self.deliver(FileId(o.file), o.endpoint, &record);
+    }
+
+    /// A REQ created `cep` under `listen`: the new endpoint joins the listen's file, and
+    /// the event is queued on the listen's endpoint, naming the new handle.
+    pub(super) fn route_request(&mut self, cep: CepId, listen: CepId, event: &Event) {
+        let Some(lo) = self.owner(listen) else {
+            return;
+        };
+        if lo.file == super::client::CLIENT_FILE {
+            self.client_request(cep, lo.endpoint, event);
+            return;
+        }
+        // DISPATCH_LEVEL: the REQ takes a spare endpoint, a table slot, an owner entry and
+        // room in the listen's FIFO, all made at PASSIVE_LEVEL. Without them it is refused
+        // (the engine rejects it) rather than allocated for: a peer cycling REQs and REJs
+        // cannot grow the file while its owner does not read its events.
+        let owned = ((cep.to_raw() & 0x00ff_ffff) as usize) < self.owners.len();
+        let Ok(file) = self.file(FileId(lo.file)) else {
+            return;
+        };
+        let listen_room = file
+            .endpoints
+            .get(lo.endpoint)
+            .is_some_and(|l| l.events.len() < l.events.capacity());
+        let spare = if owned && listen_room && file.endpoints.can_insert() {
+            file.spares.pop()
+        } else {
+            None
+        };
+        let Some(mut ep) = spare else {
+            let now = self.now;
+            let _ = self.cm.destroy(now, cep);
+            return;
+        };
+        ep.cep = cep;
+        if let Event::ReqReceived(ibcm_cep::ReqInfo { private_data, .. })
+        | Event::SidrReqReceived(ibcm_cep::SidrReqInfo { private_data, .. }) = event
+        {
+            let pd = private_data.as_slice();
+            let n = pd.len().min(224);
+            if let (Some(d), Some(s)) = (ep.private_data.get_mut(..n), pd.get(..n)) {
+                d.copy_from_slice(s);
+            }
+            ep.private_data_len = n as u8;
+        }
+        let handle = file.endpoints.insert(ep);
+        self.set_owner(
+            cep,
+            Owner {
+                cep,
+                file: lo.file,
+                endpoint: handle,
+            },
+        );
+        let record = event_to_abi(event, lo.endpoint, handle);
+        self.deliver(FileId(lo.file), lo.endpoint, &record);
+    }
+
+    /// Gives a record to a waiting GET_EVENT, or queues it (copied once, to where it goes).
+    pub(super) fn deliver(&mut self, file: FileId, endpoint: u64, record: &EventRecord) {
+        let Some(ep) = self
+            .files
+            .get_mut(file.0)
+            .and_then(|f| f.endpoints.get_mut(endpoint))
+        else {
+            return;
+        };
+        if record.new_handle == 0 && record.private_data_len > 0 {
+            let n = usize::from(record.private_data_len);
+            if let (Some(d), Some(s)) = (ep.private_data.get_mut(..n), record.private_data.get(..n))
+            {
+                d.copy_from_slice(s);
+            }
+            ep.private_data_len = record.private_data_len;
+        }
+        if ep
+            .answer
+            .as_ref()
+            .is_some_and(|(_, awaited)| awaited.answered_by(record.event_type))
+            && let Some((mut request, awaited)) = ep.answer.take()
+        {
+            // The CONNECT or SEND_REP that waits for this answer takes it.
+            let cep = ep.cep;
+            request.write_output(0, record.as_bytes());
+            let mut n = EventRecord::SIZE as usize;
+            if let Awaited::Rep { transitions: true } = awaited
+                && record.event_type == event_type::REP_RECEIVED
+                && let Ok(t) = qp_transitions(&self.cm, cep)
+            {
+                request.write_output(n, t.as_bytes());
+                n += QpTransitionsOut::SIZE as usize;
+            }
+            self.done.push((request, status::SUCCESS, n));
+            return;
+        }
+        if ep.events.is_empty()
+            && let Some(mut request) = ep.pending.pop_front()
+        {
+            // Nothing queued and a GET_EVENT waits (the usual case): the record goes
+            // straight to its buffer, which holds one at least (checked at dispatch).
+            request.write_output(0, record.as_bytes());
+            self.handed_over(file, record);
+            self.done
+                .push((request, status::SUCCESS, EventRecord::SIZE as usize));
+            return;
+        }
+        let Some(index) = self.records.put(record) else {
+            return;
+        };
+        ep.events.push_back(index);
+        if let Some(request) = ep.pending.pop_front() {
+            self.fill(file, endpoint, request);
+        }
+    }
+
+    /// Completes `request` with as many queued records of the endpoint as its buffer holds.
+    pub(super) fn fill(&mut self, file: FileId, endpoint: u64, mut request: P::Request) {
+        let capacity = (request.output_len() / EventRecord::SIZE as usize)
+            .min(MAX_EVENTS_PER_REQUEST as usize);
+        let mut written = 0usize;
+        while written < capacity {
+            let Some(record) = self
+                .endpoint(file, endpoint)
+                .ok()
+                .and_then(|ep| ep.events.pop_front())
+                .and_then(|index| self.records.take(index))
+            else {
+                break;
+            };
+            request.write_output(written * EventRecord::SIZE as usize, record.as_bytes());
+            written += 1;
+            self.handed_over(file, &record);
+        }
+        self.done.push((
+            request,
+            status::SUCCESS,
+            written * EventRecord::SIZE as usize,
+        ));
+    }
+
+    /// A record reached the user: a REQ's new endpoint is now known to them, and leaves
+    /// the listen's backlog.
+    pub(super) fn handed_over(&mut self, file: FileId, record: &EventRecord) {
+        if (record.event_type == event_type::REQ_RECEIVED
+            || record.event_type == event_type::SIDR_REQ_RECEIVED)
+            && record.new_handle != 0
+            && let Ok(child) = self.cep_of(file, record.new_handle)
+        {
+            let _ = self.cm.take_request(child);
+        }
+    }
+
+    pub(super) fn take_flush(&mut self) -> Flush<P::Request> {
+        // The batches go out with no lock held; an entry point running meanwhile (the
+        // receive path, DISPATCH_LEVEL, on another CPU) must still find room without
+        // allocating: an empty batch stays, a MAD batch is replaced by a spare.
+        let tx = if self.tx.is_empty() {
+            Vec::new()
+        } else {
+            let spare = self.spare_tx.pop().unwrap_or_default();
+            core::mem::replace(&mut self.tx, spare)
+        };
+        Flush {
+            tx,
+            done: if self.done.is_empty() {
+                Vec::new()
+            } else {
+                let spare = self.spare_done.pop().unwrap_or_default();
+                core::mem::replace(&mut self.done, spare)
+            },
+            timer: {
+                let deadline = if self.removed {
+                    None
+                } else {
+                    // While the record pool is short, no pass before `room_retry`.
+                    let engine = self.cm.poll_timeout();
+                    match self.room_retry {
+                        Some(retry) => engine.map(|d| d.max(retry)),
+                        None => engine,
+                    }
+                };
+                let changed = self.deadline != Some(deadline);
+                self.deadline = Some(deadline);
+                changed.then_some(deadline)
+            },
+            seq: {
+                self.flushes += 1;
+                self.flushes
+            },
+            callbacks: !self.clients.ready.is_empty(),
+        }
+    }
+}

@@ -1,0 +1,116 @@
+//! Per-file tables of files and endpoints: a handle is index | generation << 32, so a
+//! stale handle never names a new entry (design.md: handles are per file, never global).
+
+use alloc::vec::Vec;
+
+use ibcm_cep::grow::ChunkedVec;
+
+pub(super) fn handle_of(index: u32, generation: u32) -> u64 {
+    u64::from(index) | (u64::from(generation) << 32)
+}
+
+pub(super) fn split(handle: u64) -> (usize, u32) {
+    ((handle & 0xffff_ffff) as usize, (handle >> 32) as u32)
+}
+
+#[derive(Debug)]
+pub(super) struct Slot<T> {
+    pub(super) generation: u32,
+    pub(super) value: Option<T>,
+}
+
+/// A generation-checked table: handles are `index | generation << 32`, generation >= 1.
+#[derive(Debug)]
+pub(super) struct Table<T> {
+    /// Grows by chunks: an endpoint never moves and growing copies nothing.
+    pub(super) slots: ChunkedVec<Slot<T>>,
+    pub(super) free: Vec<u32>,
+    pub(super) live: usize,
+}
+
+impl<T> Table<T> {
+    pub(super) const fn new() -> Self {
+        Self {
+            slots: ChunkedVec::new(),
+            free: Vec::new(),
+            live: 0,
+        }
+    }
+
+    /// Every live value.
+    pub(super) fn values(&self) -> impl Iterator<Item = &T> {
+        (0..self.slots.len()).filter_map(|i| self.slots.get(i)?.value.as_ref())
+    }
+
+    pub(super) fn get(&self, handle: u64) -> Option<&T> {
+        let (i, g) = split(handle);
+        let s = self.slots.get(i)?;
+        (s.generation == g).then_some(s.value.as_ref()).flatten()
+    }
+
+    pub(super) fn get_mut(&mut self, handle: u64) -> Option<&mut T> {
+        let (i, g) = split(handle);
+        let s = self.slots.get_mut(i)?;
+        if s.generation != g {
+            return None;
+        }
+        s.value.as_mut()
+    }
+
+    pub(super) fn insert(&mut self, value: T) -> u64 {
+        self.live += 1;
+        if let Some(i) = self.free.pop()
+            && let Some(s) = self.slots.get_mut(i as usize)
+        {
+            s.value = Some(value);
+            return handle_of(i, s.generation);
+        }
+        let i = self.slots.len() as u32;
+        self.slots.push(Slot {
+            generation: 1,
+            value: Some(value),
+        });
+        self.free
+            .reserve(self.slots.len().saturating_sub(self.free.len()));
+        handle_of(i, 1)
+    }
+
+    pub(super) fn remove(&mut self, handle: u64) -> Option<T> {
+        let (i, g) = split(handle);
+        let s = self.slots.get_mut(i)?;
+        if s.generation != g {
+            return None;
+        }
+        let v = s.value.take()?;
+        s.generation = s.generation.wrapping_add(1).max(1);
+        self.live -= 1;
+        self.free.push(i as u32);
+        Some(v)
+    }
+
+    /// Room for `n` more values without allocating.
+    pub(super) fn reserve(&mut self, n: usize) {
+        let spare = self.free.len();
+        if n > spare {
+            // Out of memory leaves the room short; `can_insert` then refuses the insert.
+            let _ = self.slots.try_reserve(n - spare);
+            // `insert` keeps room in `free` for every slot (so that `remove` never
+            // allocates): make that room now for the slots the new values may add.
+            let slots = self.slots.len() + (n - spare);
+            self.free.reserve(slots.saturating_sub(self.free.len()));
+        }
+    }
+
+    /// Whether `insert` can run without allocating.
+    pub(super) fn can_insert(&self) -> bool {
+        !self.free.is_empty()
+            || (self.slots.len() < self.slots.capacity() && self.free.capacity() > self.slots.len())
+    }
+
+    pub(super) fn handles(&self) -> impl Iterator<Item = u64> + '_ {
+        self.slots
+            .iter()
+            .enumerate()
+            .filter_map(|(i, s)| s.value.as_ref().map(|_| handle_of(i as u32, s.generation)))
+    }
+}
