@@ -380,13 +380,17 @@ impl CmManager {
     /// slot's first cache line, which the MAD's handling reads next anyway.
     #[inline]
     fn id_from_wire(&self, comm_id: u32) -> Option<CepId> {
+        self.slot_from_wire(comm_id)
+            .map(|(index, s)| CepId::new(index as u32, s.generation))
+    }
+
+    /// The slot (and its index) a wire comm ID names, if its generation is the slot's.
+    #[inline]
+    fn slot_from_wire(&self, comm_id: u32) -> Option<(usize, &Slot)> {
         let handle = self.ids.handle_of(comm_id)?;
         let index = self.ids.index(handle);
-        let generation = self.ids.generation(handle);
-        self.slots
-            .get(index)
-            .filter(|s| s.generation == generation)
-            .map(|_| CepId::new(index as u32, generation))
+        let slot = self.slots.get(index)?;
+        (slot.generation == self.ids.generation(handle)).then_some((index, slot))
     }
 
     /// The slot index a wire comm ID names, unchecked (for [`Self::prefetch`]).

@@ -131,12 +131,14 @@ impl CmManager {
 
     /// A CEP named by a message's RemoteCommID whose peer is the message's sender (once
     /// the peer's comm ID is known).
+    /// One slot read: a RemoteCommID outside this manager's space (fixed bits, 0) or of
+    /// another generation (all its bits, src/comm_id.rs) names no CEP.
     #[inline]
     pub(super) fn addressed(&self, remote_comm_id: u32, sender_comm_id: u32) -> Option<CepId> {
-        // A RemoteCommID outside this manager's space (fixed bits, 0) names no CEP.
-        let id = self.id_from_wire(remote_comm_id)?;
-        let c = self.cep_any(id)?;
-        (c.remote_comm_id == 0 || c.remote_comm_id == sender_comm_id).then_some(id)
+        let (index, slot) = self.slot_from_wire(remote_comm_id)?;
+        let c = slot.cep.as_ref()?;
+        (c.remote_comm_id == 0 || c.remote_comm_id == sender_comm_id)
+            .then(|| CepId::new(index as u32, slot.generation))
     }
 
     pub(super) fn on_class_port_info(&mut self, src: &MadAddress, header: MadHeader) {
