@@ -8,8 +8,22 @@ pub struct CmConfig {
     /// Seed of the manager's RNG (comm-ID operand, PSNs, TIDs, hash keys). Inject a fixed
     /// seed for deterministic tests; the driver seeds from the platform's RNG.
     pub rng_seed: [u8; 32],
-    /// Most CEPs alive at once (including those lingering in timewait); at most 2^24.
+    /// Most CEPs alive at once (including those lingering in timewait); at most 2^24,
+    /// and at most 2^(free bits - 4) with a fixed comm ID pattern ([`Self::comm_id_mask`]).
+    /// It also sizes the comm ID layout: ceil(log2(max_ceps)) bits of slot index, the
+    /// other free bits of generation (src/comm_id.rs), so a smaller limit makes IDs
+    /// repeat later.
     pub max_ceps: u32,
+    /// Bits every local comm ID carries fixed (issue #19: QP1 steering beside another CM
+    /// on the same port), with [`Self::comm_id_value`]. A comm ID here is the 32-bit
+    /// number its 4 wire bytes make read most significant byte first (MAD fields are
+    /// big-endian, IBA 13.4: wire byte `k` holds bits `31-8k ..= 24-8k`). 0 (the
+    /// default): no fixed bits. Fixed bits take index bits first (fewer CEPs), and keep
+    /// at least 4 generation bits. See [`Self::BESIDE_WINOF_AL`] and
+    /// [`Self::is_local_comm_id`].
+    pub comm_id_mask: u32,
+    /// The values of the fixed bits (bits outside [`Self::comm_id_mask`] are ignored).
+    pub comm_id_value: u32,
     /// The CA's ACK delay (5-bit IB time): REP TargetACKDelay, and part of timewait.
     pub ca_ack_delay: u8,
     /// The CA's limit on responder resources (max_qp_rd_atom).
@@ -36,6 +50,34 @@ impl CmConfig {
             max_initiator_depth: 16,
             exponential_backoff: false,
             request_deadline_ns: None,
+            comm_id_mask: 0,
+            comm_id_value: 0,
         }
+    }
+
+    /// `(comm_id_mask, comm_id_value)` that keeps every local comm ID out of WinOF AL's:
+    /// wire byte 2 >= 0xF0 (bits 15..12 set). AL's IDs are host-order `cid | modifier <<
+    /// 24` copied raw to the wire (`al_cm_cep.c` `__get_lcid`, winof-deployment.md §2):
+    /// on x64 wire bytes 0-2 hold its 24-bit vector index little-endian, so its wire
+    /// byte 2 reaches 0xF0 only past 15.7M live AL CEPs.
+    pub const BESIDE_WINOF_AL: (u32, u32) = (0x0000_F000, 0x0000_F000);
+
+    /// This configuration with local comm IDs carrying `value` on the bits of `mask`.
+    #[must_use]
+    pub const fn with_comm_id_pattern(self, (mask, value): (u32, u32)) -> Self {
+        Self {
+            comm_id_mask: mask,
+            comm_id_value: value,
+            ..self
+        }
+    }
+
+    /// Whether `wire` (a RemoteCommID received, as the 32-bit big-endian number) can be
+    /// a local comm ID of a manager with this configuration: it carries the fixed
+    /// pattern and is not 0 (0 means "none", IBA Table 108). Pure, for a QP1 steering
+    /// function; whether a live CEP holds it is [`CmManager`](crate::CmManager)'s call.
+    #[must_use]
+    pub const fn is_local_comm_id(&self, wire: u32) -> bool {
+        wire != 0 && wire & self.comm_id_mask == self.comm_id_value & self.comm_id_mask
     }
 }

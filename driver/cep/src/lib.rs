@@ -12,6 +12,7 @@
 extern crate alloc;
 
 mod cep;
+mod comm_id;
 mod config;
 mod counters;
 mod error;

@@ -12,6 +12,7 @@ use rand_chacha::ChaCha8Rng;
 use rand_chacha::rand_core::{Rng, SeedableRng};
 
 use crate::cep::{Cep, State, StateName};
+use crate::comm_id::CommIdSpace;
 use crate::config::CmConfig;
 use crate::counters::Counters;
 use crate::error::CmError;
@@ -27,6 +28,7 @@ mod lookup;
 mod memory;
 mod operations;
 mod peer;
+mod ports;
 mod qp;
 mod receive;
 mod release;
@@ -45,6 +47,10 @@ pub use sidr::{SidrParams, SidrReplyParams};
 /// timer DPC around 25 us with the dispatch layer's work (measured with `ibcm cmtime
 /// --dpc-times`: a mass timewait expiry of 128 took 100-140 us).
 pub const TIMER_BATCH: usize = 32;
+
+/// Free slots before [`CmManager::alloc`] reuses one rather than take a fresh one (one
+/// chunk of the slab): the floor of a local comm ID's reuse distance, in slots.
+const REUSE_AFTER: usize = crate::grow::CHUNK;
 
 /// One MAD to send on QP1.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -103,11 +109,12 @@ struct ListenEntry {
 }
 
 /// `repr(C)`: the generation, checked first, shares the slot's first 64 bytes with the
-/// CEP's hot fields (see [`Cep`]).
+/// CEP's hot fields (see [`Cep`]); as wide as the comm ID layout's generation (u32 sits in
+/// the padding before the CEP, as the u8 did).
 #[derive(Debug, Clone)]
 #[repr(C)]
 struct Slot {
-    generation: u8,
+    generation: u32,
     cep: Option<Cep>,
 }
 
@@ -135,15 +142,20 @@ pub struct CmManager {
     config: CmConfig,
     /// The CEP slab; grows by chunks, so a CEP never moves and growing copies nothing.
     slots: ChunkedVec<Slot>,
-    free: Vec<u32>,
+    /// Released slots, oldest first: reused first-in first-out so that a slot's next
+    /// comm ID comes as late as possible (issue #16 item 8a; see [`Self::alloc`]).
+    free: VecDeque<u32>,
     live: usize,
-    comm_id_operand: u32,
+    /// The local comm ID layout (src/comm_id.rs).
+    ids: CommIdSpace,
     tid_high: u32,
     tid_next: u32,
     rng: ChaCha8Rng,
     remote_ids: PeerMap,
     remote_qpns: PeerMap,
     listens: Vec<ListenEntry>,
+    /// This CA's ports, as [`Self::set_port`] told them (empty: REQ paths unchecked).
+    ports: Vec<ports::PortAddress>,
     /// Peer-to-peer CEPs with a REQ out (few; pruned as they move on).
     peers: Vec<CepId>,
     /// SIDR requests being answered or lately answered: (request ID, source GID, LID).
@@ -171,15 +183,21 @@ impl CmManager {
         Self {
             config,
             slots: ChunkedVec::new(),
-            free: Vec::new(),
+            free: VecDeque::new(),
             live: 0,
-            comm_id_operand: rng.next_u32(),
+            ids: CommIdSpace::new(
+                config.comm_id_mask,
+                config.comm_id_value,
+                config.max_ceps,
+                rng.next_u32(),
+            ),
             tid_high: rng.next_u32(),
             tid_next: 0,
             rng,
             remote_ids: PeerMap::with_hasher(hash),
             remote_qpns: PeerMap::with_hasher(hash),
             listens: Vec::new(),
+            ports: Vec::new(),
             peers: Vec::new(),
             sidr_requests: HashMap::with_hasher(hash),
             timers: BinaryHeap::new(),
@@ -236,7 +254,11 @@ impl CmManager {
         }
         let no = |_| CmError::NoResources;
         self.slots.try_reserve(ceps).map_err(no)?;
-        self.free.try_reserve(ceps).map_err(no)?;
+        // A release never allocates: room in `free` for every slot the slab can hold.
+        let slab = self.slots.capacity();
+        self.free
+            .try_reserve(slab.saturating_sub(self.free.len()))
+            .map_err(no)?;
         self.remote_ids
             .try_reserve(ceps)
             .map_err(|_| CmError::NoResources)?;
@@ -259,7 +281,9 @@ impl CmManager {
     /// How many more CEPs (and their lookups, timers, events and MADs) fit without
     /// allocating.
     pub fn room(&self) -> usize {
-        let slots = self.slots.capacity() - self.slots.len() + self.free.len();
+        // Free slots are reused only beyond REUSE_AFTER - 1 of them (see `alloc`).
+        let slots = self.slots.capacity() - self.slots.len()
+            + self.free.len().saturating_sub(REUSE_AFTER - 1);
         let ids = self.remote_ids.capacity() - self.remote_ids.len();
         let qpns = self.remote_qpns.capacity() - self.remote_qpns.len();
         let sidr = match self.sidr_requests.capacity() - self.sidr_requests.len() {
@@ -279,17 +303,26 @@ impl CmManager {
 
     // ---- getters -------------------------------------------------------------------
 
+    /// The slot a handle names, if its generation is the slot's.
+    #[inline]
+    fn slot(&self, id: CepId) -> Option<&Slot> {
+        self.slots
+            .get(id.index())
+            .filter(|s| s.generation & 0xff == id.tag())
+    }
+
+    /// The handle of slot `index` as it is now.
+    fn id_at(&self, index: usize, slot: &Slot) -> CepId {
+        CepId::new(index as u32, slot.generation)
+    }
+
     fn cep(&self, id: CepId) -> Option<&Cep> {
-        let slot = self.slots.get(id.index())?;
-        if slot.generation != id.generation() {
-            return None;
-        }
-        slot.cep.as_ref().filter(|c| !c.detached)
+        self.slot(id)?.cep.as_ref().filter(|c| !c.detached)
     }
 
     fn cep_mut(&mut self, id: CepId) -> Option<&mut Cep> {
         let slot = self.slots.get_mut(id.index())?;
-        if slot.generation != id.generation() {
+        if slot.generation & 0xff != id.tag() {
             return None;
         }
         slot.cep.as_mut()
@@ -322,13 +355,49 @@ impl CmManager {
         })
     }
 
-    /// The wire LocalCommID of a CEP (for traces and tests).
+    /// The wire LocalCommID of a CEP (for traces and tests), as the 32-bit big-endian
+    /// number (src/comm_id.rs), from the slot's whole generation. Never 0 for a live CEP
+    /// (see [`Self::alloc`]); 0 for a handle that names none.
     pub fn local_comm_id(&self, id: CepId) -> u32 {
-        id.0 ^ self.comm_id_operand
+        self.slot(id).map_or(0, |s| {
+            self.ids
+                .wire(self.ids.handle(id.index() as u32, s.generation))
+        })
     }
 
-    fn id_from_wire(&self, comm_id: u32) -> CepId {
-        CepId(comm_id ^ self.comm_id_operand)
+    /// Whether a RemoteCommID received can name one of this manager's CEPs at all (it
+    /// carries [`CmConfig::comm_id_mask`]'s pattern and is not 0): what a QP1 steering
+    /// function asks (issue #19); see [`CmConfig::is_local_comm_id`].
+    pub fn is_local_comm_id(&self, wire: u32) -> bool {
+        self.ids.contains(wire)
+    }
+
+    /// (index bits, generation bits) of this manager's comm IDs (src/comm_id.rs).
+    pub fn comm_id_layout(&self) -> (u32, u32) {
+        (self.ids.index_bits(), self.ids.generation_bits())
+    }
+
+    /// The handle a wire comm ID names: none if it is outside the space (wrong fixed
+    /// bits, or 0) or its generation (all its bits) is not the slot's. O(1), no hash: the
+    /// slot's first cache line, which the MAD's handling reads next anyway.
+    #[inline]
+    fn id_from_wire(&self, comm_id: u32) -> Option<CepId> {
+        self.slot_from_wire(comm_id)
+            .map(|(index, s)| CepId::new(index as u32, s.generation))
+    }
+
+    /// The slot (and its index) a wire comm ID names, if its generation is the slot's.
+    #[inline]
+    fn slot_from_wire(&self, comm_id: u32) -> Option<(usize, &Slot)> {
+        let handle = self.ids.handle_of(comm_id)?;
+        let index = self.ids.index(handle);
+        let slot = self.slots.get(index)?;
+        (slot.generation == self.ids.generation(handle)).then_some((index, slot))
+    }
+
+    /// The slot index a wire comm ID names, unchecked (for [`Self::prefetch`]).
+    fn index_from_wire(&self, comm_id: u32) -> Option<usize> {
+        self.ids.handle_of(comm_id).map(|h| self.ids.index(h))
     }
 
     /// QP attributes for a transition, from what the REQ and REP negotiated.
@@ -376,50 +445,93 @@ impl CmManager {
 
     // ---- slab ----------------------------------------------------------------------
 
+    /// A slot for a new CEP (issue #16 item 8a: a peer in a long timewait must not see
+    /// a local comm ID again soon; IBA 12.9.8.3 stale connections):
+    ///
+    /// - the slot released longest ago (FIFO), once [`REUSE_AFTER`] slots are free, or
+    ///   whatever is free once the slab holds `max_ceps` (or all the layout's index bits
+    ///   number);
+    /// - otherwise a fresh slot (from the room `reserve` made, or a new chunk).
+    ///
+    /// So the free list, once it has reached `REUSE_AFTER`, never drops below
+    /// `REUSE_AFTER - 1` (below the limit), and a released slot waits behind at least
+    /// that many others: with the generation bumped on every release and started at
+    /// random, a wire ID returns only after `REUSE_AFTER` x 2^generation_bits
+    /// allocations (2^19 by default), at a cost of at most `REUSE_AFTER` slots more than
+    /// the most ever live. (WinOF `__get_lcid` reuses the slot freed last, LIFO; Linux
+    /// `cm_alloc_id_priv` allocates cyclically over 2^32, `xa_alloc_cyclic`, in a radix
+    /// tree.) An ID whose wire value would be 0 is skipped (0 is "none", IBA Table 108
+    /// RemoteCommID).
     fn alloc(&mut self) -> Result<CepId, CmError> {
-        if let Some(index) = self.free.pop() {
-            let operand = self.comm_id_operand;
-            let slot = self
-                .slots
-                .get_mut(index as usize)
-                .ok_or(CmError::NoResources)?;
-            // A CEP whose wire comm ID would be 0 cannot be told from "none": skip it.
-            if (CepId::new(index, slot.generation).0 ^ operand) == 0 {
-                slot.generation = slot.generation.wrapping_add(1);
+        let len = self.slots.len();
+        let limit = self.ids.slots().min(self.config.max_ceps as usize);
+        let index = if self.free.len() >= REUSE_AFTER || len >= limit {
+            match self.free.pop_front() {
+                Some(index) => Some(index),
+                None => return Err(CmError::NoResources),
             }
-            slot.cep = Some(Cep::new());
-            self.live += 1;
-            return Ok(CepId::new(index, slot.generation));
-        }
-        let index = self.slots.len();
-        if index >= self.config.max_ceps.min(CepId::INDEX_MASK + 1) as usize {
-            return Err(CmError::NoResources);
-        }
-        self.slots
-            .try_reserve(1)
-            .map_err(|_| CmError::NoResources)?;
-        self.free.try_reserve(1).map_err(|_| CmError::NoResources)?;
-        let mut generation = 0u8;
-        if (CepId::new(index as u32, 0).0 ^ self.comm_id_operand) == 0 {
-            generation = 1;
-        }
-        self.slots.push(Slot {
-            generation,
-            cep: Some(Cep::new()),
-        });
+        } else {
+            None
+        };
+        let ids = self.ids;
+        // The generation to hand out, moved off the one whose wire ID would be 0.
+        let usable = |index: u32, generation: u32| {
+            let g = if ids.wire(ids.handle(index, generation)) == 0 {
+                generation.wrapping_add(1) & ids.generation_mask()
+            } else {
+                generation
+            };
+            // No generation bits to move off 0 (a mask fixing every free bit, to 0).
+            (ids.wire(ids.handle(index, g)) != 0).then_some(g)
+        };
+        let id = match index {
+            Some(index) => {
+                let slot = self
+                    .slots
+                    .get_mut(index as usize)
+                    .ok_or(CmError::NoResources)?;
+                let Some(generation) = usable(index, slot.generation) else {
+                    // The slot stays free (room for it in `free` was reserved with it).
+                    self.free.push_back(index);
+                    return Err(CmError::NoResources);
+                };
+                slot.generation = generation;
+                slot.cep = Some(Cep::new());
+                CepId::new(index, generation)
+            }
+            None => {
+                let index = len as u32;
+                let random = self.rng.next_u32() & ids.generation_mask();
+                let generation = usable(index, random).ok_or(CmError::NoResources)?;
+                self.slots
+                    .try_reserve(1)
+                    .map_err(|_| CmError::NoResources)?;
+                // Room to release every slot without allocating.
+                self.free
+                    .try_reserve((len + 1).saturating_sub(self.free.len()))
+                    .map_err(|_| CmError::NoResources)?;
+                self.slots.push(Slot {
+                    generation,
+                    cep: Some(Cep::new()),
+                });
+                CepId::new(index, generation)
+            }
+        };
         self.live += 1;
-        Ok(CepId::new(index as u32, generation))
+        Ok(id)
     }
 
     fn release(&mut self, id: CepId) {
-        if let Some(slot) = self.slots.get_mut(id.index())
-            && slot.generation == id.generation()
+        let index = id.index();
+        let mask = self.ids.generation_mask();
+        if let Some(slot) = self.slots.get_mut(index)
+            && slot.generation & 0xff == id.tag()
             && slot.cep.take().is_some()
         {
-            slot.generation = slot.generation.wrapping_add(1);
+            slot.generation = slot.generation.wrapping_add(1) & mask;
             self.live = self.live.saturating_sub(1);
             // Capacity for every slot was reserved when the slot was created.
-            self.free.push(id.index() as u32);
+            self.free.push_back(index as u32);
         }
     }
 

@@ -140,6 +140,12 @@ impl TraceHook {
         Self(tracer)
     }
 
+    /// Whether a tracer is installed (to skip building a point's costlier fields).
+    #[inline]
+    pub(crate) fn installed(self) -> bool {
+        self.0.is_some()
+    }
+
     /// Records `point` if a tracer wants its level.
     #[inline]
     pub(crate) fn point(self, ca_guid: u64, point: TracePoint<'_>) {

@@ -31,7 +31,9 @@ impl Instant {
 }
 
 /// A handle to one CEP (communication endpoint) of a [`CmManager`](crate::CmManager):
-/// slab index (24 bits) and generation (8 bits), so a stale handle never names a new CEP.
+/// slab index (low 24 bits; the device's owner table indexes by them) and the low 8 bits
+/// of the slot's generation, so a stale handle does not name the slot's next 255 CEPs.
+/// The wire comm ID carries the whole generation (src/comm_id.rs).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct CepId(pub(crate) u32);
 
@@ -39,16 +41,18 @@ impl CepId {
     pub(crate) const INDEX_BITS: u32 = 24;
     pub(crate) const INDEX_MASK: u32 = (1 << Self::INDEX_BITS) - 1;
 
-    pub(crate) fn new(index: u32, generation: u8) -> Self {
-        Self((index & Self::INDEX_MASK) | (u32::from(generation) << Self::INDEX_BITS))
+    /// The handle of slot `index` at `generation` (its low 8 bits).
+    pub(crate) fn new(index: u32, generation: u32) -> Self {
+        Self((index & Self::INDEX_MASK) | ((generation & 0xff) << Self::INDEX_BITS))
     }
 
     pub(crate) fn index(self) -> usize {
         (self.0 & Self::INDEX_MASK) as usize
     }
 
-    pub(crate) fn generation(self) -> u8 {
-        (self.0 >> Self::INDEX_BITS) as u8
+    /// The low 8 bits of the generation it was made at.
+    pub(crate) fn tag(self) -> u32 {
+        self.0 >> Self::INDEX_BITS
     }
 
     /// The raw value, for tables outside the manager (it is not the wire comm ID).

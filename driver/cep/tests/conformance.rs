@@ -13,18 +13,21 @@
 //! | REP FailoverAccepted (IBA Table 110) | `failover_*` |
 //! | XRC REP (Linux `cm_format_rep`, `cm_rep_get_qpn`) | `xrc_*` |
 //! | REQ transport / QPN 0 (WinOF `__req_handler`, IBA 12.6.5 Table 106) | `req_with_*` |
+//! | REQ paths end at this CA's ports: REJ 12/13/18/19 (IBA Table 108, Linux `cm_req_handler`) | `req_*_port_*`, `*_told_no_port_*` |
+//! | Local comm IDs: reuse distance, fixed pattern, never 0 (Linux `cm_alloc_id_priv`, issue #19) | `local_comm_ids_*`, `*_comm_id_*` |
 //!
 //! Timing (virtual ns): A's packet life time is 14; B recovers 15 from the REQ's
 //! LocalACKTimeout (16) minus one; both CAs have an ACK delay of 15.
 
-use ibcm_cep::pair::{Pair, Side, gid};
+use ibcm_cep::pair::{GUID_A, GUID_B, Pair, Side, gid};
 use ibcm_cep::{
-    CepId, CmError, ConnectParams, Event, PathRecord, QpAttributes, QpState, RepParams,
-    StateName as S,
+    CepId, CmConfig, CmError, CmManager, ConnectParams, Event, PathRecord, QpAttributes, QpState,
+    RepParams, StateName as S,
 };
 use ibcm_mad::{
     AttributeId, CmMad, CmMessage, Failover, MAD_SIZE, MessageKind, RejReason, RepPacket, Transport,
 };
+use proptest::prelude::*;
 
 const SID: u64 = 0x1000;
 const QPN_A: u32 = 0x11;
@@ -595,15 +598,16 @@ fn crossing_dreqs_each_get_a_drep_and_both_sides_reach_timewait() {
     }
 }
 
-/// Issue #16 item 8a, investigated and left open (see the issue note): Linux allocates
-/// local comm IDs cyclically over 32 bits (`xa_alloc_cyclic` in `cm_alloc_id_priv`, then
-/// XORed with `random_id_operand`), so an ID comes back only after ~2^32 allocations. Ours
-/// are slot index + an 8-bit generation from a LIFO free list: one CEP created and
-/// destroyed in a loop gets its first wire comm ID back after 256 rounds, which a peer
-/// still holding the old ID (its own long timewait) would take for the old connection.
-/// This test states the target (no repeat within 2^16 rounds) and fails today (256).
+// ---- 10. local comm IDs ------------------------------------------------------------------
+
+/// Issue #16 item 8a: Linux allocates local comm IDs cyclically over 32 bits
+/// (`xa_alloc_cyclic` in `cm_alloc_id_priv`, then XORed with `random_id_operand`), so an
+/// ID comes back only after ~2^32 allocations. Ours were slot index + an 8-bit generation
+/// from a LIFO free list (as WinOF `__get_lcid`): one CEP created and destroyed in a loop
+/// got its first wire comm ID back after 256 rounds, which a peer still holding the old ID
+/// (its own long timewait, IBA 12.9.8.3) would take for the old connection. Now slots are
+/// used cyclically within the slab and reused FIFO, with 12 generation bits by default.
 #[test]
-#[ignore = "issue #16 item 8a: comm ID reuse distance is 256 today (slot + 8-bit generation, LIFO)"]
 fn local_comm_ids_do_not_repeat_within_65536_allocations() {
     let mut p = Pair::new(7);
     let now = p.now;
@@ -615,4 +619,370 @@ fn local_comm_ids_do_not_repeat_within_65536_allocations() {
         assert_ne!(p.a.local_comm_id(id), wire, "repeated after {round} rounds");
         p.a.destroy(now, id).unwrap();
     }
+}
+
+/// The same under churn beside long-lived connections: 128 CEPs live (one full chunk of
+/// the slab), the newest destroyed and a new one created 2^16 times. Reusing whatever slot
+/// is free would hand the one just released straight back (a repeat after
+/// 2^generation_bits rounds); `alloc` keeps a pool of free slots instead (issue #16 item
+/// 8a).
+#[test]
+fn local_comm_ids_do_not_repeat_within_65536_allocations_at_a_steady_population() {
+    let mut m = CmManager::new(CmConfig::new(GUID_A, [10; 32]));
+    let now = ibcm_cep::Instant::from_nanos(0);
+    let mut live: std::collections::VecDeque<CepId> =
+        (0..128).map(|_| m.create().unwrap()).collect();
+    let mut last = std::collections::HashMap::new();
+    for round in 0..65_536u32 {
+        m.destroy(now, live.pop_back().unwrap()).unwrap();
+        let id = m.create().unwrap();
+        if let Some(before) = last.insert(m.local_comm_id(id), round) {
+            panic!("repeated after {} rounds", round - before);
+        }
+        live.push_back(id);
+    }
+    assert_eq!(m.live_ceps(), 128);
+}
+
+/// The device's owner table (driver/endpoint `Device::set_owner`) indexes by a handle's
+/// low 24 bits: they stay the dense slab index whatever the comm ID layout (20 index bits
+/// by default, the generation above them on the wire only), so 300 CEPs created, destroyed
+/// and created again all index below 512.
+#[test]
+fn cep_handles_keep_the_slab_index_in_their_low_24_bits() {
+    let mut m = CmManager::new(CmConfig::new(GUID_A, [11; 32]));
+    let now = ibcm_cep::Instant::from_nanos(0);
+    for _ in 0..2 {
+        let ids: Vec<CepId> = (0..300).map(|_| m.create().unwrap()).collect();
+        for id in ids {
+            assert!(id.to_raw() & 0x00ff_ffff < 512, "{:#x}", id.to_raw());
+            m.destroy(now, id).unwrap();
+        }
+    }
+}
+
+/// The A-side DREQ of an established pair (B disconnects), taken before delivery: the
+/// MAD, and the RemoteCommID (A's local comm ID) it carries at MAD offset 24 + 4.
+fn dreq_to_a(p: &mut Pair, b: CepId) -> [u8; MAD_SIZE] {
+    p.flush();
+    let now = p.now;
+    p.b.disconnect(now, b, b"").unwrap();
+    p.b.poll_transmit().expect("the DREQ").mad
+}
+
+fn with_remote_comm_id(mut mad: [u8; MAD_SIZE], id: u32) -> [u8; MAD_SIZE] {
+    mad[28..32].copy_from_slice(&id.to_be_bytes());
+    mad
+}
+
+/// Issue #19: with `CmConfig::BESIDE_WINOF_AL`, every local comm ID has wire byte 2 >=
+/// 0xF0 (AL's IDs carry their small vector index there, winof-deployment.md §2), and a
+/// DREQ whose RemoteCommID lacks the pattern (the bit flipped), is 0 (IBA Table 108:
+/// "none"), or names the live slot with another generation reaches no CEP: the connection
+/// stays up and the DREQ gets the unaffiliated DREP of IBA 12.9.8.5 (LocalCommID the
+/// DREQ's RemoteCommID); the real one is taken.
+#[test]
+fn a_remote_comm_id_outside_the_space_or_of_another_generation_reaches_no_cep() {
+    let config = |guid, seed| {
+        CmConfig::new(guid, [seed; 32]).with_comm_id_pattern(CmConfig::BESIDE_WINOF_AL)
+    };
+    let mut p = Pair::with_config(config(GUID_A, 3), config(GUID_B, 4));
+    let (a, b) = p.establish(SID);
+    let wire = p.a.local_comm_id(a);
+    assert!(wire.to_be_bytes()[2] >= 0xF0, "{wire:#010x}");
+    assert!(p.a.is_local_comm_id(wire) && p.a.config().is_local_comm_id(wire));
+    let dreq = dreq_to_a(&mut p, b);
+    let now = p.now;
+    // Bit 31 is the top generation bit (the top free bit); bit 12 a fixed one.
+    for bad in [wire ^ 0x0000_1000, 0, wire ^ 0x8000_0000] {
+        assert_eq!(
+            p.a.is_local_comm_id(bad),
+            bad == wire ^ 0x8000_0000,
+            "{bad:#x}"
+        );
+        p.a.handle_mad(
+            now,
+            &Pair::address_of(Side::B),
+            &with_remote_comm_id(dreq, bad),
+        );
+        assert_eq!(p.a.state(a), Ok(S::Established), "{bad:#x}");
+        let drep = p.a.poll_transmit().expect("an unaffiliated DREP").mad;
+        assert_eq!(drep[16..18], 0x0016u16.to_be_bytes(), "{bad:#x}");
+        assert_eq!(drep[24..28], bad.to_be_bytes());
+    }
+    assert!(
+        !events(&mut p, Side::A, a)
+            .iter()
+            .any(|e| matches!(e, Event::DreqReceived(_)))
+    );
+    p.a.handle_mad(now, &Pair::address_of(Side::B), &dreq);
+    assert_eq!(p.a.state(a), Ok(S::DreqRcvd));
+}
+
+/// IBA 12.9.8.3 (stale connections): a comm ID released with its CEP does not reach the
+/// next CEP of the same slot. With `max_ceps` 1 the one slot is reused at once; the old
+/// connection's DREQ (its RemoteCommID the released ID) is unmatched.
+#[test]
+fn a_released_comm_id_does_not_reach_the_next_cep_of_its_slot() {
+    let mut config = CmConfig::new(GUID_A, [5; 32]);
+    config.max_ceps = 1;
+    let mut p = Pair::with_config(config, CmConfig::new(GUID_B, [6; 32]));
+    let (a1, b1) = p.establish(SID);
+    let old = p.a.local_comm_id(a1);
+    let stale = dreq_to_a(&mut p, b1);
+    let now = p.now;
+    p.a.destroy(now, a1).unwrap();
+    p.drive();
+    assert_eq!(p.a.live_ceps(), 0);
+    let a2 = p.a.create().unwrap();
+    assert_ne!(p.a.local_comm_id(a2), old);
+    let now = p.now;
+    p.a.connect(now, a2, &Pair::connect_params(SID, QPN_A + 1))
+        .unwrap();
+    p.drive_for(MS);
+    let b2 = p.last_request().unwrap();
+    let now = p.now;
+    p.b.take_request(b2).unwrap();
+    p.b.accept(now, b2, &Pair::rep_params(QPN_B + 1)).unwrap();
+    p.drive_for(MS);
+    p.a.rtu(a2, b"").unwrap();
+    p.drive_for(MS);
+    assert_eq!(p.a.state(a2), Ok(S::Established));
+    p.flush();
+    let now = p.now;
+    p.a.handle_mad(now, &Pair::address_of(Side::B), &stale);
+    assert_eq!(p.a.state(a2), Ok(S::Established));
+    // IBA 12.9.8.5: the unaffiliated DREP, from the released ID.
+    let drep = p.a.poll_transmit().expect("an unaffiliated DREP").mad;
+    assert_eq!(drep[24..28], old.to_be_bytes());
+}
+
+/// Linux XORs a random operand onto a cyclic counter (`cm_alloc_id_priv`); each of our
+/// fresh slots also starts at a random generation: 64 CEPs created in a row do not get
+/// IDs in arithmetic progression, and their generation bits (the top 12 by default)
+/// differ, so one ID does not give away its neighbours'.
+#[test]
+fn local_comm_ids_are_not_sequential() {
+    let mut m = CmManager::new(CmConfig::new(GUID_A, [8; 32]));
+    assert_eq!(m.comm_id_layout(), (20, 12));
+    let ids: Vec<u32> = (0..64)
+        .map(|_| {
+            let id = m.create().unwrap();
+            m.local_comm_id(id)
+        })
+        .collect();
+    let steps: std::collections::HashSet<u32> =
+        ids.windows(2).map(|w| w[1].wrapping_sub(w[0])).collect();
+    assert!(steps.len() > 8, "{ids:x?}");
+    let tops: std::collections::HashSet<u32> = ids.iter().map(|w| w >> 20).collect();
+    assert!(tops.len() > 32, "{ids:x?}");
+}
+
+/// The default configuration fixes no bit: every comm ID but 0 (IBA Table 108: "none")
+/// may be local, and the layout is 20 index bits (max_ceps 2^20) + 12 generation bits.
+#[test]
+fn default_config_fixes_no_comm_id_bit() {
+    let config = CmConfig::new(GUID_A, [9; 32]);
+    assert_eq!((config.comm_id_mask, config.comm_id_value), (0, 0));
+    for wire in [1, 0xF000, 0x0000_0FFF, u32::MAX, 0x8000_0000] {
+        assert!(config.is_local_comm_id(wire), "{wire:#x}");
+    }
+    assert!(!config.is_local_comm_id(0));
+    assert_eq!(CmManager::new(config).comm_id_layout(), (20, 12));
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig {
+        cases: 64,
+        failure_persistence: None,
+        ..ProptestConfig::default()
+    })]
+
+    /// Issue #19: whatever the pattern (here up to 12 fixed bits anywhere), every local
+    /// comm ID of 2000 allocations (creates and destroys interleaved, so slots are
+    /// reused) carries it, is never 0, and no two live CEPs share one.
+    #[test]
+    fn local_comm_ids_carry_the_fixed_pattern(
+        mask in any::<u32>().prop_filter("<= 12 fixed bits", |m| m.count_ones() <= 12),
+        value in any::<u32>(),
+        seed in any::<u8>(),
+        max_ceps in 1u32..5000,
+    ) {
+        let mut config = CmConfig::new(GUID_A, [seed; 32]).with_comm_id_pattern((mask, value));
+        config.max_ceps = max_ceps;
+        let mut m = CmManager::new(config);
+        let mut live: std::collections::VecDeque<CepId> = Default::default();
+        let mut seen = std::collections::HashSet::new();
+        let now = ibcm_cep::Instant::from_nanos(0);
+        for round in 0..2000u32 {
+            if live.len() > 40 || (round % 3 == 2 && !live.is_empty()) {
+                let id = live.pop_front().unwrap();
+                seen.remove(&m.local_comm_id(id));
+                m.destroy(now, id).unwrap();
+            }
+            let Ok(id) = m.create() else {
+                prop_assert!(live.len() >= max_ceps.min(1 << m.comm_id_layout().0) as usize);
+                continue;
+            };
+            let wire = m.local_comm_id(id);
+            prop_assert_ne!(wire, 0);
+            prop_assert_eq!(wire & mask, value & mask, "{:#x}", wire);
+            prop_assert!(m.is_local_comm_id(wire) && m.config().is_local_comm_id(wire));
+            prop_assert!(seen.insert(wire), "two live CEPs share {:#x}", wire);
+            live.push_back(id);
+        }
+    }
+}
+
+// ---- 11. the REQ's paths must end at this CA's ports ------------------------------------------
+
+/// B's port 1 as `set_port` is told it: base LID 4 with LMC 2 (LIDs 4..=7), GID gid(2).
+fn pair_with_b_port() -> Pair {
+    let mut p = Pair::new(7);
+    p.b.set_port(1, 4, 2, &[gid(9), gid(2)]).unwrap();
+    p
+}
+
+/// A connects to B with `cp` (B listens); returns the REJ A got, if any, with its ARI,
+/// and whether B reported the REQ.
+fn connect_to_b(mut p: Pair, cp: &ConnectParams<'_>) -> (Option<(RejReason, Vec<u8>)>, bool) {
+    let l = p.b.create().unwrap();
+    p.b.listen(l, Pair::listen_params(SID, 16)).unwrap();
+    let a = p.a.create().unwrap();
+    let now = p.now;
+    p.a.connect(now, a, cp).unwrap();
+    p.drive_for(MS);
+    let reported = p.last_request().is_some();
+    let rej = events(&mut p, Side::A, a)
+        .into_iter()
+        .find_map(|e| match e {
+            Event::Rejected {
+                reason,
+                message: MessageKind::Req,
+                ari,
+                ari_len,
+                ..
+            } => Some((reason, ari[..usize::from(ari_len)].to_vec())),
+            _ => None,
+        });
+    (rej, reported)
+}
+
+fn to_b(dlid: u16, dgid: [u8; 16], subnet_local: bool) -> PathRecord {
+    PathRecord {
+        dlid,
+        dgid,
+        subnet_local,
+        ..Pair::path(Side::A)
+    }
+}
+
+/// IBA 12.6.7 Table 108 reason 12 (InvalidGID): the REQ's Primary Remote Port GID (the
+/// passive side's, IBA Table 106) is on none of B's ports: REJ with, as ARI, the GID of
+/// the port the REQ came in on (Linux `cm_req_handler`: GID index 0 of `work->port`).
+#[test]
+fn req_to_a_gid_on_no_port_gets_rej_invalid_gid_with_the_ports_gid() {
+    let cp = ConnectParams {
+        primary_path: to_b(5, gid(3), true),
+        ..cp()
+    };
+    let (rej, reported) = connect_to_b(pair_with_b_port(), &cp);
+    assert_eq!(rej, Some((RejReason::InvalidGid, gid(9).to_vec())));
+    assert!(!reported);
+}
+
+/// IBA Table 108 reason 13 (InvalidLID): the GID is B's but the subnet-local path's
+/// Remote Port LID is outside the port's range (base 4, LMC 2: 4..=7, as WinOF
+/// `__is_lid_valid`): REJ with the port's base LID (2 bytes) as ARI. A LID within the
+/// range is taken.
+#[test]
+fn req_to_a_lid_off_the_port_gets_rej_invalid_lid_and_one_in_its_lmc_range_is_taken() {
+    let off = ConnectParams {
+        primary_path: to_b(8, gid(2), true),
+        ..cp()
+    };
+    let (rej, reported) = connect_to_b(pair_with_b_port(), &off);
+    assert_eq!(rej, Some((RejReason::InvalidLid, vec![0, 4])));
+    assert!(!reported);
+    let within = ConnectParams {
+        primary_path: to_b(7, gid(2), true),
+        ..cp()
+    };
+    assert_eq!(connect_to_b(pair_with_b_port(), &within), (None, true));
+}
+
+/// A path that is not subnet-local carries router or permissive LIDs (Linux
+/// `cm_format_req` sends 0xFFFF: "Work-around until there's a way to obtain remote LID
+/// info"), and RoCE paths carry 0xFFFF: only the GID is checked then.
+#[test]
+fn req_port_lid_is_not_checked_off_subnet_or_when_permissive() {
+    for path in [to_b(0x30, gid(2), false), to_b(0xFFFF, gid(2), true)] {
+        let cp = ConnectParams {
+            primary_path: path,
+            ..cp()
+        };
+        assert_eq!(
+            connect_to_b(pair_with_b_port(), &cp),
+            (None, true),
+            "{path:?}"
+        );
+    }
+}
+
+/// IBA Table 108 reasons 18 and 19 (InvalidAlternateGID/LID): the same checks on the
+/// alternate path; the GID ARI is the primary path's GID, as Linux `cm_req_handler`
+/// (INVALID_ALT_GID with `work->path[0].sgid`); the LID ARI the port's base LID.
+#[test]
+fn req_alternate_path_off_the_ports_gets_rej_invalid_alt_gid_or_alt_lid() {
+    let cp = ConnectParams {
+        alternate_path: Some(to_b(6, gid(3), true)),
+        ..cp()
+    };
+    let want_gid = (RejReason::InvalidAltGid, gid(2).to_vec());
+    let (rej, reported) = connect_to_b(
+        pair_with_b_port(),
+        &ConnectParams {
+            primary_path: to_b(4, gid(2), true),
+            ..cp
+        },
+    );
+    assert_eq!(rej, Some(want_gid));
+    assert!(!reported);
+    let cp = ConnectParams {
+        primary_path: to_b(4, gid(2), true),
+        alternate_path: Some(to_b(3, gid(9), true)),
+        ..cp
+    };
+    assert_eq!(
+        connect_to_b(pair_with_b_port(), &cp).0,
+        Some((RejReason::InvalidAltLid, vec![0, 4]))
+    );
+}
+
+/// A manager told no port (`set_port` never called: tests, fuzzers, a host that cannot
+/// tell) checks no path, as before: a REQ to any GID and LID is reported.
+#[test]
+fn manager_told_no_port_checks_no_req_path() {
+    let cp = ConnectParams {
+        primary_path: to_b(0x77, gid(3), true),
+        alternate_path: Some(to_b(0x78, gid(4), true)),
+        ..cp()
+    };
+    assert_eq!(connect_to_b(Pair::new(7), &cp), (None, true));
+}
+
+/// `remove_port` (device removal) forgets the port's GIDs: a REQ naming them is then
+/// refused with InvalidGID (another port still told keeps the check on).
+#[test]
+fn req_to_a_removed_ports_gid_gets_rej_invalid_gid() {
+    let mut p = pair_with_b_port();
+    p.b.set_port(2, 0x40, 0, &[gid(0x40)]).unwrap();
+    p.b.remove_port(1);
+    let cp = ConnectParams {
+        port: 1,
+        primary_path: to_b(4, gid(2), true),
+        ..cp()
+    };
+    let (rej, _) = connect_to_b(p, &cp);
+    assert_eq!(rej.map(|r| r.0), Some(RejReason::InvalidGid));
 }

@@ -67,6 +67,13 @@ impl CmManager {
         if self.crossing_req(src, tid, req) {
             return;
         }
+        // IBA 12.6.7 Table 108 reasons 12/13/18/19: a path that does not end at one of
+        // this CA's ports (when the owner told them: `set_port`; Linux `cm_req_handler`).
+        if let Some(r) = self.check_req_paths(src, req) {
+            let ari = r.ari.get(..r.ari_len).unwrap_or(&[]);
+            self.reply_rej_ari(src, tid, req.local_comm_id, MessageKind::Req, r.reason, ari);
+            return;
+        }
         let Some(listen_index) = self.listen_for(src.port, req) else {
             self.reply_rej(
                 src,

@@ -255,8 +255,10 @@ impl CmManager {
 
     /// The port went away (HCA or port removal): every CEP on it gets
     /// [`Event::DeviceRemoval`], its timers stop and nothing more is sent for it; its
-    /// destroy needs no network. Listens bound to the port are removed too.
+    /// destroy needs no network. Listens bound to the port are removed too, and so are
+    /// the port's GIDs and LIDs if [`Self::set_port`] told them.
     pub fn remove_port(&mut self, port: u8) {
+        self.forget_port_address(port);
         let hit: alloc::vec::Vec<CepId> = self
             .slots
             .iter()

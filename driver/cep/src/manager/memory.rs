@@ -72,7 +72,9 @@ impl CmManager {
     pub fn prepare_for(&mut self, new: usize) -> Result<(), CmError> {
         let no = |_| CmError::NoResources;
         let ceps = self.live + new;
-        if self.slots.capacity() - self.slots.len() + self.free.len() < new {
+        // Free slots are reused only beyond REUSE_AFTER - 1 of them (`CmManager::alloc`).
+        let reusable = self.free.len().saturating_sub(super::REUSE_AFTER - 1);
+        if self.slots.capacity() - self.slots.len() + reusable < new {
             self.slots.try_reserve(new).map_err(no)?;
         }
         let slots = self.slots.capacity();
@@ -118,7 +120,7 @@ impl CmManager {
             .map(|(_, bytes)| bytes.capacity())
             .sum::<usize>();
         EngineMemory {
-            slab: self.slots.heap_bytes() + vec_bytes(&self.free),
+            slab: self.slots.heap_bytes() + deque_bytes(&self.free),
             lookups: self.remote_ids.heap_bytes()
                 + self.remote_qpns.heap_bytes()
                 + hash_table_bytes(

@@ -42,7 +42,7 @@ impl CmManager {
         let waiting = |id: &CepId| {
             slots
                 .get(id.index())
-                .filter(|s| s.generation == id.generation())
+                .filter(|s| s.generation & 0xff == id.tag())
                 .and_then(|s| s.cep.as_ref())
                 .filter(|c| c.peer_to_peer && matches!(c.state, State::ReqSent { .. }))
         };

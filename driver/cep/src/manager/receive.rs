@@ -39,13 +39,15 @@ impl CmManager {
                     return;
                 };
                 core::hint::black_box(self.remote_qpns.get(&(qpn >> 8, guid)));
-                self.remote_ids.get(&(comm, guid)).copied()
+                self.remote_ids.get(&(comm, guid)).map(|id| id.index())
             }
             // Every other connection message: RemoteCommID at CM data offset 4.
-            Some(0x0011..=0x0016 | 0x0019 | 0x001a) => be32(28).map(|w| self.id_from_wire(w)),
+            Some(0x0011..=0x0016 | 0x0019 | 0x001a) => {
+                be32(28).and_then(|w| self.index_from_wire(w))
+            }
             _ => None,
         };
-        if let Some(slot) = id.and_then(|id| self.slots.get(id.index())) {
+        if let Some(slot) = id.and_then(|i| self.slots.get(i)) {
             // The generation and the CEP's hot fields fill the slot's first 64 bytes; the
             // private data cache follows them (a repeat reads both).
             let pdata = slot.cep.as_ref().map_or(0, |c| c.pdata.len());
@@ -129,10 +131,14 @@ impl CmManager {
 
     /// A CEP named by a message's RemoteCommID whose peer is the message's sender (once
     /// the peer's comm ID is known).
+    /// One slot read: a RemoteCommID outside this manager's space (fixed bits, 0) or of
+    /// another generation (all its bits, src/comm_id.rs) names no CEP.
+    #[inline]
     pub(super) fn addressed(&self, remote_comm_id: u32, sender_comm_id: u32) -> Option<CepId> {
-        let id = self.id_from_wire(remote_comm_id);
-        let c = self.cep_any(id)?;
-        (c.remote_comm_id == 0 || c.remote_comm_id == sender_comm_id).then_some(id)
+        let (index, slot) = self.slot_from_wire(remote_comm_id)?;
+        let c = slot.cep.as_ref()?;
+        (c.remote_comm_id == 0 || c.remote_comm_id == sender_comm_id)
+            .then(|| CepId::new(index as u32, slot.generation))
     }
 
     pub(super) fn on_class_port_info(&mut self, src: &MadAddress, header: MadHeader) {

@@ -163,7 +163,7 @@ impl CmManager {
                     .enumerate()
                     .filter_map(|(i, s)| {
                         let c = s.cep.as_ref()?;
-                        (c.backlog_of == Some(id)).then(|| CepId::new(i as u32, s.generation))
+                        (c.backlog_of == Some(id)).then(|| self.id_at(i, s))
                     })
                     .collect();
                 for orphan in orphans {

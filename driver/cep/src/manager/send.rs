@@ -223,12 +223,25 @@ impl CmManager {
         message: MessageKind,
         reason: RejReason,
     ) {
+        self.reply_rej_ari(src, tid, remote_comm_id, message, reason, &[]);
+    }
+
+    /// [`Self::reply_rej`] with additional rejection information (IBA Table 108).
+    pub(super) fn reply_rej_ari(
+        &mut self,
+        src: &MadAddress,
+        tid: u64,
+        remote_comm_id: u32,
+        message: MessageKind,
+        reason: RejReason,
+        ari: &[u8],
+    ) {
         let rej = Rej {
             local_comm_id: 0,
             remote_comm_id,
             message_rejected: message,
             reason,
-            ari: &[],
+            ari,
             private_data: &[],
         };
         self.push_mad(*src, MadHeader::send(tid), CmMessage::Rej(rej));

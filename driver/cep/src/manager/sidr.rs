@@ -250,7 +250,7 @@ impl CmManager {
     pub(super) fn on_sidr_rep(&mut self, rep: &SidrRep<'_>) {
         self.received(AttributeId::SidrRep);
         let id = self.id_from_wire(rep.request_id);
-        let Some(c) = self.cep_any(id) else {
+        let Some((id, c)) = id.and_then(|id| Some((id, self.cep_any(id)?))) else {
             self.unmatched(AttributeId::SidrRep);
             return;
         };

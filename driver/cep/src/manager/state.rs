@@ -15,6 +15,10 @@ impl CmManager {
         let Some(c) = self.cep_mut(id) else { return };
         let from = c.state.name();
         c.state = state;
+        // The comm ID is derived (src/comm_id.rs): only for a tracer.
+        if !self.trace.installed() {
+            return;
+        }
         self.trace(TracePoint::State {
             cep: id,
             local_comm_id: self.local_comm_id(id),

@@ -46,11 +46,9 @@ impl CmManager {
         }
     }
 
+    #[inline]
     pub(super) fn cep_any(&self, id: CepId) -> Option<&Cep> {
-        let slot = self.slots.get(id.index())?;
-        (slot.generation == id.generation())
-            .then_some(slot.cep.as_ref())
-            .flatten()
+        self.slot(id)?.cep.as_ref()
     }
 
     pub(super) fn start_retry(&mut self, id: CepId, now: Instant, base_ns: u64, retries: u8) {
