@@ -439,6 +439,19 @@ impl<P: Platform> Device<P> {
         self.inner.with(|i| i.shortfalls)
     }
 
+    /// A port is up, or its addresses changed (PASSIVE_LEVEL: PnP, a port-change
+    /// notification): from now on a REQ whose path names this CA but none of its ports'
+    /// GIDs or LIDs gets REJ 12/13 (18/19 for the alternate path, IBA 12.6.7).
+    pub fn set_port(
+        &self,
+        port: u8,
+        lid: u16,
+        lmc: u8,
+        gids: &[ibcm_mad::Gid],
+    ) -> Result<(), ibcm_cep::CmError> {
+        self.run(|i| i.cm.set_port(port, lid, lmc, gids))
+    }
+
     /// One port is gone: the engine reports DEVICE_REMOVAL on every CEP bound to it
     /// (user endpoints through their GET_EVENT queues, kernel clients through their
     /// callbacks), stops their timers and sends nothing more for them; the device and its
