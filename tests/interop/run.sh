@@ -79,7 +79,7 @@ INITRD="${boot[1]}"
 note "building ibcm and the pcap checker ($PROFILE)"
 cargo_flags=()
 [ "$PROFILE" = release ] && cargo_flags+=(--release)
-(cd "$repo" && cargo build -q "${cargo_flags[@]}" -p ibcm --bin ibcm &&
+(cd "$repo" && cargo build -q "${cargo_flags[@]}" -p ibcm-cli --bin ibcm &&
     cargo build -q "${cargo_flags[@]}" -p ibcm-host --example rocev2_pcap) || die "cargo build failed"
 IBCM="$repo/target/$PROFILE/ibcm"
 CHECK="$repo/target/$PROFILE/examples/rocev2_pcap"

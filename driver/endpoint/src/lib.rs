@@ -22,6 +22,7 @@ extern crate alloc;
 mod device;
 mod platform;
 mod records;
+mod ring;
 mod trace;
 
 pub use device::{
@@ -30,4 +31,5 @@ pub use device::{
 };
 pub use platform::{Lock, Platform, Request};
 pub use records::{Status, status_of};
+pub use ring::{ReceiveRing, Received};
 pub use trace::{DispatchPoint, DispatchTracer};

@@ -537,6 +537,87 @@ fn one_receive_call_with_more_than_a_pass_handles_every_mad_once() {
     });
 }
 
+#[test]
+fn a_burst_through_the_receive_ring_arrives_whole_and_in_order_in_bounded_dpc_runs() {
+    // The Windows binding's path: the receive callback queues into the ring, the DPC
+    // drains it in runs of 32 (two batches), requeueing itself while MADs remain, all at
+    // DISPATCH_LEVEL with nothing allocated.
+    burst_of_reqs(|fabric| {
+        let node = &fabric.nodes[1];
+        let ring = ibcm_endpoint::ReceiveRing::<ibcm_host::HostPlatform>::new();
+        ring.reserve(1024).unwrap();
+        let from = node_address(0);
+        for t in fabric.nodes[0].platform.take_sent() {
+            assert!(ibcm_host::verifier::at_dispatch(
+                &node.platform.ledger,
+                || { ring.push(from, &t.mad) }
+            ));
+        }
+        let mut runs = 0;
+        while ibcm_host::verifier::at_dispatch(&node.platform.ledger, || {
+            ring.drain(&node.device, 32)
+        }) {
+            runs += 1;
+        }
+        assert_eq!(runs, 1, "37 MADs take two DPC runs of at most 32");
+        assert!(ring.is_empty());
+    });
+}
+
+/// DPC runs on two CPUs at once while the callback keeps queueing: every MAD is handed
+/// to the device exactly once (the baton keeps one drainer at a time, and the holder
+/// looks at the ring again after giving it back).
+#[test]
+fn a_receive_ring_drained_from_two_cpus_hands_every_mad_over_once() {
+    let fabric = Fabric::new(2, 31);
+    let (fa, _fb, _listen) = listening_with_backlog(&fabric, 0x6161, 64);
+    // REQs for a service nobody listens on: each gets a REJ, and is counted once.
+    let n = 400;
+    for i in 0..n {
+        let ep = create(&fabric.nodes[0], fa);
+        let mut c = connect_in(ep, 0x7171);
+        c.qpn = 0x100 + i;
+        assert_eq!(
+            fabric.nodes[0]
+                .ioctl_now(fa, code::CONNECT, c.as_bytes(), 0)
+                .status,
+            status::SUCCESS
+        );
+    }
+    let sent = fabric.nodes[0].platform.take_sent();
+    let node = std::sync::Arc::clone(&fabric.nodes[1]);
+    let ring = std::sync::Arc::new(ibcm_endpoint::ReceiveRing::<ibcm_host::HostPlatform>::new());
+    ring.reserve(1024).unwrap();
+    let from = node_address(0);
+    let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let drainers: Vec<_> = (0..2)
+        .map(|_| {
+            let (node, ring, done) = (node.clone(), ring.clone(), done.clone());
+            std::thread::spawn(move || {
+                while !done.load(std::sync::atomic::Ordering::Acquire) || !ring.is_empty() {
+                    while ring.drain(&node.device, 32) {}
+                    std::thread::yield_now();
+                }
+            })
+        })
+        .collect();
+    for t in &sent {
+        while !ring.push(from, &t.mad) {
+            std::thread::yield_now();
+        }
+    }
+    done.store(true, std::sync::atomic::Ordering::Release);
+    for d in drainers {
+        d.join().unwrap();
+    }
+    let received = node.device.with_engine(|cm| {
+        let c = cm.counters();
+        c.received[ibcm_cep::counter_slot(ibcm_mad::AttributeId::Req).unwrap()]
+    });
+    assert_eq!(received, u64::from(n));
+    assert_eq!(node.violations(), vec![]);
+}
+
 /// Connection `k` from node 0 to node 1's listen on 0x77 (QPNs 0x1000 + k, 0x20_0000 + k),
 /// set up through CONNECT, FORMAT_REP, SEND_REP and RTU; returns (A's endpoint, B's).
 fn establish(
