@@ -281,9 +281,9 @@ pub struct Report {
     pub unexpected_requests: usize,
     /// Waits that ran out and were cancelled (a stall: something never completed).
     pub stalls: usize,
-    /// The drivers' memory before the run, with every connection established, and after
-    /// the teardown (when the pump can tell: the simulated fabric).
-    pub driver_memory: Option<[DriverMemory; 3]>,
+    /// Each node's driver memory before the run, with every connection established, and
+    /// after the teardown (when the pump can tell: the simulated fabric).
+    pub driver_memory: Option<[Vec<DriverMemory>; 3]>,
 }
 
 impl Report {

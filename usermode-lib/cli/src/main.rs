@@ -489,7 +489,7 @@ fn print_dpc_times(sim: &Sim) {
 /// One line per churn wave: what was set up, and what the drivers and the process hold
 /// once it is torn down.
 fn print_wave(wave: usize, waves: usize, r: &Report, sim: &Sim, start: std::time::Instant) {
-    let m = sim.driver_memory();
+    let m = DriverMemory::sum(&sim.driver_memory());
     println!(
         "wave {wave:>4}/{waves}: {}/{} established, {:.0} setups/s; after the teardown the \
          drivers hold {} KB (engine {} KB, endpoints {} KB, event records {} KB), RSS {}, \
@@ -588,22 +588,27 @@ fn print_report(r: &Report, cfg: &cmtime::Config) {
         (r.setup_wall + r.teardown_wall).as_secs_f64(),
         cfg.window
     );
-    if let Some([before, established, after]) = r.driver_memory {
-        let per = |f: fn(&DriverMemory) -> u64| {
-            f(&established).saturating_sub(f(&before)) as f64 / r.established.max(1) as f64
-        };
-        println!(
-            "driver:   {:.0} bytes per established connection and node ({:.0} both nodes: \
-             engine {:.0}, endpoints {:.0}, event records {:.0}, batches {:.0}; cached \
-             private data {:.0} more)",
-            per(DriverMemory::total) / 2.0,
-            per(DriverMemory::total),
-            per(|m| m.engine),
-            per(|m| m.endpoints),
-            per(|m| m.records),
-            per(|m| m.batches),
-            per(|m| m.private_data),
-        );
+    if let Some([before, established, after]) = &r.driver_memory {
+        let roles = ["client", "server"];
+        for (node, (b, e)) in before.iter().zip(established).enumerate() {
+            let per = |f: fn(&DriverMemory) -> u64| {
+                f(e).saturating_sub(f(b)) as f64 / r.established.max(1) as f64
+            };
+            println!(
+                "driver:   node {node} ({}): {:.0} bytes per established connection (engine \
+                 {:.0}, endpoints {:.0}, event records {:.0}, batches {:.0}; cached private \
+                 data {:.0} more)",
+                roles.get(node).copied().unwrap_or("node"),
+                per(DriverMemory::total),
+                per(|m| m.engine),
+                per(|m| m.endpoints),
+                per(|m| m.records),
+                per(|m| m.batches),
+                per(|m| m.private_data),
+            );
+        }
+        let [before, established, after] =
+            [before, established, after].map(|m| DriverMemory::sum(m));
         println!(
             "          both nodes: {} KB before the run, {} KB established, {} KB after the \
              teardown (engine {} KB, endpoints {} KB, event records {} KB)",

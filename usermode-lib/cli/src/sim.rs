@@ -45,15 +45,16 @@ pub trait Pump: Sync {
     fn is_virtual(&self) -> bool {
         false
     }
-    /// What the drivers behind this pump hold now, if it can tell (the simulated nodes).
-    fn driver_memory(&self) -> Option<DriverMemory> {
+    /// What the driver of each node behind this pump holds now, if it can tell (the
+    /// simulated nodes).
+    fn driver_memory(&self) -> Option<Vec<DriverMemory>> {
         None
     }
 }
 
-/// The heap the drivers of the simulated nodes hold, summed over the nodes, by part: the
-/// capacities of the engines' and the dispatch layers' tables, pools and queues (what a
-/// kernel pays in nonpaged pool, touched or not).
+/// The heap a simulated node's driver holds, by part: the capacities of the engine's and
+/// the dispatch layer's tables, pools and queues (what a kernel pays in nonpaged pool,
+/// touched or not).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct DriverMemory {
     /// The engines: CEP slabs, peer lookups, timer heaps, queues.
@@ -72,6 +73,18 @@ pub struct DriverMemory {
 }
 
 impl DriverMemory {
+    /// The sum over nodes.
+    pub fn sum(nodes: &[DriverMemory]) -> Self {
+        nodes.iter().fold(Self::default(), |a, m| Self {
+            engine: a.engine + m.engine,
+            private_data: a.private_data + m.private_data,
+            records: a.records + m.records,
+            endpoints: a.endpoints + m.endpoints,
+            clients: a.clients + m.clients,
+            batches: a.batches + m.batches,
+        })
+    }
+
     /// Everything but the cached private data.
     pub fn total(&self) -> u64 {
         self.engine + self.records + self.endpoints + self.clients + self.batches
@@ -273,25 +286,28 @@ impl Sim {
         self.nodes.iter().map(|n| n.dpc_times()).collect()
     }
 
-    /// What the drivers of every node hold now.
-    pub fn driver_memory(&self) -> DriverMemory {
-        let mut m = DriverMemory::default();
-        for n in &self.nodes {
-            let d = n.device.memory();
-            let e = n.device.with_engine(|cm| cm.memory());
-            m.engine += e.tables() as u64;
-            m.private_data += (e.private_data + d.private_data) as u64;
-            m.records += d.records as u64;
-            m.endpoints += d.endpoints as u64;
-            m.clients += d.clients as u64;
-            m.batches += d.batches as u64;
-        }
-        m
+    /// What the driver of each node holds now.
+    pub fn driver_memory(&self) -> Vec<DriverMemory> {
+        self.nodes
+            .iter()
+            .map(|n| {
+                let d = n.device.memory();
+                let e = n.device.with_engine(|cm| cm.memory());
+                DriverMemory {
+                    engine: e.tables() as u64,
+                    private_data: (e.private_data + d.private_data) as u64,
+                    records: d.records as u64,
+                    endpoints: d.endpoints as u64,
+                    clients: d.clients as u64,
+                    batches: d.batches as u64,
+                }
+            })
+            .collect()
     }
 }
 
 impl Pump for Sim {
-    fn driver_memory(&self) -> Option<DriverMemory> {
+    fn driver_memory(&self) -> Option<Vec<DriverMemory>> {
         Some(Sim::driver_memory(self))
     }
 
