@@ -301,13 +301,22 @@ unsafe extern "C" fn listen<B: Backend>(
             compare,
             backlog: inst.config.backlog,
         };
-        cm(d.listen_id(client, params))?;
+        // A listen before the engine's: a REQ may reach the id (on another CPU) as soon as
+        // the engine listens, and must find it a listen.
         let index = find_id::<B>(p_id).map_or(usize::MAX, |(_, i)| i);
+        let was = inst.meta(index);
         inst.set_meta(index, |m| {
             m.listen = true;
             m.post_check = post;
         });
-        Ok(())
+        let r = cm(d.listen_id(client, params));
+        if r.is_err() {
+            inst.set_meta(index, |m| {
+                m.listen = was.is_some_and(|w| w.listen);
+                m.post_check = was.and_then(|w| w.post_check);
+            });
+        }
+        r
     }))
 }
 

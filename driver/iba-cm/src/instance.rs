@@ -59,6 +59,8 @@ pub struct Config {
     /// Requests a listen holds before they are pulled (more are dropped silently, so the
     /// peer retries).
     pub backlog: u32,
+    /// Entry points that may run at once: the CPU count (`KeQueryActiveProcessorCountEx`).
+    pub concurrency: usize,
 }
 
 impl Default for Config {
@@ -67,6 +69,7 @@ impl Default for Config {
             ids: 4096,
             listens: 64,
             backlog: 128,
+            concurrency: 16,
         }
     }
 }
@@ -81,13 +84,19 @@ pub const MAX_INSTANCES: usize = 16;
 static REGISTRY: [AtomicPtr<Header>; MAX_INSTANCES] =
     [const { AtomicPtr::new(null_mut()) }; MAX_INSTANCES];
 
+/// Each registered instance's id pool, `[start, end)` addresses, kept beside the registry
+/// so that finding an id's instance compares addresses only and reads no header but the
+/// one whose pool holds the id (alive while its client holds its reference): another
+/// instance may be going away meanwhile. Set after the registry entry, cleared before.
+static POOLS: [(AtomicUsize, AtomicUsize); MAX_INSTANCES] =
+    [const { (AtomicUsize::new(0), AtomicUsize::new(0)) }; MAX_INSTANCES];
+
 /// The part of an instance the non-generic code reads (the reference callbacks, the
 /// pointer checks). First field of [`Instance`].
 #[repr(C)]
 pub(crate) struct Header {
     type_id: TypeId,
     slots_base: usize,
-    slots_len: usize,
     references: AtomicUsize,
     removing: AtomicBool,
     released: unsafe fn(*const Header),
@@ -259,7 +268,9 @@ impl<B: Backend> Instance<B> {
     /// Tops the pools up (PASSIVE_LEVEL): the dispatch layer's room, the compare buffers.
     pub(crate) fn replenish(&self) {
         let c = self.config;
-        let _ = self.device().reserve_clients(c.ids, c.listens, c.backlog);
+        let _ = self
+            .device()
+            .reserve_clients(c.ids, c.listens, c.backlog, c.concurrency);
         // Compare buffers are made outside the lock (allocation under a spin lock is what
         // this crate avoids), then put in.
         let missing = self
@@ -425,7 +436,7 @@ fn registered_header(context: *mut c_void) -> Option<&'static Header> {
     }
     // SAFETY: a registered header stays alive until `Registered` drops, which first waits
     // for every reference to be dropped; a client calls the reference callbacks only while
-    // it holds one.
+    // it holds one. Only the header `context` names is read.
     Some(unsafe { &*context.cast::<Header>() })
 }
 
@@ -460,24 +471,25 @@ unsafe fn released<B: Backend>(h: *const Header) {
 pub(crate) fn find_id<B: Backend>(p_id: *mut IbaCmId) -> Option<(&'static Instance<B>, usize)> {
     let addr = p_id as usize;
     let size = core::mem::size_of::<IdSlot>();
-    for entry in &REGISTRY {
+    for (entry, (start, end)) in REGISTRY.iter().zip(&POOLS) {
+        let (start, end) = (start.load(Ordering::Acquire), end.load(Ordering::Acquire));
+        if addr < start || addr >= end || !(addr - start).is_multiple_of(size) {
+            continue;
+        }
         let h = entry.load(Ordering::Acquire);
         if h.is_null() {
             continue;
         }
-        // SAFETY: registered headers are alive (see `registered_header`).
+        // SAFETY: the instance whose pool holds the id: alive while the client that holds
+        // the id holds its reference (the interface contract).
         let header = unsafe { &*h };
-        if header.type_id != TypeId::of::<B>() {
-            continue;
-        }
-        let offset = addr.wrapping_sub(header.slots_base);
-        if addr < header.slots_base || offset >= header.slots_len * size || offset % size != 0 {
+        if header.type_id != TypeId::of::<B>() || header.slots_base != start {
             continue;
         }
         // SAFETY: the header is the first field of a live `Instance<B>` (its type id says
         // `B`).
         let inst = unsafe { &*h.cast::<Instance<B>>() };
-        return Some((inst, offset / size));
+        return Some((inst, (addr - start) / size));
     }
     None
 }
@@ -537,7 +549,6 @@ impl<B: Backend> Registered<B> {
             header: Header {
                 type_id: TypeId::of::<B>(),
                 slots_base,
-                slots_len: config.ids,
                 references: AtomicUsize::new(0),
                 removing: AtomicBool::new(false),
                 released: released::<B>,
@@ -576,6 +587,13 @@ impl<B: Backend> Registered<B> {
             })
             .ok_or(CmError::NoResources)?;
         inner.index = index;
+        if let Some((start, end)) = POOLS.get(index) {
+            end.store(
+                slots_base + config.ids * core::mem::size_of::<IdSlot>(),
+                Ordering::Release,
+            );
+            start.store(slots_base, Ordering::Release);
+        }
         Ok(Self { inner })
     }
 
@@ -656,6 +674,10 @@ impl<B: Backend> Drop for Registered<B> {
                 self.inner.device().destroy_id(c);
                 self.inner.free_slot(index);
             }
+        }
+        if let Some((start, end)) = POOLS.get(self.inner.index) {
+            start.store(0, Ordering::Release);
+            end.store(0, Ordering::Release);
         }
         if let Some(e) = REGISTRY.get(self.inner.index) {
             e.store(null_mut(), Ordering::Release);

@@ -570,7 +570,17 @@ impl<P: Platform> Device<P> {
     /// `NoResources` and changes nothing, a REQ that finds none is refused. Call again (at
     /// PASSIVE_LEVEL: after a `destroy_id`, from a work item) to top the room up; it costs
     /// little when the room is there. Fails only if memory runs out.
-    pub fn reserve_clients(&self, ids: usize, listens: usize, backlog: u32) -> Result<(), CmError> {
+    ///
+    /// `concurrency` is how many entry points may run at once (the CPU count): each keeps
+    /// a send batch out while it posts, and at DISPATCH_LEVEL the next one must find a
+    /// spare batch made ahead (about 39 KB each) rather than allocate one.
+    pub fn reserve_clients(
+        &self,
+        ids: usize,
+        listens: usize,
+        backlog: u32,
+        concurrency: usize,
+    ) -> Result<(), CmError> {
         let now = self.platform.now();
         self.run(|i| {
             let backlog = backlog as usize;
@@ -608,6 +618,25 @@ impl<P: Platform> Device<P> {
                 i.cm.reserve(burst.saturating_mul(2))?;
             }
             i.prepare_owners(ceps);
+            // Spare batches for `concurrency` entry points with their batches out at once
+            // (`take_flush`); `finish` keeps as many as the spare lists have room for.
+            let want = concurrency.max(super::SPARE_BATCHES);
+            if i.spare_tx.capacity() < want {
+                i.spare_tx
+                    .try_reserve_exact(want - i.spare_tx.len())
+                    .map_err(|_| CmError::NoResources)?;
+            }
+            while i.spare_tx.len() < want {
+                i.spare_tx.push(Vec::with_capacity(super::DISPATCH_BATCH));
+            }
+            if i.spare_done.capacity() < want {
+                i.spare_done
+                    .try_reserve_exact(want - i.spare_done.len())
+                    .map_err(|_| CmError::NoResources)?;
+            }
+            while i.spare_done.len() < want {
+                i.spare_done.push(Vec::with_capacity(super::DISPATCH_BATCH));
+            }
             // The engine's listen table grows by one at each listen: warm it to hold
             // `listens` more, on service IDs of the reserved IBA range, under the lock (no
             // REQ can see them).
