@@ -116,6 +116,17 @@ int cep_get_log(const cep *c, int32_t i, logged *out) {
     return 1;
 }
 int cep_has_id(const cep *c) { return c->id != NULL; }
+
+/* Events of `type` logged so far, read under the lock (other threads deliver). */
+int32_t cep_count(cep *c, int32_t type) {
+    int32_t n = 0;
+    int taken = lock(c);
+    for (int32_t i = 0; i < c->stats.nlog; i++) {
+        n += c->log[i].type == type;
+    }
+    unlock(c, taken);
+    return n;
+}
 uint32_t cep_cid(const cep *c) { return c->id ? h32(c->id->cid) : 0; }
 void *cep_id_ptr(const cep *c) { return c->id; }
 

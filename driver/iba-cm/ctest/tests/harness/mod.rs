@@ -73,6 +73,7 @@ unsafe extern "C" {
     fn cep_get_stats(c: *const RawCep, out: *mut CepStats);
     fn cep_get_log(c: *const RawCep, i: i32, out: *mut Logged) -> i32;
     fn cep_has_id(c: *const RawCep) -> i32;
+    fn cep_count(c: *mut RawCep, t: i32) -> i32;
     fn cep_cid(c: *const RawCep) -> u32;
     fn cep_id_ptr(c: *const RawCep) -> *mut c_void;
     fn cep_listen(c: *mut RawCep, sid: u64, buf: *const u8, len: u8, off: u8) -> NtStatus;
@@ -160,6 +161,8 @@ pub struct TestBackend {
     pub index: usize,
     pub pending: AtomicBool,
     pub released: AtomicBool,
+    /// Callbacks entered with an ibcm (host) lock held on their thread.
+    pub under_lock: std::sync::atomic::AtomicUsize,
 }
 
 impl Backend for TestBackend {
@@ -170,6 +173,10 @@ impl Backend for TestBackend {
     }
 
     fn at_dispatch(&self, f: &mut dyn FnMut()) {
+        // Every client callback runs here: none may run under the dispatch layer's lock.
+        if ibcm_host::verifier::locks_held() != 0 {
+            self.under_lock.fetch_add(1, Ordering::Relaxed);
+        }
         at_dispatch(&self.node.platform.ledger, f);
     }
 
@@ -212,6 +219,7 @@ pub const CONFIG: Config = Config {
     ids: 32,
     listens: 4,
     backlog: 8,
+    concurrency: 16,
 };
 
 impl Side {
@@ -221,6 +229,7 @@ impl Side {
             index,
             pending: AtomicBool::new(false),
             released: AtomicBool::new(false),
+            under_lock: std::sync::atomic::AtomicUsize::new(0),
         };
         let cm = Registered::new(backend, CONFIG).expect("an instance");
         let ifc = Box::new(cm.answer_query(0x0101, 208).expect("the interface"));
@@ -334,6 +343,12 @@ impl World {
         self.run(60_000_000_000);
         for s in [&self.a, &self.b] {
             assert_eq!(s.violations(), vec![], "node {}", s.index);
+            let under_lock = s.cm().backend().under_lock.load(Ordering::Relaxed);
+            assert_eq!(
+                under_lock, 0,
+                "callbacks under an ibcm lock on node {}",
+                s.index
+            );
             assert_eq!(s.ids_in_use(), 0, "ids left on node {}", s.index);
             assert_eq!(s.node.device.client_count(), 0);
             assert_eq!(s.node.device.with_engine(|cm| cm.live_ceps()), 0);
@@ -371,6 +386,17 @@ pub struct Cep {
     raw: *mut RawCep,
     ledger: Arc<ibcm_host::verifier::Ledger>,
 }
+
+// SAFETY: every C function that changes an endpoint or reads what its callbacks write
+// takes the endpoint's lock (`cep_count`); the unlocked readers (`stats`, `log`) are used
+// only once the other threads are done.
+unsafe impl Send for Cep {}
+// SAFETY: as above.
+unsafe impl Sync for Cep {}
+
+// SAFETY: the interface table and host table a side hands its C client are written once,
+// before any thread sees the side, and only read afterwards.
+unsafe impl Sync for Side {}
 
 impl Drop for Cep {
     fn drop(&mut self) {
@@ -433,6 +459,12 @@ impl Cep {
 
     pub fn types(&self) -> Vec<i32> {
         self.log().iter().map(|l| l.event_type).collect()
+    }
+
+    /// Events of type `t` so far (under the endpoint's lock).
+    pub fn count(&self, t: i32) -> i32 {
+        // SAFETY: a live endpoint.
+        unsafe { cep_count(self.raw, t) }
     }
 
     pub fn has_id(&self) -> bool {
