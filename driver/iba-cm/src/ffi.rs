@@ -432,10 +432,11 @@ fn take_request<B: Backend>(
     let result = d.without_client_callbacks(|| {
         loop {
             let Some(index) = inst.take_slot() else {
-                // AL destroys the request and fails (al_cm.c cm_get_request_ex).
+                // AL destroys the request and fails (al_cm.c cm_get_request_ex): REJ
+                // "insufficient resources" (IBA Table 112 code 3).
                 return match d.get_request(listen) {
                     Some((child, _)) => {
-                        inst.refuse(child);
+                        inst.reject(child, RejReason::NoResources);
                         status::INSUFFICIENT_RESOURCES
                     }
                     None => status::NO_MORE_ENTRIES,

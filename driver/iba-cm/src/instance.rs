@@ -363,11 +363,16 @@ impl<B: Backend> Instance<B> {
     /// 112 code 8), as AL's `__req_handler` does when `__lookup_listen` finds none; then
     /// the endpoint goes (it has no callback: nothing is waited for).
     pub(crate) fn refuse(&self, child: ClientId) {
+        self.reject(child, RejReason::InvalidServiceId);
+    }
+
+    /// Rejects a request with `reason` and lets its endpoint go.
+    pub(crate) fn reject(&self, child: ClientId, reason: RejReason) {
         let d = self.device();
         let _ = d.send_rej(
             child,
             &RejectParams {
-                reason: RejReason::InvalidServiceId,
+                reason,
                 ari: &[],
                 private_data: &[],
             },
