@@ -385,6 +385,15 @@ fn lap_and_apr() {
     assert_eq!(rts.opts, qp_opts::ALTERNATE_AV | qp_opts::APM_STATE);
     assert_eq!(rts.apm_state, apm_state::REARM);
     assert_eq!(rts.alternate_av.dlid.get(), 1);
+    // A LAP that gets no APR: lap_error.
+    w.fabric.faults.loss = 1.0;
+    assert_eq!(a.lap(&alt, &[]), status::SUCCESS);
+    w.run(60_000_000_000);
+    w.fabric.faults.loss = 0.0;
+    assert_eq!(
+        a.types(),
+        [ev::REP_RECEIVED, ev::APR_RECEIVED, ev::LAP_ERROR]
+    );
     no_recursion(&[&listen, &child, &a]);
     for c in [&a, &child, &listen] {
         c.destroy();
