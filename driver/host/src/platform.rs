@@ -329,6 +329,10 @@ impl Platform for HostPlatform {
     }
 
     fn relax(&self) {
+        // Waiting for another thread is PASSIVE_LEVEL work (KeDelayExecutionThread).
+        if crate::verifier::is_at_dispatch() {
+            self.ledger.violate(Violation::WaitAtDispatch);
+        }
         std::thread::yield_now();
     }
 

@@ -55,10 +55,21 @@ pub enum Violation {
         /// Endpoints left.
         count: usize,
     },
+    /// A thread waited (for another thread, [`Platform::relax`]) at DISPATCH_LEVEL.
+    ///
+    /// [`Platform::relax`]: ibcm_endpoint::Platform::relax
+    WaitAtDispatch,
 }
 
 thread_local! {
     static LOCKS_HELD: Cell<usize> = const { Cell::new(0) };
+    /// [`at_dispatch`] calls this thread is inside.
+    static DISPATCH_DEPTH: Cell<usize> = const { Cell::new(0) };
+}
+
+/// Whether this thread runs at (modelled) DISPATCH_LEVEL, inside [`at_dispatch`].
+pub fn is_at_dispatch() -> bool {
+    DISPATCH_DEPTH.with(Cell::get) > 0
 }
 
 /// Counts a lock acquisition on this thread (the host lock calls it).
@@ -78,9 +89,15 @@ pub fn locks_held() -> usize {
 
 /// Runs `f` at (modelled) DISPATCH_LEVEL, the level of the receive path and the timer
 /// DPC: an allocation made by this thread meanwhile is a [`Violation::DispatchAllocation`].
+///
+/// Nested calls are fine (a callback at DISPATCH_LEVEL that takes a spin lock); a wait
+/// meanwhile ([`Platform::relax`](ibcm_endpoint::Platform::relax)) is a
+/// [`Violation::WaitAtDispatch`].
 pub fn at_dispatch<T>(ledger: &Ledger, f: impl FnOnce() -> T) -> T {
     let mut value = None;
+    DISPATCH_DEPTH.with(|d| d.set(d.get() + 1));
     let info = allocation_counter::measure(|| value = Some(f()));
+    DISPATCH_DEPTH.with(|d| d.set(d.get().saturating_sub(1)));
     if info.count_total > 0 {
         ledger.violate(Violation::DispatchAllocation {
             count: info.count_total,

@@ -89,7 +89,19 @@ pub(crate) struct Clients<P: Platform> {
     /// Event queues built ahead (at PASSIVE_LEVEL) for endpoints that REQs create at
     /// DISPATCH_LEVEL, so the receive path allocates nothing.
     spares: Vec<VecDeque<ClientEvent>>,
+    /// Fixed mode ([`Device::reserve_clients`]): every downcall but `destroy_id` may come
+    /// at DISPATCH_LEVEL (WinOF's `iba_cm` contract), so downcalls never grow anything;
+    /// they fail with `NoResources` when the room made ahead is used up.
+    fixed: bool,
+    /// Fixed mode: the backlog every listen gets.
+    fixed_backlog: usize,
+    /// Fixed mode: (event queue, request queue) pairs with room for `fixed_backlog`, one
+    /// per listen.
+    listen_spares: Vec<ListenQueues>,
 }
+
+/// A listen's event queue and request queue, built ahead in fixed mode.
+type ListenQueues = (VecDeque<ClientEvent>, VecDeque<(ClientId, Event)>);
 
 impl<P: Platform> ClientEp<P> {
     /// Heap bytes of its queues.
@@ -121,6 +133,9 @@ impl<P: Platform> Clients<P> {
             ready: Vec::new(),
             delivering_threads: Vec::new(),
             spares: Vec::new(),
+            fixed: false,
+            fixed_backlog: 0,
+            listen_spares: Vec::new(),
         }
     }
 
@@ -168,6 +183,24 @@ impl<P: Platform> Inner<P> {
     /// A REQ or SIDR_REQ created `cep` under a client's listen: the new endpoint is
     /// created unretrieved (no callback, events queued), and the listen is told.
     pub(crate) fn client_request(&mut self, cep: CepId, listen: u64, event: &Event) {
+        if self.clients.fixed {
+            // DISPATCH_LEVEL with only the room made ahead: without a spare queue, a
+            // table slot, an owner entry and room in the listen's queues the REQ is
+            // refused (the engine rejects it), never allocated for.
+            let owned = ((cep.to_raw() & 0x00ff_ffff) as usize) < self.owners.len();
+            let listen_room = self.clients.table.get(listen).is_some_and(|l| {
+                l.requests.len() < l.requests.capacity() && l.queue.len() < l.queue.capacity()
+            });
+            if !owned
+                || !listen_room
+                || self.clients.spares.is_empty()
+                || !self.clients.table.can_insert()
+            {
+                let now = self.now;
+                let _ = self.cm.destroy(now, cep);
+                return;
+            }
+        }
         let queue = self.clients.spares.pop().unwrap_or_default();
         let child = self
             .clients
@@ -223,6 +256,9 @@ impl<P: Platform> Device<P> {
         self.run(|i| {
             // An endpoint created after removal would never hear of it.
             not_removed(i)?;
+            if i.clients.fixed {
+                return create_fixed(i, callback);
+            }
             let cep = i.cm.create()?;
             i.clients.prepare(0);
             let id = i.clients.table.insert(Clients::<P>::new_endpoint(
@@ -286,6 +322,9 @@ impl<P: Platform> Device<P> {
         self.run(|i| {
             let cep = i.clients.table.get(id.0).ok_or(CmError::UnknownCep)?.cep;
             not_removed(i)?;
+            if i.clients.fixed {
+                return listen_fixed(i, id, cep, params);
+            }
             i.cm.listen(cep, params)?;
             if let Some(ep) = i.clients.table.get_mut(id.0) {
                 ep.requests.reserve(backlog);
@@ -311,17 +350,17 @@ impl<P: Platform> Device<P> {
                 });
             }
             let fresh = i.cm.create()?;
-            let children: Vec<ClientId> = i
+            if let Some(ep) = i.clients.table.get_mut(id.0) {
+                ep.cep = fresh;
+                ep.queue.retain(|e| e.new_id.is_none());
+            }
+            // One at a time, so that nothing is collected (this may run at DISPATCH_LEVEL).
+            while let Some((child, _)) = i
                 .clients
                 .table
                 .get_mut(id.0)
-                .map(|ep| {
-                    ep.cep = fresh;
-                    ep.queue.retain(|e| e.new_id.is_none());
-                    ep.requests.drain(..).map(|(c, _)| c).collect()
-                })
-                .unwrap_or_default();
-            for child in children {
+                .and_then(|ep| ep.requests.pop_front())
+            {
                 destroy_client(i, now, child);
             }
             let _ = i.cm.destroy(now, old);
@@ -366,7 +405,7 @@ impl<P: Platform> Device<P> {
         self.run(|i| {
             // From a callback (the receive path: DISPATCH_LEVEL) grow nothing; the spare
             // queue this request used comes back when an endpoint is destroyed.
-            if !i.clients.delivering_threads.contains(&me) {
+            if !i.clients.fixed && !i.clients.delivering_threads.contains(&me) {
                 let backlog = i
                     .clients
                     .table
@@ -421,7 +460,7 @@ impl<P: Platform> Device<P> {
             // at DISPATCH_LEVEL (peer lookups, timers, events): reserving for this one
             // alone is used up by the others in flight. From a callback (the receive
             // path: DISPATCH_LEVEL) grow nothing.
-            if !i.clients.delivering_threads.contains(&me) {
+            if !i.clients.fixed && !i.clients.delivering_threads.contains(&me) {
                 let live = i.cm.live_ceps();
                 if i.cm.room() < live + 1 {
                     let _ = i.cm.reserve((live + 1).saturating_mul(2));
@@ -544,6 +583,135 @@ impl<P: Platform> Device<P> {
         self.client_op(id, |cm, cep, _| cm.query(cep))
     }
 
+    /// Fixed mode, for callers that call in at DISPATCH_LEVEL (WinOF's `iba_cm`): makes
+    /// room (PASSIVE_LEVEL) for `ids` more kernel-client endpoints, `listens` listens of
+    /// `backlog` each and what their connections need in the engine, and from then on no
+    /// kernel-client downcall grows anything: one that finds no room fails with
+    /// `NoResources` and changes nothing, a REQ that finds none is refused. Call again (at
+    /// PASSIVE_LEVEL: after a `destroy_id`, from a work item) to top the room up; it costs
+    /// little when the room is there. Fails only if memory runs out.
+    ///
+    /// `concurrency` is how many entry points may run at once (the CPU count): each keeps
+    /// a send batch out while it posts, and at DISPATCH_LEVEL the next one must find a
+    /// spare batch made ahead (about 39 KB each) rather than allocate one.
+    pub fn reserve_clients(
+        &self,
+        ids: usize,
+        listens: usize,
+        backlog: u32,
+        concurrency: usize,
+    ) -> Result<(), CmError> {
+        let now = self.platform.now();
+        self.run(|i| {
+            let backlog = backlog as usize;
+            let c = &mut i.clients;
+            c.fixed = true;
+            c.fixed_backlog = backlog;
+            let live = c.table.live;
+            c.table.reserve(ids);
+            if c.spares.capacity() < ids {
+                c.spares
+                    .try_reserve(ids - c.spares.len())
+                    .map_err(|_| CmError::NoResources)?;
+            }
+            while c.spares.len() < ids {
+                c.spares.push(VecDeque::with_capacity(QUEUE_DEPTH));
+            }
+            if c.listen_spares.capacity() < listens {
+                c.listen_spares
+                    .try_reserve(listens - c.listen_spares.len())
+                    .map_err(|_| CmError::NoResources)?;
+            }
+            while c.listen_spares.len() < listens {
+                c.listen_spares.push((
+                    VecDeque::with_capacity(backlog),
+                    VecDeque::with_capacity(backlog),
+                ));
+            }
+            let ready = (live + ids) * QUEUE_DEPTH + listens * backlog;
+            c.ready.reserve(ready.saturating_sub(c.ready.len()));
+            // Threads inside a callback or a downcall that delivers nothing at once.
+            c.delivering_threads.reserve(64);
+            let ceps = live + ids + listens * backlog;
+            let burst = ceps + i.cm.live_ceps();
+            if i.cm.room() < burst {
+                i.cm.reserve(burst.saturating_mul(2))?;
+            }
+            i.prepare_owners(ceps);
+            // Spare batches for `concurrency` entry points with their batches out at once
+            // (`take_flush`); `finish` keeps as many as the spare lists have room for.
+            let want = concurrency.max(super::SPARE_BATCHES);
+            if i.spare_tx.capacity() < want {
+                i.spare_tx
+                    .try_reserve_exact(want - i.spare_tx.len())
+                    .map_err(|_| CmError::NoResources)?;
+            }
+            while i.spare_tx.len() < want {
+                i.spare_tx.push(Vec::with_capacity(super::DISPATCH_BATCH));
+            }
+            if i.spare_done.capacity() < want {
+                i.spare_done
+                    .try_reserve_exact(want - i.spare_done.len())
+                    .map_err(|_| CmError::NoResources)?;
+            }
+            while i.spare_done.len() < want {
+                i.spare_done.push(Vec::with_capacity(super::DISPATCH_BATCH));
+            }
+            // The engine's listen table grows by one at each listen: warm it to hold
+            // `listens` more, on service IDs of the reserved IBA range, under the lock (no
+            // REQ can see them).
+            let mut warm = 0u64;
+            while warm < listens as u64 {
+                let cep = i.cm.create()?;
+                let _ = i.cm.listen(
+                    cep,
+                    ListenParams {
+                        service_id: 0xFFFF_FFFF_0000_0000 | warm,
+                        service_mask: u64::MAX,
+                        port: None,
+                        compare: None,
+                        backlog: 0,
+                    },
+                );
+                warm += 1;
+                let _ = i.cm.destroy(now, cep);
+            }
+            Ok(())
+        })
+    }
+
+    /// Delivers the kernel-client events that are ready: the deferred delivery of events
+    /// a downcall made ready inside [`without_client_callbacks`](Self::without_client_callbacks)
+    /// (a DPC on Windows). Callbacks run on this thread, with no lock held.
+    pub fn deliver_client_callbacks(&self) {
+        self.deliver_callbacks();
+    }
+
+    /// Runs `f` (downcalls) so that no callback runs on this thread meanwhile: a caller
+    /// that holds its own spin lock across a downcall (WinVerbs, ndfltr) must not be
+    /// called back under it. Events made ready meanwhile wait for the next delivery (the
+    /// receive path, the timer, [`deliver_client_callbacks`](Self::deliver_client_callbacks));
+    /// [`client_callbacks_pending`](Self::client_callbacks_pending) says whether any do.
+    pub fn without_client_callbacks<T>(&self, f: impl FnOnce() -> T) -> T {
+        let me = self.platform.current_thread();
+        self.inner.with(|i| {
+            // Room for 64 threads was made by `reserve_clients`.
+            i.clients.delivering_threads.push(me);
+        });
+        let value = f();
+        self.inner.with(|i| {
+            if let Some(pos) = i.clients.delivering_threads.iter().position(|t| *t == me) {
+                i.clients.delivering_threads.swap_remove(pos);
+            }
+        });
+        value
+    }
+
+    /// Whether kernel-client events wait for a delivery.
+    pub fn client_callbacks_pending(&self) -> bool {
+        self.inner.with(|i| !i.clients.ready.is_empty())
+    }
+
     /// Kernel-client endpoints alive.
     pub fn client_count(&self) -> usize {
         self.inner.with(|i| i.clients.table.live)
@@ -624,6 +792,85 @@ impl<P: Platform> Device<P> {
     }
 }
 
+/// `create_id` in fixed mode: only the room made ahead, or `NoResources`.
+fn create_fixed<P: Platform>(i: &mut Inner<P>, callback: Callback<P>) -> Result<ClientId, CmError> {
+    // Room in the engine for this CEP and what every live one may still add.
+    if i.cm.room() <= i.cm.live_ceps() || !i.clients.table.can_insert() {
+        return Err(CmError::NoResources);
+    }
+    let Some(queue) = i.clients.spares.pop() else {
+        return Err(CmError::NoResources);
+    };
+    let cep = match i.cm.create() {
+        Ok(cep) => cep,
+        Err(e) => {
+            i.clients.spares.push(queue);
+            return Err(e);
+        }
+    };
+    if ((cep.to_raw() & 0x00ff_ffff) as usize) >= i.owners.len() {
+        let now = i.now;
+        let _ = i.cm.destroy(now, cep);
+        i.clients.spares.push(queue);
+        return Err(CmError::NoResources);
+    }
+    let id = i
+        .clients
+        .table
+        .insert(Clients::<P>::new_endpoint(cep, Some(callback), queue));
+    i.set_owner(
+        cep,
+        Owner {
+            cep,
+            file: CLIENT_FILE,
+            endpoint: id,
+        },
+    );
+    Ok(ClientId(id))
+}
+
+/// `listen` in fixed mode: the listen gets queues with room for the fixed backlog (made
+/// ahead), or fails with `NoResources`.
+fn listen_fixed<P: Platform>(
+    i: &mut Inner<P>,
+    id: ClientId,
+    cep: CepId,
+    mut params: ListenParams,
+) -> Result<(), CmError> {
+    let backlog = i.clients.fixed_backlog;
+    params.backlog = backlog as u32;
+    let has_room = i
+        .clients
+        .table
+        .get(id.0)
+        .is_some_and(|ep| ep.queue.capacity() >= backlog && ep.requests.capacity() >= backlog);
+    if !has_room && i.clients.listen_spares.is_empty() {
+        return Err(CmError::NoResources);
+    }
+    i.cm.listen(cep, params)?;
+    if has_room {
+        return Ok(());
+    }
+    let (Some(ep), Some((mut queue, requests))) =
+        (i.clients.table.get_mut(id.0), i.clients.listen_spares.pop())
+    else {
+        return Ok(());
+    };
+    // Events already queued move over (the new queue has room for them: an idle id has
+    // at most a few).
+    while queue.len() < queue.capacity()
+        && let Some(e) = ep.queue.pop_front()
+    {
+        queue.push_back(e);
+    }
+    let old = core::mem::replace(&mut ep.queue, queue);
+    ep.requests = requests;
+    if old.capacity() >= QUEUE_DEPTH && i.clients.spares.len() < i.clients.spares.capacity() {
+        i.clients.spares.push(old);
+    }
+    Ok(())
+}
+
 /// Downcalls other than destroy fail once the device is removed.
 fn not_removed<P: Platform>(i: &Inner<P>) -> Result<(), CmError> {
     if i.removed {
@@ -639,8 +886,25 @@ fn destroy_client<P: Platform>(i: &mut Inner<P>, now: Instant, id: ClientId) {
     let Some(mut ep) = i.clients.table.remove(id.0) else {
         return;
     };
-    for (child, _) in core::mem::take(&mut ep.requests) {
+    // Popped in place: a listen's request queue keeps its room (fixed mode reuses it).
+    while let Some((child, _)) = ep.requests.pop_front() {
         destroy_client(i, now, child);
+    }
+    // A listen's queues go back to the listen spares (fixed mode).
+    let backlog = i.clients.fixed_backlog;
+    if i.clients.fixed
+        && backlog > 0
+        && ep.queue.capacity() >= backlog
+        && ep.requests.capacity() >= backlog
+        && i.clients.listen_spares.len() < i.clients.listen_spares.capacity()
+    {
+        ep.queue.clear();
+        ep.requests.clear();
+        let pair = (
+            core::mem::take(&mut ep.queue),
+            core::mem::take(&mut ep.requests),
+        );
+        i.clients.listen_spares.push(pair);
     }
     // Its queue becomes a spare for the next REQ (within the room already reserved).
     if i.clients.spares.len() < i.clients.spares.capacity() && ep.queue.capacity() >= QUEUE_DEPTH {

@@ -1,0 +1,1 @@
+//! Test-only: the C client lives in `c/`, the scenarios in `tests/`.

@@ -1,0 +1,828 @@
+//! The `iba_cm` interface driven from C, as WinVerbs and ndfltr drive it, over the
+//! simulated fabric under the host verifier: every scenario checks both sides, and ends
+//! with nothing leaked and no rule broken (no allocation or wait at DISPATCH_LEVEL, no
+//! callback under the client's own lock).
+
+mod harness;
+
+// The C client, linked through the package library.
+use ibcm_iba_cm_ctest as _;
+
+use harness::{CONFIG, Cep, World, path};
+use ibcm_host::node_guid;
+use ibcm_iba_cm::abi::{
+    IbaCmEvent, IbaCmReqEvent, IbaCmSidrReqEvent, access, apm_state, event_type as ev, qp_opts,
+    qp_state, status,
+};
+
+const SID: u64 = 0x0000_0000_0000_1234;
+const SETTLE: u64 = 200_000;
+
+fn req(e: &IbaCmEvent) -> IbaCmReqEvent {
+    assert_eq!(e.event_type, ev::REQ_RECEIVED);
+    // SAFETY: the type says the union holds a REQ.
+    unsafe { e.data.req }
+}
+
+fn sidr_req(e: &IbaCmEvent) -> IbaCmSidrReqEvent {
+    assert_eq!(e.event_type, ev::SIDR_REQ_RECEIVED);
+    // SAFETY: the type says the union holds a SIDR_REQ.
+    unsafe { e.data.sidr_req }
+}
+
+/// A listen on B, a connection from A, the request pulled on B (WinVerbs style).
+fn requested(w: &mut World, listen: &Cep, a: &Cep, child: &Cep) -> IbaCmReqEvent {
+    assert_eq!(listen.listen(SID, None, 0), status::SUCCESS);
+    assert_eq!(
+        a.connect(SID, &path(0, 1), None, 0x11, &[0xA1; 10], 3, 2),
+        status::SUCCESS
+    );
+    w.run(SETTLE);
+    let mut e = IbaCmEvent::zeroed(-1);
+    assert_eq!(listen.get_request(child, &mut e), status::SUCCESS);
+    req(&e)
+}
+
+/// Connected: REQ, REP, RTU.
+fn connected(w: &mut World, listen: &Cep, a: &Cep, child: &Cep) {
+    requested(w, listen, a, child);
+    assert_eq!(child.accept(0x22, &[0xB2; 5], 2, 3), status::SUCCESS);
+    w.run(SETTLE);
+    assert_eq!(a.rtu(&[0xC3]), status::SUCCESS);
+    w.run(SETTLE);
+    assert_eq!(a.types(), [ev::REP_RECEIVED]);
+    assert_eq!(child.types(), [ev::RTU_RECEIVED]);
+}
+
+fn no_recursion(ceps: &[&Cep]) {
+    for c in ceps {
+        let s = c.stats();
+        assert_eq!(
+            s.recursions, 0,
+            "a callback ran under the client's own lock"
+        );
+        assert_eq!(s.callbacks_after_destroy, 0);
+        assert_eq!(s.bad_notifications, 0);
+        assert_eq!(s.notifications_not_at_dispatch, 0);
+    }
+    for c in ceps {
+        for l in c.log() {
+            assert_eq!(l.at_dispatch, 1, "callback below DISPATCH_LEVEL: {l:?}");
+        }
+    }
+}
+
+#[test]
+fn connect_accept_rtu_disconnect() {
+    let mut w = World::new(1);
+    let (listen, child, a) = (w.b.cep(), w.b.cep(), w.a.cep());
+    let r = requested(&mut w, &listen, &a, &child);
+    // The listen heard of it once, with a zeroed notification.
+    assert_eq!(listen.stats().notifications, 1);
+    // The REQ, inline, from B's point of view (al_cm_cep.c:6245-6296).
+    assert_eq!(r.service_id.get(), SID);
+    assert_eq!(r.qpn.get(), 0x11);
+    assert_eq!(
+        (r.resp_res, r.init_depth),
+        (2, 3),
+        "A's init depth, A's resp res"
+    );
+    assert_eq!(r.pdata[..10], [0xA1; 10]);
+    assert_eq!(r.local_ca_guid.get(), node_guid(1));
+    assert_eq!(r.remote_ca_guid.get(), node_guid(0));
+    assert_eq!(
+        (r.primary_path.slid.get(), r.primary_path.dlid.get()),
+        (2, 1)
+    );
+    assert_eq!(r.primary_path.pkey.get(), 0xFFFF);
+    assert_eq!(r.port_num, 1);
+    assert_eq!(r.alt_path.dlid.get(), 0);
+    // Nothing more to pull.
+    let mut e = IbaCmEvent::zeroed(-1);
+    assert_eq!(
+        listen.get_request(&w.b.cep(), &mut e),
+        status::NO_MORE_ENTRIES
+    );
+    // cids: non-zero, unique among B's ids.
+    assert_ne!(child.cid(), 0);
+    assert_ne!(child.cid(), listen.cid());
+
+    assert_eq!(child.accept(0x22, &[0xB2; 5], 2, 3), status::SUCCESS);
+    w.run(SETTLE);
+    let rep = a.log()[0];
+    assert_eq!(rep.event_type, ev::REP_RECEIVED);
+    assert_eq!(rep.qpn, 0x22);
+    assert_eq!(
+        (rep.resp_res, rep.init_depth),
+        (3, 2),
+        "B's init depth, B's resp res"
+    );
+    assert_eq!((rep.pdata_len, rep.pdata0), (196, 0xB2));
+
+    // A's QP attributes, AL's ib_qp_mod_t.
+    let (s, rtr) = a.qp_attr(qp_state::RTR);
+    assert_eq!(s, status::SUCCESS);
+    assert_eq!(rtr.req_state, qp_state::RTR);
+    // SAFETY: RTR attributes.
+    let rtr = unsafe { rtr.state.rtr };
+    assert_eq!(rtr.dest_qp.get(), 0x22);
+    assert_eq!(rtr.rq_psn.get(), 0x65_4321, "B's starting PSN");
+    assert_eq!(rtr.resp_res, 3);
+    assert_eq!(rtr.primary_av.dlid.get(), 2);
+    assert_eq!(rtr.primary_av.conn.path_mtu, 4);
+    assert_eq!(rtr.opts & qp_opts::ALTERNATE_AV, 0);
+    let (s, rts) = a.qp_attr(qp_state::RTS);
+    assert_eq!(s, status::SUCCESS);
+    // SAFETY: RTS attributes.
+    let rts = unsafe { rts.state.rts };
+    assert_eq!(rts.sq_psn.get(), 0x12_3456, "the starting PSN modulo 2^24");
+    assert_eq!(rts.init_depth, 2);
+
+    assert_eq!(a.rtu(&[0xC3]), status::SUCCESS);
+    w.run(SETTLE);
+    let rtu = child.log()[0];
+    assert_eq!(
+        (rtu.event_type, rtu.pdata_len, rtu.pdata0),
+        (ev::RTU_RECEIVED, 224, 0xC3)
+    );
+
+    assert_eq!(a.dreq(&[0xD4]), status::SUCCESS);
+    w.run(SETTLE);
+    let dreq = child.log()[1];
+    assert_eq!(
+        (dreq.event_type, dreq.pdata_len, dreq.pdata0),
+        (ev::DREQ_RECEIVED, 220, 0xD4)
+    );
+    assert_eq!(child.drep(&[0xE5]), status::SUCCESS);
+    w.run(SETTLE);
+    let drep = a.log()[1];
+    assert_eq!((drep.event_type, drep.pdata0), (ev::DREP_RECEIVED, 0xE5));
+    assert_eq!(a.types(), [ev::REP_RECEIVED, ev::DREP_RECEIVED]);
+    assert_eq!(child.types(), [ev::RTU_RECEIVED, ev::DREQ_RECEIVED]);
+    no_recursion(&[&listen, &child, &a]);
+    for c in [&a, &child, &listen] {
+        c.destroy();
+    }
+    w.finish();
+}
+
+#[test]
+fn ndfltr_accept_with_get_request_ex_and_format_rep() {
+    let mut w = World::new(2);
+    let (listen, child, a) = (w.b.cep(), w.b.cep(), w.a.cep());
+    assert_eq!(listen.listen(SID, None, 0), status::SUCCESS);
+    assert_eq!(
+        a.connect(SID, &path(0, 1), None, 0x11, &[1], 4, 4),
+        status::SUCCESS
+    );
+    w.run(SETTLE);
+    let mut e = IbaCmEvent::zeroed(-1);
+    assert_eq!(listen.get_request_ex(&child, &mut e), status::SUCCESS);
+    assert_eq!(req(&e).qpn.get(), 0x11);
+    let mut init = ibcm_iba_cm::abi::IbQpMod::zeroed();
+    assert_eq!(
+        child.format_rep(0x33, &[7], 4, 4, &mut init),
+        status::SUCCESS
+    );
+    assert_eq!(init.req_state, qp_state::INIT);
+    // SAFETY: INIT attributes.
+    let i = unsafe { init.state.init };
+    assert_eq!((i.primary_port, i.pkey_index), (1, 0));
+    assert_eq!(
+        i.access_ctrl & (access::LOCAL_WRITE | access::RDMA_WRITE | access::RDMA_READ),
+        access::LOCAL_WRITE | access::RDMA_WRITE | access::RDMA_READ
+    );
+    // Nothing is sent before send_formatted_rep.
+    w.run(SETTLE);
+    assert_eq!(a.types(), [] as [i32; 0]);
+    assert_eq!(child.send_formatted_rep(), status::SUCCESS);
+    w.run(SETTLE);
+    assert_eq!(a.types(), [ev::REP_RECEIVED]);
+    assert_eq!(a.log()[0].qpn, 0x33);
+    assert_eq!(a.rtu(&[]), status::SUCCESS);
+    w.run(SETTLE);
+    assert_eq!(child.types(), [ev::RTU_RECEIVED]);
+    // Established already (AL's al_cep_established also wants REP_SENT).
+    assert_eq!(child.established(), status::INVALID_DEVICE_STATE);
+    no_recursion(&[&listen, &child, &a]);
+    for c in [&a, &child, &listen] {
+        c.destroy();
+    }
+    w.finish();
+}
+
+#[test]
+fn get_request_inherits_the_listen_callback_with_the_listen_as_context() {
+    let mut w = World::new(3);
+    let (listen, child, a) = (w.b.cep(), w.b.cep(), w.a.cep());
+    assert_eq!(listen.listen(SID, None, 0), status::SUCCESS);
+    assert_eq!(
+        a.connect(SID, &path(0, 1), None, 0x11, &[], 1, 1),
+        status::SUCCESS
+    );
+    w.run(SETTLE);
+    let mut e = IbaCmEvent::zeroed(-1);
+    let (s, context, same) = listen.probe_inherit(&child, &mut e);
+    assert_eq!(s, status::SUCCESS);
+    assert_eq!(
+        context,
+        listen.id_ptr(),
+        "context = the listen id (al_cm.c:147-150)"
+    );
+    assert!(same, "callback = the listen's");
+    assert_eq!(req(&e).qpn.get(), 0x11);
+    for c in [&a, &child, &listen] {
+        c.destroy();
+    }
+    w.finish();
+}
+
+#[test]
+fn rejects_both_ways() {
+    let mut w = World::new(4);
+    // The passive side rejects the REQ.
+    let (listen, child, a) = (w.b.cep(), w.b.cep(), w.a.cep());
+    requested(&mut w, &listen, &a, &child);
+    assert_eq!(child.rej(28, &[7], &[0x99]), status::SUCCESS);
+    w.run(SETTLE);
+    let rej = a.log()[0];
+    assert_eq!(rej.event_type, ev::REJ_RECEIVED);
+    assert_eq!(
+        rej.rej_reason, 28,
+        "ib_rej_status_t, net16 on the wire and in the event"
+    );
+    assert_eq!((rej.ari_len, rej.ari0), (1, 7));
+    assert_eq!((rej.pdata_len, rej.pdata0), (148, 0x99));
+    assert_eq!(child.types(), [] as [i32; 0]);
+    child.destroy();
+    a.destroy();
+
+    // The active side rejects the REP.
+    let (child2, a2) = (w.b.cep(), w.a.cep());
+    assert_eq!(
+        a2.connect(SID, &path(0, 1), None, 0x12, &[], 1, 1),
+        status::SUCCESS
+    );
+    w.run(SETTLE);
+    let mut e = IbaCmEvent::zeroed(-1);
+    assert_eq!(listen.get_request(&child2, &mut e), status::SUCCESS);
+    assert_eq!(child2.accept(0x23, &[], 1, 1), status::SUCCESS);
+    w.run(SETTLE);
+    assert_eq!(a2.types(), [ev::REP_RECEIVED]);
+    assert_eq!(a2.rej(28, &[], &[0x77]), status::SUCCESS);
+    w.run(SETTLE);
+    let rej = child2.log()[0];
+    assert_eq!(
+        (rej.event_type, rej.rej_reason, rej.pdata0),
+        (ev::REJ_RECEIVED, 28, 0x77)
+    );
+    no_recursion(&[&listen, &child, &a, &child2, &a2]);
+    for c in [&a2, &child2, &listen] {
+        c.destroy();
+    }
+    w.finish();
+}
+
+#[test]
+fn mra_is_reported_once_then_the_rep() {
+    let mut w = World::new(5);
+    let (listen, child, a) = (w.b.cep(), w.b.cep(), w.a.cep());
+    requested(&mut w, &listen, &a, &child);
+    assert_eq!(child.mra(20), status::SUCCESS);
+    w.run(SETTLE);
+    // A duplicate REQ (none here) would re-send the MRA; a second MRA is refused.
+    assert_ne!(child.mra(20), status::SUCCESS);
+    w.run(1_000_000_000);
+    let log = a.log();
+    assert_eq!(a.types(), [ev::MRA_RECEIVED]);
+    assert_eq!(log[0].service_timeout, 20);
+    assert_eq!(child.accept(0x22, &[], 2, 3), status::SUCCESS);
+    w.run(SETTLE);
+    assert_eq!(a.types(), [ev::MRA_RECEIVED, ev::REP_RECEIVED]);
+    no_recursion(&[&listen, &child, &a]);
+    for c in [&a, &child, &listen] {
+        c.destroy();
+    }
+    w.finish();
+}
+
+#[test]
+fn timeouts_are_error_events() {
+    let mut w = World::new(6);
+    // REQ into the void: req_error after MaxCMRetries + 1 sends.
+    let a = w.a.cep();
+    w.fabric.faults.loss = 1.0;
+    assert_eq!(
+        a.connect(SID, &path(0, 1), None, 0x11, &[], 1, 1),
+        status::SUCCESS
+    );
+    w.run(60_000_000_000);
+    assert_eq!(a.types(), [ev::REQ_ERROR]);
+    a.destroy();
+    w.fabric.faults.loss = 0.0;
+
+    // A REP that gets no RTU: rep_error on the passive side, REJ(timeout) to the active.
+    let (listen, child, a2) = (w.b.cep(), w.b.cep(), w.a.cep());
+    requested(&mut w, &listen, &a2, &child);
+    assert_eq!(child.accept(0x22, &[], 1, 1), status::SUCCESS);
+    w.run(60_000_000_000);
+    assert_eq!(child.types(), [ev::REP_ERROR]);
+    assert_eq!(a2.types(), [ev::REP_RECEIVED, ev::REJ_RECEIVED]);
+    assert_eq!(a2.log()[1].rej_reason, 4);
+    child.destroy();
+    a2.destroy();
+
+    // A DREQ that gets no DREP: dreq_error.
+    let (child3, a3) = (w.b.cep(), w.a.cep());
+    assert_eq!(
+        a3.connect(SID, &path(0, 1), None, 0x13, &[], 1, 1),
+        status::SUCCESS
+    );
+    w.run(SETTLE);
+    let mut e = IbaCmEvent::zeroed(-1);
+    assert_eq!(listen.get_request(&child3, &mut e), status::SUCCESS);
+    assert_eq!(child3.accept(0x24, &[], 1, 1), status::SUCCESS);
+    w.run(SETTLE);
+    assert_eq!(a3.rtu(&[]), status::SUCCESS);
+    w.run(SETTLE);
+    w.fabric.faults.loss = 1.0;
+    assert_eq!(a3.dreq(&[]), status::SUCCESS);
+    w.run(60_000_000_000);
+    assert_eq!(a3.types(), [ev::REP_RECEIVED, ev::DREQ_ERROR]);
+    w.fabric.faults.loss = 0.0;
+    no_recursion(&[&listen, &child, &a, &a2, &child3, &a3]);
+    for c in [&a3, &child3, &listen] {
+        c.destroy();
+    }
+    w.finish();
+}
+
+#[test]
+fn lap_and_apr() {
+    let mut w = World::new(7);
+    let (listen, child, a) = (w.b.cep(), w.b.cep(), w.a.cep());
+    connected(&mut w, &listen, &a, &child);
+    let mut alt = path(0, 1);
+    alt.hop_flow_raw = ibcm_iba_cm::abi::Be32::new(0);
+    assert_eq!(a.lap(&alt, &[0x4C]), status::SUCCESS);
+    w.run(SETTLE);
+    let lap = child.log()[1];
+    assert_eq!(lap.event_type, ev::LAP_RECEIVED);
+    assert_eq!(lap.alt_dlid, 1, "the alternate path from B's point of view");
+    assert_eq!((lap.pdata_len, lap.pdata0), (168, 0x4C));
+    assert_eq!(child.apr(0, &[0x4D]), status::SUCCESS);
+    w.run(SETTLE);
+    let apr = a.log()[1];
+    assert_eq!(
+        (apr.event_type, apr.status, apr.pdata0),
+        (ev::APR_RECEIVED, 0, 0x4D)
+    );
+    // B's RTS attributes now carry the alternate path, REARM (al_cep_get_rts_attr).
+    let (s, rts) = child.qp_attr(qp_state::RTS);
+    assert_eq!(s, status::SUCCESS);
+    // SAFETY: RTS attributes.
+    let rts = unsafe { rts.state.rts };
+    assert_eq!(rts.opts, qp_opts::ALTERNATE_AV | qp_opts::APM_STATE);
+    assert_eq!(rts.apm_state, apm_state::REARM);
+    assert_eq!(rts.alternate_av.dlid.get(), 1);
+    // A LAP that gets no APR: lap_error.
+    w.fabric.faults.loss = 1.0;
+    assert_eq!(a.lap(&alt, &[]), status::SUCCESS);
+    w.run(60_000_000_000);
+    w.fabric.faults.loss = 0.0;
+    assert_eq!(
+        a.types(),
+        [ev::REP_RECEIVED, ev::APR_RECEIVED, ev::LAP_ERROR]
+    );
+    no_recursion(&[&listen, &child, &a]);
+    for c in [&a, &child, &listen] {
+        c.destroy();
+    }
+    w.finish();
+}
+
+#[test]
+fn sidr_request_and_reply() {
+    let mut w = World::new(8);
+    let (listen, child, a) = (w.b.cep(), w.b.cep(), w.a.cep());
+    assert_eq!(listen.listen(0x77, None, 0), status::SUCCESS);
+    assert_eq!(
+        a.sidr_req(0x77, &path(0, 1), &[0x51, 0x52], 100),
+        status::SUCCESS
+    );
+    w.run(SETTLE);
+    assert_eq!(listen.stats().notifications, 1);
+    let mut e = IbaCmEvent::zeroed(-1);
+    assert_eq!(listen.get_request(&child, &mut e), status::SUCCESS);
+    let s = sidr_req(&e);
+    assert_eq!(s.sidr_req.service_id.get(), 0x77);
+    assert_eq!(s.sidr_req.pdata_len, 216);
+    // SAFETY: the pointers of a SIDR_REQ from get_request stay valid until the id goes.
+    let pd = unsafe { std::slice::from_raw_parts(s.sidr_req.p_pdata.cast::<u8>(), 2) };
+    assert_eq!(pd, [0x51, 0x52]);
+    // SAFETY: as above.
+    let p = unsafe { *s.sidr_req.p_path };
+    assert_eq!(p.dlid.get(), 1, "the requester's LID");
+    assert_eq!(s.ca_guid.get(), node_guid(1));
+    assert_eq!(
+        child.sidr_rep(0x333, 0x1234_5678, 0, &[0x61]),
+        status::SUCCESS
+    );
+    w.run(SETTLE);
+    let rep = a.log()[0];
+    assert_eq!(rep.event_type, ev::SIDR_REP_RECEIVED);
+    assert_eq!((rep.qpn, rep.qkey, rep.status), (0x333, 0x1234_5678, 0));
+    assert_eq!((rep.pdata_len, rep.pdata0), (136, 0x61));
+    // No answer: sidr_req_error.
+    let a2 = w.a.cep();
+    w.fabric.faults.loss = 1.0;
+    assert_eq!(a2.sidr_req(0x77, &path(0, 1), &[], 10), status::SUCCESS);
+    w.run(10_000_000_000);
+    assert_eq!(a2.types(), [ev::SIDR_REQ_ERROR]);
+    w.fabric.faults.loss = 0.0;
+    no_recursion(&[&listen, &child, &a, &a2]);
+    for c in [&a, &a2, &child, &listen] {
+        c.destroy();
+    }
+    w.finish();
+}
+
+#[test]
+fn listen_compare_plain() {
+    let mut w = World::new(9);
+    let (l1, l2) = (w.b.cep(), w.b.cep());
+    assert_eq!(l1.listen(SID, Some(&[1, 2, 3, 4]), 4), status::SUCCESS);
+    assert_eq!(l2.listen(SID, Some(&[5, 6, 7, 8]), 4), status::SUCCESS);
+    // The same compare again is a duplicate.
+    let dup = w.b.cep();
+    assert_ne!(dup.listen(SID, Some(&[5, 6, 7, 8]), 4), status::SUCCESS);
+    let pd = |x: [u8; 4]| {
+        let mut p = [0u8; 8];
+        p[4..].copy_from_slice(&x);
+        p
+    };
+    let (a1, a2, a3) = (w.a.cep(), w.a.cep(), w.a.cep());
+    assert_eq!(
+        a1.connect(SID, &path(0, 1), None, 0x11, &pd([1, 2, 3, 4]), 1, 1),
+        0
+    );
+    assert_eq!(
+        a2.connect(SID, &path(0, 1), None, 0x12, &pd([5, 6, 7, 8]), 1, 1),
+        0
+    );
+    assert_eq!(
+        a3.connect(SID, &path(0, 1), None, 0x13, &pd([9, 9, 9, 9]), 1, 1),
+        0
+    );
+    w.run(SETTLE);
+    assert_eq!((l1.stats().notifications, l2.stats().notifications), (1, 1));
+    let (c1, c2) = (w.b.cep(), w.b.cep());
+    let mut e = IbaCmEvent::zeroed(-1);
+    assert_eq!(l1.get_request(&c1, &mut e), status::SUCCESS);
+    assert_eq!(req(&e).qpn.get(), 0x11);
+    assert_eq!(l2.get_request(&c2, &mut e), status::SUCCESS);
+    assert_eq!(req(&e).qpn.get(), 0x12);
+    // No listen takes the third: REJ "invalid service ID" (IBA Table 112, code 8).
+    assert_eq!(a3.types(), [ev::REJ_RECEIVED]);
+    assert_eq!(a3.log()[0].rej_reason, 8);
+    no_recursion(&[&l1, &l2, &a1, &a2, &a3, &c1, &c2]);
+    for c in [&a1, &a2, &a3, &c1, &c2, &l1, &l2, &dup] {
+        c.destroy();
+    }
+    w.finish();
+}
+
+/// An RDMA-CM IP header (IBA Annex A11): version 0, IP version, source port, IPs.
+fn cma_header(ipv: u8, version: u8, src_port: u16, src: [u8; 4], dst: [u8; 4]) -> [u8; 36] {
+    let mut h = [0u8; 36];
+    h[0] = version;
+    h[1] = ipv;
+    h[2..4].copy_from_slice(&src_port.to_be_bytes());
+    h[16..20].copy_from_slice(&src);
+    h[32..36].copy_from_slice(&dst);
+    h
+}
+
+#[test]
+fn listen_compare_rdma_cm_mask() {
+    // TCP port space 0x0106, port 7471 (ib_cm_rdma_sid).
+    let sid = 0x0000_0000_0106_1D2F;
+    let mut w = World::new(10);
+    let (lx, ly) = (w.b.cep(), w.b.cep());
+    let x = cma_header(0x40, 0, 0, [0; 4], [10, 0, 0, 2]);
+    let y = cma_header(0x40, 0, 0, [0; 4], [10, 0, 0, 3]);
+    // compare_offset is the IB_REQ_CM_RDMA_CMP_* mask here (al_cm_cep.c:2783, 2850-2864).
+    assert_eq!(lx.listen(sid, Some(&x), 0x04), status::SUCCESS);
+    assert_eq!(ly.listen(sid, Some(&y), 0x04), status::SUCCESS);
+    // A header that is not an RDMA-CM one is refused at listen.
+    let bad = w.b.cep();
+    let mut h = x;
+    h[1] = 0x50;
+    assert_eq!(bad.listen(sid, Some(&h), 0x04), status::INVALID_PARAMETER);
+    bad.destroy();
+    let req_pd = |ipv, version, dst| {
+        let mut p = [0u8; 56];
+        p[..36].copy_from_slice(&cma_header(ipv, version, 5555, [10, 0, 0, 1], dst));
+        p
+    };
+    let ceps: Vec<Cep> = (0..5).map(|_| w.a.cep()).collect();
+    let cases = [
+        req_pd(0x40, 0, [10, 0, 0, 2]), // -> lx (the source port and IP are not compared)
+        req_pd(0x40, 0, [10, 0, 0, 3]), // -> ly
+        req_pd(0x40, 0, [10, 0, 0, 4]), // no listen
+        req_pd(0x60, 0, [10, 0, 0, 2]), // other IP version: always compared
+        req_pd(0x40, 0x10, [10, 0, 0, 2]), // other header version: always compared
+    ];
+    for (i, (c, pd)) in ceps.iter().zip(&cases).enumerate() {
+        assert_eq!(
+            c.connect(sid, &path(0, 1), None, 0x40 + i as u32, pd, 1, 1),
+            status::SUCCESS
+        );
+    }
+    w.run(SETTLE);
+    assert_eq!((lx.stats().notifications, ly.stats().notifications), (1, 1));
+    let (cx, cy) = (w.b.cep(), w.b.cep());
+    let mut e = IbaCmEvent::zeroed(-1);
+    assert_eq!(lx.get_request(&cx, &mut e), status::SUCCESS);
+    assert_eq!(req(&e).qpn.get(), 0x40);
+    assert_eq!(lx.get_request(&w.b.cep(), &mut e), status::NO_MORE_ENTRIES);
+    assert_eq!(ly.get_request(&cy, &mut e), status::SUCCESS);
+    assert_eq!(req(&e).qpn.get(), 0x41);
+    for c in &ceps[2..] {
+        assert_eq!(c.types(), [ev::REJ_RECEIVED]);
+        assert_eq!(c.log()[0].rej_reason, 8);
+    }
+    assert_eq!(ceps[0].types(), [] as [i32; 0]);
+    for c in ceps.iter().chain([&cx, &cy, &lx, &ly]) {
+        c.destroy();
+    }
+    w.finish();
+}
+
+#[test]
+fn a_callback_error_destroys_and_frees_the_id() {
+    let mut w = World::new(11);
+    let (listen, child, a) = (w.b.cep(), w.b.cep(), w.a.cep());
+    connected(&mut w, &listen, &a, &child);
+    assert_eq!(w.b.ids_in_use(), 2);
+    child.fail_on(ev::DREQ_RECEIVED);
+    assert_eq!(a.dreq(&[]), status::SUCCESS);
+    w.run(SETTLE);
+    // The id went with the error (al_cm.c:90-95): its slot is free, the engine answered
+    // the DREQ while destroying the connection.
+    assert!(!child.has_id());
+    assert_eq!(w.b.ids_in_use(), 1);
+    assert_eq!(child.types(), [ev::RTU_RECEIVED, ev::DREQ_RECEIVED]);
+    assert_eq!(a.types(), [ev::REP_RECEIVED, ev::DREP_RECEIVED]);
+    no_recursion(&[&listen, &child, &a]);
+    a.destroy();
+    listen.destroy();
+    w.finish();
+}
+
+#[test]
+fn destroy_from_inside_and_outside_a_callback() {
+    let mut w = World::new(12);
+    // Inside: A destroys its id from the DREQ's callback.
+    let (listen, child, a) = (w.b.cep(), w.b.cep(), w.a.cep());
+    connected(&mut w, &listen, &a, &child);
+    a.destroy_on(ev::DREQ_RECEIVED);
+    assert_eq!(child.dreq(&[]), status::SUCCESS);
+    w.run(SETTLE);
+    assert!(!a.has_id());
+    assert_eq!(w.a.ids_in_use(), 0);
+    assert_eq!(a.types(), [ev::REP_RECEIVED, ev::DREQ_RECEIVED]);
+    assert_eq!(child.types(), [ev::RTU_RECEIVED, ev::DREP_RECEIVED]);
+    child.destroy();
+
+    // Outside: A destroys an established connection; the engine disconnects it, and no
+    // callback reaches A afterwards.
+    let (child2, a2) = (w.b.cep(), w.a.cep());
+    assert_eq!(
+        a2.connect(SID, &path(0, 1), None, 0x15, &[], 1, 1),
+        status::SUCCESS
+    );
+    w.run(SETTLE);
+    let mut e = IbaCmEvent::zeroed(-1);
+    assert_eq!(listen.get_request(&child2, &mut e), status::SUCCESS);
+    assert_eq!(child2.accept(0x25, &[], 1, 1), status::SUCCESS);
+    w.run(SETTLE);
+    assert_eq!(a2.rtu(&[]), status::SUCCESS);
+    w.run(SETTLE);
+    a2.destroy();
+    assert_eq!(w.a.ids_in_use(), 0);
+    w.run(SETTLE);
+    assert_eq!(child2.types(), [ev::RTU_RECEIVED, ev::DREQ_RECEIVED]);
+    assert_eq!(child2.drep(&[]), status::SUCCESS);
+    w.run(SETTLE);
+    assert_eq!(a2.types(), [ev::REP_RECEIVED]);
+    no_recursion(&[&listen, &child, &a, &child2, &a2]);
+    child2.destroy();
+    listen.destroy();
+    w.finish();
+}
+
+#[test]
+fn removal_waits_for_the_last_dereference() {
+    let mut w = World::new(13);
+    // The client holds the query's reference and takes one more.
+    w.a.reference();
+    assert_eq!(w.a.cm().references(), 2);
+    // An id the client never destroys: removal destroys it.
+    let left = w.a.cep();
+    assert_eq!(left.create(), status::SUCCESS);
+    w.a.cm().begin_removal();
+    assert!(
+        w.a.cm().answer_query(0x0101, 208).is_none(),
+        "no answer while removing"
+    );
+    assert!(
+        !w.a.cm()
+            .backend()
+            .released
+            .load(std::sync::atomic::Ordering::Acquire)
+    );
+    let cm = w.a.cm.take().expect("the instance");
+    let (tx, rx) = std::sync::mpsc::channel();
+    let remover = std::thread::spawn(move || {
+        drop(cm);
+        tx.send(()).expect("the test waits");
+    });
+    std::thread::sleep(std::time::Duration::from_millis(50));
+    assert!(
+        rx.try_recv().is_err(),
+        "removal finished with references held"
+    );
+    w.a.dereference();
+    std::thread::sleep(std::time::Duration::from_millis(50));
+    assert!(
+        rx.try_recv().is_err(),
+        "removal finished with a reference held"
+    );
+    w.a.dereference();
+    rx.recv_timeout(std::time::Duration::from_secs(10))
+        .expect("removal completes once the count is zero");
+    remover.join().expect("no panic");
+    assert_eq!(
+        w.a.node.device.client_count(),
+        0,
+        "the id left was destroyed"
+    );
+    assert_eq!(w.a.violations(), vec![]);
+    drop(left);
+    // Node B still works.
+    let b = w.b.cep();
+    assert_eq!(b.create(), status::SUCCESS);
+    b.destroy();
+    w.b.remove();
+}
+
+#[test]
+fn bad_calls_fail_cleanly() {
+    let w = World::new(14);
+    let got = w.a.bad_calls();
+    use status::{INVALID_DEVICE_STATE as ST, INVALID_HANDLE as H, INVALID_PARAMETER as P};
+    assert_eq!(
+        got,
+        [P, H, H, status::SUCCESS, P, P, P, P, P, P, P, P, P, ST, H]
+    );
+    assert_eq!(w.a.ids_in_use(), 0);
+    w.finish();
+}
+
+#[test]
+fn pool_exhaustion_is_insufficient_resources_not_an_allocation() {
+    let w = World::new(15);
+    let ceps: Vec<Cep> = (0..=CONFIG.ids).map(|_| w.a.cep()).collect();
+    for c in &ceps[..CONFIG.ids] {
+        assert_eq!(c.create(), status::SUCCESS);
+    }
+    assert_eq!(ceps[CONFIG.ids].create(), status::INSUFFICIENT_RESOURCES);
+    let mut cids: Vec<u32> = ceps[..CONFIG.ids].iter().map(Cep::cid).collect();
+    cids.sort_unstable();
+    cids.dedup();
+    assert_eq!(cids.len(), CONFIG.ids, "cids unique");
+    for c in &ceps {
+        c.destroy();
+    }
+    // The pool refills: an id again.
+    assert_eq!(ceps[0].create(), status::SUCCESS);
+    ceps[0].destroy();
+    w.finish();
+}
+
+/// KNOWN GAP, pinned: the engine allocates a connection's cached private data at the
+/// downcall that first sends some (`ibcm-cep`, `Cep::pdata`), so `send_req` with private
+/// data at DISPATCH_LEVEL allocates, and the verifier says so. When the engine
+/// preallocates it this test fails: then drop `harness::STRICT` and model every call at
+/// DISPATCH_LEVEL.
+#[test]
+fn engine_private_data_cache_allocates() {
+    let mut w = World::new(16);
+    let (listen, child, a) = (w.b.cep(), w.b.cep(), w.a.cep());
+    harness::STRICT.with(|s| s.set(true));
+    assert_eq!(listen.listen(SID, None, 0), status::SUCCESS);
+    assert_eq!(a.connect(SID, &path(0, 1), None, 0x11, &[1, 2, 3], 1, 1), 0);
+    harness::STRICT.with(|s| s.set(false));
+    assert_eq!(
+        w.a.violations(),
+        [ibcm_host::verifier::Violation::DispatchAllocation { count: 1 }]
+    );
+    w.run(SETTLE);
+    let mut e = IbaCmEvent::zeroed(-1);
+    assert_eq!(listen.get_request(&child, &mut e), status::SUCCESS);
+    for c in [&a, &child, &listen] {
+        c.destroy();
+    }
+    w.run(60_000_000_000);
+    drop(w);
+}
+
+#[test]
+fn no_room_for_a_request_rejects_it() {
+    let mut w = World::new(17);
+    let listen = w.b.cep();
+    assert_eq!(listen.listen(SID, None, 0), status::SUCCESS);
+    // Every other id of B's pool in use.
+    let idle: Vec<Cep> = (1..CONFIG.ids).map(|_| w.b.cep()).collect();
+    for c in &idle {
+        assert_eq!(c.create(), status::SUCCESS);
+    }
+    let a = w.a.cep();
+    assert_eq!(a.connect(SID, &path(0, 1), None, 0x11, &[], 1, 1), 0);
+    w.run(SETTLE);
+    // The dispatch layer's room is the pool's: the REQ is refused on arrival, at
+    // DISPATCH_LEVEL, without allocating, and never reaches the listen.
+    let mut e = IbaCmEvent::zeroed(-1);
+    assert_eq!(
+        listen.get_request(&w.b.cep(), &mut e),
+        status::NO_MORE_ENTRIES
+    );
+    assert_eq!(listen.stats().notifications, 0);
+    w.run(SETTLE);
+    assert_eq!(a.types(), [ev::REJ_RECEIVED]);
+    for c in idle.iter().chain([&a, &listen]) {
+        c.destroy();
+    }
+    w.finish();
+}
+
+#[test]
+fn cancel_listen_refuses_pending_requests_and_listens_again() {
+    let mut w = World::new(18);
+    let (listen, a) = (w.b.cep(), w.a.cep());
+    assert_eq!(listen.listen(SID, Some(&[4, 2]), 0), status::SUCCESS);
+    assert_eq!(a.connect(SID, &path(0, 1), None, 0x11, &[4, 2], 1, 1), 0);
+    w.run(SETTLE);
+    assert_eq!(listen.stats().notifications, 1);
+    assert_eq!(listen.cancel_listen(), status::SUCCESS);
+    w.run(SETTLE);
+    // The request not pulled was rejected.
+    assert_eq!(a.types(), [ev::REJ_RECEIVED]);
+    let mut e = IbaCmEvent::zeroed(-1);
+    assert_ne!(listen.get_request(&w.b.cep(), &mut e), status::SUCCESS);
+    // The id listens again, with a compare buffer from the pool.
+    let lid = listen.id_ptr();
+    let again = {
+        // The C client's listen creates an id; this one already has it: call listen
+        // through a second endpoint on the same service to show the service is free.
+        let l2 = w.b.cep();
+        assert_eq!(l2.listen(SID, Some(&[4, 2]), 0), status::SUCCESS);
+        l2
+    };
+    assert_eq!(listen.id_ptr(), lid);
+    let (a2, child) = (w.a.cep(), w.b.cep());
+    assert_eq!(a2.connect(SID, &path(0, 1), None, 0x12, &[4, 2], 1, 1), 0);
+    w.run(SETTLE);
+    assert_eq!(again.get_request(&child, &mut e), status::SUCCESS);
+    assert_eq!(req(&e).qpn.get(), 0x12);
+    for c in [&a, &a2, &child, &again, &listen] {
+        c.destroy();
+    }
+    w.finish();
+}
+
+#[test]
+fn hca_removal_fails_calls_and_destroy_still_works() {
+    let mut w = World::new(19);
+    let (listen, child, a) = (w.b.cep(), w.b.cep(), w.a.cep());
+    connected(&mut w, &listen, &a, &child);
+    w.b.node.device.remove();
+    w.run(SETTLE);
+    // iba_cm has no removal event: none is delivered; calls fail, destroy works.
+    assert_eq!(child.types(), [ev::RTU_RECEIVED]);
+    assert_eq!(child.dreq(&[]), status::INVALID_DEVICE_STATE);
+    let late = w.b.cep();
+    assert_eq!(late.create(), status::INVALID_DEVICE_STATE);
+    assert_eq!(w.b.ids_in_use(), 2);
+    for c in [&child, &listen] {
+        c.destroy();
+    }
+    assert_eq!(w.b.ids_in_use(), 0);
+    // The peer hears nothing more; its DREQ times out.
+    assert_eq!(a.dreq(&[]), status::SUCCESS);
+    w.run(60_000_000_000);
+    assert_eq!(a.types(), [ev::REP_RECEIVED, ev::DREQ_ERROR]);
+    a.destroy();
+    w.finish();
+}
