@@ -66,13 +66,6 @@ impl<T> ChunkedVec<T> {
         self.chunks.len() * CHUNK
     }
 
-    /// Heap bytes it holds: its chunks and the list of them.
-    #[must_use]
-    pub fn heap_bytes(&self) -> usize {
-        self.capacity() * core::mem::size_of::<T>()
-            + self.chunks.capacity() * core::mem::size_of::<Vec<T>>()
-    }
-
     /// Element `i`.
     #[must_use]
     pub fn get(&self, i: usize) -> Option<&T> {
@@ -121,6 +114,32 @@ impl<T> ChunkedVec<T> {
     /// The elements in order, mutably.
     pub fn iter_mut(&mut self) -> impl Iterator<Item = &mut T> {
         self.chunks.iter_mut().flatten()
+    }
+}
+
+/// The heap bytes a collection holds: its capacity, not its length (what a kernel pays
+/// in nonpaged pool).
+pub trait HeapBytes {
+    /// Heap bytes held.
+    fn heap_bytes(&self) -> usize;
+}
+
+impl<T> HeapBytes for Vec<T> {
+    fn heap_bytes(&self) -> usize {
+        self.capacity() * core::mem::size_of::<T>()
+    }
+}
+
+impl<T> HeapBytes for VecDeque<T> {
+    fn heap_bytes(&self) -> usize {
+        self.capacity() * core::mem::size_of::<T>()
+    }
+}
+
+/// Its chunks and the list of them.
+impl<T> HeapBytes for ChunkedVec<T> {
+    fn heap_bytes(&self) -> usize {
+        self.capacity() * core::mem::size_of::<T>() + self.chunks.heap_bytes()
     }
 }
 

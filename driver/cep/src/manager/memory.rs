@@ -4,12 +4,9 @@
 
 use core::mem::size_of;
 
-use alloc::collections::VecDeque;
-use alloc::vec::Vec;
-
 use super::CmManager;
 use crate::error::CmError;
-use crate::grow::reserve_queue;
+use crate::grow::{HeapBytes, reserve_queue};
 
 /// The manager's heap by part (see [`CmManager::memory`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -37,14 +34,6 @@ impl EngineMemory {
     pub fn total(&self) -> usize {
         self.tables() + self.private_data
     }
-}
-
-fn vec_bytes<T>(v: &Vec<T>) -> usize {
-    v.capacity() * size_of::<T>()
-}
-
-fn deque_bytes<T>(v: &VecDeque<T>) -> usize {
-    v.capacity() * size_of::<T>()
 }
 
 /// The allocation of a hashbrown table of `capacity` (items + growth left) entries of
@@ -120,7 +109,7 @@ impl CmManager {
             .map(|(_, bytes)| bytes.capacity())
             .sum::<usize>();
         EngineMemory {
-            slab: self.slots.heap_bytes() + deque_bytes(&self.free),
+            slab: self.slots.heap_bytes() + self.free.heap_bytes(),
             lookups: self.remote_ids.heap_bytes()
                 + self.remote_qpns.heap_bytes()
                 + hash_table_bytes(
@@ -130,10 +119,10 @@ impl CmManager {
             timers: self.timers.capacity()
                 * size_of::<core::cmp::Reverse<(crate::types::Instant, core::num::NonZeroU32, u32)>>(
                 ),
-            queues: deque_bytes(&self.transmits)
-                + deque_bytes(&self.events)
-                + vec_bytes(&self.listens)
-                + vec_bytes(&self.peers),
+            queues: self.transmits.heap_bytes()
+                + self.events.heap_bytes()
+                + self.listens.heap_bytes()
+                + self.peers.heap_bytes(),
             private_data,
         }
     }

@@ -4,9 +4,7 @@
 
 use core::mem::size_of;
 
-use alloc::collections::VecDeque;
-use alloc::vec::Vec;
-
+use ibcm_cep::grow::HeapBytes;
 use ibcm_ioctl::EventRecord;
 
 use super::client::Clients;
@@ -44,39 +42,31 @@ impl DispatchMemory {
     }
 }
 
-fn vec_bytes<T>(v: &Vec<T>) -> usize {
-    v.capacity() * size_of::<T>()
-}
-
-fn deque_bytes<T>(v: &VecDeque<T>) -> usize {
-    v.capacity() * size_of::<T>()
-}
-
 fn table_bytes<T>(t: &Table<T>, each: impl Fn(&T) -> usize) -> usize {
-    t.slots.heap_bytes() + vec_bytes(&t.free) + t.values().map(each).sum::<usize>()
+    t.slots.heap_bytes() + t.free.heap_bytes() + t.values().map(each).sum::<usize>()
 }
 
 fn endpoint_bytes<R>(ep: &Endpoint<R>) -> usize {
-    deque_bytes(&ep.events) + deque_bytes(&ep.pending)
+    ep.events.heap_bytes() + ep.pending.heap_bytes()
 }
 
 fn file_bytes<R>(f: &File<R>) -> usize {
     table_bytes(&f.endpoints, endpoint_bytes)
-        + vec_bytes(&f.spares)
+        + f.spares.heap_bytes()
         + f.spares.iter().map(endpoint_bytes).sum::<usize>()
 }
 
 impl RecordPool {
     fn bytes(&self) -> usize {
         self.chunks.len() * RECORD_CHUNK * size_of::<EventRecord>()
-            + vec_bytes(&self.chunks)
-            + vec_bytes(&self.free)
+            + self.chunks.heap_bytes()
+            + self.free.heap_bytes()
     }
 }
 
 impl<P: Platform> Clients<P> {
     fn bytes(&self) -> usize {
-        table_bytes(&self.table, |c| c.heap_bytes()) + vec_bytes(&self.ready) + self.spare_bytes()
+        table_bytes(&self.table, |c| c.heap_bytes()) + self.ready.heap_bytes() + self.spare_bytes()
     }
 }
 
@@ -88,18 +78,26 @@ impl<P: Platform> Inner<P> {
                 .values()
                 .map(|f| f.endpoints.slots.capacity() + f.spares.capacity())
                 .sum::<usize>();
-        let endpoints = table_bytes(&self.files, file_bytes) + vec_bytes(&self.owners);
+        let endpoints = table_bytes(&self.files, file_bytes) + self.owners.heap_bytes();
         DispatchMemory {
             records: self.records.bytes(),
             endpoints: endpoints - inline_private_data,
             private_data: inline_private_data,
             clients: self.clients.bytes(),
-            batches: vec_bytes(&self.tx)
-                + vec_bytes(&self.done)
-                + vec_bytes(&self.spare_tx)
-                + self.spare_tx.iter().map(vec_bytes).sum::<usize>()
-                + vec_bytes(&self.spare_done)
-                + self.spare_done.iter().map(vec_bytes).sum::<usize>(),
+            batches: self.tx.heap_bytes()
+                + self.done.heap_bytes()
+                + self.spare_tx.heap_bytes()
+                + self
+                    .spare_tx
+                    .iter()
+                    .map(HeapBytes::heap_bytes)
+                    .sum::<usize>()
+                + self.spare_done.heap_bytes()
+                + self
+                    .spare_done
+                    .iter()
+                    .map(HeapBytes::heap_bytes)
+                    .sum::<usize>(),
         }
     }
 }
