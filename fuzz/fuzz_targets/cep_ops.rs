@@ -51,6 +51,8 @@ use ibcm_mad::{
 };
 use libfuzzer_sys::fuzz_target;
 
+include!("asan_options.rs");
+
 #[derive(Arbitrary, Debug, Clone, Copy, PartialEq, Eq)]
 enum Side {
     A,

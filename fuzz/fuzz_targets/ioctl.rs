@@ -52,6 +52,8 @@ use ibcm_ioctl::{
 use libfuzzer_sys::fuzz_target;
 use zerocopy::{FromBytes, FromZeros, Immutable, IntoBytes, KnownLayout};
 
+include!("asan_options.rs");
+
 /// File handles per node.
 const FILES: usize = 3;
 const EV: usize = EventRecord::SIZE as usize;

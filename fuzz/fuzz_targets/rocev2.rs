@@ -39,6 +39,8 @@ use ibcm_host::{Clock, Node, Wake, node_guid};
 use ibcm_mad::{ClassPortInfo, CmMad, CmMessage, MAD_SIZE, MadHeader, Method};
 use libfuzzer_sys::fuzz_target;
 
+include!("asan_options.rs");
+
 const LOCAL: Ipv4Addr = Ipv4Addr::new(10, 0, 0, 1);
 const PEER: Ipv4Addr = Ipv4Addr::new(10, 0, 0, 2);
 /// Inputs a node serves before it is replaced by a fresh one.
