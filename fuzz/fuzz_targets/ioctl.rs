@@ -20,18 +20,39 @@
 //!   DISPATCH_LEVEL);
 //! - every request the harness issued has completed;
 //! - no CEP is left in either engine.
+//!
+//! Cost: two new nodes cost more than most inputs (their batches, tables and pools), so
+//! a fabric serves [`FABRIC_USES`] inputs in a row: after an input, once the checks above
+//! passed, [`quiescent`] asserts that it holds nothing the input left (no file, CEP,
+//! peer-map or timer entry, armed timer, MAD, violation). Each input opens its own files
+//! (three per node, each after the VERSION handshake) and closes them. Requests carry a
+//! completion hook, so the ledger checks each completion and then forgets the request
+//! (its size stays that of the requests in flight). The sequence stops where the input
+//! ends (it used to run on to 256 operations of zeroes).
+//!
+//! Reproducing: a failing input ran on a fabric that may have served earlier inputs, so
+//! the panic hook writes those to `history-<pid>-NNN` in the current directory and says
+//! how to replay them (in order, on one fabric, as the fuzzer ran them). With
+//! `IBCM_FUZZ_FRESH=1` every input gets a new fabric. `IOCTL_FUZZ_TRACE=1` prints every
+//! completion.
 #![no_main]
 
 use arbitrary::{Arbitrary, Unstructured};
 use ibcm_endpoint::FileId;
-use ibcm_host::{Fabric, Node, file_key, node_address};
+use std::cell::RefCell;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError};
+
+use ibcm_host::{CompletionHook, Fabric, Node, file_key, node_address};
 use ibcm_ioctl::{
     ABI_VERSION, ConnectIn, CountersIn, CountersOut, CreateIn, CreateOut, EventRecord, FormatRepIn,
-    QpTransitionsOut, GetQpAttrIn, HandleIn, ListenIn, MraIn, PathAbi, PrivateDataIn, QpAttrOut,
+    GetQpAttrIn, HandleIn, ListenIn, MraIn, PathAbi, PrivateDataIn, QpAttrOut, QpTransitionsOut,
     QueryOut, RejIn, VersionIn, VersionOut, code, event_type, status,
 };
 use libfuzzer_sys::fuzz_target;
 use zerocopy::{FromBytes, FromZeros, Immutable, IntoBytes, KnownLayout};
+
+include!("asan_options.rs");
 
 /// File handles per node.
 const FILES: usize = 3;
@@ -129,6 +150,43 @@ struct Outstanding {
     code: u32,
 }
 
+/// A completed request, as its completion hook handed it over.
+#[derive(Debug)]
+struct Done {
+    key: u64,
+    status: i32,
+    /// The bytes the request reported (`information` of them: the ledger checked that
+    /// they were written).
+    output: Vec<u8>,
+}
+
+/// Where the completions of one node's requests go.
+#[derive(Default)]
+struct Completions(Mutex<Vec<Done>>);
+
+/// The completion hook of one request: it hands the completion to the harness by key.
+/// With a hook the ledger checks the completion and then forgets the request, so that a
+/// node serving many inputs keeps a ledger as short as its requests in flight.
+struct Hook {
+    key: AtomicU64,
+    sink: Arc<Completions>,
+}
+
+impl CompletionHook for Hook {
+    fn completed(self: Arc<Self>, status: i32, output: Vec<u8>) {
+        let key = self.key.load(Ordering::Relaxed);
+        self.sink
+            .0
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .push(Done {
+                key,
+                status,
+                output,
+            });
+    }
+}
+
 struct Harness {
     fabric: Fabric,
     files: [[FileId; FILES]; 2],
@@ -136,8 +194,14 @@ struct Harness {
     handles: [[Vec<u64>; FILES]; 2],
     /// Requests not completed yet, per node.
     outstanding: [Vec<Outstanding>; 2],
-    /// Every file ever opened, per node (closed ones too), for the ledger check.
+    /// Every file opened for this input, per node (closed ones too), for the ledger check.
     opened: [Vec<FileId>; 2],
+    /// Each node's completions, not yet reaped.
+    completions: [Arc<Completions>; 2],
+    /// Output buffers of completed requests, for the next requests.
+    buffers: Vec<Vec<u8>>,
+    /// `IOCTL_FUZZ_TRACE` is set: print each completion.
+    trace: bool,
 }
 
 fn path(from: usize, to: usize) -> PathAbi {
@@ -384,16 +448,20 @@ fn record(c: u32, node: usize, handle: u64, rec: &Record) -> Vec<u8> {
 }
 
 impl Harness {
-    fn new() -> Self {
-        let fabric = Fabric::new(2, 1);
+    /// The harness on `fabric`, which holds no file, CEP, request or MAD (see
+    /// [`quiescent`]): three files per node, each after the VERSION handshake.
+    fn new(fabric: Fabric, completions: [Arc<Completions>; 2], trace: bool) -> Self {
         let files = [0, 1].map(|n| [(); FILES].map(|()| fabric.nodes[n].open()));
         let opened = [files[0].to_vec(), files[1].to_vec()];
-        let h = Self {
+        let mut h = Self {
             fabric,
             files,
             handles: Default::default(),
             outstanding: Default::default(),
             opened,
+            completions,
+            buffers: Vec::new(),
+            trace,
         };
         for n in 0..2 {
             for s in 0..FILES {
@@ -407,19 +475,16 @@ impl Harness {
         &self.fabric.nodes[n]
     }
 
-    fn handshake(&self, n: usize, s: usize) {
+    fn handshake(&mut self, n: usize, s: usize) {
         let v = VersionIn {
             size: VersionIn::SIZE,
             abi_version: ABI_VERSION,
         };
-        let done = self
-            .node(n)
-            .ioctl_now(self.files[n][s], code::VERSION, v.as_bytes(), 16);
-        assert_eq!(done.status, status::SUCCESS);
+        let done = self.call(n, s, code::VERSION, v.as_bytes(), 16);
+        assert_eq!(done.map(|d| d.status), Some(status::SUCCESS), "VERSION");
     }
 
-    fn learn(&mut self, n: usize, s: usize, c: u32, output: &[u8], information: usize) {
-        let output = &output[..information.min(output.len())];
+    fn learn(&mut self, n: usize, s: usize, c: u32, output: &[u8]) {
         match c {
             code::CREATE => {
                 if let Ok(o) = CreateOut::read_from_bytes(output) {
@@ -439,52 +504,82 @@ impl Harness {
         }
     }
 
-    /// Moves completed requests out of `outstanding`, learning from their output. With
-    /// `IOCTL_FUZZ_TRACE` set, prints each completion (code, status, bytes).
-    fn reap(&mut self) {
-        for n in 0..2 {
-            let mut i = 0;
-            while i < self.outstanding[n].len() {
-                let o = &self.outstanding[n][i];
-                match self.node(n).completion(o.key) {
-                    Some(done) => {
-                        let (slot, c) = (o.slot, o.code);
-                        self.outstanding[n].swap_remove(i);
-                        if std::env::var_os("IOCTL_FUZZ_TRACE").is_some() {
-                            eprintln!(
-                                "trace node {n} file {slot} code {c:#x} status {:#x} bytes {}",
-                                done.status, done.information
-                            );
-                        }
-                        assert!(done.information <= done.output.len());
-                        if done.status == status::SUCCESS {
-                            self.learn(n, slot, c, &done.output, done.information);
-                        }
-                    }
-                    None => i += 1,
-                }
-            }
-        }
-    }
-
-    /// Issues an IOCTL, tracks it, and returns its completion if it completed at once.
-    fn call(
-        &mut self,
-        n: usize,
-        s: usize,
-        c: u32,
-        bytes: &[u8],
-        out: usize,
-    ) -> Option<ibcm_host::verifier::Completion> {
-        let key = self.node(n).ioctl(self.files[n][s], c, bytes, out);
+    /// Issues an IOCTL and tracks it; its key.
+    fn issue(&mut self, n: usize, s: usize, c: u32, bytes: &[u8], out: usize) -> u64 {
+        let file = self.files[n][s];
+        let hook = Arc::new(Hook {
+            key: AtomicU64::new(0),
+            sink: Arc::clone(&self.completions[n]),
+        });
+        let buffer = self.buffers.pop().unwrap_or_default();
+        let node = &self.fabric.nodes[n];
+        let request = node.platform.request_with_hook(
+            file_key(file),
+            buffer,
+            out,
+            Arc::clone(&hook) as Arc<dyn CompletionHook>,
+        );
+        let key = request.key_value();
+        hook.key.store(key, Ordering::Relaxed);
         self.outstanding[n].push(Outstanding {
             key,
             slot: s,
             code: c,
         });
-        let done = self.node(n).completion(key);
-        self.reap();
-        done
+        node.device.dispatch(file, request, c, bytes);
+        key
+    }
+
+    /// Moves completed requests out of `outstanding`, learning from their output; the
+    /// completion of `want`, if it is among them. With `IOCTL_FUZZ_TRACE` set, prints
+    /// each completion (code, status, bytes).
+    fn reap_for(&mut self, want: Option<u64>) -> Option<Done> {
+        let mut found = None;
+        for n in 0..2 {
+            let done = std::mem::take(
+                &mut *self.completions[n]
+                    .0
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner),
+            );
+            for d in done {
+                let Some(i) = self.outstanding[n].iter().position(|o| o.key == d.key) else {
+                    panic!(
+                        "node {n}: a completion of request {:#x}, not outstanding",
+                        d.key
+                    );
+                };
+                let o = self.outstanding[n].swap_remove(i);
+                if self.trace {
+                    eprintln!(
+                        "trace node {n} file {} code {:#x} status {:#x} bytes {}",
+                        o.slot,
+                        o.code,
+                        d.status,
+                        d.output.len()
+                    );
+                }
+                if d.status == status::SUCCESS {
+                    self.learn(n, o.slot, o.code, &d.output);
+                }
+                if want == Some(d.key) {
+                    found = Some(d);
+                } else {
+                    self.buffers.push(d.output);
+                }
+            }
+        }
+        found
+    }
+
+    fn reap(&mut self) {
+        self.reap_for(None);
+    }
+
+    /// Issues an IOCTL, tracks it, and returns its completion if it completed at once.
+    fn call(&mut self, n: usize, s: usize, c: u32, bytes: &[u8], out: usize) -> Option<Done> {
+        let key = self.issue(n, s, c, bytes, out);
+        self.reap_for(Some(key))
     }
 
     /// Creates an endpoint; its handle, if it worked.
@@ -510,7 +605,7 @@ impl Harness {
         let Some(done) = self.call(n, s, code::GET_EVENT, h.as_bytes(), 4 * EV) else {
             return Vec::new();
         };
-        done.output[..done.information]
+        done.output
             .chunks_exact(EV)
             .filter_map(|c| EventRecord::read_from_bytes(c).ok())
             .collect()
@@ -682,12 +777,7 @@ impl Harness {
                     OutLen::Fit(k) => fit(c, k),
                     OutLen::Raw(l) => usize::from(l % 4096),
                 };
-                let key = self.node(n).ioctl(self.files[n][s], c, &bytes, out);
-                self.outstanding[n].push(Outstanding {
-                    key,
-                    slot: s,
-                    code: c,
-                });
+                self.issue(n, s, c, &bytes, out);
                 self.reap();
             }
             Op::Call {
@@ -782,10 +872,157 @@ impl Harness {
     }
 }
 
+/// Asserts that a fabric holds nothing an input left behind: no file, CEP, peer-map or
+/// timer entry in either engine, no timer armed, no MAD in flight or in an outbox, no
+/// violation. A fabric in this state behaves, for the next input, as a new one, but for
+/// the values it draws (comm IDs, PSNs, generations) and the room it has grown.
+///
+/// (That no MAD is on the link and no timer armed is what ended the dry run: `step`
+/// found nothing to do.)
+fn quiescent(fabric: &Fabric) {
+    for (n, node) in fabric.nodes.iter().enumerate() {
+        assert_eq!(node.device.file_count(), 0, "node {n}: files left");
+        let engine = node
+            .device
+            .with_engine(|cm| (cm.live_ceps(), cm.peer_map_entries(), cm.timer_entries()));
+        assert_eq!(
+            engine,
+            (0, 0, 0),
+            "node {n}: CEPs, peer-map or timer entries left"
+        );
+        assert_eq!(node.platform.timer(), None, "node {n}: the timer is armed");
+        let sent = node.platform.take_sent();
+        assert!(sent.is_empty(), "node {n}: MADs left in the outbox");
+        node.platform.recycle_sent(sent);
+        let v = node.violations();
+        assert!(v.is_empty(), "node {n}: violations {v:?}");
+    }
+}
+
+/// Inputs one fabric serves before a new one replaces it (`IBCM_FUZZ_FRESH=1`: one). Two
+/// new nodes cost about half a millisecond here (their batches, tables and pools); a
+/// fabric that has run dry after an input ([`quiescent`]) serves the next as well.
+const FABRIC_USES: usize = 128;
+/// A fabric whose clock passed this is replaced (an input moves it by 2^44 ns at most).
+const CLOCK_LIMIT_NS: u64 = 1 << 56;
+
+struct Reused {
+    fabric: Fabric,
+    completions: [Arc<Completions>; 2],
+}
+
+/// The inputs the current fabric served, this one included: the first `len` of
+/// `inputs`, whose buffers are kept for the next fabric's inputs. (libFuzzer runs a leak
+/// check after an input that allocated more than it freed: memory kept from one input to
+/// the next is allocated once, not per input.)
+#[derive(Default)]
+struct History {
+    inputs: Vec<Vec<u8>>,
+    len: usize,
+}
+
+impl History {
+    fn served(&self) -> &[Vec<u8>] {
+        &self.inputs[..self.len]
+    }
+
+    fn clear(&mut self) {
+        self.len = 0;
+    }
+
+    fn push(&mut self, data: &[u8]) {
+        if self.len == self.inputs.len() {
+            self.inputs.push(Vec::with_capacity(4096));
+        }
+        let slot = &mut self.inputs[self.len];
+        slot.clear();
+        slot.extend_from_slice(data);
+        self.len += 1;
+    }
+}
+
+thread_local! {
+    static FABRIC: RefCell<Option<Reused>> = const { RefCell::new(None) };
+    static HISTORY: RefCell<History> = RefCell::new(History::default());
+}
+
+fn uses() -> usize {
+    static USES: OnceLock<usize> = OnceLock::new();
+    *USES.get_or_init(|| {
+        if std::env::var_os("IBCM_FUZZ_FRESH").is_some_and(|v| v == "1") {
+            1
+        } else {
+            FABRIC_USES
+        }
+    })
+}
+
+/// On a failure, writes the inputs the fabric served before the failing one, so that the
+/// failure can be replayed: `ioctl history-<pid>-000 ... <crash file>` runs them in order
+/// on one fabric, as the fuzzer did.
+fn install_history_hook() {
+    static ONCE: OnceLock<()> = OnceLock::new();
+    ONCE.get_or_init(|| {
+        let previous = std::panic::take_hook();
+        std::panic::set_hook(Box::new(move |info| {
+            let _ = HISTORY.try_with(|h| {
+                let Ok(h) = h.try_borrow() else { return };
+                let h = h.served();
+                let earlier = h.len().saturating_sub(1);
+                if earlier == 0 {
+                    return;
+                }
+                let pid = std::process::id();
+                let mut names = Vec::new();
+                for (i, input) in h[..earlier].iter().enumerate() {
+                    let name = format!("history-{pid}-{i:03}");
+                    if std::fs::write(&name, input).is_ok() {
+                        names.push(name);
+                    }
+                }
+                eprintln!(
+                    "ioctl: this input ran on a fabric that served {earlier} input(s) before it; \
+                     replay them first: ioctl {} <crash file> (or IBCM_FUZZ_FRESH=1 for a \
+                     fabric per input)",
+                    names.join(" ")
+                );
+            });
+            previous(info);
+        }));
+    });
+}
+
+fn trace() -> bool {
+    static TRACE: OnceLock<bool> = OnceLock::new();
+    *TRACE.get_or_init(|| std::env::var_os("IOCTL_FUZZ_TRACE").is_some())
+}
+
 fuzz_target!(|data: &[u8]| {
+    install_history_hook();
+    let reused = FABRIC.with(|f| f.borrow_mut().take());
+    let reused = match reused {
+        Some(r)
+            if HISTORY.with(|h| h.borrow().len) < uses()
+                && r.fabric.now().as_nanos() < CLOCK_LIMIT_NS =>
+        {
+            r
+        }
+        _ => {
+            HISTORY.with(|h| h.borrow_mut().clear());
+            Reused {
+                fabric: Fabric::new(2, 1),
+                completions: Default::default(),
+            }
+        }
+    };
+    HISTORY.with(|h| h.borrow_mut().push(data));
+    let mut h = Harness::new(reused.fabric, reused.completions, trace());
+
     let mut u = Unstructured::new(data);
-    let mut h = Harness::new();
     for _ in 0..256 {
+        if u.is_empty() {
+            break;
+        }
         let Ok(op) = Op::arbitrary(&mut u) else { break };
         h.apply(op);
     }
@@ -826,4 +1063,24 @@ fuzz_target!(|data: &[u8]| {
             "node {n}: {live} CEP(s) left after every file closed"
         );
     }
+    assert!(
+        h.completions.iter().all(|c| c
+            .0
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .is_empty()),
+        "a completion after every file closed"
+    );
+    quiescent(&h.fabric);
+    let Harness {
+        fabric,
+        completions,
+        ..
+    } = h;
+    FABRIC.with(|f| {
+        *f.borrow_mut() = Some(Reused {
+            fabric,
+            completions,
+        })
+    });
 });

@@ -5,6 +5,8 @@
 use ibcm_mad::{CmMad, MAD_SIZE};
 use libfuzzer_sys::fuzz_target;
 
+include!("asan_options.rs");
+
 fuzz_target!(|data: &[u8]| {
     let Ok(first) = CmMad::parse(data) else {
         return;

@@ -230,8 +230,9 @@ pub struct RoceCounts {
     pub fault_rx: u64,
 }
 
+/// A port's counters, shared by its threads (read them with [`counts`](Self::counts)).
 #[derive(Debug, Default)]
-struct Stats {
+pub struct RoceStats {
     sent: AtomicU64,
     send_errors: AtomicU64,
     refused: AtomicU64,
@@ -242,12 +243,13 @@ struct Stats {
     fault_rx: AtomicU64,
 }
 
-impl Stats {
+impl RoceStats {
     fn bump(c: &AtomicU64) {
         c.fetch_add(1, Ordering::Relaxed);
     }
 
-    fn counts(&self) -> RoceCounts {
+    /// What has been counted so far.
+    pub fn counts(&self) -> RoceCounts {
         let l = |c: &AtomicU64| c.load(Ordering::Relaxed);
         RoceCounts {
             sent: l(&self.sent),
@@ -267,7 +269,7 @@ pub struct RocePort {
     node: Arc<Node>,
     config: RoceConfig,
     guid: u64,
-    stats: Arc<Stats>,
+    stats: Arc<RoceStats>,
     stop: Arc<AtomicBool>,
     wake: Arc<Wake>,
     threads: Vec<JoinHandle<()>>,
@@ -333,7 +335,7 @@ impl RocePort {
             Arc::clone(&wake),
         ));
         let raw = Arc::new(raw);
-        let stats = Arc::new(Stats::default());
+        let stats = Arc::new(RoceStats::default());
         let stop = Arc::new(AtomicBool::new(false));
         let faults = Arc::new(Mutex::new(config.faults.clone()));
         let mut threads = Vec::new();
@@ -430,7 +432,7 @@ fn receive_loop(
     node: &Node,
     raw: &Socket,
     local: Ipv4Addr,
-    stats: &Stats,
+    stats: &RoceStats,
     stop: &AtomicBool,
     faults: &Mutex<RoceFaults>,
 ) {
@@ -455,25 +457,67 @@ fn receive_loop(
             }
         };
         let Some(packet) = buf.get(..n) else { continue };
-        match decode(packet) {
-            Ok(d) if d.framing.dst == local => {
-                let lose = RoceFaults::take(
-                    &mut faults
-                        .lock()
-                        .unwrap_or_else(PoisonError::into_inner)
-                        .drop_rx,
-                    attribute_of(d.mad),
-                );
-                if lose {
-                    Stats::bump(&stats.fault_rx);
-                    continue;
-                }
-                Stats::bump(&stats.received);
-                node.receive(&roce_address(d.framing.src, d.framing.pkey), d.mad);
+        receive_packet(packet, local, stats, faults, |src, mad| {
+            node.receive(src, mad)
+        });
+    }
+}
+
+/// What the receive path did with one packet.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Received {
+    /// A QP1 MAD to the local address with a good ICRC: handed to the CM (counted in
+    /// `received`).
+    Delivered,
+    /// Not RoCEv2 (not IPv4/UDP to port 4791), or not to the local address: ignored, not
+    /// counted.
+    Ignored,
+    /// RoCEv2 but not a QP1 MAD (counted in `not_qp1`).
+    NotQp1,
+    /// A wrong ICRC (counted in `bad_icrc`).
+    BadIcrc,
+    /// Dropped by fault injection (counted in `fault_rx`).
+    Faulted,
+}
+
+/// The receive path of a port for one packet as the raw socket delivered it (IPv4 header
+/// first): taken apart and its ICRC checked ([`decode`]), counted in `stats`, and, if it
+/// is a QP1 MAD to `local` with a good ICRC that fault injection spares, handed to
+/// `deliver` with the address a reply goes to. The receive thread runs this for every
+/// packet it reads; it is public so that the path can be driven without a socket (the
+/// fuzz target does).
+pub fn receive_packet(
+    packet: &[u8],
+    local: Ipv4Addr,
+    stats: &RoceStats,
+    faults: &Mutex<RoceFaults>,
+    deliver: impl FnOnce(&MadAddress, &[u8]),
+) -> Received {
+    match decode(packet) {
+        Ok(d) if d.framing.dst == local => {
+            let lose = RoceFaults::take(
+                &mut faults
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .drop_rx,
+                attribute_of(d.mad),
+            );
+            if lose {
+                RoceStats::bump(&stats.fault_rx);
+                return Received::Faulted;
             }
-            Ok(_) | Err(DropReason::NotRoce) => {}
-            Err(DropReason::NotQp1) => Stats::bump(&stats.not_qp1),
-            Err(DropReason::BadIcrc { .. }) => Stats::bump(&stats.bad_icrc),
+            RoceStats::bump(&stats.received);
+            deliver(&roce_address(d.framing.src, d.framing.pkey), d.mad);
+            Received::Delivered
+        }
+        Ok(_) | Err(DropReason::NotRoce) => Received::Ignored,
+        Err(DropReason::NotQp1) => {
+            RoceStats::bump(&stats.not_qp1);
+            Received::NotQp1
+        }
+        Err(DropReason::BadIcrc { .. }) => {
+            RoceStats::bump(&stats.bad_icrc);
+            Received::BadIcrc
         }
     }
 }
@@ -483,7 +527,7 @@ fn transmit_loop(
     node: &Node,
     raw: &Socket,
     cfg: &RoceConfig,
-    stats: &Stats,
+    stats: &RoceStats,
     stop: &AtomicBool,
     wake: &Wake,
     faults: &Mutex<RoceFaults>,
@@ -500,7 +544,7 @@ fn transmit_loop(
         }
         for t in node.platform.take_sent() {
             let Some(dst) = gid_ipv4(&t.dest.gid).filter(|a| cfg.on_link(*a)) else {
-                Stats::bump(&stats.refused);
+                RoceStats::bump(&stats.refused);
                 continue;
             };
             let lose = RoceFaults::take(
@@ -511,7 +555,7 @@ fn transmit_loop(
                 attribute_of(&t.mad),
             );
             if lose {
-                Stats::bump(&stats.fault_tx);
+                RoceStats::bump(&stats.fault_tx);
                 continue;
             }
             let framing = Framing {
@@ -527,12 +571,12 @@ fn transmit_loop(
             ip_id = ip_id.wrapping_add(1).max(1);
             psn = (psn + 1) & 0x00ff_ffff;
             let Some(packet) = encode(&framing, &t.mad) else {
-                Stats::bump(&stats.send_errors);
+                RoceStats::bump(&stats.send_errors);
                 continue;
             };
             match raw.send_to(&packet, &SockAddr::from(SocketAddrV4::new(dst, 0))) {
-                Ok(_) => Stats::bump(&stats.sent),
-                Err(_) => Stats::bump(&stats.send_errors),
+                Ok(_) => RoceStats::bump(&stats.sent),
+                Err(_) => RoceStats::bump(&stats.send_errors),
             }
         }
         if stopping {

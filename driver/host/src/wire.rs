@@ -49,6 +49,10 @@ pub const PACKET_LEN: usize =
 const LOW_24: u32 = 0x00ff_ffff;
 /// BTH byte 1: MigReq.
 const BTH_MIG_REQ: u8 = 0x40;
+/// BTH byte 1: PadCnt, the bytes of pad at the end of the payload.
+const BTH_PAD_CNT: u8 = 0x30;
+/// BTH byte 1: TVer, the transport header version (0).
+const BTH_TVER: u8 = 0x0f;
 /// BTH word 2: AckReq.
 const BTH_ACK_REQ: u32 = 0x8000_0000;
 
@@ -215,7 +219,8 @@ pub(crate) fn write_packet(
 pub enum DropReason {
     /// Not IPv4/UDP to port 4791 (some other traffic: ignored, not counted as an error).
     NotRoce,
-    /// RoCEv2, but not a UD SEND_ONLY to QP1 with the QP1 Q_Key and a whole MAD.
+    /// RoCEv2, but not a UD SEND_ONLY to QP1 with the QP1 Q_Key and a whole MAD (with
+    /// transport header version 0, no pad, and a UDP length that matches the packet's).
     NotQp1,
     /// The ICRC does not match.
     BadIcrc {
@@ -311,7 +316,14 @@ pub fn decode(packet: &[u8]) -> Result<Decoded<'_>, DropReason> {
     }
     let t = p.ud_transport().ok_or(DropReason::NotQp1)?;
     let (bth, deth) = (&t.headers.bth, &t.headers.deth);
-    if bth.opcode != BTH_UD_SEND_ONLY
+    // What a RoCE NIC drops besides: a UDP length that disagrees with the IP packet's
+    // (the UDP layer under the NIC's RoCE stack drops the datagram; read from a raw
+    // socket it arrives whole), a transport header version other than 0 (IBA 9.2.1), and
+    // pad (a 256-byte MAD is a whole number of words: PadCnt bytes of pad would leave
+    // fewer than 256 bytes of MAD).
+    if usize::from(p.udp.length()) != p.packet.len() - p.ip.slice().len()
+        || bth.flags & (BTH_PAD_CNT | BTH_TVER) != 0
+        || bth.opcode != BTH_UD_SEND_ONLY
         || bth.dest_qp.get() & LOW_24 != 1
         || deth.qkey.get() != QP1_QKEY
         || t.payload.len() != MAD_SIZE

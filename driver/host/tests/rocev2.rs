@@ -286,3 +286,117 @@ fn decode_sorts_out_what_is_not_a_qp1_mad() {
     assert!(matches!(decode(&bad_icrc), Err(DropReason::BadIcrc { .. })));
     assert_eq!(decode(&p[..40]), Err(DropReason::NotRoce), "truncated");
 }
+
+/// `p` with its ICRC computed again (after a field it covers was changed).
+fn with_icrc(mut p: [u8; PACKET_LEN]) -> [u8; PACKET_LEN] {
+    let end = PACKET_LEN - 4;
+    let crc = ibcm_host::pcap::icrc(&p[..end]).unwrap();
+    p[end..].copy_from_slice(&crc.to_le_bytes());
+    p
+}
+
+/// Found by the `rocev2` fuzz target (its reference decoder follows IBA and what a RoCE
+/// NIC's stack drops): `decode` handed up, as a 256-byte MAD, packets with a good ICRC
+/// but a UDP length that disagrees with the IP packet's, a transport header version
+/// other than 0, or pad (which leaves fewer than 256 bytes of MAD).
+#[test]
+fn decode_drops_what_a_roce_nic_drops() {
+    let f = Framing {
+        src: Ipv4Addr::new(10, 77, 0, 1),
+        dst: Ipv4Addr::new(10, 77, 0, 2),
+        ip_id: 9,
+        udp_src: 0xc001,
+        pkey: 0xffff,
+        psn: 1,
+        ack_req: false,
+        mig_req: true,
+    };
+    let p = encode(&f, &[0x11; MAD_SIZE]).unwrap();
+    assert!(decode(&p).is_ok());
+    // UDP length: bytes 24..26 (the IPv4 header has no options).
+    for len in [279u16, 281, 8, 0xffff] {
+        let mut q = p;
+        q[24..26].copy_from_slice(&len.to_be_bytes());
+        assert_eq!(
+            decode(&with_icrc(q)),
+            Err(DropReason::NotQp1),
+            "UDP length {len}"
+        );
+    }
+    // BTH byte 1 (packet byte 29): SE, MigReq, PadCnt (0x30), TVer (0x0f).
+    for flags in [0x41u8, 0x4f, 0x50, 0x60, 0x70, 0x01] {
+        let mut q = p;
+        q[29] = flags;
+        assert_eq!(
+            decode(&with_icrc(q)),
+            Err(DropReason::NotQp1),
+            "BTH flags {flags:#x}"
+        );
+    }
+    // SE and MigReq are no reason to drop.
+    let mut q = p;
+    q[29] = 0x80;
+    assert!(decode(&with_icrc(q)).is_ok());
+}
+
+/// The receive path counts every packet once and hands the CM only QP1 MADs with a good
+/// ICRC (what the `rocev2` fuzz target checks on arbitrary packets).
+#[test]
+fn receive_packet_counts_and_hands_up_only_good_mads() {
+    use ibcm_host::rocev2::{Received, RoceFaults, RoceStats, receive_packet};
+    use std::sync::Mutex;
+    let local = Ipv4Addr::new(10, 77, 0, 2);
+    let f = Framing {
+        src: Ipv4Addr::new(10, 77, 0, 1),
+        dst: local,
+        ip_id: 3,
+        udp_src: 0xc002,
+        pkey: 0x8001,
+        psn: 2,
+        ack_req: false,
+        mig_req: false,
+    };
+    let mut mad = [0u8; MAD_SIZE];
+    mad[16..18].copy_from_slice(&0x0015u16.to_be_bytes());
+    let good = encode(&f, &mad).unwrap();
+    let mut bad_icrc = good;
+    bad_icrc[100] ^= 4;
+    let mut other_port = good;
+    other_port[22..24].copy_from_slice(&53u16.to_be_bytes());
+    let mut to_other = f;
+    to_other.dst = Ipv4Addr::new(10, 77, 0, 9);
+    let elsewhere = encode(&to_other, &mad).unwrap();
+    let stats = RoceStats::default();
+    let faults = Mutex::new(RoceFaults {
+        drop_tx: Vec::new(),
+        drop_rx: vec![(0x0015, 1)],
+    });
+    let mut handed = Vec::new();
+    let mut rx = |p: &[u8]| {
+        receive_packet(p, local, &stats, &faults, |src, m| {
+            handed.push((*src, m.to_vec()));
+        })
+    };
+    assert_eq!(
+        rx(&good),
+        Received::Faulted,
+        "the one MAD fault injection drops"
+    );
+    assert_eq!(rx(&bad_icrc), Received::BadIcrc);
+    assert_eq!(rx(&other_port), Received::Ignored);
+    assert_eq!(rx(&elsewhere), Received::Ignored);
+    assert_eq!(
+        rx(&good[..60]),
+        Received::Ignored,
+        "truncated: not RoCEv2 as far as it goes"
+    );
+    assert_eq!(rx(&good), Received::Delivered);
+    assert_eq!(handed.len(), 1);
+    assert_eq!(handed[0].0, roce_address(f.src, 0x8001));
+    assert_eq!(handed[0].1, mad);
+    let c = stats.counts();
+    assert_eq!(
+        (c.received, c.bad_icrc, c.not_qp1, c.fault_rx, c.sent),
+        (1, 1, 0, 1, 0)
+    );
+}
