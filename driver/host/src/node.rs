@@ -24,6 +24,8 @@ pub struct Node {
     /// counted by the allocator (the platform's own bookkeeping and the callers' buffers
     /// opted out).
     driver_bytes: AtomicI64,
+    /// Whether `driver_bytes` is being counted.
+    counting: AtomicBool,
     /// Whether the DISPATCH_LEVEL entry points are timed, and their times.
     timing: AtomicBool,
     dpc_times: Mutex<DpcTimes>,
@@ -67,6 +69,7 @@ impl Node {
             platform,
             address,
             driver_bytes: AtomicI64::new(0),
+            counting: AtomicBool::new(false),
             timing: AtomicBool::new(false),
             dpc_times: Mutex::new(DpcTimes::default()),
         }
@@ -114,8 +117,12 @@ impl Node {
         value
     }
 
-    /// Runs a driver entry point, counting what it leaves allocated.
+    /// Runs a driver entry point, counting what it leaves allocated when asked to
+    /// ([`count_driver_bytes`](Self::count_driver_bytes)).
     fn in_driver<T>(&self, f: impl FnOnce() -> T) -> T {
+        if !self.counting.load(Ordering::Relaxed) {
+            return f();
+        }
         let mut value = None;
         let info = allocation_counter::measure(|| value = Some(f()));
         self.driver_bytes
@@ -126,8 +133,15 @@ impl Node {
         }
     }
 
-    /// Heap bytes the driver holds now, by the allocator's count over every entry point
-    /// of this node (the kernel-client calls tests make on `device` directly excepted).
+    /// Starts counting, with the allocator, what every entry point of this node leaves
+    /// allocated (off by default: it costs each entry point a measure).
+    pub fn count_driver_bytes(&self) {
+        self.counting.store(true, Ordering::Relaxed);
+    }
+
+    /// Heap bytes the driver's entry points left allocated since counting started, by the
+    /// allocator's count (the kernel-client calls tests make on `device` directly
+    /// excepted).
     pub fn driver_bytes(&self) -> u64 {
         self.driver_bytes.load(Ordering::Relaxed).max(0) as u64
     }

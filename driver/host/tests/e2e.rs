@@ -662,6 +662,9 @@ fn establish(
 #[test]
 fn the_drivers_memory_accounting_matches_the_allocator() {
     let mut fabric = Fabric::new(2, 23);
+    for n in &fabric.nodes {
+        n.count_driver_bytes();
+    }
     let (fa, fb, listen) = listening_with_backlog(&fabric, 0x77, 64);
     let accounted = |n: &Node| -> i64 {
         let d = n.device.memory().total();

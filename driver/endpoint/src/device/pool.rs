@@ -121,7 +121,9 @@ impl RecordPool {
     /// with room for every slot. With nothing queued, a pool grown by a burst shrinks
     /// back to that (nothing is kept at its high-water mark).
     pub(super) fn prepare(&mut self) {
-        if self.queued() == 0 && self.chunks.len() * RECORD_CHUNK > KEEP_FREE {
+        // Shrink only well past the need (hysteresis): a pool reset on every call would
+        // be allocated again at the next.
+        if self.queued() == 0 && self.chunks.len() * RECORD_CHUNK >= 4 * KEEP_FREE {
             *self = Self::default();
         }
         // As many free as queued (at least KEEP_FREE): a pool that ran short doubles, so
