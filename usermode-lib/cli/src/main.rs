@@ -216,12 +216,8 @@ struct CmtimeArgs {
     fabric: FabricArgs,
     #[command(flatten)]
     roce: cli_rocev2::RoceArgs,
-    /// Device mode: the local LID (the client connects to --remote-lid).
-    #[arg(long, value_name = "LID", value_parser = number, requires = "device")]
-    local_lid: Option<u64>,
-    /// Device mode: the LID to connect to (the server's; may be the local one).
-    #[arg(long, value_name = "LID", value_parser = number, requires = "device")]
-    remote_lid: Option<u64>,
+    #[command(flatten)]
+    lids: DeviceLids,
 }
 
 #[derive(Args, Debug)]
@@ -248,10 +244,18 @@ struct ExchangeArgs {
     fabric: FabricArgs,
     #[command(flatten)]
     roce: cli_rocev2::RoceArgs,
-    /// Device mode: this node's LID.
+    #[command(flatten)]
+    lids: DeviceLids,
+}
+
+/// The path's LIDs when running against the installed driver (`--device`).
+#[derive(Args, Debug)]
+struct DeviceLids {
+    /// Device mode: this node's LID (the client connects from it).
     #[arg(long, value_name = "LID", value_parser = number, requires = "device")]
     local_lid: Option<u64>,
-    /// Device mode: the peer's LID (connect).
+    /// Device mode: the peer's LID, the server's (connect and cmtime; may be the local
+    /// one).
     #[arg(long, value_name = "LID", value_parser = number, requires = "device")]
     remote_lid: Option<u64>,
 }
@@ -404,8 +408,8 @@ fn cmtime_command(a: &CmtimeArgs) -> Result<bool, Failure> {
         }
         let provider = device()?;
         let (local, remote) = (
-            lid(a.local_lid, "local-lid")?,
-            lid(a.remote_lid, "remote-lid")?,
+            lid(a.lids.local_lid, "local-lid")?,
+            lid(a.lids.remote_lid, "remote-lid")?,
         );
         println!(
             "ibcm cmtime: {} connections on the ibcm device, LID {local} -> LID {remote}",
@@ -709,7 +713,7 @@ fn exchange_command(a: &ExchangeArgs, listen: bool) -> Result<bool, Failure> {
     };
     if a.fabric.device {
         let provider = device()?;
-        let local = PathEnd::lid(lid(a.local_lid, "local-lid")?);
+        let local = PathEnd::lid(lid(a.lids.local_lid, "local-lid")?);
         let cfg = exchange::Config {
             service,
             count: a.count,
@@ -717,7 +721,7 @@ fn exchange_command(a: &ExchangeArgs, listen: bool) -> Result<bool, Failure> {
             remote: if listen {
                 local
             } else {
-                PathEnd::lid(lid(a.remote_lid, "remote-lid")?)
+                PathEnd::lid(lid(a.lids.remote_lid, "remote-lid")?)
             },
             wait,
         };
