@@ -35,12 +35,14 @@ mod release;
 mod send;
 mod sidr;
 mod state;
+mod steer;
 mod timers;
 
 use lookup::{KeyedHash, PeerMap};
 pub use memory::EngineMemory;
 use qp::qp_attributes_of;
 pub use sidr::{SidrParams, SidrReplyParams};
+pub use steer::MadOwner;
 
 /// Timers one [`CmManager::handle_timeout`] handles at most, so at most this many MADs
 /// and events: what the platform's send batch must hold for a timer pass. 8 keeps a timer

@@ -144,6 +144,8 @@ pub struct Pair {
     pub chaos: Option<Chaos>,
     /// Every MAD put on the link: sender and attribute.
     pub sent: Vec<(Side, AttributeId)>,
+    /// When set, every MAD put on the link, whole (for tests that read the wire).
+    pub wire: Option<Vec<(Side, [u8; ibcm_mad::MAD_SIZE])>>,
     /// Events of node A, in order.
     pub events_a: Vec<(CepId, Event)>,
     /// Events of node B, in order.
@@ -185,6 +187,7 @@ impl Pair {
             faults: Vec::new(),
             chaos: None,
             sent: Vec::new(),
+            wire: None,
             events_a: Vec::new(),
             events_b: Vec::new(),
             link: VecDeque::new(),
@@ -327,6 +330,9 @@ impl Pair {
         while let Some(t) = self.node(from).poll_transmit() {
             let attribute = AttributeId::from(Mad::new_unchecked(&t.mad[..]).attribute_id());
             self.sent.push((from, attribute));
+            if let Some(wire) = self.wire.as_mut() {
+                wire.push((from, t.mad));
+            }
             let rule = self
                 .faults
                 .iter_mut()
