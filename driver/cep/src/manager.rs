@@ -111,6 +111,20 @@ struct ListenEntry {
     pending: u32,
 }
 
+impl ListenEntry {
+    /// Whether this listen takes a REQ (or SIDR_REQ) for `service_id` arriving on `port`
+    /// with `private_data`: the service ID under the mask, the port, the compare.
+    fn takes(&self, port: u8, service_id: u64, private_data: &[u8]) -> bool {
+        let p = &self.params;
+        (service_id & p.service_mask) == (p.service_id & p.service_mask)
+            && p.port.is_none_or(|x| x == port)
+            && p.compare.as_ref().is_none_or(|(offset, bytes)| {
+                let start = usize::from(*offset);
+                private_data.get(start..start + bytes.len()) == Some(bytes.as_slice())
+            })
+    }
+}
+
 /// `repr(C)`: the generation, checked first, shares the slot's first 64 bytes with the
 /// CEP's hot fields (see [`Cep`]); as wide as the comm ID layout's generation (u32 sits in
 /// the padding before the CEP, as the u8 did).

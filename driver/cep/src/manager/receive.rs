@@ -160,14 +160,8 @@ impl CmManager {
     }
 
     pub(super) fn listen_for(&self, port: u8, req: &Req<'_>) -> Option<usize> {
-        self.listens.iter().position(|l| {
-            let p = &l.params;
-            (req.service_id & p.service_mask) == (p.service_id & p.service_mask)
-                && p.port.is_none_or(|x| x == port)
-                && p.compare.as_ref().is_none_or(|(offset, bytes)| {
-                    let start = usize::from(*offset);
-                    req.private_data.get(start..start + bytes.len()) == Some(bytes.as_slice())
-                })
-        })
+        self.listens
+            .iter()
+            .position(|l| l.takes(port, req.service_id, req.private_data))
     }
 }

@@ -186,15 +186,10 @@ impl CmManager {
                 return;
             }
         }
-        let listen_index = self.listens.iter().position(|l| {
-            let p = &l.params;
-            (req.service_id & p.service_mask) == (p.service_id & p.service_mask)
-                && p.port.is_none_or(|x| x == src.port)
-                && p.compare.as_ref().is_none_or(|(offset, bytes)| {
-                    let start = usize::from(*offset);
-                    req.private_data.get(start..start + bytes.len()) == Some(bytes.as_slice())
-                })
-        });
+        let listen_index = self
+            .listens
+            .iter()
+            .position(|l| l.takes(src.port, req.service_id, req.private_data));
         let Some(listen) = listen_index.and_then(|i| self.listens.get(i)) else {
             let rep = SidrRep {
                 request_id: req.request_id,

@@ -64,18 +64,11 @@ impl CmManager {
         }
     }
 
-    /// Whether a listen of ours takes a REQ (or SIDR_REQ) for `service_id` on `port` with
-    /// `private_data`, as `handle_mad` would match it.
+    /// Whether a listen of ours takes a REQ (or SIDR_REQ), as `handle_mad` matches it.
     fn listens_take(&self, port: u8, service_id: u64, private_data: &[u8]) -> bool {
-        self.listens.iter().any(|l| {
-            let p = &l.params;
-            (service_id & p.service_mask) == (p.service_id & p.service_mask)
-                && p.port.is_none_or(|x| x == port)
-                && p.compare.as_ref().is_none_or(|(offset, bytes)| {
-                    let start = usize::from(*offset);
-                    private_data.get(start..start + bytes.len()) == Some(bytes.as_slice())
-                })
-        })
+        self.listens
+            .iter()
+            .any(|l| l.takes(port, service_id, private_data))
     }
 
     /// Whether a peer-to-peer REQ of ours for `service_id` waits for the peer's.
