@@ -37,7 +37,9 @@ fuzz_target!(|input: Input| {
     let mut cm = CmManager::new(config);
     for l in input.listens.into_iter().take(8) {
         let Ok(id) = cm.create() else { return };
-        let compare = l.compare.map(|(at, bytes)| (at % 92, bytes.into_iter().take(16).collect()));
+        let compare = l
+            .compare
+            .map(|(at, bytes)| (at % 92, bytes.into_iter().take(16).collect()));
         let _ = cm.listen(
             id,
             ListenParams {
@@ -57,7 +59,11 @@ fuzz_target!(|input: Input| {
     }
     let owner = cm.owner_of(input.port, &mad);
     let Ok(parsed) = CmMad::parse(&mad) else {
-        assert_eq!(owner, MadOwner::Theirs, "a MAD the codec refuses is not steered");
+        assert_eq!(
+            owner,
+            MadOwner::Theirs,
+            "a MAD the codec refuses is not steered"
+        );
         return;
     };
     if parsed.header.method != Method::Send {
@@ -77,7 +83,12 @@ fuzz_target!(|input: Input| {
             let taken = std::iter::from_fn(|| cm.poll_event())
                 .any(|(_, e)| matches!(e, ibcm_cep::Event::ReqReceived(_)));
             if taken {
-                assert_eq!(owner, MadOwner::Ours, "a listen's REQ {:#x} left", r.service_id);
+                assert_eq!(
+                    owner,
+                    MadOwner::Ours,
+                    "a listen's REQ {:#x} left",
+                    r.service_id
+                );
             }
             if owner == MadOwner::Theirs {
                 assert!(!taken);
