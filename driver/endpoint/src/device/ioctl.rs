@@ -1,6 +1,7 @@
 //! The IOCTLs: each input record validated completely before anything changes (every
 //! malformed input completes with a precise NTSTATUS), then carried out on the engine.
 
+use alloc::collections::VecDeque;
 use alloc::vec::Vec;
 
 use ibcm_cep::{CepId, CmManager, Instant, QpState};
@@ -291,7 +292,7 @@ pub(super) fn operation<P: Platform>(
                 return Err(status::BUFFER_TOO_SMALL);
             }
             let cep = i.cm.create().map_err(status_of)?;
-            let events = i.records.fifo(FIFO_DEPTH);
+            let events = VecDeque::with_capacity(FIFO_DEPTH);
             let f = i.file(file)?;
             let handle = f.endpoints.insert(Endpoint::new(cep, events));
             i.set_owner(

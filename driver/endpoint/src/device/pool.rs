@@ -15,11 +15,9 @@
 use alloc::collections::VecDeque;
 use alloc::vec::Vec;
 
-use ibcm_cep::grow::reserve_queue;
-use ibcm_ioctl::{EventRecord, status};
+use ibcm_ioctl::EventRecord;
 
 use super::DISPATCH_BATCH;
-use crate::records::Status;
 
 /// Records in one chunk of the [`RecordPool`] (59 KB).
 pub(super) const RECORD_CHUNK: usize = 128;
@@ -98,16 +96,6 @@ impl RecordPool {
         let record = *self.get(i)?;
         self.free.push(i);
         Some(record)
-    }
-
-    /// A new FIFO with room for `depth` indices.
-    pub(super) fn fifo(&mut self, depth: usize) -> VecDeque<u32> {
-        VecDeque::with_capacity(depth)
-    }
-
-    /// Room in `fifo` for `n` more indices (PASSIVE_LEVEL).
-    pub(super) fn grow(&mut self, fifo: &mut VecDeque<u32>, n: usize) -> Result<(), Status> {
-        reserve_queue(fifo, n).map_err(|_| status::INSUFFICIENT_RESOURCES)
     }
 
     /// A FIFO is gone: its records are released.

@@ -2,8 +2,10 @@
 //! endpoint's waiting GET_EVENT, its FIFO, or a kernel client), each MAD to the send
 //! batch; then the flush that leaves the lock with the batches.
 
+use alloc::collections::VecDeque;
 use alloc::vec::Vec;
 
+use ibcm_cep::grow::reserve_queue;
 use ibcm_cep::{CepId, Event};
 use ibcm_ioctl::{EventRecord, MAX_EVENTS_PER_REQUEST, QpTransitionsOut, event_type, status};
 use zerocopy::IntoBytes;
@@ -56,7 +58,7 @@ impl<P: Platform> Inner<P> {
             .endpoints
             .get_mut(handle)
             .ok_or(status::INVALID_HANDLE)?;
-        self.records.grow(&mut ep.events, n)?;
+        reserve_queue(&mut ep.events, n).map_err(|_| status::INSUFFICIENT_RESOURCES)?;
         Ok(ep.cep)
     }
 
@@ -101,7 +103,7 @@ impl<P: Platform> Inner<P> {
         let want = f.backlog + extra;
         f.endpoints.reserve(want);
         while f.spares.len() < want {
-            let events = self.records.fifo(CHILD_DEPTH);
+            let events = VecDeque::with_capacity(CHILD_DEPTH);
             f.spares.push(Endpoint::new(CepId::from_raw(0), events));
         }
         self.prepare_owners(want);
