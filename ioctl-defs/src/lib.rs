@@ -35,7 +35,11 @@ pub trait CompletionHook: Send + Sync {
 pub use ibcm_iba as iba;
 
 /// The ABI version this crate describes; the VERSION handshake must name it.
-pub const ABI_VERSION: u32 = 1;
+pub const ABI_VERSION: u32 = 2;
+
+/// The handle a GET_EVENT names to read the file's event channel (no endpoint has it:
+/// endpoint handles carry a generation >= 1).
+pub const ANY_ENDPOINT: u64 = 0;
 
 /// `FILE_DEVICE_INFINIBAND` (devioctl.h).
 pub const FILE_DEVICE_INFINIBAND: u32 = 0x3B;
@@ -110,7 +114,13 @@ pub mod code {
     /// [`HandleIn`](super::HandleIn): the QP saw traffic before the RTU.
     pub const ESTABLISHED: u32 = ibcm_ioctl(15);
     /// [`HandleIn`](super::HandleIn) -> `[EventRecord]`: pends until an event arrives;
-    /// completes with as many queued events as the output buffer holds.
+    /// completes with as many queued events as the output buffer holds. Naming
+    /// [`ANY_ENDPOINT`](super::ANY_ENDPOINT) reads the file's event channel: the events of
+    /// every endpoint of the file that has no GET_EVENT of its own pending, each endpoint's
+    /// in order, each record naming its endpoint in `handle`. An event goes to its
+    /// endpoint's own pending GET_EVENT first; one already queued goes to whichever
+    /// GET_EVENT asks first. The channel lets an idle connection hold no request (no IRP,
+    /// no system buffer) while it waits for its next event.
     pub const GET_EVENT: u32 = ibcm_ioctl(16);
     /// [`CountersIn`](super::CountersIn) -> [`CountersOut`](super::CountersOut).
     pub const COUNTERS: u32 = ibcm_ioctl(17);

@@ -137,7 +137,6 @@ impl Provider {
             l.compare_offset = *offset;
         }
         block_on(ep.ioctl(OP, code::LISTEN, l.as_bytes(), 0))?;
-        ep.set_batch(crate::endpoint::LISTENER_EVENTS_PER_REQUEST);
         Ok(Listener(ep))
     }
 }

@@ -61,6 +61,7 @@
 #![warn(missing_docs)]
 
 pub mod backend;
+mod channel;
 mod completion;
 mod connection;
 mod endpoint;

@@ -7,6 +7,7 @@ use zerocopy::{FromBytes, Immutable, IntoBytes};
 
 use crate::backend::Backend;
 use crate::backend::CompletionHook;
+use crate::channel::Channel;
 use crate::completion::{Ioctl, Slot, SlotFuture, block_on, output_buffer, recycle_buffer};
 use crate::error::{Error, Result};
 
@@ -14,12 +15,19 @@ use crate::error::{Error, Result};
 /// from it and belong to it; dropping the last clone closes the handle, which destroys
 /// whatever endpoints remain and completes their pending requests.
 #[derive(Clone)]
-pub struct Provider(Arc<dyn Backend>);
+pub struct Provider(Arc<Shared>);
+
+struct Shared {
+    backend: Arc<dyn Backend>,
+    /// Every endpoint's events come through it.
+    channel: Arc<Channel>,
+}
 
 impl Provider {
     /// A provider over a backend: performs the version handshake.
     pub fn with_backend(backend: Arc<dyn Backend>) -> Result<Self> {
-        let p = Self(backend);
+        let channel = Channel::new(Arc::downgrade(&backend));
+        let p = Self(Arc::new(Shared { backend, channel }));
         let v = VersionIn {
             size: VersionIn::SIZE,
             abi_version: ABI_VERSION,
@@ -58,11 +66,15 @@ impl Provider {
     /// completes every pending request, so every operation still waiting fails with
     /// STATUS_CANCELLED; later operations fail with STATUS_INVALID_HANDLE.
     pub fn close(&self) {
-        self.0.close();
+        self.0.backend.close();
     }
 
     pub(crate) fn backend(&self) -> &dyn Backend {
-        &*self.0
+        &*self.0.backend
+    }
+
+    pub(crate) fn channel(&self) -> &Arc<Channel> {
+        &self.0.channel
     }
 
     /// Issues an IOCTL; awaiting it gives its output, or an [`Error`] naming `operation`.

@@ -250,14 +250,7 @@ impl<P: Platform> Device<P> {
 
     /// A new file handle (IRP_MJ_CREATE).
     pub fn open(&self) -> FileId {
-        self.inner.with(|i| {
-            FileId(i.files.insert(File {
-                versioned: false,
-                endpoints: Table::new(),
-                spares: Vec::new(),
-                backlog: 0,
-            }))
-        })
+        self.inner.with(|i| FileId(i.files.insert(File::new())))
     }
 
     /// IRP_MJ_CLEANUP: destroys every endpoint of the file and completes its pending
@@ -273,8 +266,18 @@ impl<P: Platform> Device<P> {
                 file,
                 endpoints: handles.len() as u32,
             });
+            if let Ok(f) = i.file(file) {
+                f.ready.clear();
+            }
             for h in handles {
                 let _ = destroy_endpoint(i, now, file, h);
+            }
+            let channel = match i.file(file) {
+                Ok(f) => core::mem::take(&mut f.channel),
+                Err(_) => return,
+            };
+            for r in channel {
+                i.done.push((r, status::CANCELLED, 0));
             }
         });
     }
@@ -324,18 +327,21 @@ impl<P: Platform> Device<P> {
         self.run(|i| {
             // DISPATCH_LEVEL (the I/O manager's cancel routine): nothing is allocated.
             let Ok(f) = i.file(file) else { return };
-            let found = f
-                .endpoints
-                .slots
-                .iter_mut()
-                .filter_map(|s| s.value.as_mut())
-                .find_map(|ep| {
-                    if ep.answer.as_ref().is_some_and(|(r, _)| r.key() == key) {
-                        return ep.answer.take().map(|(r, _)| r);
-                    }
-                    let pos = ep.pending.iter().position(|r| r.key() == key)?;
-                    ep.pending.remove(pos)
-                });
+            let on_channel = f.channel.iter().position(|r| r.key() == key);
+            let found = on_channel.and_then(|pos| f.channel.remove(pos));
+            let found = found.or_else(|| {
+                f.endpoints
+                    .slots
+                    .iter_mut()
+                    .filter_map(|s| s.value.as_mut())
+                    .find_map(|ep| {
+                        if ep.answer.as_ref().is_some_and(|(r, _)| r.key() == key) {
+                            return ep.answer.take().map(|(r, _)| r);
+                        }
+                        let pos = ep.pending.iter().position(|r| r.key() == key)?;
+                        ep.pending.remove(pos)
+                    })
+            });
             if let Some(request) = found {
                 i.trace.point(DispatchPoint::Cancelled { file });
                 i.done.push((request, status::CANCELLED, 0));
@@ -498,6 +504,13 @@ impl<P: Platform> Device<P> {
                             i.done.push((r, status::DEVICE_REMOVED, 0));
                         }
                     }
+                }
+                let channel = match i.file(file) {
+                    Ok(fl) => core::mem::take(&mut fl.channel),
+                    Err(_) => continue,
+                };
+                for r in channel {
+                    i.done.push((r, status::DEVICE_REMOVED, 0));
                 }
             }
         });

@@ -756,3 +756,155 @@ fn a_slow_consumer_costs_retries_not_memory_nor_events() {
         assert_eq!(events(&got)[0].event_type, event_type::TIMEWAIT_EXIT);
     }
 }
+
+/// GET_EVENT on the file's event channel (`ANY_ENDPOINT`) with room for `records`.
+fn channel_wait(node: &Node, file: ibcm_endpoint::FileId, records: usize) -> u64 {
+    node.ioctl(
+        file,
+        code::GET_EVENT,
+        handle_in(ibcm_ioctl::ANY_ENDPOINT).as_bytes(),
+        records * EventRecord::SIZE as usize,
+    )
+}
+
+/// The event channel: one GET_EVENT brings the events of every endpoint of the file, each
+/// record naming its endpoint, a burst in one completion; an endpoint's own pending
+/// GET_EVENT still comes first; the DISPATCH_LEVEL path queueing endpoints on the channel
+/// allocates nothing (the verifier), and closing the file completes the channel's
+/// GET_EVENT with STATUS_CANCELLED.
+#[test]
+fn the_event_channel_brings_every_endpoints_events_and_yields_to_an_endpoints_own_wait() {
+    let mut fabric = Fabric::new(2, 21);
+    let (fa, fb, listen) = listening_with_backlog(&fabric, 0x5678, 8);
+    // B's channel waits before any REQ: the first completes it at once, alone.
+    let first = channel_wait(&fabric.nodes[1], fb, 16);
+    let eps: Vec<u64> = (0..3).map(|_| create(&fabric.nodes[0], fa)).collect();
+    for (i, &ep) in eps.iter().enumerate() {
+        // Each its own QP: the same QPN again would make the earlier one stale.
+        let mut c = connect_in(ep, 0x5678);
+        c.qpn += i as u32;
+        let done = fabric.nodes[0].ioctl_now(fa, code::CONNECT, c.as_bytes(), 0);
+        assert_eq!(done.status, status::SUCCESS);
+    }
+    fabric.run_for(100_000);
+    let mut reqs = events(&fabric.nodes[1].completion(first).expect("the first REQ"));
+    assert_eq!(reqs.len(), 1);
+    // The other two queued meanwhile: the next channel GET_EVENT takes both at once.
+    let rest = channel_wait(&fabric.nodes[1], fb, 16);
+    reqs.extend(events(
+        &fabric.nodes[1].completion(rest).expect("queued REQs"),
+    ));
+    assert_eq!(reqs.len(), 3);
+    for r in &reqs {
+        assert_eq!(r.event_type, event_type::REQ_RECEIVED);
+        assert_eq!(r.handle, listen, "a channel record names its endpoint");
+    }
+    let children: Vec<u64> = reqs.iter().map(|r| r.new_handle).collect();
+
+    // A: endpoint 0 waits on its own; the channel waits for everything else.
+    let own = fabric.nodes[0].ioctl(fa, code::GET_EVENT, handle_in(eps[0]).as_bytes(), 464);
+    let a_channel = channel_wait(&fabric.nodes[0], fa, 16);
+    for (i, &child) in children.iter().enumerate() {
+        let mut r = format_rep(child, b"");
+        r.qpn += i as u32;
+        assert_eq!(
+            fabric.nodes[1]
+                .ioctl_now(fb, code::FORMAT_REP, r.as_bytes(), 464)
+                .status,
+            status::SUCCESS
+        );
+        assert_eq!(
+            fabric.nodes[1]
+                .ioctl_now(fb, code::SEND_REP, handle_in(child).as_bytes(), 0)
+                .status,
+            status::SUCCESS
+        );
+    }
+    fabric.run_for(100_000);
+    let own = events(&fabric.nodes[0].completion(own).expect("endpoint 0's REP"));
+    assert_eq!((own.len(), own[0].handle), (1, eps[0]));
+    let mut reps = events(&fabric.nodes[0].completion(a_channel).expect("a REP"));
+    if reps.len() < 2 {
+        let more = channel_wait(&fabric.nodes[0], fa, 16);
+        reps.extend(events(
+            &fabric.nodes[0].completion(more).expect("the other REP"),
+        ));
+    }
+    let mut named: Vec<u64> = reps.iter().map(|r| r.handle).collect();
+    named.sort_unstable();
+    let mut want = eps[1..].to_vec();
+    want.sort_unstable();
+    assert_eq!(named, want);
+    assert!(
+        reps.iter()
+            .all(|r| r.event_type == event_type::REP_RECEIVED)
+    );
+
+    // Idle: a channel GET_EVENT pends; closing the file completes it CANCELLED.
+    let idle = channel_wait(&fabric.nodes[0], fa, 16);
+    fabric.run_for(100_000);
+    assert!(fabric.nodes[0].completion(idle).is_none());
+    let b_idle = channel_wait(&fabric.nodes[1], fb, 16);
+    fabric.nodes[1].cancel(fb, b_idle);
+    assert_eq!(
+        fabric.nodes[1].completion(b_idle).map(|c| c.status),
+        Some(status::CANCELLED)
+    );
+    close_clean(&fabric, fa, fb);
+    assert_eq!(
+        fabric.nodes[0].completion(idle).map(|c| c.status),
+        Some(status::CANCELLED)
+    );
+}
+
+/// Node 0 connects a new endpoint (QPN `qpn`) to node 1's listen; node 1 reads the REQ
+/// from its channel and rejects it; node 0's REJ event is then queued, unread.
+fn rejected_connect(
+    fabric: &mut Fabric,
+    (fa, fb, listen): (ibcm_endpoint::FileId, ibcm_endpoint::FileId, u64),
+    qpn: u32,
+) -> u64 {
+    let ep = create(&fabric.nodes[0], fa);
+    let mut c = connect_in(ep, 0x9abc);
+    c.qpn = qpn;
+    let done = fabric.nodes[0].ioctl_now(fa, code::CONNECT, c.as_bytes(), 0);
+    assert_eq!(done.status, status::SUCCESS);
+    fabric.run_for(100_000);
+    let wait = channel_wait(&fabric.nodes[1], fb, 16);
+    let req = events(&fabric.nodes[1].completion(wait).expect("REQ"));
+    assert_eq!((req.len(), req[0].handle), (1, listen));
+    let mut rej = RejIn::new_zeroed();
+    rej.size = RejIn::SIZE;
+    rej.handle = req[0].new_handle;
+    rej.reason = 28;
+    let done = fabric.nodes[1].ioctl_now(fb, code::REJ, rej.as_bytes(), 0);
+    assert_eq!(done.status, status::SUCCESS);
+    fabric.run_for(100_000);
+    ep
+}
+
+/// An endpoint destroyed while its events wait on the channel leaves it: no record of it
+/// comes out, and the channel's room (made for live endpoints) stays free, so endpoints
+/// made after many such destroys still reach the channel.
+#[test]
+fn a_destroyed_endpoint_leaves_the_event_channel() {
+    let mut fabric = Fabric::new(2, 22);
+    let files = listening_with_backlog(&fabric, 0x9abc, 8);
+    let fa = files.0;
+    // More than the room made for the file's endpoints and spares (17 here), none read.
+    for round in 0..24 {
+        let ep = rejected_connect(&mut fabric, files, 0x300 + round);
+        let done = fabric.nodes[0].ioctl_now(fa, code::DESTROY, handle_in(ep).as_bytes(), 0);
+        assert_eq!(done.status, status::SUCCESS);
+    }
+    let ep = rejected_connect(&mut fabric, files, 0x400);
+    let wait = channel_wait(&fabric.nodes[0], fa, 16);
+    let got = events(
+        &fabric.nodes[0]
+            .completion(wait)
+            .expect("the live endpoint's REJ"),
+    );
+    let got: Vec<(u32, u64)> = got.iter().map(|r| (r.event_type, r.handle)).collect();
+    assert_eq!(got, vec![(event_type::REJECTED, ep)]);
+    close_clean(&fabric, files.0, files.1);
+}

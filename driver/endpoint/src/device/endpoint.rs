@@ -1,7 +1,7 @@
 //! An endpoint, its file, and the owner of each CEP: what a GET_EVENT or an answered
 //! CONNECT/SEND_REP waits on, and where an event is delivered.
 
-use alloc::collections::VecDeque;
+use alloc::collections::{TryReserveError, VecDeque};
 use alloc::vec::Vec;
 
 use ibcm_cep::CepId;
@@ -48,6 +48,8 @@ pub(super) struct Endpoint<R> {
     pub(super) private_data_len: u8,
     /// LISTEN's backlog while listening.
     pub(super) backlog: u32,
+    /// On its file's `ready` list.
+    pub(super) ready: bool,
 }
 
 impl<R> Endpoint<R> {
@@ -60,6 +62,7 @@ impl<R> Endpoint<R> {
             private_data: [0; 224],
             private_data_len: 0,
             backlog: 0,
+            ready: false,
         }
     }
 }
@@ -73,6 +76,34 @@ pub(super) struct File<R> {
     /// The sum of its listens' backlogs (kept, so that preparing for REQs does not walk
     /// every endpoint of the file on every GET_EVENT).
     pub(super) backlog: usize,
+    /// GET_EVENTs pending on the file's event channel (`ANY_ENDPOINT`).
+    pub(super) channel: VecDeque<R>,
+    /// The channel's queue: endpoints with events queued and no GET_EVENT of their own,
+    /// in the order their first queued event arrived, each once (`Endpoint::ready`). It
+    /// has room for every endpoint and spare (made at PASSIVE_LEVEL), so queueing on it
+    /// at DISPATCH_LEVEL never allocates.
+    pub(super) ready: VecDeque<u64>,
+}
+
+impl<R> File<R> {
+    pub(super) fn new() -> Self {
+        Self {
+            versioned: false,
+            endpoints: Table::new(),
+            spares: Vec::new(),
+            backlog: 0,
+            channel: VecDeque::new(),
+            ready: VecDeque::new(),
+        }
+    }
+
+    /// Room on `ready` for every endpoint and spare of the file and `more` besides
+    /// (PASSIVE_LEVEL).
+    pub(super) fn reserve_ready(&mut self, more: usize) -> Result<(), TryReserveError> {
+        let most = self.endpoints.live + self.spares.len() + more;
+        self.ready
+            .try_reserve(most.saturating_sub(self.ready.len()))
+    }
 }
 
 #[derive(Debug, Clone, Copy)]

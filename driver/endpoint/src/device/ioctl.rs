@@ -6,10 +6,10 @@ use alloc::vec::Vec;
 
 use ibcm_cep::{CepId, CmManager, Instant, QpState};
 use ibcm_ioctl::{
-    ABI_VERSION, AprIn, ConnectIn, CountersIn, CountersOut, CreateIn, CreateOut, EventRecord,
-    FormatRepIn, GetQpAttrIn, HandleIn, LapIn, ListenIn, MAX_EVENTS_PER_REQUEST, MraIn,
-    PrivateDataIn, QpAttrOut, QpTransitionsOut, RejIn, SidrRepIn, SidrReqIn, VersionIn, VersionOut,
-    code, event_type, flags, limits, status,
+    ABI_VERSION, ANY_ENDPOINT, AprIn, ConnectIn, CountersIn, CountersOut, CreateIn, CreateOut,
+    EventRecord, FormatRepIn, GetQpAttrIn, HandleIn, LapIn, ListenIn, MAX_EVENTS_PER_REQUEST,
+    MraIn, PrivateDataIn, QpAttrOut, QpTransitionsOut, RejIn, SidrRepIn, SidrReqIn, VersionIn,
+    VersionOut, code, event_type, flags, limits, status,
 };
 use zerocopy::{FromBytes, FromZeros, Immutable, IntoBytes, KnownLayout};
 
@@ -90,6 +90,10 @@ pub(super) fn destroy_endpoint<P: Platform>(
     if ep.backlog != 0 {
         let f = i.file(file)?;
         f.backlog = f.backlog.saturating_sub(ep.backlog as usize);
+    }
+    if ep.ready {
+        // Off the channel's queue: its room is for live endpoints.
+        i.file(file)?.ready.retain(|&h| h != handle);
     }
     for r in ep.pending.into_iter().chain(ep.answer.map(|(r, _)| r)) {
         i.done.push((r, status::CANCELLED, 0));
@@ -204,8 +208,9 @@ pub(super) fn qp_transitions(cm: &CmManager, cep: CepId) -> Result<QpTransitions
     })
 }
 
-/// GET_EVENT: completes at once with the queued events, or pends until one arrives.
-/// Returns how many records the request holds.
+/// GET_EVENT: completes at once with the queued events, or pends until one arrives (on
+/// its endpoint, or on the file's channel for [`ANY_ENDPOINT`]). Returns how many records
+/// the request holds.
 pub(super) fn get_event<P: Platform>(
     i: &mut Inner<P>,
     file: FileId,
@@ -218,13 +223,29 @@ pub(super) fn get_event<P: Platform>(
     };
     let capacity =
         (request.output_len() / EventRecord::SIZE as usize).min(MAX_EVENTS_PER_REQUEST as usize);
+    if h == ANY_ENDPOINT {
+        let Ok(f) = i.file(file) else {
+            return Err((request, status::INVALID_HANDLE));
+        };
+        if f.channel.try_reserve(1).is_err() {
+            return Err((request, status::INSUFFICIENT_RESOURCES));
+        }
+        i.fill_channel(file, request);
+        return Ok(capacity);
+    }
     if let Err(st) = i.grow_fifo(file, h, EVENT_HEADROOM) {
         return Err((request, st));
     }
     let Ok(ep) = i.endpoint(file, h) else {
         return Err((request, status::INVALID_HANDLE));
     };
-    if ep.pending.try_reserve(1).is_err() {
+    // A connection has one GET_EVENT at a time: room for exactly one, not a growth step.
+    let reserved = if ep.pending.is_empty() {
+        ep.pending.try_reserve_exact(1)
+    } else {
+        ep.pending.try_reserve(1)
+    };
+    if reserved.is_err() {
         return Err((request, status::INSUFFICIENT_RESOURCES));
     }
     if ep.events.is_empty() {
@@ -245,7 +266,9 @@ pub(super) fn check_get_event<P: Platform>(
         return Err(status::INVALID_DEVICE_STATE);
     }
     let h = handle_in(bytes)?;
-    i.endpoint(file, h)?;
+    if h != ANY_ENDPOINT {
+        i.endpoint(file, h)?;
+    }
     if request.output_len() < EventRecord::SIZE as usize {
         return Err(status::BUFFER_TOO_SMALL);
     }
@@ -291,6 +314,9 @@ pub(super) fn operation<P: Platform>(
             if request.output_len() < CreateOut::SIZE as usize {
                 return Err(status::BUFFER_TOO_SMALL);
             }
+            i.file(file)?
+                .reserve_ready(1)
+                .map_err(|_| status::INSUFFICIENT_RESOURCES)?;
             let cep = i.cm.create().map_err(status_of)?;
             let events = VecDeque::with_capacity(FIFO_DEPTH);
             let f = i.file(file)?;

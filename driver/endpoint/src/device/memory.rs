@@ -54,6 +54,8 @@ fn file_bytes<R>(f: &File<R>) -> usize {
     table_bytes(&f.endpoints, endpoint_bytes)
         + f.spares.heap_bytes()
         + f.spares.iter().map(endpoint_bytes).sum::<usize>()
+        + f.channel.heap_bytes()
+        + f.ready.heap_bytes()
 }
 
 impl RecordPool {

@@ -106,6 +106,7 @@ impl<P: Platform> Inner<P> {
             let events = VecDeque::with_capacity(CHILD_DEPTH);
             f.spares.push(Endpoint::new(CepId::from_raw(0), events));
         }
+        let _ = f.reserve_ready(0);
         self.prepare_owners(want);
         // The engine: room for the burst, and for every live CEP to take its peer
         // entries and timers (a REP or DREP for each connecting or disconnecting CEP).
@@ -239,13 +240,19 @@ impl<P: Platform> Inner<P> {
         self.deliver(FileId(lo.file), lo.endpoint, &record);
     }
 
-    /// Gives a record to a waiting GET_EVENT, or queues it (copied once, to where it goes).
+    /// Gives a record to a waiting GET_EVENT (the endpoint's own, else one on its file's
+    /// channel), or queues it (copied once, to where it goes).
     pub(super) fn deliver(&mut self, file: FileId, endpoint: u64, record: &EventRecord) {
-        let Some(ep) = self
-            .files
-            .get_mut(file.0)
-            .and_then(|f| f.endpoints.get_mut(endpoint))
+        let Some(File {
+            endpoints,
+            channel,
+            ready,
+            ..
+        }) = self.files.get_mut(file.0)
         else {
+            return;
+        };
+        let Some(ep) = endpoints.get_mut(endpoint) else {
             return;
         };
         if record.new_handle == 0 && record.private_data_len > 0 {
@@ -276,11 +283,18 @@ impl<P: Platform> Inner<P> {
             self.done.push((request, status::SUCCESS, n));
             return;
         }
-        if ep.events.is_empty()
-            && let Some(mut request) = ep.pending.pop_front()
-        {
-            // Nothing queued and a GET_EVENT waits (the usual case): the record goes
-            // straight to its buffer, which holds one at least (checked at dispatch).
+        // Nothing queued before it and a GET_EVENT waits (the usual case): the record
+        // goes straight to its buffer, which holds one at least (checked at dispatch).
+        let waiting = if !ep.events.is_empty() {
+            None
+        } else if let Some(request) = ep.pending.pop_front() {
+            Some(request)
+        } else if ready.is_empty() {
+            channel.pop_front()
+        } else {
+            None
+        };
+        if let Some(mut request) = waiting {
             request.write_output(0, record.as_bytes());
             self.handed_over(file, record);
             self.done
@@ -293,6 +307,57 @@ impl<P: Platform> Inner<P> {
         ep.events.push_back(index);
         if let Some(request) = ep.pending.pop_front() {
             self.fill(file, endpoint, request);
+            return;
+        }
+        // Room for every endpoint was made at PASSIVE_LEVEL.
+        if !ep.ready && ready.len() < ready.capacity() {
+            ep.ready = true;
+            ready.push_back(endpoint);
+        }
+        if let Some(request) = channel.pop_front() {
+            self.fill_channel(file, request);
+        }
+    }
+
+    /// Completes a GET_EVENT on the file's channel with the queued records of its ready
+    /// endpoints, oldest endpoint first, as many as its buffer holds; with none queued it
+    /// stays pending on the channel.
+    pub(super) fn fill_channel(&mut self, file: FileId, mut request: P::Request) {
+        let size = EventRecord::SIZE as usize;
+        let capacity = (request.output_len() / size).min(MAX_EVENTS_PER_REQUEST as usize);
+        let mut written = 0usize;
+        while written < capacity {
+            let Some(f) = self.files.get_mut(file.0) else {
+                break;
+            };
+            let Some(&handle) = f.ready.front() else {
+                break;
+            };
+            // An endpoint stays on the list until its FIFO is empty: destroyed, or read
+            // by its own GET_EVENT meanwhile, it goes.
+            let next = match f.endpoints.get_mut(handle) {
+                Some(ep) => {
+                    let next = ep.events.pop_front();
+                    ep.ready = !ep.events.is_empty();
+                    next
+                }
+                None => None,
+            };
+            if f.endpoints.get(handle).is_none_or(|ep| !ep.ready) {
+                f.ready.pop_front();
+            }
+            let Some(record) = next.and_then(|index| self.records.take(index)) else {
+                continue;
+            };
+            request.write_output(written * size, record.as_bytes());
+            written += 1;
+            self.handed_over(file, &record);
+        }
+        if written > 0 {
+            self.done.push((request, status::SUCCESS, written * size));
+        } else if let Some(f) = self.files.get_mut(file.0) {
+            // Room for one was made at dispatch, or it came off this queue.
+            f.channel.push_front(request);
         }
     }
 

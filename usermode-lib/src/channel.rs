@@ -1,0 +1,264 @@
+//! The provider's event channel: one GET_EVENT on [`ANY_ENDPOINT`] for every endpoint of
+//! the handle (an `rdma_event_channel`), rather than one per endpoint. An idle connection
+//! then holds no request, no output buffer and, on Windows, no IRP and no nonpaged system
+//! buffer while it waits for its next event; a burst of events comes back in batches.
+
+use std::mem::offset_of;
+use std::sync::{Arc, Mutex, PoisonError, Weak};
+use std::task::Waker;
+
+use hashbrown::HashMap;
+use ibcm_ioctl::{ANY_ENDPOINT, EventRecord, HandleIn, code, event_type, status};
+use zerocopy::{FromBytes, IntoBytes};
+
+use crate::backend::{Backend, CompletionHook};
+use crate::completion::{output_buffer, recycle_buffer};
+
+/// Records one channel GET_EVENT asks for: a burst of REQs, or of DREQs, comes back in
+/// batches of this many.
+const RECORDS_PER_REQUEST: usize = 16;
+
+/// An endpoint's queue of events the channel brought, and the tasks waiting on it.
+#[derive(Default)]
+pub(crate) struct EventQueue(Mutex<Events>);
+
+#[derive(Default)]
+pub(crate) struct Events {
+    /// Queued event records, back to back; an idle endpoint keeps no buffer.
+    queue: Vec<u8>,
+    pub(crate) wakers: Wakers,
+    /// Bumped by `Endpoint::cancel`: waiters started before it fail with
+    /// STATUS_CANCELLED.
+    pub(crate) epoch: u32,
+    /// A terminal failure of the channel (device removed, handle closed).
+    pub(crate) failed: Option<i32>,
+    /// Channel completions that brought this endpoint records, and the records.
+    pub(crate) deliveries: u32,
+    pub(crate) records: u32,
+}
+
+impl EventQueue {
+    pub(crate) fn lock(&self) -> std::sync::MutexGuard<'_, Events> {
+        self.0.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+impl Events {
+    /// Takes the first queued record whose event type `wanted` accepts (read in place:
+    /// only the record taken is copied out).
+    pub(crate) fn take(&mut self, wanted: fn(u32) -> bool) -> Option<EventRecord> {
+        let size = EventRecord::SIZE as usize;
+        let at = offset_of!(EventRecord, event_type);
+        let i = self.queue.chunks_exact(size).position(|c| {
+            c.get(at..at + 4)
+                .and_then(|b| b.try_into().ok())
+                .is_some_and(|b| wanted(u32::from_le_bytes(b)))
+        })?;
+        let record =
+            EventRecord::read_from_bytes(self.queue.get(i * size..(i + 1) * size)?).ok()?;
+        if self.queue.len() == size {
+            // Connections mostly sit idle between events: keep no buffer (the thread
+            // keeps it for its next request).
+            recycle_buffer(std::mem::take(&mut self.queue));
+        } else {
+            self.queue.drain(i * size..(i + 1) * size);
+        }
+        Some(record)
+    }
+
+    /// Puts a record back at the head of the queue.
+    pub(crate) fn requeue(&mut self, record: &EventRecord) {
+        self.queue.splice(0..0, record.as_bytes().iter().copied());
+    }
+
+    fn push(&mut self, record: &[u8]) {
+        if self.queue.is_empty() {
+            self.queue = output_buffer(record.len());
+        }
+        self.queue.extend_from_slice(record);
+        self.records = self.records.saturating_add(1);
+    }
+}
+
+/// The tasks waiting on an endpoint's events. One waiter is the usual case: it is held
+/// inline, so waiting allocates nothing.
+#[derive(Default)]
+pub(crate) struct Wakers {
+    first: Option<Waker>,
+    rest: Vec<Waker>,
+}
+
+impl Wakers {
+    pub(crate) fn push(&mut self, waker: Waker) {
+        if self.first.is_none() {
+            self.first = Some(waker);
+        } else {
+            self.rest.push(waker);
+        }
+    }
+
+    /// The wakers to wake once the event lock is released.
+    pub(crate) fn take(&mut self) -> impl Iterator<Item = Waker> + use<> {
+        self.first
+            .take()
+            .into_iter()
+            .chain(std::mem::take(&mut self.rest))
+    }
+}
+
+/// The channel of one provider (see the module docs).
+pub(crate) struct Channel {
+    backend: Weak<dyn Backend>,
+    state: Mutex<State>,
+}
+
+#[derive(Default)]
+struct State {
+    /// Every endpoint of the handle the library knows, by handle: the channel's records
+    /// go to their queues. A REQ's new endpoint is entered as its record arrives, before
+    /// anyone holds it, so that none of its own events is missed.
+    queues: HashMap<u64, Arc<EventQueue>>,
+    /// A channel GET_EVENT is pending.
+    outstanding: bool,
+    /// `pump` is issuing one on some thread: a completion meanwhile leaves the next one
+    /// to it (`again`) instead of recursing through a synchronous completion.
+    submitting: bool,
+    again: bool,
+    /// The channel failed for good (device removed, handle closed).
+    failed: Option<i32>,
+    /// The last GET_EVENT's buffer, for the next one.
+    buffer: Vec<u8>,
+}
+
+impl Channel {
+    pub(crate) fn new(backend: Weak<dyn Backend>) -> Arc<Self> {
+        Arc::new(Self {
+            backend,
+            state: Mutex::new(State::default()),
+        })
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The queue of endpoint `handle`, entered now or when its REQ arrived; a queue made
+    /// after the channel failed starts failed.
+    pub(crate) fn attach(&self, handle: u64) -> Arc<EventQueue> {
+        let mut s = self.lock();
+        let failed = s.failed;
+        let q = Arc::clone(s.queues.entry(handle).or_default());
+        drop(s);
+        if let Some(st) = failed {
+            q.lock().failed.get_or_insert(st);
+        }
+        q
+    }
+
+    /// The endpoint is destroyed: its records, if any still come, go nowhere.
+    pub(crate) fn detach(&self, handle: u64) {
+        self.lock().queues.remove(&handle);
+    }
+
+    /// Keeps one channel GET_EVENT pending while the handle has endpoints.
+    pub(crate) fn pump(self: &Arc<Self>) {
+        let mut s = self.lock();
+        if s.submitting {
+            s.again = true;
+            return;
+        }
+        loop {
+            if s.outstanding || s.failed.is_some() || s.queues.is_empty() {
+                return;
+            }
+            let Some(backend) = self.backend.upgrade() else {
+                return;
+            };
+            s.outstanding = true;
+            s.submitting = true;
+            s.again = false;
+            let len = RECORDS_PER_REQUEST * EventRecord::SIZE as usize;
+            let buffer = if s.buffer.capacity() >= len {
+                std::mem::take(&mut s.buffer)
+            } else {
+                output_buffer(len)
+            };
+            drop(s);
+            let input = HandleIn {
+                size: HandleIn::SIZE,
+                reserved: 0,
+                handle: ANY_ENDPOINT,
+            };
+            backend.submit(
+                code::GET_EVENT,
+                input.as_bytes(),
+                len,
+                buffer,
+                Arc::clone(self) as Arc<dyn CompletionHook>,
+            );
+            drop(backend);
+            s = self.lock();
+            s.submitting = false;
+            if !s.again {
+                return;
+            }
+        }
+    }
+}
+
+/// The handle a REQ record names for its new endpoint.
+fn new_endpoint(record: &[u8]) -> Option<u64> {
+    let r = EventRecord::ref_from_bytes(record).ok()?;
+    let creates =
+        r.event_type == event_type::REQ_RECEIVED || r.event_type == event_type::SIDR_REQ_RECEIVED;
+    (creates && r.new_handle != 0).then_some(r.new_handle)
+}
+
+impl CompletionHook for Channel {
+    fn completed(self: Arc<Self>, st: i32, mut output: Vec<u8>) {
+        let size = EventRecord::SIZE as usize;
+        let mut wakers: Vec<Waker> = Vec::new();
+        {
+            let mut s = self.lock();
+            s.outstanding = false;
+            if st == status::SUCCESS {
+                output.truncate(output.len() - output.len() % size);
+                let mut touched: Option<u64> = None;
+                for record in output.chunks_exact(size) {
+                    if let Some(child) = new_endpoint(record) {
+                        s.queues.entry(child).or_default();
+                    }
+                    let handle = EventRecord::ref_from_bytes(record).map_or(0, |r| r.handle);
+                    // An endpoint destroyed meanwhile (its records come no more).
+                    let Some(q) = s.queues.get(&handle) else {
+                        continue;
+                    };
+                    let mut ev = q.lock();
+                    ev.push(record);
+                    if touched != Some(handle) {
+                        ev.deliveries = ev.deliveries.saturating_add(1);
+                        touched = Some(handle);
+                    }
+                    wakers.extend(ev.wakers.take());
+                }
+                output.clear();
+                s.buffer = output;
+            } else {
+                // The handle closed (STATUS_CANCELLED), or the device went: every wait
+                // ends with it.
+                recycle_buffer(output);
+                s.failed = Some(st);
+                let State { queues, .. } = &mut *s;
+                for q in queues.values() {
+                    let mut ev = q.lock();
+                    ev.failed.get_or_insert(st);
+                    wakers.extend(ev.wakers.take());
+                }
+            }
+        }
+        for w in wakers {
+            w.wake();
+        }
+        self.pump();
+    }
+}
