@@ -222,6 +222,11 @@ pub(crate) struct Cep {
     /// This CEP connects peer-to-peer: a crossing REQ for its service is compared with
     /// its own (IBA 12.9.3.1).
     pub peer_to_peer: bool,
+    /// `owner` is set.
+    pub owned: bool,
+    /// What its owner keeps with it (`CmManager::set_owner`): the dispatch layer's file
+    /// and endpoint.
+    pub owner: [u64; 2],
 }
 
 impl Cep {
@@ -269,6 +274,8 @@ impl Cep {
             apr_status: 0,
             apr_info: Vec::new(),
             peer_to_peer: false,
+            owned: false,
+            owner: [0; 2],
             drep_rcvd: false,
             cached: None,
             pdata: Vec::new(),

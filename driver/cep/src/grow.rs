@@ -27,9 +27,16 @@ pub const CHUNK: usize = 128;
 /// A growable array whose elements never move (see the module docs).
 #[derive(Debug)]
 pub struct ChunkedVec<T> {
-    /// Every chunk has capacity for exactly [`CHUNK`] elements; all but the last are full.
+    /// Every chunk has capacity for exactly [`CHUNK`] elements; all but the last are full,
+    /// or retired (empty, no memory: see [`retire`](Self::retire)).
     chunks: Vec<Vec<T>>,
     len: usize,
+    retired: usize,
+    /// Occupants of each chunk, as the owner reports them ([`filled`](Self::filled),
+    /// [`vacated`](Self::vacated)), and how many resident chunks have none: what makes
+    /// asking whether a trim would give anything back O(1).
+    occupants: Vec<u16>,
+    vacant: usize,
 }
 
 impl<T> Default for ChunkedVec<T> {
@@ -45,6 +52,9 @@ impl<T> ChunkedVec<T> {
         Self {
             chunks: Vec::new(),
             len: 0,
+            retired: 0,
+            occupants: Vec::new(),
+            vacant: 0,
         }
     }
 
@@ -66,6 +76,85 @@ impl<T> ChunkedVec<T> {
         self.chunks.len() * CHUNK
     }
 
+    /// Chunks, retired ones included.
+    #[must_use]
+    pub fn chunks(&self) -> usize {
+        self.chunks.len()
+    }
+
+    /// Chunks retired.
+    #[must_use]
+    pub fn retired(&self) -> usize {
+        self.retired
+    }
+
+    /// Slot `i` now holds an occupant (call once per occupant that moves in).
+    pub fn filled(&mut self, i: usize) {
+        if let Some(n) = self.occupants.get_mut(i / CHUNK) {
+            if *n == 0 {
+                self.vacant -= 1;
+            }
+            *n += 1;
+        }
+    }
+
+    /// Slot `i`'s occupant left.
+    pub fn vacated(&mut self, i: usize) {
+        if let Some(n) = self.occupants.get_mut(i / CHUNK).filter(|n| **n > 0) {
+            *n -= 1;
+            if *n == 0 {
+                self.vacant += 1;
+            }
+        }
+    }
+
+    /// Full chunks with no occupant: what [`retire_vacant`](Self::retire_vacant) would give
+    /// back. O(the chunks not yet full: the last and the room reserved past it).
+    #[must_use]
+    pub fn retirable(&self) -> usize {
+        let not_full = self.occupants.get(self.len / CHUNK..).unwrap_or_default();
+        self.vacant
+            .saturating_sub(not_full.iter().filter(|&&n| n == 0).count())
+    }
+
+    /// Elements the chunks in memory (not retired) have room for.
+    #[must_use]
+    pub fn resident(&self) -> usize {
+        (self.chunks.len() - self.retired) * CHUNK
+    }
+
+    /// Takes full chunk `c` (not the one `push` fills) out, giving its memory back: its
+    /// indices keep their place but name nothing (`get` is `None`) until
+    /// [`restore`](Self::restore) puts a chunk back there.
+    fn retire(&mut self, c: usize) -> Option<Vec<T>> {
+        if (c + 1) * CHUNK > self.len {
+            return None;
+        }
+        let chunk = self.chunks.get_mut(c).filter(|ch| ch.len() == CHUNK)?;
+        if self.occupants.get(c) != Some(&0) {
+            return None;
+        }
+        self.retired += 1;
+        self.vacant -= 1;
+        Some(core::mem::take(chunk))
+    }
+
+    /// Puts `chunk` (exactly [`CHUNK`] elements) where retired chunk `c` was; gives it
+    /// back if `c` is not retired.
+    fn restore(&mut self, c: usize, chunk: Vec<T>) -> Result<(), Vec<T>> {
+        match self.chunks.get_mut(c) {
+            Some(slot)
+                if slot.is_empty() && chunk.len() == CHUNK && (c + 1) * CHUNK <= self.len =>
+            {
+                *slot = chunk;
+                self.retired -= 1;
+                self.vacant += 1;
+                Ok(())
+            }
+            _ => Err(chunk),
+        }
+    }
+
     /// Element `i`.
     #[must_use]
     pub fn get(&self, i: usize) -> Option<&T> {
@@ -82,13 +171,14 @@ impl<T> ChunkedVec<T> {
     pub fn try_reserve(&mut self, additional: usize) -> Result<(), TryReserveError> {
         let want = self.len.saturating_add(additional);
         if want > self.capacity() {
-            self.chunks
-                .try_reserve(want.div_ceil(CHUNK) - self.chunks.len())?;
+            let more = want.div_ceil(CHUNK) - self.chunks.len();
+            self.chunks.try_reserve(more)?;
+            self.occupants.try_reserve(more)?;
         }
         while self.capacity() < want {
             let mut chunk = Vec::new();
             chunk.try_reserve_exact(CHUNK)?;
-            self.chunks.push(chunk);
+            self.add_chunk(chunk);
         }
         Ok(())
     }
@@ -98,12 +188,19 @@ impl<T> ChunkedVec<T> {
     pub fn push(&mut self, value: T) {
         let c = self.len / CHUNK;
         if c == self.chunks.len() {
-            self.chunks.push(Vec::with_capacity(CHUNK));
+            self.add_chunk(Vec::with_capacity(CHUNK));
         }
         if let Some(chunk) = self.chunks.get_mut(c) {
             chunk.push(value);
             self.len += 1;
         }
+    }
+
+    /// A new last chunk, with no occupant.
+    fn add_chunk(&mut self, chunk: Vec<T>) {
+        self.chunks.push(chunk);
+        self.occupants.push(0);
+        self.vacant += 1;
     }
 
     /// The elements in order.
@@ -114,6 +211,70 @@ impl<T> ChunkedVec<T> {
     /// The elements in order, mutably.
     pub fn iter_mut(&mut self) -> impl Iterator<Item = &mut T> {
         self.chunks.iter_mut().flatten()
+    }
+}
+
+/// A slab slot that may be vacant: what [`ChunkedVec::retire_vacant`] needs to give a
+/// vacant chunk's memory back, and [`ChunkedVec::restore_retired`] to make it again.
+pub trait Vacancy: Sized {
+    /// `Some(generation)` if nothing lives in the slot.
+    fn vacant_generation(&self) -> Option<u32>;
+    /// A vacant slot of `generation`.
+    fn vacant(generation: u32) -> Self;
+}
+
+/// Chunks a slab gave back, each with its slots' generations (4 bytes a slot: a handle
+/// or comm ID a slot issued must not name its next occupant).
+pub type Retired = Vec<(u32, Vec<u32>)>;
+
+impl<T: Vacancy> ChunkedVec<T> {
+    /// Retires every full chunk (but the one `push` fills) whose slots are all vacant,
+    /// appending each with its generations to `retired` (PASSIVE_LEVEL: allocates those
+    /// lists); returns how many it retired.
+    pub fn retire_vacant(&mut self, retired: &mut Retired) -> usize {
+        let mut n = 0;
+        for c in 0..self.len / CHUNK {
+            // The owner's count first (O(1)); then every slot, to be sure.
+            let vacant = self.occupants.get(c) == Some(&0)
+                && self.chunks.get(c).is_some_and(|ch| {
+                    ch.len() == CHUNK && ch.iter().all(|s| s.vacant_generation().is_some())
+                });
+            if !vacant || retired.try_reserve(1).is_err() {
+                continue;
+            }
+            let mut generations = Vec::new();
+            if generations.try_reserve_exact(CHUNK).is_err() {
+                break;
+            }
+            if let Some(chunk) = self.retire(c) {
+                generations.extend(chunk.iter().map(|s| s.vacant_generation().unwrap_or(0)));
+                retired.push((c as u32, generations));
+                n += 1;
+            }
+        }
+        n
+    }
+
+    /// Makes the chunk retired last again, its slots vacant with their generations;
+    /// returns its indices (`None`: nothing retired). On failure it stays retired.
+    pub fn restore_retired(
+        &mut self,
+        retired: &mut Retired,
+    ) -> Result<Option<core::ops::Range<usize>>, TryReserveError> {
+        let Some((c, generations)) = retired.pop() else {
+            return Ok(None);
+        };
+        let mut chunk = Vec::new();
+        if let Err(e) = chunk.try_reserve_exact(CHUNK) {
+            retired.push((c, generations));
+            return Err(e);
+        }
+        chunk.extend(generations.iter().map(|&g| T::vacant(g)));
+        let first = c as usize * CHUNK;
+        Ok(self
+            .restore(c as usize, chunk)
+            .is_ok()
+            .then_some(first..first + CHUNK))
     }
 }
 
@@ -136,10 +297,18 @@ impl<T> HeapBytes for VecDeque<T> {
     }
 }
 
-/// Its chunks and the list of them.
+/// The heap bytes of a [`Retired`] list: the list, and each chunk's generations.
+#[must_use]
+pub fn retired_bytes(retired: &Retired) -> usize {
+    retired.heap_bytes() + retired.iter().map(|(_, g)| g.heap_bytes()).sum::<usize>()
+}
+
+/// Its chunks (retired ones hold none), the list of them and their occupant counts.
 impl<T> HeapBytes for ChunkedVec<T> {
     fn heap_bytes(&self) -> usize {
-        self.capacity() * core::mem::size_of::<T>() + self.chunks.heap_bytes()
+        (self.chunks.len() - self.retired) * CHUNK * core::mem::size_of::<T>()
+            + self.chunks.heap_bytes()
+            + self.occupants.heap_bytes()
     }
 }
 
@@ -167,6 +336,44 @@ mod tests {
         assert!(v.iter().copied().skip(8).eq(8..3 * CHUNK + 5));
         v.iter_mut().for_each(|x| *x += 1);
         assert_eq!(v.get(0), Some(&1));
+    }
+
+    #[test]
+    fn a_retired_chunk_names_nothing_until_restored_and_holds_no_memory() {
+        let mut v = ChunkedVec::new();
+        for i in 0..(2 * CHUNK + 1) {
+            v.push(i);
+        }
+        for i in 0..v.len() {
+            v.filled(i);
+        }
+        let bytes = v.heap_bytes();
+        // The chunk `push` fills stays, and a chunk with an occupant.
+        assert!(v.retire(2).is_none());
+        assert!(v.retire(1).is_none());
+        for i in CHUNK..2 * CHUNK {
+            v.vacated(i);
+        }
+        assert_eq!(v.retirable(), 1);
+        let chunk = v.retire(1).unwrap();
+        assert_eq!(v.retirable(), 0);
+        assert_eq!(
+            (v.retired(), v.len(), v.get(CHUNK)),
+            (1, 2 * CHUNK + 1, None)
+        );
+        assert_eq!(
+            v.heap_bytes(),
+            bytes - CHUNK * core::mem::size_of::<usize>()
+        );
+        assert!(v.retire(1).is_none());
+        assert!(v.restore(0, Vec::new()).is_err());
+        assert!(v.restore(1, chunk).is_ok());
+        assert_eq!(
+            (v.retired(), v.get(CHUNK), v.heap_bytes()),
+            (0, Some(&CHUNK), bytes)
+        );
+        v.push(7);
+        assert_eq!(v.get(2 * CHUNK + 1), Some(&7));
     }
 
     #[test]

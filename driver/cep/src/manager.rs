@@ -135,6 +135,19 @@ struct Slot {
     cep: Option<Cep>,
 }
 
+impl crate::grow::Vacancy for Slot {
+    fn vacant_generation(&self) -> Option<u32> {
+        self.cep.is_none().then_some(self.generation)
+    }
+
+    fn vacant(generation: u32) -> Self {
+        Self {
+            generation,
+            cep: None,
+        }
+    }
+}
+
 /// The CEP manager of one CA: the sans-IO core of ibcm.
 ///
 /// It performs no I/O, reads no clock and takes no lock. Its owner drives it:
@@ -162,6 +175,9 @@ pub struct CmManager {
     /// Released slots, oldest first: reused first-in first-out so that a slot's next
     /// comm ID comes as late as possible (issue #16 item 8a; see [`Self::alloc`]).
     free: VecDeque<u32>,
+    /// Slab chunks given back after a peak (`trim`): (chunk, its slots' generations),
+    /// kept so that the slots' next comm IDs follow on from their last ones.
+    retired: crate::grow::Retired,
     live: usize,
     /// The local comm ID layout (src/comm_id.rs).
     ids: CommIdSpace,
@@ -201,6 +217,7 @@ impl CmManager {
             config,
             slots: ChunkedVec::new(),
             free: VecDeque::new(),
+            retired: Vec::new(),
             live: 0,
             ids: CommIdSpace::new(
                 config.comm_id_mask,
@@ -270,6 +287,7 @@ impl CmManager {
             return Ok(());
         }
         let no = |_| CmError::NoResources;
+        self.restore_chunks(ceps)?;
         self.slots.try_reserve(ceps).map_err(no)?;
         // A release never allocates: room in `free` for every slot the slab can hold.
         let slab = self.slots.capacity();
@@ -352,6 +370,23 @@ impl CmManager {
     /// The state of a CEP.
     pub fn state(&self, id: CepId) -> Result<StateName, CmError> {
         Ok(self.user_cep(id)?.state.name())
+    }
+
+    /// Records who owns a CEP (the dispatch layer's file and endpoint, or kernel
+    /// client): kept in the CEP, so that its owner needs no table indexed by slot that
+    /// would keep a past peak's size (issue #20); `None` forgets it. Allocates nothing.
+    pub fn set_owner(&mut self, id: CepId, owner: Option<[u64; 2]>) -> Result<(), CmError> {
+        let c = self.cep_mut(id).ok_or(CmError::UnknownCep)?;
+        c.owned = owner.is_some();
+        c.owner = owner.unwrap_or_default();
+        Ok(())
+    }
+
+    /// Who owns a CEP, as [`set_owner`](Self::set_owner) recorded (destroyed CEPs
+    /// lingering in timewait included).
+    pub fn owner(&self, id: CepId) -> Option<[u64; 2]> {
+        let c = self.slot(id)?.cep.as_ref()?;
+        c.owned.then_some(c.owner)
     }
 
     /// What this side knows of the connection, including the peer's read limits.
@@ -514,6 +549,7 @@ impl CmManager {
                 };
                 slot.generation = generation;
                 slot.cep = Some(Cep::new());
+                self.slots.filled(index as usize);
                 CepId::new(index, generation)
             }
             None => {
@@ -531,6 +567,7 @@ impl CmManager {
                     generation,
                     cep: Some(Cep::new()),
                 });
+                self.slots.filled(index as usize);
                 CepId::new(index, generation)
             }
         };
@@ -547,6 +584,7 @@ impl CmManager {
         {
             slot.generation = slot.generation.wrapping_add(1) & mask;
             self.live = self.live.saturating_sub(1);
+            self.slots.vacated(index);
             // Capacity for every slot was reserved when the slot was created.
             self.free.push_back(index as u32);
         }

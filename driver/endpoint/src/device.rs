@@ -80,8 +80,6 @@ pub struct Inner<P: Platform> {
     cm: CmManager,
     removed: bool,
     files: Table<File<P::Request>>,
-    /// The endpoint of each CEP, indexed by the CEP's slab index.
-    owners: Vec<Option<Owner>>,
     tx: Vec<Transmit>,
     /// Emptied MAD batches with room, for the entry point that runs while another one's
     /// batch is out being sent.
@@ -149,7 +147,6 @@ impl<P: Platform> Device<P> {
             cm,
             removed: false,
             files: Table::new(),
-            owners: Vec::new(),
             tx: Vec::new(),
             spare_tx: Vec::with_capacity(KEPT_BATCHES),
             spare_done: Vec::with_capacity(KEPT_BATCHES),
@@ -420,7 +417,8 @@ impl<P: Platform> Device<P> {
             }
             i.room_retry = None;
             i.cm.handle_timeout(now);
-            false
+            // Timewait exits free CEPs at DISPATCH_LEVEL; their memory goes back at PASSIVE.
+            i.cm.trim_due(0)
         });
         if short {
             self.platform.request_passive_work();
@@ -429,9 +427,12 @@ impl<P: Platform> Device<P> {
 
     /// PASSIVE_LEVEL work a DISPATCH_LEVEL path asked for
     /// ([`Platform::request_passive_work`]): grows the event-record pool (and the batches)
-    /// so that deferred timer passes and dropped MADs' retries find room.
+    /// so that deferred timer passes and dropped MADs' retries find room, and gives back
+    /// the engine's slab left over from a peak once its CEPs are gone.
     pub fn passive_work(&self) {
         self.run(|i| {
+            // A past peak's slab goes back (the engine trims when due).
+            let _ = i.cm.prepare_for(0);
             i.prepare_batches();
             if i.records.has_dispatch_room() && i.room_retry.take().is_some() {
                 // The timer, deferred, fires at the engine's deadline again.

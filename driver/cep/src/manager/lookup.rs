@@ -68,6 +68,11 @@ impl PeerMap {
         self.0.len()
     }
 
+    /// Gives back room beyond `min` entries (or what it holds).
+    pub(super) fn shrink_to(&mut self, min: usize) {
+        self.0.shrink_to(min);
+    }
+
     /// Heap bytes of the table.
     pub(super) fn heap_bytes(&self) -> usize {
         super::memory::hash_table_bytes(self.0.capacity(), core::mem::size_of::<(PeerKey, CepId)>())

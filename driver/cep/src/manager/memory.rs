@@ -6,7 +6,14 @@ use core::mem::size_of;
 
 use super::CmManager;
 use crate::error::CmError;
-use crate::grow::{HeapBytes, reserve_queue};
+use crate::grow::{CHUNK, HeapBytes, reserve_queue, retired_bytes};
+
+/// The slab is trimmed once it holds more than this many times the slots live CEPs need,
+/// beyond the room wanted and [`TRIM_SLACK`]: hysteresis, so that a steady load never
+/// pays for it.
+const TRIM_FACTOR: usize = 4;
+/// Slots a slab keeps however few CEPs live (16 chunks, about 1 MB).
+const TRIM_SLACK: usize = 16 * CHUNK;
 
 /// The manager's heap by part (see [`CmManager::memory`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -61,9 +68,11 @@ impl CmManager {
     pub fn prepare_for(&mut self, new: usize) -> Result<(), CmError> {
         let no = |_| CmError::NoResources;
         let ceps = self.live + new;
-        // Free slots are reused only beyond REUSE_AFTER - 1 of them (`CmManager::alloc`).
-        let reusable = self.free.len().saturating_sub(super::REUSE_AFTER - 1);
-        if self.slots.capacity() - self.slots.len() + reusable < new {
+        if self.trim_due(new) {
+            self.trim(new);
+        }
+        self.restore_chunks(new)?;
+        if self.fresh_and_reusable() < new {
             self.slots.try_reserve(new).map_err(no)?;
         }
         let slots = self.slots.capacity();
@@ -94,6 +103,61 @@ impl CmManager {
         Ok(())
     }
 
+    /// Whether the slab holds over TRIM_FACTOR times what the live CEPs need, beyond room
+    /// for `new` more, and a sixteenth of it is chunks with no CEP: then the next
+    /// [`prepare_for`](Self::prepare_for) (PASSIVE_LEVEL) gives them back. O(1).
+    pub fn trim_due(&self, new: usize) -> bool {
+        let resident = self.slots.resident();
+        resident > TRIM_FACTOR * self.live + new + TRIM_SLACK
+            && self.slots.retirable() * CHUNK >= resident / 16
+    }
+
+    /// Slots a new CEP can take without allocating: fresh ones, and free ones beyond the
+    /// REUSE_AFTER - 1 that `CmManager::alloc` leaves waiting.
+    fn fresh_and_reusable(&self) -> usize {
+        let reusable = self.free.len().saturating_sub(super::REUSE_AFTER - 1);
+        self.slots.capacity() - self.slots.len() + reusable
+    }
+
+    /// Puts retired chunks back (PASSIVE_LEVEL) until `new` CEPs fit without allocating,
+    /// before the slab grows: their slots go to the back of the free list with the
+    /// generations they had.
+    pub(super) fn restore_chunks(&mut self, new: usize) -> Result<(), CmError> {
+        while self.fresh_and_reusable() < new && !self.retired.is_empty() {
+            self.free
+                .try_reserve(CHUNK)
+                .map_err(|_| CmError::NoResources)?;
+            let restored = self
+                .slots
+                .restore_retired(&mut self.retired)
+                .map_err(|_| CmError::NoResources)?;
+            if let Some(indices) = restored {
+                self.free.extend(indices.map(|i| i as u32));
+            }
+        }
+        Ok(())
+    }
+
+    /// Gives back what a past peak left (PASSIVE_LEVEL; `prepare_for` calls it when
+    /// [`trim_due`](Self::trim_due)): slab chunks without a CEP, keeping 4 bytes a slot
+    /// for their generations (a slot's next comm ID must not repeat a recent one, IBA
+    /// 12.9.8.3), and the lookups', timers' and free list's room beyond what the live
+    /// CEPs and `new` more need.
+    fn trim(&mut self, new: usize) {
+        if self.slots.retire_vacant(&mut self.retired) > 0 {
+            let slots = &self.slots;
+            self.free.retain(|&i| slots.get(i as usize).is_some());
+            self.free.shrink_to(self.slots.resident());
+        }
+        let ceps = self.live + new;
+        self.remote_ids.shrink_to(ceps);
+        self.remote_qpns.shrink_to(ceps);
+        self.sidr_requests.shrink_to(new.min(4096));
+        self.timers
+            .shrink_to(self.timers.len().max(ceps.saturating_mul(2)));
+        self.retired.shrink_to_fit();
+    }
+
     /// The heap this manager holds, by part.
     pub fn memory(&self) -> EngineMemory {
         let mut private_data = 0;
@@ -109,7 +173,7 @@ impl CmManager {
             .map(|(_, bytes)| bytes.capacity())
             .sum::<usize>();
         EngineMemory {
-            slab: self.slots.heap_bytes() + self.free.heap_bytes(),
+            slab: self.slots.heap_bytes() + self.free.heap_bytes() + retired_bytes(&self.retired),
             lookups: self.remote_ids.heap_bytes()
                 + self.remote_qpns.heap_bytes()
                 + hash_table_bytes(

@@ -185,17 +185,12 @@ impl<P: Platform> Inner<P> {
     pub(crate) fn client_request(&mut self, cep: CepId, listen: u64, event: &Event) {
         if self.clients.fixed {
             // DISPATCH_LEVEL with only the room made ahead: without a spare queue, a
-            // table slot, an owner entry and room in the listen's queues the REQ is
-            // refused (the engine rejects it), never allocated for.
-            let owned = ((cep.to_raw() & 0x00ff_ffff) as usize) < self.owners.len();
+            // table slot and room in the listen's queues the REQ is refused (the engine
+            // rejects it), never allocated for.
             let listen_room = self.clients.table.get(listen).is_some_and(|l| {
                 l.requests.len() < l.requests.capacity() && l.queue.len() < l.queue.capacity()
             });
-            if !owned
-                || !listen_room
-                || self.clients.spares.is_empty()
-                || !self.clients.table.can_insert()
-            {
+            if !listen_room || self.clients.spares.is_empty() || !self.clients.table.can_insert() {
                 let now = self.now;
                 let _ = self.cm.destroy(now, cep);
                 return;
@@ -209,7 +204,6 @@ impl<P: Platform> Inner<P> {
         self.set_owner(
             cep,
             Owner {
-                cep,
                 file: CLIENT_FILE,
                 endpoint: child,
             },
@@ -270,7 +264,6 @@ impl<P: Platform> Device<P> {
             i.set_owner(
                 cep,
                 Owner {
-                    cep,
                     file: CLIENT_FILE,
                     endpoint: id,
                 },
@@ -332,7 +325,7 @@ impl<P: Platform> Device<P> {
             }
             i.clients.prepare(backlog);
             let _ = i.cm.reserve(backlog);
-            i.prepare_owners(backlog);
+            i.prepare_batches();
             Ok(())
         })
     }
@@ -368,7 +361,6 @@ impl<P: Platform> Device<P> {
             i.set_owner(
                 fresh,
                 Owner {
-                    cep: fresh,
                     file: CLIENT_FILE,
                     endpoint: id.0,
                 },
@@ -413,7 +405,7 @@ impl<P: Platform> Device<P> {
                     .map_or(0, |l| l.requests.capacity());
                 i.clients.prepare(backlog);
                 let _ = i.cm.reserve(backlog);
-                i.prepare_owners(backlog);
+                i.prepare_batches();
             }
             loop {
                 let (child, event) = i.clients.table.get_mut(listen.0)?.requests.pop_front()?;
@@ -637,7 +629,7 @@ impl<P: Platform> Device<P> {
             if i.cm.room() < burst {
                 i.cm.reserve(burst.saturating_mul(2))?;
             }
-            i.prepare_owners(ceps);
+            i.prepare_batches();
             // Spare batches for `concurrency` entry points with their batches out at once
             // (`take_flush`); `finish` keeps as many as the spare lists have room for.
             let want = concurrency.max(super::SPARE_BATCHES);
@@ -808,12 +800,6 @@ fn create_fixed<P: Platform>(i: &mut Inner<P>, callback: Callback<P>) -> Result<
             return Err(e);
         }
     };
-    if ((cep.to_raw() & 0x00ff_ffff) as usize) >= i.owners.len() {
-        let now = i.now;
-        let _ = i.cm.destroy(now, cep);
-        i.clients.spares.push(queue);
-        return Err(CmError::NoResources);
-    }
     let id = i
         .clients
         .table
@@ -821,7 +807,6 @@ fn create_fixed<P: Platform>(i: &mut Inner<P>, callback: Callback<P>) -> Result<
     i.set_owner(
         cep,
         Owner {
-            cep,
             file: CLIENT_FILE,
             endpoint: id,
         },

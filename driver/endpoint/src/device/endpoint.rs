@@ -106,9 +106,9 @@ impl<R> File<R> {
     }
 }
 
+/// Who owns a CEP (kept in the engine: `CmManager::set_owner`).
 #[derive(Debug, Clone, Copy)]
 pub(super) struct Owner {
-    pub(super) cep: CepId,
     pub(super) file: u64,
     pub(super) endpoint: u64,
 }

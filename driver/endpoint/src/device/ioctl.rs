@@ -324,7 +324,6 @@ pub(super) fn operation<P: Platform>(
             i.set_owner(
                 cep,
                 Owner {
-                    cep,
                     file: file.0,
                     endpoint: handle,
                 },
@@ -404,7 +403,6 @@ pub(super) fn operation<P: Platform>(
             i.set_owner(
                 fresh,
                 Owner {
-                    cep: fresh,
                     file: file.0,
                     endpoint: h,
                 },

@@ -43,7 +43,10 @@ impl DispatchMemory {
 }
 
 fn table_bytes<T>(t: &Table<T>, each: impl Fn(&T) -> usize) -> usize {
-    t.slots.heap_bytes() + t.free.heap_bytes() + t.values().map(each).sum::<usize>()
+    t.slots.heap_bytes()
+        + t.free.heap_bytes()
+        + t.retired_bytes()
+        + t.values().map(each).sum::<usize>()
 }
 
 fn endpoint_bytes<R>(ep: &Endpoint<R>) -> usize {
@@ -78,9 +81,9 @@ impl<P: Platform> Inner<P> {
             * self
                 .files
                 .values()
-                .map(|f| f.endpoints.slots.capacity() + f.spares.capacity())
+                .map(|f| f.endpoints.slots.resident() + f.spares.capacity())
                 .sum::<usize>();
-        let endpoints = table_bytes(&self.files, file_bytes) + self.owners.heap_bytes();
+        let endpoints = table_bytes(&self.files, file_bytes);
         DispatchMemory {
             records: self.records.bytes(),
             endpoints: endpoints - inline_private_data,

@@ -63,31 +63,17 @@ impl<P: Platform> Inner<P> {
     }
 
     pub(super) fn set_owner(&mut self, cep: CepId, owner: Owner) {
-        let i = (cep.to_raw() & 0x00ff_ffff) as usize;
-        if self.owners.len() <= i {
-            self.owners.resize(i + 1, None);
-        }
-        if let Some(o) = self.owners.get_mut(i) {
-            *o = Some(owner);
-        }
+        let _ = self.cm.set_owner(cep, Some([owner.file, owner.endpoint]));
     }
 
     pub(super) fn owner(&self, cep: CepId) -> Option<Owner> {
-        let i = (cep.to_raw() & 0x00ff_ffff) as usize;
-        self.owners
-            .get(i)
-            .copied()
-            .flatten()
-            .filter(|o| o.cep == cep)
+        self.cm
+            .owner(cep)
+            .map(|[file, endpoint]| Owner { file, endpoint })
     }
 
     pub(super) fn clear_owner(&mut self, cep: CepId) {
-        let i = (cep.to_raw() & 0x00ff_ffff) as usize;
-        if let Some(o) = self.owners.get_mut(i)
-            && o.is_some_and(|o| o.cep == cep)
-        {
-            *o = None;
-        }
+        let _ = self.cm.set_owner(cep, None);
     }
 
     /// Grows, at PASSIVE_LEVEL, everything a burst of REQs on this file's listens could
@@ -101,26 +87,21 @@ impl<P: Platform> Inner<P> {
             return;
         };
         let want = f.backlog + extra;
+        if f.endpoints.trim(want) {
+            // The channel's queue needs room for the endpoints left, no more.
+            let most = f.endpoints.live + f.spares.len().max(want);
+            f.ready.shrink_to(most.max(f.ready.len()));
+        }
         f.endpoints.reserve(want);
         while f.spares.len() < want {
             let events = VecDeque::with_capacity(CHILD_DEPTH);
             f.spares.push(Endpoint::new(CepId::from_raw(0), events));
         }
         let _ = f.reserve_ready(0);
-        self.prepare_owners(want);
+        self.prepare_batches();
         // The engine: room for the burst, and for every live CEP to take its peer
         // entries and timers (a REP or DREP for each connecting or disconnecting CEP).
         let _ = self.cm.prepare_for(want);
-    }
-
-    /// Room in the owner table for `n` more CEPs, and in the batches (PASSIVE_LEVEL). The
-    /// engine reuses free slab slots before it grows the slab, so `n` new CEPs have
-    /// indices below the slab's high-water mark (which the table already covers) or below
-    /// live + `n`: the table grows to that and no further, however often this is called.
-    pub(super) fn prepare_owners(&mut self, n: usize) {
-        let room = self.owners.len().max(self.cm.live_ceps() + n);
-        self.owners.resize(room, None);
-        self.prepare_batches();
     }
 
     /// Room for [`DISPATCH_BATCH`] MADs and completions in the batches and in every
@@ -194,11 +175,10 @@ impl<P: Platform> Inner<P> {
             self.client_request(cep, lo.endpoint, event);
             return;
         }
-        // DISPATCH_LEVEL: the REQ takes a spare endpoint, a table slot, an owner entry and
-        // room in the listen's FIFO, all made at PASSIVE_LEVEL. Without them it is refused
-        // (the engine rejects it) rather than allocated for: a peer cycling REQs and REJs
-        // cannot grow the file while its owner does not read its events.
-        let owned = ((cep.to_raw() & 0x00ff_ffff) as usize) < self.owners.len();
+        // DISPATCH_LEVEL: the REQ takes a spare endpoint, a table slot and room in the
+        // listen's FIFO, all made at PASSIVE_LEVEL. Without them it is refused (the engine
+        // rejects it) rather than allocated for: a peer cycling REQs and REJs cannot grow
+        // the file while its owner does not read its events.
         let Ok(file) = self.file(FileId(lo.file)) else {
             return;
         };
@@ -206,7 +186,7 @@ impl<P: Platform> Inner<P> {
             .endpoints
             .get(lo.endpoint)
             .is_some_and(|l| l.events.len() < l.events.capacity());
-        let spare = if owned && listen_room && file.endpoints.can_insert() {
+        let spare = if listen_room && file.endpoints.can_insert() {
             file.spares.pop()
         } else {
             None
@@ -231,7 +211,6 @@ impl<P: Platform> Inner<P> {
         self.set_owner(
             cep,
             Owner {
-                cep,
                 file: lo.file,
                 endpoint: handle,
             },

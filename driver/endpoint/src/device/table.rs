@@ -3,7 +3,13 @@
 
 use alloc::vec::Vec;
 
-use ibcm_cep::grow::ChunkedVec;
+use ibcm_cep::grow::{CHUNK, ChunkedVec, Retired, Vacancy, retired_bytes};
+
+/// A table is trimmed once it holds more than this many times the slots its live values
+/// need, beyond the room wanted and [`TRIM_SLACK`] (hysteresis: a steady load never pays).
+const TRIM_FACTOR: usize = 4;
+/// Slots a table keeps however few values live (8 chunks).
+const TRIM_SLACK: usize = 8 * CHUNK;
 
 pub(super) fn handle_of(index: u32, generation: u32) -> u64 {
     u64::from(index) | (u64::from(generation) << 32)
@@ -19,13 +25,29 @@ pub(super) struct Slot<T> {
     pub(super) value: Option<T>,
 }
 
+impl<T> Vacancy for Slot<T> {
+    fn vacant_generation(&self) -> Option<u32> {
+        self.value.is_none().then_some(self.generation)
+    }
+
+    fn vacant(generation: u32) -> Self {
+        Self {
+            generation,
+            value: None,
+        }
+    }
+}
+
 /// A generation-checked table: handles are `index | generation << 32`, generation >= 1.
 #[derive(Debug)]
 pub(super) struct Table<T> {
     /// Grows by chunks: an endpoint never moves and growing copies nothing.
     pub(super) slots: ChunkedVec<Slot<T>>,
+    /// Free slots of resident chunks.
     pub(super) free: Vec<u32>,
     pub(super) live: usize,
+    /// Chunks given back after a peak ([`trim`](Self::trim)), with their generations.
+    pub(super) retired: Retired,
 }
 
 impl<T> Table<T> {
@@ -34,6 +56,7 @@ impl<T> Table<T> {
             slots: ChunkedVec::new(),
             free: Vec::new(),
             live: 0,
+            retired: Vec::new(),
         }
     }
 
@@ -63,13 +86,16 @@ impl<T> Table<T> {
             && let Some(s) = self.slots.get_mut(i as usize)
         {
             s.value = Some(value);
-            return handle_of(i, s.generation);
+            let handle = handle_of(i, s.generation);
+            self.slots.filled(i as usize);
+            return handle;
         }
         let i = self.slots.len() as u32;
         self.slots.push(Slot {
             generation: 1,
             value: Some(value),
         });
+        self.slots.filled(i as usize);
         self.free
             .reserve(self.slots.len().saturating_sub(self.free.len()));
         handle_of(i, 1)
@@ -84,12 +110,24 @@ impl<T> Table<T> {
         let v = s.value.take()?;
         s.generation = s.generation.wrapping_add(1).max(1);
         self.live -= 1;
+        self.slots.vacated(i);
         self.free.push(i as u32);
         Some(v)
     }
 
-    /// Room for `n` more values without allocating.
+    /// Room for `n` more values without allocating (PASSIVE_LEVEL): retired chunks come
+    /// back first, with their generations, before the table grows.
     pub(super) fn reserve(&mut self, n: usize) {
+        while self.free.len() < n && !self.retired.is_empty() {
+            if self.free.try_reserve(CHUNK).is_err() {
+                break;
+            }
+            match self.slots.restore_retired(&mut self.retired) {
+                Ok(Some(indices)) => self.free.extend(indices.rev().map(|i| i as u32)),
+                Ok(None) => {}
+                Err(_) => break,
+            }
+        }
         let spare = self.free.len();
         if n > spare {
             // Out of memory leaves the room short; `can_insert` then refuses the insert.
@@ -99,6 +137,36 @@ impl<T> Table<T> {
             let slots = self.slots.len() + (n - spare);
             self.free.reserve(slots.saturating_sub(self.free.len()));
         }
+    }
+
+    /// Gives back what a past peak left (PASSIVE_LEVEL), once the table holds over
+    /// TRIM_FACTOR times the slots its values need beyond room for `keep` more, and a
+    /// sixteenth of it
+    /// is chunks with no value: those chunks, keeping their generations (a stale handle
+    /// must never name a new value). O(1) when not due.
+    /// Returns whether it gave anything back.
+    pub(super) fn trim(&mut self, keep: usize) -> bool {
+        let resident = self.slots.resident();
+        let due = resident > TRIM_FACTOR * self.live + keep + TRIM_SLACK
+            && self.slots.retirable() * CHUNK >= resident / 16;
+        if !due {
+            return false;
+        }
+        let retired = self.slots.retire_vacant(&mut self.retired) > 0;
+        if retired {
+            let slots = &self.slots;
+            self.free.retain(|&i| slots.get(i as usize).is_some());
+            // `remove` never allocates: room for every resident slot stays.
+            let resident = self.slots.resident();
+            self.free.shrink_to(resident);
+            self.retired.shrink_to_fit();
+        }
+        retired
+    }
+
+    /// Heap bytes of the chunks given back (their generations).
+    pub(super) fn retired_bytes(&self) -> usize {
+        retired_bytes(&self.retired)
     }
 
     /// Whether `insert` can run without allocating.
