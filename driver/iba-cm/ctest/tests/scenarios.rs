@@ -826,3 +826,57 @@ fn hca_removal_fails_calls_and_destroy_still_works() {
     a.destroy();
     w.finish();
 }
+
+/// The binding's `IRP_MN_QUERY_INTERFACE` preprocess, through [`ibcm_iba_cm::answer`]: a
+/// well-formed query is answered with a referenced interface; without a QP1 route or
+/// during removal it goes down (to AL's CM), and the removal waits for the references.
+#[test]
+fn query_interface_answer_pass_down_and_removal() {
+    use ibcm_iba_cm::abi::{GUID_INFINIBAND_INTERFACE_CM as CM, Guid};
+    use ibcm_iba_cm::{PassDown, answer};
+    let mut w = World::new(41);
+    let cm = w.a.cm();
+    let before = cm.references();
+    let ifc = answer(Some(cm), &CM, 0x0101, 208, true).expect("answered");
+    assert_eq!(ifc.interface_header.version, 0x0101);
+    assert_eq!(ifc.interface_header.size, 208);
+    assert_eq!(
+        cm.references(),
+        before + 1,
+        "the caller's reference is taken"
+    );
+    let no_route = answer(Some(cm), &CM, 0x0101, 208, false);
+    assert_eq!(no_route.err(), Some(PassDown::NoQp1Route));
+    assert_eq!(
+        cm.references(),
+        before + 1,
+        "nothing taken when passed down"
+    );
+    let none = answer::<harness::TestBackend>(None, &CM, 0x0101, 208, true);
+    assert_eq!(none.err(), Some(PassDown::NoCm));
+    let other = Guid { data1: 1, ..CM };
+    assert_eq!(
+        answer(Some(cm), &other, 0x0101, 208, true).err(),
+        Some(PassDown::OtherInterface)
+    );
+    // Removal: no new reference; `released` only when the last one goes.
+    cm.begin_removal();
+    assert_eq!(
+        answer(Some(cm), &CM, 0x0101, 208, true).err(),
+        Some(PassDown::Removing)
+    );
+    assert!(
+        !cm.backend()
+            .released
+            .load(std::sync::atomic::Ordering::Acquire)
+    );
+    let deref = ifc
+        .interface_header
+        .interface_dereference
+        .expect("dereference");
+    // SAFETY: the reference `answer` took for this copy, dropped once.
+    unsafe { deref(ifc.interface_header.context) };
+    assert_eq!(cm.references(), before);
+    w.run(SETTLE);
+    w.finish();
+}
