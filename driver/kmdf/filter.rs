@@ -292,7 +292,9 @@ unsafe extern "C" fn evt_preprocess_query_interface(device: WDFDEVICE, irp: PIRP
         Some(guid) => answer(iba_cm, guid, query.Version, size, filter.qp1_route()),
         None => Err(PassDown::OtherInterface),
     };
+    // Network order as AL reports it (0 before IBAL is bound).
     let ca_guid = filter.ibal.ca_guid.load(Ordering::Relaxed);
+    let ca = u64::from_be(ca_guid);
     match decision {
         Ok(interface) => {
             // SAFETY: (F22) `Interface` is non-null and the caller's buffer of `Size` >=
@@ -305,7 +307,7 @@ unsafe extern "C" fn evt_preprocess_query_interface(device: WDFDEVICE, irp: PIRP
                     .write_unaligned(interface);
             }
             ibcm_etw::cm_interface_query(ca_guid, query.Version, query.Size, true, "answered");
-            wdk::println!("ibcm: answered GUID_INFINIBAND_INTERFACE_CM 1.1 (CA {ca_guid:#018x})");
+            wdk::println!("ibcm: answered GUID_INFINIBAND_INTERFACE_CM 1.1 (CA {ca:#018x})");
             let io_status = IO_STATUS_BLOCK {
                 __bindgen_anon_1: _IO_STATUS_BLOCK__bindgen_ty_1 {
                     Status: STATUS_SUCCESS,
@@ -330,7 +332,7 @@ unsafe extern "C" fn evt_preprocess_query_interface(device: WDFDEVICE, irp: PIRP
                     why.reason(),
                 );
                 wdk::println!(
-                    "ibcm: passed GUID_INFINIBAND_INTERFACE_CM down to AL's CM (CA {ca_guid:#018x}): {}",
+                    "ibcm: passed GUID_INFINIBAND_INTERFACE_CM down to AL's CM (CA {ca:#018x}): {}",
                     why.reason()
                 );
             }
