@@ -880,3 +880,47 @@ fn query_interface_answer_pass_down_and_removal() {
     w.run(SETTLE);
     w.finish();
 }
+
+/// One CM for several CAs: the dispatch layer's port numbers are host-wide, and what a
+/// client hands its CA (the REQ event's port and CA GUID, `ib_qp_mod_t`'s ports) is the
+/// CA's own (`Backend::ca_port`).
+#[test]
+fn host_wide_port_numbers_reach_the_client_as_the_cas_own() {
+    let mut w = World::new(43);
+    w.b.cm()
+        .backend()
+        .ca_port_of_1
+        .store(2, std::sync::atomic::Ordering::Relaxed);
+    let (listen, child, a) = (w.b.cep(), w.b.cep(), w.a.cep());
+    let r = requested(&mut w, &listen, &a, &child);
+    assert_eq!(r.port_num, 2, "the CA's port, not the host-wide number");
+    assert_eq!(
+        r.local_ca_guid.get(),
+        node_guid(1) ^ 0xCA,
+        "the CA the REQ came in on"
+    );
+    let mut init = ibcm_iba_cm::abi::IbQpMod::zeroed();
+    assert_eq!(
+        child.format_rep(0x22, &[7], 2, 3, &mut init),
+        status::SUCCESS
+    );
+    // SAFETY: INIT attributes.
+    let i = unsafe { init.state.init };
+    assert_eq!(i.primary_port, 2);
+    assert_eq!(child.send_formatted_rep(), status::SUCCESS);
+    w.run(SETTLE);
+    let (s, rtr) = child.qp_attr(qp_state::RTR);
+    assert_eq!(s, status::SUCCESS);
+    // SAFETY: RTR attributes.
+    let rtr = unsafe { rtr.state.rtr };
+    assert_eq!(rtr.primary_av.port_num, 2);
+    // A's side is unmapped: its own numbers.
+    let (s, a_init) = a.qp_attr(qp_state::INIT);
+    assert_eq!(s, status::SUCCESS);
+    // SAFETY: INIT attributes.
+    assert_eq!(unsafe { a_init.state.init }.primary_port, 1);
+    for c in [&a, &child, &listen] {
+        c.destroy();
+    }
+    w.finish();
+}
