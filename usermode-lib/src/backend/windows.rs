@@ -61,7 +61,7 @@ unsafe impl Send for Device {}
 unsafe impl Sync for Device {}
 
 impl Device {
-    /// Opens the first present device of ibcm's interface class.
+    /// Opens the control device (`ibcm_ioctl::DEVICE_PATH`).
     pub fn open() -> Result<Self, i32> {
         let path = device_path();
         // SAFETY: 1. `path` is a NUL-terminated UTF-16 string that outlives the call;
