@@ -277,8 +277,9 @@ impl Host {
             Ordering::Acquire,
         );
         if installed.is_err() {
+            // Another HCA's port made the CM first.
             // SAFETY: (H8) `cm` came from Box::into_raw above and was not published.
-            drop(unsafe { alloc::boxed::Box::from_raw(cm) });
+            release(unsafe { alloc::boxed::Box::from_raw(cm) });
         }
         Ok(())
     }
@@ -416,15 +417,21 @@ pub fn free_cm(host: &Host) {
     if !cm.is_null() {
         // SAFETY: (H26) from Box::into_raw in `ensure_cm`; unpublished above, and nothing
         // can reach the host any more (see the caller).
-        let cm = unsafe { alloc::boxed::Box::from_raw(cm) };
-        let iba_cm = cm.iba_cm.swap(core::ptr::null_mut(), Ordering::AcqRel);
-        if !iba_cm.is_null() {
-            // SAFETY: (H27) as H15 (teardown did not run: the control device went away
-            // with a failed filter add).
-            drop(unsafe { alloc::boxed::Box::from_raw(iba_cm) });
-        }
-        drop(cm);
+        release(unsafe { alloc::boxed::Box::from_raw(cm) });
     }
+}
+
+/// Drops a CM nothing reaches any more: the `iba_cm` instance first (if `teardown` has
+/// not dropped it: it destroys the ids clients left through the device), then the
+/// dispatch layer.
+fn release(cm: alloc::boxed::Box<Cm>) {
+    let iba_cm = cm.iba_cm.swap(core::ptr::null_mut(), Ordering::AcqRel);
+    if !iba_cm.is_null() {
+        // SAFETY: (H27) from Box::into_raw in `ensure_cm`, unpublished above; the caller
+        // guarantees nothing else reaches this CM.
+        drop(unsafe { alloc::boxed::Box::from_raw(iba_cm) });
+    }
+    drop(cm);
 }
 
 /// The `iba_cm` backend: the host's dispatch layer and what IBAL told us about ports.
