@@ -1,32 +1,37 @@
-//! The binding to the WinOF access layer (IBAL): find it, open it, follow its ports, and
-//! move CM MADs between QP1 and the dispatch layer.
+//! The binding of one filter device to the WinOF access layer (IBAL) of its HCA: query
+//! it in-stack, open it, follow its ports, and move CM MADs between QP1 and the host's
+//! dispatch layer.
 //!
-//! - Finding IBAL: the IB bus driver registers a device interface of class
-//!   `GUID_IB_AL_INTERFACE` on the HCA's PDO and answers `IRP_MN_QUERY_INTERFACE` for it
-//!   (WinOF `core/bus/kernel/bus_pnp.c`: `IoRegisterDeviceInterface`, `__query_al_ifc`). Our
-//!   device is root-enumerated, so its own stack has no IBAL below it and
-//!   `WdfFdoQueryForInterface` (what WinOF's in-stack filters WinMad and WinVerbs use) would
-//!   reach the root bus. Instead: `IoRegisterPlugPlayNotification` for that interface class;
-//!   on arrival a work item opens a remote I/O target on the interface's symbolic link and
-//!   sends the same IRP with `WdfIoTargetQueryForInterface`. The interface names the HCA it
-//!   came from (`ib_al_ifc_t::ca_guid`); that is the CA this device binds.
+//! - Finding IBAL: ibcm is an upper filter directly above ibbus on the HCA's stack, so
+//!   `WdfFdoQueryForInterface(GUID_IB_AL_INTERFACE, AL_INTERFACE_VERSION)` goes down to the
+//!   bus driver, which answers it (`core/bus/kernel/bus_pnp.c` `__query_al_ifc`), as WinMad
+//!   queries it from its own filter device (`core/winmad/kernel/wm_driver.c`
+//!   `WmPowerD0Entry`, which also checks the returned version). The interface names the
+//!   HCA (`ib_al_ifc_t::ca_guid`); that CA is bound. Done in EvtDeviceSelfManagedIoInit
+//!   (once, after the HCA stack below has started), undone in
+//!   EvtDeviceSelfManagedIoCleanup (once, at removal).
 //! - Following ports: `ib_reg_pnp(IB_PNP_PORT | IB_PNP_FLAG_REG_SYNC)`; per port of the bound
-//!   CA a QP1 alias (`ib_get_spl_qp(IB_QPT_QP1_ALIAS)`) and a MAD service for the CM class
-//!   (0x07), version 2, unsolicited methods Send and Get (ClassPortInfo) — WinOF's own CEP
-//!   manager does the same (`al_cm_cep.c`: `__init_data_svc`).
-//! - Receive (DISPATCH_LEVEL): the MAD and its source address are copied into a bounded
-//!   ring, the element goes back to its pool, and a DPC hands the ring to
-//!   `Device::receive` in batches. A full ring drops the MAD (the CM retries).
-//! - Send: `ib_get_mad`, the address into the element (AL builds the address vector when
-//!   `h_av` is NULL, as WinOF's `__format_mad_av` relies on), `ib_send_mad`; the element
-//!   returns to its pool in the send-completion callback.
-//! - Unbinding: when the HCA is query-removed or surprise-removed (the remote target's
-//!   callbacks) or our device is removed: `Device::remove`, wait for sends in flight
-//!   (rundown protection), `ib_close_al` (destroys everything and waits for callbacks),
-//!   release the interface, close the target. The bus waits for every interface reference
-//!   before it deregisters the CA (`__wait_for_clients_to_exit`), so this must happen in the
-//!   target's query-remove callback. A device that unbound does not bind again (the
-//!   dispatch layer's removal is final): restart the device to serve a new HCA.
+//!   CA a host port number (`ibcm_endpoint::PortNumbers`), a QP1 alias
+//!   (`ib_get_spl_qp(IB_QPT_QP1_ALIAS)`) and a MAD service for the CM class (0x07),
+//!   version 2, unsolicited methods Send and Get (ClassPortInfo) — WinOF's own CEP manager
+//!   does the same (`al_cm_cep.c`: `__init_data_svc`). A port whose MAD service is
+//!   registered is a working QP1 route; the filter answers `GUID_INFINIBAND_INTERFACE_CM`
+//!   only while it has one (or QP1 steering is installed). The CM itself is made with the
+//!   first port of any CA (`Host::ensure_cm`).
+//! - Receive (DISPATCH_LEVEL): the MAD and its source address (with the host port number)
+//!   are copied into the host's bounded ring, the element goes back to its pool, and the
+//!   host's receive DPC hands the ring to `Device::receive_batch`. A full ring drops the
+//!   MAD (the CM retries).
+//! - Send: the host port number names the port (`PortTable`); `ib_get_mad`, the address
+//!   into the element (AL builds the address vector when `h_av` is NULL, as WinOF's
+//!   `__format_mad_av` relies on), `ib_send_mad`; the element returns to its pool in the
+//!   send-completion callback.
+//! - Unbinding (the filter's self-managed I/O cleanup, PASSIVE_LEVEL): unpublish every
+//!   port and wait for its sends (rundown protection), `ib_close_al` (destroys everything
+//!   and waits for callbacks), release the interface. The bus waits for every interface
+//!   reference before it deregisters the CA (`__wait_for_clients_to_exit`); the filter
+//!   releases it during its own removal, which precedes ibbus's (removal runs down the
+//!   stack from the top).
 //!
 //! Declarations are the `#[repr(C)]` parts of the WinOF headers this file uses
 //! (lucasz93/WinOFED @913bc0ce): `inc/kernel/iba/ib_al_ifc.h` (`ib_al_ifc_t`),
@@ -38,27 +43,20 @@ use alloc::vec::Vec;
 use core::cell::UnsafeCell;
 use core::ffi::{c_char, c_void};
 use core::ptr::NonNull;
-use core::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, Ordering};
+use core::sync::atomic::{AtomicPtr, AtomicU64, AtomicUsize, Ordering};
 
 use ibcm_cep::{CmConfig, MadAddress, Transmit};
-use ibcm_endpoint::{Device, Lock, ReceiveRing};
+use ibcm_endpoint::Lock;
 use ibcm_mad::{CM_CLASS, CM_CLASS_VERSION, MAD_SIZE, Method};
 use wdk_sys::ntddk::{
     ExAcquireRundownProtection, ExInitializeRundownProtection, ExReleaseRundownProtection,
-    ExWaitForRundownProtectionRelease, IoRegisterPlugPlayNotification,
-    IoUnregisterPlugPlayNotificationEx,
+    ExWaitForRundownProtectionRelease,
 };
-use wdk_sys::{
-    _IO_NOTIFICATION_EVENT_CATEGORY, _WDF_IO_TARGET_OPEN_TYPE,
-    DEVICE_INTERFACE_CHANGE_NOTIFICATION, EX_RUNDOWN_REF, FILE_NON_DIRECTORY_FILE, FILE_OPEN,
-    GENERIC_READ, GUID, INTERFACE, NT_SUCCESS, NTSTATUS,
-    PNPNOTIFY_DEVICE_INTERFACE_INCLUDE_EXISTING_INTERFACES, PVOID, STATUS_INSUFFICIENT_RESOURCES,
-    STATUS_SUCCESS, UNICODE_STRING, WDF_IO_TARGET_OPEN_PARAMS, WDFDEVICE, WDFDPC, WDFIOTARGET,
-    WDFOBJECT, WDFWORKITEM,
-};
+use wdk_sys::{EX_RUNDOWN_REF, GUID, INTERFACE, NT_SUCCESS, NTSTATUS, PVOID, WDFDPC};
 
-use crate::device::{DeviceState, state_of};
-use crate::platform::{KmdfLock, KmdfPlatform};
+use crate::filter::FilterState;
+use crate::host::{Host, host};
+use crate::platform::KmdfLock;
 use crate::wdf;
 
 // ---------------------------------------------------------------------------------------
@@ -82,14 +80,6 @@ static GUID_IB_AL_INTERFACE: GUID = wdf::guid((
     0x496f,
     0x4dfb,
     [0xaa, 0x90, 0xfc, 0xe8, 0x2b, 0xce, 0xc8, 0xa8],
-));
-/// `GUID_DEVICE_INTERFACE_ARRIVAL` {CB3A4004-46F0-11D0-B08F-00609713053F} (wdmguid.h; a
-/// `DEFINE_GUID` without storage, so not in the bindings).
-const GUID_DEVICE_INTERFACE_ARRIVAL: GUID = wdf::guid((
-    0xcb3a_4004,
-    0x46f0,
-    0x11d0,
-    [0xb0, 0x8f, 0x00, 0x60, 0x97, 0x13, 0x05, 0x3f],
 ));
 
 /// `IB_PNP_PORT`, `IB_PNP_FLAG_REG_SYNC` (ib_al.h `ib_pnp_class_t`).
@@ -480,95 +470,75 @@ impl Al {
 // State
 // ---------------------------------------------------------------------------------------
 
-/// Received MADs waiting for the DPC: bounded, preallocated at device add.
-const RING_CAPACITY: usize = 1024;
 /// MADs handed to the dispatch layer per DPC run before it requeues itself, in batches of
 /// `RECEIVE_BATCH` (a DPC should stay well under 100 us; design.md "Concurrency and IRQL":
 /// a batch of 16 takes 6-10 us at 1e5 connections, `ibcm cmtime --dpc-times`).
 const DPC_BATCH: usize = 32;
 
-/// The IBAL side of the device state.
-pub struct IbalState {
-    /// `IoRegisterPlugPlayNotification`'s entry, between self-managed I/O init and cleanup.
-    notification: AtomicPtr<c_void>,
-    /// The symbolic link of an arrived AL interface, for the bind work item.
-    pending_link: KmdfLock<Option<Vec<u16>>>,
+/// The IBAL side of one filter device (its context).
+pub struct FilterIbal {
     /// The binding, while bound.
     binding: AtomicPtr<Binding>,
-    /// Unbound for good: never bind again, never requeue the DPC.
-    retired: AtomicBool,
-    /// Rundown protection of the binding for the send path.
-    sends: UnsafeCell<EX_RUNDOWN_REF>,
-    /// Received MADs for the DPC (`ibcm_endpoint::ReceiveRing`: no allocation, a
-    /// preallocated batch buffer, no lock held while the device runs).
-    ring: ReceiveRing<KmdfPlatform>,
-    /// MADs dropped on receive (ring full, unknown P_Key index) and on send (unbound, no
-    /// such port or P_Key, AL out of elements): for the debugger.
-    dropped_receives: AtomicU64,
-    dropped_sends: AtomicU64,
+    /// Ports of this HCA with a registered CM MAD service (a working QP1 route).
+    routed_ports: AtomicUsize,
+    /// The bound CA (network order as AL reports it), 0 before binding: for the log.
+    pub ca_guid: AtomicU64,
 }
 
-impl IbalState {
-    pub fn new() -> Self {
+impl FilterIbal {
+    pub const fn new() -> Self {
         Self {
-            notification: AtomicPtr::new(core::ptr::null_mut()),
-            pending_link: KmdfLock::new(None),
             binding: AtomicPtr::new(core::ptr::null_mut()),
-            retired: AtomicBool::new(false),
-            sends: UnsafeCell::new(EX_RUNDOWN_REF::default()),
-            ring: ReceiveRing::new(),
-            dropped_receives: AtomicU64::new(0),
-            dropped_sends: AtomicU64::new(0),
+            routed_ports: AtomicUsize::new(0),
+            ca_guid: AtomicU64::new(0),
         }
     }
 
-    /// Preallocates the receive ring and its batch buffer (PASSIVE_LEVEL, device add).
-    pub fn reserve_ring(&self) -> Result<(), NTSTATUS> {
-        self.ring
-            .reserve(RING_CAPACITY)
-            .map_err(|_| STATUS_INSUFFICIENT_RESOURCES)
+    /// Whether some port of this HCA has a registered CM MAD service.
+    pub fn routed(&self) -> bool {
+        self.routed_ports.load(Ordering::Acquire) > 0
     }
-}
-
-/// Initialises the send rundown protection in place (device add, before any send).
-pub fn init_rundown(ibal: &IbalState) {
-    // SAFETY: (I2) the rundown reference lives in the device context (final address) and
-    // nothing uses it yet.
-    unsafe { ExInitializeRundownProtection(ibal.sends.get()) };
 }
 
 /// One binding to IBAL: the interface, the AL instance, the CA's alias PD and its ports.
 struct Binding {
-    state: NonNull<DeviceState>,
+    host: NonNull<Host>,
+    filter: NonNull<FilterState>,
     al: Al,
     /// The queried interface (kept for `InterfaceDereference`).
     ifc: IbAlIfc,
-    target: WDFIOTARGET,
     h_al: Handle,
     h_pd: Handle,
     /// The bound CA, network order as AL reports it.
     ca_guid: u64,
-    /// The ports with a MAD service. Ports are heap objects whose address is their AL
-    /// context; freed by `port_destroyed` or after `ib_close_al`.
+    /// This CA's ports with a MAD service. Ports are heap objects whose address is their
+    /// AL context; freed by `port_destroyed` or after `ib_close_al`.
     ports: KmdfLock<Vec<NonNull<Port>>>,
 }
 
 impl Binding {
-    fn state(&self) -> &DeviceState {
-        // SAFETY: (I3) the binding is freed in `unbind`, before the device state.
-        unsafe { self.state.as_ref() }
+    fn host(&self) -> &Host {
+        // SAFETY: (I3) every binding is undone (in its filter's removal) before the last
+        // filter device goes, and the host only goes after the last one.
+        unsafe { self.host.as_ref() }
+    }
+
+    fn filter(&self) -> &FilterState {
+        // SAFETY: (I102) the binding is freed in `unbind`, before its filter's context.
+        unsafe { self.filter.as_ref() }
     }
 }
 
-/// One port of the bound CA.
-struct Port {
+/// One port of a bound CA.
+pub struct Port {
+    /// The host port number (what the dispatch layer calls the port).
     number: u8,
     binding: NonNull<Binding>,
     /// Written by `ib_get_spl_qp` before any callback can run; read-only afterwards.
     qp: Handle,
     pool_key: Handle,
     mad_svc: AtomicPtr<c_void>,
-    /// Rundown protection of this port for the send path (port removal waits on it).
+    /// Rundown protection of this port for the send path (unpublishing waits on it).
     sends: UnsafeCell<EX_RUNDOWN_REF>,
     attributes: KmdfLock<PortAttributes>,
 }
@@ -586,12 +556,12 @@ impl Port {
 struct PortAttributes {
     /// The P_Key table, host order, by index.
     pkeys: Vec<u16>,
-    /// GID index 0: the source GID of sends with a GRH.
-    gid: [u8; 16],
+    /// The GID table; index 0 is the source GID of sends with a GRH.
+    gids: Vec<[u8; 16]>,
 }
 
 impl PortAttributes {
-    /// Copies the P_Key table and GID 0 (PASSIVE_LEVEL: allocates).
+    /// Copies the P_Key and GID tables (PASSIVE_LEVEL: allocates).
     ///
     /// # Safety
     ///
@@ -605,133 +575,66 @@ impl PortAttributes {
             let table = unsafe { core::slice::from_raw_parts(attr.p_pkey_table, count) };
             pkeys.extend(table.iter().map(|pkey| u16::from_be(*pkey)));
         }
-        let gid = if attr.num_gids > 0 && !attr.p_gid_table.is_null() {
-            // SAFETY: (I6) the GID table holds `num_gids` >= 1 entries.
-            unsafe { *attr.p_gid_table }
-        } else {
-            [0; 16]
-        };
-        Some(Self { pkeys, gid })
+        let count = usize::from(attr.num_gids);
+        let mut gids = Vec::new();
+        gids.try_reserve_exact(count).ok()?;
+        if count > 0 && !attr.p_gid_table.is_null() {
+            // SAFETY: (I6) the GID table holds `num_gids` entries.
+            let table = unsafe { core::slice::from_raw_parts(attr.p_gid_table, count) };
+            gids.extend_from_slice(table);
+        }
+        Some(Self { pkeys, gids })
     }
+
+    fn source_gid(&self) -> [u8; 16] {
+        self.gids.first().copied().unwrap_or([0; 16])
+    }
+}
+
+/// `Backend::port_of_gid`'s test: whether the port's GID table holds `gid` (AL's
+/// `__format_path_av` looks the path's SGID up the same way). Under the host's port
+/// table lock (the port is published, so live).
+pub fn port_has_gid(port: NonNull<Port>, gid: &[u8; 16]) -> bool {
+    // SAFETY: (I103) published ports are live (unpublishing precedes freeing).
+    let port = unsafe { port.as_ref() };
+    port.attributes.with(|a| a.gids.contains(gid))
+}
+
+/// `Backend::pkey_index`: the exact P_Key's index (WinOF's CM `__get_pkey_index`).
+pub fn port_pkey_index(port: NonNull<Port>, pkey: u16) -> Option<u16> {
+    // SAFETY: (I104) as I103.
+    let port = unsafe { port.as_ref() };
+    port.attributes.with(|a| {
+        a.pkeys
+            .iter()
+            .position(|p| *p == pkey)
+            .and_then(|i| u16::try_from(i).ok())
+    })
 }
 
 // ---------------------------------------------------------------------------------------
-// Finding and binding IBAL (PASSIVE_LEVEL)
+// Binding IBAL (PASSIVE_LEVEL, the filter's self-managed I/O init and cleanup)
 // ---------------------------------------------------------------------------------------
 
-/// EvtDeviceSelfManagedIoInit: register for the AL interface (existing ones included).
-pub fn start(state: &DeviceState) -> NTSTATUS {
-    // SAFETY: (I7) the device is live (its own callback).
-    let driver =
-        unsafe { wdk_sys::call_unsafe_wdf_function_binding!(WdfDeviceGetDriver, state.device) };
-    // SAFETY: (I8) the WDFDRIVER of a live device.
-    let driver_object =
-        unsafe { wdk_sys::call_unsafe_wdf_function_binding!(WdfDriverWdmGetDriverObject, driver) };
-    let mut entry: PVOID = core::ptr::null_mut();
-    // SAFETY: (I9) PASSIVE_LEVEL; the GUID is a static the PnP manager only reads; the
-    // context is the device state, which outlives the registration (unregistered in `stop`,
-    // and IoUnregisterPlugPlayNotificationEx guarantees no callback afterwards).
-    let status = unsafe {
-        IoRegisterPlugPlayNotification(
-            _IO_NOTIFICATION_EVENT_CATEGORY::EventCategoryDeviceInterfaceChange,
-            PNPNOTIFY_DEVICE_INTERFACE_INCLUDE_EXISTING_INTERFACES,
-            (&raw const GUID_IB_AL_INTERFACE).cast_mut().cast(),
-            driver_object,
-            Some(interface_change),
-            core::ptr::from_ref(state).cast_mut().cast(),
-            &raw mut entry,
-        )
-    };
-    if NT_SUCCESS(status) {
-        state.ibal.notification.store(entry, Ordering::Release);
-    }
-    status
-}
-
-/// The device-interface notification callback (PASSIVE_LEVEL, PnP manager thread). It must
-/// not open the interface itself (the PnP manager may hold locks the open needs), so it
-/// hands the symbolic link to the bind work item.
-unsafe extern "C" fn interface_change(notification: PVOID, context: PVOID) -> NTSTATUS {
-    // SAFETY: (I10) for EventCategoryDeviceInterfaceChange the structure is a
-    // DEVICE_INTERFACE_CHANGE_NOTIFICATION, valid during the callback.
-    let notification = unsafe { &*notification.cast::<DEVICE_INTERFACE_CHANGE_NOTIFICATION>() };
-    if !same_guid(&notification.Event, &GUID_DEVICE_INTERFACE_ARRIVAL)
-        || notification.SymbolicLinkName.is_null()
-    {
-        return STATUS_SUCCESS;
-    }
-    // SAFETY: (I11) the context is the device state passed at registration (see I9).
-    let state = unsafe { &*context.cast::<DeviceState>() };
-    // SAFETY: (I12) checked non-null; the PnP manager's string is valid during the callback.
-    let name = unsafe { &*notification.SymbolicLinkName };
-    let chars = usize::from(name.Length) / 2;
-    let mut link = Vec::new();
-    if link.try_reserve_exact(chars).is_err() || name.Buffer.is_null() {
-        return STATUS_SUCCESS;
-    }
-    // SAFETY: (I13) `Buffer` holds `Length` bytes (UNICODE_STRING).
-    link.extend_from_slice(unsafe { core::slice::from_raw_parts(name.Buffer, chars) });
-    let previous = state
-        .ibal
-        .pending_link
-        .with(|pending| pending.replace(link));
-    drop(previous);
-    // SAFETY: (I14) the work item is a live child of the device.
-    unsafe { wdk_sys::call_unsafe_wdf_function_binding!(WdfWorkItemEnqueue, state.bind_work_item) };
-    STATUS_SUCCESS
-}
-
-fn same_guid(a: &GUID, b: &GUID) -> bool {
-    a.Data1 == b.Data1 && a.Data2 == b.Data2 && a.Data3 == b.Data3 && a.Data4 == b.Data4
-}
-
-/// The bind work item (PASSIVE_LEVEL).
-pub unsafe extern "C" fn evt_bind_work_item(work_item: WDFWORKITEM) {
-    // SAFETY: (I15) the work item is live during its callback; its parent is the device.
-    let parent = unsafe {
-        wdk_sys::call_unsafe_wdf_function_binding!(WdfWorkItemGetParentObject, work_item)
-    };
-    // SAFETY: (I16) the parent is a device created by `device::add`.
-    let state = unsafe { state_of(parent as WDFDEVICE) };
-    let Some(link) = state.ibal.pending_link.with(Option::take) else {
+/// EvtDeviceSelfManagedIoInit's part: query IBAL down the stack and bind its CA. A filter
+/// that cannot bind stays a pass-through filter (every CM query goes down to AL's CM);
+/// its start never fails for it.
+pub fn bind(filter: &FilterState) {
+    let Some(host) = host() else {
+        wdk::println!("ibcm: no control device: this HCA is not bound (AL's CM serves it)");
         return;
     };
-    with_binding_lock(state, || bind(state, &link));
-}
-
-fn with_binding_lock<R>(state: &DeviceState, f: impl FnOnce() -> R) -> R {
-    // SAFETY: (I17) the wait lock is a live child of the device; PASSIVE_LEVEL; a null
-    // timeout waits without limit (and so always succeeds).
-    let _acquired = unsafe {
-        wdk_sys::call_unsafe_wdf_function_binding!(
-            WdfWaitLockAcquire,
-            state.binding_lock,
-            core::ptr::null_mut()
-        )
-    };
-    let result = f();
-    // SAFETY: (I18) acquired above by this thread.
-    unsafe { wdk_sys::call_unsafe_wdf_function_binding!(WdfWaitLockRelease, state.binding_lock) };
-    result
-}
-
-/// Binds to the AL interface behind `link` (binding lock held).
-fn bind(state: &DeviceState, link: &[u16]) {
-    if state.ibal.retired.load(Ordering::Acquire)
-        || !state.ibal.binding.load(Ordering::Acquire).is_null()
-    {
+    if !filter.ibal.binding.load(Ordering::Acquire).is_null() {
         return;
     }
-    let Some(target) = open_target(state, link) else {
-        return;
-    };
     let mut ifc = IbAlIfc::empty();
-    // SAFETY: (I19) the target is open; the buffer is a whole ib_al_ifc_t, as
-    // `__query_al_ifc` requires, and outlives the call.
+    // SAFETY: (I19) PASSIVE_LEVEL; the device is our started filter device; the buffer is
+    // a whole ib_al_ifc_t, as `__query_al_ifc` requires, and outlives the (synchronous)
+    // query.
     let status = unsafe {
         wdk_sys::call_unsafe_wdf_function_binding!(
-            WdfIoTargetQueryForInterface,
-            target,
+            WdfFdoQueryForInterface,
+            filter.device,
             &raw const GUID_IB_AL_INTERFACE,
             (&raw mut ifc).cast::<INTERFACE>(),
             core::mem::size_of::<IbAlIfc>() as u16,
@@ -741,48 +644,55 @@ fn bind(state: &DeviceState, link: &[u16]) {
     };
     if !NT_SUCCESS(status) {
         wdk::println!("ibcm: IBAL interface query failed: {status:#010x}");
-        delete_target(target);
+        return;
+    }
+    if ifc.wdm.Version != AL_INTERFACE_VERSION {
+        // As WinMad: the version must be the one asked for.
+        wdk::println!(
+            "ibcm: IBAL interface version {} is not {AL_INTERFACE_VERSION}",
+            ifc.wdm.Version
+        );
+        release_interface(&ifc);
         return;
     }
     let Some(al) = Al::from_interface(&ifc) else {
         release_interface(&ifc);
-        delete_target(target);
         return;
     };
     let ca_guid = ifc.ca_guid;
-    match open_al(&al, ca_guid) {
-        Ok((h_al, h_pd)) => {
-            let binding = alloc::boxed::Box::into_raw(alloc::boxed::Box::new(Binding {
-                state: NonNull::from(state),
-                al,
-                ifc,
-                target,
-                h_al,
-                h_pd,
-                ca_guid,
-                ports: KmdfLock::new(Vec::new()),
-            }));
-            state.ibal.binding.store(binding, Ordering::Release);
-            let request = IbPnpReq {
-                pnp_class: IB_PNP_PORT | IB_PNP_FLAG_REG_SYNC,
-                pnp_context: binding.cast_const().cast(),
-                pfn_pnp_cb: Some(pnp_callback),
-            };
-            let mut h_pnp: Handle = core::ptr::null_mut();
-            // SAFETY: (I20) AL is open; the request outlives the call; the context (the
-            // binding) outlives the registration, which ib_close_al ends. With REG_SYNC the
-            // existing ports are reported before this returns.
-            let status = unsafe { (al.reg_pnp)(h_al, &raw const request, &raw mut h_pnp) };
-            if status != IB_SUCCESS {
-                wdk::println!("ibcm: ib_reg_pnp failed: {status}");
-                unbind_locked(state, TargetClose::Close);
-            }
-        }
+    let (h_al, h_pd) = match open_al(&al, ca_guid) {
+        Ok(handles) => handles,
         Err(status) => {
             wdk::println!("ibcm: opening IBAL failed: {status}");
             release_interface(&ifc);
-            delete_target(target);
+            return;
         }
+    };
+    filter.ibal.ca_guid.store(ca_guid, Ordering::Relaxed);
+    let binding = alloc::boxed::Box::into_raw(alloc::boxed::Box::new(Binding {
+        host: NonNull::from(host),
+        filter: NonNull::from(filter),
+        al,
+        ifc,
+        h_al,
+        h_pd,
+        ca_guid,
+        ports: KmdfLock::new(Vec::new()),
+    }));
+    filter.ibal.binding.store(binding, Ordering::Release);
+    let request = IbPnpReq {
+        pnp_class: IB_PNP_PORT | IB_PNP_FLAG_REG_SYNC,
+        pnp_context: binding.cast_const().cast(),
+        pfn_pnp_cb: Some(pnp_callback),
+    };
+    let mut h_pnp: Handle = core::ptr::null_mut();
+    // SAFETY: (I20) AL is open; the request outlives the call; the context (the binding)
+    // outlives the registration, which ib_close_al ends. With REG_SYNC the existing ports
+    // are reported before this returns.
+    let status = unsafe { (al.reg_pnp)(h_al, &raw const request, &raw mut h_pnp) };
+    if status != IB_SUCCESS {
+        wdk::println!("ibcm: ib_reg_pnp failed: {status}");
+        unbind(filter);
     }
 }
 
@@ -821,57 +731,6 @@ fn open_al(al: &Al, ca_guid: u64) -> Result<(Handle, Handle), IbApiStatus> {
     Ok((h_al, h_pd))
 }
 
-/// Creates a remote I/O target and opens it on `link`.
-fn open_target(state: &DeviceState, link: &[u16]) -> Option<WDFIOTARGET> {
-    let bytes = u16::try_from(core::mem::size_of_val(link)).ok()?;
-    let mut attributes = wdf::attributes(state.device as WDFOBJECT, None);
-    let mut target: WDFIOTARGET = core::ptr::null_mut();
-    // SAFETY: (I25) the device is live; attributes outlive the call.
-    let status = unsafe {
-        wdk_sys::call_unsafe_wdf_function_binding!(
-            WdfIoTargetCreate,
-            state.device,
-            &raw mut attributes,
-            &raw mut target
-        )
-    };
-    if !NT_SUCCESS(status) {
-        return None;
-    }
-    // WDF_IO_TARGET_OPEN_PARAMS_INIT_OPEN_BY_NAME, with this driver's remove callbacks.
-    let mut params = WDF_IO_TARGET_OPEN_PARAMS {
-        Size: wdf::size_of_ulong::<WDF_IO_TARGET_OPEN_PARAMS>(),
-        Type: _WDF_IO_TARGET_OPEN_TYPE::WdfIoTargetOpenByName,
-        EvtIoTargetQueryRemove: Some(evt_target_query_remove),
-        EvtIoTargetRemoveComplete: Some(evt_target_remove_complete),
-        TargetDeviceName: UNICODE_STRING {
-            Length: bytes,
-            MaximumLength: bytes,
-            Buffer: link.as_ptr().cast_mut(),
-        },
-        DesiredAccess: GENERIC_READ,
-        CreateDisposition: FILE_OPEN,
-        CreateOptions: FILE_NON_DIRECTORY_FILE,
-        ..WDF_IO_TARGET_OPEN_PARAMS::default()
-    };
-    // SAFETY: (I26) the target was just created; the parameters and the name buffer outlive
-    // the (synchronous) open.
-    let status = unsafe {
-        wdk_sys::call_unsafe_wdf_function_binding!(WdfIoTargetOpen, target, &raw mut params)
-    };
-    if !NT_SUCCESS(status) {
-        wdk::println!("ibcm: opening the IBAL interface failed: {status:#010x}");
-        delete_target(target);
-        return None;
-    }
-    Some(target)
-}
-
-fn delete_target(target: WDFIOTARGET) {
-    // SAFETY: (I27) a target this module created and no longer uses; deleting closes it.
-    unsafe { wdk_sys::call_unsafe_wdf_function_binding!(WdfObjectDelete, target as WDFOBJECT) };
-}
-
 fn release_interface(ifc: &IbAlIfc) {
     if let Some(dereference) = ifc.wdm.InterfaceDereference {
         // SAFETY: (I28) balances the reference `__query_al_ifc` took for this copy.
@@ -879,111 +738,51 @@ fn release_interface(ifc: &IbAlIfc) {
     }
 }
 
-/// How `unbind` closes the target.
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum TargetClose {
-    /// From EvtIoTargetQueryRemove: `WdfIoTargetCloseForQueryRemove`.
-    ForQueryRemove,
-    /// `WdfIoTargetClose`.
-    Close,
-}
-
-/// EvtIoTargetQueryRemove (PASSIVE_LEVEL): the HCA is about to be removed.
-unsafe extern "C" fn evt_target_query_remove(target: WDFIOTARGET) -> NTSTATUS {
-    // SAFETY: (I29) the target is live during its callback; its parent is our device.
-    let state = unsafe { state_of_target(target) };
-    with_binding_lock(state, || unbind_locked(state, TargetClose::ForQueryRemove));
-    STATUS_SUCCESS
-}
-
-/// EvtIoTargetRemoveComplete (PASSIVE_LEVEL): the HCA was removed (surprise removal).
-unsafe extern "C" fn evt_target_remove_complete(target: WDFIOTARGET) {
-    // SAFETY: (I30) as I29.
-    let state = unsafe { state_of_target(target) };
-    with_binding_lock(state, || unbind_locked(state, TargetClose::Close));
-}
-
-/// # Safety
-///
-/// `target` is a live remote target created by [`open_target`].
-unsafe fn state_of_target<'a>(target: WDFIOTARGET) -> &'a DeviceState {
-    // SAFETY: (I31) per the contract the target is live.
-    let device =
-        unsafe { wdk_sys::call_unsafe_wdf_function_binding!(WdfIoTargetGetDevice, target) };
-    // SAFETY: (I32) the target was created on a device created by `device::add`.
-    unsafe { state_of(device) }
-}
-
-/// EvtDeviceSelfManagedIoCleanup's part: stop listening for the interface, wait for a bind
-/// in progress, unbind.
-pub fn stop(state: &DeviceState) {
-    let entry = state
-        .ibal
-        .notification
-        .swap(core::ptr::null_mut(), Ordering::AcqRel);
-    if !entry.is_null() {
-        // SAFETY: (I33) the entry came from IoRegisterPlugPlayNotification; after this
-        // returns no notification callback runs.
-        let _status = unsafe { IoUnregisterPlugPlayNotificationEx(entry) };
-    }
-    if !state.bind_work_item.is_null() {
-        // SAFETY: (I34) the work item is a live child of the device; PASSIVE_LEVEL.
-        unsafe {
-            wdk_sys::call_unsafe_wdf_function_binding!(WdfWorkItemFlush, state.bind_work_item)
-        };
-    }
-    if !state.binding_lock.is_null() {
-        with_binding_lock(state, || unbind_locked(state, TargetClose::Close));
-    }
-}
-
-/// Unbinds for good (binding lock held, PASSIVE_LEVEL).
-fn unbind_locked(state: &DeviceState, close: TargetClose) {
-    state.ibal.retired.store(true, Ordering::Release);
-    let binding = state.ibal.binding.load(Ordering::Acquire);
-    if binding.is_null() {
-        return;
-    }
-    // Every endpoint hears of the removal; pending requests complete; later sends are
-    // dropped by the dispatch layer itself.
-    if let Some(core) = state.core() {
-        core.remove();
-    }
-    // SAFETY: (I35) initialised at device add; PASSIVE_LEVEL. After this no send is in
-    // flight and none can start (the protection is never re-initialised).
-    unsafe { ExWaitForRundownProtectionRelease(state.ibal.sends.get()) };
-    // SAFETY: (I36) published by `bind` and freed only below.
-    let bound = unsafe { &*binding };
-    // SAFETY: (I37) not called from an AL callback; destroys the PnP registration, the PD,
-    // the CA, every QP1 alias and MAD service, waiting for their callbacks.
-    let _closed = unsafe { (bound.al.close_al)(bound.h_al) };
-    state
+/// Unbinds (PASSIVE_LEVEL; the filter's self-managed I/O cleanup, its cleanup callback,
+/// or a failed bind; idempotent): every port of this CA is unpublished from the host and
+/// its sends waited for, then `ib_close_al` destroys the PnP registration, the PD, the
+/// CA, every QP1 alias and MAD service, waiting for their callbacks; the interface is
+/// released. Connections on these ports lose their route (the engine's timers end them);
+/// the host's CM stays for the other HCAs.
+pub fn unbind(filter: &FilterState) {
+    let binding = filter
         .ibal
         .binding
-        .store(core::ptr::null_mut(), Ordering::Release);
+        .swap(core::ptr::null_mut(), Ordering::AcqRel);
+    // SAFETY: (I36) published by `bind` and freed only below (the swap above makes this
+    // the only unbind of it).
+    let Some(bound) = (unsafe { binding.as_ref() }) else {
+        return;
+    };
     let ports = bound.ports.with(core::mem::take);
+    for port in &ports {
+        // SAFETY: (I105) the port is live until its QP is destroyed (below or by AL).
+        unpublish(bound.host(), unsafe { port.as_ref() });
+    }
+    // SAFETY: (I37) not called from an AL callback; destroys the PnP registration, the PD,
+    // the CA, every QP1 alias and MAD service, waiting for their callbacks (a PnP callback
+    // running now finds its port already unpublished and the binding still alive).
+    let _closed = unsafe { (bound.al.close_al)(bound.h_al) };
+    filter.ibal.routed_ports.store(0, Ordering::Release);
     for port in ports {
         // SAFETY: (I38) the port came from Box::into_raw in `port_added`; its QP is gone
         // with the AL instance, so no callback refers to it.
         drop(unsafe { alloc::boxed::Box::from_raw(port.as_ptr()) });
     }
     release_interface(&bound.ifc);
-    match close {
-        // SAFETY: (I39) the target is open; called from its query-remove callback.
-        TargetClose::ForQueryRemove => unsafe {
-            wdk_sys::call_unsafe_wdf_function_binding!(
-                WdfIoTargetCloseForQueryRemove,
-                bound.target
-            );
-        },
-        // SAFETY: (I40) the target is open or already closed by the framework; PASSIVE_LEVEL.
-        TargetClose::Close => unsafe {
-            wdk_sys::call_unsafe_wdf_function_binding!(WdfIoTargetClose, bound.target);
-        },
-    }
     // SAFETY: (I41) from Box::into_raw in `bind`; unpublished above, and every callback
     // that could reach it has ended with ib_close_al.
     drop(unsafe { alloc::boxed::Box::from_raw(binding) });
+}
+
+/// Takes a port out of the host's table and waits for the sends that found it
+/// (PASSIVE_LEVEL).
+fn unpublish(host: &Host, port: &Port) {
+    host.ports.with(|t| t.unpublish(port.number));
+    // SAFETY: (I99) PASSIVE_LEVEL; the port is unpublished, so no new send can acquire the
+    // protection (sends acquire it under the table lock): this waits for the ones in
+    // flight. Never re-initialised.
+    unsafe { ExWaitForRundownProtectionRelease(port.sends.get()) };
 }
 
 // ---------------------------------------------------------------------------------------
@@ -1015,8 +814,9 @@ unsafe extern "C" fn pnp_callback(record: *mut IbPnpRec) -> IbApiStatus {
     }
 }
 
-/// IB_PNP_PORT_ADD: a QP1 alias and a CM MAD service on the port; the dispatch layer is
-/// created with the first port (its configuration comes from the CA's attributes).
+/// IB_PNP_PORT_ADD: a host port number, a QP1 alias and a CM MAD service on the port; the
+/// host's CM is created with the first port of any CA (its configuration comes from that
+/// CA's attributes).
 ///
 /// # Safety
 ///
@@ -1035,8 +835,8 @@ unsafe fn port_added(binding: &Binding, record: *mut IbPnpPortRec) -> IbApiStatu
     let ca = unsafe { &*port_record.p_ca_attr };
     // SAFETY: (I50) as I49.
     let attr = unsafe { &*port_record.p_port_attr };
-    let state = binding.state();
-    if state.core().is_none() {
+    let host = binding.host();
+    if host.core().is_none() {
         let Some(seed) = random_seed() else {
             return IB_ERROR;
         };
@@ -1044,14 +844,28 @@ unsafe fn port_added(binding: &Binding, record: *mut IbPnpPortRec) -> IbApiStatu
         config.ca_ack_delay = ca.local_ack_delay;
         config.max_responder_resources = ca.max_qp_resp_res;
         config.max_initiator_depth = ca.max_qp_init_depth;
-        state.install_core(Device::new(state.platform(), config));
+        if host.ensure_cm(config).is_err() {
+            return IB_ERROR;
+        }
     }
+    let Some(number) = host
+        .ports
+        .with(|t| t.numbers.assign(binding.ca_guid, attr.port_num))
+    else {
+        wdk::println!(
+            "ibcm: no host port number left for port {} (more than {} ports)",
+            attr.port_num,
+            ibcm_endpoint::MAX_HOST_PORTS
+        );
+        return IB_ERROR;
+    };
     // SAFETY: (I51) AL's port attributes of this callback.
     let Some(attributes) = (unsafe { PortAttributes::from_record(attr) }) else {
+        host.ports.with(|t| t.numbers.deactivate(number));
         return IB_ERROR;
     };
     let port = alloc::boxed::Box::into_raw(alloc::boxed::Box::new(Port {
-        number: attr.port_num,
+        number,
         binding: NonNull::from(binding),
         qp: core::ptr::null_mut(),
         pool_key: core::ptr::null_mut(),
@@ -1097,6 +911,7 @@ unsafe fn port_added(binding: &Binding, record: *mut IbPnpPortRec) -> IbApiStatu
         );
         // SAFETY: (I54) from Box::into_raw above; no QP refers to it.
         drop(unsafe { alloc::boxed::Box::from_raw(port) });
+        host.ports.with(|t| t.numbers.deactivate(number));
         return status;
     }
     let mut methods = [0i32; IB_MAX_METHODS];
@@ -1125,10 +940,13 @@ unsafe fn port_added(binding: &Binding, record: *mut IbPnpPortRec) -> IbApiStatu
         // The GSI dispatcher takes one client per (class, version, method): on a stock
         // WinOF build IBAL's own CEP manager holds CM class 2 Send (al_mad.c
         // `__mad_disp_reg_unsol`), and this fails.
+        // Without a route on any port of this HCA the filter passes CM queries down
+        // (`ibcm_iba_cm::PassDown::NoQp1Route`, logged with each query).
         wdk::println!(
             "ibcm: ib_reg_mad_svc(CM) failed on port {}: {status} (is IBAL's own CM registered?)",
             attr.port_num
         );
+        host.ports.with(|t| t.numbers.deactivate(number));
         // SAFETY: (I57) the QP is ours; `port_destroyed` frees the port once AL is done.
         let _destroyed = unsafe { (binding.al.destroy_qp)(qp, Some(port_destroyed)) };
         return status;
@@ -1146,18 +964,27 @@ unsafe fn port_added(binding: &Binding, record: *mut IbPnpPortRec) -> IbApiStatu
         }
     });
     if !published {
+        host.ports.with(|t| t.numbers.deactivate(number));
         // SAFETY: (I60) as I57.
         let _destroyed = unsafe { (binding.al.destroy_qp)(qp, Some(port_destroyed)) };
         return IB_ERROR;
     }
+    host.ports.with(|t| t.publish(number, port_ptr));
+    binding
+        .filter()
+        .ibal
+        .routed_ports
+        .fetch_add(1, Ordering::AcqRel);
     // SAFETY: (I61) the record is valid for the callback; AL keeps the context for the
     // port's later events (ib_pnp_rec_t `context`).
     unsafe { (*record).pnp_rec.context = port.cast() };
     IB_SUCCESS
 }
 
-/// IB_PNP_PORT_REMOVE: unpublish the port, wait for its sends, destroy its QP (and MAD
-/// service); the port is freed when AL reports the QP destroyed.
+/// IB_PNP_PORT_REMOVE: unpublish the port (its host number translates no more), wait for
+/// its sends, destroy its QP (and MAD service); the port is freed when AL reports the QP
+/// destroyed. The dispatch layer has no per-port removal (REVIEW.md §3): connections on
+/// the port end by their timers.
 ///
 /// # Safety
 ///
@@ -1166,14 +993,22 @@ unsafe fn port_removed(binding: &Binding, port: *mut Port) -> IbApiStatus {
     if port.is_null() {
         return IB_SUCCESS;
     }
-    binding
-        .ports
-        .with(|ports| ports.retain(|p| p.as_ptr() != port));
+    let known = binding.ports.with(|ports| {
+        let before = ports.len();
+        ports.retain(|p| p.as_ptr() != port);
+        ports.len() != before
+    });
+    if !known {
+        // Already taken by `unbind` (which unpublishes and frees it).
+        return IB_SUCCESS;
+    }
     // SAFETY: (I62) the port is live until its QP's destroy callback.
-    let port_sends = unsafe { (*port).sends.get() };
-    // SAFETY: (I99) PASSIVE_LEVEL; the port is unpublished, so no new send can acquire the
-    // protection: this waits for the ones in flight.
-    unsafe { ExWaitForRundownProtectionRelease(port_sends) };
+    unpublish(binding.host(), unsafe { &*port });
+    binding
+        .filter()
+        .ibal
+        .routed_ports
+        .fetch_sub(1, Ordering::AcqRel);
     // SAFETY: (I63) as I62.
     let qp = unsafe { (*port).qp };
     // SAFETY: (I64) the QP is the port's; asynchronous destruction (WinOF's CM does the
@@ -1247,7 +1082,7 @@ unsafe extern "C" fn mad_received(
     // SAFETY: (I70) the service context is the port, alive while its QP has callbacks.
     let port = unsafe { &*context.cast::<Port>() };
     let binding = port.binding();
-    let state = binding.state();
+    let host = binding.host();
     // SAFETY: (I71) AL's received element, ours until put back below.
     let e = unsafe { &*element };
     let mut mad = [0u8; MAD_SIZE];
@@ -1278,14 +1113,15 @@ unsafe extern "C" fn mad_received(
     });
     // SAFETY: (I74) the element came from AL in this callback and is not used afterwards.
     unsafe { binding.al.put_mad(element, line!()) };
-    let queued = source.is_some_and(|source| state.ibal.ring.push(source, &mad));
+    let queued = source.is_some_and(|source| host.ring.push(source, &mad));
     if !queued {
-        state.ibal.dropped_receives.fetch_add(1, Ordering::Relaxed);
+        host.dropped_receives.fetch_add(1, Ordering::Relaxed);
         return;
     }
-    // SAFETY: (I75) the DPC is a live child of the device; callable at DISPATCH_LEVEL.
+    // SAFETY: (I75) the DPC is a live child of the control device (which outlives every
+    // binding); callable at DISPATCH_LEVEL.
     let _newly_queued =
-        unsafe { wdk_sys::call_unsafe_wdf_function_binding!(WdfDpcEnqueue, state.receive_dpc) };
+        unsafe { wdk_sys::call_unsafe_wdf_function_binding!(WdfDpcEnqueue, host.receive_dpc) };
 }
 
 /// Send completion: the element goes back to its pool (the CM retries on its own timers).
@@ -1300,97 +1136,50 @@ unsafe extern "C" fn mad_sent(
     unsafe { port.binding().al.put_mad(element, line!()) };
 }
 
-/// EvtDpcFunc: hands up to [`DPC_BATCH`] received MADs to the dispatch layer in batches
-/// (`Device::receive_batch`), then requeues itself if more wait.
+/// EvtDpcFunc of the host's receive DPC: hands up to [`DPC_BATCH`] received MADs to the
+/// dispatch layer in batches (`Device::receive_batch`), then requeues itself if more wait.
 pub unsafe extern "C" fn evt_receive_dpc(dpc: WDFDPC) {
-    // SAFETY: (I78) the DPC is live during its callback; its parent is the device.
-    let parent = unsafe { wdk_sys::call_unsafe_wdf_function_binding!(WdfDpcGetParentObject, dpc) };
-    // SAFETY: (I79) the parent is a device created by `device::add`.
-    let state = unsafe { state_of(parent as WDFDEVICE) };
-    let Some(core) = state.core() else {
-        // No dispatch layer (device add failed half way): nothing can take the MADs.
-        let dropped = state.ibal.ring.len() as u64;
-        state
-            .ibal
-            .dropped_receives
-            .fetch_add(dropped, Ordering::Relaxed);
+    let Some(host) = host() else { return };
+    let Some(core) = host.core() else {
+        // No dispatch layer: nothing can take the MADs.
+        let dropped = host.ring.len() as u64;
+        host.dropped_receives.fetch_add(dropped, Ordering::Relaxed);
         return;
     };
-    let more = state.ibal.ring.drain(core, DPC_BATCH);
-    if more && !state.ibal.retired.load(Ordering::Acquire) {
-        // SAFETY: (I80) as I75.
+    let more = host.ring.drain(core, DPC_BATCH);
+    if more && !host.retired.load(Ordering::Acquire) {
+        // SAFETY: (I80) the DPC is live during its own callback; DISPATCH_LEVEL.
         let _newly_queued =
             unsafe { wdk_sys::call_unsafe_wdf_function_binding!(WdfDpcEnqueue, dpc) };
     }
 }
 
-/// Self-managed I/O cleanup: no DPC runs after this (PASSIVE_LEVEL). The first cancel waits
-/// for a running DPC, which may have requeued itself before `retired` was set; the second
-/// removes that one (and it, seeing `retired`, does not requeue).
-pub fn retire_receive_dpc(state: &DeviceState) {
-    state.ibal.retired.store(true, Ordering::Release);
-    if state.receive_dpc.is_null() {
-        return;
-    }
-    for _ in 0..2 {
-        // SAFETY: (I81) the DPC is a live child of the device; Wait = TRUE at PASSIVE_LEVEL.
-        let _was_queued = unsafe {
-            wdk_sys::call_unsafe_wdf_function_binding!(WdfDpcCancel, state.receive_dpc, 1)
-        };
-    }
-}
-
-/// `Platform::send`: one MAD on QP1 of `transmit.dest.port`. Drops the MAD (and counts it)
-/// when there is no binding, no such port, no such P_Key or no MAD element: the engine's
-/// retries cover a lost MAD.
-pub fn send(state: &DeviceState, transmit: &Transmit) {
-    // SAFETY: (I82) initialised at device add; callable at IRQL <= DISPATCH_LEVEL.
-    if unsafe { ExAcquireRundownProtection(state.ibal.sends.get()) } == 0 {
-        state.ibal.dropped_sends.fetch_add(1, Ordering::Relaxed);
-        return;
-    }
-    let sent = send_protected(state, transmit);
-    // SAFETY: (I83) acquired above.
-    unsafe { ExReleaseRundownProtection(state.ibal.sends.get()) };
-    if !sent {
-        state.ibal.dropped_sends.fetch_add(1, Ordering::Relaxed);
-    }
-}
-
-/// The send path under the binding's rundown protection.
-fn send_protected(state: &DeviceState, transmit: &Transmit) -> bool {
-    let binding = state.ibal.binding.load(Ordering::Acquire);
-    // SAFETY: (I84) a published binding is freed only after the rundown wait in `unbind`,
-    // which the caller's protection holds off.
-    let Some(binding) = (unsafe { binding.as_ref() }) else {
-        return false;
-    };
-    let port = binding.ports.with(|ports| {
-        ports
-            .iter()
-            .copied()
-            .find(|p| {
-                // SAFETY: (I85) published ports are live (removal unpublishes first).
-                unsafe { p.as_ref() }.number == transmit.dest.port
-            })
-            .filter(|p| {
-                // SAFETY: (I86) as I85.
-                let port_sends = unsafe { p.as_ref() }.sends.get();
-                // SAFETY: (I101) acquiring under the table lock means the port cannot be
-                // unpublished and waited for in between; IRQL <= DISPATCH_LEVEL.
-                let acquired = unsafe { ExAcquireRundownProtection(port_sends) };
-                acquired != 0
-            })
+/// `Platform::send`: one MAD on QP1 of the host port `transmit.dest.port`. Drops the MAD
+/// (and counts it) when there is no such port, no such P_Key or no MAD element: the
+/// engine's retries cover a lost MAD.
+pub fn send(host: &Host, transmit: &Transmit) {
+    let port = host.ports.with(|t| {
+        t.port(transmit.dest.port).filter(|p| {
+            // SAFETY: (I85) published ports are live (unpublishing precedes freeing).
+            let port_sends = unsafe { p.as_ref() }.sends.get();
+            // SAFETY: (I101) acquiring under the table lock means the port cannot be
+            // unpublished and waited for in between; IRQL <= DISPATCH_LEVEL.
+            let acquired = unsafe { ExAcquireRundownProtection(port_sends) };
+            acquired != 0
+        })
     });
     let Some(port) = port else {
-        return false;
+        host.dropped_sends.fetch_add(1, Ordering::Relaxed);
+        return;
     };
     // SAFETY: (I87) protected by the port's rundown protection acquired above.
     let port_ref = unsafe { port.as_ref() };
-    let sent = post(binding, port_ref, transmit);
+    let sent = post(port_ref.binding(), port_ref, transmit);
     // SAFETY: (I88) acquired in the table lookup above.
     unsafe { ExReleaseRundownProtection(port_ref.sends.get()) };
-    sent
+    if !sent {
+        host.dropped_sends.fetch_add(1, Ordering::Relaxed);
+    }
 }
 
 /// `ib_get_mad`, address, `ib_send_mad`.
@@ -1399,7 +1188,7 @@ fn post(binding: &Binding, port: &Port, transmit: &Transmit) -> bool {
     let (pkey_index, source_gid) = port.attributes.with(|a| {
         // The exact P_Key, as WinOF's CM (`__get_pkey_index`).
         let index = a.pkeys.iter().position(|pkey| *pkey == dest.pkey);
-        (index, a.gid)
+        (index, a.source_gid())
     });
     let Some(pkey_index) = pkey_index.and_then(|i| u16::try_from(i).ok()) else {
         return false;

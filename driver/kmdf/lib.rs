@@ -5,15 +5,19 @@
 //! every other host the crate is empty (see `build.rs`).
 //!
 //! Map of the binding (REVIEW.md has the IRQL and ownership tables):
-//! - [`driver`]: `DriverEntry` and `EvtDriverDeviceAdd`.
-//! - [`device`]: the root-enumerated WDF device: its context (which owns the portable
-//!   [`ibcm_endpoint::Device`]), file objects, the parallel default queue, cancellation.
+//! - [`driver`]: `DriverEntry`, `EvtDriverDeviceAdd`, the driver-wide wait lock.
+//! - [`filter`]: one upper filter device per HCA, directly above ibbus: passes every IRP
+//!   down but `IRP_MN_QUERY_INTERFACE` for the CM, which it answers with ibcm's `iba_cm`
+//!   interface or passes down ([`ibcm_iba_cm::answer`] decides).
+//! - [`host`]: the one CM of the host (the portable [`ibcm_endpoint::Device`] and the
+//!   [`ibcm_iba_cm::Registered`] instance), shared by every filter device; host-wide port
+//!   numbers; the `iba_cm` backend.
+//! - [`control`]: the control device user mode opens (`\\.\ibcm`), whatever the number of
+//!   HCAs: file objects, the parallel default queue, cancellation, the timer.
 //! - [`platform`]: [`ibcm_endpoint::Platform`] for the kernel: requests, the spin lock, the
 //!   clock, the one timer, the current thread.
-//! - [`ibal`]: the WinOF access layer (IBAL): interface query, PnP, the QP1 MAD service per
-//!   port, and the receive ring drained by a DPC.
-//! - [`client`]: the kernel-client interface other drivers query with
-//!   `IRP_MN_QUERY_INTERFACE`.
+//! - [`ibal`]: the WinOF access layer (IBAL) of one HCA, queried in-stack: PnP, the QP1 MAD
+//!   service per port, receive into the host's ring, send.
 //! - [`wdf`]: structure sizes, object attributes and typed contexts (wdk-sys has no
 //!   `WDF_*_INIT` helpers or `WDF_DECLARE_CONTEXT_TYPE`).
 //!
@@ -31,9 +35,10 @@ extern crate wdk_panic;
 #[global_allocator]
 static GLOBAL_ALLOCATOR: wdk_alloc::WdkAllocator = wdk_alloc::WdkAllocator;
 
-mod client;
-mod device;
+mod control;
 mod driver;
+mod filter;
+mod host;
 mod ibal;
 mod platform;
 mod wdf;

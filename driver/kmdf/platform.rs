@@ -29,7 +29,7 @@ use wdk_sys::{
     ULONG_PTR, WDFREQUEST,
 };
 
-use crate::device::DeviceState;
+use crate::host::Host;
 use crate::ibal;
 
 /// A lock around the dispatch layer's state: a KSPIN_LOCK held at DISPATCH_LEVEL.
@@ -76,7 +76,7 @@ impl<T> Lock<T> for KmdfLock<T> {
     }
 }
 
-/// Per-request context (`WdfDeviceInitSetRequestAttributes`): what the cancel routine and the
+/// Per-request context (the control device's `WdfDeviceInitSetRequestAttributes`): what the cancel routine and the
 /// completion need to agree on who completes the request.
 ///
 /// The hand-off is the echo sample's cancel-ownership count (DriverSync `queue.rs`
@@ -212,29 +212,30 @@ pub fn complete_request(request: WDFREQUEST, status: NTSTATUS, information: usiz
     }
 }
 
-/// The platform of one device: a pointer to the device's state (its WDF context), which
-/// outlives the [`ibcm_endpoint::Device`] that holds this value.
+/// The platform of the host's CM: a pointer to the [`Host`] (the control device's WDF
+/// context), which outlives the [`ibcm_endpoint::Device`] that holds this value.
 #[derive(Clone, Copy)]
 pub struct KmdfPlatform {
-    state: NonNull<DeviceState>,
+    host: NonNull<Host>,
 }
 
-// SAFETY: (P10) the pointee is the device context, which lives until the device's cleanup
-// callback, after the `ibcm_endpoint::Device` (the only holder of this value) is dropped;
-// everything reached through it is either immutable after device add or internally locked.
+// SAFETY: (P10) the pointee is the control device's context, which lives until that
+// device's cleanup callback, which first drops the `ibcm_endpoint::Device` (the only
+// holder of this value); everything reached through it is either immutable after
+// creation or internally locked.
 unsafe impl Send for KmdfPlatform {}
 // SAFETY: (P11) as P10.
 unsafe impl Sync for KmdfPlatform {}
 
 impl KmdfPlatform {
-    /// The platform of the device whose state is `state`.
-    pub fn new(state: NonNull<DeviceState>) -> Self {
-        Self { state }
+    /// The platform of the host `host`.
+    pub fn new(host: NonNull<Host>) -> Self {
+        Self { host }
     }
 
-    fn state(&self) -> &DeviceState {
-        // SAFETY: (P12) see P10: the state outlives every use of this platform.
-        unsafe { self.state.as_ref() }
+    fn host(&self) -> &Host {
+        // SAFETY: (P12) see P10: the host outlives every use of this platform.
+        unsafe { self.host.as_ref() }
     }
 }
 
@@ -264,7 +265,7 @@ impl Platform for KmdfPlatform {
     }
 
     fn send(&self, transmit: &Transmit) {
-        ibal::send(self.state(), transmit);
+        ibal::send(self.host(), transmit);
     }
 
     fn complete(&self, request: KmdfRequest, status: i32, information: usize) {
@@ -272,7 +273,7 @@ impl Platform for KmdfPlatform {
     }
 
     fn set_timer(&self, deadline: Option<Instant>) {
-        self.state().arm_timer(deadline, self.now());
+        self.host().arm_timer(deadline, self.now());
     }
 
     fn current_thread(&self) -> u64 {

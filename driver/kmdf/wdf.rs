@@ -103,3 +103,18 @@ pub const fn guid(g: (u32, u16, u16, [u8; 8])) -> GUID {
         Data4: g.3,
     }
 }
+
+/// An ASCII string as a UTF-16 array of exactly its length (for the static
+/// `UNICODE_STRING`s of device names, links and SDDL; no terminator: `Length` says it).
+pub const fn utf16<const N: usize>(s: &str) -> [u16; N] {
+    let bytes = s.as_bytes();
+    assert!(bytes.len() == N);
+    let mut out = [0u16; N];
+    let mut i = 0;
+    while i < N {
+        assert!(bytes[i].is_ascii());
+        out[i] = bytes[i] as u16;
+        i += 1;
+    }
+    out
+}

@@ -206,14 +206,10 @@ pub mod status {
     pub const CONNECTION_REFUSED: i32 = 0xC000_0236_u32 as i32;
 }
 
-/// The device interface class of ibcm: `{838455a1-c9b5-47d4-a82d-ab645ee8aad9}`, as
-/// (Data1, Data2, Data3, Data4).
-pub const DEVICE_INTERFACE_GUID: (u32, u16, u16, [u8; 8]) = (
-    0x8384_55a1,
-    0xc9b5,
-    0x47d4,
-    [0xa8, 0x2d, 0xab, 0x64, 0x5e, 0xe8, 0xaa, 0xd9],
-);
+/// The Win32 path of ibcm's control device, the one device user mode opens whatever the
+/// number of HCAs: the driver creates `\Device\ibcm` with the symbolic link
+/// `\DosDevices\Global\ibcm` (`driver/kmdf/control.rs`).
+pub const DEVICE_PATH: &str = r"\\.\ibcm";
 
 /// Maximum private data: REQ 92, REP 196, REJ 148 (+ 72 ARI), MRA 222, RTU 224,
 /// DREQ 220, DREP 224 (IBA Tables 106-113).

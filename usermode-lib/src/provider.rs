@@ -53,7 +53,7 @@ impl Provider {
         Self::with_backend(Arc::new(crate::backend::inproc::InProcess::open(node)))
     }
 
-    /// Opens the installed ibcm driver (the first device of its interface class).
+    /// Opens the installed ibcm driver (its control device, `\\.\ibcm`).
     #[cfg(windows)]
     pub fn open() -> Result<Self> {
         let backend =

@@ -21,6 +21,7 @@ extern crate alloc;
 
 mod device;
 mod platform;
+mod ports;
 mod records;
 mod ring;
 mod trace;
@@ -30,6 +31,7 @@ pub use device::{
     RECEIVE_BATCH,
 };
 pub use platform::{Lock, Platform, Request};
+pub use ports::{MAX_HOST_PORTS, PortNumbers};
 pub use records::{Status, status_of};
 pub use ring::{ReceiveRing, Received};
 pub use trace::{DispatchPoint, DispatchTracer};

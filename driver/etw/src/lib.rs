@@ -46,6 +46,40 @@ pub fn unregister() {
     PROVIDER.unregister();
 }
 
+/// One `IRP_MN_QUERY_INTERFACE` for `GUID_INFINIBAND_INTERFACE_CM` on the HCA `ca_guid`
+/// (network order as AL reports it; 0 before IBAL is bound): answered by ibcm, or passed
+/// down to ibbus (AL's CM serves the client) for `reason`. Event `CmInterfaceQuery`,
+/// keyword 0x8, level Informational when answered, Warning when passed down: the line a
+/// user looks for to learn which CM WinVerbs and ndfltr got (README "Windows").
+pub fn cm_interface_query(ca_guid: u64, version: u16, size: u16, answered: bool, reason: &str) {
+    let ca_guid = u64::from_be(ca_guid);
+    if answered {
+        tlg::write_event!(
+            PROVIDER,
+            "CmInterfaceQuery",
+            level(Informational),
+            keyword(0x8),
+            u64("CaGuid", &ca_guid),
+            u16("Version", &version),
+            u16("Size", &size),
+            bool8("AnsweredByIbcm", &answered),
+            str8("Reason", reason),
+        );
+    } else {
+        tlg::write_event!(
+            PROVIDER,
+            "CmInterfaceQuery",
+            level(Warning),
+            keyword(0x8),
+            u64("CaGuid", &ca_guid),
+            u16("Version", &version),
+            u16("Size", &size),
+            bool8("AnsweredByIbcm", &answered),
+            str8("Reason", reason),
+        );
+    }
+}
+
 /// The one sink the platform hands every device.
 pub static ETW: EtwSink = EtwSink;
 

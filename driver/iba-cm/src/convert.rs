@@ -231,7 +231,12 @@ pub(crate) fn qp_mod(a: &QpAttributes, pkey_index: u16) -> IbQpMod {
 /// initiator depth and its initiator depth the peer's responder resources
 /// (`al_cm_cep.c:6245-6296`). The REQ fields the engine does not report (the peer's
 /// starting PSN, its CM timeouts and retry counts, flow control) are 0.
-pub(crate) fn req_event(r: &ReqInfo, local_ca_guid: u64, pkey_index: u16) -> IbaCmReqEvent {
+pub(crate) fn req_event(
+    r: &ReqInfo,
+    local_ca_guid: u64,
+    port_num: u8,
+    pkey_index: u16,
+) -> IbaCmReqEvent {
     let mut pd = [0u8; pdata::REQ];
     let src = r.private_data.as_slice();
     let n = src.len().min(pdata::REQ);
@@ -261,7 +266,7 @@ pub(crate) fn req_event(r: &ReqInfo, local_ca_guid: u64, pkey_index: u16) -> Iba
         local_ca_guid: Be64::new(local_ca_guid),
         remote_ca_guid: Be64::new(r.remote_ca_guid),
         pkey_index,
-        port_num: r.port,
+        port_num,
     }
 }
 

@@ -14,7 +14,7 @@
 use core::ffi::c_void;
 
 use ibcm_cep::{CmError, ConnectParams, Event, ListenParams, PathRecord, RepParams};
-use ibcm_cep::{RejectParams, SidrParams, SidrReplyParams};
+use ibcm_cep::{QpAttributes, RejectParams, SidrParams, SidrReplyParams};
 use ibcm_endpoint::{ClientId, Device, Lock, status_of};
 use ibcm_mad::{AprStatus, Failover, Mtu, RejReason, SidrStatus};
 
@@ -113,6 +113,21 @@ fn local_path<B: Backend>(inst: &Instance<B>, p: &IbPathRec) -> Res<(PathRecord,
         .port_of_gid(&p.sgid)
         .ok_or(status::INVALID_PARAMETER)?;
     Ok((path_from_abi(p), port))
+}
+
+/// `a` with its ports as their CA numbers them ([`Backend::ca_port`]): the client hands
+/// the `ib_qp_mod_t` straight to its CA's modify-QP.
+fn ca_local<B: Backend>(inst: &Instance<B>, a: &QpAttributes) -> QpAttributes {
+    let local = |port: u8| inst.backend.ca_port(port).1;
+    let mut a = *a;
+    a.port = a.port.map(local);
+    if let Some(av) = a.primary.as_mut() {
+        av.port = local(av.port);
+    }
+    if let Some(av) = a.alternate.as_mut() {
+        av.port = local(av.port);
+    }
+    a
 }
 
 // ---- 0 create_id ----------------------------------------------------------------------
@@ -334,18 +349,19 @@ unsafe fn request_event<B: Backend>(
     event: &Event,
     p_event: *mut IbaCmEvent,
 ) -> Res<()> {
-    let ca_guid = inst.backend.ca_guid();
     let ev = match event {
         Event::ReqReceived(r) => {
             let pkey_index = inst.backend.pkey_index(r.port, r.pkey);
+            let (ca_guid, port_num) = inst.backend.ca_port(r.port);
             IbaCmEvent {
                 event_type: event_type::REQ_RECEIVED,
                 data: IbaCmEventData {
-                    req: req_event(r, ca_guid, pkey_index),
+                    req: req_event(r, ca_guid, port_num, pkey_index),
                 },
             }
         }
         Event::SidrReqReceived(r) => {
+            let (ca_guid, port_num) = inst.backend.ca_port(r.port);
             let path = PathRecord {
                 slid: 0,
                 dlid: r.source.lid,
@@ -395,7 +411,7 @@ unsafe fn request_event<B: Backend>(
                         },
                         ca_guid: Be64::new(ca_guid),
                         pkey_index: inst.backend.pkey_index(r.port, r.pkey),
-                        port_num: r.port,
+                        port_num,
                     },
                 },
             }
@@ -614,7 +630,7 @@ unsafe extern "C" fn format_rep<B: Backend>(
                 .backend
                 .pkey_index(init.port.unwrap_or(0), init.pkey.unwrap_or(0xFFFF));
             // SAFETY: non-null; the caller's out structure.
-            unsafe { write(p_init, qp_mod(init, index)) }?;
+            unsafe { write(p_init, qp_mod(&ca_local(inst, init), index)) }?;
         }
         Ok(())
     }))
@@ -835,7 +851,7 @@ unsafe extern "C" fn get_qp_attr<B: Backend>(
             .backend
             .pkey_index(a.port.unwrap_or(0), a.pkey.unwrap_or(0xFFFF));
         // SAFETY: checked non-null; the caller's out structure.
-        unsafe { write(p_attr, qp_mod(&a, index)) }
+        unsafe { write(p_attr, qp_mod(&ca_local(inst, &a), index)) }
     }))
 }
 

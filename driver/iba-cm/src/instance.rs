@@ -44,6 +44,14 @@ pub trait Backend: Send + Sync + 'static {
     fn pkey_index(&self, port: u8, pkey: u16) -> u16;
     /// This CA's GUID (the REQ event's `local_ca_guid`).
     fn ca_guid(&self) -> u64;
+    /// The CA and that CA's own port number behind a dispatch-layer port. One CM serves
+    /// every port of every CA, so the platform numbers the ports host-wide; `ib_qp_mod_t`
+    /// and the REQ/SIDR_REQ events carry the CA's port number and GUID (AL's
+    /// `al_cep_get_*_attr`, `__format_req_event`: the CEP's own CA and port). The
+    /// default is a single CA whose ports are the dispatch layer's.
+    fn ca_port(&self, port: u8) -> (u64, u8) {
+        (self.ca_guid(), port)
+    }
     /// The last reference to the interface was dropped after [`Registered::begin_removal`]
     /// (signal the event the removal waits on). At any IRQL <= DISPATCH_LEVEL.
     fn released(&self) {}

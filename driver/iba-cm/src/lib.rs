@@ -10,6 +10,8 @@
 //!   the table a query for the interface hands out ([`Registered::answer_query`]), with a
 //!   reference count that removal waits on.
 //! - The 22 functions (`ffi`), in the header's order.
+//! - [`decide_query`] / [`answer`]: which `IRP_MN_QUERY_INTERFACE` the binding answers and
+//!   which it passes down to ibbus (and why).
 //!
 //! What the functions guarantee (AL's contract, and where ibcm does better):
 //! - Every function but `destroy_id` may be called at IRQL <= DISPATCH_LEVEL, under the
@@ -54,5 +56,7 @@ pub mod abi;
 mod convert;
 mod ffi;
 mod instance;
+mod query;
 
 pub use instance::{Backend, Config, MAX_INSTANCES, Registered};
+pub use query::{PassDown, QueryDecision, answer, decide_query};

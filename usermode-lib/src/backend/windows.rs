@@ -1,7 +1,7 @@
 //! The Windows backend: the installed ibcm driver through Win32. All of the library's
 //! `unsafe` is in this module.
 //!
-//! The device is found by its interface class (SetupDi), opened with
+//! The device is the driver's control device, `\\.\ibcm` (`ibcm_ioctl::DEVICE_PATH`), opened with
 //! `FILE_FLAG_OVERLAPPED`, and bound to a private I/O completion port. Every IOCTL is a
 //! `DeviceIoControl` with its own heap-allocated `OVERLAPPED` (the first field of an
 //! [`Op`]); one thread dequeues completions and hands each to its request's callback.
@@ -11,11 +11,6 @@
 use std::ptr;
 use std::thread::JoinHandle;
 
-use windows_sys::Win32::Devices::DeviceAndDriverInstallation::{
-    DIGCF_DEVICEINTERFACE, DIGCF_PRESENT, SP_DEVICE_INTERFACE_DATA,
-    SP_DEVICE_INTERFACE_DETAIL_DATA_W, SetupDiDestroyDeviceInfoList, SetupDiEnumDeviceInterfaces,
-    SetupDiGetClassDevsW, SetupDiGetDeviceInterfaceDetailW,
-};
 use windows_sys::Win32::Foundation::{
     CloseHandle, ERROR_IO_PENDING, GENERIC_READ, GENERIC_WRITE, GetLastError, HANDLE,
     INVALID_HANDLE_VALUE,
@@ -27,7 +22,6 @@ use windows_sys::Win32::System::IO::{
     CancelIoEx, CreateIoCompletionPort, DeviceIoControl, GetQueuedCompletionStatus, OVERLAPPED,
     PostQueuedCompletionStatus,
 };
-use windows_sys::core::GUID;
 
 use super::{Backend, OnComplete};
 
@@ -37,16 +31,6 @@ const INFINITE: u32 = u32::MAX;
 const QUIT_KEY: usize = 1;
 /// STATUS_INVALID_HANDLE, for a request that could not even be issued.
 const STATUS_INVALID_HANDLE: i32 = ibcm_ioctl::status::INVALID_HANDLE;
-
-fn interface_guid() -> GUID {
-    let (data1, data2, data3, data4) = ibcm_ioctl::DEVICE_INTERFACE_GUID;
-    GUID {
-        data1,
-        data2,
-        data3,
-        data4,
-    }
-}
 
 /// One IOCTL in flight. `#[repr(C)]` with the OVERLAPPED first, so the pointer the
 /// completion port returns is the pointer to the whole `Op`.
@@ -77,9 +61,9 @@ unsafe impl Send for Device {}
 unsafe impl Sync for Device {}
 
 impl Device {
-    /// Opens the first present device of ibcm's interface class.
+    /// Opens the control device (`ibcm_ioctl::DEVICE_PATH`).
     pub fn open() -> Result<Self, i32> {
-        let path = interface_path().ok_or(ibcm_ioctl::status::DEVICE_REMOVED)?;
+        let path = device_path();
         // SAFETY: 1. `path` is a NUL-terminated UTF-16 string that outlives the call;
         // 2. null security attributes and template are allowed.
         let file = unsafe {
@@ -147,80 +131,11 @@ fn completion_loop(port: SendHandle) {
     }
 }
 
-/// The device path of the first present ibcm interface, NUL-terminated UTF-16.
-fn interface_path() -> Option<Vec<u16>> {
-    let guid = interface_guid();
-    // SAFETY: `guid` is valid for the call; null enumerator and window are allowed.
-    let set = unsafe {
-        SetupDiGetClassDevsW(
-            &guid,
-            ptr::null(),
-            ptr::null_mut(),
-            DIGCF_PRESENT | DIGCF_DEVICEINTERFACE,
-        )
-    };
-    if set == INVALID_HANDLE_VALUE as isize {
-        return None;
-    }
-    let mut data = SP_DEVICE_INTERFACE_DATA {
-        cbSize: size_of::<SP_DEVICE_INTERFACE_DATA>() as u32,
-        InterfaceClassGuid: guid,
-        Flags: 0,
-        Reserved: 0,
-    };
-    // SAFETY: `set` is a valid device information set; `data.cbSize` is initialised.
-    let found = unsafe { SetupDiEnumDeviceInterfaces(set, ptr::null(), &guid, 0, &mut data) };
-    let mut path = None;
-    if found != 0 {
-        let mut needed = 0u32;
-        // SAFETY: a size query: null buffer with size 0 is the documented pattern.
-        unsafe {
-            SetupDiGetDeviceInterfaceDetailW(
-                set,
-                &data,
-                ptr::null_mut(),
-                0,
-                &mut needed,
-                ptr::null_mut(),
-            )
-        };
-        // A u64-aligned buffer for the variable-length detail structure.
-        let mut buf = vec![0u64; (needed as usize).div_ceil(8).max(1)];
-        let detail = buf.as_mut_ptr().cast::<SP_DEVICE_INTERFACE_DETAIL_DATA_W>();
-        // SAFETY: `buf` holds at least `needed` bytes, is suitably aligned, and cbSize is
-        // the fixed part's size as the API requires.
-        unsafe { (*detail).cbSize = size_of::<SP_DEVICE_INTERFACE_DETAIL_DATA_W>() as u32 };
-        // SAFETY: `detail` points to `needed` writable bytes.
-        let ok = unsafe {
-            SetupDiGetDeviceInterfaceDetailW(
-                set,
-                &data,
-                detail,
-                needed,
-                ptr::null_mut(),
-                ptr::null_mut(),
-            )
-        };
-        if ok != 0 {
-            // SAFETY: on success DevicePath is a NUL-terminated string inside `buf`.
-            let start = unsafe { ptr::addr_of!((*detail).DevicePath) }.cast::<u16>();
-            let max = (needed as usize).saturating_sub(4) / 2;
-            let mut v = Vec::new();
-            for i in 0..max {
-                let at = start.wrapping_add(i);
-                // SAFETY: `i` stays within the `needed` bytes the API filled.
-                let c = unsafe { *at };
-                v.push(c);
-                if c == 0 {
-                    break;
-                }
-            }
-            path = Some(v);
-        }
-    }
-    // SAFETY: `set` came from SetupDiGetClassDevsW and is destroyed once.
-    unsafe { SetupDiDestroyDeviceInfoList(set) };
-    path
+/// The control device's path (`ibcm_ioctl::DEVICE_PATH`), NUL-terminated UTF-16. The
+/// driver has one control device for the host, whatever the number of HCAs; a control
+/// device has no device interface, so it is opened by its symbolic link.
+fn device_path() -> Vec<u16> {
+    ibcm_ioctl::DEVICE_PATH.encode_utf16().chain([0]).collect()
 }
 
 impl Backend for Device {

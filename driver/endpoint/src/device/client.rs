@@ -469,11 +469,6 @@ impl<P: Platform> Device<P> {
         self.client_op(id, |cm, cep, now| cm.connect(now, cep, p))
     }
 
-    /// `send_req` for a peer-to-peer connection.
-    pub fn send_req_peer(&self, id: ClientId, p: &ConnectParams<'_>) -> Result<(), CmError> {
-        self.client_op(id, |cm, cep, now| cm.connect_peer(now, cep, p))
-    }
-
     /// `format_rep`: pre-REP, returning the INIT/RTR/RTS attributes.
     pub fn format_rep(&self, id: ClientId, p: &RepParams<'_>) -> Result<PreparedRep, CmError> {
         self.client_op(id, |cm, cep, _| cm.prepare_rep(cep, p))

@@ -826,3 +826,101 @@ fn hca_removal_fails_calls_and_destroy_still_works() {
     a.destroy();
     w.finish();
 }
+
+/// The binding's `IRP_MN_QUERY_INTERFACE` preprocess, through [`ibcm_iba_cm::answer`]: a
+/// well-formed query is answered with a referenced interface; without a QP1 route or
+/// during removal it goes down (to AL's CM), and the removal waits for the references.
+#[test]
+fn query_interface_answer_pass_down_and_removal() {
+    use ibcm_iba_cm::abi::{GUID_INFINIBAND_INTERFACE_CM as CM, Guid};
+    use ibcm_iba_cm::{PassDown, answer};
+    let mut w = World::new(41);
+    let cm = w.a.cm();
+    let before = cm.references();
+    let ifc = answer(Some(cm), &CM, 0x0101, 208, true).expect("answered");
+    assert_eq!(ifc.interface_header.version, 0x0101);
+    assert_eq!(ifc.interface_header.size, 208);
+    assert_eq!(
+        cm.references(),
+        before + 1,
+        "the caller's reference is taken"
+    );
+    let no_route = answer(Some(cm), &CM, 0x0101, 208, false);
+    assert_eq!(no_route.err(), Some(PassDown::NoQp1Route));
+    assert_eq!(
+        cm.references(),
+        before + 1,
+        "nothing taken when passed down"
+    );
+    let none = answer::<harness::TestBackend>(None, &CM, 0x0101, 208, true);
+    assert_eq!(none.err(), Some(PassDown::NoCm));
+    let other = Guid { data1: 1, ..CM };
+    assert_eq!(
+        answer(Some(cm), &other, 0x0101, 208, true).err(),
+        Some(PassDown::OtherInterface)
+    );
+    // Removal: no new reference; `released` only when the last one goes.
+    cm.begin_removal();
+    assert_eq!(
+        answer(Some(cm), &CM, 0x0101, 208, true).err(),
+        Some(PassDown::Removing)
+    );
+    assert!(
+        !cm.backend()
+            .released
+            .load(std::sync::atomic::Ordering::Acquire)
+    );
+    let deref = ifc
+        .interface_header
+        .interface_dereference
+        .expect("dereference");
+    // SAFETY: the reference `answer` took for this copy, dropped once.
+    unsafe { deref(ifc.interface_header.context) };
+    assert_eq!(cm.references(), before);
+    w.run(SETTLE);
+    w.finish();
+}
+
+/// One CM for several CAs: the dispatch layer's port numbers are host-wide, and what a
+/// client hands its CA (the REQ event's port and CA GUID, `ib_qp_mod_t`'s ports) is the
+/// CA's own (`Backend::ca_port`).
+#[test]
+fn host_wide_port_numbers_reach_the_client_as_the_cas_own() {
+    let mut w = World::new(43);
+    w.b.cm()
+        .backend()
+        .ca_port_of_1
+        .store(2, std::sync::atomic::Ordering::Relaxed);
+    let (listen, child, a) = (w.b.cep(), w.b.cep(), w.a.cep());
+    let r = requested(&mut w, &listen, &a, &child);
+    assert_eq!(r.port_num, 2, "the CA's port, not the host-wide number");
+    assert_eq!(
+        r.local_ca_guid.get(),
+        node_guid(1) ^ 0xCA,
+        "the CA the REQ came in on"
+    );
+    let mut init = ibcm_iba_cm::abi::IbQpMod::zeroed();
+    assert_eq!(
+        child.format_rep(0x22, &[7], 2, 3, &mut init),
+        status::SUCCESS
+    );
+    // SAFETY: INIT attributes.
+    let i = unsafe { init.state.init };
+    assert_eq!(i.primary_port, 2);
+    assert_eq!(child.send_formatted_rep(), status::SUCCESS);
+    w.run(SETTLE);
+    let (s, rtr) = child.qp_attr(qp_state::RTR);
+    assert_eq!(s, status::SUCCESS);
+    // SAFETY: RTR attributes.
+    let rtr = unsafe { rtr.state.rtr };
+    assert_eq!(rtr.primary_av.port_num, 2);
+    // A's side is unmapped: its own numbers.
+    let (s, a_init) = a.qp_attr(qp_state::INIT);
+    assert_eq!(s, status::SUCCESS);
+    // SAFETY: INIT attributes.
+    assert_eq!(unsafe { a_init.state.init }.primary_port, 1);
+    for c in [&a, &child, &listen] {
+        c.destroy();
+    }
+    w.finish();
+}

@@ -163,6 +163,9 @@ pub struct TestBackend {
     pub released: AtomicBool,
     /// Callbacks entered with an ibcm (host) lock held on their thread.
     pub under_lock: std::sync::atomic::AtomicUsize,
+    /// The CA port number behind the node's (host-wide) port 1, 0 for the same number: a
+    /// host whose CM serves several CAs numbers ports host-wide (`Backend::ca_port`).
+    pub ca_port_of_1: std::sync::atomic::AtomicU8,
 }
 
 impl Backend for TestBackend {
@@ -201,6 +204,15 @@ impl Backend for TestBackend {
         node_guid(self.index)
     }
 
+    fn ca_port(&self, port: u8) -> (u64, u8) {
+        let mapped = self.ca_port_of_1.load(Ordering::Relaxed);
+        if port == 1 && mapped != 0 {
+            (node_guid(self.index) ^ 0xCA, mapped)
+        } else {
+            (node_guid(self.index), port)
+        }
+    }
+
     fn released(&self) {
         self.released.store(true, Ordering::Release);
     }
@@ -230,6 +242,7 @@ impl Side {
             pending: AtomicBool::new(false),
             released: AtomicBool::new(false),
             under_lock: std::sync::atomic::AtomicUsize::new(0),
+            ca_port_of_1: std::sync::atomic::AtomicU8::new(0),
         };
         let cm = Registered::new(backend, CONFIG).expect("an instance");
         let ifc = Box::new(cm.answer_query(0x0101, 208).expect("the interface"));

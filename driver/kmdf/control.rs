@@ -1,0 +1,643 @@
+//! The control device: user mode's one door to the host's CM, whatever the number of
+//! HCAs. Its context is the [`Host`] (`host.rs`); it owns the file objects, the parallel
+//! default queue, cancellation, and the host's timer, DPCs and work item.
+//!
+//! Created with the first filter device and deleted when the last one goes
+//! (`filter.rs`), as WinOF's WinMad does (`wm_driver.c` `WmCreateControlDevice` /
+//! `WmPowerD0Exit`): `WdfControlDeviceInitAllocate` with an explicit SDDL,
+//! `FILE_DEVICE_SECURE_OPEN`, the name `\Device\ibcm` and the symbolic link
+//! `\DosDevices\Global\ibcm` (user mode opens `\\.\ibcm`: a control device cannot
+//! have a device interface), `WdfControlFinishInitializing`.
+//!
+//! Every request goes to [`Device::dispatch`] unexamined: this module retrieves the buffers,
+//! makes the request cancelable and hands it over. The only statuses chosen here are the
+//! framework's own failures (a buffer it cannot map, a request cancelled before it could be
+//! marked cancelable), `STATUS_DEVICE_NOT_READY` for a create while no port was reported
+//! (there is no dispatch layer to ask yet), `STATUS_INVALID_DEVICE_REQUEST` for an IOCTL
+//! sent without a file object, and `STATUS_INSUFFICIENT_RESOURCES` when the input copy
+//! cannot be allocated.
+
+use alloc::vec::Vec;
+use core::ptr::NonNull;
+use core::sync::atomic::{AtomicBool, AtomicI32, AtomicUsize, Ordering};
+
+use ibcm_endpoint::{Device, FileId};
+use wdk_sys::{
+    _WDF_FILEOBJECT_CLASS, _WDF_IO_QUEUE_DISPATCH_TYPE, _WDF_TRI_STATE, FILE_DEVICE_SECURE_OPEN,
+    NT_SUCCESS, NTSTATUS, PVOID, PWDFDEVICE_INIT, STATUS_DEVICE_NOT_READY,
+    STATUS_INSUFFICIENT_RESOURCES, STATUS_INVALID_DEVICE_REQUEST, STATUS_SUCCESS, ULONG,
+    UNICODE_STRING, WDF_DPC_CONFIG, WDF_FILEOBJECT_CONFIG, WDF_IO_QUEUE_CONFIG,
+    WDF_NO_OBJECT_ATTRIBUTES, WDF_TIMER_CONFIG, WDF_WORKITEM_CONFIG, WDFDEVICE, WDFDRIVER,
+    WDFFILEOBJECT, WDFOBJECT, WDFQUEUE, WDFREQUEST, WDFTIMER,
+};
+
+use crate::host::{self, HOST, Host};
+use crate::ibal;
+use crate::platform::{KmdfRequest, REQUEST_CONTEXT, RequestContext, complete_request};
+use crate::wdf::{self, context_type};
+
+context_type!(HOST_CONTEXT, Host);
+
+/// `\Device\ibcm`.
+static DEVICE_NAME: [u16; 12] = wdf::utf16("\\Device\\ibcm");
+/// `\DosDevices\Global\ibcm` (user mode: `\\.\ibcm`, `ibcm_ioctl::DEVICE_PATH`).
+static SYMBOLIC_LINK: [u16; 23] = wdf::utf16("\\DosDevices\\Global\\ibcm");
+/// Who may open the control device: SYSTEM all, Administrators read/write/execute,
+/// everyone read/write, restricted code read: `SDDL_DEVOBJ_SYS_ALL_ADM_RWX_WORLD_RW_RES_R`
+/// (wdmsec.h), what WinVerbs, WinMad and ndfltr give their control devices
+/// (`wv_driver.c:456`, `wm_driver.c:218`, `nd_driver.cpp:628`). Unprivileged RDMA
+/// applications must reach the CM, as they reach WinVerbs; the IOCTL ABI confines each
+/// handle to its own endpoints (design.md "The IOCTL ABI").
+static SDDL: [u16; 57] = wdf::utf16("D:P(A;;GA;;;SY)(A;;GRGWGX;;;BA)(A;;GRGW;;;WD)(A;;GR;;;RC)");
+
+/// The file context: the dispatch layer's handle for this open.
+pub struct FileContext {
+    file: Option<FileId>,
+}
+
+context_type!(FILE_CONTEXT, FileContext);
+
+/// The host of the control device.
+///
+/// # Safety
+///
+/// `device` is the live control device made by [`create`] (its context is initialised);
+/// the reference is used only inside one of its callbacks.
+unsafe fn host_of<'a>(device: WDFDEVICE) -> &'a Host {
+    // SAFETY: (C5) per this function's contract, the device carries an initialised Host.
+    let host = unsafe { wdf::context::<Host>(device as WDFOBJECT, &HOST_CONTEXT) };
+    // SAFETY: (C6) written in `create` before the device could take a request, and dropped
+    // only in its cleanup callback.
+    unsafe { &*host }
+}
+
+/// The host of the control device that owns a queue.
+///
+/// # Safety
+///
+/// `queue` is a live queue of the control device; as [`host_of`].
+unsafe fn host_of_queue<'a>(queue: WDFQUEUE) -> &'a Host {
+    // SAFETY: (C7) per the contract the queue is live; WdfIoQueueGetDevice runs at
+    // IRQL <= DISPATCH_LEVEL.
+    let device = unsafe { wdk_sys::call_unsafe_wdf_function_binding!(WdfIoQueueGetDevice, queue) };
+    // SAFETY: (C8) the control device owns the queue.
+    unsafe { host_of(device) }
+}
+
+/// A UNICODE_STRING over a static UTF-16 array (the framework only reads it).
+fn unicode(chars: &'static [u16]) -> UNICODE_STRING {
+    let bytes = u16::try_from(core::mem::size_of_val(chars)).unwrap_or(0);
+    UNICODE_STRING {
+        Length: bytes,
+        MaximumLength: bytes,
+        Buffer: chars.as_ptr().cast_mut(),
+    }
+}
+
+/// Creates the control device and its host, and publishes the host in [`HOST`]
+/// (PASSIVE_LEVEL, the driver's wait lock held, from the first filter device's add).
+pub fn create(driver: WDFDRIVER) -> Result<(), NTSTATUS> {
+    let sddl = unicode(&SDDL);
+    // SAFETY: (C9) PASSIVE_LEVEL; the driver handle is the framework's; the SDDL string
+    // is copied by the framework.
+    let mut init = unsafe {
+        wdk_sys::call_unsafe_wdf_function_binding!(
+            WdfControlDeviceInitAllocate,
+            driver,
+            &raw const sddl
+        )
+    };
+    if init.is_null() {
+        return Err(STATUS_INSUFFICIENT_RESOURCES);
+    }
+    match create_with(&mut init) {
+        Ok(()) => Ok(()),
+        Err(status) => {
+            if !init.is_null() {
+                // SAFETY: (C10) WdfDeviceCreate did not take the structure (it nulls the
+                // pointer when it does); it is freed once (wm_driver.c does the same).
+                unsafe { wdk_sys::call_unsafe_wdf_function_binding!(WdfDeviceInitFree, init) };
+            }
+            Err(status)
+        }
+    }
+}
+
+fn create_with(init: &mut PWDFDEVICE_INIT) -> Result<(), NTSTATUS> {
+    let device_init = *init;
+    // SAFETY: (C11) `device_init` is the allocated structure, valid until WdfDeviceCreate;
+    // non-exclusive: several processes open the CM at once.
+    unsafe {
+        wdk_sys::call_unsafe_wdf_function_binding!(WdfDeviceInitSetExclusive, device_init, 0);
+    }
+    // SAFETY: (C12) as C11; OR'ed into the characteristics: opens of names below the
+    // device (`\\.\ibcm\x`) get the device's security check too.
+    unsafe {
+        wdk_sys::call_unsafe_wdf_function_binding!(
+            WdfDeviceInitSetCharacteristics,
+            device_init,
+            FILE_DEVICE_SECURE_OPEN,
+            1
+        );
+    }
+    let name = unicode(&DEVICE_NAME);
+    // SAFETY: (C13) as C11; the name is copied.
+    check(unsafe {
+        wdk_sys::call_unsafe_wdf_function_binding!(
+            WdfDeviceInitAssignName,
+            device_init,
+            &raw const name
+        )
+    })?;
+
+    // WDF_FILEOBJECT_CONFIG_INIT, plus a context holding the dispatch layer's FileId.
+    let mut file_config = WDF_FILEOBJECT_CONFIG {
+        Size: wdf::size_of_ulong::<WDF_FILEOBJECT_CONFIG>(),
+        EvtDeviceFileCreate: Some(evt_file_create),
+        EvtFileClose: Some(evt_file_close),
+        EvtFileCleanup: Some(evt_file_cleanup),
+        AutoForwardCleanupClose: _WDF_TRI_STATE::WdfUseDefault,
+        FileObjectClass: _WDF_FILEOBJECT_CLASS::WdfFileObjectWdfCannotUseFsContexts,
+    };
+    let mut file_attributes = wdf::attributes(core::ptr::null_mut(), Some(&FILE_CONTEXT));
+    // SAFETY: (C14) as C11; both structures outlive the call.
+    unsafe {
+        wdk_sys::call_unsafe_wdf_function_binding!(
+            WdfDeviceInitSetFileObjectConfig,
+            device_init,
+            &raw mut file_config,
+            &raw mut file_attributes
+        );
+    }
+    let mut request_attributes = wdf::attributes(core::ptr::null_mut(), Some(&REQUEST_CONTEXT));
+    // SAFETY: (C15) as C11.
+    unsafe {
+        wdk_sys::call_unsafe_wdf_function_binding!(
+            WdfDeviceInitSetRequestAttributes,
+            device_init,
+            &raw mut request_attributes
+        );
+    }
+
+    let mut device_attributes = wdf::attributes(core::ptr::null_mut(), Some(&HOST_CONTEXT));
+    device_attributes.EvtCleanupCallback = Some(evt_control_cleanup);
+    let mut device: WDFDEVICE = core::ptr::null_mut();
+    // SAFETY: (C16) as C11; on success the framework takes the structure (and nulls
+    // `*init`) and writes the handle.
+    check(unsafe {
+        wdk_sys::call_unsafe_wdf_function_binding!(
+            WdfDeviceCreate,
+            init,
+            &raw mut device_attributes,
+            &raw mut device
+        )
+    })?;
+    // SAFETY: (C17) the device was just created with a Host context.
+    let host = unsafe { wdf::context::<Host>(device as WDFOBJECT, &HOST_CONTEXT) };
+    // SAFETY: (C18) the context is framework memory sized and aligned for Host, not yet
+    // initialised; writing it now, before anything can fail, means the cleanup callback
+    // always drops an initialised value.
+    unsafe { host.write(Host::new(device)) };
+    // SAFETY: (C19) just initialised; nothing else can reach it before it is published
+    // below (the device takes no request before WdfControlFinishInitializing).
+    let host = unsafe { &mut *host };
+    let created = create_objects(device, host);
+    if let Err(status) = created {
+        // SAFETY: (C20) our device, never published; deleting runs the cleanup callback,
+        // which drops the host.
+        unsafe {
+            wdk_sys::call_unsafe_wdf_function_binding!(WdfObjectDelete, device as WDFOBJECT);
+        }
+        return Err(status);
+    }
+    HOST.store(host, Ordering::Release);
+    // SAFETY: (C21) the control device is fully set up; this lets it take creates.
+    unsafe { wdk_sys::call_unsafe_wdf_function_binding!(WdfControlFinishInitializing, device) };
+    Ok(())
+}
+
+/// The host's child objects, the symbolic link and the default queue.
+fn create_objects(device: WDFDEVICE, host: &mut Host) -> Result<(), NTSTATUS> {
+    host.init_in_place()?;
+
+    // WDF_TIMER_CONFIG_INIT, without automatic serialization: the dispatch layer locks.
+    let mut timer_config = WDF_TIMER_CONFIG {
+        Size: wdf::size_of_ulong::<WDF_TIMER_CONFIG>(),
+        EvtTimerFunc: Some(evt_timer),
+        Period: 0,
+        AutomaticSerialization: 0,
+        TolerableDelay: 0,
+        ..WDF_TIMER_CONFIG::default()
+    };
+    let mut attributes = wdf::attributes(device as WDFOBJECT, None);
+    // SAFETY: (C22) configuration and attributes outlive the call; the device is live and
+    // is the parent (a timer's parent must be a device or a queue).
+    check(unsafe {
+        wdk_sys::call_unsafe_wdf_function_binding!(
+            WdfTimerCreate,
+            &raw mut timer_config,
+            &raw mut attributes,
+            &raw mut host.timer
+        )
+    })?;
+
+    for (routine, handle) in [
+        (
+            ibal::evt_receive_dpc as unsafe extern "C" fn(_),
+            &raw mut host.receive_dpc,
+        ),
+        (host::evt_delivery_dpc, &raw mut host.delivery_dpc),
+    ] {
+        let mut dpc_config = WDF_DPC_CONFIG {
+            Size: wdf::size_of_ulong::<WDF_DPC_CONFIG>(),
+            EvtDpcFunc: Some(routine),
+            AutomaticSerialization: 0,
+        };
+        let mut attributes = wdf::attributes(device as WDFOBJECT, None);
+        // SAFETY: (C23) as C22; `handle` points into the host being set up.
+        check(unsafe {
+            wdk_sys::call_unsafe_wdf_function_binding!(
+                WdfDpcCreate,
+                &raw mut dpc_config,
+                &raw mut attributes,
+                handle
+            )
+        })?;
+    }
+
+    let mut work_item_config = WDF_WORKITEM_CONFIG {
+        Size: wdf::size_of_ulong::<WDF_WORKITEM_CONFIG>(),
+        EvtWorkItemFunc: Some(host::evt_replenish_work_item),
+        AutomaticSerialization: 0,
+    };
+    let mut attributes = wdf::attributes(device as WDFOBJECT, None);
+    // SAFETY: (C24) as C22.
+    check(unsafe {
+        wdk_sys::call_unsafe_wdf_function_binding!(
+            WdfWorkItemCreate,
+            &raw mut work_item_config,
+            &raw mut attributes,
+            &raw mut host.replenish_work_item
+        )
+    })?;
+
+    let link = unicode(&SYMBOLIC_LINK);
+    // SAFETY: (C25) the device is live; the name is copied; the link goes with the device.
+    check(unsafe {
+        wdk_sys::call_unsafe_wdf_function_binding!(
+            WdfDeviceCreateSymbolicLink,
+            device,
+            &raw const link
+        )
+    })?;
+
+    // WDF_IO_QUEUE_CONFIG_INIT_DEFAULT_QUEUE(parallel). A control device is not power
+    // managed (its queues must not be: there is no power policy owner).
+    let mut queue_config = WDF_IO_QUEUE_CONFIG {
+        Size: wdf::size_of_ulong::<WDF_IO_QUEUE_CONFIG>(),
+        DispatchType: _WDF_IO_QUEUE_DISPATCH_TYPE::WdfIoQueueDispatchParallel,
+        PowerManaged: _WDF_TRI_STATE::WdfFalse,
+        DefaultQueue: 1,
+        EvtIoDeviceControl: Some(evt_io_device_control),
+        ..WDF_IO_QUEUE_CONFIG::default()
+    };
+    queue_config.Settings.Parallel.NumberOfPresentedRequests = ULONG::MAX;
+    // SAFETY: (C26) as C22; the queue handle is not needed (WdfDeviceGetDefaultQueue).
+    check(unsafe {
+        wdk_sys::call_unsafe_wdf_function_binding!(
+            WdfIoQueueCreate,
+            device,
+            &raw mut queue_config,
+            WDF_NO_OBJECT_ATTRIBUTES,
+            core::ptr::null_mut()
+        )
+    })
+}
+
+fn check(status: NTSTATUS) -> Result<(), NTSTATUS> {
+    if NT_SUCCESS(status) {
+        Ok(())
+    } else {
+        Err(status)
+    }
+}
+
+/// Deletes the control device (PASSIVE_LEVEL, the driver's wait lock held, after
+/// `host::teardown`; from the last filter device's cleanup). The host goes with the
+/// device's context once no file of it is left.
+pub fn delete() {
+    let host = HOST.swap(core::ptr::null_mut(), Ordering::AcqRel);
+    // SAFETY: (C27) a published host is the context of the live control device.
+    let Some(host) = (unsafe { host.as_ref() }) else {
+        return;
+    };
+    // SAFETY: (C28) the control device is live and ours; wm_driver.c `WmPowerD0Exit`
+    // deletes its control device the same way when its last HCA goes.
+    unsafe {
+        wdk_sys::call_unsafe_wdf_function_binding!(WdfObjectDelete, host.control as WDFOBJECT);
+    }
+}
+
+/// The control device's EvtCleanupCallback: frees the CM and drops the host.
+unsafe extern "C" fn evt_control_cleanup(object: WDFOBJECT) {
+    // SAFETY: (C29) the object is the control device being deleted; its context was
+    // initialised in `create_with` right after creation.
+    let host = unsafe { wdf::context::<Host>(object, &HOST_CONTEXT) };
+    // SAFETY: (C30) no callback can reach the host any more (its files, queue, timer,
+    // DPCs and work item are gone, and it is unpublished), so this is the only reference.
+    host::free_cm(unsafe { &*host });
+    // SAFETY: (C31) initialised in `create_with`, dropped exactly once here; WDF frees the
+    // memory.
+    unsafe { core::ptr::drop_in_place(host) };
+}
+
+/// EvtTimerFunc (DISPATCH_LEVEL).
+unsafe extern "C" fn evt_timer(timer: WDFTIMER) {
+    // SAFETY: (C32) the timer is live during its callback; its parent is the control
+    // device.
+    let parent =
+        unsafe { wdk_sys::call_unsafe_wdf_function_binding!(WdfTimerGetParentObject, timer) };
+    // SAFETY: (C33) the parent is the control device made by `create`.
+    let host = unsafe { host_of(parent as WDFDEVICE) };
+    host.timer_fired();
+    if let Some(core) = host.core() {
+        core.timer_expired();
+    }
+}
+
+/// EvtDeviceFileCreate: a new handle of the dispatch layer.
+unsafe extern "C" fn evt_file_create(
+    device: WDFDEVICE,
+    request: WDFREQUEST,
+    file_object: WDFFILEOBJECT,
+) {
+    // SAFETY: (D30) the framework passes the control device, which is live during its
+    // callbacks.
+    let host = unsafe { host_of(device) };
+    let file = host.core().map(Device::open);
+    // SAFETY: (D31) the file object was created with a FileContext (file object attributes).
+    let context = unsafe { wdf::context::<FileContext>(file_object as WDFOBJECT, &FILE_CONTEXT) };
+    // SAFETY: (D32) framework memory for FileContext, written once before any other callback
+    // of this file object (cleanup and close follow a successful create only).
+    unsafe { context.write(FileContext { file }) };
+    let status = if file.is_some() {
+        STATUS_SUCCESS
+    } else {
+        STATUS_DEVICE_NOT_READY
+    };
+    complete_request(request, status, 0);
+}
+
+/// The dispatch layer's handle of a file object (None for a null file object).
+///
+/// # Safety
+///
+/// `file_object` is null or a live file object of the control device whose create
+/// callback has run.
+unsafe fn file_of(file_object: WDFFILEOBJECT) -> Option<FileId> {
+    if file_object.is_null() {
+        return None;
+    }
+    // SAFETY: (D33) per the contract, file objects of this device carry a FileContext.
+    let context = unsafe { wdf::context::<FileContext>(file_object as WDFOBJECT, &FILE_CONTEXT) };
+    // SAFETY: (D34) written in evt_file_create before the request that opened the file was
+    // completed, hence before any I/O, cleanup or close on it.
+    unsafe { (*context).file }
+}
+
+/// The host of the control device a file object was opened on.
+///
+/// # Safety
+///
+/// `file_object` is a live file object of the control device; as [`host_of`].
+unsafe fn host_of_file<'a>(file_object: WDFFILEOBJECT) -> &'a Host {
+    // SAFETY: (D35) per the contract the file object is live.
+    let device =
+        unsafe { wdk_sys::call_unsafe_wdf_function_binding!(WdfFileObjectGetDevice, file_object) };
+    // SAFETY: (D36) the file object belongs to the control device.
+    unsafe { host_of(device) }
+}
+
+/// EvtFileCleanup (IRP_MJ_CLEANUP): the dispatch layer destroys the handle's endpoints and
+/// completes its pending requests.
+unsafe extern "C" fn evt_file_cleanup(file_object: WDFFILEOBJECT) {
+    // SAFETY: (D51) the framework passes a live file object of this device, after a
+    // successful create.
+    let host = unsafe { host_of_file(file_object) };
+    // SAFETY: (D52) as D51.
+    let file = unsafe { file_of(file_object) };
+    if let (Some(core), Some(file)) = (host.core(), file) {
+        core.cleanup(file);
+    }
+}
+
+/// EvtFileClose (IRP_MJ_CLOSE).
+unsafe extern "C" fn evt_file_close(file_object: WDFFILEOBJECT) {
+    // SAFETY: (D53) as D51.
+    let host = unsafe { host_of_file(file_object) };
+    // SAFETY: (D54) as D51.
+    let file = unsafe { file_of(file_object) };
+    if let (Some(core), Some(file)) = (host.core(), file) {
+        let _known = core.close(file);
+    }
+}
+
+/// EvtIoDeviceControl: every IOCTL goes to [`Device::dispatch`]; this only retrieves the
+/// buffers and makes the request cancelable.
+unsafe extern "C" fn evt_io_device_control(
+    queue: WDFQUEUE,
+    request: WDFREQUEST,
+    output_len: usize,
+    input_len: usize,
+    code: ULONG,
+) {
+    // SAFETY: (D55) the framework presents requests of this device's default queue.
+    let host = unsafe { host_of_queue(queue) };
+    // SAFETY: (D37) the request is live; WdfRequestGetFileObject returns its file object (of
+    // this device) or null for a request sent without one.
+    let file_object =
+        unsafe { wdk_sys::call_unsafe_wdf_function_binding!(WdfRequestGetFileObject, request) };
+    // SAFETY: (D56) null or a live file object of this device, opened successfully (I/O
+    // only follows a completed create).
+    let file = unsafe { file_of(file_object) };
+    let Some(file) = file else {
+        // Sent without a file object (a kernel sender that did not open a handle): there is
+        // no dispatch-layer handle to run it on.
+        complete_request(request, STATUS_INVALID_DEVICE_REQUEST, 0);
+        return;
+    };
+    // An open file implies a dispatch layer (creates fail without one).
+    let Some(core) = host.core() else {
+        complete_request(request, STATUS_DEVICE_NOT_READY, 0);
+        return;
+    };
+    // METHOD_BUFFERED: input and output share the system buffer, and the dispatch layer
+    // writes output while it holds the input slice, so the input is copied first.
+    let input = match retrieve_input(request, input_len) {
+        Ok(input) => input,
+        Err(status) => {
+            complete_request(request, status, 0);
+            return;
+        }
+    };
+    let (output, output_len) = match retrieve_output(request, output_len) {
+        Ok(output) => output,
+        Err(status) => {
+            complete_request(request, status, 0);
+            return;
+        }
+    };
+    let key = host.next_key();
+    // SAFETY: (D38) requests of this device carry a RequestContext (request attributes).
+    let context = unsafe { wdf::context::<RequestContext>(request as WDFOBJECT, &REQUEST_CONTEXT) };
+    let Some(context) = NonNull::new(context) else {
+        complete_request(request, STATUS_INSUFFICIENT_RESOURCES, 0);
+        return;
+    };
+    // SAFETY: (D39) framework memory for RequestContext, initialised before the request is
+    // marked cancelable (the cancel routine reads it).
+    unsafe {
+        context.as_ptr().write(RequestContext {
+            parties: AtomicI32::new(2),
+            cancelled: AtomicBool::new(false),
+            status: AtomicI32::new(0),
+            information: AtomicUsize::new(0),
+            file,
+            key,
+        });
+    }
+    // Keep the request object (and its context) alive until the post-dispatch check below,
+    // whoever completes it meanwhile.
+    reference(request);
+    // SAFETY: (D40) the request is presented to this driver, not completed, not yet
+    // cancelable; the cancel routine is this module's.
+    let marked = unsafe {
+        wdk_sys::call_unsafe_wdf_function_binding!(
+            WdfRequestMarkCancelableEx,
+            request,
+            Some(evt_request_cancel)
+        )
+    };
+    if !NT_SUCCESS(marked) {
+        // Already cancelled (echo sample: "complete the request with an error when unable to
+        // mark it cancelable"); the dispatch layer never saw it.
+        complete_request(request, marked, 0);
+        dereference(request);
+        return;
+    }
+    // SAFETY: (D41) the request is marked cancelable and not completed, its context is
+    // initialised, and `output` is its output buffer (or null with length 0).
+    let wrapped = unsafe { KmdfRequest::new(request, context, output, output_len, key) };
+    core.dispatch(file, wrapped, code, &input);
+    // The cancel routine may have looked for the request before the dispatch layer pended
+    // it; cancelling again by key is a no-op for a request that is no longer pending.
+    // SAFETY: (D42) the reference taken above keeps the context alive.
+    if unsafe { context.as_ref() }.cancelled.load(Ordering::SeqCst) {
+        core.cancel(file, key);
+    }
+    dereference(request);
+}
+
+/// EvtRequestCancel, for a request marked cancelable in [`evt_io_device_control`].
+unsafe extern "C" fn evt_request_cancel(request: WDFREQUEST) {
+    // SAFETY: (D43) the request is not completed while this routine holds one of its two
+    // completion parties (RequestContext::parties).
+    let context = unsafe { wdf::context::<RequestContext>(request as WDFOBJECT, &REQUEST_CONTEXT) };
+    // SAFETY: (D44) initialised in evt_io_device_control before the request was marked
+    // cancelable.
+    let context = unsafe { &*context };
+    context.cancelled.store(true, Ordering::SeqCst);
+    // SAFETY: (D45) the request is live (see D43) and was presented by this device's queue.
+    let queue =
+        unsafe { wdk_sys::call_unsafe_wdf_function_binding!(WdfRequestGetIoQueue, request) };
+    // SAFETY: (D57) the queue that presented the request is the control device's.
+    let host = unsafe { host_of_queue(queue) };
+    if let Some(core) = host.core() {
+        core.cancel(context.file, context.key);
+    }
+    if context.parties.fetch_sub(1, Ordering::AcqRel) == 1 {
+        complete_request(
+            request,
+            context.status.load(Ordering::Relaxed),
+            context.information.load(Ordering::Relaxed),
+        );
+    }
+}
+
+/// A copy of the input buffer (empty when there is none).
+fn retrieve_input(request: WDFREQUEST, len: usize) -> Result<Vec<u8>, NTSTATUS> {
+    if len == 0 {
+        // WdfRequestRetrieveInputBuffer fails on a zero-length buffer; there is nothing to copy.
+        return Ok(Vec::new());
+    }
+    let mut buffer: PVOID = core::ptr::null_mut();
+    let mut length: usize = 0;
+    // SAFETY: (D46) the request is presented to this driver and not completed; both out
+    // pointers are valid.
+    check(unsafe {
+        wdk_sys::call_unsafe_wdf_function_binding!(
+            WdfRequestRetrieveInputBuffer,
+            request,
+            0,
+            &raw mut buffer,
+            &raw mut length
+        )
+    })?;
+    let mut copy = Vec::new();
+    copy.try_reserve_exact(length)
+        .map_err(|_| STATUS_INSUFFICIENT_RESOURCES)?;
+    // SAFETY: (D47) the framework returned a buffer valid for `length` bytes until the
+    // request completes; it is read here, before the request is handed on.
+    let bytes = unsafe { core::slice::from_raw_parts(buffer.cast::<u8>(), length) };
+    copy.extend_from_slice(bytes);
+    Ok(copy)
+}
+
+/// The output buffer and its length (null and 0 when there is none).
+fn retrieve_output(request: WDFREQUEST, len: usize) -> Result<(*mut u8, usize), NTSTATUS> {
+    if len == 0 {
+        return Ok((core::ptr::null_mut(), 0));
+    }
+    let mut buffer: PVOID = core::ptr::null_mut();
+    let mut length: usize = 0;
+    // SAFETY: (D48) as D46.
+    check(unsafe {
+        wdk_sys::call_unsafe_wdf_function_binding!(
+            WdfRequestRetrieveOutputBuffer,
+            request,
+            0,
+            &raw mut buffer,
+            &raw mut length
+        )
+    })?;
+    Ok((buffer.cast::<u8>(), length))
+}
+
+/// `WdfObjectReference(request)` (`WdfObjectReferenceActual` with this file's tag and line).
+fn reference(request: WDFREQUEST) {
+    // SAFETY: (D49) the request is live (presented, not completed); balanced by
+    // `dereference` on every path of evt_io_device_control.
+    unsafe {
+        wdk_sys::call_unsafe_wdf_function_binding!(
+            WdfObjectReferenceActual,
+            request as WDFOBJECT,
+            core::ptr::null_mut(),
+            line!() as i32,
+            c"control.rs".as_ptr()
+        );
+    }
+}
+
+/// `WdfObjectDereference(request)`.
+fn dereference(request: WDFREQUEST) {
+    // SAFETY: (D50) balances the reference taken in `reference`.
+    unsafe {
+        wdk_sys::call_unsafe_wdf_function_binding!(
+            WdfObjectDereferenceActual,
+            request as WDFOBJECT,
+            core::ptr::null_mut(),
+            line!() as i32,
+            c"control.rs".as_ptr()
+        );
+    }
+}
