@@ -10,7 +10,8 @@
 //!   drops the queue and cleans the QP's completions from the CQ (`qp.c`
 //!   `mlx4_ib_cq_clean`); `poll_cq` returns at most N completions, in CQ order.
 //! - AL (`al_smi.c`): `spl_qp_svc_post_recvs` posts elements up to the depth, each
-//!   tracked on `recv_queue`, from a pool that reuses elements (so `wr_id`s repeat);
+//!   tracked on `recv_queue`, from a pool shared with AL's other MAD users that reuses
+//!   elements oldest first (so `wr_id`s repeat, but not as the same set);
 //!   `spl_qp_comp` polls one completion at a time (or, as other CQ consumers do, an
 //!   array), skips flushed ones (their elements stay tracked until the reset), unlinks a
 //!   completed element by item, re-posts, dispatches the MAD, and resets QP1 after an
@@ -438,7 +439,7 @@ pub struct Delivery {
 pub struct Hca {
     pub hook: ModelHook,
     pub ports: Vec<Port>,
-    pub pool: Vec<usize>,
+    pub pool: VecDeque<usize>,
     pub arena: Arena,
     next_handle: Handle,
     id: usize,
@@ -451,7 +452,7 @@ impl Hca {
         let mut hca = Self {
             hook: ModelHook::new(ports, M).unwrap(),
             ports: Vec::new(),
-            pool: Vec::new(),
+            pool: VecDeque::new(),
             arena: Arena {
                 bufs: Vec::new(),
                 state: Vec::new(),
@@ -460,6 +461,12 @@ impl Hca {
             next_handle: 0x1000 * (id + 1),
             id,
         };
+        // AL's MAD pool holds more elements than the QPs post.
+        for buf in 0..3 * DEPTH * usize::from(ports) {
+            hca.arena.bufs.push([0; RECEIVE_SIZE]);
+            hca.arena.state.push(BufState::Free);
+            hca.pool.push_back(buf);
+        }
         for num in 1..=ports {
             let port = hca.create_port(num);
             hca.ports.push(port);
@@ -506,7 +513,7 @@ impl Hca {
     /// `spl_qp_svc_post_recvs`: up to the depth, one WR per call, through the hook.
     pub fn post_recvs(&mut self, p: usize) {
         while self.ports[p].recv_queue.len() < DEPTH {
-            let buf = self.pool.pop().unwrap_or_else(|| {
+            let buf = self.pool.pop_front().unwrap_or_else(|| {
                 self.arena.bufs.push([0; RECEIVE_SIZE]);
                 self.arena.state.push(BufState::Free);
                 self.arena.bufs.len() - 1
@@ -521,7 +528,7 @@ impl Hca {
                     .post_recv_failed(qp, [wr].iter().skip(i).map(|w| w.0));
                 self.ports[p].recv_queue.retain(|&b| b != buf);
                 self.arena.state[buf] = BufState::Free;
-                self.pool.push(buf);
+                self.pool.push_back(buf);
                 break;
             }
         }
@@ -573,7 +580,7 @@ impl Hca {
         let mut mad = [0u8; 256];
         mad.copy_from_slice(&self.arena.bufs[buf][GRH_SIZE..]);
         self.arena.state[buf] = BufState::Free;
-        self.pool.push(buf);
+        self.pool.push_back(buf);
         let num = self.ports[p].num;
         if wc.status == IB_WCS_SUCCESS {
             self.dispatch(num, mad, out);
@@ -611,7 +618,7 @@ impl Hca {
         self.hook.modify_qp(qp, IB_QPS_RESET);
         for buf in std::mem::take(&mut self.ports[p].recv_queue) {
             self.arena.state[buf] = BufState::Free;
-            self.pool.push(buf);
+            self.pool.push_back(buf);
         }
         self.ports[p].hca.modify(IB_QPS_RTS);
         self.hook.modify_qp(qp, IB_QPS_RTS);
@@ -626,7 +633,7 @@ impl Hca {
         assert!(!self.hook.is_qp1(qp) && !self.hook.is_qp1_recv_cq(cq));
         for buf in std::mem::take(&mut self.ports[p].recv_queue) {
             self.arena.state[buf] = BufState::Free;
-            self.pool.push(buf);
+            self.pool.push_back(buf);
         }
         let num = self.ports[p].num;
         self.ports[p] = self.create_port(num);
