@@ -34,8 +34,8 @@ use ibcm_mad::{
 };
 use ibcm_qp1_hook::method::{GRH_SIZE, RECEIVE_SIZE};
 use ibcm_qp1_hook::{
-    Delivered, Handle, Hook, IB_QPS_RESET, IB_QPT_QP1, IB_WCS_SUCCESS, IB_WCS_WR_FLUSHED_ERR, Lock,
-    Memory, PrivateMethod, Qp1, WorkCompletion, restore,
+    Counters, Delivered, Handle, Hook, IB_QPS_RESET, IB_QPT_QP1, IB_WCS_SUCCESS,
+    IB_WCS_WR_FLUSHED_ERR, Lock, Memory, PrivateMethod, Qp1, WorkCompletion, restore,
 };
 
 pub const M: PrivateMethod = PrivateMethod::DEFAULT;
@@ -441,6 +441,8 @@ pub struct Hca {
     pub ports: Vec<Port>,
     pub pool: VecDeque<usize>,
     pub arena: Arena,
+    /// The last counters of the QP1s destroyed so far.
+    pub retired: Vec<Counters>,
     next_handle: Handle,
     id: usize,
 }
@@ -458,6 +460,7 @@ impl Hca {
                 state: Vec::new(),
                 violations: Vec::new(),
             },
+            retired: Vec::new(),
             next_handle: 0x1000 * (id + 1),
             id,
         };
@@ -628,7 +631,8 @@ impl Hca {
     /// Port down and up: AL destroys QP1 and its CQs and makes new ones.
     pub fn cycle(&mut self, p: usize) {
         let (qp, cq) = (self.ports[p].hca.qp, self.ports[p].hca.cq);
-        assert!(self.hook.destroy_qp(qp).is_some(), "QP1 was tracked");
+        let last = self.hook.destroy_qp(qp).expect("QP1 was tracked");
+        self.retired.push(last);
         assert_eq!(self.hook.destroy_cq(cq), None, "the CQ goes with its QP");
         assert!(!self.hook.is_qp1(qp) && !self.hook.is_qp1_recv_cq(cq));
         for buf in std::mem::take(&mut self.ports[p].recv_queue) {
