@@ -14,6 +14,9 @@
 //!   port, and the receive ring drained by a DPC.
 //! - [`client`]: the kernel-client interface other drivers query with
 //!   `IRP_MN_QUERY_INTERFACE`.
+//! - [`verbs_hook`]: the QP1 verbs hook on a stock WinOF host (issue #19): the verbs-table
+//!   patch on ibbus's `GUID_RDMA_INTERFACE_VERBS` query and the thunks around the HCA's
+//!   entries, over `ibcm_qp1_hook`.
 //! - [`wdf`]: structure sizes, object attributes and typed contexts (wdk-sys has no
 //!   `WDF_*_INIT` helpers or `WDF_DECLARE_CONTEXT_TYPE`).
 //!
@@ -36,6 +39,7 @@ mod device;
 mod driver;
 mod ibal;
 mod platform;
+mod verbs_hook;
 mod wdf;
 
 use wdk_sys::{NTSTATUS, PCUNICODE_STRING, PDRIVER_OBJECT};
