@@ -18,6 +18,9 @@
 //!   clock, the one timer, the current thread.
 //! - [`ibal`]: the WinOF access layer (IBAL) of one HCA, queried in-stack: PnP, the QP1 MAD
 //!   service per port, receive into the host's ring, send.
+//! - [`verbs_hook`]: the QP1 verbs hook on a stock WinOF host (issue #19): the verbs-table
+//!   patch on ibbus's `GUID_RDMA_INTERFACE_VERBS` query and the thunks around the HCA's
+//!   entries, over `ibcm_qp1_hook`.
 //! - [`wdf`]: structure sizes, object attributes and typed contexts (wdk-sys has no
 //!   `WDF_*_INIT` helpers or `WDF_DECLARE_CONTEXT_TYPE`).
 //!
@@ -41,6 +44,7 @@ mod filter;
 mod host;
 mod ibal;
 mod platform;
+mod verbs_hook;
 mod wdf;
 
 use wdk_sys::{NTSTATUS, PCUNICODE_STRING, PDRIVER_OBJECT};
