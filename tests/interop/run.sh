@@ -3,8 +3,8 @@
 #
 #   tests/interop/run.sh [SCENARIO...]          (as root; default: every scenario)
 #
-# Scenarios: active passive passive-ends reject-ours reject-linux stale retransmit-ours
-# retransmit-linux timing.
+# Scenarios: active passive passive-ends beside-al reject-ours reject-linux stale
+# retransmit-ours retransmit-linux timing.
 #
 # What it does, all of it self-contained and undone on exit (trap):
 # - installs the host packages it needs (qemu-system-x86, busybox-static, cpio, kmod,
@@ -18,6 +18,8 @@
 # - runs each scenario: `ibcm` on the host side of the tap (a RoCEv2 port on a raw socket,
 #   inside the namespace), rdma-core's `cmtime` in the guest, the link captured by
 #   tcpdump and every capture checked by the project's pcap reader (ICRC of every frame);
+#   beside-al runs two CMs on the host node (ibcm's and a stand-in for WinOF AL's, every
+#   received MAD steered by ibcm's engine) and Linux connects to a service of each;
 # - prints a PASS/FAIL line per scenario, the timing comparison, and the total time.
 #
 # Environment: IBCM_INTEROP_N (connections of the bulk scenarios, default 50),
@@ -33,7 +35,8 @@ OUT="${IBCM_INTEROP_OUT:-$repo/target/interop/results}"
 HOST_IP=10.77.0.1
 GUEST_IP=10.77.0.2
 PORT=7471
-ALL_SCENARIOS=(active passive passive-ends retransmit-ours retransmit-linux reject-ours reject-linux stale timing)
+AL_PORT=7472
+ALL_SCENARIOS=(active passive passive-ends beside-al retransmit-ours retransmit-linux reject-ours reject-linux stale timing)
 t_start=$(date +%s.%N)
 
 die() { echo "interop: FAIL: $*" >&2; exit 1; }
@@ -184,6 +187,9 @@ capture_stop() { # capture_stop NAME: stops the capture and checks it with the p
 count() { awk -v f="$2" -v a="$3" '$1=="count" && $2==f && $3==a {print $4; found=1} END {if (!found) print 0}' "$OUT/$1.pcap.txt"; }
 rej_count() { awk -v f="$2" -v r="$3" '$1=="rej" && $2==f && $3==r {print $4; found=1} END {if (!found) print 0}' "$OUT/$1.pcap.txt"; }
 dup_reqs() { awk -v f="$2" '$1=="duplicate-req" && $2==f {print $3; found=1} END {if (!found) print 0}' "$OUT/$1.pcap.txt"; }
+# comm_space NAME FROM ATTR local|remote: "IN/OUT", how many of those comm IDs lie in
+# ibcm's space beside AL (wire byte 2 >= 0xF0) and how many outside it.
+comm_space() { awk -v f="$2" -v a="$3" -v w="$4" '$1=="comm-id" && $2==f && $3==a && $4==w {print $5 "/" $6; found=1} END {if (!found) print "0/0"}' "$OUT/$1.pcap.txt"; }
 pcap_ok() { grep -q '^frames [0-9]* bad 0$' "$OUT/$1.pcap.txt"; }
 
 # ibcm_bg NAME ARGS...: starts ibcm in the namespace, in the background, output to NAME.ibcm.txt.
@@ -267,6 +273,55 @@ scenario_passive() {
 scenario_passive-ends() {
     passive_common passive-ends --disconnect
     check "pcap: $N DREQ from us, DREP from Linux" eq "$(count passive-ends $HOST_IP DREQ)/$(count passive-ends $GUEST_IP DREP)" "$N/$N"
+}
+
+# steer_row FILE ATTR: "ibcm/AL" of the beside-al steering table's row ATTR (3 fields;
+# the counter tables' rows have 5).
+steer_row() { awk -v a="$2" '$1==a && NF==3 {print $2 "/" $3; found=1} END {if (!found) print "0/0"}' "$1"; }
+
+scenario_beside-al() {
+    # Issue #19: one host node carries two CMs, ibcm's (port $PORT) and a stand-in for WinOF
+    # AL's (port $AL_PORT), every received CM MAD steered by ibcm's owner_of; Linux connects
+    # to both services at once.
+    capture_start beside-al
+    ibcm_bg beside-al listen --rocev2 "$HOST_IP" -p "$PORT" --beside-al "$AL_PORT" -C "$N" --wait 60 ||
+        fail "ibcm listen --beside-al did not start"
+    # Both CMs listen before Linux connects (ibcm_bg waits for the first).
+    for _ in $(seq 100); do
+        [ "$(grep -c 'listening on' "$OUT/beside-al.ibcm.txt")" -ge 2 ] && break
+        sleep 0.05
+    done
+    guest 120 "timeout 100 cmtime -s $HOST_IP -p $AL_PORT -c $N > /tmp/al.log 2>&1 & p=\$!; timeout 100 cmtime -s $HOST_IP -p $PORT -c $N; echo ibcm-exit=\$?; wait \$p; echo al-exit=\$?; cat /tmp/al.log" \
+        >"$OUT/beside-al.linux.txt" 2>&1 || fail "guest command failed"
+    ibcm_wait || fail "ibcm listen exited $?"
+    capture_stop beside-al || fail "pcap check"
+    local f="$OUT/beside-al.ibcm.txt" l="$OUT/beside-al.linux.txt" cm a
+    check "Linux cmtime -s to ibcm's service exited 0" has "$l" "ibcm-exit=0"
+    check "Linux cmtime -s to AL's service exited 0" has "$l" "al-exit=0"
+    check "Linux saw no error event" eval "! grep -q 'event: RDMA_CM_EVENT' '$l'"
+    for cm in ibcm AL; do
+        check "$cm: $N REQs served, established and ended" has "$f" \
+            "listen \[$cm\]: $N REQs ($N with an RDMA-CM IP header naming $HOST_IP), $N established, $N ended"
+    done
+    # Each CM got its own REQs, and the RTUs and DREQs naming its comm IDs; nothing else.
+    for a in REQ RTU DREQ; do
+        check "steering: $N $a to ibcm, $N to AL" eq "$(steer_row "$f" "$a")" "$N/$N"
+    done
+    check "steering: no other MAD" eq "$(steer_row "$f" total)" "$((3 * N))/$((3 * N))"
+    check "both CMs: nothing malformed or unmatched" eq "$(grep -c 'malformed 0, unmatched 0' "$f")" 2
+    check "pcap: every frame good" pcap_ok beside-al
+    check "pcap: $((2 * N)) REQ, RTU, DREQ from Linux" \
+        eq "$(count beside-al $GUEST_IP REQ)/$(count beside-al $GUEST_IP RTU)/$(count beside-al $GUEST_IP DREQ)" "$((2 * N))/$((2 * N))/$((2 * N))"
+    check "pcap: $((2 * N)) REP, DREP from us" \
+        eq "$(count beside-al $HOST_IP REP)/$(count beside-al $HOST_IP DREP)" "$((2 * N))/$((2 * N))"
+    # On the wire: each CM answered from its own comm ID space, and Linux's RTUs and DREQs
+    # named IDs of both.
+    for a in REP DREP; do
+        check "pcap: $N $a from ibcm's comm ID space, $N from AL's" eq "$(comm_space beside-al $HOST_IP $a local)" "$N/$N"
+    done
+    for a in RTU DREQ; do
+        check "pcap: $N Linux $a to ibcm's comm IDs, $N to AL's" eq "$(comm_space beside-al $GUEST_IP $a remote)" "$N/$N"
+    done
 }
 
 scenario_retransmit-ours() {
@@ -383,6 +438,11 @@ for s in "${scenarios[@]}"; do
     printf '  %-18s %s  %6s s  %s\n' "$s" "${RESULT[$s]}" "${SECS[$s]}" "${WHY[$s]}"
     [ "${RESULT[$s]}" = PASS ] || failed=$((failed + 1))
 done
+if [ -f "$OUT/beside-al.ibcm.txt" ]; then
+    echo
+    echo "beside-al: per-CM counts on the shared host node (MADs received, by ibcm's owner_of):"
+    awk '/^steering,/ {on=1; next} on && NF==0 {exit} on {print}' "$OUT/beside-al.ibcm.txt"
+fi
 ratio() { if [ -n "${1:-}" ] && [ -n "${2:-}" ] && [ "$(echo "$2 > 0" | bc)" = 1 ]; then printf '%.2f' "$(echo "$1 / $2" | bc -l)"; else echo "n/a"; fi; }
 if [ -n "${TIMING[linux_to_linux_connect]:-}" ]; then
     echo

@@ -6,8 +6,11 @@
 //! 0x80010000, source QP 1) with a right IPv4 header checksum and a right ICRC, carrying
 //! a CM MAD that the codec parses. Prints one line per frame, then per sender the count of
 //! each attribute (`count FROM ATTR N`), the REJ reasons (`rej FROM REASON N`), the REQs
-//! that repeat an earlier one's comm ID and CA GUID (`duplicate-req FROM N`) and a final
-//! `frames N bad 0` line. Exits 1 if any frame is bad.
+//! that repeat an earlier one's comm ID and CA GUID (`duplicate-req FROM N`), how many of
+//! each attribute's LocalCommIDs and RemoteCommIDs lie in ibcm's comm ID space beside
+//! WinOF AL (`CmConfig::BESIDE_WINOF_AL`, wire byte 2 >= 0xF0) and how many outside it
+//! (`comm-id FROM ATTR local|remote IN OUT`, issue #19), and a final `frames N bad 0`
+//! line. Exits 1 if any frame is bad.
 //!
 //!     cargo run -p ibcm-host --example rocev2_pcap -- FILE [--quiet]
 
@@ -15,10 +18,27 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::net::Ipv4Addr;
 use std::process::ExitCode;
 
+use ibcm_cep::CmConfig;
 use ibcm_host::pcap::{
     BTH_UD_SEND_ONLY, LINKTYPE_ETHERNET, QP1_QKEY, ROCEV2_PORT, parse_rocev2, read_pcap,
 };
 use ibcm_mad::{CmMad, CmMessage};
+
+/// The LocalCommID and, but for a REQ, the RemoteCommID of a connection message.
+fn comm_ids(m: &CmMessage<'_>) -> Option<(u32, Option<u32>)> {
+    let both = |l, r| Some((l, Some(r)));
+    match m {
+        CmMessage::Req(r) => Some((r.local_comm_id, None)),
+        CmMessage::Mra(m) => both(m.local_comm_id, m.remote_comm_id),
+        CmMessage::Rej(m) => both(m.local_comm_id, m.remote_comm_id),
+        CmMessage::Rep(m) => both(m.local_comm_id, m.remote_comm_id),
+        CmMessage::Rtu(m) | CmMessage::Drep(m) => both(m.local_comm_id, m.remote_comm_id),
+        CmMessage::Dreq(m) => both(m.local_comm_id, m.remote_comm_id),
+        CmMessage::Lap(m) => both(m.local_comm_id, m.remote_comm_id),
+        CmMessage::Apr(m) => both(m.local_comm_id, m.remote_comm_id),
+        CmMessage::SidrReq(_) | CmMessage::SidrRep(_) | CmMessage::ClassPortInfo(_) => None,
+    }
+}
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -54,6 +74,9 @@ fn main() -> ExitCode {
     let mut reqs_seen: BTreeSet<(u32, u64)> = BTreeSet::new();
     let mut dup_reqs: BTreeMap<Ipv4Addr, usize> = BTreeMap::new();
     let mut ip_ids: BTreeMap<Ipv4Addr, (usize, usize)> = BTreeMap::new();
+    // (sender, attribute, field) -> (in ibcm's space beside AL, outside it).
+    let mut spaces: BTreeMap<(Ipv4Addr, String, &str), (usize, usize)> = BTreeMap::new();
+    let beside_al = CmConfig::new(0, [0; 32]).with_comm_id_pattern(CmConfig::BESIDE_WINOF_AL);
     let t0 = pcap.packets.first().map_or(0, |p| p.ts_ns);
     for (i, p) in pcap.packets.iter().enumerate() {
         let f = match parse_rocev2(&p.data) {
@@ -94,6 +117,17 @@ fn main() -> ExitCode {
             Ok(mad) => {
                 let attr = format!("{:?}", mad.message.attribute_id()).to_uppercase();
                 *counts.entry((src, attr.clone())).or_default() += 1;
+                if let Some((local, remote)) = comm_ids(&mad.message) {
+                    for (field, id) in [("local", Some(local)), ("remote", remote)] {
+                        let Some(id) = id else { continue };
+                        let e = spaces.entry((src, attr.clone(), field)).or_default();
+                        if beside_al.is_local_comm_id(id) {
+                            e.0 += 1;
+                        } else {
+                            e.1 += 1;
+                        }
+                    }
+                }
                 let detail = match mad.message {
                     CmMessage::Req(r) => {
                         if !reqs_seen.insert((r.local_comm_id, r.local_ca_guid)) {
@@ -150,6 +184,9 @@ fn main() -> ExitCode {
     }
     for (src, n) in &dup_reqs {
         println!("duplicate-req {src} {n}");
+    }
+    for ((src, attr, field), (inside, outside)) in &spaces {
+        println!("comm-id {src} {attr} {field} {inside} {outside}");
     }
     for (src, (n, zero)) in &ip_ids {
         println!("ip-id {src} frames {n} zero {zero}");

@@ -19,6 +19,7 @@ use ibcm_mad::MAD_SIZE;
 
 use crate::clock::Clock;
 use crate::node::Node;
+use crate::steering::SharedPort;
 use crate::wake::Wake;
 
 /// The CA GUID of node `i`.
@@ -180,6 +181,8 @@ pub struct Fabric {
     /// When set, every delivered MAD is captured here (for pcap).
     pub capture: Option<Vec<Captured>>,
     wake: Arc<Wake>,
+    /// Ports two CMs share (node index of ibcm's, the port): MADs to them are steered.
+    shared: Vec<(usize, Arc<SharedPort>)>,
     link: Link,
     seq: u64,
     rng: Rng,
@@ -219,10 +222,30 @@ impl Fabric {
             delivered: 0,
             capture: None,
             wake,
+            shared: Vec::new(),
             link: Link::default(),
             seq: 0,
             rng: Rng(seed ^ 0x5EED_F00D),
         }
+    }
+
+    /// Makes node `i`'s port one that two CMs share, as on a WinOF host (issue #19):
+    /// node `i` becomes ibcm's engine (its configuration, comm IDs beside AL's) and a new
+    /// last node at the same address the stand-in for AL's CM; every MAD to the address
+    /// is steered between them ([`SharedPort`]). Call it before node `i` is used.
+    pub fn share_port(&mut self, i: usize) -> Option<Arc<SharedPort>> {
+        let old = self.nodes.get_mut(i)?;
+        let config = old.device.with_engine(|cm| *cm.config());
+        let shared = Arc::new(SharedPort::new(
+            config,
+            old.address,
+            Arc::clone(&self.clock),
+            Arc::clone(&self.wake),
+        ));
+        *old = Arc::clone(shared.ibcm());
+        self.nodes.push(Arc::clone(shared.al()));
+        self.shared.push((i, Arc::clone(&shared)));
+        Some(shared)
     }
 
     /// Now.
@@ -242,7 +265,7 @@ impl Fabric {
                 let Some(to) = self.nodes.iter().position(|n| n.address.lid == t.dest.lid) else {
                     continue;
                 };
-                let from = node_address(i);
+                let from = node.address;
                 let f = self.faults;
                 if self.rng.chance(f.loss) {
                     self.fault_counts.lost += 1;
@@ -337,7 +360,10 @@ impl Fabric {
                         mad: m.mad,
                     }));
                 }
-                node.receive_batch(mads.map(|m| (&m.from, &m.mad[..])));
+                match self.shared.iter().find(|(at, _)| *at == to) {
+                    Some((_, port)) => mads.for_each(|m| port.receive(&m.from, &m.mad)),
+                    None => node.receive_batch(mads.map(|m| (&m.from, &m.mad[..]))),
+                }
                 self.delivered += n as u64;
             }
             for &slot in slots {

@@ -13,6 +13,8 @@
 //!   DETH / MAD / ICRC).
 //! - [`pcap`] writes what the fabric captured as RoCEv2 frames in a pcap file.
 //! - [`rocev2`] (Linux) puts a node on a real link: QP1 over UDP 4791, on a raw socket.
+//! - [`SharedPort`] carries two CMs on one port, ibcm's and a stand-in for WinOF AL's,
+//!   every received MAD steered by ibcm's engine (issue #19).
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
@@ -23,6 +25,7 @@ pub mod pcap;
 mod platform;
 #[cfg(target_os = "linux")]
 pub mod rocev2;
+mod steering;
 mod trace;
 pub mod verifier;
 mod wake;
@@ -32,5 +35,6 @@ pub use clock::Clock;
 pub use fabric::{Captured, Fabric, FaultCounts, Faults, Realtime, node_address, node_guid};
 pub use node::{DpcTimes, Node, file_key};
 pub use platform::{CompletionHook, HostLock, HostPlatform, HostRequest};
+pub use steering::{AL_STAND_IN, STEER_ROWS, SharedPort, SteerCounts};
 pub use trace::{TRACING, TracingSink};
 pub use wake::Wake;

@@ -4,7 +4,7 @@
 use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
-use ibcm_cep::{CmConfig, MadAddress};
+use ibcm_cep::{CmConfig, MadAddress, MadOwner};
 use ibcm_endpoint::{Device, FileId};
 
 use crate::clock::Clock;
@@ -214,6 +214,15 @@ impl Node {
     /// A MAD arrives from `src` (DISPATCH_LEVEL).
     pub fn receive(&self, src: &MadAddress, mad: &[u8]) {
         self.in_driver(|| at_dispatch(&self.platform.ledger, || self.device.receive(src, mad)));
+    }
+
+    /// Whose a MAD received on `port` is, by this node's engine: the QP1 steering decision
+    /// beside another CM ([`ibcm_cep::CmManager::owner_of`], issue #19), made at
+    /// DISPATCH_LEVEL as in the QP1 completion path.
+    pub fn owner_of(&self, port: u8, mad: &[u8]) -> MadOwner {
+        at_dispatch(&self.platform.ledger, || {
+            self.device.with_engine(|cm| cm.owner_of(port, mad))
+        })
     }
 
     /// MADs arrive together, as one QP1 completion pass hands them up (DISPATCH_LEVEL).

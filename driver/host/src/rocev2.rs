@@ -23,8 +23,13 @@
 //! a 1024-byte MTU (what rxe reports). Sends are refused (and counted) for any destination
 //! outside the local address's subnet: this port only ever talks on its own link.
 //!
-//! Threads: a receive thread per port feeds [`Node::receive`]; a transmit/timer thread
-//! drains the node's outbox to the socket and fires the device timer on the real clock.
+//! Beside AL ([`RoceConfig::beside_al`]) the port carries two CMs, ibcm's and a stand-in
+//! for WinOF AL's ([`SharedPort`]): every MAD received goes to the one ibcm's engine names
+//! ([`SharedPort::receive`]), and both send through the port.
+//!
+//! Threads: a receive thread per port feeds [`Node::receive`] (or the shared port's
+//! steering); a transmit/timer thread drains the nodes' outboxes to the socket and fires
+//! their device timers on the real clock.
 
 use std::io;
 use std::net::{Ipv4Addr, Ipv6Addr, SocketAddrV4, UdpSocket};
@@ -40,6 +45,7 @@ use socket2::{Domain, Protocol, SockAddr, Socket, Type};
 
 use crate::clock::Clock;
 use crate::node::Node;
+use crate::steering::SharedPort;
 use crate::wake::Wake;
 pub use crate::wire::{
     BTH_LEN, DETH_LEN, Decoded, DropReason, Framing, ICRC_LEN, IPV4_HEADER_LEN, PACKET_LEN,
@@ -149,6 +155,9 @@ pub struct RoceConfig {
     pub seed: Option<u64>,
     /// Fault injection.
     pub faults: RoceFaults,
+    /// Carry a second CM on the port beside ibcm's, standing in for WinOF AL's, with
+    /// every received MAD steered between them by ibcm's engine ([`SharedPort`]).
+    pub beside_al: bool,
 }
 
 impl RoceConfig {
@@ -161,6 +170,7 @@ impl RoceConfig {
             mac: None,
             seed: None,
             faults: RoceFaults::default(),
+            beside_al: false,
         }
     }
 
@@ -267,6 +277,7 @@ impl RoceStats {
 /// A running RoCEv2 port: a node of the in-process driver on a real link.
 pub struct RocePort {
     node: Arc<Node>,
+    shared: Option<Arc<SharedPort>>,
     config: RoceConfig,
     guid: u64,
     stats: Arc<RoceStats>,
@@ -328,20 +339,33 @@ impl RocePort {
         rng_seed[8..16].copy_from_slice(&guid.to_le_bytes());
         let clock = Arc::new(Clock::real());
         let wake = Arc::new(Wake::default());
-        let node = Arc::new(Node::new(
-            CmConfig::new(guid, rng_seed),
-            roce_address(config.local, DEFAULT_PKEY),
-            clock,
-            Arc::clone(&wake),
-        ));
+        let cm = CmConfig::new(guid, rng_seed);
+        let address = roce_address(config.local, DEFAULT_PKEY);
+        let shared = config.beside_al.then(|| {
+            Arc::new(SharedPort::new(
+                cm,
+                address,
+                Arc::clone(&clock),
+                Arc::clone(&wake),
+            ))
+        });
+        let node = match &shared {
+            Some(s) => Arc::clone(s.ibcm()),
+            None => Arc::new(Node::new(cm, address, clock, Arc::clone(&wake))),
+        };
+        let nodes: Vec<Arc<Node>> = match &shared {
+            Some(s) => s.nodes().into_iter().cloned().collect(),
+            None => vec![Arc::clone(&node)],
+        };
         let raw = Arc::new(raw);
         let stats = Arc::new(RoceStats::default());
         let stop = Arc::new(AtomicBool::new(false));
         let faults = Arc::new(Mutex::new(config.faults.clone()));
         let mut threads = Vec::new();
         {
-            let (node, raw, stats, stop, faults) = (
+            let (node, shared, raw, stats, stop, faults) = (
                 Arc::clone(&node),
+                shared.clone(),
                 Arc::clone(&raw),
                 Arc::clone(&stats),
                 Arc::clone(&stop),
@@ -351,28 +375,34 @@ impl RocePort {
             threads.push(
                 std::thread::Builder::new()
                     .name("ibcm-rocev2-rx".into())
-                    .spawn(move || receive_loop(&node, &raw, local, &stats, &stop, &faults))?,
+                    .spawn(move || {
+                        receive_loop(
+                            &node,
+                            shared.as_deref(),
+                            &raw,
+                            local,
+                            &stats,
+                            &stop,
+                            &faults,
+                        );
+                    })?,
             );
         }
         {
-            let (node, stats, stop, wake) = (
-                Arc::clone(&node),
-                Arc::clone(&stats),
-                Arc::clone(&stop),
-                Arc::clone(&wake),
-            );
+            let (stats, stop, wake) = (Arc::clone(&stats), Arc::clone(&stop), Arc::clone(&wake));
             let cfg = config.clone();
             let id_seed = (seed as u16) | 1;
             threads.push(
                 std::thread::Builder::new()
                     .name("ibcm-rocev2-tx".into())
                     .spawn(move || {
-                        transmit_loop(&node, &raw, &cfg, &stats, &stop, &wake, &faults, id_seed);
+                        transmit_loop(&nodes, &raw, &cfg, &stats, &stop, &wake, &faults, id_seed);
                     })?,
             );
         }
         Ok(Self {
             node,
+            shared,
             config,
             guid,
             stats,
@@ -383,9 +413,15 @@ impl RocePort {
         })
     }
 
-    /// The node (open it with the user library's `Provider::in_process`).
+    /// The node (open it with the user library's `Provider::in_process`); beside AL,
+    /// ibcm's.
     pub fn node(&self) -> Arc<Node> {
         Arc::clone(&self.node)
+    }
+
+    /// The two CMs and their steering counts, beside AL ([`RoceConfig::beside_al`]).
+    pub fn shared(&self) -> Option<&Arc<SharedPort>> {
+        self.shared.as_ref()
     }
 
     /// The CA GUID.
@@ -430,6 +466,7 @@ impl Drop for RocePort {
 
 fn receive_loop(
     node: &Node,
+    shared: Option<&SharedPort>,
     raw: &Socket,
     local: Ipv4Addr,
     stats: &RoceStats,
@@ -457,8 +494,9 @@ fn receive_loop(
             }
         };
         let Some(packet) = buf.get(..n) else { continue };
-        receive_packet(packet, local, stats, faults, |src, mad| {
-            node.receive(src, mad)
+        receive_packet(packet, local, stats, faults, |src, mad| match shared {
+            Some(s) => s.receive(src, mad),
+            None => node.receive(src, mad),
         });
     }
 }
@@ -524,7 +562,7 @@ pub fn receive_packet(
 
 #[allow(clippy::too_many_arguments)]
 fn transmit_loop(
-    node: &Node,
+    nodes: &[Arc<Node>],
     raw: &Socket,
     cfg: &RoceConfig,
     stats: &RoceStats,
@@ -538,11 +576,13 @@ fn transmit_loop(
     let udp_src = 0xc000 | (id_seed & 0x3fff);
     loop {
         let stopping = stop.load(Ordering::Acquire);
-        let now = node.platform.now();
-        if node.platform.timer().is_some_and(|t| t <= now) {
-            node.fire_timer();
+        for node in nodes {
+            let now = node.platform.now();
+            if node.platform.timer().is_some_and(|t| t <= now) {
+                node.fire_timer();
+            }
         }
-        for t in node.platform.take_sent() {
+        for t in nodes.iter().flat_map(|n| n.platform.take_sent()) {
             let Some(dst) = gid_ipv4(&t.dest.gid).filter(|a| cfg.on_link(*a)) else {
                 RoceStats::bump(&stats.refused);
                 continue;
@@ -582,13 +622,16 @@ fn transmit_loop(
         if stopping {
             return;
         }
-        let now = node.platform.now();
-        let wait = node
-            .platform
-            .timer()
-            .map_or(Duration::from_millis(50), |t| {
-                Duration::from_nanos(t.as_nanos().saturating_sub(now.as_nanos()))
+        let wait = nodes
+            .iter()
+            .filter_map(|n| {
+                let now = n.platform.now();
+                n.platform
+                    .timer()
+                    .map(|t| Duration::from_nanos(t.as_nanos().saturating_sub(now.as_nanos())))
             })
+            .min()
+            .unwrap_or(Duration::from_millis(50))
             .min(Duration::from_millis(50));
         if !wait.is_zero() {
             wake.wait(wait);

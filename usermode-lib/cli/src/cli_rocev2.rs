@@ -4,7 +4,11 @@
 //! - `ibcm cmtime --rocev2 A --peer B -c N`: the client of a Linux `cmtime -b B` server;
 //! - `ibcm listen --rocev2 A -p 7471 -C N`: the server of a Linux `cmtime -s A -c N`;
 //! - `ibcm connect --rocev2 A --peer B -p PORT -C N`: N connections one after the other,
-//!   each held until all were tried, then all disconnected.
+//!   each held until all were tried, then all disconnected;
+//! - `ibcm listen --rocev2 A -p 7471 --beside-al 7472 -C N`: two CMs on the node, ibcm's
+//!   serving port 7471 and a stand-in for WinOF AL's serving port 7472, every received MAD
+//!   steered by ibcm's engine (issue #19); each serves N connections, and the steering
+//!   counts say which CM got which MADs.
 //!
 //! Connections are RDMA-CM's: TCP port-space service IDs and the Annex A11 IP header in
 //! the REQ's private data.
@@ -100,6 +104,18 @@ pub struct RoceArgs {
     /// peer's DREQ is awaited and answered).
     #[arg(long, requires = "rocev2", help_heading = "RoCEv2 link")]
     pub disconnect: bool,
+    /// listen: carry a second CM on this node beside ibcm's, standing in for WinOF AL's,
+    /// serving RDMA-CM TCP port AL_PORT (as many connections, ended the same way); every
+    /// received CM MAD goes to the CM ibcm's steering decision names, as on a WinOF host
+    /// where AL's CM keeps QP1. ibcm's comm IDs then have wire byte 2 >= 0xF0, the
+    /// stand-in's <= 0x0F.
+    #[arg(
+        long,
+        value_name = "AL_PORT",
+        requires = "rocev2",
+        help_heading = "RoCEv2 link"
+    )]
+    pub beside_al: Option<u16>,
 }
 
 #[cfg(target_os = "linux")]
@@ -110,10 +126,11 @@ mod imp {
     use ibcm_cli::exchange::Service;
     use ibcm_cli::rocev2::{
         self, ConnectConfig, ConnectReport, Ending, Roce, RoceConfig, RoceFaults, ServeConfig,
-        StepTimes, Timing,
+        ServeReport, StepTimes, Timing,
     };
+    use ibcm_host::{STEER_ROWS, SteerCounts};
 
-    use super::super::{CmtimeArgs, ExchangeArgs, FabricArgs, Failure};
+    use super::super::{ATTRIBUTES, CmtimeArgs, ExchangeArgs, FabricArgs, Failure};
     use super::{CMTIME_PORT, RoceArgs, attribute_name};
 
     impl RoceArgs {
@@ -145,6 +162,7 @@ mod imp {
                     drop_tx: self.drop_tx.clone(),
                     drop_rx: self.drop_rx.clone(),
                 },
+                beside_al: self.beside_al.is_some(),
                 ..RoceConfig::new(local)
             };
             let roce = Roce::start(&config).map_err(Failure)?;
@@ -155,6 +173,14 @@ mod imp {
                 faults_text(&config.faults)
             );
             Ok(Some(roce))
+        }
+
+        /// Refuses `--beside-al` where it does nothing (cmtime, connect).
+        fn only_listen_beside_al(&self) -> Result<(), Failure> {
+            match self.beside_al {
+                Some(_) => Err(Failure("--beside-al is for `ibcm listen`".into())),
+                None => Ok(()),
+            }
         }
 
         fn peer(&self) -> Result<Ipv4Addr, Failure> {
@@ -178,8 +204,28 @@ mod imp {
         }
     }
 
-    /// Prints the link's counts and the driver's counters; false if the host verifier saw
-    /// a rule broken.
+    /// Prints which CM the steering gave each kind of MAD to (beside AL).
+    fn print_steering(c: &SteerCounts) {
+        println!();
+        println!("steering, by ibcm's owner_of (MADs received: steered to ibcm, passed to AL):");
+        println!("  {:<14} {:>10} {:>10}", "attribute", "ibcm", "AL");
+        for row in 0..STEER_ROWS {
+            let (ours, theirs) = (c.steered[row], c.passed[row]);
+            if ours + theirs == 0 {
+                continue;
+            }
+            let name = ATTRIBUTES.get(row).copied().unwrap_or("other");
+            println!("  {name:<14} {ours:>10} {theirs:>10}");
+        }
+        println!(
+            "  total          {:>10} {:>10}",
+            c.steered.iter().sum::<u64>(),
+            c.passed.iter().sum::<u64>()
+        );
+    }
+
+    /// Prints the link's counts and the driver's counters (beside AL: the steering counts
+    /// and both CMs' counters); false if the host verifier saw a rule broken.
     fn print_link(roce: &Roce) -> bool {
         let c = roce.port.counts();
         println!(
@@ -193,8 +239,20 @@ mod imp {
             c.fault_tx,
             c.fault_rx
         );
-        super::super::print_counters(&[("this node (rocev2)", &roce.provider)]);
-        let violations = roce.port.node().violations();
+        match (roce.port.shared(), &roce.al) {
+            (Some(shared), Some(al)) => {
+                print_steering(&shared.counts());
+                super::super::print_counters(&[
+                    ("ibcm's CM (rocev2)", &roce.provider),
+                    ("AL stand-in (rocev2)", al),
+                ]);
+            }
+            _ => super::super::print_counters(&[("this node (rocev2)", &roce.provider)]),
+        }
+        let mut violations = roce.port.node().violations();
+        if let Some(shared) = roce.port.shared() {
+            violations.extend(shared.al().violations());
+        }
         if !violations.is_empty() {
             println!("verifier: {violations:?}");
         }
@@ -262,6 +320,7 @@ mod imp {
 
     /// `ibcm cmtime --rocev2`: the client of an RDMA-CM server (Linux `cmtime -b`).
     pub fn cmtime(a: &CmtimeArgs) -> Result<Option<bool>, Failure> {
+        a.roce.only_listen_beside_al()?;
         let Some(roce) = a.roce.start(&a.fabric)? else {
             return Ok(None);
         };
@@ -303,8 +362,35 @@ mod imp {
         ))
     }
 
+    /// Prints what a server did; whether it served `count` connections to their end.
+    fn print_served(
+        who: &str,
+        r: &ServeReport,
+        cfg: &ServeConfig,
+        local: Ipv4Addr,
+        count: usize,
+    ) -> bool {
+        println!(
+            "{who}: {} REQs ({} with an RDMA-CM IP header naming {local}), {} established, {} ended ({}), in {:.3} s",
+            r.requests,
+            r.ip_headers,
+            r.established,
+            r.completed,
+            match cfg.ending {
+                Ending::Peer => "by the peer's DREQ",
+                Ending::Us => "by our DREQ",
+            },
+            r.wall.as_secs_f64()
+        );
+        print_failures(&r.failures, &r.rejections);
+        r.requests == count && r.completed == count
+    }
+
     /// `ibcm listen --rocev2` / `ibcm connect --rocev2`.
     pub fn exchange(a: &ExchangeArgs, listen: bool) -> Result<Option<bool>, Failure> {
+        if !listen {
+            a.roce.only_listen_beside_al()?;
+        }
         let Some(roce) = a.roce.start(&a.fabric)? else {
             return Ok(None);
         };
@@ -315,9 +401,12 @@ mod imp {
         };
         let side = if listen { "listen" } else { "connect" };
         let start = std::time::Instant::now();
-        let log = move |line: String| {
-            println!("[{:>10.6}] {side}: {line}", start.elapsed().as_secs_f64());
+        let log_as = move |side: &'static str| {
+            move |line: String| {
+                println!("[{:>10.6}] {side}: {line}", start.elapsed().as_secs_f64());
+            }
         };
+        let log = log_as(side);
         let wait = Duration::from_secs(a.wait as u64);
         let ok = if listen {
             let cfg = ServeConfig {
@@ -331,22 +420,38 @@ mod imp {
                 },
                 qpn_base: 0x2000,
             };
-            let r = rocev2::serve(&roce, &cfg, &log)?;
-            println!(
-                "listen: {} REQs ({} with an RDMA-CM IP header naming {}), {} established, {} ended ({}), in {:.3} s",
-                r.requests,
-                r.ip_headers,
-                roce.port.local(),
-                r.established,
-                r.completed,
-                match cfg.ending {
-                    Ending::Peer => "by the peer's DREQ",
-                    Ending::Us => "by our DREQ",
-                },
-                r.wall.as_secs_f64()
-            );
-            print_failures(&r.failures, &r.rejections);
-            r.requests == a.count && r.completed == a.count
+            let local = roce.port.local();
+            match (a.roce.beside_al, &roce.al) {
+                (Some(al_port), Some(al)) => {
+                    // The stand-in's QPNs differ from ibcm's: one CA, so a peer checking
+                    // (CA GUID, QPN) for stale connections sees them as distinct.
+                    let al_cfg = ServeConfig {
+                        service_id: Service::Port(al_port).service_id(),
+                        qpn_base: 0x3000,
+                        ..cfg
+                    };
+                    println!(
+                        "beside-al: two CMs on this node: ibcm's serves {service} (comm IDs with wire byte 2 >= 0xF0), \
+                         AL's stand-in serves {} (wire byte 2 <= 0x0F); every MAD received is steered by ibcm's owner_of",
+                        Service::Port(al_port)
+                    );
+                    let (ibcm_log, al_log) = (log_as("listen [ibcm]"), log_as("listen [AL]"));
+                    let (ours, theirs) = std::thread::scope(|s| {
+                        let theirs = s.spawn(|| rocev2::serve(al, local, &al_cfg, &al_log));
+                        let ours = rocev2::serve(&roce.provider, local, &cfg, &ibcm_log);
+                        (ours, theirs.join())
+                    });
+                    let theirs =
+                        theirs.map_err(|_| Failure("the AL stand-in's server panicked".into()))?;
+                    let ours_ok = print_served("listen [ibcm]", &ours?, &cfg, local, a.count);
+                    let theirs_ok = print_served("listen [AL]", &theirs?, &al_cfg, local, a.count);
+                    ours_ok && theirs_ok
+                }
+                _ => {
+                    let r = rocev2::serve(&roce.provider, local, &cfg, &log)?;
+                    print_served("listen", &r, &cfg, local, a.count)
+                }
+            }
         } else {
             let peer = a.roce.peer()?;
             let cfg = ConnectConfig {

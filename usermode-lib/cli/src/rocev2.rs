@@ -14,6 +14,9 @@
 //!   their teardown; every step timed.
 //! - [`serve`]: the passive side, accepting every REQ as it comes (as `cmtime -b` does),
 //!   ending each connection when the peer sends its DREQ or, on request, by sending ours.
+//!
+//! Beside AL ([`RoceConfig::beside_al`]) the node carries a second CM, a stand-in for
+//! WinOF AL's, with a provider of its own ([`Roce::al`]): each serves its own services.
 
 use std::collections::BTreeMap;
 use std::net::{IpAddr, Ipv4Addr};
@@ -42,8 +45,10 @@ pub const CMTIME_PORT: u16 = 7471;
 pub struct Roce {
     /// The port (counters, GUID, addresses).
     pub port: RocePort,
-    /// The provider.
+    /// The provider (beside AL, on ibcm's CM).
     pub provider: Provider,
+    /// Beside AL, a provider on the AL stand-in's CM.
+    pub al: Option<Provider>,
 }
 
 impl Roce {
@@ -60,7 +65,11 @@ impl Roce {
             }
         })?;
         let provider = Provider::in_process(port.node()).map_err(|e| e.to_string())?;
-        Ok(Self { port, provider })
+        let al = match port.shared() {
+            Some(s) => Some(Provider::in_process(Arc::clone(s.al())).map_err(|e| e.to_string())?),
+            None => None,
+        };
+        Ok(Self { port, provider, al })
     }
 }
 
@@ -467,11 +476,16 @@ struct ServeShared {
     live: Mutex<BTreeMap<usize, ConnectEndpoint>>,
 }
 
-/// The passive side: listens on `cfg.service_id` and serves `cfg.count` connections as
-/// their REQs come (all at once if they come at once).
-pub fn serve(roce: &Roce, cfg: &ServeConfig, log: &(dyn Fn(String) + Sync)) -> Result<ServeReport> {
-    let local = roce.port.local();
-    let listener = roce.provider.listen(&ListenParams {
+/// The passive side, on `provider` of the node at `local`: listens on `cfg.service_id`
+/// and serves `cfg.count` connections as their REQs come (all at once if they come at
+/// once).
+pub fn serve(
+    provider: &Provider,
+    local: Ipv4Addr,
+    cfg: &ServeConfig,
+    log: &(dyn Fn(String) + Sync),
+) -> Result<ServeReport> {
+    let listener = provider.listen(&ListenParams {
         service_id: cfg.service_id,
         service_mask: u64::MAX,
         port: None,

@@ -30,7 +30,8 @@ fn exchange(net: u8, count: usize, ending: Ending, client_faults: RoceFaults) {
     let served = std::thread::scope(|s| {
         let h = s.spawn(|| {
             rocev2::serve(
-                &server,
+                &server.provider,
+                b,
                 &ServeConfig {
                     service_id: IpServiceId::tcp(7471).to_service_id(),
                     count,
@@ -96,4 +97,67 @@ fn sends_off_the_link_are_refused() {
     let c = client.port.counts();
     assert_eq!(c.sent, 0, "{c:?}");
     assert!(c.refused >= 1, "{c:?}");
+}
+
+/// Issue #19 on a real socket: the server's port carries ibcm's CM and the AL stand-in
+/// (`RoceConfig::beside_al`), the client connects to a service of each at once, and every
+/// MAD the port receives reaches the CM whose service or comm ID it names.
+#[test]
+fn two_cms_beside_al_share_one_port() {
+    let (a, b) = (Ipv4Addr::new(127, 0, 95, 1), Ipv4Addr::new(127, 0, 95, 2));
+    let count = 8;
+    let server = Roce::start(&RoceConfig {
+        guid: Some(0x0200_00ff_fe00_0005),
+        seed: Some(5),
+        beside_al: true,
+        ..RoceConfig::new(b)
+    })
+    .unwrap_or_else(|e| panic!("{e}: this test opens raw sockets (run it as root)"));
+    let client = port(a, 0x0200_00ff_fe00_0004, RoceFaults::default());
+    let al = server.al.as_ref().expect("a provider on the AL stand-in");
+    let serve_cfg = |port: u16, qpn_base| ServeConfig {
+        service_id: IpServiceId::tcp(port).to_service_id(),
+        count,
+        wait: Duration::from_secs(20),
+        ending: Ending::Peer,
+        qpn_base,
+    };
+    let connect = |port: u16, qpn_base| {
+        let mut cfg = ConnectConfig::new(b, port, count);
+        cfg.qpn_base = qpn_base;
+        cfg.timing.cm_response_timeout = 14;
+        cfg.deadline = Duration::from_secs(20);
+        cfg
+    };
+    let (to_ibcm, to_al) = (connect(7471, 0x1000), connect(7472, 0x5000));
+    let quiet = |_: String| {};
+    let (ours, theirs) = std::thread::scope(|s| {
+        let ours = s.spawn(|| rocev2::serve(&server.provider, b, &serve_cfg(7471, 0x2000), &quiet));
+        let theirs = s.spawn(|| rocev2::serve(al, b, &serve_cfg(7472, 0x3000), &quiet));
+        std::thread::sleep(Duration::from_millis(200));
+        let to_al = s.spawn(|| rocev2::connect(&client, &to_al, &quiet));
+        let r = rocev2::connect(&client, &to_ibcm, &quiet);
+        for r in [r, to_al.join().unwrap()] {
+            assert_eq!((r.established, r.disconnected), (count, count), "{r:?}");
+        }
+        (
+            ours.join().unwrap().unwrap(),
+            theirs.join().unwrap().unwrap(),
+        )
+    });
+    for r in [&ours, &theirs] {
+        assert_eq!((r.requests, r.completed), (count, count), "{r:?}");
+        assert!(r.failures.is_empty(), "{r:?}");
+    }
+    let shared = server.port.shared().expect("a shared port");
+    let c = shared.counts();
+    // REQ, RTU, DREQ at counter slots 0, 4, 5: `count` of each to each CM, nothing else.
+    let mut each = [0u64; ibcm_host::STEER_ROWS];
+    for row in [0, 4, 5] {
+        each[row] = count as u64;
+    }
+    assert_eq!((c.steered, c.passed), (each, each), "{c:?}");
+    for node in shared.nodes() {
+        assert_eq!(node.violations(), vec![]);
+    }
 }
