@@ -228,10 +228,10 @@ pub trait Vacancy: Sized {
 pub type Retired = Vec<(u32, Vec<u32>)>;
 
 impl<T: Vacancy> ChunkedVec<T> {
-    /// Retires every full chunk (but the one `push` fills) whose slots are all vacant,
-    /// appending each with its generations to `retired` (PASSIVE_LEVEL: allocates those
-    /// lists); returns how many it retired.
-    pub fn retire_vacant(&mut self, retired: &mut Retired) -> usize {
+    /// Retires every full chunk (but the one `push` fills, and the first `keep` found)
+    /// whose slots are all vacant, appending each with its generations to `retired`
+    /// (PASSIVE_LEVEL: allocates those lists); returns how many it retired.
+    pub fn retire_vacant(&mut self, retired: &mut Retired, mut keep: usize) -> usize {
         let mut n = 0;
         for c in 0..self.len / CHUNK {
             // The owner's count first (O(1)); then every slot, to be sure.
@@ -240,6 +240,10 @@ impl<T: Vacancy> ChunkedVec<T> {
                     ch.len() == CHUNK && ch.iter().all(|s| s.vacant_generation().is_some())
                 });
             if !vacant || retired.try_reserve(1).is_err() {
+                continue;
+            }
+            if keep > 0 {
+                keep -= 1;
                 continue;
             }
             let mut generations = Vec::new();

@@ -225,7 +225,9 @@ impl HostPlatform {
         let mut next =
             std::mem::take(&mut *self.spare.lock().unwrap_or_else(PoisonError::into_inner));
         let want = (outbox.len() * 2).max(outbox.capacity()).max(OUTBOX_ROOM);
-        next.reserve(want);
+        // Exactly: `reserve` may double, and the two buffers would then outgrow each
+        // other without end, swap after swap.
+        next.reserve_exact(want);
         std::mem::replace(&mut *outbox, next)
     }
 

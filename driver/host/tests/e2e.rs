@@ -951,3 +951,49 @@ fn the_drivers_memory_returns_to_its_baseline_after_a_peak() {
     }
     close_clean(&fabric, fa, fb);
 }
+
+/// Waves of connections set up and torn down (issue #20's churn): what the drivers hold
+/// after each wave's teardown stays where the first wave left it. A slab that took its
+/// fresh end while chunks were retired would move that end, and grow its list of retired
+/// chunks, by a wave's worth every wave.
+#[test]
+fn waves_of_connections_leave_the_drivers_memory_flat() {
+    let mut fabric = Fabric::new(2, 25);
+    for n in &fabric.nodes {
+        n.count_driver_bytes();
+    }
+    let (fa, fb, listen) = listening_with_backlog(&fabric, 0x77, 64);
+    let mut after = Vec::new();
+    for wave in 0..4u32 {
+        let pairs: Vec<(u64, u64)> = (0..2500u32)
+            .map(|k| establish(&mut fabric, fa, fb, listen, wave * 2500 + k))
+            .collect();
+        for (ep, child) in pairs {
+            for (node, file, h) in [(0, fa, ep), (1, fb, child)] {
+                let done =
+                    fabric.nodes[node].ioctl_now(file, code::DESTROY, handle_in(h).as_bytes(), 0);
+                assert_eq!(done.status, status::SUCCESS);
+            }
+        }
+        fabric.run_for(60_000_000_000);
+        for n in &fabric.nodes {
+            n.run_passive_work();
+        }
+        after.push(
+            fabric
+                .nodes
+                .iter()
+                .map(|n| n.driver_bytes())
+                .collect::<Vec<u64>>(),
+        );
+    }
+    for (wave, bytes) in after.iter().enumerate().skip(2) {
+        for (node, (&b, &first)) in bytes.iter().zip(&after[1]).enumerate() {
+            assert!(
+                b <= first + 4096,
+                "node {node}: {b} B after wave {wave}, {first} B after wave 1 ({after:?})"
+            );
+        }
+    }
+    close_clean(&fabric, fa, fb);
+}

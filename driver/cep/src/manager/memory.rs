@@ -71,7 +71,8 @@ impl CmManager {
         if self.trim_due(new) {
             self.trim(new);
         }
-        self.restore_chunks(new)?;
+        // One at least: the next CREATE takes a restored slot, not the slab's fresh end.
+        self.restore_chunks(new.max(1))?;
         if self.fresh_and_reusable() < new {
             self.slots.try_reserve(new).map_err(no)?;
         }
@@ -108,8 +109,15 @@ impl CmManager {
     /// [`prepare_for`](Self::prepare_for) (PASSIVE_LEVEL) gives them back. O(1).
     pub fn trim_due(&self, new: usize) -> bool {
         let resident = self.slots.resident();
-        resident > TRIM_FACTOR * self.live + new + TRIM_SLACK
-            && self.slots.retirable() * CHUNK >= resident / 16
+        let spare = (self.slots.retirable() * CHUNK).saturating_sub(Self::kept_for(new));
+        resident > TRIM_FACTOR * self.live + new + TRIM_SLACK && spare >= resident / 16
+    }
+
+    /// Vacant slots a trim keeps for `new` CEPs: as many chunks as they need free slots
+    /// beyond the REUSE_AFTER - 1 that wait, so that the next CEPs find them rather than
+    /// restoring what was just retired.
+    fn kept_for(new: usize) -> usize {
+        (new + super::REUSE_AFTER).next_multiple_of(CHUNK)
     }
 
     /// Slots a new CEP can take without allocating: fresh ones, and free ones beyond the
@@ -119,11 +127,13 @@ impl CmManager {
         self.slots.capacity() - self.slots.len() + reusable
     }
 
-    /// Puts retired chunks back (PASSIVE_LEVEL) until `new` CEPs fit without allocating,
-    /// before the slab grows: their slots go to the back of the free list with the
-    /// generations they had.
+    /// Puts retired chunks back (PASSIVE_LEVEL) until `new` CEPs fit in free slots, before
+    /// the slab grows or its fresh room is used: their slots go to the back of the free
+    /// list with the generations they had. (Fresh room taken while chunks are retired
+    /// would move the slab's end, and its retired list, ever further.)
     pub(super) fn restore_chunks(&mut self, new: usize) -> Result<(), CmError> {
-        while self.fresh_and_reusable() < new && !self.retired.is_empty() {
+        let reusable = |m: &Self| m.free.len().saturating_sub(super::REUSE_AFTER - 1);
+        while reusable(self) < new && !self.retired.is_empty() {
             self.free
                 .try_reserve(CHUNK)
                 .map_err(|_| CmError::NoResources)?;
@@ -144,7 +154,8 @@ impl CmManager {
     /// 12.9.8.3), and the lookups', timers' and free list's room beyond what the live
     /// CEPs and `new` more need.
     fn trim(&mut self, new: usize) {
-        if self.slots.retire_vacant(&mut self.retired) > 0 {
+        let keep = Self::kept_for(new) / CHUNK;
+        if self.slots.retire_vacant(&mut self.retired, keep) > 0 {
             let slots = &self.slots;
             self.free.retain(|&i| slots.get(i as usize).is_some());
             self.free.shrink_to(self.slots.resident());

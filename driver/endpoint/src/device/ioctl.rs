@@ -317,6 +317,8 @@ pub(super) fn operation<P: Platform>(
             i.file(file)?
                 .reserve_ready(1)
                 .map_err(|_| status::INSUFFICIENT_RESOURCES)?;
+            // A retired chunk's slot before a fresh one (the table's end stays put).
+            i.file(file)?.endpoints.reserve(1);
             let cep = i.cm.create().map_err(status_of)?;
             let events = VecDeque::with_capacity(FIFO_DEPTH);
             let f = i.file(file)?;

@@ -147,12 +147,13 @@ impl<T> Table<T> {
     /// Returns whether it gave anything back.
     pub(super) fn trim(&mut self, keep: usize) -> bool {
         let resident = self.slots.resident();
-        let due = resident > TRIM_FACTOR * self.live + keep + TRIM_SLACK
-            && self.slots.retirable() * CHUNK >= resident / 16;
+        let kept = keep.div_ceil(CHUNK);
+        let spare = self.slots.retirable().saturating_sub(kept) * CHUNK;
+        let due = resident > TRIM_FACTOR * self.live + keep + TRIM_SLACK && spare >= resident / 16;
         if !due {
             return false;
         }
-        let retired = self.slots.retire_vacant(&mut self.retired) > 0;
+        let retired = self.slots.retire_vacant(&mut self.retired, kept) > 0;
         if retired {
             let slots = &self.slots;
             self.free.retain(|&i| slots.get(i as usize).is_some());
