@@ -113,6 +113,9 @@ pub(super) fn ioctl<P: Platform>(
     code: u32,
     bytes: &[u8],
 ) {
+    // PASSIVE_LEVEL: free private-data blocks for this IOCTL, whatever kernel clients
+    // took at DISPATCH_LEVEL since the last one (a check when they are there).
+    let _ = i.cm.prepare_private_data();
     let mut extra = 0;
     let failed = if code == code::GET_EVENT {
         match get_event(i, file, request, bytes) {
