@@ -147,6 +147,7 @@ impl PdataPool {
     }
 
     /// The free blocks `prepare` keeps.
+    #[inline]
     fn target(&self) -> usize {
         KEEP_FREE + self.in_use / 4
     }
@@ -230,7 +231,21 @@ impl PdataPool {
     /// uses given back once more than twice that (and a chunk) is free; with none in use,
     /// back to a single chunk. Cheap when nothing is to be done. Fails (keeping what it
     /// made) if memory runs out.
+    #[inline]
     pub(crate) fn prepare(&mut self) -> Result<(), CmError> {
+        // Called at every IOCTL: the common case is a few compares, inlined.
+        let (target, free) = (self.target(), self.free.len());
+        let idle = self.in_use == 0 && self.live_chunks > KEEP_FREE / CHUNK;
+        if free >= target && free <= 2 * target + CHUNK && !idle {
+            return Ok(());
+        }
+        self.resize()
+    }
+
+    /// [`Self::prepare`] when there is something to do.
+    #[cold]
+    #[inline(never)]
+    fn resize(&mut self) -> Result<(), CmError> {
         let target = self.target();
         if self.in_use == 0 && self.live_chunks > KEEP_FREE / CHUNK {
             // Nothing in use: back to baseline, the vectors' capacity too.

@@ -16,6 +16,7 @@ impl CmManager {
     /// and a quarter of those in use), and gives back chunks nobody uses once far more is
     /// free (hysteresis); with nothing in use it returns to a single chunk. Cheap when
     /// there is nothing to do. Fails (keeping what it made) if memory runs out.
+    #[inline]
     pub fn prepare_private_data(&mut self) -> Result<(), CmError> {
         self.pdata.prepare()
     }
