@@ -12,10 +12,10 @@
 //!   [`PdataPool::store`]. With growth off a store that finds no free block fails with
 //!   `NoResources` and changes nothing.
 //! - `prepare` keeps [`KEEP_FREE`] blocks free, and a quarter as many again as are in use,
-//!   so that DISPATCH_LEVEL callers find room between two PASSIVE_LEVEL passes; and it
-//!   gives back chunks nobody uses once far more is free than that (hysteresis: a pool
-//!   trimmed at every call would grow again at the next). With no block in use it goes
-//!   back to a single chunk: memory returns to baseline after teardown.
+//!   so that DISPATCH_LEVEL callers find room between two PASSIVE_LEVEL passes. It only
+//!   grows: [`PdataPool::trim`], where connections end, gives back chunks nobody uses
+//!   once far more is free than that (hysteresis), and everything when no block is in use,
+//!   so memory returns to baseline after teardown.
 //! - Freeing never allocates: the free list has room for every block.
 
 use alloc::vec::Vec;
@@ -227,39 +227,54 @@ impl PdataPool {
         self.free.push(block as u32);
     }
 
-    /// PASSIVE_LEVEL: [`KEEP_FREE`] + a quarter of the blocks in use free; chunks nobody
-    /// uses given back once more than twice that (and a chunk) is free; with none in use,
-    /// back to a single chunk. Cheap when nothing is to be done. Fails (keeping what it
-    /// made) if memory runs out.
+    /// PASSIVE_LEVEL: [`KEEP_FREE`] + a quarter of the blocks in use free. Only grows
+    /// (giving back is [`Self::trim`]'s): a pool whose use swings between nothing and a
+    /// window of connections at every turn is not made and unmade each time. Called at
+    /// every IOCTL: the common case is one compare, inlined. Fails (keeping what it made)
+    /// if memory runs out.
     #[inline]
     pub(crate) fn prepare(&mut self) -> Result<(), CmError> {
-        // Called at every IOCTL: the common case is a few compares, inlined.
-        let (target, free) = (self.target(), self.free.len());
-        let idle = self.in_use == 0 && self.live_chunks > KEEP_FREE / CHUNK;
-        if free >= target && free <= 2 * target + CHUNK && !idle {
+        if self.free.len() >= self.target() {
             return Ok(());
         }
-        self.resize()
+        self.grow_to_target()
     }
 
-    /// [`Self::prepare`] when there is something to do.
     #[cold]
     #[inline(never)]
-    fn resize(&mut self) -> Result<(), CmError> {
+    fn grow_to_target(&mut self) -> Result<(), CmError> {
+        while self.free.len() < self.target() {
+            self.grow_chunk()?;
+        }
+        Ok(())
+    }
+
+    /// PASSIVE_LEVEL, where connections end (a destroy, a handle's cleanup, passive
+    /// work): with no block in use, everything goes (the next `prepare` makes the first
+    /// chunk again: memory back to baseline after teardown); otherwise chunks nobody uses
+    /// go once more than twice what `prepare` keeps (and a chunk) is free (hysteresis: a
+    /// pool trimmed to its need would grow again at the next burst). Never allocates.
+    #[inline]
+    pub(crate) fn trim(&mut self) {
         let target = self.target();
-        if self.in_use == 0 && self.live_chunks > KEEP_FREE / CHUNK {
-            // Nothing in use: back to baseline, the vectors' capacity too.
+        let idle = self.in_use == 0 && self.live_chunks > KEEP_FREE / CHUNK;
+        if idle || self.free.len() > 2 * target + CHUNK {
+            self.give_back(target);
+        }
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn give_back(&mut self, target: usize) {
+        if self.in_use == 0 {
+            // The vectors' capacity too: what the first `prepare` made, it makes again.
             *self = Self {
                 growth: self.growth,
                 ..Self::new()
             };
-        } else if self.free.len() > 2 * target + CHUNK {
+        } else {
             self.shrink(target);
         }
-        while self.free.len() < target {
-            self.grow_chunk()?;
-        }
-        Ok(())
     }
 
     /// Gives back empty chunks until no more than `target` + a chunk are free.
@@ -401,12 +416,16 @@ mod tests {
         for h in held.drain(..10) {
             p.free(h);
         }
+        p.trim();
         p.prepare().unwrap();
         assert_eq!(p.bytes(), peak);
         // Most freed: empty chunks go back, what is left is intact.
         for h in held.drain(..900) {
             p.free(h);
         }
+        p.prepare().unwrap();
+        assert_eq!(p.bytes(), peak, "prepare only grows");
+        p.trim();
         p.prepare().unwrap();
         assert!(p.bytes() < peak / 3, "{} of {peak}", p.bytes());
         assert!(p.free_blocks() >= KEEP_FREE);
@@ -418,8 +437,11 @@ mod tests {
         for h in held.drain(..) {
             p.free(h);
         }
+        p.trim();
+        assert_eq!(p.bytes(), 0);
         p.prepare().unwrap();
         assert_eq!(p.bytes(), baseline);
+        p.trim();
         p.prepare().unwrap();
         assert_eq!(p.bytes(), baseline, "stable");
     }

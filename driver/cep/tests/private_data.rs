@@ -76,6 +76,7 @@ fn blocks_follow_the_cached_message_and_go_back_at_the_end() {
         "B's listen is left"
     );
     // With nothing in use the pool returns to its baseline: one chunk once prepared.
+    p.a.trim_private_data();
     p.a.prepare_private_data().unwrap();
     let one_chunk = p.a.memory().private_data;
     let mut q = Pair::new(63);
@@ -103,6 +104,11 @@ fn many_connections_grow_the_pool_and_teardown_gives_it_back() {
         p.a.destroy(now, c).unwrap();
     }
     assert_eq!(p.a.private_data_blocks(), 0);
+    // Topping up only grows; the trim where connections end gives it back.
+    p.a.prepare_private_data().unwrap();
+    assert_eq!(p.a.memory().private_data, grown);
+    p.a.trim_private_data();
+    assert_eq!(p.a.memory().private_data, 0);
     p.a.prepare_private_data().unwrap();
     assert_eq!(p.a.memory().private_data, baseline);
 }

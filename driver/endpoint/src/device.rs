@@ -427,9 +427,11 @@ impl<P: Platform> Device<P> {
     /// PASSIVE_LEVEL work a DISPATCH_LEVEL path asked for
     /// ([`Platform::request_passive_work`]): grows the event-record pool (and the batches)
     /// so that deferred timer passes and dropped MADs' retries find room, and tops up the
-    /// engine's private-data pool that kernel clients' downcalls drew on.
+    /// engine's private-data pool that kernel clients' downcalls drew on (giving back
+    /// what teardown left unused).
     pub fn passive_work(&self) {
         self.run(|i| {
+            i.cm.trim_private_data();
             i.prepare_batches();
             if i.records.has_dispatch_room() && i.room_retry.take().is_some() {
                 // The timer, deferred, fires at the engine's deadline again.

@@ -13,12 +13,21 @@ use crate::types::CepId;
 
 impl CmManager {
     /// PASSIVE_LEVEL: tops the private-data pool up to the blocks it keeps free (a chunk,
-    /// and a quarter of those in use), and gives back chunks nobody uses once far more is
-    /// free (hysteresis); with nothing in use it returns to a single chunk. Cheap when
-    /// there is nothing to do. Fails (keeping what it made) if memory runs out.
+    /// and a quarter of those in use). Only grows; one compare when the room is there.
+    /// Fails (keeping what it made) if memory runs out.
     #[inline]
     pub fn prepare_private_data(&mut self) -> Result<(), CmError> {
         self.pdata.prepare()
+    }
+
+    /// PASSIVE_LEVEL, where connections end (destroy, cleanup, passive work): gives back
+    /// the private-data pool's unused chunks once far more is free than it keeps
+    /// (hysteresis), and all of it when no block is in use (memory back to baseline after
+    /// teardown; the next [`prepare_private_data`](Self::prepare_private_data) makes the
+    /// first chunk again). Never allocates.
+    #[inline]
+    pub fn trim_private_data(&mut self) {
+        self.pdata.trim();
     }
 
     /// Whether a user downcall that keeps private data may grow the pool when no block is

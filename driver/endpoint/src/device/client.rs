@@ -312,6 +312,8 @@ impl<P: Platform> Device<P> {
                 .is_some_and(|t| t == me);
             if !deliverer_is_me {
                 destroy_client(i, now, id);
+                // PASSIVE_LEVEL: private-data blocks nobody uses go back.
+                i.cm.trim_private_data();
             }
         });
     }
@@ -594,6 +596,8 @@ impl<P: Platform> Device<P> {
     ) -> Result<(), CmError> {
         let now = self.platform.now();
         self.run(|i| {
+            // What teardown left unused goes back before the room is made again.
+            i.cm.trim_private_data();
             let backlog = backlog as usize;
             let c = &mut i.clients;
             c.fixed = true;

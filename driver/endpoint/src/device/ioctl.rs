@@ -96,6 +96,8 @@ pub(super) fn destroy_endpoint<P: Platform>(
     }
     i.clear_owner(ep.cep);
     let _ = i.cm.destroy(now, ep.cep);
+    // PASSIVE_LEVEL (DESTROY, cleanup): private-data blocks nobody uses go back.
+    i.cm.trim_private_data();
     Ok(())
 }
 
