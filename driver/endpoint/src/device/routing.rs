@@ -125,8 +125,8 @@ impl<P: Platform> Inner<P> {
     /// Room for [`DISPATCH_BATCH`] MADs and completions in the batches and in every
     /// spare batch, so that a timer pass or a receive at DISPATCH_LEVEL finds room
     /// whichever batch it gets; and free blocks in the engine's private-data pool for the
-    /// kernel clients' downcalls at DISPATCH_LEVEL, its unused chunks given back
-    /// (PASSIVE_LEVEL).
+    /// kernel clients' downcalls at DISPATCH_LEVEL (PASSIVE_LEVEL; the pool gives memory
+    /// back where connections end, `trim_private_data`).
     pub(super) fn prepare_batches(&mut self) {
         self.records.prepare();
         // Out of memory: the downcalls that find no block fail with NoResources.
