@@ -1,10 +1,10 @@
 //! One CEP: the state of one communication endpoint, and what it remembers of its peer.
 
-use alloc::vec::Vec;
 use core::num::NonZeroU32;
 
 use ibcm_mad::{AttributeId, Failover, Mtu, Transport};
 
+use crate::pdata_pool::Held;
 use crate::types::{CepId, Instant, MadAddress, PathRecord};
 
 /// The state of a CEP, by name (IBA 12.9.6 Figure 154; MRA sub-states folded in as
@@ -172,17 +172,11 @@ pub(crate) struct Cep {
     /// The peer's (active side) or this CA's (passive side) ACK delay.
     pub target_ack_delay: u8,
     // ---- the rest, by alignment ----
-    /// Private data of that message (allocated at the user's downcall, reused after).
-    pub pdata: Vec<u8>,
     /// The armed timer: deadline and the sequence number its heap entry carries.
     pub timer: Option<(Instant, NonZeroU32)>,
     pub retry: Retry,
     pub remote_ca_guid: u64,
     pub service_id: u64,
-    /// Private data of that MRA: kept apart from `pdata`, since an MRA sent after the
-    /// pre-REP must not replace the REP's (which `send_rep` and REP repeats still need).
-    pub mra_pdata: Vec<u8>,
-    pub apr_info: Vec<u8>,
     pub primary: PathRecord,
     pub alternate: Option<PathRecord>,
     /// The alternate path a LAP carries, until its APR settles it.
@@ -191,6 +185,13 @@ pub(crate) struct Cep {
     pub backlog_of: Option<CepId>,
     pub local_psn: u32,
     pub remote_psn: u32,
+    /// Private data of that message, in the manager's private-data pool (src/pdata_pool.rs).
+    pub pdata: Held,
+    /// Private data of that MRA: kept apart from `pdata`, since an MRA sent after the
+    /// pre-REP must not replace the REP's (which `send_rep` and REP repeats still need).
+    pub mra_pdata: Held,
+    /// Additional information of the APR or SIDR_REP this side sent (IBA Tables 116, 120).
+    pub apr_info: Held,
     pub pkey: u16,
     pub transport: Transport,
     pub path_mtu: Mtu,
@@ -268,17 +269,17 @@ impl Cep {
             flow_control: false,
             failover: Failover::NotSupported,
             mra_service_timeout: 0,
-            mra_pdata: Vec::new(),
+            mra_pdata: Held::NONE,
             lap: LapState::Idle,
             pending_alternate: None,
             apr_status: 0,
-            apr_info: Vec::new(),
+            apr_info: Held::NONE,
             peer_to_peer: false,
             owned: false,
             owner: [0; 2],
             drep_rcvd: false,
             cached: None,
-            pdata: Vec::new(),
+            pdata: Held::NONE,
         }
     }
 

@@ -18,6 +18,7 @@ use crate::counters::Counters;
 use crate::error::CmError;
 use crate::event::Event;
 use crate::grow::{ChunkedVec, reserve_queue};
+use crate::pdata_pool::PdataPool;
 use crate::trace::{TraceHook, TracePoint, Tracer};
 use crate::types::{CepId, Instant, ListenParams, MadAddress, PathRecord, PrivateData};
 use ibcm_iba::{QpAttributes, QpState};
@@ -27,6 +28,7 @@ mod lap;
 mod lookup;
 mod memory;
 mod operations;
+mod pdata;
 mod peer;
 mod ports;
 mod qp;
@@ -199,6 +201,8 @@ pub struct CmManager {
     timer_seq: NonZeroU32,
     transmits: VecDeque<Transmit>,
     events: VecDeque<(CepId, Event)>,
+    /// The private data CEPs keep for repeats (src/pdata_pool.rs).
+    pdata: PdataPool,
     counters: Counters,
     trace: TraceHook,
 }
@@ -238,6 +242,7 @@ impl CmManager {
             timer_seq: NonZeroU32::MIN,
             transmits: VecDeque::new(),
             events: VecDeque::new(),
+            pdata: PdataPool::new(),
             counters: Counters::default(),
             trace: TraceHook::default(),
         }
@@ -580,8 +585,12 @@ impl CmManager {
         let mask = self.ids.generation_mask();
         if let Some(slot) = self.slots.get_mut(index)
             && slot.generation & 0xff == id.tag()
-            && slot.cep.take().is_some()
+            && let Some(c) = slot.cep.take()
         {
+            // Its private data goes back to the pool (never allocates).
+            for held in [c.pdata, c.mra_pdata, c.apr_info] {
+                self.pdata.free(held);
+            }
             slot.generation = slot.generation.wrapping_add(1) & mask;
             self.live = self.live.saturating_sub(1);
             self.slots.vacated(index);
@@ -601,9 +610,9 @@ impl CmManager {
 }
 
 /// The private data cached for `attr`, or none if the cache holds another message's.
-fn cached(c: &Cep, attr: AttributeId) -> &[u8] {
+fn cached<'a>(pool: &'a PdataPool, c: &Cep, attr: AttributeId) -> &'a [u8] {
     if c.cached == Some(attr) {
-        &c.pdata
+        pool.get(c.pdata)
     } else {
         &[]
     }

@@ -163,6 +163,9 @@ impl<P: Platform> Device<P> {
         // Device add runs at PASSIVE_LEVEL: a node nobody has opened yet still answers
         // MADs (a REJ to a REQ for no listen) and runs timers without allocating.
         let _ = inner.cm.reserve(DISPATCH_BATCH);
+        // Private data is stored only in blocks made at PASSIVE_LEVEL (`prepare_batches`):
+        // a kernel client's downcall at DISPATCH_LEVEL takes a free block or fails.
+        inner.cm.set_private_data_growth(false);
         inner.prepare_batches();
         Self {
             platform,
@@ -427,10 +430,13 @@ impl<P: Platform> Device<P> {
 
     /// PASSIVE_LEVEL work a DISPATCH_LEVEL path asked for
     /// ([`Platform::request_passive_work`]): grows the event-record pool (and the batches)
-    /// so that deferred timer passes and dropped MADs' retries find room, and gives back
-    /// the engine's slab left over from a peak once its CEPs are gone.
+    /// so that deferred timer passes and dropped MADs' retries find room, tops up the
+    /// engine's private-data pool that kernel clients' downcalls drew on (giving back
+    /// what teardown left unused), and gives back the engine's slab left over from a peak
+    /// once its CEPs are gone.
     pub fn passive_work(&self) {
         self.run(|i| {
+            i.cm.trim_private_data();
             // A past peak's slab goes back (the engine trims when due).
             let _ = i.cm.prepare_for(0);
             i.prepare_batches();

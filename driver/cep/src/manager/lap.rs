@@ -13,7 +13,7 @@ use crate::types::{CepId, Instant, PathRecord, PrivateData, WirePath};
 use ibcm_iba::{QpAttributes, QpState, ack_timeout};
 
 impl CmManager {
-    pub(super) fn build_lap<'a>(&self, id: CepId, c: &'a crate::cep::Cep) -> Lap<'a> {
+    pub(super) fn build_lap<'a>(&'a self, id: CepId, c: &'a crate::cep::Cep) -> Lap<'a> {
         let alt = c.pending_alternate.unwrap_or_default();
         Lap {
             local_comm_id: self.local_comm_id(id),
@@ -21,7 +21,7 @@ impl CmManager {
             remote_qpn_eecn: c.remote_qpn,
             remote_cm_response_timeout: super::peer_response_timeout(c),
             alternate_path: alt.to_wire(ack_timeout(alt.packet_life_time, c.target_ack_delay)),
-            private_data: super::cached(c, AttributeId::Lap),
+            private_data: super::cached(&self.pdata, c, AttributeId::Lap),
         }
     }
 
@@ -47,6 +47,7 @@ impl CmManager {
             private_data.len(),
             ibcm_mad::LAP_PRIVATE_DATA_SIZE,
         )?;
+        let held = self.store(private_data)?;
         // Each LAP is a new transaction: its TID tells the peer a new LAP from a repeat of
         // the one it already answered.
         let tid = self.fresh_tid();
@@ -55,7 +56,7 @@ impl CmManager {
             c.lap = LapState::Sent { mra_rcvd: false };
             c.tid = tid;
         }
-        self.send_cached(id, AttributeId::Lap, private_data)?;
+        self.send_held(id, AttributeId::Lap, held);
         let Some(c) = self.cep_any(id) else {
             return Err(CmError::UnknownCep);
         };
@@ -153,20 +154,12 @@ impl CmManager {
             private_data.len(),
             ibcm_mad::APR_PRIVATE_DATA_SIZE,
         )?;
+        let (info, private_data) = self.store_two(info, private_data)?;
+        self.keep_info(id, info);
+        self.keep_cached(id, AttributeId::Apr, private_data);
         let Some(c) = self.cep_mut(id) else {
             return Err(CmError::UnknownCep);
         };
-        c.apr_info.clear();
-        c.apr_info
-            .try_reserve(info.len())
-            .map_err(|_| CmError::NoResources)?;
-        c.apr_info.extend_from_slice(info);
-        c.pdata.clear();
-        c.pdata
-            .try_reserve(private_data.len())
-            .map_err(|_| CmError::NoResources)?;
-        c.pdata.extend_from_slice(private_data);
-        c.cached = Some(AttributeId::Apr);
         c.apr_status = status.into();
         c.lap = LapState::AprPrepared { mra_sent };
         if status != AprStatus::Success {

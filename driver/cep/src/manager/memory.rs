@@ -26,8 +26,8 @@ pub struct EngineMemory {
     pub timers: usize,
     /// Queued MADs and events, listens and peer-to-peer requests.
     pub queues: usize,
-    /// Private data cached for repeats (REQ/REP/DREQ..., MRA, APR) and listens' compare
-    /// data.
+    /// Private data cached for repeats (REQ/REP/DREQ..., MRA, APR): the private-data
+    /// pool, its free blocks included; and listens' compare data.
     pub private_data: usize,
 }
 
@@ -171,12 +171,8 @@ impl CmManager {
 
     /// The heap this manager holds, by part.
     pub fn memory(&self) -> EngineMemory {
-        let mut private_data = 0;
-        for i in 0..self.slots.len() {
-            if let Some(c) = self.slots.get(i).and_then(|s| s.cep.as_ref()) {
-                private_data += c.pdata.capacity() + c.mra_pdata.capacity() + c.apr_info.capacity();
-            }
-        }
+        // The private-data pool: its blocks, in use or free, and its tables.
+        let mut private_data = self.pdata.bytes();
         private_data += self
             .listens
             .iter()

@@ -131,6 +131,7 @@ impl CmManager {
             p.private_data.len(),
             ibcm_mad::REQ_PRIVATE_DATA_SIZE,
         )?;
+        let held = self.store(p.private_data)?;
         let psn = match p.starting_psn {
             Some(psn) => psn,
             None => self.random_psn(),
@@ -138,11 +139,9 @@ impl CmManager {
         let tid = self.fresh_tid();
         let ack = ack_timeout(p.primary_path.packet_life_time, self.config.ca_ack_delay);
         let Some(c) = self.cep_mut(id) else {
+            self.unstore(held);
             return Err(CmError::UnknownCep);
         };
-        c.pdata
-            .try_reserve(p.private_data.len())
-            .map_err(|_| CmError::NoResources)?;
         c.active = true;
         c.tid = tid;
         c.dest = MadAddress {
@@ -184,7 +183,7 @@ impl CmManager {
             .round_trip_ns()
             .saturating_add(ibcm_mad::ib_time_ns(p.remote_cm_response_timeout).unwrap_or(0));
         self.set_state(id, State::ReqSent { mra_rcvd: false });
-        self.send_cached(id, AttributeId::Req, p.private_data)?;
+        self.send_held(id, AttributeId::Req, held);
         self.start_retry(id, now, base, p.max_cm_retries);
         Ok(())
     }
@@ -216,13 +215,10 @@ impl CmManager {
                     private_data.len(),
                     ibcm_mad::MRA_PRIVATE_DATA_SIZE,
                 )?;
+                let held = self.store(private_data)?;
+                self.keep_mra(id, held);
                 if let Some(c) = self.cep_mut(id) {
                     c.mra_service_timeout = service_timeout;
-                    c.mra_pdata.clear();
-                    c.mra_pdata
-                        .try_reserve(private_data.len())
-                        .map_err(|_| CmError::NoResources)?;
-                    c.mra_pdata.extend_from_slice(private_data);
                     c.lap = next;
                 }
                 self.resend(id, AttributeId::Mra);
@@ -238,12 +234,9 @@ impl CmManager {
             ibcm_mad::MRA_PRIVATE_DATA_SIZE,
         )?;
         // Not through `send_cached`: after the pre-REP that cache holds the REP's data.
+        let held = self.store(private_data)?;
+        self.keep_mra(id, held);
         let c = self.cep_mut(id).ok_or(CmError::UnknownCep)?;
-        c.mra_pdata.clear();
-        c.mra_pdata
-            .try_reserve(private_data.len())
-            .map_err(|_| CmError::NoResources)?;
-        c.mra_pdata.extend_from_slice(private_data);
         c.mra_service_timeout = service_timeout;
         self.resend(id, AttributeId::Mra);
         Counters::bump(&mut self.counters.sent, AttributeId::Mra);
@@ -287,19 +280,15 @@ impl CmManager {
             p.private_data.len(),
             ibcm_mad::REP_PRIVATE_DATA_SIZE,
         )?;
+        let held = self.store(p.private_data)?;
         let psn = match p.starting_psn {
             Some(psn) => psn,
             None => self.random_psn(),
         };
+        self.keep_cached(id, AttributeId::Rep, held);
         let Some(c) = self.cep_mut(id) else {
             return Err(CmError::UnknownCep);
         };
-        c.pdata.clear();
-        c.pdata
-            .try_reserve(p.private_data.len())
-            .map_err(|_| CmError::NoResources)?;
-        c.pdata.extend_from_slice(p.private_data);
-        c.cached = Some(AttributeId::Rep);
         c.local_qpn = p.qpn;
         c.local_psn = psn;
         c.responder_resources = p.responder_resources;

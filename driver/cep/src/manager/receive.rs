@@ -49,7 +49,7 @@ impl CmManager {
         };
         if let Some(slot) = id.and_then(|i| self.slots.get(i)) {
             // The generation and the CEP's hot fields fill the slot's first 64 bytes; the
-            // private data cache follows them (a repeat reads both).
+            // handle of its cached private data follows them (a repeat reads both).
             let pdata = slot.cep.as_ref().map_or(0, |c| c.pdata.len());
             core::hint::black_box((slot.generation, pdata));
         }

@@ -109,9 +109,10 @@ impl CmManager {
         id: CepId,
         private_data: &[u8],
     ) -> Result<(), CmError> {
+        let held = self.store(private_data)?;
         self.cancel_timer(id);
         self.set_state(id, State::DreqSent);
-        self.send_cached(id, AttributeId::Dreq, private_data)?;
+        self.send_held(id, AttributeId::Dreq, held);
         let Some(c) = self.cep_any(id) else {
             return Err(CmError::UnknownCep);
         };

@@ -9,6 +9,7 @@ use ibcm_mad::{
 use crate::cep::{Cep, State};
 use crate::counters::Counters;
 use crate::error::CmError;
+use crate::pdata_pool::Held;
 use crate::trace::TracePoint;
 use crate::types::{CepId, MadAddress, WirePath};
 use ibcm_iba::ack_timeout;
@@ -37,7 +38,7 @@ impl CmManager {
         }
     }
 
-    pub(super) fn build_req<'a>(&self, id: CepId, c: &'a Cep) -> Req<'a> {
+    pub(super) fn build_req<'a>(&'a self, id: CepId, c: &'a Cep) -> Req<'a> {
         Req {
             local_comm_id: self.local_comm_id(id),
             vendor_id: 0,
@@ -66,11 +67,11 @@ impl CmManager {
                 a.to_wire(ack_timeout(a.packet_life_time, self.config.ca_ack_delay))
             }),
             sap_supported: false,
-            private_data: cached(c, AttributeId::Req),
+            private_data: cached(&self.pdata, c, AttributeId::Req),
         }
     }
 
-    pub(super) fn build_rep<'a>(&self, id: CepId, c: &'a Cep) -> Rep<'a> {
+    pub(super) fn build_rep<'a>(&'a self, id: CepId, c: &'a Cep) -> Rep<'a> {
         // An XRC target puts its QPN in LocalEEContext and sets SRQ (Linux `cm_format_rep`
         // for IB_QPT_XRC_TGT; the initiator reads it back with `cm_rep_get_qpn`).
         let xrc = c.transport == Transport::Xrc;
@@ -90,7 +91,7 @@ impl CmManager {
             rnr_retry_count: c.peer_rnr_retry,
             srq: c.srq || xrc,
             local_ca_guid: self.config.ca_guid,
-            private_data: cached(c, AttributeId::Rep),
+            private_data: cached(&self.pdata, c, AttributeId::Rep),
         }
     }
 
@@ -103,7 +104,7 @@ impl CmManager {
         let ids = CommIds {
             local_comm_id: self.local_comm_id(id),
             remote_comm_id: c.remote_comm_id,
-            private_data: cached(c, attr),
+            private_data: cached(&self.pdata, c, attr),
         };
         let message = match attr {
             AttributeId::Req => CmMessage::Req(self.build_req(id, c)),
@@ -127,14 +128,14 @@ impl CmManager {
                     MessageKind::Req
                 },
                 service_timeout: c.mra_service_timeout,
-                private_data: &c.mra_pdata,
+                private_data: self.pdata.get(c.mra_pdata),
             }),
             AttributeId::Lap => CmMessage::Lap(self.build_lap(id, c)),
             AttributeId::Apr => CmMessage::Apr(ibcm_mad::Apr {
                 local_comm_id: ids.local_comm_id,
                 remote_comm_id: ids.remote_comm_id,
                 status: ibcm_mad::AprStatus::from(c.apr_status),
-                additional_info: &c.apr_info,
+                additional_info: self.pdata.get(c.apr_info),
                 private_data: ids.private_data,
             }),
             AttributeId::SidrReq => CmMessage::SidrReq(ibcm_mad::SidrReq {
@@ -150,7 +151,7 @@ impl CmManager {
                 qpn: c.local_qpn,
                 service_id: c.service_id,
                 qkey: c.remote_psn,
-                additional_info: &c.apr_info,
+                additional_info: self.pdata.get(c.apr_info),
                 private_data: ids.private_data,
             }),
             _ => return,
@@ -163,23 +164,25 @@ impl CmManager {
         }
     }
 
-    /// Sends a message now (first time) and caches its private data for a repeat.
+    /// Sends a message now (first time) and caches its private data for a repeat. Fails
+    /// with `NoResources`, changing nothing, if the private-data pool has no room.
     pub(super) fn send_cached(
         &mut self,
         id: CepId,
         attr: AttributeId,
         pdata: &[u8],
     ) -> Result<(), CmError> {
-        let c = self.cep_mut(id).ok_or(CmError::UnknownCep)?;
-        c.pdata.clear();
-        c.pdata
-            .try_reserve(pdata.len())
-            .map_err(|_| CmError::NoResources)?;
-        c.pdata.extend_from_slice(pdata);
-        c.cached = Some(attr);
+        self.cep_any(id).ok_or(CmError::UnknownCep)?;
+        let held = self.store(pdata)?;
+        self.send_held(id, attr, held);
+        Ok(())
+    }
+
+    /// [`Self::send_cached`] with the private data already stored: cannot fail.
+    pub(super) fn send_held(&mut self, id: CepId, attr: AttributeId, held: Held) {
+        self.keep_cached(id, attr, held);
         self.resend(id, attr);
         Counters::bump(&mut self.counters.sent, attr);
-        Ok(())
     }
 
     pub(super) fn send_rej_for(&mut self, id: CepId, reason: RejReason, message: MessageKind) {

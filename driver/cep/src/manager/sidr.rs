@@ -67,8 +67,10 @@ impl CmManager {
             p.private_data.len(),
             ibcm_mad::SIDR_REQ_PRIVATE_DATA_SIZE,
         )?;
+        let held = self.store(p.private_data)?;
         let tid = self.fresh_tid();
         let Some(c) = self.cep_mut(id) else {
+            self.unstore(held);
             return Err(CmError::UnknownCep);
         };
         c.active = true;
@@ -88,7 +90,7 @@ impl CmManager {
             .round_trip_ns()
             .saturating_add(ibcm_mad::ib_time_ns(p.timeout).unwrap_or(0));
         self.set_state(id, State::SidrReqSent);
-        self.send_cached(id, AttributeId::SidrReq, p.private_data)?;
+        self.send_held(id, AttributeId::SidrReq, held);
         self.start_retry(id, now, base, p.max_retries);
         Ok(())
     }
@@ -114,20 +116,18 @@ impl CmManager {
             p.private_data.len(),
             ibcm_mad::SIDR_REP_PRIVATE_DATA_SIZE,
         )?;
+        let (info, private_data) = self.store_two(p.info, p.private_data)?;
+        self.keep_info(id, info);
         let Some(c) = self.cep_mut(id) else {
+            self.unstore(private_data);
             return Err(CmError::UnknownCep);
         };
-        c.apr_info.clear();
-        c.apr_info
-            .try_reserve(p.info.len())
-            .map_err(|_| CmError::NoResources)?;
-        c.apr_info.extend_from_slice(p.info);
         c.apr_status = p.status.into();
         c.local_qpn = p.qpn;
         // The Q_Key rides in the otherwise unused remote PSN of a SIDR CEP.
         c.remote_psn = p.qkey;
         self.leave_backlog(id);
-        self.send_cached(id, AttributeId::SidrRep, p.private_data)?;
+        self.send_held(id, AttributeId::SidrRep, private_data);
         self.set_state(id, State::SidrRepSent);
         self.arm(id, now.add_nanos(SIDR_LINGER_NS));
         Ok(())
@@ -136,9 +136,9 @@ impl CmManager {
     pub(super) fn send_sidr_rep_status(&mut self, id: CepId, status: SidrStatus) {
         if let Some(c) = self.cep_mut(id) {
             c.apr_status = status.into();
-            c.apr_info.clear();
             c.cached = None;
         }
+        self.keep_info(id, crate::pdata_pool::Held::NONE);
         self.resend(id, AttributeId::SidrRep);
     }
 

@@ -305,6 +305,8 @@ impl<P: Platform> Device<P> {
                 .is_some_and(|t| t == me);
             if !deliverer_is_me {
                 destroy_client(i, now, id);
+                // PASSIVE_LEVEL: private-data blocks nobody uses go back.
+                i.cm.trim_private_data();
             }
         });
     }
@@ -443,25 +445,16 @@ impl<P: Platform> Device<P> {
     ) -> Result<T, CmError> {
         let now = self.platform.now();
         let me = self.platform.current_thread();
-        self.run(|i| {
-            let cep = i.clients.table.get(id.0).ok_or(CmError::UnknownCep)?.cep;
-            // After removal nothing is sent and no timer runs: an idle CEP would connect
-            // into the void and never hear back. Only destroy works (as for IOCTLs).
-            not_removed(i)?;
-            // PASSIVE_LEVEL: room for what the answers to every live CEP's downcalls bring
-            // at DISPATCH_LEVEL (peer lookups, timers, events): reserving for this one
-            // alone is used up by the others in flight. From a callback (the receive
-            // path: DISPATCH_LEVEL) grow nothing.
-            if !i.clients.fixed && !i.clients.delivering_threads.contains(&me) {
-                let live = i.cm.live_ceps();
-                if i.cm.room() < live + 1 {
-                    let _ = i.cm.reserve((live + 1).saturating_mul(2));
-                }
-                i.prepare_batches();
-                i.clients.prepare(0);
-            }
-            f(&mut i.cm, cep, now)
-        })
+        let (result, low) = self.run(|i| {
+            let result = client_downcall(i, id, me, now, f);
+            // DISPATCH_LEVEL took private-data blocks: PASSIVE_LEVEL work tops them up
+            // before they run out (a downcall that finds none fails with NoResources).
+            (result, i.cm.private_data_low())
+        });
+        if low {
+            self.platform.request_passive_work();
+        }
+        result
     }
 
     /// `send_req`.
@@ -590,6 +583,8 @@ impl<P: Platform> Device<P> {
     ) -> Result<(), CmError> {
         let now = self.platform.now();
         self.run(|i| {
+            // What teardown left unused goes back before the room is made again.
+            i.cm.trim_private_data();
             let backlog = backlog as usize;
             let c = &mut i.clients;
             c.fixed = true;
@@ -807,6 +802,34 @@ fn create_fixed<P: Platform>(i: &mut Inner<P>, callback: Callback<P>) -> Result<
         },
     );
     Ok(ClientId(id))
+}
+
+/// A downcall on a client endpoint's CEP, under the lock.
+fn client_downcall<P: Platform, T>(
+    i: &mut Inner<P>,
+    id: ClientId,
+    me: u64,
+    now: Instant,
+    f: impl FnOnce(&mut CmManager, CepId, Instant) -> Result<T, CmError>,
+) -> Result<T, CmError> {
+    let cep = i.clients.table.get(id.0).ok_or(CmError::UnknownCep)?.cep;
+    // After removal nothing is sent and no timer runs: an idle CEP would connect into the
+    // void and never hear back. Only destroy works (as for IOCTLs).
+    not_removed(i)?;
+    // PASSIVE_LEVEL: room for what the answers to every live CEP's downcalls bring at
+    // DISPATCH_LEVEL (peer lookups, timers, events): reserving for this one alone is used
+    // up by the others in flight. From a callback (the receive path: DISPATCH_LEVEL) or in
+    // fixed mode (any IRQL) grow nothing: the engine then stores private data only in the
+    // blocks made ahead, or fails with NoResources.
+    if !i.clients.fixed && !i.clients.delivering_threads.contains(&me) {
+        let live = i.cm.live_ceps();
+        if i.cm.room() < live + 1 {
+            let _ = i.cm.reserve((live + 1).saturating_mul(2));
+        }
+        i.prepare_batches();
+        i.clients.prepare(0);
+    }
+    f(&mut i.cm, cep, now)
 }
 
 /// `listen` in fixed mode: the listen gets queues with room for the fixed backlog (made

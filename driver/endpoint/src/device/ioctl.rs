@@ -100,6 +100,8 @@ pub(super) fn destroy_endpoint<P: Platform>(
     }
     i.clear_owner(ep.cep);
     let _ = i.cm.destroy(now, ep.cep);
+    // PASSIVE_LEVEL (DESTROY, cleanup): private-data blocks nobody uses go back.
+    i.cm.trim_private_data();
     Ok(())
 }
 
@@ -117,6 +119,9 @@ pub(super) fn ioctl<P: Platform>(
     code: u32,
     bytes: &[u8],
 ) {
+    // PASSIVE_LEVEL: free private-data blocks for this IOCTL, whatever kernel clients
+    // took at DISPATCH_LEVEL since the last one (a check when they are there).
+    let _ = i.cm.prepare_private_data();
     let mut extra = 0;
     let failed = if code == code::GET_EVENT {
         match get_event(i, file, request, bytes) {

@@ -106,9 +106,13 @@ impl<P: Platform> Inner<P> {
 
     /// Room for [`DISPATCH_BATCH`] MADs and completions in the batches and in every
     /// spare batch, so that a timer pass or a receive at DISPATCH_LEVEL finds room
-    /// whichever batch it gets (PASSIVE_LEVEL).
+    /// whichever batch it gets; and free blocks in the engine's private-data pool for the
+    /// kernel clients' downcalls at DISPATCH_LEVEL (PASSIVE_LEVEL; the pool gives memory
+    /// back where connections end, `trim_private_data`).
     pub(super) fn prepare_batches(&mut self) {
         self.records.prepare();
+        // Out of memory: the downcalls that find no block fail with NoResources.
+        let _ = self.cm.prepare_private_data();
         // A batch is made with room for DISPATCH_BATCH or none (an empty stand-in), and
         // `finish` keeps only batches with room: only missing ones need making.
         room(&mut self.tx, DISPATCH_BATCH);

@@ -4,8 +4,10 @@
 //!
 //! The C calls a WinVerbs or ndfltr would make at DISPATCH_LEVEL (under its queue spin
 //! lock) run inside the verifier's `at_dispatch`, which counts every allocation as a
-//! violation and flags a wait; the client's callbacks run inside it too (the backend's
-//! `at_dispatch`). `destroy_id` and `send_drep` run at PASSIVE_LEVEL, as theirs.
+//! violation and flags a wait, private data or not (the engine keeps it in blocks made at
+//! PASSIVE_LEVEL); the client's callbacks run inside it too (the backend's
+//! `at_dispatch`). `destroy_id` and `send_drep` run at PASSIVE_LEVEL, as theirs
+//! (`Cep::drep_at_dispatch` makes the latter at DISPATCH_LEVEL).
 
 #![allow(dead_code)]
 
@@ -388,12 +390,6 @@ pub fn path(from: usize, to: usize) -> IbPathRec {
     }
 }
 
-thread_local! {
-    /// Every call at DISPATCH_LEVEL, private data or not (for the known-gap test; per
-    /// thread, as the tests run in parallel).
-    pub static STRICT: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
-}
-
 /// A C endpoint.
 pub struct Cep {
     raw: *mut RawCep,
@@ -430,20 +426,6 @@ impl Cep {
     /// Runs `f` at DISPATCH_LEVEL (the C client's spin lock is taken inside it).
     fn dispatch<T>(&self, f: impl FnOnce() -> T) -> T {
         at_dispatch(&self.ledger, f)
-    }
-
-    /// A call that sends private data: at DISPATCH_LEVEL when it carries none, else at
-    /// PASSIVE_LEVEL. KNOWN GAP (see `engine_private_data_cache_allocates`): the engine
-    /// (`ibcm-cep`) allocates the cached private data of the message a downcall sends
-    /// (`Cep::pdata`, `try_reserve` in `connect` / `send_cached`), so such a call at
-    /// DISPATCH_LEVEL allocates once per connection; until the engine preallocates it,
-    /// these calls are modelled at PASSIVE_LEVEL.
-    fn sending<T>(&self, pdata: bool, f: impl FnOnce() -> T) -> T {
-        if !pdata || STRICT.with(std::cell::Cell::get) {
-            at_dispatch(&self.ledger, f)
-        } else {
-            f()
-        }
     }
 
     pub fn raw(&self) -> *mut RawCep {
@@ -533,7 +515,7 @@ impl Cep {
         init_depth: u8,
     ) -> NtStatus {
         let alt = alt.map_or(std::ptr::null(), |a| a as *const IbPathRec);
-        self.sending(!pdata.is_empty(), || {
+        self.dispatch(|| {
             // SAFETY: every pointer lives for the call.
             unsafe {
                 cep_connect(
@@ -575,7 +557,7 @@ impl Cep {
     }
 
     pub fn accept(&self, qpn: u32, pdata: &[u8], resp_res: u8, init_depth: u8) -> NtStatus {
-        self.sending(!pdata.is_empty(), || {
+        self.dispatch(|| {
             // SAFETY: the buffer lives for the call.
             unsafe {
                 cep_accept(
@@ -598,7 +580,7 @@ impl Cep {
         init_depth: u8,
         init: &mut IbQpMod,
     ) -> NtStatus {
-        self.sending(!pdata.is_empty(), || {
+        self.dispatch(|| {
             // SAFETY: the buffer and the output live for the call.
             unsafe {
                 cep_format_rep(
@@ -621,16 +603,12 @@ impl Cep {
 
     pub fn rtu(&self, pdata: &[u8]) -> NtStatus {
         // SAFETY: the buffer lives for the call.
-        self.sending(!pdata.is_empty(), || unsafe {
-            cep_rtu(self.raw, ptr(pdata), pdata.len() as u8)
-        })
+        self.dispatch(|| unsafe { cep_rtu(self.raw, ptr(pdata), pdata.len() as u8) })
     }
 
     pub fn dreq(&self, pdata: &[u8]) -> NtStatus {
         // SAFETY: the buffer lives for the call.
-        self.sending(!pdata.is_empty(), || unsafe {
-            cep_dreq(self.raw, ptr(pdata), pdata.len() as u8)
-        })
+        self.dispatch(|| unsafe { cep_dreq(self.raw, ptr(pdata), pdata.len() as u8) })
     }
 
     /// PASSIVE_LEVEL.
@@ -639,8 +617,15 @@ impl Cep {
         unsafe { cep_drep(self.raw, ptr(pdata), pdata.len() as u8) }
     }
 
+    /// `send_drep` at DISPATCH_LEVEL (callable there, as every call but `destroy_id`;
+    /// WinVerbs happens to make it at PASSIVE_LEVEL).
+    pub fn drep_at_dispatch(&self, pdata: &[u8]) -> NtStatus {
+        // SAFETY: the buffer lives for the call.
+        self.dispatch(|| unsafe { cep_drep(self.raw, ptr(pdata), pdata.len() as u8) })
+    }
+
     pub fn rej(&self, reason: u16, ari: &[u8], pdata: &[u8]) -> NtStatus {
-        self.sending(!(ari.is_empty() && pdata.is_empty()), || {
+        self.dispatch(|| {
             // SAFETY: the buffers live for the call.
             unsafe {
                 cep_rej(
@@ -662,20 +647,16 @@ impl Cep {
 
     pub fn lap(&self, alt: &IbPathRec, pdata: &[u8]) -> NtStatus {
         // SAFETY: the path and buffer live for the call.
-        self.sending(!pdata.is_empty(), || unsafe {
-            cep_lap(self.raw, alt, ptr(pdata), pdata.len() as u8)
-        })
+        self.dispatch(|| unsafe { cep_lap(self.raw, alt, ptr(pdata), pdata.len() as u8) })
     }
 
     pub fn apr(&self, status: u8, pdata: &[u8]) -> NtStatus {
         // SAFETY: the buffer lives for the call.
-        self.sending(!pdata.is_empty(), || unsafe {
-            cep_apr(self.raw, status, ptr(pdata), pdata.len() as u8)
-        })
+        self.dispatch(|| unsafe { cep_apr(self.raw, status, ptr(pdata), pdata.len() as u8) })
     }
 
     pub fn sidr_req(&self, sid: u64, path: &IbPathRec, pdata: &[u8], timeout_ms: u32) -> NtStatus {
-        self.sending(!pdata.is_empty(), || {
+        self.dispatch(|| {
             // SAFETY: the path and buffer live for the call.
             unsafe {
                 cep_sidr_req(
@@ -692,7 +673,7 @@ impl Cep {
     }
 
     pub fn sidr_rep(&self, qpn: u32, qkey: u32, status: u8, pdata: &[u8]) -> NtStatus {
-        self.sending(!pdata.is_empty(), || {
+        self.dispatch(|| {
             // SAFETY: the buffer lives for the call.
             unsafe { cep_sidr_rep(self.raw, qpn, qkey, status, ptr(pdata), pdata.len() as u8) }
         })
