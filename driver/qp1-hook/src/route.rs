@@ -414,6 +414,46 @@ mod tests {
     }
 
     #[test]
+    fn a_table_the_binding_could_not_read_is_never_hooked() {
+        use crate::version::{CI_VERBS_VERSION, RDMA_INTERFACE_VERBS_VERSION, VerbsQuery};
+        use crate::{Install, install};
+        // The binding reads the versions only from a successful query into a buffer of the
+        // whole layout, and passes 0 otherwise.
+        let unread = |succeeded, from_ibbus, size| VerbsQuery {
+            succeeded,
+            requested_version: RDMA_INTERFACE_VERBS_VERSION,
+            size,
+            from_ibbus,
+            header_version: 0,
+            verbs_version: 0,
+        };
+        let no = Install::NotInstalled;
+        assert_eq!(
+            install(&unread(false, true, 640), 640),
+            no(NotInstalled::Failed)
+        );
+        assert_eq!(
+            install(&unread(true, false, 100), 640),
+            no(NotInstalled::NotIbbus)
+        );
+        assert_eq!(
+            install(&unread(true, true, 100), 640),
+            no(NotInstalled::UnknownVersion)
+        );
+        // A null buffer of the right size: versions 0 as well.
+        assert_eq!(
+            install(&unread(true, true, 640), 640),
+            no(NotInstalled::UnknownVersion)
+        );
+        let read = VerbsQuery {
+            header_version: RDMA_INTERFACE_VERBS_VERSION,
+            verbs_version: CI_VERBS_VERSION,
+            ..unread(true, true, 640)
+        };
+        assert_eq!(install(&read, 640), Install::Hook);
+    }
+
+    #[test]
     fn ibbus_query_decides_and_other_drivers_queries_do_not_hide_it() {
         let unknown = Table::Left(NotInstalled::UnknownVersion);
         let not_ibbus = Table::Left(NotInstalled::NotIbbus);
