@@ -423,8 +423,7 @@ unsafe extern "C" fn evt_preprocess_query_interface(device: WDFDEVICE, irp: PIRP
                 };
                 ibcm_etw::cm_interface_query(ca_guid, query.Version, query.Size, false, reason);
                 wdk::println!(
-                    "ibcm: passed GUID_INFINIBAND_INTERFACE_CM down to AL's CM (CA {ca:#018x}): {}: {reason}",
-                    why.reason()
+                    "ibcm: passed GUID_INFINIBAND_INTERFACE_CM down to AL's CM (CA {ca:#018x}): {reason}"
                 );
             }
             // SAFETY: (F25) the IRP is ours and goes down unchanged (the preprocess
