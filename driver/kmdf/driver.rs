@@ -12,7 +12,7 @@ use wdk_sys::{
     WDF_NO_OBJECT_ATTRIBUTES, WDFDRIVER, WDFWAITLOCK,
 };
 
-use crate::{filter, wdf};
+use crate::{filter, verbs_hook, wdf};
 
 /// Serialises filter-device add and cleanup (the filter count, the control device's
 /// creation and deletion, the host's teardown). A WDFWAITLOCK whose parent is the driver
@@ -96,8 +96,10 @@ pub fn entry(driver: PDRIVER_OBJECT, registry_path: PCUNICODE_STRING) -> NTSTATU
 }
 
 /// EvtDriverUnload (PASSIVE_LEVEL): every device is gone (the control device with the
-/// last filter); the ETW provider goes too.
+/// last filter), so no verbs table of ours is in use: the verbs hook's slots free their
+/// hooks; the ETW provider goes too.
 unsafe extern "C" fn evt_driver_unload(_driver: WDFDRIVER) {
+    verbs_hook::unload();
     ibcm_etw::unregister();
 }
 

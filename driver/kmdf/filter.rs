@@ -17,6 +17,10 @@
 //!   completes the IRP, or skips its stack location and hands it back to the framework,
 //!   which sends it down (`WdfDeviceWdmDispatchPreprocessedIrp`). Each CM query is logged
 //!   (ETW `CmInterfaceQuery`, and DbgPrint).
+//! - The same preprocess routine sets the QP1 verbs hook's completion routine
+//!   (`verbs_hook::query_interface_completed`) on `GUID_RDMA_INTERFACE_VERBS` queries when
+//!   this device holds a hook slot (reserved at device add, released at its cleanup),
+//!   and passes them down; the completion routine decides whether to patch the table.
 //! - Self-managed I/O init / cleanup bind and unbind this HCA's IBAL (`ibal.rs`); the
 //!   device's cleanup callback counts it out of the host and, for the last one, tears the
 //!   host's CM down and deletes the control device.
@@ -25,15 +29,18 @@ use core::sync::atomic::{AtomicBool, Ordering};
 
 use ibcm_iba_cm::abi::{Guid, InfinibandInterfaceCm};
 use ibcm_iba_cm::{PassDown, answer};
+use ibcm_qp1_hook::PrivateMethod;
 use wdk_sys::ntddk::IofCompleteRequest;
 use wdk_sys::{
     _IO_STATUS_BLOCK__bindgen_ty_1, FILE_DEVICE_SECURE_OPEN, IO_NO_INCREMENT, IO_STATUS_BLOCK,
     IRP_MJ_PNP, IRP_MN_QUERY_INTERFACE, NT_SUCCESS, NTSTATUS, PIO_STACK_LOCATION, PIRP,
-    PWDFDEVICE_INIT, STATUS_SUCCESS, WDF_PNPPOWER_EVENT_CALLBACKS, WDFDEVICE, WDFDRIVER, WDFOBJECT,
+    PWDFDEVICE_INIT, SL_INVOKE_ON_CANCEL, SL_INVOKE_ON_ERROR, SL_INVOKE_ON_SUCCESS, STATUS_SUCCESS,
+    WDF_PNPPOWER_EVENT_CALLBACKS, WDFDEVICE, WDFDRIVER, WDFOBJECT,
 };
 
 use crate::host::{self, Cm, Host};
 use crate::ibal::{self, FilterIbal};
+use crate::verbs_hook::{self, SlotId};
 use crate::wdf::{self, context_type};
 use crate::{control, driver};
 
@@ -43,9 +50,12 @@ pub struct FilterState {
     pub device: WDFDEVICE,
     /// This HCA's IBAL binding.
     pub ibal: FilterIbal,
-    /// QP1 steering is installed on this HCA (set by the verbs hook when it patches the
-    /// verbs table ibbus obtains; design.md "Deployment"): a QP1 route even without a CM
-    /// MAD service of ibcm's own.
+    /// This HCA's QP1 verbs-hook slot (None: every slot taken or no memory at device
+    /// add; then the verbs query passes through untouched and there is no steering).
+    pub hook_slot: Option<SlotId>,
+    /// QP1 steering is in place on this HCA (`ibcm_qp1_hook::steering_in_place`: some
+    /// port has ibcm's `{M, Get}` MAD service and the slot's steering decision is set;
+    /// written by `ibal.rs`): a QP1 route even without a CM MAD service for Send.
     pub steering_installed: AtomicBool,
     /// Counted in the driver's filter count (its cleanup counts it out).
     counted: AtomicBool,
@@ -58,6 +68,12 @@ impl FilterState {
     /// port, or QP1 steering.
     pub fn qp1_route(&self) -> bool {
         self.ibal.routed() || self.steering_installed.load(Ordering::Acquire)
+    }
+
+    /// The route this HCA got (for the log), from what `ibal.rs` recorded.
+    pub fn route(&self) -> ibcm_qp1_hook::HcaRoute {
+        self.ibal
+            .route(self.steering_installed.load(Ordering::Acquire))
     }
 }
 
@@ -133,6 +149,13 @@ pub fn add(driver: WDFDRIVER, mut device_init: PWDFDEVICE_INIT) -> NTSTATUS {
     if !NT_SUCCESS(status) {
         return status;
     }
+    // A hook slot for this HCA (PASSIVE_LEVEL; its hook is allocated now, never at
+    // DISPATCH_LEVEL). Before the device can receive a PnP IRP: ibbus queries the verbs
+    // when its FDO starts, from the top of the stack through this device.
+    let hook_slot = verbs_hook::reserve(PrivateMethod::DEFAULT);
+    if hook_slot.is_none() {
+        wdk::println!("ibcm: no QP1 verbs-hook slot for this HCA (all taken or no memory)");
+    }
     // SAFETY: (F8) the device was just created with a FilterState context.
     let state = unsafe { wdf::context::<FilterState>(device as WDFOBJECT, &FILTER_STATE) };
     // SAFETY: (F9) framework memory sized and aligned for FilterState, not yet initialised;
@@ -141,6 +164,7 @@ pub fn add(driver: WDFDRIVER, mut device_init: PWDFDEVICE_INIT) -> NTSTATUS {
         state.write(FilterState {
             device,
             ibal: FilterIbal::new(),
+            hook_slot,
             steering_installed: AtomicBool::new(false),
             counted: AtomicBool::new(false),
         });
@@ -188,6 +212,12 @@ unsafe extern "C" fn evt_filter_cleanup(object: WDFOBJECT) {
     // SAFETY: (F14) no callback of the device runs any more; this is the only reference.
     let filter = unsafe { &*state };
     ibal::unbind(filter);
+    // The remove IRP went down before the device is deleted: ibbus has deregistered the
+    // CA, AL calls no verb of it, and the slot may serve the next HCA (its hook stays
+    // until unload).
+    if let Some(slot) = filter.hook_slot {
+        verbs_hook::release(slot);
+    }
     if filter.counted.swap(false, Ordering::AcqRel) {
         driver::with_filter_lock(|count| {
             *count = count.saturating_sub(1);
@@ -256,6 +286,42 @@ unsafe fn skip_current_irp_stack_location(irp: PIRP) {
     unsafe { stack.write(current.wrapping_add(1)) };
 }
 
+/// `IoCopyCurrentIrpStackLocationToNext` then `IoSetCompletionRoutine(irp, routine,
+/// context, TRUE, TRUE, TRUE)` (wdm.h, both `__forceinline`): the next lower location
+/// (`CurrentStackLocation - 1`) gets this one's contents up to `CompletionRoutine`, then
+/// the routine, its context and `SL_INVOKE_ON_SUCCESS | SL_INVOKE_ON_ERROR |
+/// SL_INVOKE_ON_CANCEL` as its `Control`.
+///
+/// # Safety
+///
+/// `irp` is a live IRP owned by the caller, about to be passed down; the stack has a
+/// location below the current one (the framework added one for the preprocess routine,
+/// and ibbus's is below it).
+unsafe fn copy_to_next_with_completion(
+    irp: PIRP,
+    routine: wdk_sys::PIO_COMPLETION_ROUTINE,
+    context: wdk_sys::PVOID,
+) {
+    // SAFETY: (F37) per the contract the IRP is live and ours.
+    let current = unsafe { current_stack_location(irp) };
+    // SAFETY: (F38) one below the current location is the next lower driver's, allocated
+    // by the I/O manager (the contract): in bounds of the IRP's stack locations.
+    let next = unsafe { current.sub(1) };
+    // SAFETY: (F39) both locations belong to the live IRP and are distinct; the next one
+    // is not in use until the IRP is passed down. Copied whole (the wdm.h macro copies up
+    // to `CompletionRoutine`; the two fields after it are overwritten below).
+    unsafe { core::ptr::copy_nonoverlapping(current, next, 1) };
+    // SAFETY: (F40) the next location, as F39 (`IoCopyCurrentIrpStackLocationToNext`
+    // clears `Control`; `IoSetCompletionRoutine` then sets the invoke bits).
+    unsafe {
+        (*next).Control = (SL_INVOKE_ON_SUCCESS | SL_INVOKE_ON_ERROR | SL_INVOKE_ON_CANCEL) as u8;
+    }
+    // SAFETY: (F41) as F40.
+    unsafe { (*next).CompletionRoutine = routine };
+    // SAFETY: (F42) as F40.
+    unsafe { (*next).Context = context };
+}
+
 /// The WDM preprocess routine for `IRP_MJ_PNP` / `IRP_MN_QUERY_INTERFACE` (PASSIVE_LEVEL,
 /// PnP IRPs are sent at PASSIVE_LEVEL).
 unsafe extern "C" fn evt_preprocess_query_interface(device: WDFDEVICE, irp: PIRP) -> NTSTATUS {
@@ -269,6 +335,31 @@ unsafe extern "C" fn evt_preprocess_query_interface(device: WDFDEVICE, irp: PIRP
     // SAFETY: (F36) the stack location of an IRP_MN_QUERY_INTERFACE carries
     // `Parameters.QueryInterface` (wdm.h), set by the sender.
     let query = unsafe { parameters.QueryInterface };
+    // SAFETY: (F43) null or the sender's GUID, valid for the IRP's lifetime.
+    let requested = unsafe { query.InterfaceType.as_ref() };
+    if let (Some(slot), Some(guid)) = (filter.hook_slot, requested)
+        && verbs_hook::is_verbs_query(guid)
+    {
+        // ibbus's (and WinVerbs', WinMad's, ndfltr's) verbs query: down to the HCA with
+        // the hook's completion routine, which decides whether this table is patched.
+        // SAFETY: (F44) the IRP is ours (F19) and goes down now; the framework added a
+        // stack location for this preprocess routine, so one is below ours.
+        unsafe {
+            copy_to_next_with_completion(
+                irp,
+                Some(verbs_hook::query_interface_completed),
+                slot.completion_context(),
+            );
+        }
+        // SAFETY: (F45) as F26.
+        return unsafe {
+            wdk_sys::call_unsafe_wdf_function_binding!(
+                WdfDeviceWdmDispatchPreprocessedIrp,
+                device,
+                irp
+            )
+        };
+    }
     let interface_type = if query.InterfaceType.is_null() {
         None
     } else {
@@ -324,16 +415,15 @@ unsafe extern "C" fn evt_preprocess_query_interface(device: WDFDEVICE, irp: PIRP
         }
         Err(why) => {
             if why.is_cm_query() {
-                ibcm_etw::cm_interface_query(
-                    ca_guid,
-                    query.Version,
-                    query.Size,
-                    false,
-                    why.reason(),
-                );
+                // No QP1 route: the HCA's own reason (which registration failed, what
+                // the verbs hook lacked) says more than "no route".
+                let reason = match why {
+                    PassDown::NoQp1Route => filter.route().reason(),
+                    _ => why.reason(),
+                };
+                ibcm_etw::cm_interface_query(ca_guid, query.Version, query.Size, false, reason);
                 wdk::println!(
-                    "ibcm: passed GUID_INFINIBAND_INTERFACE_CM down to AL's CM (CA {ca:#018x}): {}",
-                    why.reason()
+                    "ibcm: passed GUID_INFINIBAND_INTERFACE_CM down to AL's CM (CA {ca:#018x}): {reason}"
                 );
             }
             // SAFETY: (F25) the IRP is ours and goes down unchanged (the preprocess

@@ -177,6 +177,9 @@ pub struct Host {
     /// P_Key or MAD element): for the debugger.
     pub dropped_receives: AtomicU64,
     pub dropped_sends: AtomicU64,
+    /// MADs a steered port's `{M, Get}` service refused (`ibcm_qp1_hook::restore`: method
+    /// `M` without the hook's ticket, another method): for the debugger.
+    pub refused_receives: AtomicU64,
 }
 
 // SAFETY: (H3) the WDF handles are written once before the host is published and are
@@ -207,6 +210,7 @@ impl Host {
             released: core::cell::UnsafeCell::new(KEVENT::default()),
             dropped_receives: AtomicU64::new(0),
             dropped_sends: AtomicU64::new(0),
+            refused_receives: AtomicU64::new(0),
         }
     }
 

@@ -43,11 +43,13 @@ use alloc::vec::Vec;
 use core::cell::UnsafeCell;
 use core::ffi::{c_char, c_void};
 use core::ptr::NonNull;
-use core::sync::atomic::{AtomicPtr, AtomicU64, AtomicUsize, Ordering};
+use core::sync::atomic::{AtomicBool, AtomicPtr, AtomicU8, AtomicU64, AtomicUsize, Ordering};
 
-use ibcm_cep::{CmConfig, MadAddress, Transmit};
+use ibcm_cep::{CmConfig, MadAddress, MadOwner, Transmit};
 use ibcm_endpoint::Lock;
-use ibcm_mad::{CM_CLASS, CM_CLASS_VERSION, MAD_SIZE, Method};
+use ibcm_mad::{CM_CLASS, CM_CLASS_VERSION, MAD_SIZE};
+use ibcm_qp1_hook::route::{self, FIRST};
+use ibcm_qp1_hook::{HcaRoute, HookState, NoRoute, PrivateMethod, Registration};
 use wdk_sys::ntddk::{
     ExAcquireRundownProtection, ExInitializeRundownProtection, ExReleaseRundownProtection,
     ExWaitForRundownProtectionRelease,
@@ -57,7 +59,7 @@ use wdk_sys::{EX_RUNDOWN_REF, GUID, INTERFACE, NT_SUCCESS, NTSTATUS, PVOID, WDFD
 use crate::filter::FilterState;
 use crate::host::{Host, host};
 use crate::platform::KmdfLock;
-use crate::wdf;
+use crate::{verbs_hook, wdf};
 
 // ---------------------------------------------------------------------------------------
 // WinOF declarations
@@ -475,12 +477,27 @@ impl Al {
 /// a batch of 16 takes 6-10 us at 1e5 connections, `ibcm cmtime --dpc-times`).
 const DPC_BATCH: usize = 32;
 
+/// CA ports whose steering state a filter keeps (the verbs hook tracks 1..=4).
+const STEERED_PORTS: usize = 4;
+
 /// The IBAL side of one filter device (its context).
 pub struct FilterIbal {
     /// The binding, while bound.
     binding: AtomicPtr<Binding>,
-    /// Ports of this HCA with a registered CM MAD service (a working QP1 route).
+    /// Ports of this HCA with ibcm's ordinary CM MAD service, {Send, Get} (a working QP1
+    /// route).
     routed_ports: AtomicUsize,
+    /// Ports of this HCA with ibcm's private-method service {M, Get} (steered by the verbs
+    /// hook once the decision is set).
+    steered_ports: AtomicUsize,
+    /// The host port number of each steered CA port (index = CA port - 1), 0 while that
+    /// port is not steered: the steering decision's translation, read at DISPATCH_LEVEL
+    /// without a lock.
+    steered_host_port: [AtomicU8; STEERED_PORTS],
+    /// The slot's steering decision is set (`verbs_hook::set_steering`).
+    steering_set: AtomicBool,
+    /// Why the last port without a route has none (`NoRoute::code`), 0 if none failed.
+    no_route: AtomicU8,
     /// The bound CA (network order as AL reports it), 0 before binding: for the log.
     pub ca_guid: AtomicU64,
 }
@@ -490,14 +507,69 @@ impl FilterIbal {
         Self {
             binding: AtomicPtr::new(core::ptr::null_mut()),
             routed_ports: AtomicUsize::new(0),
+            steered_ports: AtomicUsize::new(0),
+            steered_host_port: [const { AtomicU8::new(0) }; STEERED_PORTS],
+            steering_set: AtomicBool::new(false),
+            no_route: AtomicU8::new(0),
             ca_guid: AtomicU64::new(0),
         }
     }
 
-    /// Whether some port of this HCA has a registered CM MAD service.
+    /// Whether some port of this HCA has a registered CM MAD service for Send.
     pub fn routed(&self) -> bool {
         self.routed_ports.load(Ordering::Acquire) > 0
     }
+
+    /// The HCA's route from what was recorded (`steering_installed`: the filter's flag).
+    pub fn route(&self, steering_installed: bool) -> HcaRoute {
+        HcaRoute::of(
+            self.routed_ports.load(Ordering::Acquire),
+            self.steered_ports.load(Ordering::Acquire),
+            steering_installed,
+            NoRoute::from_code(self.no_route.load(Ordering::Acquire)),
+        )
+    }
+
+    /// The host port number of a steered CA port.
+    fn steered_host_port(&self, ca_port: u8) -> Option<u8> {
+        let slot = self
+            .steered_host_port
+            .get(usize::from(ca_port).checked_sub(1)?)?;
+        Some(slot.load(Ordering::Acquire)).filter(|&n| n != 0)
+    }
+
+    fn record_no_route(&self, why: NoRoute) {
+        self.no_route.store(why.code(), Ordering::Release);
+    }
+}
+
+/// Sets the filter's `steering_installed` from what is recorded
+/// (`ibcm_qp1_hook::steering_in_place`).
+fn update_steering_installed(filter: &FilterState) {
+    let in_place = route::steering_in_place(
+        filter.ibal.steered_ports.load(Ordering::Acquire),
+        filter.ibal.steering_set.load(Ordering::Acquire),
+    );
+    filter.steering_installed.store(in_place, Ordering::Release);
+}
+
+/// The verbs hook's steering decision (`verbs_hook::Decide`), at DISPATCH_LEVEL from the
+/// hook's `poll_cq` thunk, inside the slot's steering lock: the CA port's host number,
+/// then `Device::owner_of` under the device lock (the only lock nesting: steering →
+/// engine). Allocates nothing. `context` is the filter's `FilterState` address
+/// (`set_steering` in `port_added`), valid until `clear_steering` in `unbind`.
+fn decide(context: usize, ca_port: u8, mad: &[u8]) -> bool {
+    let filter = core::ptr::with_exposed_provenance::<FilterState>(context);
+    // SAFETY: (I106) the address `port_added` registered for this filter's slot; the
+    // steering is cleared (`unbind`, under the slot's steering lock, which this runs
+    // inside) before the filter's context is dropped.
+    let filter = unsafe { &*filter };
+    let Some(host_port) = filter.ibal.steered_host_port(ca_port) else {
+        return false;
+    };
+    host()
+        .and_then(Host::core)
+        .is_some_and(|device| device.owner_of(host_port, mad) == MadOwner::Ours)
 }
 
 /// One binding to IBAL: the interface, the AL instance, the CA's alias PD and its ports.
@@ -533,6 +605,12 @@ impl Binding {
 pub struct Port {
     /// The host port number (what the dispatch layer calls the port).
     number: u8,
+    /// The CA's own port number (the verbs hook's port).
+    ca_port: u8,
+    /// The private method of the port's MAD service when it is `{M, Get}` (steered);
+    /// None for `{Send, Get}`. Written before each registration attempt, read-only once
+    /// a service exists.
+    private: Option<PrivateMethod>,
     binding: NonNull<Binding>,
     /// Written by `ib_get_spl_qp` before any callback can run; read-only afterwards.
     qp: Handle,
@@ -616,10 +694,34 @@ pub fn port_pkey_index(port: NonNull<Port>, pkey: u16) -> Option<u16> {
 // Binding IBAL (PASSIVE_LEVEL, the filter's self-managed I/O init and cleanup)
 // ---------------------------------------------------------------------------------------
 
-/// EvtDeviceSelfManagedIoInit's part: query IBAL down the stack and bind its CA. A filter
-/// that cannot bind stays a pass-through filter (every CM query goes down to AL's CM);
-/// its start never fails for it.
+/// EvtDeviceSelfManagedIoInit's part: query IBAL down the stack and bind its CA, then
+/// log the route the HCA got. A filter that cannot bind stays a pass-through filter
+/// (every CM query goes down to AL's CM); its start never fails for it.
 pub fn bind(filter: &FilterState) {
+    bind_ca(filter);
+    log_route(filter);
+}
+
+/// The route this HCA got, once its existing ports were reported (`IB_PNP_FLAG_REG_SYNC`):
+/// ETW `Qp1Route` and DbgPrint. Ordinary registration, QP1 steering, or none (AL's CM
+/// serves the HCA's clients) with the reason.
+fn log_route(filter: &FilterState) {
+    let route = filter.route();
+    let ca_guid = filter.ibal.ca_guid.load(Ordering::Relaxed);
+    ibcm_etw::qp1_route(ca_guid, route.is_route(), route.name(), route.reason());
+    let ca = u64::from_be(ca_guid);
+    if route.is_route() {
+        wdk::println!("ibcm: CA {ca:#018x}: QP1 route: {}", route.name());
+    } else {
+        wdk::println!(
+            "ibcm: CA {ca:#018x}: QP1 route: {}: {}",
+            route.name(),
+            route.reason()
+        );
+    }
+}
+
+fn bind_ca(filter: &FilterState) {
     let Some(host) = host() else {
         wdk::println!("ibcm: no control device: this HCA is not bound (AL's CM serves it)");
         return;
@@ -754,6 +856,17 @@ pub fn unbind(filter: &FilterState) {
     let Some(bound) = (unsafe { binding.as_ref() }) else {
         return;
     };
+    // No steering decision runs with this filter or its ports after this: every MAD goes
+    // to AL (before the ports go, and before the engine can).
+    if let Some(slot) = filter.hook_slot {
+        verbs_hook::clear_steering(slot);
+    }
+    filter.ibal.steering_set.store(false, Ordering::Release);
+    filter.ibal.steered_ports.store(0, Ordering::Release);
+    for entry in &filter.ibal.steered_host_port {
+        entry.store(0, Ordering::Release);
+    }
+    update_steering_installed(filter);
     let ports = bound.ports.with(core::mem::take);
     for port in &ports {
         // SAFETY: (I105) the port is live until its QP is destroyed (below or by AL).
@@ -836,8 +949,10 @@ unsafe fn port_added(binding: &Binding, record: *mut IbPnpPortRec) -> IbApiStatu
     // SAFETY: (I50) as I49.
     let attr = unsafe { &*port_record.p_port_attr };
     let host = binding.host();
+    let setup_failed = || binding.filter().ibal.record_no_route(NoRoute::PortSetup);
     if host.core().is_none() {
         let Some(seed) = random_seed() else {
+            setup_failed();
             return IB_ERROR;
         };
         let mut config = CmConfig::new(u64::from_be(ca.ca_guid), seed);
@@ -845,6 +960,7 @@ unsafe fn port_added(binding: &Binding, record: *mut IbPnpPortRec) -> IbApiStatu
         config.max_responder_resources = ca.max_qp_resp_res;
         config.max_initiator_depth = ca.max_qp_init_depth;
         if host.ensure_cm(config).is_err() {
+            setup_failed();
             return IB_ERROR;
         }
     }
@@ -857,15 +973,19 @@ unsafe fn port_added(binding: &Binding, record: *mut IbPnpPortRec) -> IbApiStatu
             attr.port_num,
             ibcm_endpoint::MAX_HOST_PORTS
         );
+        setup_failed();
         return IB_ERROR;
     };
     // SAFETY: (I51) AL's port attributes of this callback.
     let Some(attributes) = (unsafe { PortAttributes::from_record(attr) }) else {
         host.ports.with(|t| t.numbers.deactivate(number));
+        setup_failed();
         return IB_ERROR;
     };
     let port = alloc::boxed::Box::into_raw(alloc::boxed::Box::new(Port {
         number,
+        ca_port: attr.port_num,
+        private: None,
         binding: NonNull::from(binding),
         qp: core::ptr::null_mut(),
         pool_key: core::ptr::null_mut(),
@@ -912,45 +1032,66 @@ unsafe fn port_added(binding: &Binding, record: *mut IbPnpPortRec) -> IbApiStatu
         // SAFETY: (I54) from Box::into_raw above; no QP refers to it.
         drop(unsafe { alloc::boxed::Box::from_raw(port) });
         host.ports.with(|t| t.numbers.deactivate(number));
+        setup_failed();
         return status;
     }
-    let mut methods = [0i32; IB_MAX_METHODS];
-    methods[usize::from(u8::from(Method::Send))] = 1;
-    methods[usize::from(u8::from(Method::Get))] = 1;
-    let service = IbMadSvc {
-        mad_svc_context: port.cast(),
-        pfn_mad_send_cb: Some(mad_sent),
-        pfn_mad_recv_cb: Some(mad_received),
-        support_unsol: 1,
-        mgmt_class: CM_CLASS,
-        mgmt_version: CM_CLASS_VERSION,
-        method_array: methods,
-        svc_type: IB_MAD_SVC_DEFAULT,
-    };
     // SAFETY: (I55) nothing else refers to the port until its MAD service exists (the QP
     // has no callbacks before that).
     unsafe { (*port).qp = qp };
     // SAFETY: (I98) as I55.
     unsafe { (*port).pool_key = pool_key };
-    let mut mad_svc: Handle = core::ptr::null_mut();
-    // SAFETY: (I56) the QP was just created; the service description and the out pointer
-    // outlive the call.
-    let status = unsafe { (binding.al.reg_mad_svc)(qp, &raw const service, &raw mut mad_svc) };
-    if status != IB_SUCCESS {
-        // The GSI dispatcher takes one client per (class, version, method): on a stock
-        // WinOF build IBAL's own CEP manager holds CM class 2 Send (al_mad.c
-        // `__mad_disp_reg_unsol`), and this fails.
-        // Without a route on any port of this HCA the filter passes CM queries down
-        // (`ibcm_iba_cm::PassDown::NoQp1Route`, logged with each query).
-        wdk::println!(
-            "ibcm: ib_reg_mad_svc(CM) failed on port {}: {status} (is IBAL's own CM registered?)",
-            attr.port_num
-        );
-        host.ports.with(|t| t.numbers.deactivate(number));
-        // SAFETY: (I57) the QP is ours; `port_destroyed` frees the port once AL is done.
-        let _destroyed = unsafe { (binding.al.destroy_qp)(qp, Some(port_destroyed)) };
-        return status;
-    }
+    let filter = binding.filter();
+    // The ordinary registration first, then (AL's CM holds Send) the private method if
+    // the verbs hook can steer this port (`ibcm_qp1_hook::route` decides).
+    let mut registration = FIRST;
+    let mad_svc = loop {
+        let private = match registration {
+            Registration::Ordinary => None,
+            Registration::Private(m) => Some(m),
+        };
+        // SAFETY: (I107) as I55: no service of the port exists (none registered yet, or
+        // the previous attempt failed).
+        unsafe { (*port).private = private };
+        match register_cm_service(binding, qp, port, registration) {
+            Ok(mad_svc) => break mad_svc,
+            Err(status) => {
+                let hook = HookState {
+                    method: filter.hook_slot.and_then(verbs_hook::method),
+                    table: filter
+                        .hook_slot
+                        .map_or(ibcm_qp1_hook::Table::NotSeen, verbs_hook::table),
+                    qp1_tracked: filter
+                        .hook_slot
+                        .is_some_and(|s| verbs_hook::qp1_tracked(s, attr.port_num)),
+                };
+                match route::after_failure(registration, &hook) {
+                    Ok(next) => {
+                        wdk::println!(
+                            "ibcm: ib_reg_mad_svc(CM {{Send, Get}}) failed on port {}: {status}; AL's CM holds Send: trying {next:?} with QP1 steering",
+                            attr.port_num
+                        );
+                        registration = next;
+                    }
+                    Err(why) => {
+                        // Without a route on any port of this HCA the filter passes CM
+                        // queries down (`PassDown::NoQp1Route`, logged with this reason).
+                        wdk::println!(
+                            "ibcm: no QP1 route on port {} ({registration:?} failed: {status}): {}",
+                            attr.port_num,
+                            why.reason()
+                        );
+                        filter.ibal.record_no_route(why);
+                        host.ports.with(|t| t.numbers.deactivate(number));
+                        // SAFETY: (I57) the QP is ours; `port_destroyed` frees the port
+                        // once AL is done.
+                        let _destroyed =
+                            unsafe { (binding.al.destroy_qp)(qp, Some(port_destroyed)) };
+                        return status;
+                    }
+                }
+            }
+        }
+    };
     // SAFETY: (I58) the port is live (owned by this function until published below).
     unsafe { (*port).mad_svc.store(mad_svc, Ordering::Release) };
     // SAFETY: (I59) `port` is non-null (from Box::into_raw).
@@ -964,21 +1105,98 @@ unsafe fn port_added(binding: &Binding, record: *mut IbPnpPortRec) -> IbApiStatu
         }
     });
     if !published {
+        setup_failed();
         host.ports.with(|t| t.numbers.deactivate(number));
         // SAFETY: (I60) as I57.
         let _destroyed = unsafe { (binding.al.destroy_qp)(qp, Some(port_destroyed)) };
         return IB_ERROR;
     }
     host.ports.with(|t| t.publish(number, port_ptr));
-    binding
-        .filter()
-        .ibal
-        .routed_ports
-        .fetch_add(1, Ordering::AcqRel);
+    match registration {
+        Registration::Ordinary => {
+            filter.ibal.routed_ports.fetch_add(1, Ordering::AcqRel);
+        }
+        Registration::Private(_) => start_steering(filter, attr.port_num, number),
+    }
     // SAFETY: (I61) the record is valid for the callback; AL keeps the context for the
     // port's later events (ib_pnp_rec_t `context`).
     unsafe { (*record).pnp_rec.context = port.cast() };
     IB_SUCCESS
+}
+
+/// `ib_reg_mad_svc` for the CM class on the port's QP1 alias with `registration`'s
+/// unsolicited methods (`ib_mad_svc_t`, the port as its context). PASSIVE_LEVEL.
+fn register_cm_service(
+    binding: &Binding,
+    qp: Handle,
+    port: *mut Port,
+    registration: Registration,
+) -> Result<Handle, IbApiStatus> {
+    let mut methods = [0i32; IB_MAX_METHODS];
+    for m in registration.methods() {
+        if let Some(slot) = methods.get_mut(usize::from(m)) {
+            *slot = 1;
+        }
+    }
+    let service = IbMadSvc {
+        mad_svc_context: port.cast(),
+        pfn_mad_send_cb: Some(mad_sent),
+        pfn_mad_recv_cb: Some(mad_received),
+        support_unsol: 1,
+        mgmt_class: CM_CLASS,
+        mgmt_version: CM_CLASS_VERSION,
+        method_array: methods,
+        svc_type: IB_MAD_SVC_DEFAULT,
+    };
+    // A fresh out pointer per attempt: a failed registration writes a dangling handle
+    // into it (`al_mad.c` `reg_mad_svc`, winof-deployment.md §2).
+    let mut mad_svc: Handle = core::ptr::null_mut();
+    // SAFETY: (I56) the QP is the port's live QP1 alias; the service description and the
+    // out pointer outlive the call.
+    let status = unsafe { (binding.al.reg_mad_svc)(qp, &raw const service, &raw mut mad_svc) };
+    if status == IB_SUCCESS {
+        Ok(mad_svc)
+    } else {
+        Err(status)
+    }
+}
+
+/// A port's `{M, Get}` service is registered and published: record the CA port's host
+/// number for the decision, set the slot's steering (once per binding) and the filter's
+/// `steering_installed`. Until this runs every MAD of the port goes to AL.
+fn start_steering(filter: &FilterState, ca_port: u8, host_port: u8) {
+    let Some(slot) = filter.hook_slot else {
+        return;
+    };
+    if let Some(entry) = usize::from(ca_port)
+        .checked_sub(1)
+        .and_then(|i| filter.ibal.steered_host_port.get(i))
+    {
+        entry.store(host_port, Ordering::Release);
+    }
+    filter.ibal.steered_ports.fetch_add(1, Ordering::AcqRel);
+    if !filter.ibal.steering_set.load(Ordering::Acquire) {
+        let context = core::ptr::from_ref(filter).expose_provenance();
+        let set = verbs_hook::set_steering(slot, decide, context);
+        filter.ibal.steering_set.store(set, Ordering::Release);
+    }
+    update_steering_installed(filter);
+}
+
+/// Ends a port's steering (its removal): the decision answers "AL's" for it from now on.
+fn stop_steering(filter: &FilterState, ca_port: u8) {
+    if let Some(entry) = usize::from(ca_port)
+        .checked_sub(1)
+        .and_then(|i| filter.ibal.steered_host_port.get(i))
+    {
+        entry.store(0, Ordering::Release);
+    }
+    let _previous =
+        filter
+            .ibal
+            .steered_ports
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| n.checked_sub(1));
+    update_steering_installed(filter);
 }
 
 /// IB_PNP_PORT_REMOVE: unpublish the port (its host number translates no more), wait for
@@ -1003,12 +1221,14 @@ unsafe fn port_removed(binding: &Binding, port: *mut Port) -> IbApiStatus {
         return IB_SUCCESS;
     }
     // SAFETY: (I62) the port is live until its QP's destroy callback.
-    unpublish(binding.host(), unsafe { &*port });
-    binding
-        .filter()
-        .ibal
-        .routed_ports
-        .fetch_sub(1, Ordering::AcqRel);
+    let port_ref = unsafe { &*port };
+    unpublish(binding.host(), port_ref);
+    let filter = binding.filter();
+    if port_ref.private.is_some() {
+        stop_steering(filter, port_ref.ca_port);
+    } else {
+        filter.ibal.routed_ports.fetch_sub(1, Ordering::AcqRel);
+    }
     // SAFETY: (I63) as I62.
     let qp = unsafe { (*port).qp };
     // SAFETY: (I64) the QP is the port's; asynchronous destruction (WinOF's CM does the
@@ -1092,6 +1312,16 @@ unsafe extern "C" fn mad_received(
         let bytes = unsafe { core::slice::from_raw_parts(e.p_mad_buf.cast::<u8>(), len) };
         mad[..len].copy_from_slice(bytes);
     }
+    // A steered port's `{M, Get}` service: a MAD with `M` is ibcm's only if the hook
+    // remapped it (its ticket), and gets Send back; a Get passes; anything else (`M` sent
+    // on the wire) is dropped (`ibcm_qp1_hook::restore` decides).
+    let restored = port.private.is_none_or(|m| {
+        let from_hook = binding
+            .filter()
+            .hook_slot
+            .is_some_and(|slot| verbs_hook::claim(slot, port.ca_port, &mad[..len]));
+        ibcm_qp1_hook::restore(&mut mad[..len], m, from_hook).is_ok()
+    });
     let gid = if e.grh_valid != 0 && !e.p_grh.is_null() {
         // SAFETY: (I73) with `grh_valid` the element's GRH buffer holds the received GRH
         // (packed: read unaligned).
@@ -1113,6 +1343,10 @@ unsafe extern "C" fn mad_received(
     });
     // SAFETY: (I74) the element came from AL in this callback and is not used afterwards.
     unsafe { binding.al.put_mad(element, line!()) };
+    if !restored {
+        host.refused_receives.fetch_add(1, Ordering::Relaxed);
+        return;
+    }
     let queued = source.is_some_and(|source| host.ring.push(source, &mad));
     if !queued {
         host.dropped_receives.fetch_add(1, Ordering::Relaxed);

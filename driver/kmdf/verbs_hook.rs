@@ -45,12 +45,12 @@ use alloc::boxed::Box;
 use core::ffi::c_void;
 use core::mem::{offset_of, size_of};
 use core::ptr;
-use core::sync::atomic::{AtomicBool, AtomicPtr, Ordering};
+use core::sync::atomic::{AtomicBool, AtomicPtr, AtomicU8, Ordering};
 
 use ibcm_endpoint::Lock as _;
 use ibcm_qp1_hook::method::RECEIVE_SIZE;
 use ibcm_qp1_hook::{
-    Hook, Install, Memory, NotTracked, PrivateMethod, Qp1, Steer, VerbsQuery, WorkCompletion,
+    Hook, Install, Memory, NotTracked, PrivateMethod, Qp1, Steer, Table, VerbsQuery, WorkCompletion,
 };
 use wdk_sys::ntddk::MmGetVirtualForPhysical;
 use wdk_sys::{
@@ -276,6 +276,8 @@ struct Slot {
     original: [AtomicPtr<c_void>; VERBS],
     /// The decision, while the filter's engine runs.
     steering: KmdfLock<Option<(Decide, usize)>>,
+    /// What became of ibbus's verbs table ([`Table::code`]), since [`reserve`].
+    table: AtomicU8,
 }
 
 static SLOTS: [Slot; MAX_HCAS] = [const {
@@ -284,6 +286,7 @@ static SLOTS: [Slot; MAX_HCAS] = [const {
         hook: AtomicPtr::new(ptr::null_mut()),
         original: [const { AtomicPtr::new(ptr::null_mut()) }; VERBS],
         steering: KmdfLock::new(None),
+        table: AtomicU8::new(0),
     }
 }; MAX_HCAS];
 
@@ -343,6 +346,7 @@ pub fn reserve(method: PrivateMethod) -> Option<SlotId> {
             .is_ok()
     })?;
     let slot = &SLOTS[index];
+    slot.table.store(Table::NotSeen.code(), Ordering::Release);
     if slot.hook.load(Ordering::Acquire).is_null() {
         let Some(hook) = VerbsHook::new(MAX_PORTS, method) else {
             slot.taken.store(false, Ordering::Release);
@@ -377,11 +381,50 @@ pub fn unload() {
     }
 }
 
-/// The filter's engine exists: steer with `decide(context, ..)` (`CmManager::owner_of
-/// == Ours` under the engine's lock). ≤ DISPATCH_LEVEL.
-pub fn set_steering(id: SlotId, decide: Decide, context: usize) {
-    if let Some(slot) = SLOTS.get(id.0) {
-        slot.steering.with(|s| *s = Some((decide, context)));
+/// The filter's engine exists and ibcm's `{M, Get}` service is registered: steer with
+/// `decide(context, ..)` (`Device::owner_of == Ours` under the engine's lock).
+/// ≤ DISPATCH_LEVEL. False if the slot does not exist (nothing is steered).
+pub fn set_steering(id: SlotId, decide: Decide, context: usize) -> bool {
+    let Some(slot) = SLOTS.get(id.0) else {
+        return false;
+    };
+    slot.steering.with(|s| *s = Some((decide, context)));
+    true
+}
+
+/// The private method of the slot's hook (None without a hook).
+pub fn method(id: SlotId) -> Option<PrivateMethod> {
+    SLOTS.get(id.0).and_then(slot_hook).map(VerbsHook::method)
+}
+
+/// What became of ibbus's verbs table on the slot's HCA.
+pub fn table(id: SlotId) -> Table {
+    SLOTS.get(id.0).map_or(Table::NotSeen, |s| {
+        Table::from_code(s.table.load(Ordering::Acquire))
+    })
+}
+
+/// Whether the slot's hook tracks the QP1 of the HCA's port `port` (AL's `create_spl_qp`
+/// came through the thunk and was tracked).
+pub fn qp1_tracked(id: SlotId, port: u8) -> bool {
+    SLOTS
+        .get(id.0)
+        .and_then(slot_hook)
+        .is_some_and(|h| h.counters(port).is_some())
+}
+
+/// Whether `guid` is `GUID_RDMA_INTERFACE_VERBS` (the query the filter's preprocess sets
+/// [`query_interface_completed`] on).
+pub fn is_verbs_query(guid: &GUID) -> bool {
+    same_guid(guid)
+}
+
+/// Records a completed verbs query's outcome in slot `index` ([`Table::after`]).
+fn record_table(index: usize, outcome: Table, from_ibbus: bool) {
+    if let Some(slot) = SLOTS.get(index) {
+        let before = Table::from_code(slot.table.load(Ordering::Acquire));
+        slot.table
+            .store(before.after(outcome, from_ibbus).code(), Ordering::Release);
     }
 }
 
@@ -525,30 +568,48 @@ pub unsafe extern "C" fn query_interface_completed(
     let ours = unsafe { q.InterfaceType.as_ref() }.is_some_and(same_guid);
     let layout = size_of::<RdmaInterfaceVerbs>() as u16;
     let table = q.Interface.cast::<RdmaInterfaceVerbs>();
-    if !ours || !succeeded || q.Size < layout || table.is_null() {
+    let from_ibbus = !q.InterfaceSpecificData.is_null();
+    if !ours {
         return STATUS_CONTINUE_COMPLETION;
     }
-    // SAFETY: (V13) a successful query filled `Size` >= sizeof(RDMA_INTERFACE_VERBS) bytes
-    // of the querier's buffer, which it keeps until the IRP returns to it.
-    let table = unsafe { &mut *table };
+    // The table is read only when the query succeeded into a buffer of the whole layout;
+    // otherwise its versions are 0, which `install` never hooks (it reports the failure,
+    // another driver's query or the unknown layout, in its own order).
+    let table = if succeeded && q.Size >= layout {
+        // SAFETY: (V13) a successful query filled `Size` >= sizeof(RDMA_INTERFACE_VERBS)
+        // bytes of the querier's buffer (null: none), which it keeps until the IRP
+        // returns to it.
+        unsafe { table.as_mut() }
+    } else {
+        None
+    };
     let query = VerbsQuery {
         succeeded,
         requested_version: q.Version,
         size: q.Size,
-        from_ibbus: !q.InterfaceSpecificData.is_null(),
-        header_version: table.header.Version,
-        verbs_version: table.verbs.version,
+        from_ibbus,
+        header_version: table.as_ref().map_or(0, |t| t.header.Version),
+        verbs_version: table.as_ref().map_or(0, |t| t.verbs.version),
     };
-    match ibcm_qp1_hook::install(&query, layout) {
+    let patched = |table: Option<&mut RdmaInterfaceVerbs>| {
+        table.is_some_and(|t| patch(context.addr(), &mut t.verbs))
+    };
+    let outcome = match ibcm_qp1_hook::install(&query, layout) {
+        Install::Hook if patched(table) => Table::Patched,
         Install::Hook => {
-            if !patch(context.addr(), &mut table.verbs) {
-                wdk::println!("ibcm: verbs hook not installed: the slot's HCA entries differ");
-            }
+            wdk::println!(
+                "ibcm: verbs hook not installed: a required entry is missing or the slot's HCA entries differ"
+            );
+            Table::PatchRefused
         }
         Install::NotInstalled(why) => {
-            wdk::println!("ibcm: verbs table left as it came: {why:?}");
+            if from_ibbus {
+                wdk::println!("ibcm: ibbus's verbs table left as it came: {why:?}");
+            }
+            Table::Left(why)
         }
-    }
+    };
+    record_table(context.addr(), outcome, from_ibbus);
     STATUS_CONTINUE_COMPLETION
 }
 

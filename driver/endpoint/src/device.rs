@@ -24,7 +24,7 @@ pub use memory::DispatchMemory;
 use pool::{ROOM_RETRY_NS, RecordPool};
 use table::Table;
 
-use ibcm_cep::{CmConfig, CmManager, Instant, MadAddress, Transmit};
+use ibcm_cep::{CmConfig, CmManager, Instant, MadAddress, MadOwner, Transmit};
 use ibcm_ioctl::status;
 
 use crate::platform::{Lock, Platform, Request};
@@ -187,6 +187,18 @@ impl<P: Platform> Device<P> {
     /// Runs `f` on the engine under the lock (counters and diagnostics).
     pub fn with_engine<T>(&self, f: impl FnOnce(&CmManager) -> T) -> T {
         self.inner.with(|i| f(&i.cm))
+    }
+
+    /// Whose a CM MAD received on host port `port` is, by this device's engine
+    /// ([`CmManager::owner_of`]): the QP1 steering decision beside another CM on the same
+    /// port (WinOF AL's on a stock host, issue #19), made from the QP1 verbs hook's
+    /// `poll_cq` thunk at DISPATCH_LEVEL. Takes the device lock for the call only; reads
+    /// the engine, changes nothing, allocates nothing, sends and completes nothing (no
+    /// flush), so it may run inside another lock of the caller's (the hook's steering
+    /// lock) as long as that lock is never taken under this one. After [`Device::remove`]
+    /// it still answers from the engine's last state.
+    pub fn owner_of(&self, port: u8, mad: &[u8]) -> MadOwner {
+        self.inner.with(|i| i.cm.owner_of(port, mad))
     }
 
     fn run<T>(&self, f: impl FnOnce(&mut Inner<P>) -> T) -> T {

@@ -80,6 +80,38 @@ pub fn cm_interface_query(ca_guid: u64, version: u16, size: u16, answered: bool,
     }
 }
 
+/// The QP1 route the HCA `ca_guid` (network order as AL reports it; 0 if IBAL was never
+/// bound) got once its ports were bound: ibcm's ordinary CM MAD service, QP1 steering by
+/// the verbs hook, or none (AL's CM serves the HCA's clients) for `reason`. Event
+/// `Qp1Route`, keyword 0x8, level Informational with a route, Warning without: the line
+/// an administrator looks for on a stock WinOF host (README "Windows").
+pub fn qp1_route(ca_guid: u64, routed: bool, route: &str, reason: &str) {
+    let ca_guid = u64::from_be(ca_guid);
+    if routed {
+        tlg::write_event!(
+            PROVIDER,
+            "Qp1Route",
+            level(Informational),
+            keyword(0x8),
+            u64("CaGuid", &ca_guid),
+            bool8("Routed", &routed),
+            str8("Route", route),
+            str8("Reason", reason),
+        );
+    } else {
+        tlg::write_event!(
+            PROVIDER,
+            "Qp1Route",
+            level(Warning),
+            keyword(0x8),
+            u64("CaGuid", &ca_guid),
+            bool8("Routed", &routed),
+            str8("Route", route),
+            str8("Reason", reason),
+        );
+    }
+}
+
 /// The one sink the platform hands every device.
 pub static ETW: EtwSink = EtwSink;
 

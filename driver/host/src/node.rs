@@ -220,9 +220,7 @@ impl Node {
     /// beside another CM ([`ibcm_cep::CmManager::owner_of`], issue #19), made at
     /// DISPATCH_LEVEL as in the QP1 completion path.
     pub fn owner_of(&self, port: u8, mad: &[u8]) -> MadOwner {
-        at_dispatch(&self.platform.ledger, || {
-            self.device.with_engine(|cm| cm.owner_of(port, mad))
-        })
+        at_dispatch(&self.platform.ledger, || self.device.owner_of(port, mad))
     }
 
     /// MADs arrive together, as one QP1 completion pass hands them up (DISPATCH_LEVEL).

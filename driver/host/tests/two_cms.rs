@@ -331,3 +331,96 @@ fn replies_to_each_cms_own_requests_follow_its_comm_ids() {
     }
     assert_clean(&mut f, &[&peer, &ibcm, &al]);
 }
+
+/// `Device::owner_of`, the accessor the QP1 verbs hook's `poll_cq` thunk calls at
+/// DISPATCH_LEVEL (issue #19), gives the engine's own answer for every MAD of a live
+/// scenario and for altered copies of them (another method, no RemoteCommID, cut short),
+/// and allocates nothing while it does (the host verifier's DISPATCH_LEVEL rule).
+#[test]
+fn device_owner_of_agrees_with_the_engine_at_dispatch_and_allocates_nothing() {
+    use ibcm_cep::MadOwner;
+    use ibcm_host::verifier::at_dispatch;
+
+    let (mut f, shared) = fabric(23);
+    let peer = Arc::clone(&f.nodes[0]);
+    let (ibcm, al) = (Arc::clone(shared.ibcm()), Arc::clone(shared.al()));
+    let (peer_log, ibcm_log, al_log) = (log(), log(), log());
+    let ibcm_listen = listen(&ibcm, &ibcm_log, IBCM_SID);
+    let al_listen = listen(&al, &al_log, AL_SID);
+    let to_ibcm = connect(&peer, &peer_log, &params(0, 1, IBCM_SID, 0x11));
+    let to_al = connect(&peer, &peer_log, &params(0, 1, AL_SID, 0x12));
+    f.run_for(100_000);
+    let (ibcm_child, _) = ibcm
+        .device
+        .get_request_ex(ibcm_listen, recorder(&ibcm_log))
+        .expect("ibcm's REQ");
+    let (al_child, _) = al
+        .device
+        .get_request_ex(al_listen, recorder(&al_log))
+        .expect("AL's REQ");
+    ibcm.device
+        .send_rep(ibcm_child, &Pair::rep_params(0x21))
+        .unwrap();
+    al.device
+        .send_rep(al_child, &Pair::rep_params(0x22))
+        .unwrap();
+    f.run_for(100_000);
+    for id in [to_ibcm, to_al] {
+        peer.device.send_rtu(id, b"").unwrap();
+    }
+    f.run_for(100_000);
+    // Both connections established on both CMs: every MAD that crossed the fabric so far
+    // (REQ, REP, RTU of each), and altered copies.
+    let port = node_address(1).port;
+    let mut mads: Vec<Vec<u8>> = f
+        .capture
+        .as_ref()
+        .unwrap()
+        .iter()
+        .map(|c| c.mad.to_vec())
+        .collect();
+    let variants: Vec<Vec<u8>> = mads
+        .iter()
+        .flat_map(|m| {
+            let mut get = m.clone();
+            get[3] = 0x01;
+            let mut nobody = m.clone();
+            nobody[28..32].fill(0);
+            [get, nobody, m[..100].to_vec(), m[..20].to_vec()]
+        })
+        .collect();
+    mads.extend(variants);
+    let (mut ours, mut theirs) = (0, 0);
+    for mad in &mads {
+        let engine = ibcm.device.with_engine(|cm| cm.owner_of(port, mad));
+        let counted = allocation_counter::measure(|| {
+            let accessor = at_dispatch(&ibcm.platform.ledger, || ibcm.device.owner_of(port, mad));
+            assert_eq!(accessor, engine, "MAD {:02x?}", &mad[..mad.len().min(32)]);
+        });
+        assert_eq!(counted.count_total, 0);
+        match engine {
+            MadOwner::Ours => ours += 1,
+            MadOwner::Theirs => theirs += 1,
+        }
+    }
+    // The scenario gives both answers (ibcm's REQ and RTU; AL's, the REPs to the peer).
+    assert!(ours >= 2 && theirs >= 2, "ours {ours}, theirs {theirs}");
+    assert_eq!(ibcm.violations(), vec![]);
+    for id in [to_ibcm, to_al] {
+        peer.device.send_dreq(id, b"").unwrap();
+    }
+    f.run_for(100_000);
+    ibcm.device.send_drep(ibcm_child, b"").unwrap();
+    al.device.send_drep(al_child, b"").unwrap();
+    for (n, id) in [
+        (&peer, to_ibcm),
+        (&peer, to_al),
+        (&ibcm, ibcm_child),
+        (&ibcm, ibcm_listen),
+        (&al, al_child),
+        (&al, al_listen),
+    ] {
+        n.device.destroy_id(id);
+    }
+    assert_clean(&mut f, &[&peer, &ibcm, &al]);
+}

@@ -17,7 +17,8 @@
 //!
 //! Layout: [`version`] (whether a table is hooked), [`method`] (remap and restore),
 //! [`receives`] (`wr_id` -> buffer, bounded, preallocated), [`tickets`] (proof of a remap),
-//! [`port`] (one QP1's state and counters), [`hook`] (the verbs' bookkeeping per HCA).
+//! [`port`] (one QP1's state and counters), [`hook`] (the verbs' bookkeeping per HCA),
+//! [`route`] (which registration each port tries, and the route the HCA reports).
 //! Nothing here allocates at DISPATCH_LEVEL: each QP1's room is made at `create_spl_qp`
 //! (PASSIVE_LEVEL). Nothing is unsafe; the binding (`driver/kmdf/verbs_hook.rs`) owns the
 //! pointers.
@@ -31,6 +32,7 @@ pub mod hook;
 pub mod method;
 pub mod port;
 pub mod receives;
+pub mod route;
 mod sync;
 pub mod tickets;
 pub mod version;
@@ -41,4 +43,7 @@ pub use hook::{
 };
 pub use method::{Delivered, PrivateMethod, Refused, restore};
 pub use port::{Counters, Qp1};
+pub use route::{
+    HcaRoute, HookState, NoRoute, Registration, Table, after_failure, steering_in_place,
+};
 pub use version::{Install, NotInstalled, VerbsQuery, install};
