@@ -537,22 +537,37 @@ pub unsafe extern "C" fn evt_delivery_dpc(_dpc: WDFDPC) {
         return;
     };
     iba_cm.deliver();
-    if !host.retired.load(Ordering::Acquire) {
-        // SAFETY: (H24) a live child of the control device; WdfWorkItemEnqueue is callable
-        // at DISPATCH_LEVEL.
+    host.queue_passive_work();
+}
+
+impl Host {
+    /// Queues the work item (a no-op if it is already queued); callable at DISPATCH_LEVEL
+    /// and allocates nothing.
+    pub fn queue_passive_work(&self) {
+        if self.retired.load(Ordering::Acquire) || self.replenish_work_item.is_null() {
+            return;
+        }
+        // SAFETY: (H24) a live child of the control device (not null, not retired);
+        // WdfWorkItemEnqueue is callable at DISPATCH_LEVEL.
         unsafe {
             wdk_sys::call_unsafe_wdf_function_binding!(
                 WdfWorkItemEnqueue,
-                host.replenish_work_item
+                self.replenish_work_item
             );
         }
     }
 }
 
-/// The replenish work item (PASSIVE_LEVEL): tops the `iba_cm` pools up after
-/// `destroy_id`s at DISPATCH_LEVEL (REVIEW.md §6, step 4).
+/// The work item (PASSIVE_LEVEL): tops the `iba_cm` pools up after `destroy_id`s at
+/// DISPATCH_LEVEL (REVIEW.md §6, step 4), and does the dispatch layer's PASSIVE_LEVEL work
+/// a DISPATCH_LEVEL path asked for (`Platform::request_passive_work`: the event-record and
+/// private-data pools, the slab after a peak).
 pub unsafe extern "C" fn evt_replenish_work_item(_work_item: WDFWORKITEM) {
-    if let Some(iba_cm) = host().and_then(Host::cm).and_then(Cm::iba_cm) {
+    let Some(cm) = host().and_then(Host::cm) else {
+        return;
+    };
+    if let Some(iba_cm) = cm.iba_cm() {
         iba_cm.replenish();
     }
+    cm.device.passive_work();
 }

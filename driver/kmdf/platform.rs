@@ -264,6 +264,11 @@ impl Platform for KmdfPlatform {
         Some(&ibcm_etw::ETW)
     }
 
+    fn request_passive_work(&self) {
+        // The host's work item runs `Device::passive_work` (host.rs).
+        self.host().queue_passive_work();
+    }
+
     fn send(&self, transmit: &Transmit) {
         ibal::send(self.host(), transmit);
     }
