@@ -180,6 +180,8 @@ pub struct CmManager {
     /// Slab chunks given back after a peak (`trim`): (chunk, its slots' generations),
     /// kept so that the slots' next comm IDs follow on from their last ones.
     retired: crate::grow::Retired,
+    /// The room the last `prepare_for` was asked for (a listen's backlog): a trim keeps it.
+    room_wanted: usize,
     live: usize,
     /// The local comm ID layout (src/comm_id.rs).
     ids: CommIdSpace,
@@ -222,6 +224,7 @@ impl CmManager {
             slots: ChunkedVec::new(),
             free: VecDeque::new(),
             retired: Vec::new(),
+            room_wanted: 0,
             live: 0,
             ids: CommIdSpace::new(
                 config.comm_id_mask,

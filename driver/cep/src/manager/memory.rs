@@ -68,6 +68,11 @@ impl CmManager {
     pub fn prepare_for(&mut self, new: usize) -> Result<(), CmError> {
         let no = |_| CmError::NoResources;
         let ceps = self.live + new;
+        // What the owner wants room for (a listen's backlog) is kept: a trim between two
+        // calls must not give back what the next call would make again.
+        if new > 0 {
+            self.room_wanted = new;
+        }
         if self.trim_due(new) {
             self.trim(new);
         }
@@ -108,9 +113,11 @@ impl CmManager {
     /// for `new` more, and a sixteenth of it is chunks with no CEP: then the next
     /// [`prepare_for`](Self::prepare_for) (PASSIVE_LEVEL) gives them back. O(1).
     pub fn trim_due(&self, new: usize) -> bool {
+        let new = new.max(self.room_wanted);
         let resident = self.slots.resident();
-        let spare = (self.slots.retirable() * CHUNK).saturating_sub(Self::kept_for(new));
-        resident > TRIM_FACTOR * self.live + new + TRIM_SLACK && spare >= resident / 16
+        // The O(1) test first: `retirable` walks the chunks not yet full.
+        resident > TRIM_FACTOR * self.live + new + TRIM_SLACK
+            && (self.slots.retirable() * CHUNK).saturating_sub(Self::kept_for(new)) >= resident / 16
     }
 
     /// Vacant slots a trim keeps for `new` CEPs: as many chunks as they need free slots
@@ -154,18 +161,28 @@ impl CmManager {
     /// 12.9.8.3), and the lookups', timers' and free list's room beyond what the live
     /// CEPs and `new` more need.
     fn trim(&mut self, new: usize) {
+        let new = new.max(self.room_wanted);
         let keep = Self::kept_for(new) / CHUNK;
         if self.slots.retire_vacant(&mut self.retired, keep) > 0 {
             let slots = &self.slots;
             self.free.retain(|&i| slots.get(i as usize).is_some());
             self.free.shrink_to(self.slots.resident());
         }
+        // Rehashing costs O(entries): only tables over twice their need shrink.
         let ceps = self.live + new;
-        self.remote_ids.shrink_to(ceps);
-        self.remote_qpns.shrink_to(ceps);
-        self.sidr_requests.shrink_to(new.min(4096));
-        self.timers
-            .shrink_to(self.timers.len().max(ceps.saturating_mul(2)));
+        for map in [&mut self.remote_ids, &mut self.remote_qpns] {
+            if map.capacity() > 2 * ceps + TRIM_SLACK {
+                map.shrink_to(ceps);
+            }
+        }
+        let sidr = new.min(4096);
+        if self.sidr_requests.capacity() > 2 * sidr + TRIM_SLACK {
+            self.sidr_requests.shrink_to(sidr);
+        }
+        let timers = self.timers.len().max(ceps.saturating_mul(2));
+        if self.timers.capacity() > 2 * timers + TRIM_SLACK {
+            self.timers.shrink_to(timers);
+        }
         self.retired.shrink_to_fit();
     }
 

@@ -148,8 +148,9 @@ impl<T> Table<T> {
     pub(super) fn trim(&mut self, keep: usize) -> bool {
         let resident = self.slots.resident();
         let kept = keep.div_ceil(CHUNK);
-        let spare = self.slots.retirable().saturating_sub(kept) * CHUNK;
-        let due = resident > TRIM_FACTOR * self.live + keep + TRIM_SLACK && spare >= resident / 16;
+        // The O(1) test first: `retirable` walks the chunks not yet full.
+        let due = resident > TRIM_FACTOR * self.live + keep + TRIM_SLACK
+            && self.slots.retirable().saturating_sub(kept) * CHUNK >= resident / 16;
         if !due {
             return false;
         }
