@@ -60,8 +60,14 @@ impl PeerMap {
         self.0.insert(Self::key(&key), id)
     }
 
-    pub(super) fn remove(&mut self, key: &(u32, u64)) -> Option<CepId> {
-        self.0.remove(&Self::key(key))
+    /// Removes the entry for `key` if it names `id` (one probe: at 1e6 connections each is
+    /// a cache miss or two, in every timewait exit's timer pass). Allocates nothing.
+    pub(super) fn remove_if(&mut self, key: &(u32, u64), id: CepId) {
+        if let hashbrown::hash_map::Entry::Occupied(e) = self.0.entry(Self::key(key))
+            && *e.get() == id
+        {
+            e.remove();
+        }
     }
 
     pub(super) fn len(&self) -> usize {

@@ -40,12 +40,8 @@ impl CmManager {
     pub(super) fn forget_peer(&mut self, id: CepId) {
         let Some(c) = self.cep_any(id) else { return };
         let (rid, rqpn, guid) = (c.remote_comm_id, c.remote_qpn, c.remote_ca_guid);
-        if self.remote_ids.get(&(rid, guid)) == Some(&id) {
-            self.remote_ids.remove(&(rid, guid));
-        }
-        if self.remote_qpns.get(&(rqpn, guid)) == Some(&id) {
-            self.remote_qpns.remove(&(rqpn, guid));
-        }
+        self.remote_ids.remove_if(&(rid, guid), id);
+        self.remote_qpns.remove_if(&(rqpn, guid), id);
     }
 
     pub(super) fn leave_backlog(&mut self, id: CepId) {
