@@ -169,19 +169,20 @@ struct IbMadSvc {
     svc_type: i32,
 }
 
-/// `ib_qp_create_t` (ib_types.h).
+/// `ib_qp_create_t` (ib_types.h): AL's `create_qp` here, the HCA's `create_spl_qp` in
+/// `verbs_hook.rs`.
 #[repr(C)]
-struct IbQpCreate {
-    qp_type: i32,
-    sq_max_inline: u32,
-    sq_depth: u32,
-    rq_depth: u32,
-    sq_sge: u32,
-    rq_sge: u32,
-    h_sq_cq: Handle,
-    h_rq_cq: Handle,
-    h_srq: Handle,
-    sq_signaled: i32,
+pub(crate) struct IbQpCreate {
+    pub(crate) qp_type: i32,
+    pub(crate) sq_max_inline: u32,
+    pub(crate) sq_depth: u32,
+    pub(crate) rq_depth: u32,
+    pub(crate) sq_sge: u32,
+    pub(crate) rq_sge: u32,
+    pub(crate) h_sq_cq: Handle,
+    pub(crate) h_rq_cq: Handle,
+    pub(crate) h_srq: Handle,
+    pub(crate) sq_signaled: i32,
 }
 
 /// `ib_pnp_rec_t` (ib_al.h).

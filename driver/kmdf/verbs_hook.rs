@@ -47,6 +47,7 @@ use core::mem::{offset_of, size_of};
 use core::ptr;
 use core::sync::atomic::{AtomicBool, AtomicPtr, AtomicU8, Ordering};
 
+use crate::ibal::IbQpCreate;
 use ibcm_endpoint::Lock as _;
 use ibcm_qp1_hook::method::RECEIVE_SIZE;
 use ibcm_qp1_hook::{
@@ -115,21 +116,6 @@ struct IbWc {
     vendor_specific: u64,
     status: i32,
     recv: [u32; 5],
-}
-
-/// `ib_qp_create_t` (ib_types.h).
-#[repr(C)]
-struct IbQpCreate {
-    qp_type: i32,
-    sq_max_inline: u32,
-    sq_depth: u32,
-    rq_depth: u32,
-    sq_sge: u32,
-    rq_sge: u32,
-    h_sq_cq: Handle,
-    h_rq_cq: Handle,
-    h_srq: Handle,
-    sq_signaled: i32,
 }
 
 /// The leading members of `ib_qp_attr_t` (ib_types.h), up to `rq_depth`: all this file
@@ -229,7 +215,6 @@ const _: () = {
     assert!(size_of::<IbRecvWr>() == 32);
     assert!(size_of::<IbWc>() == 56);
     assert!(offset_of!(IbWc, status) == 32);
-    assert!(size_of::<IbQpCreate>() == 56);
     assert!(offset_of!(IbQpAttrHead, rq_depth) == 28);
     assert!(offset_of!(CiInterface, verbs) == 80);
     assert!(size_of::<CiInterface>() == 600);

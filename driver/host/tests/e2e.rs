@@ -925,18 +925,7 @@ fn the_drivers_memory_returns_to_its_baseline_after_a_peak() {
         .map(|k| establish(&mut fabric, fa, fb, listen, k))
         .collect();
     let peak: Vec<u64> = fabric.nodes.iter().map(|n| n.driver_bytes()).collect();
-    for (ep, child) in pairs {
-        for (node, file, h) in [(0, fa, ep), (1, fb, child)] {
-            let done =
-                fabric.nodes[node].ioctl_now(file, code::DESTROY, handle_in(h).as_bytes(), 0);
-            assert_eq!(done.status, status::SUCCESS);
-        }
-    }
-    // DREQ, DREP and timewait run in the background; then the PASSIVE_LEVEL work.
-    fabric.run_for(60_000_000_000);
-    for n in &fabric.nodes {
-        n.run_passive_work();
-    }
+    destroy_and_settle(&mut fabric, fa, fb, pairs);
     for (i, n) in fabric.nodes.iter().enumerate() {
         let (b, p, a) = (before[i], peak[i], n.driver_bytes());
         assert!(
@@ -968,17 +957,7 @@ fn waves_of_connections_leave_the_drivers_memory_flat() {
         let pairs: Vec<(u64, u64)> = (0..2500u32)
             .map(|k| establish(&mut fabric, fa, fb, listen, wave * 2500 + k))
             .collect();
-        for (ep, child) in pairs {
-            for (node, file, h) in [(0, fa, ep), (1, fb, child)] {
-                let done =
-                    fabric.nodes[node].ioctl_now(file, code::DESTROY, handle_in(h).as_bytes(), 0);
-                assert_eq!(done.status, status::SUCCESS);
-            }
-        }
-        fabric.run_for(60_000_000_000);
-        for n in &fabric.nodes {
-            n.run_passive_work();
-        }
+        destroy_and_settle(&mut fabric, fa, fb, pairs);
         after.push(
             fabric
                 .nodes
@@ -996,4 +975,25 @@ fn waves_of_connections_leave_the_drivers_memory_flat() {
         }
     }
     close_clean(&fabric, fa, fb);
+}
+
+/// Destroys both ends of every connection, lets DREQ, DREP and timewait run out in the
+/// background, then runs the PASSIVE_LEVEL work the timer asked for.
+fn destroy_and_settle(
+    fabric: &mut Fabric,
+    fa: ibcm_endpoint::FileId,
+    fb: ibcm_endpoint::FileId,
+    pairs: Vec<(u64, u64)>,
+) {
+    for (ep, child) in pairs {
+        for (node, file, h) in [(0, fa, ep), (1, fb, child)] {
+            let done =
+                fabric.nodes[node].ioctl_now(file, code::DESTROY, handle_in(h).as_bytes(), 0);
+            assert_eq!(done.status, status::SUCCESS);
+        }
+    }
+    fabric.run_for(60_000_000_000);
+    for n in &fabric.nodes {
+        n.run_passive_work();
+    }
 }
