@@ -176,7 +176,13 @@ fn established_connections_allocate_nothing() {
                 assert!(t.timewait_exit - before <= ibcm_cep::TIMER_BATCH);
                 passes += 1;
             }
-            assert_eq!(passes, M.div_ceil(ibcm_cep::TIMER_BATCH));
+            // Besides its timers, a pass pops at most TIMER_BATCH cancelled entries (the
+            // DREQs' retry timers here, one a CEP) in the loop and as many after it.
+            let live = M.div_ceil(ibcm_cep::TIMER_BATCH);
+            assert!(
+                (live..=live + M.div_ceil(2 * ibcm_cep::TIMER_BATCH)).contains(&passes),
+                "{passes} passes for {M} timers"
+            );
         }
         // 6. Destroy.
         for &cep in &a_ceps {
