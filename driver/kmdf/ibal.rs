@@ -889,14 +889,19 @@ pub fn unbind(filter: &FilterState) {
     drop(unsafe { alloc::boxed::Box::from_raw(binding) });
 }
 
-/// Takes a port out of the host's table and waits for the sends that found it
-/// (PASSIVE_LEVEL).
+/// Takes a port out of the host's table, waits for the sends that found it, and tells
+/// the dispatch layer (PASSIVE_LEVEL): every connection on the port gets DEVICE_REMOVAL
+/// now (user endpoints through their events, kernel clients through their callbacks)
+/// instead of ending by its timers.
 fn unpublish(host: &Host, port: &Port) {
     host.ports.with(|t| t.unpublish(port.number));
     // SAFETY: (I99) PASSIVE_LEVEL; the port is unpublished, so no new send can acquire the
     // protection (sends acquire it under the table lock): this waits for the ones in
     // flight. Never re-initialised.
     unsafe { ExWaitForRundownProtectionRelease(port.sends.get()) };
+    if let Some(cm) = host.cm() {
+        cm.device.remove_port(port.number);
+    }
 }
 
 // ---------------------------------------------------------------------------------------
@@ -1201,9 +1206,8 @@ fn stop_steering(filter: &FilterState, ca_port: u8) {
 }
 
 /// IB_PNP_PORT_REMOVE: unpublish the port (its host number translates no more), wait for
-/// its sends, destroy its QP (and MAD service); the port is freed when AL reports the QP
-/// destroyed. The dispatch layer has no per-port removal (REVIEW.md §3): connections on
-/// the port end by their timers.
+/// its sends, tell the dispatch layer (its connections get DEVICE_REMOVAL), destroy its
+/// QP (and MAD service); the port is freed when AL reports the QP destroyed.
 ///
 /// # Safety
 ///
