@@ -106,18 +106,26 @@ impl<P: Platform> Inner<P> {
             let events = VecDeque::with_capacity(CHILD_DEPTH);
             f.spares.push(Endpoint::new(CepId::from_raw(0), events));
         }
-        self.prepare_owners(want);
         // The engine: room for the burst, and for every live CEP to take its peer
-        // entries and timers (a REP or DREP for each connecting or disconnecting CEP).
+        // entries and timers (a REP or DREP for each connecting or disconnecting CEP);
+        // then the owner table, over the slab as it now is.
         let _ = self.cm.prepare_for(want);
+        self.prepare_owners(want);
     }
 
     /// Room in the owner table for `n` more CEPs, and in the batches (PASSIVE_LEVEL). The
-    /// engine reuses free slab slots before it grows the slab, so `n` new CEPs have
-    /// indices below the slab's high-water mark (which the table already covers) or below
-    /// live + `n`: the table grows to that and no further, however often this is called.
+    /// engine reuses a free slab slot only once `REUSE_AFTER` are free (a comm ID's reuse
+    /// distance), so a new CEP's index may be anywhere below the slab's capacity, however
+    /// few CEPs live: the table covers the whole slab (and live + `n`), and grows with it
+    /// and no further. (It used to cover live + `n` only: after a few dozen short-lived
+    /// CEPs a new one's index fell outside it, and a kernel client's `create_id` or REQ was
+    /// refused on an idle host.)
     pub(super) fn prepare_owners(&mut self, n: usize) {
-        let room = self.owners.len().max(self.cm.live_ceps() + n);
+        let room = self
+            .owners
+            .len()
+            .max(self.cm.live_ceps() + n)
+            .max(self.cm.slot_capacity());
         self.owners.resize(room, None);
         self.prepare_batches();
     }
