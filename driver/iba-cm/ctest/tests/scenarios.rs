@@ -814,6 +814,38 @@ fn refused_requests_never_grow_the_engine_at_dispatch() {
     w.finish();
 }
 
+/// Found by the `iba_cm` fuzz target: `destroy_id` runs no callback of another id. It
+/// topped the pools up (`replenish`, at PASSIVE_LEVEL) outside
+/// `without_client_callbacks`, and the dispatch layer's entry point delivered what was
+/// ready, here the REJ queued for a request until `get_request` took it: another id's
+/// callback ran inside the caller's `destroy_id`.
+#[test]
+fn destroy_id_runs_no_callback_of_another_id() {
+    let mut w = World::new(21);
+    let (listen, child, other, a) = (w.b.cep(), w.b.cep(), w.b.cep(), w.a.cep());
+    assert_eq!(listen.listen(SID, None, 0), status::SUCCESS);
+    assert_eq!(other.create(), status::SUCCESS);
+    assert_eq!(a.connect(SID, &path(0, 1), None, 0x11, &[], 1, 1), 0);
+    w.run(SETTLE);
+    // A gives up (its REQ times out): the REJ waits in B's request until it is taken.
+    a.destroy();
+    w.run(SETTLE);
+    let mut e = IbaCmEvent::zeroed(-1);
+    assert_eq!(listen.get_request(&child, &mut e), status::SUCCESS);
+    assert!(child.log().is_empty(), "no callback inside get_request");
+    other.destroy();
+    assert!(
+        child.log().is_empty(),
+        "no callback inside another id's destroy_id"
+    );
+    w.b.deliver();
+    assert_eq!(child.types(), [ev::REJ_RECEIVED]);
+    for c in [&child, &listen] {
+        c.destroy();
+    }
+    w.finish();
+}
+
 #[test]
 fn cancel_listen_refuses_pending_requests_and_listens_again() {
     let mut w = World::new(18);
