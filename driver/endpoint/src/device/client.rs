@@ -604,8 +604,6 @@ impl<P: Platform> Device<P> {
         let now = self.platform.now();
         self.run(|i| {
             let backlog = backlog as usize;
-            // The engine never grows at DISPATCH_LEVEL either (CmManager::set_fixed_room).
-            i.cm.set_fixed_room(true);
             let c = &mut i.clients;
             c.fixed = true;
             c.fixed_backlog = backlog;
