@@ -309,6 +309,19 @@ impl CmManager {
         self.fixed_room = on;
     }
 
+    /// Makes room (PASSIVE_LEVEL) for `n` listens more than are live, so that `listen`
+    /// allocates nothing for them.
+    pub fn reserve_listens(&mut self, n: usize) -> Result<(), CmError> {
+        self.listens
+            .try_reserve(n)
+            .map_err(|_| CmError::NoResources)
+    }
+
+    /// Listens `listen` adds without allocating.
+    pub fn listen_room(&self) -> usize {
+        self.listens.capacity() - self.listens.len()
+    }
+
     /// The CEP slot indices the slab holds without growing: every CEP made before it grows
     /// has an index below this.
     pub fn slot_capacity(&self) -> usize {
