@@ -182,6 +182,8 @@ pub struct CmManager {
     retired: crate::grow::Retired,
     /// The room the last `prepare_for` was asked for (a listen's backlog): a trim keeps it.
     room_wanted: usize,
+    /// Whether `alloc` may grow the slab (see [`Self::set_fixed_room`]).
+    fixed_room: bool,
     live: usize,
     /// The local comm ID layout (src/comm_id.rs).
     ids: CommIdSpace,
@@ -232,6 +234,7 @@ impl CmManager {
                 config.max_ceps,
                 rng.next_u32(),
             ),
+            fixed_room: false,
             tid_high: rng.next_u32(),
             tid_next: 0,
             rng,
@@ -319,6 +322,36 @@ impl CmManager {
         reserve_queue(&mut self.events, ceps.min(4096)).map_err(no)?;
         reserve_queue(&mut self.transmits, ceps.min(4096)).map_err(no)?;
         Ok(())
+    }
+
+    /// Fixed-room mode, for an owner that makes room ahead ([`Self::reserve`], at
+    /// PASSIVE_LEVEL) and receives at DISPATCH_LEVEL, where nothing may be allocated (the
+    /// kernel-client interface): a CEP that a received REQ or SIDR_REQ creates never grows
+    /// the slab; once its capacity is used, the oldest free slot is reused before
+    /// `REUSE_AFTER` are free (its generation still changes, so its comm ID does), or the
+    /// request is dropped as a full backlog drops it (its sender retries). `create` still
+    /// grows the slab (the owner checks [`Self::room`] first where it must not).
+    pub fn set_fixed_room(&mut self, on: bool) {
+        self.fixed_room = on;
+    }
+
+    /// Makes room (PASSIVE_LEVEL) for `n` listens more than are live, so that `listen`
+    /// allocates nothing for them.
+    pub fn reserve_listens(&mut self, n: usize) -> Result<(), CmError> {
+        self.listens
+            .try_reserve(n)
+            .map_err(|_| CmError::NoResources)
+    }
+
+    /// Listens `listen` adds without allocating.
+    pub fn listen_room(&self) -> usize {
+        self.listens.capacity() - self.listens.len()
+    }
+
+    /// The CEP slot indices the slab holds without growing: every CEP made before it grows
+    /// has an index below this.
+    pub fn slot_capacity(&self) -> usize {
+        self.slots.capacity()
     }
 
     /// How many more CEPs (and their lookups, timers, events and MADs) fit without
@@ -511,7 +544,10 @@ impl CmManager {
     /// - the slot released longest ago (FIFO), once [`REUSE_AFTER`] slots are free, or
     ///   whatever is free once the slab holds `max_ceps` (or all the layout's index bits
     ///   number);
-    /// - otherwise a fresh slot (from the room `reserve` made, or a new chunk).
+    /// - otherwise a fresh slot (from the room `reserve` made, or a new chunk), except for
+    ///   a CEP a received MAD creates in fixed-room mode ([`Self::set_fixed_room`]) once
+    ///   the room is used up: then the oldest free slot, however few are free (or
+    ///   `NoResources` if none is), so that nothing is allocated.
     ///
     /// So the free list, once it has reached `REUSE_AFTER`, never drops below
     /// `REUSE_AFTER - 1` (below the limit), and a released slot waits behind at least
@@ -523,9 +559,20 @@ impl CmManager {
     /// tree.) An ID whose wire value would be 0 is skipped (0 is "none", IBA Table 108
     /// RemoteCommID).
     fn alloc(&mut self) -> Result<CepId, CmError> {
+        self.alloc_slot(true)
+    }
+
+    /// [`Self::alloc`] for a CEP a received REQ or SIDR_REQ creates (DISPATCH_LEVEL on
+    /// Windows): in fixed-room mode it never grows the slab.
+    pub(crate) fn alloc_received(&mut self) -> Result<CepId, CmError> {
+        self.alloc_slot(!self.fixed_room)
+    }
+
+    fn alloc_slot(&mut self, may_grow: bool) -> Result<CepId, CmError> {
         let len = self.slots.len();
         let limit = self.ids.slots().min(self.config.max_ceps as usize);
-        let index = if self.free.len() >= REUSE_AFTER || len >= limit {
+        let full = !may_grow && len >= self.slots.capacity();
+        let index = if self.free.len() >= REUSE_AFTER || len >= limit || full {
             match self.free.pop_front() {
                 Some(index) => Some(index),
                 None => return Err(CmError::NoResources),

@@ -142,6 +142,10 @@ impl<P: Platform> Device<P> {
     pub fn new(platform: P, config: CmConfig) -> Self {
         let trace = DispatchHook::new(platform.tracer());
         let mut cm = CmManager::new(config);
+        // The receive path runs at DISPATCH_LEVEL: a CEP a REQ or SIDR_REQ creates comes
+        // from the room the PASSIVE_LEVEL paths made (prepare_for_requests after every
+        // IOCTL, listen_id, reserve_clients), never from a grown slab.
+        cm.set_fixed_room(true);
         cm.set_tracer(trace.engine());
         let mut inner = Inner {
             cm,

@@ -95,3 +95,24 @@ fn connect_accept_disconnect_through_callbacks() {
     assert_eq!(b.device.with_engine(|cm| cm.live_ceps()), 0);
     assert_eq!((a.violations(), b.violations()), (vec![], vec![]));
 }
+
+/// Found by the `iba_cm` fuzz target (fixed mode, as `iba_cm` runs the device): the
+/// owner table covered live + the room asked for, but the engine reuses a CEP slot only
+/// once `REUSE_AFTER` are free, so after a few dozen short-lived CEPs a new one's index
+/// fell outside the table and `create_id` failed with `NoResources` on an idle device.
+#[test]
+fn fixed_mode_create_and_destroy_never_run_out() {
+    let fabric = Fabric::new(1, 4);
+    let d = &fabric.nodes[0].device;
+    let log: Log = Arc::new(Mutex::new(Vec::with_capacity(64)));
+    d.reserve_clients(8, 2, 4, 4).unwrap();
+    for i in 0..400 {
+        let id = d
+            .create_id(recorder(&log))
+            .unwrap_or_else(|e| panic!("create_id {i}: {e:?}"));
+        d.destroy_id(id);
+        // iba_cm tops the room up after every destroy at PASSIVE_LEVEL.
+        d.reserve_clients(8, 2, 4, 4).unwrap();
+    }
+    assert_eq!(d.client_count(), 0);
+}

@@ -195,7 +195,10 @@ unsafe extern "C" fn destroy_id<B: Backend>(p_id: *mut IbaCmId) {
     }
     inst.free_slot(index);
     if inst.backend.at_passive() {
-        inst.replenish();
+        // The top-up is a dispatch-layer entry point too: what it finds ready waits for
+        // the deferred delivery, as for every other function (no callback of another id
+        // runs inside the caller's destroy_id).
+        d.without_client_callbacks(|| inst.replenish());
     }
     inst.after_downcall();
 }

@@ -93,7 +93,7 @@ impl CmManager {
             self.backlog_drop(AttributeId::Req);
             return;
         }
-        let Ok(id) = self.alloc() else {
+        let Ok(id) = self.alloc_received() else {
             self.backlog_drop(AttributeId::Req);
             return;
         };

@@ -213,7 +213,7 @@ impl CmManager {
             self.backlog_drop(AttributeId::SidrReq);
             return;
         }
-        let Ok(id) = self.alloc() else {
+        let Ok(id) = self.alloc_received() else {
             self.backlog_drop(AttributeId::SidrReq);
             return;
         };

@@ -658,6 +658,10 @@ impl<P: Platform> Device<P> {
                 warm += 1;
                 let _ = i.cm.destroy(now, cep);
             }
+            // Room in the listen table for `listens` more than are live: the warming above
+            // left room for one (listen, destroy, next), and each top-up gives back room
+            // for `listens` more listens' queues (listen_fixed refuses beyond the table).
+            i.cm.reserve_listens(listens)?;
             Ok(())
         })
     }
@@ -842,6 +846,10 @@ fn listen_fixed<P: Platform>(
 ) -> Result<(), CmError> {
     let backlog = i.clients.fixed_backlog;
     params.backlog = backlog as u32;
+    // The engine's listen table has room only for what reserve_clients made.
+    if i.cm.listen_room() == 0 {
+        return Err(CmError::NoResources);
+    }
     let has_room = i
         .clients
         .table

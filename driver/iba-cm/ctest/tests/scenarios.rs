@@ -896,6 +896,85 @@ fn no_room_for_a_request_rejects_it() {
     w.finish();
 }
 
+/// Found by the `iba_cm` fuzz target: requests that arrive while B's id pool is used up
+/// are refused on arrival, and never make B's engine grow at DISPATCH_LEVEL however many
+/// arrive before B next runs at PASSIVE_LEVEL (which tops the room up). Each arrival
+/// takes a CEP slot; the slab took a fresh slot for each until `REUSE_AFTER` were free, so
+/// the room made ahead ran out after a few dozen and the next arrival grew the slab
+/// (`CmManager::alloc`, from `on_req` / `on_sidr_req`).
+#[test]
+fn refused_requests_never_grow_the_engine_at_dispatch() {
+    let mut w = World::new(19);
+    let listen = w.b.cep();
+    assert_eq!(listen.listen(SID, None, 0), status::SUCCESS);
+    let idle: Vec<Cep> = (1..CONFIG.ids).map(|_| w.b.cep()).collect();
+    for c in &idle {
+        assert_eq!(c.create(), status::SUCCESS);
+    }
+    for i in 0..400 {
+        let a = w.a.cep();
+        let sent = if i % 2 < 2 {
+            a.connect(SID, &path(0, 1), None, 0x11, &[], 1, 1)
+        } else {
+            a.sidr_req(SID, &path(0, 1), &[], 1)
+        };
+        assert_eq!(
+            sent,
+            status::SUCCESS,
+            "request {i}: ids {} clients {} ceps {}",
+            w.a.ids_in_use(),
+            w.a.node.device.client_count(),
+            w.a.node.device.with_engine(|cm| cm.live_ceps())
+        );
+        w.run(SETTLE);
+        assert_eq!(w.b.violations(), vec![], "request {i}'s arrival at B");
+        a.destroy();
+        // A's CEP through its retries and timewait (A's room is not what this tests).
+        w.run(60_000_000_000);
+    }
+    let mut e = IbaCmEvent::zeroed(-1);
+    assert_eq!(
+        listen.get_request(&w.b.cep(), &mut e),
+        status::NO_MORE_ENTRIES
+    );
+    for c in idle.iter().chain([&listen]) {
+        c.destroy();
+    }
+    w.finish();
+}
+
+/// Found by the `iba_cm` fuzz target: `destroy_id` runs no callback of another id. It
+/// topped the pools up (`replenish`, at PASSIVE_LEVEL) outside
+/// `without_client_callbacks`, and the dispatch layer's entry point delivered what was
+/// ready, here the REJ queued for a request until `get_request` took it: another id's
+/// callback ran inside the caller's `destroy_id`.
+#[test]
+fn destroy_id_runs_no_callback_of_another_id() {
+    let mut w = World::new(21);
+    let (listen, child, other, a) = (w.b.cep(), w.b.cep(), w.b.cep(), w.a.cep());
+    assert_eq!(listen.listen(SID, None, 0), status::SUCCESS);
+    assert_eq!(other.create(), status::SUCCESS);
+    assert_eq!(a.connect(SID, &path(0, 1), None, 0x11, &[], 1, 1), 0);
+    w.run(SETTLE);
+    // A gives up (its REQ times out): the REJ waits in B's request until it is taken.
+    a.destroy();
+    w.run(SETTLE);
+    let mut e = IbaCmEvent::zeroed(-1);
+    assert_eq!(listen.get_request(&child, &mut e), status::SUCCESS);
+    assert!(child.log().is_empty(), "no callback inside get_request");
+    other.destroy();
+    assert!(
+        child.log().is_empty(),
+        "no callback inside another id's destroy_id"
+    );
+    w.b.deliver();
+    assert_eq!(child.types(), [ev::REJ_RECEIVED]);
+    for c in [&child, &listen] {
+        c.destroy();
+    }
+    w.finish();
+}
+
 #[test]
 fn cancel_listen_refuses_pending_requests_and_listens_again() {
     let mut w = World::new(18);
@@ -1050,6 +1129,23 @@ fn host_wide_port_numbers_reach_the_client_as_the_cas_own() {
     assert_eq!(unsafe { a_init.state.init }.primary_port, 1);
     for c in [&a, &child, &listen] {
         c.destroy();
+    }
+    w.finish();
+}
+
+/// Found by the `iba_cm` fuzz target: an idle host creates and destroys ids for ever.
+/// The owner table covered live + the room asked for, but the engine reuses a CEP slot
+/// only once `REUSE_AFTER` are free, so after a dozen create/destroy cycles (each top-up
+/// also warms the listen table with a few CEPs) a new CEP's index fell outside the table
+/// and `create_id` failed with STATUS_INSUFFICIENT_RESOURCES, with nothing alive.
+#[test]
+fn an_idle_host_creates_and_destroys_ids_for_ever() {
+    let mut w = World::new(20);
+    for i in 0..400 {
+        let a = w.a.cep();
+        assert_eq!(a.create(), status::SUCCESS, "create_id {i}");
+        a.destroy();
+        w.run(SETTLE);
     }
     w.finish();
 }
