@@ -45,10 +45,10 @@
 //! timer or a MAD, the interface holds only the harness's reference, and no rule was
 //! broken.
 //!
-//! Levels: a call that sends private data (or an ARI) runs at PASSIVE_LEVEL, and calls
-//! from callbacks carry none: the engine allocates a connection's cached private data at
-//! the first downcall that sends some (KNOWN GAP, pinned by the ctest
-//! `engine_private_data_cache_allocates`).
+//! Levels: calls with private data (or an ARI) run at DISPATCH_LEVEL and from callbacks
+//! like every other: the engine keeps private data in blocks grown at PASSIVE_LEVEL, so
+//! a downcall that finds none left gets STATUS_INSUFFICIENT_RESOURCES, never an
+//! allocation (the ctest `private_data_at_dispatch_allocates_nothing`).
 //!
 //! Cost: two nodes and their CM instances cost more than most inputs, so one world serves
 //! [`WORLD_USES`] inputs; after each, the checks above are its full reset. At most
@@ -875,24 +875,7 @@ fn perform_on(index: Option<usize>, node: usize, call: Call, dispatch: bool, nes
         None => (s.tables[node], &raw mut *s.bogus, None),
     });
     let node = rec.map_or(node, |r| r.node);
-    // No private data from a callback, nor at DISPATCH_LEVEL (KNOWN GAP, module docs).
-    let strip = |len: u8| if nested { 0 } else { len };
-    let has_pd = |lens: &[u8]| lens.iter().any(|&l| strip(l) > 0);
-    let lens: &[u8] = match call {
-        Call::SendReq { pdata, .. }
-        | Call::SendRep { pdata, .. }
-        | Call::FormatRep { pdata, .. }
-        | Call::SendRtu { pdata }
-        | Call::SendDreq { pdata }
-        | Call::SendDrep { pdata }
-        | Call::SendMra { pdata, .. }
-        | Call::SendLap { pdata, .. }
-        | Call::SendSidrReq { pdata, .. } => &[pdata],
-        Call::SendRej { ari, pdata, .. } => &[ari, pdata],
-        Call::SendApr { info, pdata, .. } | Call::SendSidrRep { info, pdata, .. } => &[info, pdata],
-        _ => &[],
-    };
-    let at_dispatch_level = nested || (dispatch && !has_pd(lens));
+    let at_dispatch_level = nested || dispatch;
     let run = |f: &mut dyn FnMut() -> NtStatus| -> NtStatus {
         if at_dispatch_level && !is_at_dispatch() {
             let ledger = with_world_ledger(node);
@@ -956,7 +939,7 @@ fn perform_on(index: Option<usize>, node: usize, call: Call, dispatch: bool, nes
         } => {
             let primary = path(node, 1 - node, knob);
             let alternate = path(node, 1 - node, PathKnob::Good);
-            let (p, len) = pd(strip(pdata));
+            let (p, len) = pd(pdata);
             let mut req = IbaCmReq {
                 service_id: Be64::new(SERVICES[usize::from(sid) % SERVICES.len()]),
                 p_primary_path: (&raw const primary).cast_mut(),
@@ -991,7 +974,7 @@ fn perform_on(index: Option<usize>, node: usize, call: Call, dispatch: bool, nes
             st
         }
         Call::SendRep { knobs, pdata } | Call::FormatRep { knobs, pdata, .. } => {
-            let (p, len) = pd(strip(pdata));
+            let (p, len) = pd(pdata);
             let mut rep = IbaCmRep {
                 qpn: Be32::new(qpn),
                 starting_psn: Be32::new(u32::from(knobs[0]) << 8 | 5),
@@ -1026,7 +1009,7 @@ fn perform_on(index: Option<usize>, node: usize, call: Call, dispatch: bool, nes
             st
         }
         Call::SendRtu { pdata } | Call::SendDreq { pdata } | Call::SendDrep { pdata } => {
-            let (p, len) = pd(strip(pdata));
+            let (p, len) = pd(pdata);
             let f = match call {
                 Call::SendRtu { .. } => table.send_rtu,
                 Call::SendDreq { .. } => table.send_dreq,
@@ -1043,21 +1026,21 @@ fn perform_on(index: Option<usize>, node: usize, call: Call, dispatch: bool, nes
             st
         }
         Call::SendRej { reason, ari, pdata } => {
-            let (a, alen) = pd(strip(ari));
-            let (p, len) = pd(strip(pdata));
+            let (a, alen) = pd(ari);
+            let (p, len) = pd(pdata);
             let f = table.send_rej.expect("send_rej");
             // SAFETY: the ARI and private data live for the call.
             run(&mut || unsafe { f(p_id, Be16::new(reason % 40), a, alen, p, len) })
         }
         Call::SendMra { timeout, pdata } => {
-            let (p, len) = pd(strip(pdata));
+            let (p, len) = pd(pdata);
             let f = table.send_mra.expect("send_mra");
             // SAFETY: the private data lives for the call.
             run(&mut || unsafe { f(p_id, timeout, p, len) })
         }
         Call::SendLap { pdata, path: knob } => {
             let mut alt = path(node, 1 - node, knob);
-            let (p, len) = pd(strip(pdata));
+            let (p, len) = pd(pdata);
             let mut lap = IbaCmLap {
                 p_alt_path: &raw mut alt,
                 p_pdata: p.cast_mut(),
@@ -1075,8 +1058,8 @@ fn perform_on(index: Option<usize>, node: usize, call: Call, dispatch: bool, nes
             info,
             pdata,
         } => {
-            let (i, ilen) = pd(strip(info));
-            let (p, len) = pd(strip(pdata));
+            let (i, ilen) = pd(info);
+            let (p, len) = pd(pdata);
             let mut apr = IbaCmApr {
                 p_pdata: p.cast_mut(),
                 p_info: i.cast_mut(),
@@ -1096,7 +1079,7 @@ fn perform_on(index: Option<usize>, node: usize, call: Call, dispatch: bool, nes
             path: knob,
         } => {
             let mut route = path(node, 1 - node, knob);
-            let (p, len) = pd(strip(pdata));
+            let (p, len) = pd(pdata);
             let mut req = IbaCmSidrReq {
                 service_id: Be64::new(SERVICES[usize::from(sid) % SERVICES.len()]),
                 p_path: &raw mut route,
@@ -1117,8 +1100,8 @@ fn perform_on(index: Option<usize>, node: usize, call: Call, dispatch: bool, nes
             info,
             pdata,
         } => {
-            let (i, ilen) = pd(strip(info));
-            let (p, len) = pd(strip(pdata));
+            let (i, ilen) = pd(info);
+            let (p, len) = pd(pdata);
             let mut rep = IbaCmSidrRep {
                 qpn: Be32::new(qpn),
                 qkey: Be32::new(qkey),
