@@ -24,6 +24,10 @@ pub fn reserve_queue<T>(queue: &mut VecDeque<T>, n: usize) -> Result<(), TryRese
 /// Elements per chunk (a power of two: indexing is a shift and a mask).
 pub const CHUNK: usize = 128;
 
+/// A slab is trimmed once it holds more than this many times the slots its occupants
+/// need (see [`ChunkedVec::trim_due`]).
+pub const TRIM_FACTOR: usize = 4;
+
 /// A growable array whose elements never move (see the module docs).
 #[derive(Debug)]
 pub struct ChunkedVec<T> {
@@ -115,6 +119,18 @@ impl<T> ChunkedVec<T> {
         let not_full = self.occupants.get(self.len / CHUNK..).unwrap_or_default();
         self.vacant
             .saturating_sub(not_full.iter().filter(|&&n| n == 0).count())
+    }
+
+    /// Whether a trim would be worth it (O(1) first, then the walk of `retirable`): the
+    /// chunks in memory hold over [`TRIM_FACTOR`] times the `live` occupants' slots beyond
+    /// `room` wanted and `slack`, and a sixteenth of them is vacant chunks beyond the
+    /// `kept` chunks a trim leaves for the wanted room. Hysteresis: a steady load never
+    /// pays for a trim, and a trim always gives back a sixteenth at least.
+    #[must_use]
+    pub fn trim_due(&self, live: usize, room: usize, slack: usize, kept: usize) -> bool {
+        let resident = self.resident();
+        resident > TRIM_FACTOR * live + room + slack
+            && self.retirable().saturating_sub(kept) * CHUNK >= resident / 16
     }
 
     /// Elements the chunks in memory (not retired) have room for.

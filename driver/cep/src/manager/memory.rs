@@ -8,11 +8,8 @@ use super::CmManager;
 use crate::error::CmError;
 use crate::grow::{CHUNK, HeapBytes, reserve_queue, retired_bytes};
 
-/// The slab is trimmed once it holds more than this many times the slots live CEPs need,
-/// beyond the room wanted and [`TRIM_SLACK`]: hysteresis, so that a steady load never
-/// pays for it.
-const TRIM_FACTOR: usize = 4;
-/// Slots a slab keeps however few CEPs live (16 chunks, about 1 MB).
+/// Slots the slab keeps however few CEPs live (16 chunks, about 1 MB); also the room a
+/// lookup or the timer heap keeps beyond twice its need.
 const TRIM_SLACK: usize = 16 * CHUNK;
 
 /// The manager's heap by part (see [`CmManager::memory`]).
@@ -109,15 +106,13 @@ impl CmManager {
         Ok(())
     }
 
-    /// Whether the slab holds over TRIM_FACTOR times what the live CEPs need, beyond room
+    /// Whether the slab holds over `TRIM_FACTOR` times what the live CEPs need, beyond room
     /// for `new` more, and a sixteenth of it is chunks with no CEP: then the next
     /// [`prepare_for`](Self::prepare_for) (PASSIVE_LEVEL) gives them back. O(1).
     pub fn trim_due(&self, new: usize) -> bool {
         let new = new.max(self.room_wanted);
-        let resident = self.slots.resident();
-        // The O(1) test first: `retirable` walks the chunks not yet full.
-        resident > TRIM_FACTOR * self.live + new + TRIM_SLACK
-            && (self.slots.retirable() * CHUNK).saturating_sub(Self::kept_for(new)) >= resident / 16
+        let kept = Self::kept_for(new) / CHUNK;
+        self.slots.trim_due(self.live, new, TRIM_SLACK, kept)
     }
 
     /// Vacant slots a trim keeps for `new` CEPs: as many chunks as they need free slots

@@ -318,15 +318,15 @@ impl<P: Platform> Inner<P> {
             };
             // An endpoint stays on the list until its FIFO is empty: destroyed, or read
             // by its own GET_EVENT meanwhile, it goes.
-            let next = match f.endpoints.get_mut(handle) {
+            let (next, leaves) = match f.endpoints.get_mut(handle) {
                 Some(ep) => {
                     let next = ep.events.pop_front();
                     ep.ready = !ep.events.is_empty();
-                    next
+                    (next, !ep.ready)
                 }
-                None => None,
+                None => (None, true),
             };
-            if f.endpoints.get(handle).is_none_or(|ep| !ep.ready) {
+            if leaves {
                 f.ready.pop_front();
             }
             let Some(record) = next.and_then(|index| self.records.take(index)) else {

@@ -5,9 +5,6 @@ use alloc::vec::Vec;
 
 use ibcm_cep::grow::{CHUNK, ChunkedVec, Retired, Vacancy, retired_bytes};
 
-/// A table is trimmed once it holds more than this many times the slots its live values
-/// need, beyond the room wanted and [`TRIM_SLACK`] (hysteresis: a steady load never pays).
-const TRIM_FACTOR: usize = 4;
 /// Slots a table keeps however few values live (8 chunks).
 const TRIM_SLACK: usize = 8 * CHUNK;
 
@@ -140,18 +137,14 @@ impl<T> Table<T> {
     }
 
     /// Gives back what a past peak left (PASSIVE_LEVEL), once the table holds over
-    /// TRIM_FACTOR times the slots its values need beyond room for `keep` more, and a
+    /// `TRIM_FACTOR` times the slots its values need beyond room for `keep` more, and a
     /// sixteenth of it
     /// is chunks with no value: those chunks, keeping their generations (a stale handle
     /// must never name a new value). O(1) when not due.
     /// Returns whether it gave anything back.
     pub(super) fn trim(&mut self, keep: usize) -> bool {
-        let resident = self.slots.resident();
         let kept = keep.div_ceil(CHUNK);
-        // The O(1) test first: `retirable` walks the chunks not yet full.
-        let due = resident > TRIM_FACTOR * self.live + keep + TRIM_SLACK
-            && self.slots.retirable().saturating_sub(kept) * CHUNK >= resident / 16;
-        if !due {
+        if !self.slots.trim_due(self.live, keep, TRIM_SLACK, kept) {
             return false;
         }
         let retired = self.slots.retire_vacant(&mut self.retired, kept) > 0;
