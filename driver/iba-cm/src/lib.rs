@@ -57,6 +57,7 @@ mod convert;
 mod ffi;
 mod instance;
 mod query;
+mod slots;
 
 pub use instance::{Backend, Config, MAX_INSTANCES, Registered};
 pub use query::{PassDown, QueryDecision, answer, decide_query};
