@@ -235,7 +235,57 @@ impl Pool {
 
 #[cfg(test)]
 mod tests {
-    use super::{MAX_CHUNKS, chunk_span, locate};
+    use alloc::collections::VecDeque;
+    use alloc::vec;
+    use alloc::vec::Vec;
+
+    use super::{CELLS, MAX_CHUNKS, Meta, Pool, Use, chunk_span, locate};
+
+    fn pool(ids: usize) -> Pool {
+        Pool {
+            ids,
+            free: (0..ids as u32).collect::<VecDeque<_>>(),
+            meta: vec![vec![Meta::default(); ids]],
+            compare: Vec::new(),
+        }
+    }
+
+    /// A freed slot is taken again only after every other free one, and then at another
+    /// address; a release of a use that ended frees nothing.
+    #[test]
+    fn slots_are_reused_oldest_first_at_a_new_address() {
+        let mut p = pool(4);
+        let a = p.take().unwrap();
+        p.release(a);
+        let others: Vec<Use> = (0..3).map(|_| p.take().unwrap()).collect();
+        assert!(others.iter().all(|u| u.index != a.index));
+        let again = p.take().unwrap();
+        assert_eq!(again.index, a.index);
+        assert_ne!(again.cell(), a.cell());
+        // The stale use cannot free the slot's new use.
+        p.release(a);
+        assert!(p.live_mut(again).is_some());
+        assert!(p.live_mut(a).is_none());
+        // A slot's address comes back only after CELLS uses of the slot.
+        for o in &others {
+            p.release(*o);
+        }
+        let (mut u, mut uses) = (again, 1);
+        while u.cell() != a.cell() {
+            p.release(u);
+            let taken: Vec<Use> = (0..4).map(|_| p.take().unwrap()).collect();
+            for t in &taken {
+                if t.index == a.index {
+                    u = *t;
+                } else {
+                    p.release(*t);
+                }
+            }
+            uses += 1;
+        }
+        assert_eq!(uses, CELLS);
+        assert_eq!(u.generation, a.generation + CELLS as u32);
+    }
 
     #[test]
     fn chunks_double_the_pool_and_tile_the_indices() {

@@ -323,6 +323,7 @@ typedef struct call {
     const nd_conn_param *param;
     NTSTATUS status;
     int flag;
+    fake_qp *qp;
 } call;
 
 /* nd_ep.cpp:387-419, under the queue lock. */
@@ -348,7 +349,7 @@ static void bind_locked(void *p) {
 
 /* ND_ENDPOINT::Bind (nd_ep.cpp:376-422). */
 NTSTATUS nd_ep_bind(nd_ep *ep, uint32_t ip, uint16_t port) {
-    call c = {ep, NULL, NULL, STATUS_SUCCESS, 0};
+    call c = {ep, NULL, NULL, STATUS_SUCCESS, 0, NULL};
     ep->local_ip = ip;
     ep->local_port = port;
     locked(ep->host, &ep->queue_lock, bind_locked, &c);
@@ -363,8 +364,10 @@ static void connect_locked(void *p) {
     case NdEpAddressBound:
         if (ep->type == NdEpListener) {
             c->status = STATUS_INVALID_DEVICE_STATE;
-        } else if (ep->qp != NULL) { /* BindQp */
-            c->status = STATUS_CONNECTION_ACTIVE;
+        } else {
+            /* BindQp (nd_ep.cpp:170-188): a QP bound before (kept after a REJ, 757-765)
+             * is only NT_ASSERTed against; the new one is bound. */
+            ep->qp = c->qp;
         }
         break;
     case NdEpIdle:
@@ -448,12 +451,9 @@ static void send_connection_request_locked(void *p) {
  * once with `route` (QueryPathHandler, 490-503, then SendConnectionRequest). */
 NTSTATUS nd_ep_connect(nd_ep *ep, fake_qp *qp, uint32_t peer_ip, uint16_t peer_port,
                        const ib_path_rec_t *route, const nd_conn_param *param) {
-    call c = {ep, NULL, param, STATUS_SUCCESS, 0};
+    call c = {ep, NULL, param, STATUS_SUCCESS, 0, qp};
     if (param->data_length > IB_REQ_CM_RDMA_PDATA_SIZE) {
         return STATUS_INVALID_PARAMETER;
-    }
-    if (ep->state == NdEpAddressBound && ep->type != NdEpListener && ep->qp == NULL) {
-        ep->qp = qp; /* BindQp (nd_ep.cpp:170-188) */
     }
     locked(ep->host, &ep->queue_lock, connect_locked, &c);
     if (!NT_SUCCESS(c.status)) {
@@ -513,7 +513,7 @@ static void complete_connect_locked(void *p) {
 /* NdEpCompleteConnect + ND_ENDPOINT::CompleteConnect (nd_ep.cpp:1113-1160): INIT, RTR,
  * RTS, then the RTU. */
 NTSTATUS nd_ep_complete_connect(nd_ep *ep, uint8_t rnr_nak_timeout) {
-    call c = {ep, NULL, NULL, STATUS_SUCCESS, 0};
+    call c = {ep, NULL, NULL, STATUS_SUCCESS, 0, NULL};
     locked(ep->host, &ep->queue_lock, complete_connect_check, &c);
     if (!NT_SUCCESS(c.status)) {
         return c.status;
@@ -562,7 +562,7 @@ static void get_connection_request_locked(void *p) {
 
 /* NdEpGetConnectionRequest (nd_ep.cpp:2139-2183). */
 NTSTATUS nd_ep_get_connection_request(nd_ep *listener, nd_ep *ep) {
-    call c = {listener, ep, NULL, STATUS_SUCCESS, 0};
+    call c = {listener, ep, NULL, STATUS_SUCCESS, 0, NULL};
     locked(listener->host, &listener->queue_lock, get_connection_request_locked, &c);
     return c.status;
 }
@@ -597,10 +597,6 @@ static void accept_bind_locked(void *p) {
     nd_ep *ep = c->ep;
     switch (ep->state) {
     case NdEpReqReceived:
-        if (ep->qp != NULL) {
-            c->status = STATUS_CONNECTION_ACTIVE;
-            return;
-        }
         break;
     case NdEpDisconnected:
         c->status = STATUS_CONNECTION_ABORTED;
@@ -609,7 +605,7 @@ static void accept_bind_locked(void *p) {
         c->status = STATUS_CONNECTION_ACTIVE;
         return;
     }
-    c->flag = 1; /* BindQp */
+    ep->qp = c->qp; /* BindQp */
     ep->state = NdEpRepSent;
 }
 
@@ -631,7 +627,7 @@ static void disconnected_locked(void *p) { ((call *)p)->ep->state = NdEpDisconne
 /* NdEpAccept + ND_ENDPOINT::Accept (nd_ep.cpp:1286-1367): format_rep, the QP to INIT
  * with its attributes, RTR and RTS, then send_formatted_rep. */
 NTSTATUS nd_ep_accept(nd_ep *ep, fake_qp *qp, const nd_conn_param *param) {
-    call c = {ep, NULL, param, STATUS_SUCCESS, 0};
+    call c = {ep, NULL, param, STATUS_SUCCESS, 0, qp};
     ib_qp_mod_t qp_mod;
     NTSTATUS status;
     if (param->data_length > IB_REJ_PDATA_SIZE) {
@@ -641,7 +637,6 @@ NTSTATUS nd_ep_accept(nd_ep *ep, fake_qp *qp, const nd_conn_param *param) {
     if (!NT_SUCCESS(c.status)) {
         return c.status;
     }
-    ep->qp = qp;
     status = format_ib_cm_rep(ep, param, &qp_mod); /* 1320 */
     if (NT_SUCCESS(status)) {
         qp_modify(ep->qp, &qp_mod); /* 1326 */
@@ -687,7 +682,7 @@ static void reject_locked(void *p) {
 
 /* NdEpReject + ND_ENDPOINT::Reject (nd_ep.cpp:1380-1460). */
 NTSTATUS nd_ep_reject(nd_ep *ep, const nd_conn_param *param) {
-    call c = {ep, NULL, param, STATUS_SUCCESS, 0};
+    call c = {ep, NULL, param, STATUS_SUCCESS, 0, NULL};
     locked(ep->host, &ep->queue_lock, reject_locked, &c);
     return c.status;
 }
@@ -723,7 +718,7 @@ static void disconnect_locked(void *p) {
 /* NdEpDisconnect + ND_ENDPOINT::Disconnect (nd_ep.cpp:1848-1890): the DREQ under the lock,
  * or the DREP at PASSIVE_LEVEL after it is released (1879). */
 NTSTATUS nd_ep_disconnect(nd_ep *ep) {
-    call c = {ep, NULL, NULL, STATUS_SUCCESS, 0};
+    call c = {ep, NULL, NULL, STATUS_SUCCESS, 0, NULL};
     locked(ep->host, &ep->queue_lock, disconnect_locked, &c);
     if (c.flag) {
         ep->ifc->CM.send_drep(ep->id, NULL, 0);
@@ -756,7 +751,7 @@ static void listen_locked(void *p) {
 
 /* NdEpListen + ND_ENDPOINT::Listen (nd_ep.cpp:2065-2133). */
 NTSTATUS nd_ep_listen(nd_ep *ep) {
-    call c = {ep, NULL, NULL, STATUS_SUCCESS, 0};
+    call c = {ep, NULL, NULL, STATUS_SUCCESS, 0, NULL};
     locked(ep->host, &ep->queue_lock, listen_locked, &c);
     return c.status;
 }
@@ -766,7 +761,7 @@ static void destroying_locked(void *p) { ((call *)p)->ep->state = NdEpDestroying
 /* ND_ENDPOINT::RemoveHandler (nd_ep.cpp:149-165), from the adapter's D0Exit at HCA
  * removal: destroy_id, and m_hIfc is not cleared. */
 void nd_ep_remove_handler(nd_ep *ep) {
-    call c = {ep, NULL, NULL, STATUS_SUCCESS, 0};
+    call c = {ep, NULL, NULL, STATUS_SUCCESS, 0, NULL};
     locked(ep->host, &ep->queue_lock, destroying_locked, &c);
     if (ep->id != NULL) {
         ep->ifc->CM.destroy_id(ep->id); /* 156 */
@@ -778,7 +773,7 @@ void nd_ep_remove_handler(nd_ep *ep) {
 /* ND_ENDPOINT::~ND_ENDPOINT (nd_ep.cpp:76-110), when the process closes the handle: the
  * same m_hIfc destroyed again (101-102). */
 void nd_ep_destructor(nd_ep *ep) {
-    call c = {ep, NULL, NULL, STATUS_SUCCESS, 0};
+    call c = {ep, NULL, NULL, STATUS_SUCCESS, 0, NULL};
     locked(ep->host, &ep->queue_lock, destroying_locked, &c);
     if (ep->qp) {
         ep->qp = NULL;
