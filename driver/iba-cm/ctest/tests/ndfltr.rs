@@ -323,10 +323,10 @@ fn the_second_destroy_at_hca_removal_reaches_no_other_id() {
     for i in 0..3 * harness::CONFIG.ids {
         let e = NdEp::new(&s.b, nd::CONNECTOR, B_PSN);
         assert_eq!(e.bind(B_IP, 0), status::SUCCESS, "bind {i}");
-        if i % 2 == 0 {
-            e.destructor();
-        } else {
+        if i % 4 == 0 {
             others.push(e);
+        } else {
+            e.destructor();
         }
     }
     let live = s.w.b.ids_in_use();

@@ -45,7 +45,7 @@ fn a_destroy_racing_a_callbacks_error_return_reaches_no_other_id() {
     for i in 0..3 * CONFIG.ids {
         let c = w.a.cep();
         assert_eq!(c.create(), status::SUCCESS, "create_id {i}");
-        if i % 3 == 0 {
+        if i % 4 == 0 {
             keep.push(c);
         } else {
             c.destroy();
