@@ -357,3 +357,100 @@ fn the_second_destroy_at_hca_removal_reaches_no_other_id() {
     }
     s.w.finish();
 }
+
+/// ndfltr's listeners on one port, one per local address: Listen compares the RDMA CM
+/// header's destination address (nd_ep.cpp:2118-2127: `FIELD_OFFSET(ib_cm_rdma_req_t,
+/// pdata)` bytes, IB_REQ_CM_RDMA_CMP_DST_IP; AL al_cm_cep.c:2850-2864). A REQ reaches the
+/// listener of its destination; one for an address nobody listens on is refused (REJ
+/// "invalid service ID", IBA Table 112 code 8), which ndfltr's connect reports as refused
+/// (ProcessCmRej, 757-763).
+#[test]
+fn listeners_on_one_port_compare_the_destination_address() {
+    let mut s = sides(205);
+    const B_IP2: [u8; 4] = [10, 0, 0, 3];
+    let (l1, l2) = (
+        NdEp::new(&s.b, nd::LISTENER, 0),
+        NdEp::new(&s.b, nd::LISTENER, 0),
+    );
+    assert_eq!(l1.bind(B_IP, PORT), status::SUCCESS);
+    assert_eq!(l2.bind(B_IP2, PORT), status::SUCCESS);
+    assert_eq!(l1.listen(), status::SUCCESS);
+    assert_eq!(l2.listen(), status::SUCCESS);
+    let (p1, p2) = (
+        NdEp::new(&s.b, nd::CONNECTOR, B_PSN),
+        NdEp::new(&s.b, nd::CONNECTOR, B_PSN),
+    );
+    assert_eq!(l1.get_connection_request(&p1), PENDING);
+    assert_eq!(l2.get_connection_request(&p2), PENDING);
+    let param = NdParam::new(&[0x42], 1, 1, 6, 7);
+    let mut qps = [FakeQp::new(0x11), FakeQp::new(0x12), FakeQp::new(0x13)];
+    let [q1, q2, q3] = &mut qps;
+    let connect = |qp: &mut FakeQp, ip| {
+        let e = NdEp::new(&s.a, nd::CONNECTOR, A_PSN);
+        assert_eq!(e.bind(A_IP, 0), status::SUCCESS);
+        assert_eq!(e.connect(qp, ip, PORT, &path(0, 1), &param), PENDING);
+        e
+    };
+    let to2 = connect(q2, B_IP2);
+    s.w.run(SETTLE);
+    assert_eq!(p2.state(), nd::REQ_RECEIVED);
+    assert_eq!(
+        p1.state(),
+        nd::QUEUED,
+        "the other address's listener heard nothing"
+    );
+    let to1 = connect(q1, B_IP);
+    let nowhere = connect(q3, [10, 0, 0, 9]);
+    s.w.run(SETTLE);
+    assert_eq!(p1.state(), nd::REQ_RECEIVED);
+    assert_eq!(nowhere.types(), [ev::REJ_RECEIVED]);
+    assert_eq!(nowhere.seen()[0].rej_reason, 8);
+    assert_eq!(nowhere.state(), nd::ADDRESS_BOUND);
+    assert_eq!(nowhere.last_status(), CONNECTION_REFUSED);
+    for p in [&p1, &p2] {
+        assert_eq!(p.reject(&NdParam::new(&[], 0, 0, 0, 0)), status::SUCCESS);
+    }
+    s.w.run(SETTLE);
+    for e in [&to1, &to2] {
+        assert_eq!(e.state(), nd::ADDRESS_BOUND);
+    }
+    clean(&[&l1, &l2, &p1, &p2, &to1, &to2, &nowhere]);
+    for e in [&p1, &p2, &l1, &l2, &to1, &to2, &nowhere] {
+        e.destructor();
+    }
+    s.w.finish();
+}
+
+/// Timeouts on both sides: with every MAD lost after the REQ, ndfltr's accepted endpoint
+/// hears `rep_error` and flushes with STATUS_IO_TIMEOUT (CmRepError, nd_ep.cpp:797-808),
+/// and the connector, whose REP never came, hears `req_error` and is bound again
+/// (CmReqError, 778-794).
+#[test]
+fn an_unanswered_rep_times_out_into_rep_error() {
+    let mut s = sides(206);
+    let (listener, passive) = listening(&s);
+    let mut qp_a = FakeQp::new(0x11);
+    let active = connecting(&s, &mut qp_a, &NdParam::new(&[], 1, 1, 6, 7));
+    s.w.run(SETTLE);
+    assert_eq!(passive.state(), nd::REQ_RECEIVED);
+    // From now on nothing gets through: the REP and its retries are lost.
+    s.w.fabric.faults.loss = 1.0;
+    let mut qp_b = FakeQp::new(0x22);
+    assert_eq!(
+        passive.accept(&mut qp_b, &NdParam::new(&[], 1, 1, 0, 7)),
+        PENDING
+    );
+    s.w.run(200_000_000_000);
+    assert_eq!(passive.types(), [ev::REP_ERROR]);
+    assert_eq!(passive.state(), nd::DISCONNECTED);
+    assert_eq!(passive.last_status(), IO_TIMEOUT);
+    assert_eq!(passive.flushes(), 1);
+    assert_eq!(active.types(), [ev::REQ_ERROR]);
+    assert_eq!(active.state(), nd::ADDRESS_BOUND);
+    s.w.fabric.faults.loss = 0.0;
+    clean(&[&listener, &passive, &active]);
+    for e in [&passive, &listener, &active] {
+        e.destructor();
+    }
+    s.w.finish();
+}
