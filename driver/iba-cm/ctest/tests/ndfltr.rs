@@ -111,8 +111,7 @@ fn ndfltr_connects_accepts_and_disconnects() {
         qp_b.modified, all,
         "INIT (format_rep), RTR, RTS before the REP"
     );
-    // SAFETY: the RTR and RTS members are the ones their transitions fill.
-    let (b_rtr, b_rts) = unsafe { (qp_b.rtr.state.rtr, qp_b.rts.state.rts) };
+    let (b_rtr, b_rts) = (qp_b.rtr(), qp_b.rts());
     // ModifyQp's overrides (nd_ep.cpp:1043-1048).
     assert_eq!(
         (b_rtr.resp_res, b_rtr.rnr_nak_timeout, b_rts.init_depth),
@@ -129,8 +128,7 @@ fn ndfltr_connects_accepts_and_disconnects() {
     assert_eq!(active.complete_connect(9), status::SUCCESS);
     assert_eq!(active.state(), nd::CONNECTED);
     assert_eq!(qp_a.modified, all);
-    // SAFETY: as above.
-    let (a_rtr, a_rts) = unsafe { (qp_a.rtr.state.rtr, qp_a.rts.state.rts) };
+    let (a_rtr, a_rts) = (qp_a.rtr(), qp_a.rts());
     assert_eq!(a_rts.sq_psn.get(), b_rtr.rq_psn.get());
     assert_eq!(b_rts.sq_psn.get(), a_rtr.rq_psn.get());
     assert_eq!(a_rtr.dest_qp.get(), 0x22);

@@ -156,8 +156,7 @@ fn winverbs_accept_moves_the_qp_to_rts_before_the_rep() {
     assert_eq!(passive.accept(&mut qp_b, &accept, B_PSN), status::SUCCESS);
     let all = qp_state::INIT | qp_state::RTR | qp_state::RTS;
     assert_eq!(qp_b.modified, all, "INIT, RTR and RTS before the REP");
-    // SAFETY: the RTR and RTS members are the ones their transitions fill.
-    let (b_rtr, b_rts) = unsafe { (qp_b.rtr.state.rtr, qp_b.rts.state.rts) };
+    let (b_rtr, b_rts) = (qp_b.rtr(), qp_b.rts());
     assert_eq!(b_rtr.rq_psn.get(), B_PSN, "wv_ep.c:740");
     assert_eq!(
         (b_rtr.resp_res, b_rts.init_depth),
@@ -176,8 +175,7 @@ fn winverbs_accept_moves_the_qp_to_rts_before_the_rep() {
     );
     assert_eq!(qp_a.modified, all);
     assert_eq!(active.state(), wv::CONNECTED);
-    // SAFETY: as above.
-    let (a_rtr, a_rts) = unsafe { (qp_a.rtr.state.rtr, qp_a.rts.state.rts) };
+    let (a_rtr, a_rts) = (qp_a.rtr(), qp_a.rts());
     assert_eq!(
         a_rtr.rq_psn.get(),
         A_PSN & 0x00FF_FFFF,

@@ -13,7 +13,9 @@ use std::ffi::c_void;
 use std::sync::Arc;
 
 use ibcm_host::verifier::{Ledger, at_dispatch, is_at_dispatch};
-use ibcm_iba_cm::abi::{IbPathRec, IbQpMod, IbaCmReqEvent, InfinibandInterfaceCm, NtStatus};
+use ibcm_iba_cm::abi::{
+    IbPathRec, IbQpMod, IbQpRtr, IbQpRts, IbaCmReqEvent, InfinibandInterfaceCm, NtStatus,
+};
 
 use super::harness::Side;
 
@@ -45,6 +47,12 @@ pub struct Host {
     ledger: Arc<Ledger>,
     ifc: *const InfinibandInterfaceCm,
 }
+
+// SAFETY: the table and the interface it points to are written once, before any thread
+// sees the host, and only read afterwards; the ledger is thread-safe.
+unsafe impl Send for Host {}
+// SAFETY: as above.
+unsafe impl Sync for Host {}
 
 impl Host {
     pub fn new(side: &Side) -> Self {
@@ -109,6 +117,18 @@ impl FakeQp {
             rts: IbQpMod::zeroed(),
             errored: 0,
         })
+    }
+
+    /// The RTR attributes it was given.
+    pub fn rtr(&self) -> IbQpRtr {
+        // SAFETY: the RTR member, the one an RTR transition fills (all-integer fields).
+        unsafe { self.rtr.state.rtr }
+    }
+
+    /// The RTS attributes it was given.
+    pub fn rts(&self) -> IbQpRts {
+        // SAFETY: the RTS member, as above.
+        unsafe { self.rts.state.rts }
     }
 }
 
