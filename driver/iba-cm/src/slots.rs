@@ -19,7 +19,7 @@
 //!   creations;
 //! - the pool grows at PASSIVE_LEVEL (doubling, in chunks that never move): a client that
 //!   leaks ids (WinVerbs overwrites `pIbCmId` at every connect after a REQ timeout,
-//!   wv_ep.c:526 then 641) runs out no sooner than under AL, whose ids come from the
+//!   wv_ep.c:514 then 641) runs out no sooner than under AL, whose ids come from the
 //!   nonpaged pool one by one (`cm_create_id`).
 
 use alloc::boxed::Box;

@@ -1,7 +1,7 @@
 /*
  * ndfltr's endpoint (core/ndfltr/kernel/nd_ep.cpp, ND_ENDPOINT) as it drives iba_cm, call
  * for call: the same calls with the same arguments, in the same order, under the same
- * queue lock (its queue is created with WdfExecutionLevelDispatch, nd_ep.cpp:126: a spin
+ * queue lock (its queue is created with WdfExecutionLevelDispatch, nd_ep.cpp:127: a spin
  * lock). What ndfltr does around them (IOCTL buffers, WDF queues, IBAT path queries, the
  * flush work item) is reduced to what decides those calls: the endpoint state, the QP
  * binding, the requests its queue holds and how they complete. Each function names the
@@ -108,8 +108,8 @@ static void complete(nd_ep *ep, NTSTATUS status) {
     ep->last_status = status;
 }
 
-/* AsyncFlushQp (nd_ep.cpp:831-855): the first request completes with `status` from the
- * work item, after the QP is unbound (FlushQpWorker, 811-828). */
+/* AsyncFlushQp (nd_ep.cpp:831-854): the first request completes with `status` from the
+ * work item, after the QP is unbound (FlushQpWorker, 810-828). */
 static void async_flush_qp(nd_ep *ep, NTSTATUS status) {
     if (ep->pending > 0) {
         ep->pending--;
@@ -225,7 +225,7 @@ static void cm_req_error(nd_ep *ep) {
     spin_release(&ep->queue_lock, taken);
 }
 
-/* CmRepError (nd_ep.cpp:797-808). */
+/* CmRepError (nd_ep.cpp:797-807). */
 static void cm_rep_error(nd_ep *ep) {
     int taken = spin_acquire(&ep->queue_lock);
     if (ep->state == NdEpRepSent) {
@@ -235,7 +235,7 @@ static void cm_rep_error(nd_ep *ep) {
     spin_release(&ep->queue_lock, taken);
 }
 
-/* ND_ENDPOINT::CmHandler (nd_ep.cpp:857-908). */
+/* ND_ENDPOINT::CmHandler (nd_ep.cpp:857-907). */
 static NTSTATUS cm_handler(iba_cm_id *id, iba_cm_event *ev) {
     nd_ep *ep = id->context;
     observe(&ep->seen, ep->host, ev);
@@ -326,7 +326,7 @@ typedef struct call {
     fake_qp *qp;
 } call;
 
-/* nd_ep.cpp:387-419, under the queue lock. */
+/* nd_ep.cpp:387-418, under the queue lock. */
 static void bind_locked(void *p) {
     call *c = p;
     nd_ep *ep = c->ep;
@@ -347,7 +347,7 @@ static void bind_locked(void *p) {
     }
 }
 
-/* ND_ENDPOINT::Bind (nd_ep.cpp:376-422). */
+/* ND_ENDPOINT::Bind (nd_ep.cpp:375-420). */
 NTSTATUS nd_ep_bind(nd_ep *ep, uint32_t ip, uint16_t port) {
     call c = {ep, NULL, NULL, STATUS_SUCCESS, 0, NULL};
     ep->local_ip = ip;
@@ -389,7 +389,7 @@ static void connect_locked(void *p) {
     ep->state = NdEpResolving;
 }
 
-/* SendIbCmReq (nd_ep.cpp:911-968). */
+/* SendIbCmReq (nd_ep.cpp:910-969). */
 static NTSTATUS send_ib_cm_req(nd_ep *ep, const nd_conn_param *param) {
     rdma_cm_hdr *hdr;
     uint8_t data[sizeof(rdma_cm_hdr) + IB_REQ_CM_RDMA_PDATA_SIZE];
@@ -447,8 +447,8 @@ static void send_connection_request_locked(void *p) {
     complete(ep, c->status);
 }
 
-/* NdEpConnect + ND_ENDPOINT::Connect (nd_ep.cpp:569-638); the IBAT path query answers at
- * once with `route` (QueryPathHandler, 490-503, then SendConnectionRequest). */
+/* NdEpConnect + ND_ENDPOINT::Connect (nd_ep.cpp:973-1032, 568-638); the IBAT path query
+ * answers at once with `route` (QueryPathHandler, 489-502, then SendConnectionRequest). */
 NTSTATUS nd_ep_connect(nd_ep *ep, fake_qp *qp, uint32_t peer_ip, uint16_t peer_port,
                        const ib_path_rec_t *route, const nd_conn_param *param) {
     call c = {ep, NULL, param, STATUS_SUCCESS, 0, qp};
@@ -497,7 +497,7 @@ static void complete_connect_check(void *p) {
     }
 }
 
-/* nd_ep.cpp:1145-1159, under the queue lock. */
+/* nd_ep.cpp:1146-1160, under the queue lock. */
 static void complete_connect_locked(void *p) {
     call *c = p;
     nd_ep *ep = c->ep;
@@ -510,7 +510,7 @@ static void complete_connect_locked(void *p) {
     ep->state = NT_SUCCESS(c->status) ? NdEpConnected : NdEpDisconnected;
 }
 
-/* NdEpCompleteConnect + ND_ENDPOINT::CompleteConnect (nd_ep.cpp:1113-1160): INIT, RTR,
+/* NdEpCompleteConnect + ND_ENDPOINT::CompleteConnect (nd_ep.cpp:1056-1110, 1113-1162): INIT, RTR,
  * RTS, then the RTU. */
 NTSTATUS nd_ep_complete_connect(nd_ep *ep, uint8_t rnr_nak_timeout) {
     call c = {ep, NULL, NULL, STATUS_SUCCESS, 0, NULL};
@@ -560,14 +560,14 @@ static void get_connection_request_locked(void *p) {
     spin_release(&ep->queue_lock, taken);
 }
 
-/* NdEpGetConnectionRequest (nd_ep.cpp:2139-2183). */
+/* NdEpGetConnectionRequest (nd_ep.cpp:2139-2182). */
 NTSTATUS nd_ep_get_connection_request(nd_ep *listener, nd_ep *ep) {
     call c = {listener, ep, NULL, STATUS_SUCCESS, 0, NULL};
     locked(listener->host, &listener->queue_lock, get_connection_request_locked, &c);
     return c.status;
 }
 
-/* FormatIbCmRep (nd_ep.cpp:1164-1207). */
+/* FormatIbCmRep (nd_ep.cpp:1165-1206). */
 static NTSTATUS format_ib_cm_rep(nd_ep *ep, const nd_conn_param *param, ib_qp_mod_t *qp_mod) {
     iba_cm_rep rep;
     memset(&rep, 0, sizeof rep);
@@ -591,7 +591,7 @@ static NTSTATUS format_ib_cm_rep(nd_ep *ep, const nd_conn_param *param, ib_qp_mo
     return ep->ifc->CM.format_rep(ep->id, &rep, qp_mod); /* 1201 */
 }
 
-/* nd_ep.cpp:1296-1316, under the queue lock. */
+/* nd_ep.cpp:1295-1316, under the queue lock. */
 static void accept_bind_locked(void *p) {
     call *c = p;
     nd_ep *ep = c->ep;
@@ -624,7 +624,7 @@ static void send_formatted_rep_locked(void *p) {
 
 static void disconnected_locked(void *p) { ((call *)p)->ep->state = NdEpDisconnected; }
 
-/* NdEpAccept + ND_ENDPOINT::Accept (nd_ep.cpp:1286-1367): format_rep, the QP to INIT
+/* NdEpAccept + ND_ENDPOINT::Accept (nd_ep.cpp:1210-1282, 1285-1367): format_rep, the QP to INIT
  * with its attributes, RTR and RTS, then send_formatted_rep. */
 NTSTATUS nd_ep_accept(nd_ep *ep, fake_qp *qp, const nd_conn_param *param) {
     call c = {ep, NULL, param, STATUS_SUCCESS, 0, qp};
@@ -637,14 +637,14 @@ NTSTATUS nd_ep_accept(nd_ep *ep, fake_qp *qp, const nd_conn_param *param) {
     if (!NT_SUCCESS(c.status)) {
         return c.status;
     }
-    status = format_ib_cm_rep(ep, param, &qp_mod); /* 1320 */
+    status = format_ib_cm_rep(ep, param, &qp_mod); /* 1319 */
     if (NT_SUCCESS(status)) {
-        qp_modify(ep->qp, &qp_mod); /* 1326 */
-        status = modify_qp(ep, IB_QPS_RTR, param->rnr_nak_timeout); /* 1332 */
+        qp_modify(ep->qp, &qp_mod); /* 1325 */
+        status = modify_qp(ep, IB_QPS_RTR, param->rnr_nak_timeout); /* 1331 */
         if (!NT_SUCCESS(status)) {
             ep->qp = NULL;
         } else {
-            status = modify_qp(ep, IB_QPS_RTS, 0); /* 1341 */
+            status = modify_qp(ep, IB_QPS_RTS, 0); /* 1340 */
         }
     } else {
         ep->qp = NULL;
@@ -657,7 +657,7 @@ NTSTATUS nd_ep_accept(nd_ep *ep, fake_qp *qp, const nd_conn_param *param) {
     return c.status;
 }
 
-/* nd_ep.cpp:1424-1457, under the queue lock. */
+/* nd_ep.cpp:1424-1452, under the queue lock. */
 static void reject_locked(void *p) {
     call *c = p;
     nd_ep *ep = c->ep;
@@ -680,14 +680,14 @@ static void reject_locked(void *p) {
     }
 }
 
-/* NdEpReject + ND_ENDPOINT::Reject (nd_ep.cpp:1380-1460). */
+/* NdEpReject + ND_ENDPOINT::Reject (nd_ep.cpp:1371-1418, 1421-1454). */
 NTSTATUS nd_ep_reject(nd_ep *ep, const nd_conn_param *param) {
     call c = {ep, NULL, param, STATUS_SUCCESS, 0, NULL};
     locked(ep->host, &ep->queue_lock, reject_locked, &c);
     return c.status;
 }
 
-/* nd_ep.cpp:1851-1887, the part under the queue lock. */
+/* nd_ep.cpp:1851-1891, the part under the queue lock. */
 static void disconnect_locked(void *p) {
     call *c = p;
     nd_ep *ep = c->ep;
@@ -715,7 +715,7 @@ static void disconnect_locked(void *p) {
     }
 }
 
-/* NdEpDisconnect + ND_ENDPOINT::Disconnect (nd_ep.cpp:1848-1890): the DREQ under the lock,
+/* NdEpDisconnect + ND_ENDPOINT::Disconnect (nd_ep.cpp:1787-1845, 1848-1894): the DREQ under the lock,
  * or the DREP at PASSIVE_LEVEL after it is released (1879). */
 NTSTATUS nd_ep_disconnect(nd_ep *ep) {
     call c = {ep, NULL, NULL, STATUS_SUCCESS, 0, NULL};
@@ -731,7 +731,7 @@ NTSTATUS nd_ep_disconnect(nd_ep *ep) {
     return c.status;
 }
 
-/* nd_ep.cpp:2105-2131, under the queue lock. */
+/* nd_ep.cpp:2105-2133, under the queue lock. */
 static void listen_locked(void *p) {
     call *c = p;
     nd_ep *ep = c->ep;
@@ -749,7 +749,7 @@ static void listen_locked(void *p) {
     }
 }
 
-/* NdEpListen + ND_ENDPOINT::Listen (nd_ep.cpp:2065-2133). */
+/* NdEpListen + ND_ENDPOINT::Listen (nd_ep.cpp:2066-2099, 2102-2135). */
 NTSTATUS nd_ep_listen(nd_ep *ep) {
     call c = {ep, NULL, NULL, STATUS_SUCCESS, 0, NULL};
     locked(ep->host, &ep->queue_lock, listen_locked, &c);
@@ -758,7 +758,7 @@ NTSTATUS nd_ep_listen(nd_ep *ep) {
 
 static void destroying_locked(void *p) { ((call *)p)->ep->state = NdEpDestroying; }
 
-/* ND_ENDPOINT::RemoveHandler (nd_ep.cpp:149-165), from the adapter's D0Exit at HCA
+/* ND_ENDPOINT::RemoveHandler (nd_ep.cpp:149-167), from the adapter's D0Exit at HCA
  * removal: destroy_id, and m_hIfc is not cleared. */
 void nd_ep_remove_handler(nd_ep *ep) {
     call c = {ep, NULL, NULL, STATUS_SUCCESS, 0, NULL};

@@ -93,15 +93,15 @@ static void complete(wv_ep *ep, NTSTATUS status) {
     ep->last_status = status;
 }
 
-/* WvGetServiceId (wv_ep.c:332-336): (EpType << 16) + port, net order. */
+/* WvGetServiceId (wv_ep.c:335-339): (EpType << 16) + port, net order. */
 static net64_t service_id(uint16_t ep_type, uint16_t port_net) {
     return rp_h64(((uint64_t)ep_type << 16) + rp_h16(port_net));
 }
 
-/* WvAnyAddress (wv_ep.c:338-346), IPv4. */
+/* WvAnyAddress (wv_ep.c:341-349), IPv4. */
 static int any_address(uint32_t ip) { return ip == 0 || (ip & 0xff) == 0x7f; }
 
-/* WvFormatCmaHeader (wv_ep.c:348-372), IPv4. */
+/* WvFormatCmaHeader (wv_ep.c:351-373), IPv4. */
 static void format_cma_header(rdma_cm_hdr *h, uint32_t local_ip, uint16_t local_port,
                               uint32_t peer_ip) {
     memset(h, 0, sizeof *h);
@@ -114,7 +114,7 @@ static void format_cma_header(rdma_cm_hdr *h, uint32_t local_ip, uint16_t local_
 
 /* ---- the callbacks -------------------------------------------------------------------- */
 
-/* WvEpSaveReply (wv_ep.c:374-385). */
+/* WvEpSaveReply (wv_ep.c:375-385). */
 static void save_reply(wv_ep *ep, const iba_cm_rep_event *rep) {
     memcpy(ep->connect.data, rep->rep.p_pdata, sizeof ep->connect.data);
     ep->connect.data_length = sizeof ep->connect.data;
@@ -129,7 +129,7 @@ static void save_reject(wv_ep *ep, const iba_cm_rej_event *rej) {
     ep->connect.data_length = sizeof ep->connect.data;
 }
 
-/* WvEpCompleteDisconnect (wv_ep.c:466-499), the queue part. */
+/* WvEpCompleteDisconnect (wv_ep.c:465-503), the queue part. */
 static void complete_disconnect(wv_ep *ep, NTSTATUS status) {
     int taken = spin_acquire(&ep->queue_lock);
     if (ep->state != WvEpDestroying) {
@@ -139,13 +139,13 @@ static void complete_disconnect(wv_ep *ep, NTSTATUS status) {
     spin_release(&ep->queue_lock, taken);
 }
 
-/* WvEpIbCmHandler (wv_ep.c:501-580). */
+/* WvEpIbCmHandler (wv_ep.c:505-586). */
 static NTSTATUS cm_handler(iba_cm_id *id, iba_cm_event *ev) {
     wv_ep *ep = id->context;
     int taken;
     observe(&ep->seen, ep->host, ev);
     switch (ev->type) {
-    case iba_cm_req_error: /* 507-514 */
+    case iba_cm_req_error: /* 511-518 */
         taken = spin_acquire(&ep->queue_lock);
         if (ep->state == WvEpActiveConnect) {
             ep->state = WvEpRouteResolved;
@@ -153,7 +153,7 @@ static NTSTATUS cm_handler(iba_cm_id *id, iba_cm_event *ev) {
         }
         spin_release(&ep->queue_lock, taken);
         break;
-    case iba_cm_rep_error: /* 515-522 */
+    case iba_cm_rep_error: /* 519-526 */
         taken = spin_acquire(&ep->queue_lock);
         if (ep->state == WvEpPassiveConnect) {
             ep->state = WvEpDisconnected;
@@ -161,10 +161,10 @@ static NTSTATUS cm_handler(iba_cm_id *id, iba_cm_event *ev) {
         }
         spin_release(&ep->queue_lock, taken);
         break;
-    case iba_cm_dreq_error: /* 523-525 */
+    case iba_cm_dreq_error: /* 527-529 */
         complete_disconnect(ep, STATUS_TIMEOUT);
         break;
-    case iba_cm_rep_received: /* 526-533 */
+    case iba_cm_rep_received: /* 530-537 */
         taken = spin_acquire(&ep->queue_lock);
         if (ep->state == WvEpActiveConnect) {
             save_reply(ep, &ev->data.rep);
@@ -172,7 +172,7 @@ static NTSTATUS cm_handler(iba_cm_id *id, iba_cm_event *ev) {
         }
         spin_release(&ep->queue_lock, taken);
         break;
-    case iba_cm_rtu_received: /* 534-541 */
+    case iba_cm_rtu_received: /* 538-545 */
         taken = spin_acquire(&ep->queue_lock);
         if (ep->state == WvEpPassiveConnect) {
             ep->state = WvEpConnected;
@@ -180,7 +180,7 @@ static NTSTATUS cm_handler(iba_cm_id *id, iba_cm_event *ev) {
         }
         spin_release(&ep->queue_lock, taken);
         break;
-    case iba_cm_dreq_received: /* 542-556 */
+    case iba_cm_dreq_received: /* 546-560 */
         taken = spin_acquire(&ep->queue_lock);
         if (ep->state == WvEpConnected) {
             ep->state = WvEpPassiveDisconnect;
@@ -195,10 +195,10 @@ static NTSTATUS cm_handler(iba_cm_id *id, iba_cm_event *ev) {
             complete_disconnect(ep, STATUS_SUCCESS);
         }
         break;
-    case iba_cm_drep_received: /* 557-559 */
+    case iba_cm_drep_received: /* 561-563 */
         complete_disconnect(ep, STATUS_SUCCESS);
         break;
-    case iba_cm_rej_received: /* 560-568 */
+    case iba_cm_rej_received: /* 564-572 */
         taken = spin_acquire(&ep->queue_lock);
         if (ep->state == WvEpPassiveConnect || ep->state == WvEpActiveConnect) {
             ep->state = WvEpDisconnected;
@@ -207,9 +207,9 @@ static NTSTATUS cm_handler(iba_cm_id *id, iba_cm_event *ev) {
         }
         spin_release(&ep->queue_lock, taken);
         break;
-    case iba_cm_mra_received: /* 569-570 */
+    case iba_cm_mra_received: /* 573-574 */
         break;
-    default: /* 571-578 */
+    default: /* 575-583 */
         taken = spin_acquire(&ep->queue_lock);
         if (ep->state != WvEpDestroying) {
             ep->state = WvEpDisconnected;
@@ -221,7 +221,7 @@ static NTSTATUS cm_handler(iba_cm_id *id, iba_cm_event *ev) {
     return STATUS_SUCCESS;
 }
 
-/* WvEpGetIbRequest (wv_ep.c:1127-1184): under the listen's lock, one get_request per
+/* WvEpGetIbRequest (wv_ep.c:1125-1187): under the listen's lock, one get_request per
  * queued GetRequest; the id's callback and context are rewritten (1149-1151). */
 static void get_ib_request(wv_ep *listen) {
     int taken = spin_acquire(&listen->queue_lock);
@@ -262,7 +262,7 @@ static void get_ib_request(wv_ep *listen) {
 
 static void get_ib_request_fn(void *p) { get_ib_request(p); }
 
-/* WvEpIbListenHandler (wv_ep.c:1186-1193). */
+/* WvEpIbListenHandler (wv_ep.c:1189-1196). */
 static NTSTATUS listen_handler(iba_cm_id *id, iba_cm_event *ev) {
     wv_ep *listen = id->context;
     (void)ev;
@@ -272,7 +272,7 @@ static NTSTATUS listen_handler(iba_cm_id *id, iba_cm_event *ev) {
 
 /* ---- the IOCTLs (PASSIVE_LEVEL) ---------------------------------------------------------- */
 
-/* WvEpBind (wv_ep.c:292-330). */
+/* WvEpBind (wv_ep.c:293-333). */
 NTSTATUS wv_ep_bind(wv_ep *ep, uint32_t ip, uint16_t port) {
     if (ep->state != WvEpIdle) {
         return STATUS_NOT_SUPPORTED;
@@ -283,7 +283,7 @@ NTSTATUS wv_ep_bind(wv_ep *ep, uint32_t ip, uint16_t port) {
     return STATUS_SUCCESS;
 }
 
-/* WvEpModify with WV_IO_EP_OPTION_ROUTE (wv_ep.c:249-290). */
+/* WvEpModify with WV_IO_EP_OPTION_ROUTE (wv_ep.c:249-291). */
 NTSTATUS wv_ep_set_route(wv_ep *ep, const ib_path_rec_t *route) {
     if (ep->state != WvEpAddressBound) {
         return STATUS_NOT_SUPPORTED;
@@ -299,7 +299,7 @@ typedef struct connect_args {
     NTSTATUS status;
 } connect_args;
 
-/* wv_ep.c:631-650, under the queue lock. */
+/* wv_ep.c:635-656, under the queue lock. */
 static void connect_locked(void *p) {
     connect_args *a = p;
     wv_ep *ep = a->ep;
@@ -322,15 +322,15 @@ static void connect_locked(void *p) {
     }
 }
 
-/* WvEpConnect + WvEpAsyncConnect (wv_ep.c:582-654, 694-717), the work item's part at
- * PASSIVE_LEVEL; `psn` stands for RtlRandomEx (605). A failure completes the request
- * (wv_ep.c:945-947). */
+/* WvEpConnect + WvEpAsyncConnect (wv_ep.c:588-659, 690-712), the work item's part at
+ * PASSIVE_LEVEL; `psn` stands for RtlRandomEx (616). A failure completes the request
+ * (WvEpWorkHandler, wv_ep.c:950-952). */
 NTSTATUS wv_ep_connect(wv_ep *ep, const fake_qp *qp, uint32_t peer_ip, uint16_t peer_port,
                        const wv_connect_param *param, uint32_t psn) {
     iba_cm_req req;
     uint8_t data[IB_REQ_PDATA_SIZE];
     if (param->data_length > sizeof param->data) {
-        return STATUS_INVALID_PARAMETER; /* STATUS_INVALID_BUFFER_SIZE, 706-709 */
+        return STATUS_INVALID_PARAMETER; /* STATUS_INVALID_BUFFER_SIZE, 701-704 */
     }
     memset(&req, 0, sizeof req);
     ep->peer_ip = peer_ip;
@@ -383,7 +383,7 @@ static NTSTATUS modify_qp_rtr(wv_ep *ep, fake_qp *qp, uint8_t resp_res, net32_t 
     return STATUS_SUCCESS;
 }
 
-/* WvEpModifyQpRts (wv_ep.c:752-775). */
+/* WvEpModifyQpRts (wv_ep.c:752-776). */
 static NTSTATUS modify_qp_rts(wv_ep *ep, fake_qp *qp, uint8_t init_depth) {
     ib_qp_mod_t attr;
     NTSTATUS status = ep->ifc->CM.get_qp_attr(ep->id, IB_QPS_RTS, &attr); /* 760 */
@@ -404,7 +404,7 @@ typedef struct accept_args {
     NTSTATUS status;
 } accept_args;
 
-/* wv_ep.c:797-813, under the queue lock. */
+/* wv_ep.c:796-812, under the queue lock. */
 static void accept_active_locked(void *p) {
     accept_args *a = p;
     wv_ep *ep = a->ep;
@@ -421,7 +421,7 @@ static void accept_active_locked(void *p) {
     }
 }
 
-/* wv_ep.c:851-867, under the queue lock. */
+/* wv_ep.c:852-868, under the queue lock. */
 static void accept_passive_locked(void *p) {
     accept_args *a = p;
     wv_ep *ep = a->ep;
@@ -437,9 +437,9 @@ static void accept_passive_locked(void *p) {
     }
 }
 
-/* WvEpAccept + WvEpAsyncAccept (wv_ep.c:872-904, 956-972): WvEpAcceptActive (777-814) or
- * WvEpAcceptPassive (816-870); `psn` stands for RtlRandomEx (829). The QP goes to INIT,
- * RTR and RTS before the RTU or the REP. A failure completes the request (945-947). */
+/* WvEpAccept + WvEpAsyncAccept (wv_ep.c:873-905, 959-981): WvEpAcceptActive (778-814) or
+ * WvEpAcceptPassive (816-871); `psn` stands for RtlRandomEx (829). The QP goes to INIT,
+ * RTR and RTS before the RTU or the REP. A failure completes the request (950-952). */
 NTSTATUS wv_ep_accept(wv_ep *ep, fake_qp *qp, const wv_connect_param *param, uint32_t psn) {
     NTSTATUS status;
     accept_args a = {ep, NULL, param, STATUS_SUCCESS};
@@ -449,7 +449,7 @@ NTSTATUS wv_ep_accept(wv_ep *ep, fake_qp *qp, const wv_connect_param *param, uin
     }
     switch (ep->state) {
     case WvEpActiveConnect:
-        /* 790-793: the modify's status is overwritten below (the RTU goes out anyway). */
+        /* 789-792: the modify's status is overwritten below (the RTU goes out anyway). */
         status = modify_qp_rtr(ep, qp, 0, 0);
         if (NT_SUCCESS(status)) {
             (void)modify_qp_rts(ep, qp, 0);
@@ -469,9 +469,9 @@ NTSTATUS wv_ep_accept(wv_ep *ep, fake_qp *qp, const wv_connect_param *param, uin
         rep.flow_ctrl = 1;
         rep.rnr_retry_cnt = param->rnr_retry_count;
         rep.srq = (uint8_t)(qp->srq != 0);
-        status = modify_qp_rtr(ep, qp, param->responder_resources, rep.starting_psn); /* 840 */
+        status = modify_qp_rtr(ep, qp, param->responder_resources, rep.starting_psn); /* 839 */
         if (NT_SUCCESS(status)) {
-            status = modify_qp_rts(ep, qp, param->initiator_depth); /* 843 */
+            status = modify_qp_rts(ep, qp, param->initiator_depth); /* 842 */
         }
         if (NT_SUCCESS(status)) {
             a.rep = &rep;
@@ -496,7 +496,7 @@ typedef struct reject_args {
     NTSTATUS status;
 } reject_args;
 
-/* wv_ep.c:1001-1009, under the queue lock. */
+/* wv_ep.c:1001-1012, under the queue lock. */
 static void reject_locked(void *p) {
     reject_args *a = p;
     wv_ep *ep = a->ep;
@@ -509,7 +509,7 @@ static void reject_locked(void *p) {
                                      a->len); /* 1008 */
 }
 
-/* WvEpReject (wv_ep.c:974-1015). */
+/* WvEpReject (wv_ep.c:983-1016). */
 NTSTATUS wv_ep_reject(wv_ep *ep, const void *data, uint8_t len) {
     reject_args a = {ep, data, len, STATUS_SUCCESS};
     locked(ep->host, &ep->queue_lock, reject_locked, &a);
@@ -522,7 +522,7 @@ typedef struct disconnect_args {
     int drep;
 } disconnect_args;
 
-/* wv_ep.c:1045-1071, the part under the queue lock. */
+/* wv_ep.c:1044-1072, the part under the queue lock. */
 static void disconnect_locked(void *p) {
     disconnect_args *a = p;
     wv_ep *ep = a->ep;
@@ -546,7 +546,7 @@ static void disconnect_locked(void *p) {
     }
 }
 
-/* WvEpDisconnect (wv_ep.c:1018-1075): DREQ under the lock, or the DREP at PASSIVE_LEVEL
+/* WvEpDisconnect (wv_ep.c:1019-1080): DREQ under the lock, or the DREP at PASSIVE_LEVEL
  * after the lock is released (1061). */
 NTSTATUS wv_ep_disconnect(wv_ep *ep) {
     disconnect_args a = {ep, STATUS_SUCCESS, 0};
@@ -586,8 +586,8 @@ static void listen_locked(void *p) {
                                    a->len, a->mask); /* 1246 */
 }
 
-/* WvEpListen (wv_ep.c:1196-1254): a bound address listens with the RDMA CM header and
- * IB_REQ_CM_RDMA_CMP_DST_IP, the any address with no compare (1218-1229). */
+/* WvEpListen (wv_ep.c:1198-1253): a bound address listens with the RDMA CM header and
+ * IB_REQ_CM_RDMA_CMP_DST_IP, the any address with no compare (1221-1230). */
 NTSTATUS wv_ep_listen(wv_ep *ep, int32_t backlog) {
     rdma_cm_hdr hdr;
     listen_args a = {ep, NULL, 0, 0, backlog, STATUS_SUCCESS};
@@ -622,8 +622,8 @@ static void forward_locked(void *p) {
     a->listen->entry[a->listen->entries++] = a->ep;
 }
 
-/* WvEpGetRequest (wv_ep.c:1256-1311): the endpoint queued on the listen, then
- * WvEpGetIbRequest (1306). */
+/* WvEpGetRequest (wv_ep.c:1255-1317): the endpoint queued on the listen, then
+ * WvEpGetIbRequest (1307). */
 NTSTATUS wv_ep_get_request(wv_ep *listen, wv_ep *ep) {
     get_request_args a = {listen, ep, STATUS_SUCCESS};
     if (listen->state != WvEpListening) {
@@ -637,7 +637,7 @@ NTSTATUS wv_ep_get_request(wv_ep *listen, wv_ep *ep) {
         return a.status;
     }
     locked(listen->host, &listen->queue_lock, forward_locked, &a);
-    /* 1306: WvEpGetIbRequest takes the listen's queue lock (DISPATCH_LEVEL). */
+    /* 1307: WvEpGetIbRequest takes the listen's queue lock (DISPATCH_LEVEL). */
     listen->host->at_dispatch(listen->host->ctx, get_ib_request_fn, listen);
     return STATUS_PENDING;
 }

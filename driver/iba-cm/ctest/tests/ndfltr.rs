@@ -58,7 +58,7 @@ fn listening(s: &Sides) -> (NdEp, NdEp) {
 }
 
 /// A: a connector bound (create_id with CmHandler, nd_ep.cpp:401; the port from the cid,
-/// 411-414) connecting (Connect, 569-638; SendIbCmReq, 911-968).
+/// 411-414) connecting (Connect, 568-638; SendIbCmReq, 910-969).
 fn connecting(s: &Sides, qp: &mut FakeQp, param: &NdParam) -> NdEp {
     let active = NdEp::new(&s.a, nd::CONNECTOR, A_PSN);
     assert_eq!(active.bind(A_IP, 0), status::SUCCESS);
@@ -86,10 +86,10 @@ fn clean(eps: &[&NdEp]) {
 
 /// ndfltr's connection, both sides: the listener's callback takes the request with
 /// get_request_ex under its queue lock (nd_ep.cpp:2033-2062, 1978); Accept is format_rep
-/// (the INIT attributes), RTR and RTS, then send_formatted_rep (1318-1346); the active
-/// side's CompleteConnect moves its QP to INIT, RTR, RTS and sends the RTU (1113-1160).
+/// (the INIT attributes), RTR and RTS, then send_formatted_rep (1319-1346); the active
+/// side's CompleteConnect moves its QP to INIT, RTR, RTS and sends the RTU (1113-1162).
 /// Both QPs agree: each side's send PSN is the other's receive PSN (al_cm_cep.c:877,
-/// 1316, 4865, 5057). Then Disconnect both ways (1848-1890).
+/// 1316, 4865, 5057). Then Disconnect both ways (1848-1894).
 #[test]
 fn ndfltr_connects_accepts_and_disconnects() {
     let mut s = sides(201);
@@ -122,7 +122,7 @@ fn ndfltr_connects_accepts_and_disconnects() {
     assert_eq!(active.types(), [ev::REP_RECEIVED]);
     assert_eq!(active.state(), nd::REP_RECEIVED);
     assert_eq!(active.last_status(), status::SUCCESS);
-    // nd_ep.cpp:680-684: Inbound = the REP's InitiatorDepth... as the event gives them
+    // nd_ep.cpp:683, 686: Inbound and Outbound from the REP event
     // (al_cm_cep.c:6292-6293).
     assert_eq!(active.read_limits(), (3, 2));
     assert_eq!(active.complete_connect(9), status::SUCCESS);
@@ -159,9 +159,9 @@ fn ndfltr_connects_accepts_and_disconnects() {
 /// ndfltr keeps a connector's id across a failed connect: a REJ (ProcessCmRej,
 /// nd_ep.cpp:757-775) or a REQ timeout (CmReqError, 778-794) puts it back in
 /// NdEpAddressBound (nd_ep.h:92-93), and the next Connect sends the REQ on the same
-/// `m_hIfc` (964). AL's CEP is idle again after either (al_cm_cep.c:981-987: "Abort
+/// `m_hIfc` (964). AL's CEP is idle again after either (al_cm_cep.c:987-989: "Abort
 /// connection establishment. No transition to timewait"). Passive reject: Reject in
-/// NdEpReqReceived (1424-1437).
+/// NdEpReqReceived (1424-1438).
 #[test]
 fn ndfltr_reuses_its_id_after_a_rej_and_after_a_timeout() {
     let mut s = sides(202);
@@ -203,8 +203,8 @@ fn ndfltr_reuses_its_id_after_a_rej_and_after_a_timeout() {
     );
     s.w.run(SETTLE);
     assert_eq!(active.state(), nd::REP_RECEIVED);
-    // Active reject: Reject in NdEpRepReceived (1424-1437); B's accept ends refused
-    // (ProcessCmRej in NdEpRepSent, 764-768).
+    // Active reject: Reject in NdEpRepReceived (1424-1438); B's accept ends refused
+    // (ProcessCmRej in NdEpRepSent, 765-769).
     assert_eq!(active.reject(&NdParam::new(&[0xDD; 3], 0, 0, 0, 0)), 0);
     s.w.run(SETTLE);
     assert_eq!(again.types(), [ev::REJ_RECEIVED]);
@@ -357,7 +357,7 @@ fn the_second_destroy_at_hca_removal_reaches_no_other_id() {
 }
 
 /// ndfltr's listeners on one port, one per local address: Listen compares the RDMA CM
-/// header's destination address (nd_ep.cpp:2118-2127: `FIELD_OFFSET(ib_cm_rdma_req_t,
+/// header's destination address (nd_ep.cpp:2121-2127: `FIELD_OFFSET(ib_cm_rdma_req_t,
 /// pdata)` bytes, IB_REQ_CM_RDMA_CMP_DST_IP; AL al_cm_cep.c:2850-2864). A REQ reaches the
 /// listener of its destination; one for an address nobody listens on is refused (REJ
 /// "invalid service ID", IBA Table 112 code 8), which ndfltr's connect reports as refused
@@ -420,7 +420,7 @@ fn listeners_on_one_port_compare_the_destination_address() {
 }
 
 /// Timeouts on both sides: with every MAD lost after the REQ, ndfltr's accepted endpoint
-/// hears `rep_error` and flushes with STATUS_IO_TIMEOUT (CmRepError, nd_ep.cpp:797-808),
+/// hears `rep_error` and flushes with STATUS_IO_TIMEOUT (CmRepError, nd_ep.cpp:797-807),
 /// and the connector, whose REP never came, hears `req_error` and is bound again
 /// (CmReqError, 778-794).
 #[test]

@@ -18,7 +18,7 @@ const A_IP: [u8; 4] = [10, 0, 0, 1];
 const B_IP: [u8; 4] = [10, 0, 0, 2];
 const PORT: u16 = 7000;
 const SETTLE: u64 = 200_000;
-/// WinVerbs' random StartingPSNs (RtlRandomEx, wv_ep.c:605, 829): 32 bits, of which the
+/// WinVerbs' random StartingPSNs (RtlRandomEx, wv_ep.c:616, 829): 32 bits, of which the
 /// REQ and REP carry 24 (al_cm_conn.h conn_req_set_starting_psn).
 const A_PSN: u32 = 0xAB12_3456;
 const B_PSN: u32 = 0xCD65_4321;
@@ -44,11 +44,11 @@ fn sides(seed: u64) -> Sides {
 fn requested(s: &mut Sides, qp_a: &FakeQp, param: &WvParam) -> (WvEp, WvEp, WvEp) {
     let (listen, passive, active) = (WvEp::new(&s.b), WvEp::new(&s.b), WvEp::new(&s.a));
     assert_eq!(listen.bind(B_IP, PORT), status::SUCCESS);
-    // wv_ep.c:1218-1229, 1238, 1246: a bound address listens with the RDMA CM header and
+    // wv_ep.c:1221-1230, 1238, 1246: a bound address listens with the RDMA CM header and
     // IB_REQ_CM_RDMA_CMP_DST_IP.
     assert_eq!(listen.listen(8), status::SUCCESS);
     assert_eq!(listen.state(), wv::LISTENING);
-    // wv_ep.c:1285-1306: queued on the listen; no request yet.
+    // wv_ep.c:1285-1307: queued on the listen; no request yet.
     assert_eq!(listen.get_request(&passive), 0x103);
     assert_eq!(passive.state(), wv::QUEUED);
     assert_eq!(active.bind(A_IP, 0x4000), status::SUCCESS);
@@ -60,7 +60,7 @@ fn requested(s: &mut Sides, qp_a: &FakeQp, param: &WvParam) -> (WvEp, WvEp, WvEp
     );
     assert_eq!(active.state(), wv::ACTIVE_CONNECT);
     s.w.run(SETTLE);
-    // wv_ep.c:1186-1193 -> 1127-1182: the listen's callback pulled the request.
+    // wv_ep.c:1189-1196 -> 1125-1187: the listen's callback pulled the request.
     assert_eq!(passive.state(), wv::PASSIVE_CONNECT);
     assert_eq!(listen.completions(), 1);
     (listen, passive, active)
@@ -84,7 +84,7 @@ fn no_recursion(eps: &[&WvEp]) {
 
 /// Item 4: the REQ event has the fields AL's `__format_event_req` fills; WinVerbs reports
 /// RetryCount to user mode from it (wv_ep.c:1174). Then B rejects (WvEpReject,
-/// wv_ep.c:1001-1009) and A's connect completes refused (wv_ep.c:560-568).
+/// wv_ep.c:1001-1012) and A's connect completes refused (wv_ep.c:564-572).
 #[test]
 fn request_fields_reach_winverbs_and_a_passive_reject_refuses_the_connect() {
     let mut s = sides(101);
@@ -94,19 +94,19 @@ fn request_fields_reach_winverbs_and_a_passive_reject_refuses_the_connect() {
     let r = passive.req_event();
     // al_cm_cep.c:6255 (24 bits, as the REQ carries them).
     assert_eq!(r.starting_psn.get(), A_PSN & 0x00FF_FFFF);
-    // 6259: WinVerbs sends IB_CMA_MAX_CM_RETRIES (wv_ep.c:613).
+    // 6259: WinVerbs sends IB_CMA_MAX_CM_RETRIES (wv_ep.c:621).
     assert_eq!(r.max_cm_retries, 15);
-    // 6262, 6264: IB_CMA_CM_RESPONSE_TIMEOUT both (wv_ep.c:616, 618).
+    // 6262, 6264: IB_CMA_CM_RESPONSE_TIMEOUT both (wv_ep.c:624, 626).
     assert_eq!(r.remote_resp_timeout, 20);
     assert_eq!(r.local_resp_timeout, 20);
-    // 6263: wv_ep.c:617.
+    // 6263: wv_ep.c:625.
     assert_eq!(r.flow_ctrl, 1);
     // 6265-6266.
     assert_eq!((r.rnr_retry_cnt, r.retry_cnt), (6, 5));
     // 6260-6261: this side's view of the read limits.
     assert_eq!((r.resp_res, r.init_depth), (2, 3));
     assert_eq!(r.qpn.get(), 0x11);
-    // wv_ep.c:1171-1176: what WinVerbs hands to user mode.
+    // wv_ep.c:1172-1175: what WinVerbs hands to user mode.
     let p = passive.param();
     assert_eq!(
         (
@@ -136,15 +136,15 @@ fn request_fields_reach_winverbs_and_a_passive_reject_refuses_the_connect() {
     s.w.finish();
 }
 
-/// Item 2 (with item 1): WinVerbs' passive accept (wv_ep.c:816-870) moves its QP to INIT,
+/// Item 2 (with item 1): WinVerbs' passive accept (wv_ep.c:816-871) moves its QP to INIT,
 /// RTR and RTS (get_qp_attr, 722/733/760) before `send_rep` (858), and overrides
 /// resp_res and rq_psn at RTR (738-741) and init_depth at RTS (765-767) with what it puts
 /// in the REP. AL answers RTR in REQ_RCVD (al_cm_cep.c:6480-6490) and RTS there too
-/// (6553-6566). The active side then moves its QP (wv_ep.c:790-793) and sends the RTU
+/// (6553-6566). The active side then moves its QP (wv_ep.c:789-792) and sends the RTU
 /// (803). Both QPs must agree: each side's send PSN is the other's receive PSN, and a
 /// receive PSN is the StartingPSN its own side sent (al_cm_cep.c:4865 and 5057 set
 /// `rq_psn`, 877 and 1316 set `sq_psn` from the peer's message; 6495 and 6569 hand them
-/// out). Then WinVerbs' disconnect both ways (wv_ep.c:1045-1071).
+/// out). Then WinVerbs' disconnect both ways (wv_ep.c:1044-1072).
 #[test]
 fn winverbs_accept_moves_the_qp_to_rts_before_the_rep() {
     let mut s = sides(102);
@@ -165,7 +165,7 @@ fn winverbs_accept_moves_the_qp_to_rts_before_the_rep() {
     );
     assert_eq!(b_rtr.dest_qp.get(), 0x11);
     s.w.run(SETTLE);
-    // wv_ep.c:526-533: the REP completes the connect.
+    // wv_ep.c:530-537: the REP completes the connect.
     assert_eq!(active.types(), [ev::REP_RECEIVED]);
     assert_eq!(active.last_status(), status::SUCCESS);
     let mut qp_a = qp_a;
@@ -195,12 +195,12 @@ fn winverbs_accept_moves_the_qp_to_rts_before_the_rep() {
     // (WinVerbs' RTR carries its 32-bit random value; the QP keeps 24 bits.)
     assert_eq!(b_rts.sq_psn.get(), a_rtr.rq_psn.get());
     s.w.run(SETTLE);
-    // wv_ep.c:534-541.
+    // wv_ep.c:538-545.
     assert_eq!(passive.types(), [ev::RTU_RECEIVED]);
     assert_eq!(passive.state(), wv::CONNECTED);
     assert_eq!(passive.last_status(), status::SUCCESS);
 
-    // wv_ep.c:1047: A's DREQ; B's callback (542-556), then B's DREP at PASSIVE_LEVEL (1061).
+    // wv_ep.c:1047: A's DREQ; B's callback (546-560), then B's DREP at PASSIVE_LEVEL (1061).
     assert_eq!(active.disconnect(), status::SUCCESS);
     assert_eq!(active.state(), wv::ACTIVE_DISCONNECT);
     s.w.run(SETTLE);
@@ -219,8 +219,8 @@ fn winverbs_accept_moves_the_qp_to_rts_before_the_rep() {
 
 /// Item 4: the REP event has the fields AL's `__format_event_rep` fills; WinVerbs keeps
 /// the RNR retry count for user mode (wv_ep.c:384). The passive side is ndfltr (format_rep
-/// then send_formatted_rep). Then WinVerbs rejects the REP (wv_ep.c:1001-1009, in
-/// WvEpActiveConnect) and ndfltr's accept ends refused (nd_ep.cpp:764-768).
+/// then send_formatted_rep). Then WinVerbs rejects the REP (wv_ep.c:1001-1012, in
+/// WvEpActiveConnect) and ndfltr's accept ends refused (nd_ep.cpp:765-769).
 #[test]
 fn rep_fields_reach_winverbs_and_an_active_reject_refuses_the_accept() {
     let mut s = sides(103);
@@ -275,7 +275,7 @@ fn rep_fields_reach_winverbs_and_an_active_reject_refuses_the_accept() {
 }
 
 /// Item 4: the MRA event reports the MRA's private data as AL does: the whole 222-byte
-/// field (al_cm_cep.c:6311-6312). WinVerbs ignores the event (wv_ep.c:569-570).
+/// field (al_cm_cep.c:6311-6312). WinVerbs ignores the event (wv_ep.c:573-574).
 #[test]
 fn mra_event_reports_its_private_data_as_al() {
     let mut s = sides(104);
@@ -317,7 +317,7 @@ fn mra_event_reports_its_private_data_as_al() {
 }
 
 /// Item 5: WinVerbs leaks an id at every reconnect after a REQ timeout: `req_error` puts
-/// the endpoint back in WvEpRouteResolved (wv_ep.c:507-514) and the next WvEpConnect's
+/// the endpoint back in WvEpRouteResolved (wv_ep.c:511-518) and the next WvEpConnect's
 /// `create_id` overwrites `pIbCmId` (641) without destroying the old one. Under AL each id
 /// comes from the nonpaged pool, so such a client fails only when memory does; ibcm's pool
 /// must keep growing at PASSIVE_LEVEL. The work item that grows it runs after every
@@ -344,7 +344,7 @@ fn reconnects_after_req_error_leak_ids_and_the_pool_keeps_growing() {
         // 16 REQs of IB_CMA_CM_RESPONSE_TIMEOUT (4.3 s) each, and their waits.
         s.w.run(200_000_000_000);
         assert_eq!(active.state(), wv::ROUTE_RESOLVED, "connect {i}");
-        assert_eq!(active.last_status(), TIMEOUT, "wv_ep.c:511-512");
+        assert_eq!(active.last_status(), TIMEOUT, "wv_ep.c:514-515");
         s.w.a.cm().replenish();
     }
     assert_eq!(active.ids_created(), reconnects as i32);
@@ -368,11 +368,11 @@ fn reconnects_after_req_error_leak_ids_and_the_pool_keeps_growing() {
     w.b.remove();
 }
 
-/// WinVerbs' listens on one port, one per local address (wv_ep.c:1218-1229: the RDMA CM
+/// WinVerbs' listens on one port, one per local address (wv_ep.c:1221-1230: the RDMA CM
 /// header with IB_REQ_CM_RDMA_CMP_DST_IP): a REQ reaches the listen of its destination
 /// address (AL compares the header fields the mask selects, al_cm_cep.c:2850-2864), and a
 /// REQ for an address no listen has is refused with REJ "invalid service ID" (IBA Table
-/// 112 code 8), which WinVerbs' connect reports as refused (wv_ep.c:560-568).
+/// 112 code 8), which WinVerbs' connect reports as refused (wv_ep.c:564-572).
 #[test]
 fn listens_on_one_port_compare_the_destination_address() {
     let mut s = sides(106);
