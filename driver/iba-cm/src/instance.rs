@@ -59,7 +59,8 @@ pub trait Backend: Send + Sync + 'static {
     fn released(&self) {}
 }
 
-/// The bounds of an instance, all preallocated at [`Registered::new`] (PASSIVE_LEVEL).
+/// The bounds of an instance, preallocated at [`Registered::new`] (PASSIVE_LEVEL); the id
+/// pool also grows at PASSIVE_LEVEL.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Config {
     /// `iba_cm_id`s that can be created (listens and requests' ids included) between two
