@@ -15,7 +15,7 @@ use core::ffi::c_void;
 
 use ibcm_cep::{CmError, ConnectParams, Event, ListenParams, PathRecord, RepParams};
 use ibcm_cep::{QpAttributes, RejectParams, SidrParams, SidrReplyParams};
-use ibcm_endpoint::{ClientId, Device, Lock, status_of};
+use ibcm_endpoint::{ClientId, Device, status_of};
 use ibcm_mad::{AprStatus, Failover, Mtu, RejReason, SidrStatus};
 
 use crate::abi::{
@@ -300,8 +300,7 @@ unsafe extern "C" fn listen<B: Backend>(
             None => None,
             Some(bytes) => {
                 let mut v = inst
-                    .pool
-                    .with(|p| p.compare.pop())
+                    .take_compare_buffer()
                     .ok_or(status::INSUFFICIENT_RESOURCES)?;
                 v.clear();
                 // Within the capacity (92) the buffer was made with: no allocation.
@@ -457,8 +456,8 @@ fn take_request<B: Backend>(
                 inst.free_use(u);
                 return status::NO_MORE_ENTRIES;
             };
-            if !inst.request_passes(&meta, &event) {
-                inst.refuse(child);
+            if let Err(reason) = inst.request_verdict(&meta, &event) {
+                inst.reject(child, reason);
                 inst.free_use(u);
                 continue;
             }

@@ -13,7 +13,7 @@ use core::sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, AtomicUsize, Ordering
 
 use ibcm_cep::{CmError, RejectParams};
 use ibcm_endpoint::{Callback, ClientEvent, ClientId, Device, Lock, Platform};
-use ibcm_mad::RejReason;
+use ibcm_mad::{RejReason, Transport};
 
 use crate::abi::{
     Be32, INFINIBAND_INTERFACE_CM_VERSION, IbaCmEvent, IbaCmId, InfinibandInterfaceCm, Interface,
@@ -211,6 +211,19 @@ impl<B: Backend> Instance<B> {
         u
     }
 
+    /// Takes a compare buffer for a listen (no allocation). When fewer than half the
+    /// configured listens' worth are left, asks for the PASSIVE_LEVEL work that makes
+    /// more, as [`Self::take_slot`] does for ids: WinVerbs and ndfltr listen under their
+    /// own spin locks (wv_ep.c:1232-1245, nd_ep.cpp:2105-2129), where AL allocates per
+    /// listen, so a burst of listens must not find the pool empty for want of a refill.
+    pub(crate) fn take_compare_buffer(&self) -> Option<Vec<u8>> {
+        let (buf, left) = self.pool.with(|p| (p.compare.pop(), p.compare.len()));
+        if left < (self.config.listens / 2).max(1) {
+            self.device().platform().request_passive_work();
+        }
+        buf
+    }
+
     /// Gives `u`'s slot back if `u` is still its use (a stale free, such as a callback's
     /// error return racing `destroy_id`, frees nothing).
     pub(crate) fn free_use(&self, u: Use) {
@@ -366,8 +379,8 @@ impl<B: Backend> Instance<B> {
         let p_id = self.id_ptr(u);
         if meta.listen {
             if let Some(child) = event.new_id {
-                if !self.request_passes(&meta, &event.event) {
-                    self.refuse(child);
+                if let Err(reason) = self.request_verdict(&meta, &event.event) {
+                    self.reject(child, reason);
                     return 0;
                 }
                 let mut ev = IbaCmEvent::zeroed(event_type::REQ_RECEIVED);
@@ -404,15 +417,35 @@ impl<B: Backend> Instance<B> {
         status
     }
 
-    /// Whether a REQ or SIDR_REQ passes a listen's RDMA-CM post-check.
-    pub(crate) fn request_passes(&self, meta: &Meta, event: &ibcm_cep::Event) -> bool {
+    /// Whether a request may reach the client, or the REJ reason it gets instead. A REQ
+    /// of a transport other than RC or UC: "invalid transport type" (IBA Table 112 code
+    /// 9), as AL's `__req_handler` answers before any listen lookup (al_cm_cep.c:1106-1113):
+    /// no iba_cm client has an XRC QP to answer with, and a REP for an RC QP in XRC form
+    /// would leave the peer "connected" to a QP that refuses its opcodes. Then the
+    /// listen's check of the private data the engine did not compare: "invalid service
+    /// ID" when it fails.
+    pub(crate) fn request_verdict(
+        &self,
+        meta: &Meta,
+        event: &ibcm_cep::Event,
+    ) -> Result<(), RejReason> {
+        if let ibcm_cep::Event::ReqReceived(r) = event
+            && !matches!(r.transport, Transport::Rc | Transport::Uc)
+        {
+            return Err(RejReason::InvalidTransportType);
+        }
         let Some(check) = &meta.post_check else {
-            return true;
+            return Ok(());
         };
-        match event {
+        let passes = match event {
             ibcm_cep::Event::ReqReceived(r) => check.matches(r.private_data.as_slice()),
             ibcm_cep::Event::SidrReqReceived(r) => check.matches(r.private_data.as_slice()),
             _ => true,
+        };
+        if passes {
+            Ok(())
+        } else {
+            Err(RejReason::InvalidServiceId)
         }
     }
 
