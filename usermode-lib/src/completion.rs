@@ -9,6 +9,7 @@
 
 use std::collections::VecDeque;
 use std::future::Future;
+use std::panic::AssertUnwindSafe;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::{Arc, Condvar, Mutex, PoisonError};
@@ -231,8 +232,52 @@ thread_local! {
     static THREAD_WAKER: Waker = Waker::from(Arc::new(ThreadWaker(std::thread::current())));
 }
 
+thread_local! {
+    /// This thread dequeues a device's completions (`backend::device`): what it would
+    /// block for, only it could complete.
+    static COMPLETION_THREAD: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Marks this thread as a device's completion thread.
+pub(crate) fn enter_completion_thread() {
+    COMPLETION_THREAD.with(|c| c.set(true));
+}
+
+/// Whether this thread is a device's completion thread (a spawned operation, or a hook,
+/// is running on it).
+fn on_completion_thread() -> bool {
+    COMPLETION_THREAD
+        .try_with(std::cell::Cell::get)
+        .unwrap_or(false)
+}
+
+/// The blocking form of an operation: runs it on this thread, or fails it with
+/// STATUS_POSSIBLE_DEADLOCK on a device's completion thread, where it would wait for the
+/// thread that is waiting.
+pub(crate) fn blocking<T>(
+    operation: &'static str,
+    future: impl Future<Output = crate::Result<T>>,
+) -> crate::Result<T> {
+    if on_completion_thread() {
+        return Err(crate::Error::new(
+            operation,
+            crate::error::STATUS_POSSIBLE_DEADLOCK,
+        ));
+    }
+    block_on(future)
+}
+
 /// Runs a future to completion on this thread (the blocking form of every operation).
+///
+/// # Panics
+///
+/// On the thread that completes a device's requests (inside an operation started with
+/// [`spawn`]): it would wait for itself. Await the future there instead.
 pub fn block_on<F: Future>(future: F) -> F::Output {
+    assert!(
+        !on_completion_thread(),
+        "ibcm::block_on on the provider's completion thread would deadlock: await the future"
+    );
     let mut future = std::pin::pin!(future);
     let waker = THREAD_WAKER
         .try_with(Waker::clone)
@@ -402,6 +447,11 @@ impl Overlapped {
 
 type BoxFuture = Pin<Box<dyn Future<Output = AnyResult> + Send>>;
 
+/// The result an [`Overlapped`] holds when its operation panicked
+/// (`overlapped.result::<ibcm::Panicked>()`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Panicked;
+
 /// A task driven by the wakes of the requests it awaits.
 ///
 /// A wake may come while the task is being polled: from another thread, or from this one
@@ -459,7 +509,23 @@ impl Wake for Task {
                 self.state.store(DONE, Ordering::Release);
                 return;
             };
-            if let Poll::Ready(value) = future.as_mut().poll(&mut cx) {
+            let polled =
+                std::panic::catch_unwind(AssertUnwindSafe(|| future.as_mut().poll(&mut cx)));
+            let ready = match polled {
+                Ok(Poll::Ready(value)) => Some(value),
+                Ok(Poll::Pending) => None,
+                Err(panic) => {
+                    // The operation is over: its overlapped is done, with no result of the
+                    // operation's type; the panic goes on to whoever completed the request
+                    // (the Windows backend then fails the provider).
+                    *slot = None;
+                    drop(slot);
+                    self.state.store(DONE, Ordering::Release);
+                    self.overlapped.finish(Box::new(Panicked));
+                    std::panic::resume_unwind(panic);
+                }
+            };
+            if let Some(value) = ready {
                 *slot = None;
                 drop(slot);
                 self.state.store(DONE, Ordering::Release);

@@ -1,6 +1,9 @@
 //! Where IOCTLs go: the driver through Win32 (Windows), or the same dispatch code running
 //! in this process on the host platform (everywhere).
 
+pub mod device;
+#[cfg(feature = "in-process")]
+pub mod emulated;
 #[cfg(feature = "in-process")]
 pub mod inproc;
 #[cfg(windows)]
