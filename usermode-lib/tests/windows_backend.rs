@@ -305,12 +305,12 @@ fn cancel_of_a_completed_request_cancels_nothing_else() {
         Vec::new(),
         hook,
     );
-    assert_ne!(channel, version, "keys are not reused");
     device.cancel(version);
     assert!(
         events.recv_timeout(Duration::from_millis(200)).is_err(),
         "the GET_EVENT is still pending"
     );
+    assert_ne!(channel, version, "keys are not reused");
     // Its own key cancels it.
     device.cancel(channel);
     assert_eq!(events.recv_timeout(HANG).unwrap().0, status::CANCELLED);
