@@ -358,10 +358,15 @@ impl CompletionPort {
 
 type AnyResult = Box<dyn std::any::Any + Send>;
 
+/// Told once an operation's result is in.
+type Notify = Box<dyn FnOnce() + Send>;
+
 #[derive(Default)]
 struct OverlappedState {
     result: Option<AnyResult>,
     port: Option<(CompletionPort, usize)>,
+    /// The caller's own completion (on Windows, its IOCP and OVERLAPPED).
+    notify: Option<Notify>,
     /// Threads blocked in `wait`.
     waiting: usize,
 }
@@ -390,6 +395,16 @@ impl Overlapped {
     pub fn with_port(port: &CompletionPort, key: usize) -> Self {
         let o = Self::default();
         o.0.0.lock().unwrap_or_else(PoisonError::into_inner).port = Some((port.clone(), key));
+        o
+    }
+
+    /// An overlapped whose completion also calls `notify`, once, on the thread that
+    /// finished the operation, after its result is in (`backend::windows::overlapped_on`
+    /// posts the caller's own OVERLAPPED to the caller's own port this way). `notify`
+    /// must not block: it may run on the provider's completion thread.
+    pub fn with_notify(notify: impl FnOnce() + Send + 'static) -> Self {
+        let o = Self::default();
+        o.0.0.lock().unwrap_or_else(PoisonError::into_inner).notify = Some(Box::new(notify));
         o
     }
 
@@ -428,13 +443,16 @@ impl Overlapped {
     }
 
     fn finish(&self, value: AnyResult) {
-        let (port, waiting) = {
+        let (port, notify, waiting) = {
             let mut s = self.0.0.lock().unwrap_or_else(PoisonError::into_inner);
             s.result = Some(value);
-            (s.port.take(), s.waiting > 0)
+            (s.port.take(), s.notify.take(), s.waiting > 0)
         };
         if waiting {
             self.0.1.notify_all();
+        }
+        if let Some(notify) = notify {
+            notify();
         }
         if let Some((port, key)) = port {
             port.post(CompletionPacket {

@@ -437,3 +437,45 @@ fn transient_get_event_failures_are_retried() {
         "every injected failure was met"
     );
 }
+
+/// A caller's OVERLAPPED completes as Windows completes I/O on a handle bound to a port:
+/// its event is set and it is posted to the port, unless `hEvent` has its low bit set
+/// (WinVerbs core/winverbs/user/wv_base.cpp:56-60 sets it on its blocking calls' event,
+/// whose completion must not reach the application's port, :90-99).
+#[test]
+fn caller_overlapped_follows_the_event_low_bit_rule() {
+    assert_eq!(device::caller_completion(0), (0, true));
+    assert_eq!(device::caller_completion(0x1234), (0x1234, true));
+    assert_eq!(device::caller_completion(0x1235), (0x1234, false));
+}
+
+/// An overlapped with a notification (how the caller's OVERLAPPED is completed on
+/// Windows) is told once, after the result is in, on the thread that finished it.
+#[test]
+fn overlapped_notification_comes_once_after_the_result() {
+    let f = fabric();
+    let server = emulated::provider(f.node(1).unwrap()).unwrap();
+    let listener = listen(&server, 0x7009);
+    let (tx, rx) = mpsc::channel();
+    let slot: Arc<Mutex<Option<Overlapped>>> = Arc::default();
+    let seen = Arc::clone(&slot);
+    let o = Overlapped::with_notify(move || {
+        let done = seen
+            .lock()
+            .unwrap()
+            .as_ref()
+            .is_some_and(Overlapped::is_done);
+        let _ = tx.send((done, std::thread::current().name().map(str::to_owned)));
+    });
+    *slot.lock().unwrap() = Some(o.clone());
+    spawn(listener.get_request_async(), &o);
+    let _client = connect_from(&f, 0x7009);
+    let (done, thread) = rx.recv_timeout(HANG).expect("notified");
+    assert!(done, "the result was in before the notification");
+    assert_eq!(thread.as_deref(), Some("ibcm-completions"));
+    assert!(rx.recv_timeout(Duration::from_millis(100)).is_err(), "once");
+    assert!(
+        o.result::<ibcm::Result<ibcm::ConnectionRequest>>()
+            .is_some_and(|r| r.is_ok())
+    );
+}

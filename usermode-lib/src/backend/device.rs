@@ -176,6 +176,16 @@ pub fn status_from_win32(error: u32) -> i32 {
     }
 }
 
+/// What finishing an operation does to a caller's Win32 OVERLAPPED, by its `hEvent`: the
+/// event to set (`hEvent` without its low bit; 0 for none) and whether the OVERLAPPED is
+/// posted to the caller's port. As Windows does for I/O on a handle bound to a port, a
+/// low bit set keeps the completion off the port (WinVerbs sets it on the event of its
+/// own blocking calls, core/winverbs/user/wv_base.cpp:56-60, so that they complete on
+/// the event alone, :90-99).
+pub fn caller_completion(h_event: usize) -> (usize, bool) {
+    (h_event & !1, h_event & 1 == 0)
+}
+
 /// One request in flight.
 struct Op<R> {
     request: R,

@@ -21,6 +21,7 @@ use windows_sys::Win32::System::IO::{
     CancelIoEx, CreateIoCompletionPort, DeviceIoControl, GetQueuedCompletionStatus, OVERLAPPED,
     PostQueuedCompletionStatus,
 };
+use windows_sys::Win32::System::Threading::SetEvent;
 
 use super::device::{self, Dequeued, Issue, Win32};
 
@@ -225,4 +226,63 @@ impl Drop for Sys {
         // device) is letting go of it.
         unsafe { CloseHandle(self.port) };
     }
+}
+
+/// A caller's completion port, key and OVERLAPPED (see [`overlapped_on`]).
+struct CallerOverlapped {
+    port: HANDLE,
+    key: usize,
+    overlapped: *mut OVERLAPPED,
+}
+
+// SAFETY: the port is usable from any thread, and `overlapped_on`'s caller keeps the
+// OVERLAPPED valid and unused by anyone else until the operation completes on it.
+unsafe impl Send for CallerOverlapped {}
+
+impl CallerOverlapped {
+    /// Completes the caller's OVERLAPPED: STATUS_SUCCESS and 0 bytes, its event set, and
+    /// (unless `hEvent` has its low bit set) it is posted to the caller's port.
+    fn complete(self) {
+        // SAFETY: `overlapped_on`'s contract: valid, and nobody else's until now.
+        let o = unsafe { &mut *self.overlapped };
+        o.Internal = ibcm_ioctl::status::SUCCESS as usize;
+        o.InternalHigh = 0;
+        let (event, post) = device::caller_completion(o.hEvent as usize);
+        if event != 0 {
+            // SAFETY: an event handle of the caller's, open until it sees the completion.
+            unsafe { SetEvent(event as HANDLE) };
+        }
+        if post && !self.port.is_null() {
+            // SAFETY: the caller's port is open; the OVERLAPPED pointer is only carried
+            // in the packet (the caller owns it again once it dequeues the packet).
+            unsafe { PostQueuedCompletionStatus(self.port, 0, self.key, self.overlapped) };
+        }
+    }
+}
+
+/// An [`Overlapped`](crate::Overlapped) for [`spawn`](crate::spawn) that completes on the
+/// caller's own I/O completion port with the caller's own OVERLAPPED, as I/O on a handle
+/// bound to that port does (the model of WinVerbs and NetworkDirect consumers): when the
+/// operation finishes, `Internal` is STATUS_SUCCESS and `InternalHigh` 0, the event in
+/// `hEvent` (if any) is set, and, unless `hEvent` has its low bit set, `overlapped` is
+/// posted to `port` (if not null) with `key`. The operation's result is taken from the
+/// returned `Overlapped` (`result::<T>()`).
+///
+/// # Safety
+///
+/// `port` must be a completion port (or null) and `hEvent` an event (or null) that stay
+/// open until the operation finishes; `overlapped` must point to an OVERLAPPED that stays
+/// valid, and that nothing else reads or writes, until then (until its packet is dequeued
+/// or its event is set).
+pub unsafe fn overlapped_on(
+    port: HANDLE,
+    key: usize,
+    overlapped: *mut OVERLAPPED,
+) -> crate::Overlapped {
+    let target = CallerOverlapped {
+        port,
+        key,
+        overlapped,
+    };
+    crate::Overlapped::with_notify(move || target.complete())
 }
