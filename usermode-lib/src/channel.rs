@@ -266,6 +266,9 @@ impl CompletionHook for Channel {
     fn completed(self: Arc<Self>, st: i32, mut output: Vec<u8>) {
         let size = EventRecord::SIZE as usize;
         let mut wakers: Vec<Waker> = Vec::new();
+        // Asked before the lock: this may be the provider's last reference, whose drop
+        // closes the handle, which completes requests (this channel's too).
+        let open = st == status::SUCCESS || self.backend.upgrade().is_some_and(|b| !b.is_closed());
         {
             let mut s = self.lock();
             s.outstanding = false;
@@ -292,7 +295,7 @@ impl CompletionHook for Channel {
                 }
                 output.clear();
                 s.buffer = output;
-            } else if !terminal(st) && s.retries < MAX_RETRIES {
+            } else if !terminal(st) && s.retries < MAX_RETRIES && open {
                 // Transient: the GET_EVENT is issued again later, and meanwhile counts as
                 // outstanding; no wait ends.
                 recycle_buffer(output);

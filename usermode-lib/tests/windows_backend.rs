@@ -479,3 +479,23 @@ fn overlapped_notification_comes_once_after_the_result() {
             .is_some_and(|r| r.is_ok())
     );
 }
+
+/// A completion port that fails under the completion thread (closed: ERROR_ABANDONED_WAIT_0)
+/// brings no more packets: the requests in flight fail at once instead of waiting forever.
+#[test]
+fn an_abandoned_port_fails_the_requests_in_flight() {
+    let f = fabric();
+    let sys = Emulated::open(f.node(1).unwrap());
+    let faults = sys.faults();
+    let server = emulated::provider_with(sys).unwrap();
+    let listener = listen(&server, 0x700a);
+    let waiting = Overlapped::new();
+    spawn(listener.get_request_async(), &waiting);
+    std::thread::sleep(Duration::from_millis(20));
+    faults.abandon_port();
+    let err = wait_for::<ibcm::Result<ibcm::ConnectionRequest>>("get request", &waiting)
+        .err()
+        .expect("it fails");
+    // ERROR_ABANDONED_WAIT_0 (735) as FACILITY_NTWIN32.
+    assert_eq!(err.status as u32, 0xC007_0000 | 735, "{err}");
+}

@@ -228,7 +228,25 @@ impl<S: Win32> Shared<S> {
                 Dequeued::Packet { key, bytes } => (key, bytes),
                 Dequeued::Quit => return,
                 Dequeued::Failed(error) => {
-                    self.fail(status_from_win32(error));
+                    // The port is unusable: no packet will come. Every request still in
+                    // flight fails now; its OVERLAPPED is left to the kernel (never
+                    // reclaimed: it may still write it).
+                    let st = status_from_win32(error);
+                    self.fail(st);
+                    let ops: Vec<Op<S::Request>> = {
+                        let mut ops = self.lock();
+                        ops.pending.drain().map(|(_, op)| op).collect()
+                    };
+                    for op in ops {
+                        let Op {
+                            request,
+                            on_complete,
+                        } = op;
+                        std::mem::forget(request);
+                        let _ = catch_unwind(AssertUnwindSafe(|| {
+                            on_complete.completed(st, Vec::new())
+                        }));
+                    }
                     return;
                 }
             };
@@ -343,6 +361,10 @@ impl<S: Win32> Backend for Device<S> {
 
     fn close(&self) {
         self.shared.close(&mut self.shared.lock());
+    }
+
+    fn is_closed(&self) -> bool {
+        self.shared.lock().closed
     }
 }
 

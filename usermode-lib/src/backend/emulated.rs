@@ -18,7 +18,8 @@
 //! - The port is a FIFO that `GetQueuedCompletionStatus(INFINITE)` waits on forever.
 //!
 //! [`EmulatedFaults`] makes the failures a test needs: the completion thread cannot be
-//! started, or the driver is transiently short of memory for GET_EVENTs.
+//! started, the driver is transiently short of memory for GET_EVENTs, or the port is
+//! closed under the completion thread.
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
@@ -39,14 +40,28 @@ const ERROR_INVALID_HANDLE: u32 = 6;
 const FIRST_ADDRESS: usize = 0x10_0000;
 const BLOCK_SIZE: usize = 0x100;
 
+/// ERROR_ABANDONED_WAIT_0: the port was closed under a waiting GetQueuedCompletionStatus.
+const ERROR_ABANDONED_WAIT_0: u32 = 735;
+
 /// Failures to make.
-#[derive(Debug, Default)]
+#[derive(Default)]
 pub struct EmulatedFaults {
     /// The completion thread cannot be started.
     pub fail_spawn: AtomicBool,
     /// This many GET_EVENTs fail with STATUS_INSUFFICIENT_RESOURCES (the driver is
     /// transiently short of memory).
     pub get_event_failures: AtomicU32,
+    port: Arc<Port>,
+}
+
+impl EmulatedFaults {
+    /// The port is closed under the completion thread: GetQueuedCompletionStatus fails
+    /// with ERROR_ABANDONED_WAIT_0 from now on.
+    pub fn abandon_port(&self) {
+        self.port.abandoned.store(true, Ordering::Release);
+        let _guard = lock(&self.port.packets);
+        self.port.ready.notify_all();
+    }
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -58,6 +73,7 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 struct Port {
     packets: Mutex<VecDeque<Dequeued>>,
     ready: Condvar,
+    abandoned: AtomicBool,
 }
 
 impl Port {
@@ -134,16 +150,20 @@ impl Emulated {
     /// Opens `node`'s device (CreateFileW, CreateIoCompletionPort).
     pub fn open(node: Arc<Node>) -> Self {
         let file = node.open();
+        let port = Arc::<Port>::default();
         Self {
             node,
             file,
             closed: AtomicBool::new(false),
-            port: Arc::default(),
+            port: Arc::clone(&port),
             addresses: Mutex::new(Addresses {
                 next: FIRST_ADDRESS,
                 ..Addresses::default()
             }),
-            faults: Arc::default(),
+            faults: Arc::new(EmulatedFaults {
+                port,
+                ..EmulatedFaults::default()
+            }),
         }
     }
 
@@ -269,6 +289,9 @@ impl Win32 for Emulated {
     fn dequeue(&self) -> Dequeued {
         let mut q = lock(&self.port.packets);
         loop {
+            if self.port.abandoned.load(Ordering::Acquire) {
+                return Dequeued::Failed(ERROR_ABANDONED_WAIT_0);
+            }
             if let Some(p) = q.pop_front() {
                 return p;
             }
