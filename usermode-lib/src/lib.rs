@@ -11,6 +11,10 @@
 //!   [`Overlapped`] and, if it has one, queued on a [`CompletionPort`] — the IOCP model
 //!   WinVerbs and ND providers expect.
 //!
+//! On Windows one library thread completes a provider's requests, and runs the steps of
+//! its spawned operations: there, await the futures; a blocking operation fails with
+//! [`STATUS_POSSIBLE_DEADLOCK`] rather than wait for itself (see `backend::device`).
+//!
 //! Errors name the failing operation and carry the NTSTATUS (and the peer's REJ reason).
 //! Dropping an endpoint destroys it; cancellation is explicit (`cancel`).
 //!

@@ -198,7 +198,8 @@ struct Ops<R> {
     last_key: u64,
     /// The file handle was closed: requests fail with STATUS_INVALID_HANDLE.
     closed: bool,
-    /// A completion panicked: every request fails with this.
+    /// The provider failed (a completion panicked, or the port failed): every request
+    /// fails with this.
     failed: Option<i32>,
 }
 
@@ -250,12 +251,16 @@ impl<S: Win32> Shared<S> {
                     return;
                 }
             };
-            let Some(op) = self.lock().pending.remove(&key) else {
+            let (op, failed) = {
+                let mut ops = self.lock();
+                (ops.pending.remove(&key), ops.failed)
+            };
+            let Some(op) = op else {
                 continue;
             };
             let (st, mut output) = self.sys.reclaim(op.request);
             output.truncate(bytes as usize);
-            let st = self.lock().failed.unwrap_or(st);
+            let st = failed.unwrap_or(st);
             let hook = op.on_complete;
             if catch_unwind(AssertUnwindSafe(|| hook.completed(st, output))).is_err() {
                 self.fail(STATUS_INTERNAL_ERROR);
