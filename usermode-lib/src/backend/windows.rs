@@ -150,8 +150,8 @@ impl Win32 for Sys {
                 ov,
             )
         };
-        // SAFETY: reading the thread's last-error value has no preconditions.
         let last_error = if ok == 0 {
+            // SAFETY: reading the thread's last-error value has no preconditions.
             unsafe { GetLastError() }
         } else {
             0
