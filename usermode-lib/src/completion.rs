@@ -251,12 +251,13 @@ fn on_completion_thread() -> bool {
         .unwrap_or(false)
 }
 
-/// The blocking form of an operation: runs it on this thread, or fails it with
-/// STATUS_POSSIBLE_DEADLOCK on a device's completion thread, where it would wait for the
-/// thread that is waiting.
-pub(crate) fn blocking<T>(
+/// The blocking form of an operation: starts it (`start` issues its first request) and
+/// waits for it on this thread; or, on a device's completion thread, where it would wait
+/// for the thread that is waiting, fails it with STATUS_POSSIBLE_DEADLOCK before anything
+/// is issued.
+pub(crate) fn blocking<T, F: Future<Output = crate::Result<T>>>(
     operation: &'static str,
-    future: impl Future<Output = crate::Result<T>>,
+    start: impl FnOnce() -> F,
 ) -> crate::Result<T> {
     if on_completion_thread() {
         return Err(crate::Error::new(
@@ -264,7 +265,7 @@ pub(crate) fn blocking<T>(
             crate::error::STATUS_POSSIBLE_DEADLOCK,
         ));
     }
-    block_on(future)
+    block_on(start())
 }
 
 /// Runs a future to completion on this thread (the blocking form of every operation).

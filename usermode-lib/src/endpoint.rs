@@ -36,10 +36,9 @@ impl Endpoint {
             size: CreateIn::SIZE,
             reserved: 0,
         };
-        let out: CreateOut = blocking(
-            operation,
-            provider.ioctl_out(operation, code::CREATE, c.as_bytes()),
-        )?;
+        let out: CreateOut = blocking(operation, || {
+            provider.ioctl_out(operation, code::CREATE, c.as_bytes())
+        })?;
         Ok(Self::new(provider.clone(), out.handle))
     }
 

@@ -33,15 +33,14 @@ impl Provider {
             abi_version: ABI_VERSION,
         };
         // A driver whose answer is not a VersionOut speaks another ABI.
-        let out = blocking(
-            "open",
+        let out = blocking("open", || {
             p.ioctl(
                 "open",
                 code::VERSION,
                 v.as_bytes(),
                 VersionOut::SIZE as usize,
-            ),
-        )?;
+            )
+        })?;
         let got = VersionOut::read_from_bytes(&out)
             .map_err(|_| Error::new("open", status::REVISION_MISMATCH))?;
         if got.abi_version != ABI_VERSION {
@@ -128,9 +127,8 @@ impl Provider {
             size: CountersIn::SIZE,
             reserved: 0,
         };
-        blocking(
-            "counters",
-            self.ioctl_out("counters", code::COUNTERS, c.as_bytes()),
-        )
+        blocking("counters", || {
+            self.ioctl_out("counters", code::COUNTERS, c.as_bytes())
+        })
     }
 }

@@ -131,8 +131,8 @@ fn last_provider_dropped_on_the_completion_thread() {
 }
 
 /// A blocking call on the completion thread would wait for the thread that waits: it
-/// fails with STATUS_POSSIBLE_DEADLOCK instead of hanging; the same steps as futures
-/// complete.
+/// fails with STATUS_POSSIBLE_DEADLOCK, having issued nothing, instead of hanging; the
+/// same steps as futures complete.
 #[test]
 fn blocking_call_on_the_completion_thread_fails() {
     let f = fabric();
@@ -143,6 +143,16 @@ fn blocking_call_on_the_completion_thread_fails() {
         async move {
             let request = listener.get_request_async().await?;
             let blocked = request.endpoint.prepare_accept(&accept_params()).err();
+            // Refused before anything is issued: no REJ goes out (the accept below
+            // would fail).
+            let refused = request
+                .endpoint
+                .reject(ibcm::RejReason::ConsumerDefined, &[])
+                .err();
+            assert_eq!(
+                refused.map(|e| e.status),
+                Some(ibcm::STATUS_POSSIBLE_DEADLOCK)
+            );
             // The futures of the same steps.
             let qp = request
                 .endpoint
