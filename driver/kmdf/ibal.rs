@@ -54,12 +54,12 @@ use wdk_sys::ntddk::{
     ExAcquireRundownProtection, ExInitializeRundownProtection, ExReleaseRundownProtection,
     ExWaitForRundownProtectionRelease,
 };
-use wdk_sys::{EX_RUNDOWN_REF, GUID, INTERFACE, NT_SUCCESS, NTSTATUS, PVOID, WDFDPC};
+use wdk_sys::{EX_RUNDOWN_REF, GUID, INTERFACE, NT_SUCCESS, NTSTATUS, PVOID, WDFDEVICE, WDFDPC};
 
-use crate::filter::FilterState;
 use crate::host::{Host, host};
 use crate::platform::KmdfLock;
-use crate::{verbs_hook, wdf};
+use crate::verbs_hook::{self, IbQpCreate, SlotId};
+use crate::wdf;
 
 // ---------------------------------------------------------------------------------------
 // WinOF declarations
@@ -167,22 +167,6 @@ struct IbMadSvc {
     mgmt_version: u8,
     method_array: [i32; IB_MAX_METHODS],
     svc_type: i32,
-}
-
-/// `ib_qp_create_t` (ib_types.h): AL's `create_qp` here, the HCA's `create_spl_qp` in
-/// `verbs_hook.rs`.
-#[repr(C)]
-pub(crate) struct IbQpCreate {
-    pub(crate) qp_type: i32,
-    pub(crate) sq_max_inline: u32,
-    pub(crate) sq_depth: u32,
-    pub(crate) rq_depth: u32,
-    pub(crate) sq_sge: u32,
-    pub(crate) rq_sge: u32,
-    pub(crate) h_sq_cq: Handle,
-    pub(crate) h_rq_cq: Handle,
-    pub(crate) h_srq: Handle,
-    pub(crate) sq_signaled: i32,
 }
 
 /// `ib_pnp_rec_t` (ib_al.h).
@@ -501,10 +485,20 @@ pub struct FilterIbal {
     no_route: AtomicU8,
     /// The bound CA (network order as AL reports it), 0 before binding: for the log.
     pub ca_guid: AtomicU64,
+    /// This HCA's QP1 verbs-hook slot (None: every slot taken or no memory at device
+    /// add; then the verbs query passes through untouched and there is no steering).
+    pub hook_slot: Option<SlotId>,
+    /// QP1 steering is in place on this HCA (`ibcm_qp1_hook::steering_in_place`: some
+    /// port has ibcm's `{M, Get}` MAD service and the slot's steering decision is set): a
+    /// QP1 route even without a CM MAD service for Send.
+    steering_installed: AtomicBool,
+    /// How this binding was counted in the host's CM verdict (`HostCm::bound`): 0 not
+    /// counted, 1 with a QP1 route, 2 without.
+    in_verdict: AtomicU8,
 }
 
 impl FilterIbal {
-    pub const fn new() -> Self {
+    pub const fn new(hook_slot: Option<SlotId>) -> Self {
         Self {
             binding: AtomicPtr::new(core::ptr::null_mut()),
             routed_ports: AtomicUsize::new(0),
@@ -513,7 +507,21 @@ impl FilterIbal {
             steering_set: AtomicBool::new(false),
             no_route: AtomicU8::new(0),
             ca_guid: AtomicU64::new(0),
+            hook_slot,
+            steering_installed: AtomicBool::new(false),
+            in_verdict: AtomicU8::new(0),
         }
+    }
+
+    /// Whether ibcm can reach the wire from this HCA: a registered CM MAD service on some
+    /// port, or QP1 steering.
+    pub fn qp1_route(&self) -> bool {
+        self.routed() || self.steering_installed.load(Ordering::Acquire)
+    }
+
+    /// The route this HCA got (for the log).
+    pub fn hca_route(&self) -> HcaRoute {
+        self.route(self.steering_installed.load(Ordering::Acquire))
     }
 
     /// Whether some port of this HCA has a registered CM MAD service for Send.
@@ -546,10 +554,10 @@ impl FilterIbal {
 
 /// Sets the filter's `steering_installed` from what is recorded
 /// (`ibcm_qp1_hook::steering_in_place`).
-fn update_steering_installed(filter: &FilterState) {
+fn update_steering_installed(filter: &FilterIbal) {
     let in_place = route::steering_in_place(
-        filter.ibal.steered_ports.load(Ordering::Acquire),
-        filter.ibal.steering_set.load(Ordering::Acquire),
+        filter.steered_ports.load(Ordering::Acquire),
+        filter.steering_set.load(Ordering::Acquire),
     );
     filter.steering_installed.store(in_place, Ordering::Release);
 }
@@ -557,15 +565,15 @@ fn update_steering_installed(filter: &FilterState) {
 /// The verbs hook's steering decision (`verbs_hook::Decide`), at DISPATCH_LEVEL from the
 /// hook's `poll_cq` thunk, inside the slot's steering lock: the CA port's host number,
 /// then `Device::owner_of` under the device lock (the only lock nesting: steering →
-/// engine). Allocates nothing. `context` is the filter's `FilterState` address
+/// engine). Allocates nothing. `context` is the filter's `FilterIbal` address
 /// (`set_steering` in `port_added`), valid until `clear_steering` in `unbind`.
 fn decide(context: usize, ca_port: u8, mad: &[u8]) -> bool {
-    let filter = core::ptr::with_exposed_provenance::<FilterState>(context);
+    let filter = core::ptr::with_exposed_provenance::<FilterIbal>(context);
     // SAFETY: (I106) the address `port_added` registered for this filter's slot; the
     // steering is cleared (`unbind`, under the slot's steering lock, which this runs
     // inside) before the filter's context is dropped.
     let filter = unsafe { &*filter };
-    let Some(host_port) = filter.ibal.steered_host_port(ca_port) else {
+    let Some(host_port) = filter.steered_host_port(ca_port) else {
         return false;
     };
     host()
@@ -576,7 +584,7 @@ fn decide(context: usize, ca_port: u8, mad: &[u8]) -> bool {
 /// One binding to IBAL: the interface, the AL instance, the CA's alias PD and its ports.
 struct Binding {
     host: NonNull<Host>,
-    filter: NonNull<FilterState>,
+    filter: NonNull<FilterIbal>,
     al: Al,
     /// The queried interface (kept for `InterfaceDereference`).
     ifc: IbAlIfc,
@@ -596,7 +604,7 @@ impl Binding {
         unsafe { self.host.as_ref() }
     }
 
-    fn filter(&self) -> &FilterState {
+    fn filter(&self) -> &FilterIbal {
         // SAFETY: (I102) the binding is freed in `unbind`, before its filter's context.
         unsafe { self.filter.as_ref() }
     }
@@ -698,17 +706,32 @@ pub fn port_pkey_index(port: NonNull<Port>, pkey: u16) -> Option<u16> {
 /// EvtDeviceSelfManagedIoInit's part: query IBAL down the stack and bind its CA, then
 /// log the route the HCA got. A filter that cannot bind stays a pass-through filter
 /// (every CM query goes down to AL's CM); its start never fails for it.
-pub fn bind(filter: &FilterState) {
-    bind_ca(filter);
+pub fn bind(device: WDFDEVICE, filter: &FilterIbal) {
+    bind_ca(device, filter);
     log_route(filter);
+    // The host's CM verdict counts this HCA (`ibcm_lifecycle::HostCm`).
+    let Some(host) = host() else { return };
+    if filter.binding.load(Ordering::Acquire).is_null() {
+        return;
+    }
+    let routed = filter.qp1_route();
+    filter
+        .in_verdict
+        .store(if routed { 1 } else { 2 }, Ordering::Release);
+    if host.verdict_bound(routed) {
+        let ca = u64::from_be(filter.ca_guid.load(Ordering::Relaxed));
+        wdk::println!(
+            "ibcm: CA {ca:#018x} has no QP1 route, but kernel clients already use ibcm's CM: their connections on it fail"
+        );
+    }
 }
 
 /// The route this HCA got, once its existing ports were reported (`IB_PNP_FLAG_REG_SYNC`):
 /// ETW `Qp1Route` and DbgPrint. Ordinary registration, QP1 steering, or none (AL's CM
 /// serves the HCA's clients) with the reason.
-fn log_route(filter: &FilterState) {
-    let route = filter.route();
-    let ca_guid = filter.ibal.ca_guid.load(Ordering::Relaxed);
+fn log_route(filter: &FilterIbal) {
+    let route = filter.hca_route();
+    let ca_guid = filter.ca_guid.load(Ordering::Relaxed);
     ibcm_etw::qp1_route(ca_guid, route.is_route(), route.name(), route.reason());
     let ca = u64::from_be(ca_guid);
     if route.is_route() {
@@ -722,12 +745,16 @@ fn log_route(filter: &FilterState) {
     }
 }
 
-fn bind_ca(filter: &FilterState) {
+fn bind_ca(device: WDFDEVICE, filter: &FilterIbal) {
     let Some(host) = host() else {
         wdk::println!("ibcm: no control device: this HCA is not bound (AL's CM serves it)");
         return;
     };
-    if !filter.ibal.binding.load(Ordering::Acquire).is_null() {
+    if host.closing.load(Ordering::Acquire) {
+        wdk::println!("ibcm: the host's CM is being torn down: this HCA is not bound");
+        return;
+    }
+    if !filter.binding.load(Ordering::Acquire).is_null() {
         return;
     }
     let mut ifc = IbAlIfc::empty();
@@ -737,7 +764,7 @@ fn bind_ca(filter: &FilterState) {
     let status = unsafe {
         wdk_sys::call_unsafe_wdf_function_binding!(
             WdfFdoQueryForInterface,
-            filter.device,
+            device,
             &raw const GUID_IB_AL_INTERFACE,
             (&raw mut ifc).cast::<INTERFACE>(),
             core::mem::size_of::<IbAlIfc>() as u16,
@@ -771,7 +798,7 @@ fn bind_ca(filter: &FilterState) {
             return;
         }
     };
-    filter.ibal.ca_guid.store(ca_guid, Ordering::Relaxed);
+    filter.ca_guid.store(ca_guid, Ordering::Relaxed);
     let binding = alloc::boxed::Box::into_raw(alloc::boxed::Box::new(Binding {
         host: NonNull::from(host),
         filter: NonNull::from(filter),
@@ -782,7 +809,7 @@ fn bind_ca(filter: &FilterState) {
         ca_guid,
         ports: KmdfLock::new(Vec::new()),
     }));
-    filter.ibal.binding.store(binding, Ordering::Release);
+    filter.binding.store(binding, Ordering::Release);
     let request = IbPnpReq {
         pnp_class: IB_PNP_PORT | IB_PNP_FLAG_REG_SYNC,
         pnp_context: binding.cast_const().cast(),
@@ -847,24 +874,25 @@ fn release_interface(ifc: &IbAlIfc) {
 /// CA, every QP1 alias and MAD service, waiting for their callbacks; the interface is
 /// released. Connections on these ports lose their route (the engine's timers end them);
 /// the host's CM stays for the other HCAs.
-pub fn unbind(filter: &FilterState) {
-    let binding = filter
-        .ibal
-        .binding
-        .swap(core::ptr::null_mut(), Ordering::AcqRel);
+pub fn unbind(filter: &FilterIbal) {
+    let binding = filter.binding.swap(core::ptr::null_mut(), Ordering::AcqRel);
     // SAFETY: (I36) published by `bind` and freed only below (the swap above makes this
     // the only unbind of it).
     let Some(bound) = (unsafe { binding.as_ref() }) else {
         return;
     };
+    match filter.in_verdict.swap(0, Ordering::AcqRel) {
+        0 => {}
+        counted => bound.host().verdict_unbound(counted == 1),
+    }
     // No steering decision runs with this filter or its ports after this: every MAD goes
     // to AL (before the ports go, and before the engine can).
     if let Some(slot) = filter.hook_slot {
         verbs_hook::clear_steering(slot);
     }
-    filter.ibal.steering_set.store(false, Ordering::Release);
-    filter.ibal.steered_ports.store(0, Ordering::Release);
-    for entry in &filter.ibal.steered_host_port {
+    filter.steering_set.store(false, Ordering::Release);
+    filter.steered_ports.store(0, Ordering::Release);
+    for entry in &filter.steered_host_port {
         entry.store(0, Ordering::Release);
     }
     update_steering_installed(filter);
@@ -877,7 +905,7 @@ pub fn unbind(filter: &FilterState) {
     // the CA, every QP1 alias and MAD service, waiting for their callbacks (a PnP callback
     // running now finds its port already unpublished and the binding still alive).
     let _closed = unsafe { (bound.al.close_al)(bound.h_al) };
-    filter.ibal.routed_ports.store(0, Ordering::Release);
+    filter.routed_ports.store(0, Ordering::Release);
     for port in ports {
         // SAFETY: (I38) the port came from Box::into_raw in `port_added`; its QP is gone
         // with the AL instance, so no callback refers to it.
@@ -955,7 +983,7 @@ unsafe fn port_added(binding: &Binding, record: *mut IbPnpPortRec) -> IbApiStatu
     // SAFETY: (I50) as I49.
     let attr = unsafe { &*port_record.p_port_attr };
     let host = binding.host();
-    let setup_failed = || binding.filter().ibal.record_no_route(NoRoute::PortSetup);
+    let setup_failed = || binding.filter().record_no_route(NoRoute::PortSetup);
     if host.core().is_none() {
         let Some(seed) = random_seed() else {
             setup_failed();
@@ -1086,7 +1114,7 @@ unsafe fn port_added(binding: &Binding, record: *mut IbPnpPortRec) -> IbApiStatu
                             attr.port_num,
                             why.reason()
                         );
-                        filter.ibal.record_no_route(why);
+                        filter.record_no_route(why);
                         host.ports.with(|t| t.numbers.deactivate(number));
                         // SAFETY: (I57) the QP is ours; `port_destroyed` frees the port
                         // once AL is done.
@@ -1120,7 +1148,7 @@ unsafe fn port_added(binding: &Binding, record: *mut IbPnpPortRec) -> IbApiStatu
     host.ports.with(|t| t.publish(number, port_ptr));
     match registration {
         Registration::Ordinary => {
-            filter.ibal.routed_ports.fetch_add(1, Ordering::AcqRel);
+            filter.routed_ports.fetch_add(1, Ordering::AcqRel);
         }
         Registration::Private(_) => start_steering(filter, attr.port_num, number),
     }
@@ -1170,38 +1198,36 @@ fn register_cm_service(
 /// A port's `{M, Get}` service is registered and published: record the CA port's host
 /// number for the decision, set the slot's steering (once per binding) and the filter's
 /// `steering_installed`. Until this runs every MAD of the port goes to AL.
-fn start_steering(filter: &FilterState, ca_port: u8, host_port: u8) {
+fn start_steering(filter: &FilterIbal, ca_port: u8, host_port: u8) {
     let Some(slot) = filter.hook_slot else {
         return;
     };
     if let Some(entry) = usize::from(ca_port)
         .checked_sub(1)
-        .and_then(|i| filter.ibal.steered_host_port.get(i))
+        .and_then(|i| filter.steered_host_port.get(i))
     {
         entry.store(host_port, Ordering::Release);
     }
-    filter.ibal.steered_ports.fetch_add(1, Ordering::AcqRel);
-    if !filter.ibal.steering_set.load(Ordering::Acquire) {
+    filter.steered_ports.fetch_add(1, Ordering::AcqRel);
+    if !filter.steering_set.load(Ordering::Acquire) {
         let context = core::ptr::from_ref(filter).expose_provenance();
         let set = verbs_hook::set_steering(slot, decide, context);
-        filter.ibal.steering_set.store(set, Ordering::Release);
+        filter.steering_set.store(set, Ordering::Release);
     }
     update_steering_installed(filter);
 }
 
 /// Ends a port's steering (its removal): the decision answers "AL's" for it from now on.
-fn stop_steering(filter: &FilterState, ca_port: u8) {
+fn stop_steering(filter: &FilterIbal, ca_port: u8) {
     if let Some(entry) = usize::from(ca_port)
         .checked_sub(1)
-        .and_then(|i| filter.ibal.steered_host_port.get(i))
+        .and_then(|i| filter.steered_host_port.get(i))
     {
         entry.store(0, Ordering::Release);
     }
-    let _previous =
-        filter
-            .ibal
-            .steered_ports
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| n.checked_sub(1));
+    let _previous = filter
+        .steered_ports
+        .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| n.checked_sub(1));
     update_steering_installed(filter);
 }
 
@@ -1232,7 +1258,7 @@ unsafe fn port_removed(binding: &Binding, port: *mut Port) -> IbApiStatus {
     if port_ref.private.is_some() {
         stop_steering(filter, port_ref.ca_port);
     } else {
-        filter.ibal.routed_ports.fetch_sub(1, Ordering::AcqRel);
+        filter.routed_ports.fetch_sub(1, Ordering::AcqRel);
     }
     // SAFETY: (I63) as I62.
     let qp = unsafe { (*port).qp };

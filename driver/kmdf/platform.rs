@@ -9,7 +9,7 @@
 //! | `send`              | [`ibal::send`]: `get_mad` + `send_mad` on the port's QP1 alias |
 //! | `complete`          | `WdfRequestUnmarkCancelable` + `WdfRequestCompleteWithInformation` |
 //! | `set_timer`         | one WDFTIMER, `WdfTimerStart` with a relative due time      |
-//! | `current_thread`    | `PsGetCurrentThreadId`                                      |
+//! | `current_thread`    | processor index at DISPATCH_LEVEL, else tagged `PsGetCurrentThreadId` |
 //! | `relax`             | `KeDelayExecutionThread` (PASSIVE) / `KeStallExecutionProcessor` |
 //! | `tracer`            | `ibcm_etw::ETW`: TraceLogging provider `ibcm` |
 
@@ -21,15 +21,18 @@ use ibcm_cep::{Instant, Transmit};
 use ibcm_endpoint::{FileId, Lock, Platform, Request};
 use wdk_sys::ntddk::{
     KeAcquireSpinLockRaiseToDpc, KeDelayExecutionThread, KeGetCurrentIrql,
-    KeQueryInterruptTimePrecise, KeReleaseSpinLock, KeStallExecutionProcessor,
-    PsGetCurrentThreadId,
+    KeGetCurrentProcessorNumberEx, KeQueryInterruptTimePrecise, KeReleaseSpinLock,
+    KeStallExecutionProcessor, PsGetCurrentThreadId,
 };
 use wdk_sys::{
-    _MODE, APC_LEVEL, KPROCESSOR_MODE, KSPIN_LOCK, LARGE_INTEGER, NTSTATUS, STATUS_CANCELLED,
-    ULONG_PTR, WDFREQUEST,
+    _MODE, APC_LEVEL, DISPATCH_LEVEL, KPROCESSOR_MODE, KSPIN_LOCK, LARGE_INTEGER, NTSTATUS,
+    STATUS_CANCELLED, ULONG_PTR, WDFREQUEST,
 };
 
 use crate::host::Host;
+
+/// Marks a thread identity taken below DISPATCH_LEVEL (`Platform::current_thread`).
+const PASSIVE_THREAD: u64 = 1 << 63;
 use crate::ibal;
 
 /// A lock around the dispatch layer's state: a KSPIN_LOCK held at DISPATCH_LEVEL.
@@ -282,11 +285,22 @@ impl Platform for KmdfPlatform {
     }
 
     fn current_thread(&self) -> u64 {
-        // SAFETY: (P14) PsGetCurrentThreadId has no preconditions (any IRQL). KeGetCurrentThread
-        // is `__forceinline` on x64 (wdm.h) and so absent from the bindings; the thread ID
-        // identifies a live thread as uniquely, which is all `destroy_id` needs.
-        let id = unsafe { PsGetCurrentThreadId() };
-        id as u64
+        // SAFETY: (P14) KeGetCurrentIrql has no preconditions.
+        let irql = unsafe { KeGetCurrentIrql() };
+        if u32::from(irql) >= DISPATCH_LEVEL {
+            // Nothing else runs on this processor until the level drops, so the processor
+            // is the identity. Not the thread ID: every DPC that interrupted an idle
+            // processor runs in its idle thread, ID 0 on every processor.
+            // SAFETY: (P18) callable at any IRQL; a null out pointer asks for no group.
+            let index = unsafe { KeGetCurrentProcessorNumberEx(core::ptr::null_mut()) };
+            u64::from(index)
+        } else {
+            // Below DISPATCH_LEVEL the thread may move between processors: its ID, tagged
+            // so it never equals a processor's identity (IDs are below 2^32).
+            // SAFETY: (P19) PsGetCurrentThreadId has no preconditions (any IRQL).
+            let id = unsafe { PsGetCurrentThreadId() };
+            (id as u64) | PASSIVE_THREAD
+        }
     }
 
     fn relax(&self) {
