@@ -203,7 +203,7 @@ fn ensure_control_device(driver: WDFDRIVER) {
         }
         return;
     }
-    if let Err(status) = control::create(driver) {
+    if let Err(status) = control::create(driver, ibal::send) {
         wdk::println!("ibcm: the control device could not be created: {status:#010x}");
     }
 }

@@ -54,9 +54,9 @@ use wdk_sys::ntddk::{
     ExAcquireRundownProtection, ExInitializeRundownProtection, ExReleaseRundownProtection,
     ExWaitForRundownProtectionRelease,
 };
-use wdk_sys::{EX_RUNDOWN_REF, GUID, INTERFACE, NT_SUCCESS, NTSTATUS, PVOID, WDFDEVICE, WDFDPC};
+use wdk_sys::{EX_RUNDOWN_REF, GUID, INTERFACE, NT_SUCCESS, NTSTATUS, PVOID, WDFDEVICE};
 
-use crate::host::{Host, host};
+use crate::host::{Host, HostPort, PortAttributes, host};
 use crate::platform::KmdfLock;
 use crate::verbs_hook::{self, IbQpCreate, SlotId};
 use crate::wdf;
@@ -457,11 +457,6 @@ impl Al {
 // State
 // ---------------------------------------------------------------------------------------
 
-/// MADs handed to the dispatch layer per DPC run before it requeues itself, in batches of
-/// `RECEIVE_BATCH` (a DPC should stay well under 100 us; design.md "Concurrency and IRQL":
-/// a batch of 16 takes 6-10 us at 1e5 connections, `ibcm cmtime --dpc-times`).
-const DPC_BATCH: usize = 32;
-
 /// CA ports whose steering state a filter keeps (the verbs hook tracks 1..=4).
 const STEERED_PORTS: usize = 4;
 
@@ -610,10 +605,12 @@ impl Binding {
     }
 }
 
-/// One port of a bound CA.
+/// One port of a bound CA. `#[repr(C)]` with the host's part first: the host's port table
+/// keeps a pointer to that part, and [`send`] gets the port back from it.
+#[repr(C)]
 pub struct Port {
-    /// The host port number (what the dispatch layer calls the port).
-    number: u8,
+    /// The host number and address tables (what the host's port table points to).
+    host: HostPort,
     /// The CA's own port number (the verbs hook's port).
     ca_port: u8,
     /// The private method of the port's MAD service when it is `{M, Get}` (steered);
@@ -627,7 +624,6 @@ pub struct Port {
     mad_svc: AtomicPtr<c_void>,
     /// Rundown protection of this port for the send path (unpublishing waits on it).
     sends: UnsafeCell<EX_RUNDOWN_REF>,
-    attributes: KmdfLock<PortAttributes>,
 }
 
 impl Port {
@@ -638,65 +634,29 @@ impl Port {
     }
 }
 
-/// What translating addresses needs from the port's attributes; refreshed on P_Key and GID
-/// changes.
-struct PortAttributes {
-    /// The P_Key table, host order, by index.
-    pkeys: Vec<u16>,
-    /// The GID table; index 0 is the source GID of sends with a GRH.
-    gids: Vec<[u8; 16]>,
-}
-
-impl PortAttributes {
-    /// Copies the P_Key and GID tables (PASSIVE_LEVEL: allocates).
-    ///
-    /// # Safety
-    ///
-    /// `attr` is AL's port attribute record of a PnP callback.
-    unsafe fn from_record(attr: &IbPortAttr) -> Option<Self> {
-        let count = usize::from(attr.num_pkeys);
-        let mut pkeys = Vec::new();
-        pkeys.try_reserve_exact(count).ok()?;
-        if count > 0 && !attr.p_pkey_table.is_null() {
-            // SAFETY: (I5) AL's record holds `num_pkeys` table entries behind the pointer.
-            let table = unsafe { core::slice::from_raw_parts(attr.p_pkey_table, count) };
-            pkeys.extend(table.iter().map(|pkey| u16::from_be(*pkey)));
-        }
-        let count = usize::from(attr.num_gids);
-        let mut gids = Vec::new();
-        gids.try_reserve_exact(count).ok()?;
-        if count > 0 && !attr.p_gid_table.is_null() {
-            // SAFETY: (I6) the GID table holds `num_gids` entries.
-            let table = unsafe { core::slice::from_raw_parts(attr.p_gid_table, count) };
-            gids.extend_from_slice(table);
-        }
-        Some(Self { pkeys, gids })
+/// Copies the P_Key and GID tables of AL's port record (PASSIVE_LEVEL: allocates).
+///
+/// # Safety
+///
+/// `attr` is AL's port attribute record of a PnP callback.
+unsafe fn attributes_of(attr: &IbPortAttr) -> Option<PortAttributes> {
+    let count = usize::from(attr.num_pkeys);
+    let mut pkeys = Vec::new();
+    pkeys.try_reserve_exact(count).ok()?;
+    if count > 0 && !attr.p_pkey_table.is_null() {
+        // SAFETY: (I5) AL's record holds `num_pkeys` table entries behind the pointer.
+        let table = unsafe { core::slice::from_raw_parts(attr.p_pkey_table, count) };
+        pkeys.extend(table.iter().map(|pkey| u16::from_be(*pkey)));
     }
-
-    fn source_gid(&self) -> [u8; 16] {
-        self.gids.first().copied().unwrap_or([0; 16])
+    let count = usize::from(attr.num_gids);
+    let mut gids = Vec::new();
+    gids.try_reserve_exact(count).ok()?;
+    if count > 0 && !attr.p_gid_table.is_null() {
+        // SAFETY: (I6) the GID table holds `num_gids` entries.
+        let table = unsafe { core::slice::from_raw_parts(attr.p_gid_table, count) };
+        gids.extend_from_slice(table);
     }
-}
-
-/// `Backend::port_of_gid`'s test: whether the port's GID table holds `gid` (AL's
-/// `__format_path_av` looks the path's SGID up the same way). Under the host's port
-/// table lock (the port is published, so live).
-pub fn port_has_gid(port: NonNull<Port>, gid: &[u8; 16]) -> bool {
-    // SAFETY: (I103) published ports are live (unpublishing precedes freeing).
-    let port = unsafe { port.as_ref() };
-    port.attributes.with(|a| a.gids.contains(gid))
-}
-
-/// `Backend::pkey_index`: the exact P_Key's index (WinOF's CM `__get_pkey_index`).
-pub fn port_pkey_index(port: NonNull<Port>, pkey: u16) -> Option<u16> {
-    // SAFETY: (I104) as I103.
-    let port = unsafe { port.as_ref() };
-    port.attributes.with(|a| {
-        a.pkeys
-            .iter()
-            .position(|p| *p == pkey)
-            .and_then(|i| u16::try_from(i).ok())
-    })
+    Some(PortAttributes { pkeys, gids })
 }
 
 // ---------------------------------------------------------------------------------------
@@ -922,13 +882,13 @@ pub fn unbind(filter: &FilterIbal) {
 /// now (user endpoints through their events, kernel clients through their callbacks)
 /// instead of ending by its timers.
 fn unpublish(host: &Host, port: &Port) {
-    host.ports.with(|t| t.unpublish(port.number));
+    host.ports.with(|t| t.unpublish(port.host.number));
     // SAFETY: (I99) PASSIVE_LEVEL; the port is unpublished, so no new send can acquire the
     // protection (sends acquire it under the table lock): this waits for the ones in
     // flight. Never re-initialised.
     unsafe { ExWaitForRundownProtectionRelease(port.sends.get()) };
     if let Some(cm) = host.cm() {
-        cm.device.remove_port(port.number);
+        cm.device.remove_port(port.host.number);
     }
 }
 
@@ -1011,13 +971,16 @@ unsafe fn port_added(binding: &Binding, record: *mut IbPnpPortRec) -> IbApiStatu
         return IB_ERROR;
     };
     // SAFETY: (I51) AL's port attributes of this callback.
-    let Some(attributes) = (unsafe { PortAttributes::from_record(attr) }) else {
+    let Some(attributes) = (unsafe { attributes_of(attr) }) else {
         host.ports.with(|t| t.numbers.deactivate(number));
         setup_failed();
         return IB_ERROR;
     };
     let port = alloc::boxed::Box::into_raw(alloc::boxed::Box::new(Port {
-        number,
+        host: HostPort {
+            number,
+            attributes: KmdfLock::new(attributes),
+        },
         ca_port: attr.port_num,
         private: None,
         binding: NonNull::from(binding),
@@ -1025,7 +988,6 @@ unsafe fn port_added(binding: &Binding, record: *mut IbPnpPortRec) -> IbApiStatu
         pool_key: core::ptr::null_mut(),
         mad_svc: AtomicPtr::new(core::ptr::null_mut()),
         sends: UnsafeCell::new(EX_RUNDOWN_REF::default()),
-        attributes: KmdfLock::new(attributes),
     }));
     // SAFETY: (I52) the port was just allocated; nothing else refers to it yet.
     let port_sends = unsafe { (*port).sends.get() };
@@ -1145,7 +1107,8 @@ unsafe fn port_added(binding: &Binding, record: *mut IbPnpPortRec) -> IbApiStatu
         let _destroyed = unsafe { (binding.al.destroy_qp)(qp, Some(port_destroyed)) };
         return IB_ERROR;
     }
-    host.ports.with(|t| t.publish(number, port_ptr));
+    host.ports
+        .with(|t| t.publish(number, port_ptr.cast::<HostPort>()));
     match registration {
         Registration::Ordinary => {
             filter.routed_ports.fetch_add(1, Ordering::AcqRel);
@@ -1282,12 +1245,12 @@ unsafe fn port_changed(record: *mut IbPnpPortRec, port: *mut Port) {
     // SAFETY: (I66) AL's attributes, valid for the callback.
     let attr = unsafe { &*attr };
     // SAFETY: (I100) as I66.
-    let Some(fresh) = (unsafe { PortAttributes::from_record(attr) }) else {
+    let Some(fresh) = (unsafe { attributes_of(attr) }) else {
         return;
     };
     // SAFETY: (I67) the port is live (its QP exists: this is one of its events).
     let port = unsafe { &*port };
-    let stale = port.attributes.with(|a| core::mem::replace(a, fresh));
+    let stale = port.host.attributes.with(|a| core::mem::replace(a, fresh));
     drop(stale);
 }
 
@@ -1362,10 +1325,11 @@ unsafe extern "C" fn mad_received(
         [0; 16]
     };
     let pkey = port
+        .host
         .attributes
         .with(|a| a.pkeys.get(usize::from(e.pkey_index)).copied());
     let source = pkey.map(|pkey| MadAddress {
-        port: port.number,
+        port: port.host.number,
         lid: u16::from_be(e.remote_lid),
         gid,
         grh: e.grh_valid != 0,
@@ -1401,37 +1365,23 @@ unsafe extern "C" fn mad_sent(
     unsafe { port.binding().al.put_mad(element, line!()) };
 }
 
-/// EvtDpcFunc of the host's receive DPC: hands up to [`DPC_BATCH`] received MADs to the
-/// dispatch layer in batches (`Device::receive_batch`), then requeues itself if more wait.
-pub unsafe extern "C" fn evt_receive_dpc(dpc: WDFDPC) {
-    let Some(host) = host() else { return };
-    let Some(core) = host.core() else {
-        // No dispatch layer: nothing can take the MADs.
-        let dropped = host.ring.len() as u64;
-        host.dropped_receives.fetch_add(dropped, Ordering::Relaxed);
-        return;
-    };
-    let more = host.ring.drain(core, DPC_BATCH);
-    if more && !host.retired.load(Ordering::Acquire) {
-        // SAFETY: (I80) the DPC is live during its own callback; DISPATCH_LEVEL.
-        let _newly_queued =
-            unsafe { wdk_sys::call_unsafe_wdf_function_binding!(WdfDpcEnqueue, dpc) };
-    }
-}
-
 /// `Platform::send`: one MAD on QP1 of the host port `transmit.dest.port`. Drops the MAD
 /// (and counts it) when there is no such port, no such P_Key or no MAD element: the
 /// engine's retries cover a lost MAD.
 pub fn send(host: &Host, transmit: &Transmit) {
     let port = host.ports.with(|t| {
-        t.port(transmit.dest.port).filter(|p| {
-            // SAFETY: (I85) published ports are live (unpublishing precedes freeing).
-            let port_sends = unsafe { p.as_ref() }.sends.get();
-            // SAFETY: (I101) acquiring under the table lock means the port cannot be
-            // unpublished and waited for in between; IRQL <= DISPATCH_LEVEL.
-            let acquired = unsafe { ExAcquireRundownProtection(port_sends) };
-            acquired != 0
-        })
+        // A published host port is the first field of a live `Port` (`#[repr(C)]`,
+        // published by `port_added` as `port_ptr.cast::<HostPort>()`).
+        t.port(transmit.dest.port)
+            .map(NonNull::cast::<Port>)
+            .filter(|p| {
+                // SAFETY: (I85) published ports are live (unpublishing precedes freeing).
+                let port_sends = unsafe { p.as_ref() }.sends.get();
+                // SAFETY: (I101) acquiring under the table lock means the port cannot be
+                // unpublished and waited for in between; IRQL <= DISPATCH_LEVEL.
+                let acquired = unsafe { ExAcquireRundownProtection(port_sends) };
+                acquired != 0
+            })
     });
     let Some(port) = port else {
         host.dropped_sends.fetch_add(1, Ordering::Relaxed);
@@ -1450,7 +1400,7 @@ pub fn send(host: &Host, transmit: &Transmit) {
 /// `ib_get_mad`, address, `ib_send_mad`.
 fn post(binding: &Binding, port: &Port, transmit: &Transmit) -> bool {
     let dest = &transmit.dest;
-    let (pkey_index, source_gid) = port.attributes.with(|a| {
+    let (pkey_index, source_gid) = port.host.attributes.with(|a| {
         // The exact P_Key, as WinOF's CM (`__get_pkey_index`).
         let index = a.pkeys.iter().position(|pkey| *pkey == dest.pkey);
         (index, a.source_gid())
