@@ -7,9 +7,9 @@
 //!   bus driver, which answers it (`core/bus/kernel/bus_pnp.c` `__query_al_ifc`), as WinMad
 //!   queries it from its own filter device (`core/winmad/kernel/wm_driver.c`
 //!   `WmPowerD0Entry`, which also checks the returned version). The interface names the
-//!   HCA (`ib_al_ifc_t::ca_guid`); that CA is bound. Done in EvtDeviceSelfManagedIoInit
-//!   (once, after the HCA stack below has started), undone in
-//!   EvtDeviceSelfManagedIoCleanup (once, at removal).
+//!   HCA (`ib_al_ifc_t::ca_guid`); that CA is bound. Done at every EvtDeviceD0Entry
+//!   (after the D0 IRP completed below: ibbus has registered the CA), undone at every
+//!   EvtDeviceD0Exit and at EvtDeviceSurpriseRemoval (`filter.rs`, `ibcm_lifecycle`).
 //! - Following ports: `ib_reg_pnp(IB_PNP_PORT | IB_PNP_FLAG_REG_SYNC)`; per port of the bound
 //!   CA a host port number (`ibcm_endpoint::PortNumbers`), a QP1 alias
 //!   (`ib_get_spl_qp(IB_QPT_QP1_ALIAS)`) and a MAD service for the CM class (0x07),
@@ -26,12 +26,12 @@
 //!   into the element (AL builds the address vector when `h_av` is NULL, as WinOF's
 //!   `__format_mad_av` relies on), `ib_send_mad`; the element returns to its pool in the
 //!   send-completion callback.
-//! - Unbinding (the filter's self-managed I/O cleanup, PASSIVE_LEVEL): unpublish every
-//!   port and wait for its sends (rundown protection), `ib_close_al` (destroys everything
-//!   and waits for callbacks), release the interface. The bus waits for every interface
-//!   reference before it deregisters the CA (`__wait_for_clients_to_exit`); the filter
-//!   releases it during its own removal, which precedes ibbus's (removal runs down the
-//!   stack from the top).
+//! - Unbinding (D0Exit, surprise removal, the device's cleanup; PASSIVE_LEVEL), in the
+//!   order of `ibcm_lifecycle::UNBIND`: clear the steering, unpublish every port (wait for
+//!   its sends, `Device::remove_port`), `ib_close_al` (destroys everything and waits for
+//!   callbacks), release the interface. ibbus waits for every interface reference before
+//!   it deregisters the CA (`bus_pnp.c:790-829`), at each D3 for sleep, stop and surprise
+//!   removal; KMDF runs these callbacks before it passes those IRPs down to ibbus.
 //!
 //! Declarations are the `#[repr(C)]` parts of the WinOF headers this file uses
 //! (lucasz93/WinOFED @913bc0ce): `inc/kernel/iba/ib_al_ifc.h` (`ib_al_ifc_t`),
@@ -47,6 +47,7 @@ use core::sync::atomic::{AtomicBool, AtomicPtr, AtomicU8, AtomicU64, AtomicUsize
 
 use ibcm_cep::{CmConfig, MadAddress, MadOwner, Transmit};
 use ibcm_endpoint::Lock;
+use ibcm_lifecycle::{Teardown, UNBIND};
 use ibcm_mad::{CM_CLASS, CM_CLASS_VERSION, MAD_SIZE};
 use ibcm_qp1_hook::route::{self, FIRST};
 use ibcm_qp1_hook::{HcaRoute, HookState, NoRoute, PrivateMethod, Registration};
@@ -660,10 +661,10 @@ unsafe fn attributes_of(attr: &IbPortAttr) -> Option<PortAttributes> {
 }
 
 // ---------------------------------------------------------------------------------------
-// Binding IBAL (PASSIVE_LEVEL, the filter's self-managed I/O init and cleanup)
+// Binding IBAL (PASSIVE_LEVEL, the filter's D0Entry, D0Exit, surprise removal, cleanup)
 // ---------------------------------------------------------------------------------------
 
-/// EvtDeviceSelfManagedIoInit's part: query IBAL down the stack and bind its CA, then
+/// EvtDeviceD0Entry's part: query IBAL down the stack and bind its CA, then
 /// log the route the HCA got. A filter that cannot bind stays a pass-through filter
 /// (every CM query goes down to AL's CM); its start never fails for it.
 pub fn bind(device: WDFDEVICE, filter: &FilterIbal) {
@@ -828,12 +829,12 @@ fn release_interface(ifc: &IbAlIfc) {
     }
 }
 
-/// Unbinds (PASSIVE_LEVEL; the filter's self-managed I/O cleanup, its cleanup callback,
-/// or a failed bind; idempotent): every port of this CA is unpublished from the host and
+/// Unbinds (PASSIVE_LEVEL; the filter's D0Exit, surprise removal or cleanup callback, or a
+/// failed bind; idempotent): every port of this CA is unpublished from the host and
 /// its sends waited for, then `ib_close_al` destroys the PnP registration, the PD, the
 /// CA, every QP1 alias and MAD service, waiting for their callbacks; the interface is
-/// released. Connections on these ports lose their route (the engine's timers end them);
-/// the host's CM stays for the other HCAs.
+/// released. Connections and kernel-client ids on these ports hear DEVICE_REMOVAL
+/// (`Device::remove_port`); the host's CM stays for the other HCAs.
 pub fn unbind(filter: &FilterIbal) {
     let binding = filter.binding.swap(core::ptr::null_mut(), Ordering::AcqRel);
     // SAFETY: (I36) published by `bind` and freed only below (the swap above makes this
@@ -845,33 +846,48 @@ pub fn unbind(filter: &FilterIbal) {
         0 => {}
         counted => bound.host().verdict_unbound(counted == 1),
     }
-    // No steering decision runs with this filter or its ports after this: every MAD goes
-    // to AL (before the ports go, and before the engine can).
-    if let Some(slot) = filter.hook_slot {
-        verbs_hook::clear_steering(slot);
+    // The order is `ibcm_lifecycle::UNBIND` (the model tests drive it): nothing of AL is
+    // used after `ib_close_al`, and ibbus's reference goes last.
+    let mut ports = Vec::new();
+    for part in UNBIND {
+        match part {
+            Teardown::ClearSteering => {
+                // No steering decision runs with this filter or its ports after this:
+                // every MAD goes to AL (before the ports go, and before the engine can).
+                if let Some(slot) = filter.hook_slot {
+                    verbs_hook::clear_steering(slot);
+                }
+                filter.steering_set.store(false, Ordering::Release);
+                filter.steered_ports.store(0, Ordering::Release);
+                for entry in &filter.steered_host_port {
+                    entry.store(0, Ordering::Release);
+                }
+                update_steering_installed(filter);
+            }
+            Teardown::UnpublishPorts => {
+                ports = bound.ports.with(core::mem::take);
+                for port in &ports {
+                    // SAFETY: (I105) the port is live until its QP is destroyed (below or
+                    // by AL).
+                    unpublish(bound.host(), unsafe { port.as_ref() });
+                }
+            }
+            Teardown::CloseAl => {
+                // SAFETY: (I37) not called from an AL callback; destroys the PnP
+                // registration, the PD, the CA, every QP1 alias and MAD service, waiting
+                // for their callbacks (a PnP callback running now finds its port already
+                // unpublished and the binding still alive).
+                let _closed = unsafe { (bound.al.close_al)(bound.h_al) };
+                filter.routed_ports.store(0, Ordering::Release);
+                for port in core::mem::take(&mut ports) {
+                    // SAFETY: (I38) the port came from Box::into_raw in `port_added`; its
+                    // QP is gone with the AL instance, so no callback refers to it.
+                    drop(unsafe { alloc::boxed::Box::from_raw(port.as_ptr()) });
+                }
+            }
+            Teardown::ReleaseInterface => release_interface(&bound.ifc),
+        }
     }
-    filter.steering_set.store(false, Ordering::Release);
-    filter.steered_ports.store(0, Ordering::Release);
-    for entry in &filter.steered_host_port {
-        entry.store(0, Ordering::Release);
-    }
-    update_steering_installed(filter);
-    let ports = bound.ports.with(core::mem::take);
-    for port in &ports {
-        // SAFETY: (I105) the port is live until its QP is destroyed (below or by AL).
-        unpublish(bound.host(), unsafe { port.as_ref() });
-    }
-    // SAFETY: (I37) not called from an AL callback; destroys the PnP registration, the PD,
-    // the CA, every QP1 alias and MAD service, waiting for their callbacks (a PnP callback
-    // running now finds its port already unpublished and the binding still alive).
-    let _closed = unsafe { (bound.al.close_al)(bound.h_al) };
-    filter.routed_ports.store(0, Ordering::Release);
-    for port in ports {
-        // SAFETY: (I38) the port came from Box::into_raw in `port_added`; its QP is gone
-        // with the AL instance, so no callback refers to it.
-        drop(unsafe { alloc::boxed::Box::from_raw(port.as_ptr()) });
-    }
-    release_interface(&bound.ifc);
     // SAFETY: (I41) from Box::into_raw in `bind`; unpublished above, and every callback
     // that could reach it has ended with ib_close_al.
     drop(unsafe { alloc::boxed::Box::from_raw(binding) });
