@@ -664,17 +664,18 @@ unsafe fn attributes_of(attr: &IbPortAttr) -> Option<PortAttributes> {
 // Binding IBAL (PASSIVE_LEVEL, the filter's D0Entry, D0Exit, surprise removal, cleanup)
 // ---------------------------------------------------------------------------------------
 
-/// EvtDeviceD0Entry's part: query IBAL down the stack and bind its CA, then
-/// log the route the HCA got. A filter that cannot bind stays a pass-through filter
-/// (every CM query goes down to AL's CM); its start never fails for it.
+/// EvtDeviceD0Entry's part: query IBAL down the stack and bind its CA, log the route the
+/// HCA got, and count it in the host's CM verdict. A filter that cannot bind counts as an
+/// HCA without a QP1 route; its start never fails for it.
 pub fn bind(device: WDFDEVICE, filter: &FilterIbal) {
     bind_ca(device, filter);
     log_route(filter);
-    // The host's CM verdict counts this HCA (`ibcm_lifecycle::HostCm`).
-    let Some(host) = host() else { return };
-    if filter.binding.load(Ordering::Acquire).is_null() {
+    // The host's CM verdict counts this HCA (`ibcm_lifecycle::HostCm`), bound or not: an
+    // HCA whose binding failed has no QP1 route either, and WinVerbs would use the host's
+    // one table on it too.
+    let Some(host) = host().filter(|h| !h.closing.load(Ordering::Acquire)) else {
         return;
-    }
+    };
     let routed = filter.qp1_route();
     filter
         .in_verdict
@@ -836,16 +837,16 @@ fn release_interface(ifc: &IbAlIfc) {
 /// released. Connections and kernel-client ids on these ports hear DEVICE_REMOVAL
 /// (`Device::remove_port`); the host's CM stays for the other HCAs.
 pub fn unbind(filter: &FilterIbal) {
+    match (filter.in_verdict.swap(0, Ordering::AcqRel), host()) {
+        (0, _) | (_, None) => {}
+        (counted, Some(host)) => host.verdict_unbound(counted == 1),
+    }
     let binding = filter.binding.swap(core::ptr::null_mut(), Ordering::AcqRel);
     // SAFETY: (I36) published by `bind` and freed only below (the swap above makes this
     // the only unbind of it).
     let Some(bound) = (unsafe { binding.as_ref() }) else {
         return;
     };
-    match filter.in_verdict.swap(0, Ordering::AcqRel) {
-        0 => {}
-        counted => bound.host().verdict_unbound(counted == 1),
-    }
     // The order is `ibcm_lifecycle::UNBIND` (the model tests drive it): nothing of AL is
     // used after `ib_close_al`, and ibbus's reference goes last.
     let mut ports = Vec::new();
