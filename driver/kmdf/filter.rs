@@ -289,7 +289,7 @@ unsafe extern "C" fn evt_d0_exit(device: WDFDEVICE, target: WDF_POWER_DEVICE_STA
 }
 
 /// EvtDeviceSurpriseRemoval (PASSIVE_LEVEL, before KMDF passes IRP_MN_SURPRISE_REMOVAL
-/// down, `pnpstatemachine.cpp:2756-2788`): unbind.
+/// down, `pnpstatemachine.cpp:2756-2787`): unbind.
 unsafe extern "C" fn evt_surprise_removal(device: WDFDEVICE) {
     // SAFETY: (F36a) as F11.
     let filter = unsafe { filter_of(device) };

@@ -15,7 +15,7 @@
 //! IRPs first; KMDF calls its `EvtDeviceD0Exit` before it passes a Dx IRP down
 //! (`fdopower.cpp:405-416, 491-496`), and `EvtDeviceSurpriseRemoval` and
 //! `EvtDeviceD0Exit(WdfPowerDeviceD3Final)` before it passes a stop or surprise-removal
-//! IRP down (`pnpstatemachine.cpp:2521-2563, 2756-2788`), but `EvtDeviceSelfManagedIoCleanup`
+//! IRP down (`pnpstatemachine.cpp:2521-2565, 2756-2787`), but `EvtDeviceSelfManagedIoCleanup`
 //! only at IRP_MN_REMOVE_DEVICE (`pnpstatemachine.cpp:2020`). WinOF's own filters query at
 //! D0Entry and release at D0Exit (`core/winmad/kernel/wm_driver.c:387, 465`;
 //! `core/winverbs/kernel/wv_driver.c:662-672`); so does ibcm ([`Mapping::Power`]).

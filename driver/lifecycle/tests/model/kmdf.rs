@@ -103,7 +103,7 @@ fn go_d3_final(w: &mut World, hca: usize) {
 /// then IRP_MN_STOP_DEVICE (`fxpkgpnp.cpp:2129-2159`): `PnpEventStartedStopping` stops
 /// power policy (`pnpstatemachine.cpp:2597-2626`), the device goes to D3Final, then
 /// `PnpEventStopped` releases the hardware and sends the IRP down
-/// (`pnpstatemachine.cpp:2521-2563`) to ibbus's stop. Then IRP_MN_START_DEVICE again:
+/// (`pnpstatemachine.cpp:2521-2565`) to ibbus's stop. Then IRP_MN_START_DEVICE again:
 /// `PnpEventStoppedWaitForStartCompletion` sends it down first (:2568-2594), ibbus's
 /// `fdo_start` registers the CA, `PnpEventStartingFromStopped` (:2471) powers up:
 /// D0Entry, then self-managed I/O restart.
@@ -128,7 +128,7 @@ pub fn rebalance(w: &mut World, hca: usize) {
 
 /// IRP_MN_SURPRISE_REMOVAL (`fxpkgpnp.cpp:2550-2577`) of a device in D0:
 /// `PnpEventSurpriseRemoveIoStarted` calls EvtDeviceSurpriseRemoval first
-/// (`pnpstatemachine.cpp:2756-2788`, :2779), `PnpEventFailedIoStarting` sends
+/// (`pnpstatemachine.cpp:2756-2787`, :2779), `PnpEventFailedIoStarting` sends
 /// `PwrPolSurpriseRemove` (:2826-2847): D3Final; `PnpEventFailed` (:2877) flushes self-managed I/O
 /// (:2895 `PnpCleanupForRemove(FALSE)`); `PnpEventFailedPowerPolicyRemoved` (:2906)
 /// sends the IRP
