@@ -48,7 +48,8 @@ pub enum CmError {
         /// The peer's responder resources.
         peer: u8,
     },
-    /// A listen on the same service ID, mask, port and compare data exists.
+    /// A listen exists that could take the same REQs (its service ID under both masks,
+    /// its port and its compare data can all match one REQ; manager/listen.rs).
     DuplicateListen,
     /// The manager holds its maximum number of CEPs, or memory ran out.
     NoResources,
@@ -72,7 +73,7 @@ impl fmt::Display for CmError {
                 f,
                 "initiator depth {requested} exceeds the peer's responder resources {peer}"
             ),
-            Self::DuplicateListen => f.write_str("an identical listen exists"),
+            Self::DuplicateListen => f.write_str("an overlapping listen exists"),
             Self::NoResources => f.write_str("no resources for another endpoint"),
         }
     }

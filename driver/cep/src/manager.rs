@@ -25,6 +25,7 @@ use ibcm_iba::{QpAttributes, QpState};
 
 mod establish;
 mod lap;
+mod listen;
 mod lookup;
 mod memory;
 mod operations;
