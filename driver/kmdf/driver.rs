@@ -19,6 +19,14 @@ use crate::{filter, verbs_hook, wdf};
 /// (created in DriverEntry, PASSIVE_LEVEL only).
 static FILTER_LOCK: AtomicPtr<core::ffi::c_void> = AtomicPtr::new(core::ptr::null_mut());
 
+/// The framework driver object (WdfDriverCreate's), for reading its `Parameters` key.
+static DRIVER: AtomicPtr<core::ffi::c_void> = AtomicPtr::new(core::ptr::null_mut());
+
+/// The framework driver object (null before DriverEntry made it).
+pub fn driver() -> WDFDRIVER {
+    DRIVER.load(Ordering::Acquire).cast()
+}
+
 /// The number of filter devices, under [`FILTER_LOCK`].
 struct FilterCount(core::cell::UnsafeCell<usize>);
 // SAFETY: (R3) only reached through `with_filter_lock`, which holds the wait lock.
@@ -57,9 +65,9 @@ pub fn entry(driver: PDRIVER_OBJECT, registry_path: PCUNICODE_STRING) -> NTSTATU
         EvtDriverUnload: Some(evt_driver_unload),
         ..WDF_DRIVER_CONFIG::default()
     };
+    let mut handle: WDFDRIVER = core::ptr::null_mut();
     // SAFETY: (R1) `driver` and `registry_path` are the I/O manager's arguments to
-    // DriverEntry; the configuration outlives the call; no driver handle is wanted
-    // (the echo sample passes WDF_NO_HANDLE the same way).
+    // DriverEntry; the configuration and the out pointer outlive the call.
     let status = unsafe {
         wdk_sys::call_unsafe_wdf_function_binding!(
             WdfDriverCreate,
@@ -67,7 +75,7 @@ pub fn entry(driver: PDRIVER_OBJECT, registry_path: PCUNICODE_STRING) -> NTSTATU
             registry_path,
             WDF_NO_OBJECT_ATTRIBUTES,
             &raw mut config,
-            core::ptr::null_mut::<WDFDRIVER>()
+            &raw mut handle
         )
     };
     if !wdk_sys::NT_SUCCESS(status) {
@@ -92,6 +100,7 @@ pub fn entry(driver: PDRIVER_OBJECT, registry_path: PCUNICODE_STRING) -> NTSTATU
         return status;
     }
     FILTER_LOCK.store(lock.cast(), Ordering::Release);
+    DRIVER.store(handle.cast(), Ordering::Release);
     status
 }
 

@@ -21,6 +21,8 @@
 //! - [`verbs_hook`]: the QP1 verbs hook on a stock WinOF host (issue #19): the verbs-table
 //!   patch on ibbus's `GUID_RDMA_INTERFACE_VERBS` query and the thunks around the HCA's
 //!   entries, over `ibcm_qp1_hook`.
+//! - [`parameters`]: the service key's `Parameters` (the quotas of users' handles).
+//! - `panic`: the panic handler (bug check `IBCM_BUGCHECK` instead of a spin).
 //! - [`wdf`]: structure sizes, object attributes and typed contexts (wdk-sys has no
 //!   `WDF_*_INIT` helpers or `WDF_DECLARE_CONTEXT_TYPE`).
 //!
@@ -32,7 +34,7 @@
 extern crate alloc;
 
 #[cfg(not(test))]
-extern crate wdk_panic;
+mod panic;
 
 #[cfg(not(test))]
 #[global_allocator]
@@ -43,6 +45,7 @@ mod driver;
 mod filter;
 mod host;
 mod ibal;
+mod parameters;
 mod platform;
 mod verbs_hook;
 mod wdf;

@@ -77,6 +77,9 @@ pub fn status_name(st: i32) -> &'static str {
         status::DEVICE_REMOVED => "STATUS_DEVICE_REMOVED",
         status::IO_TIMEOUT => "STATUS_IO_TIMEOUT",
         status::CONNECTION_REFUSED => "STATUS_CONNECTION_REFUSED",
+        status::ACCESS_DENIED => "STATUS_ACCESS_DENIED",
+        status::QUOTA_EXCEEDED => "STATUS_QUOTA_EXCEEDED",
+        status::FILE_CLOSED => "STATUS_FILE_CLOSED",
         _ => "NTSTATUS",
     }
 }

@@ -342,13 +342,8 @@ impl<P: Platform> Device<P> {
         self.run(|i| {
             // Refused before anything is looked at or copied: an input longer than any
             // record, a handle whose cleanup ran, a removed device.
-            let known = code == ibcm_ioctl::code::VERSION || ibcm_ioctl::code::ALL.contains(&code);
-            let refused = if input.len() > ibcm_ioctl::MAX_INPUT_SIZE {
-                Some(if known {
-                    status::INFO_LENGTH_MISMATCH
-                } else {
-                    status::INVALID_DEVICE_REQUEST
-                })
+            let refused = if let Some(st) = oversized_input(code, input.len()) {
+                Some(st)
             } else if i.file(file).is_ok_and(|f| f.closed) {
                 Some(status::FILE_CLOSED)
             } else if i.removed {
@@ -564,6 +559,20 @@ impl<P: Platform> Device<P> {
             }
         });
     }
+}
+
+/// The status of an IOCTL whose input is longer than any record: the binding refuses it
+/// before copying the input into nonpaged pool, as [`Device::dispatch`] would.
+pub fn oversized_input(code: u32, len: usize) -> Option<crate::Status> {
+    if len <= ibcm_ioctl::MAX_INPUT_SIZE {
+        return None;
+    }
+    let known = code == ibcm_ioctl::code::VERSION || ibcm_ioctl::code::ALL.contains(&code);
+    Some(if known {
+        status::INFO_LENGTH_MISMATCH
+    } else {
+        status::INVALID_DEVICE_REQUEST
+    })
 }
 
 /// How far one lock hold of [`Device::cleanup`] got.

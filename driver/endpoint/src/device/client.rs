@@ -590,14 +590,18 @@ impl<P: Platform> Device<P> {
             c.fixed = true;
             c.fixed_backlog = backlog;
             let live = c.table.live;
-            c.table.reserve(ids);
+            c.table.try_reserve(ids).map_err(|_| CmError::NoResources)?;
             if c.spares.capacity() < ids {
                 c.spares
                     .try_reserve(ids - c.spares.len())
                     .map_err(|_| CmError::NoResources)?;
             }
             while c.spares.len() < ids {
-                c.spares.push(VecDeque::with_capacity(QUEUE_DEPTH));
+                let mut queue = VecDeque::new();
+                queue
+                    .try_reserve_exact(QUEUE_DEPTH)
+                    .map_err(|_| CmError::NoResources)?;
+                c.spares.push(queue);
             }
             if c.listen_spares.capacity() < listens {
                 c.listen_spares
@@ -605,15 +609,23 @@ impl<P: Platform> Device<P> {
                     .map_err(|_| CmError::NoResources)?;
             }
             while c.listen_spares.len() < listens {
-                c.listen_spares.push((
-                    VecDeque::with_capacity(backlog),
-                    VecDeque::with_capacity(backlog),
-                ));
+                let (mut requests, mut queue) = (VecDeque::new(), VecDeque::new());
+                requests
+                    .try_reserve_exact(backlog)
+                    .map_err(|_| CmError::NoResources)?;
+                queue
+                    .try_reserve_exact(backlog)
+                    .map_err(|_| CmError::NoResources)?;
+                c.listen_spares.push((requests, queue));
             }
             let ready = (live + ids) * QUEUE_DEPTH + listens * backlog;
-            c.ready.reserve(ready.saturating_sub(c.ready.len()));
+            c.ready
+                .try_reserve(ready.saturating_sub(c.ready.len()))
+                .map_err(|_| CmError::NoResources)?;
             // Threads inside a callback or a downcall that delivers nothing at once.
-            c.delivering_threads.reserve(64);
+            c.delivering_threads
+                .try_reserve(64)
+                .map_err(|_| CmError::NoResources)?;
             let ceps = live + ids + listens * backlog;
             let burst = ceps + i.cm.live_ceps();
             if i.cm.room() < burst {
@@ -629,7 +641,8 @@ impl<P: Platform> Device<P> {
                     .map_err(|_| CmError::NoResources)?;
             }
             while i.spare_tx.len() < want {
-                i.spare_tx.push(Vec::with_capacity(super::DISPATCH_BATCH));
+                let batch = super::batch(super::DISPATCH_BATCH).ok_or(CmError::NoResources)?;
+                i.spare_tx.push(batch);
             }
             if i.spare_done.capacity() < want {
                 i.spare_done
@@ -637,7 +650,8 @@ impl<P: Platform> Device<P> {
                     .map_err(|_| CmError::NoResources)?;
             }
             while i.spare_done.len() < want {
-                i.spare_done.push(Vec::with_capacity(super::DISPATCH_BATCH));
+                let batch = super::batch(super::DISPATCH_BATCH).ok_or(CmError::NoResources)?;
+                i.spare_done.push(batch);
             }
             // The engine's listen table grows by one at each listen: warm it to hold
             // `listens` more, on service IDs of the reserved IBA range, under the lock (no
