@@ -69,6 +69,12 @@ pub const RECEIVE_BATCH: usize = 16;
 /// holds, never one that keeps every CPU's CM waiting.
 const CLEANUP_BATCH: usize = 64;
 
+/// Completions one IOCTL queues at most, beyond those of the endpoints it destroys (which
+/// `destroy_endpoint` makes room for): its own, and a GET_EVENT for each event it causes.
+const IOCTL_COMPLETIONS: usize = 8;
+/// MADs one IOCTL sends at most, beyond those of the endpoints it destroys.
+const IOCTL_MADS: usize = 8;
+
 /// Largest listen backlog an IOCTL may ask for.
 pub const MAX_BACKLOG: u32 = 4096;
 /// Event records a new endpoint's FIFO holds.
@@ -339,7 +345,15 @@ impl<P: Platform> Device<P> {
     /// closes.
     pub fn dispatch(&self, file: FileId, request: P::Request, code: u32, input: &[u8]) {
         let now = self.platform.now();
-        self.run(|i| {
+        let unqueued = self.run(|i| {
+            // Room for what an IOCTL completes and sends (its own completion, the
+            // GET_EVENTs its events complete, its MADs); without it the request is
+            // completed from outside the lock, having changed nothing.
+            if i.done.try_reserve(IOCTL_COMPLETIONS).is_err()
+                || i.tx.try_reserve(IOCTL_MADS).is_err()
+            {
+                return Some(request);
+            }
             // Refused before anything is looked at or copied: an input longer than any
             // record, a handle whose cleanup ran, a removed device.
             let refused = if let Some(st) = oversized_input(code, input.len()) {
@@ -355,7 +369,12 @@ impl<P: Platform> Device<P> {
                 Some(st) => i.done.push((request, st, 0)),
                 None => ioctl(i, now, file, request, code, input),
             }
+            None
         });
+        if let Some(request) = unqueued {
+            self.platform
+                .complete(request, status::INSUFFICIENT_RESOURCES, 0);
+        }
     }
 
     /// The platform's cancel routine for a pending GET_EVENT: completes it with
@@ -597,7 +616,7 @@ fn cleanup_step<P: Platform>(i: &mut Inner<P>, now: Instant, file: FileId, from:
         let endpoints = f.endpoints.live as u32;
         i.trace.point(DispatchPoint::Cleanup { file, endpoints });
     }
-    let (mut from, mut budget) = (from, CLEANUP_BATCH);
+    let (mut from, mut budget, mut mads) = (from, CLEANUP_BATCH, 0);
     while budget > 0 {
         let Some((h, next)) = i
             .file(file)
@@ -627,10 +646,14 @@ fn cleanup_step<P: Platform>(i: &mut Inner<P>, now: Instant, file: FileId, from:
             // A large listen gets a hold of its own.
             break;
         }
-        if i.done.try_reserve(requests).is_err() || i.tx.try_reserve(2 * cost).is_err() {
+        // The MADs leave the engine for `tx` only when the hold ends: room for them all.
+        mads += 2 * cost;
+        if i.done.try_reserve(requests).is_err() || i.tx.try_reserve(mads).is_err() {
             return Cleanup::Short;
         }
-        let _ = destroy_endpoint(i, now, file, h);
+        if destroy_endpoint(i, now, file, h) == Err(status::INSUFFICIENT_RESOURCES) {
+            return Cleanup::Short;
+        }
         from = next;
         budget = budget.saturating_sub(cost);
     }

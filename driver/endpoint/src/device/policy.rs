@@ -84,7 +84,7 @@ impl<R> File<R> {
     pub(super) fn quota_listen(&self, q: &Quotas, backlog: u32, old: u32) -> Result<(), Status> {
         let listens = self.listens + u32::from(old == 0);
         self.within(listens <= q.listens)?;
-        let total = (self.backlog - old as usize).saturating_add(backlog as usize);
+        let total = (self.backlog.saturating_sub(old as usize)).saturating_add(backlog as usize);
         self.within(total <= q.backlog as usize)?;
         self.quota_events(q)
     }
