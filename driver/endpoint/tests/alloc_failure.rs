@@ -108,12 +108,15 @@ fn quiet<T>(f: impl FnOnce() -> T) -> T {
 
 // ---- the platform -------------------------------------------------------------------------
 
+/// A completed request: key, status, bytes written, output buffer.
+type Done = (u64, i32, usize, Vec<u8>);
+
 #[derive(Default)]
 struct Shared {
     now: Cell<u64>,
     deadline: Cell<Option<Instant>>,
     sent: RefCell<Vec<Transmit>>,
-    done: RefCell<Vec<(u64, i32, usize, Vec<u8>)>>,
+    done: RefCell<Vec<Done>>,
 }
 
 #[derive(Clone, Default)]

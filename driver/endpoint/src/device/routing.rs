@@ -256,6 +256,7 @@ impl<P: Platform> Inner<P> {
             endpoints,
             channel,
             ready,
+            queued,
             ..
         }) = self.files.get_mut(file.0)
         else {
@@ -315,21 +316,7 @@ impl<P: Platform> Inner<P> {
         };
         ep.events.push_back(index);
         // One more record queued unread on the file (policy.rs: the events quota).
-        if let Some(f) = self.files.get_mut(file.0) {
-            f.queued += 1;
-        }
-        let Some(File {
-            endpoints,
-            channel,
-            ready,
-            ..
-        }) = self.files.get_mut(file.0)
-        else {
-            return;
-        };
-        let Some(ep) = endpoints.get_mut(endpoint) else {
-            return;
-        };
+        *queued += 1;
         if let Some(request) = ep.pending.pop_front() {
             self.fill(file, endpoint, request);
             return;
