@@ -141,14 +141,29 @@ impl<P: Platform> Clients<P> {
 
     /// Grows, at PASSIVE_LEVEL, what the receive path may need: `requests` new
     /// endpoints, and room in the ready list for every endpoint's queue.
+    /// Out of memory, the room stays short (each step is fallible): the receive path then
+    /// refuses what finds none.
     fn prepare(&mut self, requests: usize) {
-        self.table.reserve(requests);
-        while self.spares.len() < requests {
-            self.spares.push(VecDeque::with_capacity(QUEUE_DEPTH));
+        let _ = self.table.try_reserve(requests);
+        if self.spares.len() < requests
+            && self
+                .spares
+                .try_reserve(requests - self.spares.len())
+                .is_ok()
+        {
+            while self.spares.len() < requests {
+                let mut queue = VecDeque::new();
+                if queue.try_reserve_exact(QUEUE_DEPTH).is_err() {
+                    break;
+                }
+                self.spares.push(queue);
+            }
         }
         let want = (self.table.live + requests) * QUEUE_DEPTH;
-        self.ready.reserve(want.saturating_sub(self.ready.len()));
-        self.delivering_threads.reserve(8);
+        let _ = self
+            .ready
+            .try_reserve(want.saturating_sub(self.ready.len()));
+        let _ = self.delivering_threads.try_reserve(8);
     }
 
     fn new_endpoint(
@@ -320,11 +335,13 @@ impl<P: Platform> Device<P> {
             if i.clients.fixed {
                 return listen_fixed(i, id, cep, params);
             }
-            i.cm.listen(cep, params)?;
+            // Room for the backlog's requests first (fallibly: nothing listens yet).
             if let Some(ep) = i.clients.table.get_mut(id.0) {
-                ep.requests.reserve(backlog);
-                ep.queue.reserve(backlog);
+                let no = |_| CmError::NoResources;
+                ep.requests.try_reserve(backlog).map_err(no)?;
+                ep.queue.try_reserve(backlog).map_err(no)?;
             }
+            i.cm.listen(cep, params)?;
             i.clients.prepare(backlog);
             let _ = i.cm.reserve(backlog);
             i.prepare_batches();

@@ -157,10 +157,14 @@ impl<T> Table<T> {
         let spare = self.free.len();
         if n > spare {
             self.slots.try_reserve(n - spare)?;
+            // `remove` never allocates: room in `free` for every slot the new values may
+            // fill. (Room for these slots, not the slab's whole chunk: `can_insert` reads
+            // `free`'s capacity as the room reserved, which bounds the kernel clients' pool.)
+            let slots = self.slots.len() + (n - spare);
+            self.free
+                .try_reserve(slots.saturating_sub(self.free.len()))?;
         }
-        // `remove` never allocates: room in `free` for every slot the slab holds.
-        let slots = self.slots.capacity();
-        self.free.try_reserve(slots.saturating_sub(self.free.len()))
+        Ok(())
     }
 
     /// Gives back what a past peak left (PASSIVE_LEVEL), once the table holds over
