@@ -142,11 +142,6 @@ impl<T> Table<T> {
     /// Room for `n` more values without allocating (PASSIVE_LEVEL): retired chunks come
     /// back first, with their generations, before the table grows. On failure (memory ran
     /// out) the room is short; `can_insert` then says so.
-    pub(super) fn reserve(&mut self, n: usize) {
-        let _ = self.try_reserve(n);
-    }
-
-    /// [`reserve`](Self::reserve), saying whether the room was made.
     pub(super) fn try_reserve(&mut self, n: usize) -> Result<(), TryReserveError> {
         while self.free.len() < n && !self.retired.is_empty() {
             self.free.try_reserve(CHUNK)?;
