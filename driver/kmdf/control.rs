@@ -9,7 +9,7 @@
 //! `\DosDevices\Global\ibcm` (user mode opens `\\.\ibcm`: a control device cannot
 //! have a device interface), `WdfControlFinishInitializing`.
 //!
-//! Every request goes to [`Device::dispatch`] unexamined: this module retrieves the buffers,
+//! Every request goes to [`Device::dispatch`](ibcm_endpoint::Device::dispatch) unexamined: this module retrieves the buffers,
 //! makes the request cancelable and hands it over. The only statuses chosen here are the
 //! framework's own failures (a buffer it cannot map, a request cancelled before it could be
 //! marked cancelable), `STATUS_DEVICE_NOT_READY` for a create while no port was reported
@@ -22,14 +22,15 @@ use core::ptr::NonNull;
 use core::sync::atomic::{AtomicBool, AtomicI32, AtomicUsize, Ordering};
 
 use ibcm_cep::Transmit;
-use ibcm_endpoint::{Device, FileId};
+use ibcm_endpoint::{Caller, FileId, oversized_input};
+use wdk_sys::ntddk::{SeCaptureSubjectContext, SeReleaseSubjectContext, SeTokenIsAdmin};
 use wdk_sys::{
-    _WDF_FILEOBJECT_CLASS, _WDF_IO_QUEUE_DISPATCH_TYPE, _WDF_TRI_STATE, FILE_DEVICE_SECURE_OPEN,
-    NT_SUCCESS, NTSTATUS, PVOID, PWDFDEVICE_INIT, STATUS_DEVICE_NOT_READY,
-    STATUS_INSUFFICIENT_RESOURCES, STATUS_INVALID_DEVICE_REQUEST, STATUS_SUCCESS, ULONG,
-    UNICODE_STRING, WDF_DPC_CONFIG, WDF_FILEOBJECT_CONFIG, WDF_IO_QUEUE_CONFIG,
-    WDF_NO_OBJECT_ATTRIBUTES, WDF_TIMER_CONFIG, WDF_WORKITEM_CONFIG, WDFDEVICE, WDFDRIVER,
-    WDFFILEOBJECT, WDFOBJECT, WDFQUEUE, WDFREQUEST, WDFTIMER,
+    _MODE, _WDF_FILEOBJECT_CLASS, _WDF_IO_QUEUE_DISPATCH_TYPE, _WDF_TRI_STATE,
+    FILE_DEVICE_SECURE_OPEN, NT_SUCCESS, NTSTATUS, PVOID, PWDFDEVICE_INIT,
+    SECURITY_SUBJECT_CONTEXT, STATUS_DEVICE_NOT_READY, STATUS_INSUFFICIENT_RESOURCES,
+    STATUS_INVALID_DEVICE_REQUEST, STATUS_SUCCESS, ULONG, WDF_DPC_CONFIG, WDF_FILEOBJECT_CONFIG,
+    WDF_IO_QUEUE_CONFIG, WDF_NO_OBJECT_ATTRIBUTES, WDF_TIMER_CONFIG, WDF_WORKITEM_CONFIG,
+    WDFDEVICE, WDFDRIVER, WDFFILEOBJECT, WDFOBJECT, WDFQUEUE, WDFREQUEST, WDFTIMER,
 };
 
 use crate::host::{self, HOST, Host};
@@ -84,20 +85,10 @@ unsafe fn host_of_queue<'a>(queue: WDFQUEUE) -> &'a Host {
     unsafe { host_of(device) }
 }
 
-/// A UNICODE_STRING over a static UTF-16 array (the framework only reads it).
-fn unicode(chars: &'static [u16]) -> UNICODE_STRING {
-    let bytes = u16::try_from(core::mem::size_of_val(chars)).unwrap_or(0);
-    UNICODE_STRING {
-        Length: bytes,
-        MaximumLength: bytes,
-        Buffer: chars.as_ptr().cast_mut(),
-    }
-}
-
 /// Creates the control device and its host, and publishes the host in [`HOST`]
 /// (PASSIVE_LEVEL, the driver's wait lock held, from the first filter device's add).
 pub fn create(driver: WDFDRIVER, send: fn(&Host, &Transmit)) -> Result<(), NTSTATUS> {
-    let sddl = unicode(&SDDL);
+    let sddl = wdf::unicode(&SDDL);
     // SAFETY: (C9) PASSIVE_LEVEL; the driver handle is the framework's; the SDDL string
     // is copied by the framework.
     let mut init = unsafe {
@@ -140,7 +131,7 @@ fn create_with(init: &mut PWDFDEVICE_INIT, send: fn(&Host, &Transmit)) -> Result
             1
         );
     }
-    let name = unicode(&DEVICE_NAME);
+    let name = wdf::unicode(&DEVICE_NAME);
     // SAFETY: (C13) as C11; the name is copied.
     check(unsafe {
         wdk_sys::call_unsafe_wdf_function_binding!(
@@ -281,7 +272,7 @@ fn create_objects(device: WDFDEVICE, host: &mut Host) -> Result<(), NTSTATUS> {
         )
     })?;
 
-    let link = unicode(&SYMBOLIC_LINK);
+    let link = wdf::unicode(&SYMBOLIC_LINK);
     // SAFETY: (C25) the device is live; the name is copied; the link goes with the device.
     check(unsafe {
         wdk_sys::call_unsafe_wdf_function_binding!(
@@ -374,18 +365,51 @@ unsafe extern "C" fn evt_file_create(
     // SAFETY: (D30) the framework passes the control device, which is live during its
     // callbacks.
     let host = unsafe { host_of(device) };
-    let file = host.core().map(Device::open);
+    let opened = host.core().map(|core| core.open(caller_of(request)));
+    let (file, status) = match opened {
+        Some(Ok(file)) => (Some(file), STATUS_SUCCESS),
+        Some(Err(status)) => (None, status),
+        None => (None, STATUS_DEVICE_NOT_READY),
+    };
     // SAFETY: (D31) the file object was created with a FileContext (file object attributes).
     let context = unsafe { wdf::context::<FileContext>(file_object as WDFOBJECT, &FILE_CONTEXT) };
     // SAFETY: (D32) framework memory for FileContext, written once before any other callback
     // of this file object (cleanup and close follow a successful create only).
     unsafe { context.write(FileContext { file }) };
-    let status = if file.is_some() {
-        STATUS_SUCCESS
-    } else {
-        STATUS_DEVICE_NOT_READY
-    };
     complete_request(request, status, 0);
+}
+
+/// Who opens the handle (policy of the dispatch layer, issue #30): an administrator if
+/// the create came from kernel mode or the opener's token is an elevated member of
+/// Administrators (`SeTokenIsAdmin`), else a user. EvtDeviceFileCreate runs at
+/// PASSIVE_LEVEL in the opener's thread: the control device has no queue for creates, so
+/// the framework calls it from the IRP_MJ_CREATE dispatch routine.
+fn caller_of(request: WDFREQUEST) -> Caller {
+    // SAFETY: (D58) the create request is presented to this callback and not completed.
+    let mode =
+        unsafe { wdk_sys::call_unsafe_wdf_function_binding!(WdfRequestGetRequestorMode, request) };
+    if i32::from(mode) == _MODE::KernelMode {
+        return Caller::Administrator;
+    }
+    let mut subject = SECURITY_SUBJECT_CONTEXT::default();
+    // SAFETY: (D59) PASSIVE_LEVEL; a valid out structure, released below.
+    unsafe { SeCaptureSubjectContext(&raw mut subject) };
+    // SeQuerySubjectContextToken (ntifs.h, a macro): the impersonation token if there is
+    // one, else the process's.
+    let token = if subject.ClientToken.is_null() {
+        subject.PrimaryToken
+    } else {
+        subject.ClientToken
+    };
+    // SAFETY: (D60) a token of the captured context, referenced until it is released.
+    let admin = unsafe { SeTokenIsAdmin(token) } != 0;
+    // SAFETY: (D61) releases what SeCaptureSubjectContext captured, once.
+    unsafe { SeReleaseSubjectContext(&raw mut subject) };
+    if admin {
+        Caller::Administrator
+    } else {
+        Caller::User
+    }
 }
 
 /// The dispatch layer's handle of a file object (None for a null file object).
@@ -442,7 +466,7 @@ unsafe extern "C" fn evt_file_close(file_object: WDFFILEOBJECT) {
     }
 }
 
-/// EvtIoDeviceControl: every IOCTL goes to [`Device::dispatch`]; this only retrieves the
+/// EvtIoDeviceControl: every IOCTL goes to [`Device::dispatch`](ibcm_endpoint::Device::dispatch); this only retrieves the
 /// buffers and makes the request cancelable.
 unsafe extern "C" fn evt_io_device_control(
     queue: WDFQUEUE,
@@ -471,6 +495,11 @@ unsafe extern "C" fn evt_io_device_control(
         complete_request(request, STATUS_DEVICE_NOT_READY, 0);
         return;
     };
+    // An input longer than any record is refused before it is copied into nonpaged pool.
+    if let Some(status) = oversized_input(code, input_len) {
+        complete_request(request, status, 0);
+        return;
+    }
     // METHOD_BUFFERED: input and output share the system buffer, and the dispatch layer
     // writes output while it holds the input slice, so the input is copied first.
     let input = match retrieve_input(request, input_len) {

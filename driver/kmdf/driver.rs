@@ -11,7 +11,7 @@ use wdk_sys::{
     WDF_NO_OBJECT_ATTRIBUTES, WDFDRIVER, WDFWAITLOCK,
 };
 
-use crate::{filter, host, verbs_hook, wdf};
+use crate::{filter, host, parameters, verbs_hook, wdf};
 
 /// The body of `DriverEntry` (PASSIVE_LEVEL).
 pub fn entry(driver: PDRIVER_OBJECT, registry_path: PCUNICODE_STRING) -> NTSTATUS {
@@ -29,9 +29,9 @@ pub fn entry(driver: PDRIVER_OBJECT, registry_path: PCUNICODE_STRING) -> NTSTATU
         EvtDriverUnload: Some(evt_driver_unload),
         ..WDF_DRIVER_CONFIG::default()
     };
+    let mut handle: WDFDRIVER = core::ptr::null_mut();
     // SAFETY: (R1) `driver` and `registry_path` are the I/O manager's arguments to
-    // DriverEntry; the configuration outlives the call; no driver handle is wanted
-    // (the echo sample passes WDF_NO_HANDLE the same way).
+    // DriverEntry; the configuration and the out pointer outlive the call.
     let status = unsafe {
         wdk_sys::call_unsafe_wdf_function_binding!(
             WdfDriverCreate,
@@ -39,7 +39,7 @@ pub fn entry(driver: PDRIVER_OBJECT, registry_path: PCUNICODE_STRING) -> NTSTATU
             registry_path,
             WDF_NO_OBJECT_ATTRIBUTES,
             &raw mut config,
-            core::ptr::null_mut::<WDFDRIVER>()
+            &raw mut handle
         )
     };
     if !wdk_sys::NT_SUCCESS(status) {
@@ -64,6 +64,7 @@ pub fn entry(driver: PDRIVER_OBJECT, registry_path: PCUNICODE_STRING) -> NTSTATU
         return status;
     }
     host::set_filter_lock(lock);
+    parameters::set_driver(handle);
     status
 }
 

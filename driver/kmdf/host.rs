@@ -340,6 +340,7 @@ impl Host {
             return Ok(());
         }
         let device = alloc::boxed::Box::new(Device::new(self.platform(), config));
+        device.set_quotas(crate::parameters::quotas());
         let backend = KmdfBackend {
             host: NonNull::from(self),
             device: NonNull::from(&*device),

@@ -25,6 +25,8 @@
 //!   and delivery DPCs; the driver's wait lock and filter count.
 //! - [`platform`]: kernel primitives: requests, the spin lock, the clock, the running
 //!   context's identity.
+//! - [`parameters`]: the service key's `Parameters` (the quotas of users' handles).
+//! - `panic`: the panic handler (bug check `IBCM_BUGCHECK` instead of a spin).
 //! - [`wdf`]: structure sizes, object attributes and typed contexts (wdk-sys has no
 //!   `WDF_*_INIT` helpers or `WDF_DECLARE_CONTEXT_TYPE`).
 //!
@@ -36,7 +38,7 @@
 extern crate alloc;
 
 #[cfg(not(test))]
-extern crate wdk_panic;
+mod panic;
 
 #[cfg(not(test))]
 #[global_allocator]
@@ -47,6 +49,7 @@ mod driver;
 mod filter;
 mod host;
 mod ibal;
+mod parameters;
 mod platform;
 mod verbs_hook;
 mod wdf;

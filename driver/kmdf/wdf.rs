@@ -5,7 +5,7 @@
 
 use wdk_sys::{
     _WDF_EXECUTION_LEVEL, _WDF_SYNCHRONIZATION_SCOPE, GUID, PCWDF_OBJECT_CONTEXT_TYPE_INFO, ULONG,
-    WDF_OBJECT_ATTRIBUTES, WDF_OBJECT_CONTEXT_TYPE_INFO, WDFOBJECT,
+    UNICODE_STRING, WDF_OBJECT_ATTRIBUTES, WDF_OBJECT_CONTEXT_TYPE_INFO, WDFOBJECT,
 };
 
 /// `WDF_STRUCTURE_SIZE(T)`: the size of a WDF configuration structure, checked to fit the
@@ -117,4 +117,14 @@ pub const fn utf16<const N: usize>(s: &str) -> [u16; N] {
         i += 1;
     }
     out
+}
+
+/// A UNICODE_STRING over a static UTF-16 array (the framework only reads it).
+pub fn unicode(chars: &'static [u16]) -> UNICODE_STRING {
+    let bytes = u16::try_from(core::mem::size_of_val(chars)).unwrap_or(0);
+    UNICODE_STRING {
+        Length: bytes,
+        MaximumLength: bytes,
+        Buffer: chars.as_ptr().cast_mut(),
+    }
 }

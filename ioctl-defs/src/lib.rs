@@ -196,8 +196,18 @@ pub mod status {
     pub const CANCELLED: i32 = 0xC000_0120_u32 as i32;
     /// STATUS_INVALID_DEVICE_STATE: the endpoint's state does not allow the operation.
     pub const INVALID_DEVICE_STATE: i32 = 0xC000_0184_u32 as i32;
-    /// STATUS_ADDRESS_ALREADY_EXISTS: an identical listen exists.
+    /// STATUS_ADDRESS_ALREADY_EXISTS: a listen exists that could take the same REQs
+    /// (same service ID under both masks, a port and compare data both can match).
     pub const ADDRESS_ALREADY_EXISTS: i32 = 0xC000_020A_u32 as i32;
+    /// STATUS_ACCESS_DENIED: the operation needs an administrator's handle (a listen with
+    /// a partial service mask, a QPN bound to another handle's connection).
+    pub const ACCESS_DENIED: i32 = 0xC000_0022_u32 as i32;
+    /// STATUS_QUOTA_EXCEEDED: the handle holds its quota of endpoints, listens, backlog
+    /// or queued event records (README, "Quotas").
+    pub const QUOTA_EXCEEDED: i32 = 0xC000_0044_u32 as i32;
+    /// STATUS_FILE_CLOSED: the handle's cleanup ran (IRP_MJ_CLEANUP); it takes no more
+    /// IOCTLs.
+    pub const FILE_CLOSED: i32 = 0xC000_0128_u32 as i32;
     /// STATUS_DEVICE_REMOVED: the port or HCA is gone.
     pub const DEVICE_REMOVED: i32 = 0xC000_02B6_u32 as i32;
     /// STATUS_IO_TIMEOUT: a request went unanswered (event status).
@@ -996,6 +1006,37 @@ pub const MAX_EVENTS_PER_REQUEST: u32 = 64;
 pub fn read_record<T: FromBytes + KnownLayout + Immutable>(input: &[u8]) -> Option<T> {
     T::read_from_bytes(input).ok()
 }
+
+/// The largest input record of any IOCTL: a longer input buffer is refused
+/// (STATUS_INFO_LENGTH_MISMATCH) before it is copied into nonpaged pool.
+pub const MAX_INPUT_SIZE: usize = {
+    let sizes = [
+        VersionIn::SIZE,
+        CreateIn::SIZE,
+        HandleIn::SIZE,
+        ListenIn::SIZE,
+        ConnectIn::SIZE,
+        FormatRepIn::SIZE,
+        GetQpAttrIn::SIZE,
+        PrivateDataIn::SIZE,
+        RejIn::SIZE,
+        MraIn::SIZE,
+        CountersIn::SIZE,
+        LapIn::SIZE,
+        AprIn::SIZE,
+        SidrReqIn::SIZE,
+        SidrRepIn::SIZE,
+    ];
+    let mut max = 0;
+    let mut i = 0;
+    while i < sizes.len() {
+        if sizes[i] > max {
+            max = sizes[i];
+        }
+        i += 1;
+    }
+    max as usize
+};
 
 #[cfg(test)]
 mod tests {

@@ -5,13 +5,14 @@ use std::fmt;
 use ibcm_ioctl::iba::{AttributeId, RejReason};
 use ibcm_ioctl::status;
 
-/// STATUS_ACCESS_DENIED: this account may not open the device.
-pub const STATUS_ACCESS_DENIED: i32 = 0xC000_0022_u32 as i32;
+/// STATUS_ACCESS_DENIED: this account may not open the device, or the operation needs an
+/// administrator's handle.
+pub const STATUS_ACCESS_DENIED: i32 = status::ACCESS_DENIED;
 /// STATUS_OBJECT_NAME_NOT_FOUND: no `\\.\ibcm`: the driver is not installed or not
 /// started.
 pub const STATUS_OBJECT_NAME_NOT_FOUND: i32 = 0xC000_0034_u32 as i32;
 /// STATUS_QUOTA_EXCEEDED: a per-handle quota of the driver, or the process's quota.
-pub const STATUS_QUOTA_EXCEEDED: i32 = 0xC000_0044_u32 as i32;
+pub const STATUS_QUOTA_EXCEEDED: i32 = status::QUOTA_EXCEEDED;
 /// STATUS_INTERNAL_ERROR: a completion of the provider panicked; the provider failed.
 pub const STATUS_INTERNAL_ERROR: i32 = 0xC000_00E5_u32 as i32;
 /// STATUS_POSSIBLE_DEADLOCK: a blocking call on the thread that completes the provider's
@@ -95,6 +96,7 @@ pub fn status_name(st: i32) -> &'static str {
         STATUS_QUOTA_EXCEEDED => "STATUS_QUOTA_EXCEEDED",
         STATUS_INTERNAL_ERROR => "STATUS_INTERNAL_ERROR",
         STATUS_POSSIBLE_DEADLOCK => "STATUS_POSSIBLE_DEADLOCK",
+        status::FILE_CLOSED => "STATUS_FILE_CLOSED",
         // FACILITY_NTWIN32: a Win32 error (its code is the low 16 bits).
         _ if (st as u32) >> 16 == 0xC007 => "FACILITY_NTWIN32",
         _ => "NTSTATUS",
@@ -114,7 +116,10 @@ impl fmt::Display for Error {
             STATUS_OBJECT_NAME_NOT_FOUND => {
                 f.write_str(": no \\\\.\\ibcm, is the ibcm driver installed and started?")?;
             }
-            STATUS_ACCESS_DENIED => f.write_str(": this account may not open \\\\.\\ibcm")?,
+            STATUS_ACCESS_DENIED if self.operation == "open" => {
+                f.write_str(": this account may not open \\\\.\\ibcm")?;
+            }
+            STATUS_ACCESS_DENIED => f.write_str(": this needs an administrator's handle")?,
             STATUS_POSSIBLE_DEADLOCK => f.write_str(
                 ": a blocking call on the provider's completion thread; await the operation instead",
             )?,

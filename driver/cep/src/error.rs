@@ -48,7 +48,14 @@ pub enum CmError {
         /// The peer's responder resources.
         peer: u8,
     },
-    /// A listen on the same service ID, mask, port and compare data exists.
+    /// A path this side would send on does not start at the local port named (its
+    /// source GID or LID is not that port's).
+    NotLocal {
+        /// What was checked.
+        field: &'static str,
+    },
+    /// A listen exists that could take the same REQs (its service ID under both masks,
+    /// its port and its compare data can all match one REQ; manager/listen.rs).
     DuplicateListen,
     /// The manager holds its maximum number of CEPs, or memory ran out.
     NoResources,
@@ -72,7 +79,8 @@ impl fmt::Display for CmError {
                 f,
                 "initiator depth {requested} exceeds the peer's responder resources {peer}"
             ),
-            Self::DuplicateListen => f.write_str("an identical listen exists"),
+            Self::NotLocal { field } => write!(f, "{field} is not a local port's address"),
+            Self::DuplicateListen => f.write_str("an overlapping listen exists"),
             Self::NoResources => f.write_str("no resources for another endpoint"),
         }
     }

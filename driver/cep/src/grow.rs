@@ -21,6 +21,49 @@ pub fn reserve_queue<T>(queue: &mut VecDeque<T>, n: usize) -> Result<(), TryRese
     queue.try_reserve(n)
 }
 
+/// Shrinks `v`'s buffer to `min` elements (its length at least) without aborting when
+/// memory is short: `Vec::shrink_to` reallocates and aborts the process (a bugcheck in
+/// the kernel) if that fails, so a smaller buffer is allocated fallibly and the elements
+/// moved; on failure `v` keeps its buffer. O(len).
+pub fn shrink_vec<T>(v: &mut Vec<T>, min: usize) {
+    let want = min.max(v.len());
+    if v.capacity() <= want {
+        return;
+    }
+    let mut fresh = Vec::new();
+    if fresh.try_reserve_exact(want).is_ok() {
+        fresh.append(v);
+        *v = fresh;
+    }
+}
+
+/// [`shrink_vec`] for a queue.
+pub fn shrink_queue<T>(q: &mut VecDeque<T>, min: usize) {
+    let want = min.max(q.len());
+    if q.capacity() <= want {
+        return;
+    }
+    let mut fresh = VecDeque::new();
+    if fresh.try_reserve_exact(want).is_ok() {
+        fresh.append(q);
+        *q = fresh;
+    }
+}
+
+/// [`shrink_vec`] for a hash map (hashbrown's `shrink_to` aborts on a failed
+/// allocation too): the entries move to a map made with room for `min`.
+pub fn shrink_map<K, V, S>(map: &mut hashbrown::HashMap<K, V, S>, min: usize)
+where
+    K: Eq + core::hash::Hash,
+    S: core::hash::BuildHasher + Clone,
+{
+    let mut fresh = hashbrown::HashMap::with_hasher(map.hasher().clone());
+    if fresh.try_reserve(min.max(map.len())).is_ok() {
+        fresh.extend(map.drain());
+        *map = fresh;
+    }
+}
+
 /// Elements per chunk (a power of two: indexing is a shift and a mask).
 pub const CHUNK: usize = 128;
 

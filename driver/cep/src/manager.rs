@@ -25,6 +25,8 @@ use ibcm_iba::{QpAttributes, QpState};
 
 mod establish;
 mod lap;
+mod listen;
+mod local_qpn;
 mod lookup;
 mod memory;
 mod operations;
@@ -192,6 +194,8 @@ pub struct CmManager {
     rng: ChaCha8Rng,
     remote_ids: PeerMap,
     remote_qpns: PeerMap,
+    /// Local QPNs bound to live connections, and their holders (local_qpn.rs).
+    local_qpns: local_qpn::LocalQpns,
     listens: Vec<ListenEntry>,
     /// This CA's ports, as [`Self::set_port`] told them (empty: REQ paths unchecked).
     ports: Vec<ports::PortAddress>,
@@ -242,6 +246,7 @@ impl CmManager {
             rng,
             remote_ids: PeerMap::with_hasher(hash),
             remote_qpns: PeerMap::with_hasher(hash),
+            local_qpns: HashMap::with_hasher(hash),
             listens: Vec::new(),
             ports: Vec::new(),
             port_cas: ports::PortCas::new(),
@@ -314,6 +319,9 @@ impl CmManager {
         self.remote_qpns
             .try_reserve(ceps)
             .map_err(|_| CmError::NoResources)?;
+        self.local_qpns
+            .try_reserve(ceps)
+            .map_err(|_| CmError::NoResources)?;
         // SIDR requests are few and short-lived: room for a burst, not for every CEP.
         self.sidr_requests
             .try_reserve(ceps.min(4096))
@@ -364,7 +372,8 @@ impl CmManager {
         let slots = self.slots.capacity() - self.slots.len()
             + self.free.len().saturating_sub(REUSE_AFTER - 1);
         let ids = self.remote_ids.capacity() - self.remote_ids.len();
-        let qpns = self.remote_qpns.capacity() - self.remote_qpns.len();
+        let qpns = (self.remote_qpns.capacity() - self.remote_qpns.len())
+            .min(self.local_qpns.capacity() - self.local_qpns.len());
         let sidr = match self.sidr_requests.capacity() - self.sidr_requests.len() {
             n if n >= 4096 => usize::MAX,
             n => n,
@@ -646,6 +655,9 @@ impl CmManager {
             && slot.generation & 0xff == id.tag()
             && let Some(c) = slot.cep.take()
         {
+            if local_qpn::binds(c.state) {
+                local_qpn::unbind(&mut self.local_qpns, c.local_qpn);
+            }
             // Its private data goes back to the pool (never allocates).
             for held in [c.pdata, c.mra_pdata, c.apr_info] {
                 self.pdata.free(held);

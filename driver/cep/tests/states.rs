@@ -922,11 +922,17 @@ fn listen_compare_past_92_bytes_is_too_long_and_changes_nothing() {
     }
 }
 
+/// No two listens that could take one REQ (manager/listen.rs): AL's listen map
+/// (al_cm_cep.c:4430-4505) refuses the same service ID with the same or an unnamed port
+/// unless both compares have one length and offset and differ (4464-4497); Linux
+/// `cm_insert_listen` refuses a second listen on one service ID. Masks widen "the same
+/// service ID" to "a service ID both masks match".
 #[test]
-fn duplicate_listen_is_refused() {
+fn overlapping_listens_are_refused() {
     let mut p = Pair::new(8);
     let l1 = listen_on(&mut p, Pair::listen_params(SID, 16));
     let l2 = p.b.create().unwrap();
+    // AL 4500-4505: the identical listen.
     assert_eq!(
         p.b.listen(l2, Pair::listen_params(SID, 16)),
         Err(CmError::DuplicateListen)
@@ -937,8 +943,9 @@ fn duplicate_listen_is_refused() {
         p.b.listen(l1, Pair::listen_params(SID + 1, 16)),
         Err(CmError::InvalidState { state: S::Listen })
     );
-    // A different port, mask or compare is another listen.
-    let variants = [
+    // Each of these would take REQs for SID beside l1: a port (AL 4443-4445: an unnamed
+    // port is every port), a mask covering SID, a compare prefix (AL 4464-4465).
+    let overlapping = [
         ListenParams {
             port: Some(1),
             ..Pair::listen_params(SID, 16)
@@ -948,17 +955,66 @@ fn duplicate_listen_is_refused() {
             ..Pair::listen_params(SID, 16)
         },
         ListenParams {
+            service_mask: 0,
+            ..Pair::listen_params(0, 16)
+        },
+        ListenParams {
             compare: Some((0, b"x".to_vec())),
             ..Pair::listen_params(SID, 16)
         },
     ];
-    let mut more = Vec::new();
-    for v in variants {
+    for v in overlapping {
         let c = p.b.create().unwrap();
-        assert_eq!(p.b.listen(c, v.clone()), Ok(()));
-        let d = p.b.create().unwrap();
-        assert_eq!(p.b.listen(d, v), Err(CmError::DuplicateListen));
-        more.extend([c, d]);
+        assert_eq!(
+            p.b.listen(c, v.clone()),
+            Err(CmError::DuplicateListen),
+            "{v:?}"
+        );
+        assert_state(&p.b, c, S::Idle);
+        p.b.destroy(p.now, c).unwrap();
+    }
+    // Beside another service ID, listens that never take the same REQ coexist: two
+    // named ports (AL 4447-4455), compares that differ where both look (AL 4478-4497);
+    // a third listen overlapping either is refused.
+    let sid = SID + 0x100;
+    let coexisting = [
+        (
+            ListenParams {
+                port: Some(1),
+                ..Pair::listen_params(sid, 16)
+            },
+            ListenParams {
+                port: Some(2),
+                ..Pair::listen_params(sid, 16)
+            },
+        ),
+        (
+            ListenParams {
+                compare: Some((4, b"ab".to_vec())),
+                ..Pair::listen_params(sid + 1, 16)
+            },
+            ListenParams {
+                compare: Some((4, b"ac".to_vec())),
+                ..Pair::listen_params(sid + 1, 16)
+            },
+        ),
+    ];
+    let mut more = Vec::new();
+    for (a, b) in coexisting {
+        let (c, d, e) = (
+            p.b.create().unwrap(),
+            p.b.create().unwrap(),
+            p.b.create().unwrap(),
+        );
+        assert_eq!(p.b.listen(c, a.clone()), Ok(()));
+        assert_eq!(p.b.listen(d, b), Ok(()));
+        let all = ListenParams {
+            port: None,
+            compare: None,
+            ..a
+        };
+        assert_eq!(p.b.listen(e, all), Err(CmError::DuplicateListen));
+        more.extend([c, d, e]);
     }
     // Destroying the first listen frees its key.
     let now = p.now;

@@ -13,14 +13,16 @@ mod client;
 mod endpoint;
 mod ioctl;
 mod memory;
+mod policy;
 mod pool;
 mod routing;
 mod table;
 
 pub use client::{Callback, ClientEvent, ClientId};
 use endpoint::{Awaited, Endpoint, File, Owner};
-use ioctl::{destroy_endpoint, ioctl, qp_transitions, room};
+use ioctl::{batch, destroy_endpoint, ioctl, qp_transitions, room};
 pub use memory::DispatchMemory;
+pub use policy::{Caller, Quotas};
 use pool::{ROOM_RETRY_NS, RecordPool};
 use table::Table;
 
@@ -61,6 +63,17 @@ const fn max(a: usize, b: usize) -> usize {
 /// MADs one [`Device::receive_batch`] call takes at most: each brings a couple of MADs to
 /// send and requests to complete, so a batch stays well inside [`DISPATCH_BATCH`].
 pub const RECEIVE_BATCH: usize = 16;
+
+/// Work one lock hold of IRP_MJ_CLEANUP does at most, in endpoints destroyed (a listen's
+/// REQs queued unread count one each): a handle with 10^6 endpoints closes in many short
+/// holds, never one that keeps every CPU's CM waiting.
+const CLEANUP_BATCH: usize = 64;
+
+/// Completions one IOCTL queues at most, beyond those of the endpoints it destroys (which
+/// `destroy_endpoint` makes room for): its own, and a GET_EVENT for each event it causes.
+const IOCTL_COMPLETIONS: usize = 8;
+/// MADs one IOCTL sends at most, beyond those of the endpoints it destroys.
+const IOCTL_MADS: usize = 8;
 
 /// Largest listen backlog an IOCTL may ask for.
 pub const MAX_BACKLOG: u32 = 4096;
@@ -103,6 +116,8 @@ pub struct Inner<P: Platform> {
     room_retry: Option<Instant>,
     /// DISPATCH_LEVEL work held back because the record pool was short.
     shortfalls: RoomShortfalls,
+    /// The quotas of non-administrators' handles.
+    quotas: Quotas,
 }
 
 /// DISPATCH_LEVEL work held back because the event-record pool was short (see
@@ -163,6 +178,7 @@ impl<P: Platform> Device<P> {
             trace,
             room_retry: None,
             shortfalls: RoomShortfalls::default(),
+            quotas: Quotas::default(),
         };
         // Device add runs at PASSIVE_LEVEL: a node nobody has opened yet still answers
         // MADs (a REJ to a REQ for no listen) and runs timers without allocating.
@@ -264,38 +280,39 @@ impl<P: Platform> Device<P> {
         });
     }
 
-    /// A new file handle (IRP_MJ_CREATE).
-    pub fn open(&self) -> FileId {
-        self.inner.with(|i| FileId(i.files.insert(File::new())))
+    /// A new file handle (IRP_MJ_CREATE) opened by `caller` (policy.rs); fails with
+    /// STATUS_INSUFFICIENT_RESOURCES when memory runs out.
+    pub fn open(&self, caller: Caller) -> Result<FileId, crate::Status> {
+        self.inner.with(|i| {
+            i.files
+                .try_insert(File::new(caller))
+                .map(FileId)
+                .map_err(|_| status::INSUFFICIENT_RESOURCES)
+        })
+    }
+
+    /// The quotas of non-administrators' handles from now on (PASSIVE_LEVEL; the binding
+    /// reads them from the registry at driver load).
+    pub fn set_quotas(&self, quotas: Quotas) {
+        self.inner.with(|i| i.quotas = quotas);
     }
 
     /// IRP_MJ_CLEANUP: destroys every endpoint of the file and completes its pending
-    /// requests with STATUS_CANCELLED. Nothing waits on the network.
+    /// requests with STATUS_CANCELLED; later IOCTLs on the file fail with
+    /// STATUS_FILE_CLOSED. Nothing waits on the network. The lock is held for
+    /// [`CLEANUP_BATCH`] endpoints at a time, each batch sent and completed before the next.
     pub fn cleanup(&self, file: FileId) {
         let now = self.platform.now();
-        self.run(|i| {
-            let handles: Vec<u64> = match i.file(file) {
-                Ok(f) => f.endpoints.handles().collect(),
-                Err(_) => return,
-            };
-            i.trace.point(DispatchPoint::Cleanup {
-                file,
-                endpoints: handles.len() as u32,
-            });
-            if let Ok(f) = i.file(file) {
-                f.ready.clear();
+        let mut from = 0;
+        loop {
+            let step = self.run(|i| cleanup_step(i, now, file, from));
+            match step {
+                Cleanup::More(next) => from = next,
+                // Memory for the completions ran out: let others run, then go on.
+                Cleanup::Short => self.platform.relax(),
+                Cleanup::Done => break,
             }
-            for h in handles {
-                let _ = destroy_endpoint(i, now, file, h);
-            }
-            let channel = match i.file(file) {
-                Ok(f) => core::mem::take(&mut f.channel),
-                Err(_) => return,
-            };
-            for r in channel {
-                i.done.push((r, status::CANCELLED, 0));
-            }
-        });
+        }
     }
 
     /// IRP_MJ_CLOSE: forgets the file. Call after [`cleanup`](Self::cleanup).
@@ -328,13 +345,36 @@ impl<P: Platform> Device<P> {
     /// closes.
     pub fn dispatch(&self, file: FileId, request: P::Request, code: u32, input: &[u8]) {
         let now = self.platform.now();
-        self.run(|i| {
-            if i.removed {
-                i.done.push((request, status::DEVICE_REMOVED, 0));
-            } else {
-                ioctl(i, now, file, request, code, input);
+        let unqueued = self.run(|i| {
+            // Room for what an IOCTL completes and sends (its own completion, the
+            // GET_EVENTs its events complete, its MADs); without it the request is
+            // completed from outside the lock, having changed nothing.
+            if i.done.try_reserve(IOCTL_COMPLETIONS).is_err()
+                || i.tx.try_reserve(IOCTL_MADS).is_err()
+            {
+                return Some(request);
             }
+            // Refused before anything is looked at or copied: an input longer than any
+            // record, a handle whose cleanup ran, a removed device.
+            let refused = if let Some(st) = oversized_input(code, input.len()) {
+                Some(st)
+            } else if i.file(file).is_ok_and(|f| f.closed) {
+                Some(status::FILE_CLOSED)
+            } else if i.removed {
+                Some(status::DEVICE_REMOVED)
+            } else {
+                None
+            };
+            match refused {
+                Some(st) => i.done.push((request, st, 0)),
+                None => ioctl(i, now, file, request, code, input),
+            }
+            None
         });
+        if let Some(request) = unqueued {
+            self.platform
+                .complete(request, status::INSUFFICIENT_RESOURCES, 0);
+        }
     }
 
     /// The platform's cancel routine for a pending GET_EVENT: completes it with
@@ -545,4 +585,84 @@ impl<P: Platform> Device<P> {
             }
         });
     }
+}
+
+/// The status of an IOCTL whose input is longer than any record: the binding refuses it
+/// before copying the input into nonpaged pool, as [`Device::dispatch`] would.
+pub fn oversized_input(code: u32, len: usize) -> Option<crate::Status> {
+    if len <= ibcm_ioctl::MAX_INPUT_SIZE {
+        return None;
+    }
+    let known = code == ibcm_ioctl::code::VERSION || ibcm_ioctl::code::ALL.contains(&code);
+    Some(if known {
+        status::INFO_LENGTH_MISMATCH
+    } else {
+        status::INVALID_DEVICE_REQUEST
+    })
+}
+
+/// How far one lock hold of [`Device::cleanup`] got.
+enum Cleanup {
+    /// More endpoints, from this slot on.
+    More(usize),
+    /// No room for the next endpoint's completions; try again.
+    Short,
+    Done,
+}
+
+/// One lock hold of cleanup: marks the file closed, destroys up to [`CLEANUP_BATCH`] of its
+/// endpoints from slot `from` on, and, once none is left, completes the channel's
+/// requests. Each endpoint's completions and MADs get their room first (fallibly).
+fn cleanup_step<P: Platform>(i: &mut Inner<P>, now: Instant, file: FileId, from: usize) -> Cleanup {
+    let Ok(f) = i.file(file) else {
+        return Cleanup::Done;
+    };
+    if !f.closed {
+        f.closed = true;
+        f.ready.clear();
+        let endpoints = f.endpoints.live as u32;
+        i.trace.point(DispatchPoint::Cleanup { file, endpoints });
+    }
+    let (mut from, mut budget, mut mads) = (from, CLEANUP_BATCH, 0);
+    while budget > 0 {
+        let Some((h, next)) = i
+            .file(file)
+            .ok()
+            .and_then(|f| f.endpoints.next_handle(from))
+        else {
+            // Every endpoint is gone: the channel's requests complete.
+            let n = i.files.get(file.0).map_or(0, |f| f.channel.len());
+            if i.done.try_reserve(n).is_err() {
+                return Cleanup::Short;
+            }
+            let Ok(f) = i.file(file) else {
+                return Cleanup::Done;
+            };
+            let channel = core::mem::take(&mut f.channel);
+            for r in channel {
+                i.done.push((r, status::CANCELLED, 0));
+            }
+            return Cleanup::Done;
+        };
+        // Its requests, and the MADs the engine sends for it and the REQs it queued.
+        let (requests, queued) = i
+            .endpoint(file, h)
+            .map_or((0, 0), |ep| (ep.pending.len() + 1, ep.events.len()));
+        let cost = 1 + queued;
+        if cost > budget && budget < CLEANUP_BATCH {
+            // A large listen gets a hold of its own.
+            break;
+        }
+        // The MADs leave the engine for `tx` only when the hold ends: room for them all.
+        mads += 2 * cost;
+        if i.done.try_reserve(requests).is_err() || i.tx.try_reserve(mads).is_err() {
+            return Cleanup::Short;
+        }
+        if destroy_endpoint(i, now, file, h) == Err(status::INSUFFICIENT_RESOURCES) {
+            return Cleanup::Short;
+        }
+        from = next;
+        budget = budget.saturating_sub(cost);
+    }
+    Cleanup::More(from)
 }

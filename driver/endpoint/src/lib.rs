@@ -27,8 +27,8 @@ mod ring;
 mod trace;
 
 pub use device::{
-    Callback, ClientEvent, ClientId, Device, DispatchMemory, FileId, Inner, MAX_BACKLOG,
-    RECEIVE_BATCH,
+    Callback, Caller, ClientEvent, ClientId, Device, DispatchMemory, FileId, Inner, MAX_BACKLOG,
+    Quotas, RECEIVE_BATCH, oversized_input,
 };
 pub use platform::{Lock, Platform, Request};
 pub use ports::{MAX_HOST_PORTS, PortNumbers};

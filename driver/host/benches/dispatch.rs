@@ -260,7 +260,9 @@ impl Platform for Bare {
 
 fn bare_device() -> (Device<Bare>, FileId, u64) {
     let device = Device::new(Bare::default(), CmConfig::new(node_guid(0), [7; 32]));
-    let file = device.open();
+    let file = device
+        .open(ibcm_endpoint::Caller::Administrator)
+        .expect("memory for a handle");
     device.dispatch(
         file,
         BareRequest::new(16),

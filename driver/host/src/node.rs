@@ -5,7 +5,7 @@ use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
 use ibcm_cep::{CmConfig, MadAddress, MadOwner};
-use ibcm_endpoint::{Device, FileId};
+use ibcm_endpoint::{Caller, Device, FileId};
 
 use crate::clock::Clock;
 use crate::platform::{HostPlatform, HostRequest};
@@ -146,9 +146,20 @@ impl Node {
         self.driver_bytes.load(Ordering::Relaxed).max(0) as u64
     }
 
-    /// Opens a file handle.
+    /// Opens a file handle as an administrator (the machine's owner: the CLI, the
+    /// in-process library, most tests).
     pub fn open(&self) -> FileId {
-        self.in_driver(|| self.device.open())
+        self.open_as(Caller::Administrator)
+    }
+
+    /// Opens a file handle as `caller`: two handles opened as [`Caller::User`] are two
+    /// users, as two processes of different accounts on Windows (the binding decides at
+    /// IRP_MJ_CREATE from the caller's token).
+    pub fn open_as(&self, caller: Caller) -> FileId {
+        match self.in_driver(|| self.device.open(caller)) {
+            Ok(file) => file,
+            Err(st) => panic!("the host ran out of memory opening a handle: {st:#x}"),
+        }
     }
 
     /// EvtIoDeviceControl with a request made by the caller (the user library's

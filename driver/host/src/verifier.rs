@@ -63,6 +63,8 @@ pub enum Violation {
 
 thread_local! {
     static LOCKS_HELD: Cell<usize> = const { Cell::new(0) };
+    /// Lock acquisitions on this thread so far.
+    static LOCK_HOLDS: Cell<u64> = const { Cell::new(0) };
     /// [`at_dispatch`] calls this thread is inside.
     static DISPATCH_DEPTH: Cell<usize> = const { Cell::new(0) };
 }
@@ -75,6 +77,13 @@ pub fn is_at_dispatch() -> bool {
 /// Counts a lock acquisition on this thread (the host lock calls it).
 pub(crate) fn lock_acquired() {
     LOCKS_HELD.with(|c| c.set(c.get() + 1));
+    LOCK_HOLDS.with(|c| c.set(c.get() + 1));
+}
+
+/// Lock acquisitions this thread has made so far (how many holds an entry point split
+/// its work into).
+pub fn lock_holds() -> u64 {
+    LOCK_HOLDS.with(Cell::get)
 }
 
 /// Counts a lock release on this thread.

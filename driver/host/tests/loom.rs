@@ -230,7 +230,9 @@ impl World {
         let platform = ModelPlatform::new();
         let config = CmConfig::new(ibcm_host::node_guid(0), [7; 32]);
         let device = Arc::new(Device::new(platform.clone(), config));
-        let file = device.open();
+        let file = device
+            .open(ibcm_endpoint::Caller::Administrator)
+            .expect("memory for a handle");
         let mut w = Self {
             device,
             platform,

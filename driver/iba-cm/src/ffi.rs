@@ -322,7 +322,12 @@ unsafe extern "C" fn listen<B: Backend>(
             m.listen = true;
             m.post_check = post;
         });
-        let r = cm(d.listen_id(client, params));
+        // An overlapping listen fails as AL's duplicate does: IB_INVALID_SETTING
+        // (al_cm_cep.c:4500-4505), STATUS_INVALID_PARAMETER (al_proxy.c:1216).
+        let r = d.listen_id(client, params).map_err(|e| match e {
+            CmError::DuplicateListen => status::INVALID_PARAMETER,
+            e => status_of(e),
+        });
         if r.is_err() {
             inst.set_meta(u, |m| {
                 m.listen = was.is_some_and(|w| w.listen);

@@ -76,7 +76,7 @@ impl PeerMap {
 
     /// Gives back room beyond `min` entries (or what it holds).
     pub(super) fn shrink_to(&mut self, min: usize) {
-        self.0.shrink_to(min);
+        crate::grow::shrink_map(&mut self.0, min);
     }
 
     /// Heap bytes of the table.

@@ -6,7 +6,9 @@ use core::mem::size_of;
 
 use super::CmManager;
 use crate::error::CmError;
-use crate::grow::{CHUNK, HeapBytes, reserve_queue, retired_bytes};
+use crate::grow::{
+    CHUNK, HeapBytes, reserve_queue, retired_bytes, shrink_map, shrink_queue, shrink_vec,
+};
 
 /// Slots the slab keeps however few CEPs live (16 chunks, about 1 MB); also the room a
 /// lookup or the timer heap keeps beyond twice its need.
@@ -88,6 +90,11 @@ impl CmManager {
                     .map_err(|_| CmError::NoResources)?;
             }
         }
+        if self.local_qpns.capacity() < ceps {
+            self.local_qpns
+                .try_reserve(ceps - self.local_qpns.len())
+                .map_err(|_| CmError::NoResources)?;
+        }
         let sidr = new.min(4096);
         if self.sidr_requests.capacity() - self.sidr_requests.len() < sidr {
             self.sidr_requests
@@ -161,7 +168,7 @@ impl CmManager {
         if self.slots.retire_vacant(&mut self.retired, keep) > 0 {
             let slots = &self.slots;
             self.free.retain(|&i| slots.get(i as usize).is_some());
-            self.free.shrink_to(self.slots.resident());
+            shrink_queue(&mut self.free, self.slots.resident());
         }
         // Rehashing costs O(entries): only tables over twice their need shrink.
         let ceps = self.live + new;
@@ -170,15 +177,21 @@ impl CmManager {
                 map.shrink_to(ceps);
             }
         }
+        if self.local_qpns.capacity() > 2 * ceps + TRIM_SLACK {
+            shrink_map(&mut self.local_qpns, ceps);
+        }
         let sidr = new.min(4096);
         if self.sidr_requests.capacity() > 2 * sidr + TRIM_SLACK {
-            self.sidr_requests.shrink_to(sidr);
+            shrink_map(&mut self.sidr_requests, sidr);
         }
         let timers = self.timers.len().max(ceps.saturating_mul(2));
         if self.timers.capacity() > 2 * timers + TRIM_SLACK {
-            self.timers.shrink_to(timers);
+            let mut heap = core::mem::take(&mut self.timers).into_vec();
+            shrink_vec(&mut heap, timers);
+            // Still a heap: `into_vec` kept its order, and rebuilding it is O(n).
+            self.timers = heap.into();
         }
-        self.retired.shrink_to_fit();
+        shrink_vec(&mut self.retired, 0);
     }
 
     /// The heap this manager holds, by part.
@@ -195,6 +208,10 @@ impl CmManager {
             slab: self.slots.heap_bytes() + self.free.heap_bytes() + retired_bytes(&self.retired),
             lookups: self.remote_ids.heap_bytes()
                 + self.remote_qpns.heap_bytes()
+                + hash_table_bytes(
+                    self.local_qpns.capacity(),
+                    size_of::<(u32, super::local_qpn::Hold)>(),
+                )
                 + hash_table_bytes(
                     self.sidr_requests.capacity(),
                     size_of::<((u32, ibcm_mad::Gid, u16), crate::types::CepId)>(),

@@ -43,14 +43,12 @@ impl CmManager {
                 ibcm_mad::REQ_PRIVATE_DATA_SIZE,
             )?;
         }
-        let duplicate = self.listens.iter().any(|l| {
-            let p = &l.params;
-            p.service_id & p.service_mask == params.service_id & params.service_mask
-                && p.service_mask == params.service_mask
-                && p.port == params.port
-                && p.compare == params.compare
-        });
-        if duplicate {
+        // No two listens may take the same REQ (listen.rs).
+        if self
+            .listens
+            .iter()
+            .any(|l| super::listen::overlaps(&l.params, &params))
+        {
             return Err(CmError::DuplicateListen);
         }
         self.listens

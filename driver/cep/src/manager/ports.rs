@@ -209,3 +209,32 @@ impl CmManager {
         Err(Some(first))
     }
 }
+
+impl CmManager {
+    /// Whether a path this side sends on (a CONNECT's, LAP's or SIDR_REQ's) starts at
+    /// local port `port`: its source GID in that port's GID table and, on a subnet-local
+    /// path with a LID, its source LID in the port's range. WinOF AL places every path it
+    /// sends on by its source the same way (`__format_path_av` -> `__find_port_cep`,
+    /// al_cm_cep.c:4569-4575: SGID, SLID and P_Key must name a local port, else the REQ is
+    /// refused); a caller must not speak from another port's address. A manager told of
+    /// no port checks nothing, as [`Self::check_req_paths`].
+    pub fn check_source(&self, port: u8, path: &crate::types::PathRecord) -> Result<(), CmError> {
+        if self.ports.is_empty() {
+            return Ok(());
+        }
+        let refused = Err(CmError::NotLocal {
+            field: "path source",
+        });
+        let Some(p) = self.ports.iter().find(|p| p.port == port) else {
+            return refused;
+        };
+        if !p.gids.contains(&path.sgid) {
+            return refused;
+        }
+        let lid_checked = path.subnet_local && path.slid != PERMISSIVE_LID && p.checks_lids();
+        if lid_checked && !p.has_lid(path.slid) {
+            return refused;
+        }
+        Ok(())
+    }
+}

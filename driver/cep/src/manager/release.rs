@@ -1,8 +1,6 @@
 //! Connection release: DREQ and DREP received and sent (IBA 12.6.11-12, 12.9.6), and
 //! destroy.
 
-use alloc::vec::Vec;
-
 use ibcm_mad::{AttributeId, CmMessage, CommIds, Dreq, MadHeader, MessageKind, RejReason};
 
 use crate::cep::State;
@@ -155,20 +153,27 @@ impl CmManager {
                 self.release(id);
             }
             State::Listen => {
+                let mut left = self
+                    .listens
+                    .iter()
+                    .find(|l| l.cep == id)
+                    .map_or(0, |l| l.pending);
                 self.listens.retain(|l| l.cep != id);
                 // Requests nobody took from this listen can never be answered: refuse
-                // them now rather than let the peers time out.
-                let orphans: Vec<CepId> = self
-                    .slots
-                    .iter()
-                    .enumerate()
-                    .filter_map(|(i, s)| {
+                // them now rather than let the peers time out. The slab is walked by
+                // index (no list of them is allocated: this runs under the dispatch
+                // layer's lock, where memory may be short) and only while some remain.
+                let mut index = 0;
+                while left > 0 && index < self.slots.len() {
+                    let orphan = self.slots.get(index).and_then(|s| {
                         let c = s.cep.as_ref()?;
-                        (c.backlog_of == Some(id)).then(|| self.id_at(i, s))
-                    })
-                    .collect();
-                for orphan in orphans {
-                    let _ = self.destroy(now, orphan);
+                        (c.backlog_of == Some(id)).then(|| self.id_at(index, s))
+                    });
+                    if let Some(orphan) = orphan {
+                        left -= 1;
+                        let _ = self.destroy(now, orphan);
+                    }
+                    index += 1;
                 }
                 self.release(id);
             }

@@ -13,8 +13,11 @@ impl CmManager {
     pub(super) fn set_state(&mut self, id: CepId, state: State) {
         let to = state.name();
         let Some(c) = self.cep_mut(id) else { return };
-        let from = c.state.name();
+        let was = c.state;
+        let from = was.name();
         c.state = state;
+        let (qpn, owner) = (c.local_qpn, c.owned.then_some(c.owner[0]));
+        self.rebind_local_qpn(qpn, owner, was, state);
         // The comm ID is derived (src/comm_id.rs): only for a tracer.
         if !self.trace.installed() {
             return;

@@ -141,14 +141,29 @@ impl<P: Platform> Clients<P> {
 
     /// Grows, at PASSIVE_LEVEL, what the receive path may need: `requests` new
     /// endpoints, and room in the ready list for every endpoint's queue.
+    /// Out of memory, the room stays short (each step is fallible): the receive path then
+    /// refuses what finds none.
     fn prepare(&mut self, requests: usize) {
-        self.table.reserve(requests);
-        while self.spares.len() < requests {
-            self.spares.push(VecDeque::with_capacity(QUEUE_DEPTH));
+        let _ = self.table.try_reserve(requests);
+        if self.spares.len() < requests
+            && self
+                .spares
+                .try_reserve(requests - self.spares.len())
+                .is_ok()
+        {
+            while self.spares.len() < requests {
+                let mut queue = VecDeque::new();
+                if queue.try_reserve_exact(QUEUE_DEPTH).is_err() {
+                    break;
+                }
+                self.spares.push(queue);
+            }
         }
         let want = (self.table.live + requests) * QUEUE_DEPTH;
-        self.ready.reserve(want.saturating_sub(self.ready.len()));
-        self.delivering_threads.reserve(8);
+        let _ = self
+            .ready
+            .try_reserve(want.saturating_sub(self.ready.len()));
+        let _ = self.delivering_threads.try_reserve(8);
     }
 
     fn new_endpoint(
@@ -320,11 +335,13 @@ impl<P: Platform> Device<P> {
             if i.clients.fixed {
                 return listen_fixed(i, id, cep, params);
             }
-            i.cm.listen(cep, params)?;
+            // Room for the backlog's requests first (fallibly: nothing listens yet).
             if let Some(ep) = i.clients.table.get_mut(id.0) {
-                ep.requests.reserve(backlog);
-                ep.queue.reserve(backlog);
+                let no = |_| CmError::NoResources;
+                ep.requests.try_reserve(backlog).map_err(no)?;
+                ep.queue.try_reserve(backlog).map_err(no)?;
             }
+            i.cm.listen(cep, params)?;
             i.clients.prepare(backlog);
             let _ = i.cm.reserve(backlog);
             i.prepare_batches();
@@ -595,14 +612,18 @@ impl<P: Platform> Device<P> {
             c.fixed = true;
             c.fixed_backlog = backlog;
             let live = c.table.live;
-            c.table.reserve(ids);
+            c.table.try_reserve(ids).map_err(|_| CmError::NoResources)?;
             if c.spares.capacity() < ids {
                 c.spares
                     .try_reserve(ids - c.spares.len())
                     .map_err(|_| CmError::NoResources)?;
             }
             while c.spares.len() < ids {
-                c.spares.push(VecDeque::with_capacity(QUEUE_DEPTH));
+                let mut queue = VecDeque::new();
+                queue
+                    .try_reserve_exact(QUEUE_DEPTH)
+                    .map_err(|_| CmError::NoResources)?;
+                c.spares.push(queue);
             }
             if c.listen_spares.capacity() < listens {
                 c.listen_spares
@@ -610,15 +631,23 @@ impl<P: Platform> Device<P> {
                     .map_err(|_| CmError::NoResources)?;
             }
             while c.listen_spares.len() < listens {
-                c.listen_spares.push((
-                    VecDeque::with_capacity(backlog),
-                    VecDeque::with_capacity(backlog),
-                ));
+                let (mut requests, mut queue) = (VecDeque::new(), VecDeque::new());
+                requests
+                    .try_reserve_exact(backlog)
+                    .map_err(|_| CmError::NoResources)?;
+                queue
+                    .try_reserve_exact(backlog)
+                    .map_err(|_| CmError::NoResources)?;
+                c.listen_spares.push((requests, queue));
             }
             let ready = (live + ids) * QUEUE_DEPTH + listens * backlog;
-            c.ready.reserve(ready.saturating_sub(c.ready.len()));
+            c.ready
+                .try_reserve(ready.saturating_sub(c.ready.len()))
+                .map_err(|_| CmError::NoResources)?;
             // Threads inside a callback or a downcall that delivers nothing at once.
-            c.delivering_threads.reserve(64);
+            c.delivering_threads
+                .try_reserve(64)
+                .map_err(|_| CmError::NoResources)?;
             let ceps = live + ids + listens * backlog;
             let burst = ceps + i.cm.live_ceps();
             if i.cm.room() < burst {
@@ -634,7 +663,8 @@ impl<P: Platform> Device<P> {
                     .map_err(|_| CmError::NoResources)?;
             }
             while i.spare_tx.len() < want {
-                i.spare_tx.push(Vec::with_capacity(super::DISPATCH_BATCH));
+                let batch = super::batch(super::DISPATCH_BATCH).ok_or(CmError::NoResources)?;
+                i.spare_tx.push(batch);
             }
             if i.spare_done.capacity() < want {
                 i.spare_done
@@ -642,7 +672,8 @@ impl<P: Platform> Device<P> {
                     .map_err(|_| CmError::NoResources)?;
             }
             while i.spare_done.len() < want {
-                i.spare_done.push(Vec::with_capacity(super::DISPATCH_BATCH));
+                let batch = super::batch(super::DISPATCH_BATCH).ok_or(CmError::NoResources)?;
+                i.spare_done.push(batch);
             }
             // The engine's listen table grows by one at each listen: warm it to hold
             // `listens` more, on service IDs of the reserved IBA range, under the lock (no

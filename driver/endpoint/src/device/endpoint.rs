@@ -8,6 +8,7 @@ use ibcm_cep::CepId;
 use ibcm_ioctl::event_type;
 
 use super::Table;
+use super::policy::Caller;
 
 /// What a CONNECT or SEND_REP with an output buffer waits for (see `code::CONNECT`).
 #[derive(Debug, Clone, Copy)]
@@ -69,6 +70,10 @@ impl<R> Endpoint<R> {
 
 #[derive(Debug)]
 pub(super) struct File<R> {
+    /// Who opened it (policy.rs).
+    pub(super) caller: Caller,
+    /// Its cleanup ran (IRP_MJ_CLEANUP): later IOCTLs are refused.
+    pub(super) closed: bool,
     pub(super) versioned: bool,
     pub(super) endpoints: Table<Endpoint<R>>,
     /// Endpoints built ahead (at PASSIVE_LEVEL) for REQs that arrive at DISPATCH_LEVEL.
@@ -76,6 +81,10 @@ pub(super) struct File<R> {
     /// The sum of its listens' backlogs (kept, so that preparing for REQs does not walk
     /// every endpoint of the file on every GET_EVENT).
     pub(super) backlog: usize,
+    /// Its listening endpoints (those with a backlog).
+    pub(super) listens: u32,
+    /// Event records queued on its endpoints, unread.
+    pub(super) queued: usize,
     /// GET_EVENTs pending on the file's event channel (`ANY_ENDPOINT`).
     pub(super) channel: VecDeque<R>,
     /// The channel's queue: endpoints with events queued and no GET_EVENT of their own,
@@ -86,12 +95,16 @@ pub(super) struct File<R> {
 }
 
 impl<R> File<R> {
-    pub(super) fn new() -> Self {
+    pub(super) fn new(caller: Caller) -> Self {
         Self {
+            caller,
+            closed: false,
             versioned: false,
             endpoints: Table::new(),
             spares: Vec::new(),
             backlog: 0,
+            listens: 0,
+            queued: 0,
             channel: VecDeque::new(),
             ready: VecDeque::new(),
         }

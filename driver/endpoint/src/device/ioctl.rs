@@ -29,9 +29,19 @@ pub(super) type Outcome = Result<usize, Status>;
 /// point's flush (`take_flush` puts a spare in its place), so only an empty one matters;
 /// it is replaced rather than grown, which would copy its old capacity for nothing.
 pub(super) fn room<T>(v: &mut Vec<T>, n: usize) {
-    if v.is_empty() && v.capacity() < n {
-        *v = Vec::with_capacity(n);
+    if v.is_empty()
+        && v.capacity() < n
+        && let Some(fresh) = batch(n)
+    {
+        *v = fresh;
     }
+}
+
+/// An empty vector with room for `n`, or `None` when memory runs out.
+pub(super) fn batch<T>(n: usize) -> Option<Vec<T>> {
+    let mut v = Vec::new();
+    v.try_reserve_exact(n).ok()?;
+    Some(v)
 }
 
 pub(super) fn input<T: FromBytes + KnownLayout + Immutable>(
@@ -67,30 +77,44 @@ pub(super) fn destroy_endpoint<P: Platform>(
     file: FileId,
     handle: u64,
 ) -> Result<(), Status> {
+    // Room first (fallibly, changing nothing): its requests' completions, the MADs the
+    // engine sends for it and for the REQs it queued (a REJ each).
+    let (requests, queued) = {
+        let ep = i.endpoint(file, handle)?;
+        (ep.pending.len() + 1, ep.events.len())
+    };
+    if i.done.try_reserve(requests).is_err() || i.tx.try_reserve(2 * (1 + queued)).is_err() {
+        return Err(status::INSUFFICIENT_RESOURCES);
+    }
     let ep = i
         .file(file)?
         .endpoints
         .remove(handle)
         .ok_or(status::INVALID_HANDLE)?;
-    let children: Vec<u64> = ep
-        .events
-        .iter()
-        .filter_map(|&index| i.records.get(index))
-        .filter(|r| {
-            (r.event_type == event_type::REQ_RECEIVED
-                || r.event_type == event_type::SIDR_REQ_RECEIVED)
-                && r.new_handle != 0
-        })
-        .map(|r| r.new_handle)
-        .collect();
-    i.records.release(&ep.events);
-    for child in children {
-        let _ = destroy_endpoint(i, now, file, child);
-    }
-    if ep.backlog != 0 {
+    {
         let f = i.file(file)?;
-        f.backlog = f.backlog.saturating_sub(ep.backlog as usize);
+        f.queued = f.queued.saturating_sub(ep.events.len());
+        if ep.backlog != 0 {
+            f.backlog = f.backlog.saturating_sub(ep.backlog as usize);
+            f.listens = f.listens.saturating_sub(1);
+        }
     }
+    // REQ-created endpoints the user never heard of go with it.
+    for &index in &ep.events {
+        let child = i
+            .records
+            .get(index)
+            .filter(|r| {
+                (r.event_type == event_type::REQ_RECEIVED
+                    || r.event_type == event_type::SIDR_REQ_RECEIVED)
+                    && r.new_handle != 0
+            })
+            .map(|r| r.new_handle);
+        if let Some(child) = child {
+            let _ = destroy_endpoint(i, now, file, child);
+        }
+    }
+    i.records.release(&ep.events);
     if ep.ready {
         // Off the channel's queue: its room is for live endpoints.
         i.file(file)?.ready.retain(|&h| h != handle);
@@ -319,15 +343,27 @@ pub(super) fn operation<P: Platform>(
             if request.output_len() < CreateOut::SIZE as usize {
                 return Err(status::BUFFER_TOO_SMALL);
             }
-            i.file(file)?
-                .reserve_ready(1)
-                .map_err(|_| status::INSUFFICIENT_RESOURCES)?;
-            // A retired chunk's slot before a fresh one (the table's end stays put).
-            i.file(file)?.endpoints.reserve(1);
-            let cep = i.cm.create().map_err(status_of)?;
-            let events = VecDeque::with_capacity(FIFO_DEPTH);
+            let quotas = i.quotas;
             let f = i.file(file)?;
-            let handle = f.endpoints.insert(Endpoint::new(cep, events));
+            f.quota_endpoint(&quotas)?;
+            let no_memory = |_| status::INSUFFICIENT_RESOURCES;
+            f.reserve_ready(1).map_err(no_memory)?;
+            // A retired chunk's slot before a fresh one (the table's end stays put).
+            f.endpoints.try_reserve(1).map_err(no_memory)?;
+            let mut events = VecDeque::new();
+            events.try_reserve_exact(FIFO_DEPTH).map_err(no_memory)?;
+            let cep = i.cm.create().map_err(status_of)?;
+            let handle = match i
+                .file(file)?
+                .endpoints
+                .try_insert(Endpoint::new(cep, events))
+            {
+                Ok(handle) => handle,
+                Err(_) => {
+                    let _ = i.cm.destroy(now, cep);
+                    return Err(status::INSUFFICIENT_RESOURCES);
+                }
+            };
             i.set_owner(
                 cep,
                 Owner {
@@ -353,7 +389,15 @@ pub(super) fn operation<P: Platform>(
             require((1..=MAX_BACKLOG).contains(&l.backlog))?;
             let compare = used(&l.compare, l.compare_len, limits::REQ_PRIVATE_DATA)?;
             require(usize::from(l.compare_offset) + compare.len() <= limits::REQ_PRIVATE_DATA)?;
+            let old = i.endpoint(file, l.handle)?.backlog;
+            let quotas = i.quotas;
+            let f = i.file(file)?;
+            f.may_listen(l.service_mask)?;
+            f.quota_listen(&quotas, l.backlog, old)?;
             let cep = i.touch(file, l.handle)?;
+            // Room for the backlog's REQs in its FIFO before the engine listens.
+            let depth = l.backlog as usize;
+            i.grow_fifo(file, l.handle, depth)?;
             let mut buf = Vec::new();
             buf.try_reserve_exact(compare.len())
                 .map_err(|_| status::INSUFFICIENT_RESOURCES)?;
@@ -366,12 +410,11 @@ pub(super) fn operation<P: Platform>(
                 backlog: l.backlog,
             };
             i.cm.listen(cep, params).map_err(status_of)?;
-            let depth = l.backlog as usize;
-            i.grow_fifo(file, l.handle, depth)?;
             let ep = i.endpoint(file, l.handle)?;
-            let old = core::mem::replace(&mut ep.backlog, l.backlog);
+            ep.backlog = l.backlog;
             let f = i.file(file)?;
             f.backlog = f.backlog.saturating_sub(old as usize) + depth;
+            f.listens += u32::from(old == 0);
             i.prepare_for_requests(file, 0);
             Ok(0)
         }
@@ -385,26 +428,34 @@ pub(super) fn operation<P: Platform>(
             let fresh = i.cm.create().map_err(status_of)?;
             let _ = i.cm.destroy(now, cep);
             i.clear_owner(cep);
-            let Inner { files, records, .. } = &mut *i;
-            let ep = files
-                .get_mut(file.0)
-                .and_then(|f| f.endpoints.get_mut(h))
-                .ok_or(status::INVALID_HANDLE)?;
+            let ep = i.endpoint(file, h)?;
             ep.cep = fresh;
             let old = core::mem::replace(&mut ep.backlog, 0) as usize;
-            // REQs and SIDR_REQs nobody retrieved go with the listen.
-            let mut pending_requests: Vec<u64> = Vec::new();
-            ep.events.retain(|&index| {
-                let child = records.get(index).map_or(0, |r| r.new_handle);
-                if child != 0 {
-                    pending_requests.push(child);
-                    let _ = records.take(index);
-                }
-                child == 0
-            });
             let f = i.file(file)?;
             f.backlog = f.backlog.saturating_sub(old);
-            for child in pending_requests {
+            f.listens = f.listens.saturating_sub(u32::from(old != 0));
+            // REQs and SIDR_REQs nobody retrieved go with the listen (one at a time: no
+            // list of them is allocated).
+            let mut k = 0;
+            loop {
+                let Inner { files, records, .. } = &mut *i;
+                let Some(f) = files.get_mut(file.0) else {
+                    break;
+                };
+                let Some(ep) = f.endpoints.get_mut(h) else {
+                    break;
+                };
+                let Some(&index) = ep.events.get(k) else {
+                    break;
+                };
+                let child = records.get(index).map_or(0, |r| r.new_handle);
+                if child == 0 {
+                    k += 1;
+                    continue;
+                }
+                let _ = ep.events.remove(k);
+                let _ = records.take(index);
+                f.queued = f.queued.saturating_sub(1);
                 let _ = destroy_endpoint(i, now, file, child);
             }
             i.set_owner(
@@ -453,7 +504,17 @@ pub(super) fn operation<P: Platform>(
                 flow_control: c.flags & flags::FLOW_CONTROL != 0,
                 private_data,
             };
+            let quotas = i.quotas;
+            let f = i.files.get(file.0).ok_or(status::INVALID_HANDLE)?;
+            f.quota_events(&quotas)?;
+            f.may_name_qpn(&i.cm, file.0, c.qpn)?;
             let cep = i.touch(file, c.handle)?;
+            // An endpoint that cannot connect says so first (the engine's state check).
+            if i.cm.state(cep).map_err(status_of)? == ibcm_cep::StateName::Idle {
+                for path in core::iter::once(&primary).chain(alternate.as_ref()) {
+                    i.cm.check_source(c.port, path).map_err(status_of)?;
+                }
+            }
             // The REP (or REJ, or timeout) comes at DISPATCH_LEVEL: room for it now.
             i.prepare_for_requests(file, 0);
             if c.flags & flags::PEER_TO_PEER != 0 {
@@ -487,6 +548,8 @@ pub(super) fn operation<P: Platform>(
                 srq: r.flags & flags::SRQ != 0,
                 private_data,
             };
+            let f = i.files.get(file.0).ok_or(status::INVALID_HANDLE)?;
+            f.may_name_qpn(&i.cm, file.0, r.qpn)?;
             let cep = i.touch(file, r.handle)?;
             let prepared = i.cm.prepare_rep(cep, &params).map_err(status_of)?;
             let out = QpTransitionsOut {
@@ -643,6 +706,9 @@ pub(super) fn operation<P: Platform>(
                 max_retries: r.max_retries,
                 private_data: data,
             };
+            let quotas = i.quotas;
+            i.file(file)?.quota_events(&quotas)?;
+            i.cm.check_source(r.port, &params.path).map_err(status_of)?;
             let cep = i.touch(file, r.handle)?;
             i.cm.sidr_request(now, cep, &params).map_err(status_of)?;
             Ok(0)

@@ -12,7 +12,7 @@
 //! finds a record. A 464-byte record per possible event per endpoint was promised before,
 //! 3.7 KB an endpoint whether anything queued or not.
 
-use alloc::collections::VecDeque;
+use alloc::collections::{TryReserveError, VecDeque};
 use alloc::vec::Vec;
 
 use ibcm_ioctl::EventRecord;
@@ -66,8 +66,9 @@ impl RecordPool {
         self.free_slots() >= DISPATCH_RECORDS
     }
 
-    /// Stores `record`; `None` only past u32::MAX records. Allocates only when no slot
-    /// is free, which a DISPATCH_LEVEL entry point has checked cannot happen.
+    /// Stores `record`; `None` past u32::MAX records or when memory runs out. Allocates
+    /// only when no slot is free, which a DISPATCH_LEVEL entry point has checked cannot
+    /// happen.
     pub(super) fn put(&mut self, record: &EventRecord) -> Option<u32> {
         if let Some(i) = self.free.pop() {
             if let Some(slot) = self.slot(i) {
@@ -78,8 +79,7 @@ impl RecordPool {
         let i = u32::try_from(self.used).ok()?;
         let chunk = self.used / RECORD_CHUNK;
         if chunk == self.chunks.len() {
-            self.chunks.push(Vec::with_capacity(RECORD_CHUNK));
-            self.free_list_room();
+            self.grow(1).ok()?;
         }
         self.chunks.get_mut(chunk)?.push(*record);
         self.used += 1;
@@ -121,18 +121,21 @@ impl RecordPool {
             .max(self.queued())
             .saturating_sub(self.free_slots());
         let more = short.div_ceil(RECORD_CHUNK);
-        self.chunks.reserve(more);
-        for _ in 0..more {
-            self.chunks.push(Vec::with_capacity(RECORD_CHUNK));
-        }
-        self.free_list_room();
+        // Out of memory: the pool stays short, and the DISPATCH_LEVEL paths hold back.
+        let _ = self.grow(more);
     }
 
-    /// Room in the free list for every slot, so that freeing one never allocates.
-    fn free_list_room(&mut self) {
-        let slots = self.chunks.len() * RECORD_CHUNK;
-        if self.free.capacity() < slots {
-            self.free.reserve(slots - self.free.len());
+    /// `more` chunks, each with its room in the free list, or as many as memory allows.
+    fn grow(&mut self, more: usize) -> Result<(), TryReserveError> {
+        self.chunks.try_reserve(more)?;
+        for _ in 0..more {
+            let mut chunk = Vec::new();
+            chunk.try_reserve_exact(RECORD_CHUNK)?;
+            let slots = (self.chunks.len() + 1) * RECORD_CHUNK;
+            self.free
+                .try_reserve(slots.saturating_sub(self.free.len()))?;
+            self.chunks.push(chunk);
         }
+        Ok(())
     }
 }

@@ -5,7 +5,7 @@
 use alloc::collections::VecDeque;
 use alloc::vec::Vec;
 
-use ibcm_cep::grow::reserve_queue;
+use ibcm_cep::grow::{reserve_queue, shrink_queue};
 use ibcm_cep::{CepId, Event};
 use ibcm_ioctl::{EventRecord, MAX_EVENTS_PER_REQUEST, QpTransitionsOut, event_type, status};
 use zerocopy::IntoBytes;
@@ -15,7 +15,7 @@ use crate::records::{Status, event_to_abi};
 
 use super::{
     Awaited, CHILD_DEPTH, DISPATCH_BATCH, EVENT_HEADROOM, Endpoint, File, FileId, Flush, Inner,
-    Owner, SPARE_BATCHES, qp_transitions, room,
+    Owner, SPARE_BATCHES, batch, qp_transitions, room,
 };
 
 impl<P: Platform> Inner<P> {
@@ -90,12 +90,19 @@ impl<P: Platform> Inner<P> {
         if f.endpoints.trim(want) {
             // The channel's queue needs room for the endpoints left, no more.
             let most = f.endpoints.live + f.spares.len().max(want);
-            f.ready.shrink_to(most.max(f.ready.len()));
+            shrink_queue(&mut f.ready, most);
         }
-        f.endpoints.reserve(want);
-        while f.spares.len() < want {
-            let events = VecDeque::with_capacity(CHILD_DEPTH);
-            f.spares.push(Endpoint::new(CepId::from_raw(0), events));
+        // Out of memory, the room stays short: a REQ that finds none at DISPATCH_LEVEL
+        // is refused (the engine rejects it), as over a full backlog.
+        let _ = f.endpoints.try_reserve(want);
+        if f.spares.len() < want && f.spares.try_reserve(want - f.spares.len()).is_ok() {
+            while f.spares.len() < want {
+                let mut events = VecDeque::new();
+                if events.try_reserve_exact(CHILD_DEPTH).is_err() {
+                    break;
+                }
+                f.spares.push(Endpoint::new(CepId::from_raw(0), events));
+            }
         }
         let _ = f.reserve_ready(0);
         self.prepare_batches();
@@ -108,7 +115,8 @@ impl<P: Platform> Inner<P> {
     /// spare batch, so that a timer pass or a receive at DISPATCH_LEVEL finds room
     /// whichever batch it gets; and free blocks in the engine's private-data pool for the
     /// kernel clients' downcalls at DISPATCH_LEVEL (PASSIVE_LEVEL; the pool gives memory
-    /// back where connections end, `trim_private_data`).
+    /// back where connections end, `trim_private_data`). Out of memory, some stay short:
+    /// a batch without room is replaced at the next call.
     pub(super) fn prepare_batches(&mut self) {
         self.records.prepare();
         // Out of memory: the downcalls that find no block fail with NoResources.
@@ -117,11 +125,17 @@ impl<P: Platform> Inner<P> {
         // `finish` keeps only batches with room: only missing ones need making.
         room(&mut self.tx, DISPATCH_BATCH);
         while self.spare_tx.len() < SPARE_BATCHES {
-            self.spare_tx.push(Vec::with_capacity(DISPATCH_BATCH));
+            let Some(batch) = batch(DISPATCH_BATCH) else {
+                break;
+            };
+            self.spare_tx.push(batch);
         }
         room(&mut self.done, DISPATCH_BATCH);
         while self.spare_done.len() < SPARE_BATCHES {
-            self.spare_done.push(Vec::with_capacity(DISPATCH_BATCH));
+            let Some(batch) = batch(DISPATCH_BATCH) else {
+                break;
+            };
+            self.spare_done.push(batch);
         }
     }
 
@@ -183,6 +197,7 @@ impl<P: Platform> Inner<P> {
         // listen's FIFO, all made at PASSIVE_LEVEL. Without them it is refused (the engine
         // rejects it) rather than allocated for: a peer cycling REQs and REJs cannot grow
         // the file while its owner does not read its events.
+        let quotas = self.quotas;
         let Ok(file) = self.file(FileId(lo.file)) else {
             return;
         };
@@ -190,7 +205,9 @@ impl<P: Platform> Inner<P> {
             .endpoints
             .get(lo.endpoint)
             .is_some_and(|l| l.events.len() < l.events.capacity());
-        let spare = if listen_room && file.endpoints.can_insert() {
+        // A user's handle at its endpoint quota takes no more (policy.rs).
+        let room = listen_room && file.has_endpoint_room(&quotas);
+        let spare = if room && file.endpoints.can_insert() {
             file.spares.pop()
         } else {
             None
@@ -211,7 +228,16 @@ impl<P: Platform> Inner<P> {
             }
             ep.private_data_len = n as u8;
         }
-        let handle = file.endpoints.insert(ep);
+        let handle = match file.endpoints.try_insert(ep) {
+            Ok(handle) => handle,
+            Err(ep) => {
+                // Room was checked (`can_insert`); should it be missing, the REQ is refused.
+                file.spares.push(ep);
+                let now = self.now;
+                let _ = self.cm.destroy(now, cep);
+                return;
+            }
+        };
         self.set_owner(
             cep,
             Owner {
@@ -230,6 +256,7 @@ impl<P: Platform> Inner<P> {
             endpoints,
             channel,
             ready,
+            queued,
             ..
         }) = self.files.get_mut(file.0)
         else {
@@ -288,6 +315,8 @@ impl<P: Platform> Inner<P> {
             return;
         };
         ep.events.push_back(index);
+        // One more record queued unread on the file (policy.rs: the events quota).
+        *queued += 1;
         if let Some(request) = ep.pending.pop_front() {
             self.fill(file, endpoint, request);
             return;
@@ -332,6 +361,7 @@ impl<P: Platform> Inner<P> {
             let Some(record) = next.and_then(|index| self.records.take(index)) else {
                 continue;
             };
+            f.queued = f.queued.saturating_sub(1);
             request.write_output(written * size, record.as_bytes());
             written += 1;
             self.handed_over(file, &record);
@@ -358,6 +388,9 @@ impl<P: Platform> Inner<P> {
             else {
                 break;
             };
+            if let Ok(f) = self.file(file) {
+                f.queued = f.queued.saturating_sub(1);
+            }
             request.write_output(written * EventRecord::SIZE as usize, record.as_bytes());
             written += 1;
             self.handed_over(file, &record);

@@ -1,9 +1,10 @@
 //! Per-file tables of files and endpoints: a handle is index | generation << 32, so a
 //! stale handle never names a new entry (design.md: handles are per file, never global).
 
+use alloc::collections::TryReserveError;
 use alloc::vec::Vec;
 
-use ibcm_cep::grow::{CHUNK, ChunkedVec, Retired, Vacancy, retired_bytes};
+use ibcm_cep::grow::{CHUNK, ChunkedVec, Retired, Vacancy, retired_bytes, shrink_vec};
 
 /// Slots a table keeps however few values live (8 chunks).
 const TRIM_SLACK: usize = 8 * CHUNK;
@@ -77,25 +78,51 @@ impl<T> Table<T> {
         s.value.as_mut()
     }
 
+    /// Stores `value` and returns its handle (the kernel-client table's callers reserve
+    /// room first; without it the slab grows).
     pub(super) fn insert(&mut self, value: T) -> u64 {
-        self.live += 1;
-        if let Some(i) = self.free.pop()
-            && let Some(s) = self.slots.get_mut(i as usize)
-        {
+        let _ = self.try_reserve(1);
+        match self.try_insert(value) {
+            Ok(handle) => handle,
+            Err(value) => {
+                let i = self.slots.len() as u32;
+                self.slots.push(Slot {
+                    generation: 1,
+                    value: Some(value),
+                });
+                self.slots.filled(i as usize);
+                self.live += 1;
+                handle_of(i, 1)
+            }
+        }
+    }
+
+    /// Stores `value` and returns its handle; without room (memory ran out) hands it back.
+    /// Allocates only when [`can_insert`](Self::can_insert) is false.
+    pub(super) fn try_insert(&mut self, value: T) -> Result<u64, T> {
+        if !self.can_insert() && self.try_reserve(1).is_err() {
+            return Err(value);
+        }
+        if let Some(i) = self.free.pop() {
+            let Some(s) = self.slots.get_mut(i as usize) else {
+                // A free index names a resident slot (`trim` drops the others).
+                return Err(value);
+            };
             s.value = Some(value);
             let handle = handle_of(i, s.generation);
             self.slots.filled(i as usize);
-            return handle;
+            self.live += 1;
+            return Ok(handle);
         }
+        // Room checked: the slab has a fresh slot and `free` room for it.
         let i = self.slots.len() as u32;
         self.slots.push(Slot {
             generation: 1,
             value: Some(value),
         });
         self.slots.filled(i as usize);
-        self.free
-            .reserve(self.slots.len().saturating_sub(self.free.len()));
-        handle_of(i, 1)
+        self.live += 1;
+        Ok(handle_of(i, 1))
     }
 
     pub(super) fn remove(&mut self, handle: u64) -> Option<T> {
@@ -113,27 +140,26 @@ impl<T> Table<T> {
     }
 
     /// Room for `n` more values without allocating (PASSIVE_LEVEL): retired chunks come
-    /// back first, with their generations, before the table grows.
-    pub(super) fn reserve(&mut self, n: usize) {
+    /// back first, with their generations, before the table grows. On failure (memory ran
+    /// out) the room is short; `can_insert` then says so.
+    pub(super) fn try_reserve(&mut self, n: usize) -> Result<(), TryReserveError> {
         while self.free.len() < n && !self.retired.is_empty() {
-            if self.free.try_reserve(CHUNK).is_err() {
-                break;
-            }
-            match self.slots.restore_retired(&mut self.retired) {
-                Ok(Some(indices)) => self.free.extend(indices.rev().map(|i| i as u32)),
-                Ok(None) => {}
-                Err(_) => break,
+            self.free.try_reserve(CHUNK)?;
+            if let Some(indices) = self.slots.restore_retired(&mut self.retired)? {
+                self.free.extend(indices.rev().map(|i| i as u32));
             }
         }
         let spare = self.free.len();
         if n > spare {
-            // Out of memory leaves the room short; `can_insert` then refuses the insert.
-            let _ = self.slots.try_reserve(n - spare);
-            // `insert` keeps room in `free` for every slot (so that `remove` never
-            // allocates): make that room now for the slots the new values may add.
+            self.slots.try_reserve(n - spare)?;
+            // `remove` never allocates: room in `free` for every slot the new values may
+            // fill. (Room for these slots, not the slab's whole chunk: `can_insert` reads
+            // `free`'s capacity as the room reserved, which bounds the kernel clients' pool.)
             let slots = self.slots.len() + (n - spare);
-            self.free.reserve(slots.saturating_sub(self.free.len()));
+            self.free
+                .try_reserve(slots.saturating_sub(self.free.len()))?;
         }
+        Ok(())
     }
 
     /// Gives back what a past peak left (PASSIVE_LEVEL), once the table holds over
@@ -153,8 +179,8 @@ impl<T> Table<T> {
             self.free.retain(|&i| slots.get(i as usize).is_some());
             // `remove` never allocates: room for every resident slot stays.
             let resident = self.slots.resident();
-            self.free.shrink_to(resident);
-            self.retired.shrink_to_fit();
+            shrink_vec(&mut self.free, resident);
+            shrink_vec(&mut self.retired, 0);
         }
         retired
     }
@@ -168,6 +194,17 @@ impl<T> Table<T> {
     pub(super) fn can_insert(&self) -> bool {
         !self.free.is_empty()
             || (self.slots.len() < self.slots.capacity() && self.free.capacity() > self.slots.len())
+    }
+
+    /// The first live handle at or after slot `from`, and the slot after it: a walk that
+    /// leaves the lock between steps (cleanup) resumes where it stopped.
+    pub(super) fn next_handle(&self, from: usize) -> Option<(u64, usize)> {
+        (from..self.slots.len()).find_map(|i| {
+            let s = self.slots.get(i)?;
+            s.value
+                .as_ref()
+                .map(|_| (handle_of(i as u32, s.generation), i + 1))
+        })
     }
 
     pub(super) fn handles(&self) -> impl Iterator<Item = u64> + '_ {

@@ -461,9 +461,17 @@ fn listen_compare_plain() {
     let (l1, l2) = (w.b.cep(), w.b.cep());
     assert_eq!(l1.listen(SID, Some(&[1, 2, 3, 4]), 4), status::SUCCESS);
     assert_eq!(l2.listen(SID, Some(&[5, 6, 7, 8]), 4), status::SUCCESS);
-    // The same compare again is a duplicate.
+    // The same compare again is a duplicate, and so is a listen without a compare beside
+    // compare listens on the service ID: AL fails both with IB_INVALID_SETTING
+    // (al_cm_cep.c:4464-4465, 4500-4505), which its `cm_listen` returns as
+    // STATUS_INVALID_PARAMETER (al_cm.c:202, al_proxy.c:1216).
     let dup = w.b.cep();
-    assert_ne!(dup.listen(SID, Some(&[5, 6, 7, 8]), 4), status::SUCCESS);
+    assert_eq!(
+        dup.listen(SID, Some(&[5, 6, 7, 8]), 4),
+        status::INVALID_PARAMETER
+    );
+    let plain = w.b.cep();
+    assert_eq!(plain.listen(SID, None, 0), status::INVALID_PARAMETER);
     let pd = |x: [u8; 4]| {
         let mut p = [0u8; 8];
         p[4..].copy_from_slice(&x);
@@ -494,7 +502,7 @@ fn listen_compare_plain() {
     assert_eq!(a3.types(), [ev::REJ_RECEIVED]);
     assert_eq!(a3.log()[0].rej_reason, 8);
     no_recursion(&[&l1, &l2, &a1, &a2, &a3, &c1, &c2]);
-    for c in [&a1, &a2, &a3, &c1, &c2, &l1, &l2, &dup] {
+    for c in [&a1, &a2, &a3, &c1, &c2, &l1, &l2, &dup, &plain] {
         c.destroy();
     }
     w.finish();

@@ -161,6 +161,27 @@ pub mod _MODE {
     pub const KernelMode: Type = 0;
     pub const UserMode: Type = 1;
 }
+pub mod _SECURITY_IMPERSONATION_LEVEL {
+    pub type Type = i32;
+    pub const SecurityAnonymous: Type = 0;
+}
+pub use self::_SECURITY_IMPERSONATION_LEVEL::Type as SECURITY_IMPERSONATION_LEVEL;
+pub type PACCESS_TOKEN = PVOID;
+pub type ACCESS_MASK = ULONG;
+/// winnt.h/wdm.h `KEY_READ`: (STANDARD_RIGHTS_READ | KEY_QUERY_VALUE |
+/// KEY_ENUMERATE_SUB_KEYS | KEY_NOTIFY) & ~SYNCHRONIZE.
+pub const KEY_READ: u32 = 131097;
+/// wdm.h `SECURITY_SUBJECT_CONTEXT`.
+#[repr(C)]
+#[derive(Debug, Copy, Clone)]
+pub struct _SECURITY_SUBJECT_CONTEXT {
+    pub ClientToken: PACCESS_TOKEN,
+    pub ImpersonationLevel: SECURITY_IMPERSONATION_LEVEL,
+    pub PrimaryToken: PACCESS_TOKEN,
+    pub ProcessAuditId: PVOID,
+}
+pub type SECURITY_SUBJECT_CONTEXT = _SECURITY_SUBJECT_CONTEXT;
+pub type PSECURITY_SUBJECT_CONTEXT = *mut _SECURITY_SUBJECT_CONTEXT;
 
 /// wdm.h `IO_STATUS_BLOCK`.
 #[repr(C)]
@@ -293,7 +314,7 @@ macro_rules! handle {
 }
 handle!(WDFDRIVER WDFDRIVER__, WDFDEVICE WDFDEVICE__, WDFQUEUE WDFQUEUE__, WDFREQUEST WDFREQUEST__,
     WDFFILEOBJECT WDFFILEOBJECT__, WDFTIMER WDFTIMER__, WDFDPC WDFDPC__, WDFWORKITEM WDFWORKITEM__,
-    WDFWAITLOCK WDFWAITLOCK__);
+    WDFWAITLOCK WDFWAITLOCK__, WDFKEY WDFKEY__);
 pub type WDFOBJECT = *mut c_void;
 #[repr(C)]
 pub struct WDFDEVICE_INIT {
@@ -540,7 +561,7 @@ pub struct _WDF_PNPPOWER_EVENT_CALLBACKS {
     pub EvtDeviceUsageNotificationEx: PVOID,
 }
 pub type WDF_PNPPOWER_EVENT_CALLBACKS = _WDF_PNPPOWER_EVENT_CALLBACKS;
-zeroed_default!(_WDF_DRIVER_CONFIG, _WDF_IO_QUEUE_CONFIG, _WDF_TIMER_CONFIG, _WDF_PNPPOWER_EVENT_CALLBACKS);
+zeroed_default!(_SECURITY_SUBJECT_CONTEXT, _WDF_DRIVER_CONFIG, _WDF_IO_QUEUE_CONFIG, _WDF_TIMER_CONFIG, _WDF_PNPPOWER_EVENT_CALLBACKS);
 
 // ---- wdm.h / ntddk.h routines ----
 pub mod ntddk {
@@ -577,6 +598,16 @@ pub mod ntddk {
         pub fn KfRaiseIrql(NewIrql: KIRQL) -> KIRQL;
         pub fn KeLowerIrql(NewIrql: KIRQL);
         pub fn KeGetCurrentProcessorNumberEx(ProcNumber: PPROCESSOR_NUMBER) -> ULONG;
+        pub fn KeBugCheckEx(
+            BugCheckCode: ULONG,
+            BugCheckParameter1: ULONG_PTR,
+            BugCheckParameter2: ULONG_PTR,
+            BugCheckParameter3: ULONG_PTR,
+            BugCheckParameter4: ULONG_PTR,
+        ) -> !;
+        pub fn SeCaptureSubjectContext(SubjectContext: PSECURITY_SUBJECT_CONTEXT);
+        pub fn SeReleaseSubjectContext(SubjectContext: PSECURITY_SUBJECT_CONTEXT);
+        pub fn SeTokenIsAdmin(Token: PACCESS_TOKEN) -> BOOLEAN;
     }
 }
 
@@ -676,6 +707,19 @@ pub mod wdf_fns {
         );
         pub fn WdfRequestGetFileObject(Request: WDFREQUEST) -> WDFFILEOBJECT;
         pub fn WdfRequestGetIoQueue(Request: WDFREQUEST) -> WDFQUEUE;
+        pub fn WdfRequestGetRequestorMode(Request: WDFREQUEST) -> KPROCESSOR_MODE;
+        pub fn WdfDriverOpenParametersRegistryKey(
+            Driver: WDFDRIVER,
+            DesiredAccess: ACCESS_MASK,
+            KeyAttributes: PWDF_OBJECT_ATTRIBUTES,
+            Key: *mut WDFKEY,
+        ) -> NTSTATUS;
+        pub fn WdfRegistryQueryULong(
+            Key: WDFKEY,
+            ValueName: PCUNICODE_STRING,
+            Value: *mut ULONG,
+        ) -> NTSTATUS;
+        pub fn WdfRegistryClose(Key: WDFKEY);
         pub fn WdfRequestMarkCancelableEx(
             Request: WDFREQUEST,
             EvtRequestCancel: PFN_WDF_REQUEST_CANCEL,

@@ -1,0 +1,102 @@
+//! Which local QPNs speak for a live connection, and for whom (issue #30).
+//!
+//! A REQ or REP names its sender's QPN, and peers find stale connections by it: Linux
+//! `cm_match_req` looks (QPN, CA GUID) up with `cm_insert_remote_qpn` and, on a hit,
+//! rejects the new REQ and sends a DREQ for the old connection (so does ibcm's
+//! establish.rs). A REQ naming another process's QPN towards the same peer would tear
+//! that process's connection down. WinVerbs derives the QPN from a QP the caller owns
+//! (wv_ep.c:602-614 for the REQ, 823-828 for the REP); ibcm's user mode names QPNs raw,
+//! so the dispatch layer asks [`CmManager::local_qpn_holder`] who holds a QPN before it
+//! lets a non-administrator's CONNECT or FORMAT_REP name it.
+//!
+//! A CEP binds its local QPN from its REQ (ReqSent) or pre-REP (RepPrepared) until its
+//! connection has left timewait (the peer keeps the QPN as long, al_cm_cep.c's
+//! timewait and Linux's `cm_cleanup_timewait`), or its port is removed. The holder is
+//! the owner (`set_owner`'s first word: the dispatch layer's file, or its kernel-client
+//! marker) of the CEP that bound the QPN first; it holds the QPN as long as any CEP
+//! binds it. QPNs are per CA; this manager serves one CA GUID (`CmConfig::ca_guid`), so
+//! the QPN is the key.
+
+use hashbrown::HashMap;
+
+use crate::cep::State;
+
+use super::CmManager;
+use super::lookup::KeyedHash;
+
+/// A QPN's holder and how many CEPs bind it.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Hold {
+    holder: u64,
+    ceps: u32,
+}
+
+/// QPN -> its holder.
+pub(super) type LocalQpns = HashMap<u32, Hold, KeyedHash>;
+
+/// The holder recorded for a CEP that had no owner when it bound its QPN.
+pub(super) const NO_HOLDER: u64 = u64::MAX;
+
+/// Whether a CEP in `state` speaks for its local QPN: from its REQ or pre-REP until its
+/// connection has left timewait (module docs).
+pub(super) fn binds(state: State) -> bool {
+    matches!(
+        state,
+        State::ReqSent { .. }
+            | State::RepPrepared { .. }
+            | State::RepSent { .. }
+            | State::RepRcvd { .. }
+            | State::Established
+            | State::DreqSent
+            | State::DreqRcvd
+            | State::Timewait
+    )
+}
+
+impl CmManager {
+    /// Who holds local QPN `qpn` (module docs): the first word of the owner of the CEP
+    /// that bound it first ([`NO_HOLDER`] if it had none), while any CEP binds it.
+    pub fn local_qpn_holder(&self, qpn: u32) -> Option<u64> {
+        self.local_qpns.get(&qpn).map(|h| h.holder)
+    }
+
+    /// A CEP changed state from `from` to `to`: binds or unbinds its local QPN. Never
+    /// allocates: the table grows at PASSIVE_LEVEL ([`Self::prepare_for`]); a bind that
+    /// finds no room goes unrecorded (the QPN is then unprotected, not refused).
+    pub(super) fn rebind_local_qpn(
+        &mut self,
+        qpn: u32,
+        owner: Option<u64>,
+        from: State,
+        to: State,
+    ) {
+        match (binds(from), binds(to)) {
+            (false, true) => {
+                if let Some(h) = self.local_qpns.get_mut(&qpn) {
+                    h.ceps += 1;
+                } else if self.local_qpns.len() < self.local_qpns.capacity() {
+                    let holder = owner.unwrap_or(NO_HOLDER);
+                    self.local_qpns.insert(qpn, Hold { holder, ceps: 1 });
+                }
+            }
+            (true, false) => self.unbind_local_qpn(qpn),
+            _ => {}
+        }
+    }
+
+    /// One CEP binding `qpn` is gone.
+    pub(super) fn unbind_local_qpn(&mut self, qpn: u32) {
+        unbind(&mut self.local_qpns, qpn);
+    }
+}
+
+/// One CEP binding `qpn` is gone (allocates nothing).
+pub(super) fn unbind(qpns: &mut LocalQpns, qpn: u32) {
+    if let hashbrown::hash_map::Entry::Occupied(mut e) = qpns.entry(qpn) {
+        let h = e.get_mut();
+        h.ceps = h.ceps.saturating_sub(1);
+        if h.ceps == 0 {
+            e.remove();
+        }
+    }
+}

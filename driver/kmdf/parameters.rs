@@ -1,0 +1,74 @@
+//! The service key's `Parameters` (`HKLM\SYSTEM\CurrentControlSet\Services\ibcm\Parameters`):
+//! the per-handle quotas of non-administrators (README, "Quotas"). Each is a REG_DWORD
+//! read once, when the CM is made; a value missing, unreadable or 0 keeps its default
+//! ([`Quotas::default`]).
+
+use core::sync::atomic::{AtomicPtr, Ordering};
+
+use ibcm_endpoint::Quotas;
+use wdk_sys::{KEY_READ, NT_SUCCESS, ULONG, WDF_NO_OBJECT_ATTRIBUTES, WDFDRIVER, WDFKEY};
+
+use crate::wdf::{self, unicode};
+
+/// The framework driver object (WdfDriverCreate's), whose `Parameters` key this reads.
+static DRIVER: AtomicPtr<core::ffi::c_void> = AtomicPtr::new(core::ptr::null_mut());
+
+/// DriverEntry: the framework driver object, once made.
+pub fn set_driver(driver: WDFDRIVER) {
+    DRIVER.store(driver.cast(), Ordering::Release);
+}
+
+static MAX_ENDPOINTS: [u16; 21] = wdf::utf16("MaxEndpointsPerHandle");
+static MAX_LISTENS: [u16; 19] = wdf::utf16("MaxListensPerHandle");
+static MAX_BACKLOG: [u16; 19] = wdf::utf16("MaxBacklogPerHandle");
+static MAX_QUEUED: [u16; 24] = wdf::utf16("MaxQueuedEventsPerHandle");
+
+/// The quotas, as the registry sets them (PASSIVE_LEVEL).
+pub fn quotas() -> Quotas {
+    let mut quotas = Quotas::default();
+    let driver: WDFDRIVER = DRIVER.load(Ordering::Acquire).cast();
+    if driver.is_null() {
+        return quotas;
+    }
+    let mut key: WDFKEY = core::ptr::null_mut();
+    // SAFETY: (G2) PASSIVE_LEVEL; the driver object (made in DriverEntry) lives until unload; valid out pointer. The key is
+    // closed below.
+    let opened = unsafe {
+        wdk_sys::call_unsafe_wdf_function_binding!(
+            WdfDriverOpenParametersRegistryKey,
+            driver,
+            KEY_READ,
+            WDF_NO_OBJECT_ATTRIBUTES,
+            &raw mut key
+        )
+    };
+    if !NT_SUCCESS(opened) {
+        return quotas;
+    }
+    let values: [(&'static [u16], &mut u32); 4] = [
+        (&MAX_ENDPOINTS, &mut quotas.endpoints),
+        (&MAX_LISTENS, &mut quotas.listens),
+        (&MAX_BACKLOG, &mut quotas.backlog),
+        (&MAX_QUEUED, &mut quotas.queued_events),
+    ];
+    for (name, field) in values {
+        let name = unicode(name);
+        let mut value: ULONG = 0;
+        // SAFETY: (G3) PASSIVE_LEVEL; the key is open; the name and the out pointer are
+        // valid for the call.
+        let read = unsafe {
+            wdk_sys::call_unsafe_wdf_function_binding!(
+                WdfRegistryQueryULong,
+                key,
+                &raw const name,
+                &raw mut value
+            )
+        };
+        if NT_SUCCESS(read) && value != 0 {
+            *field = value;
+        }
+    }
+    // SAFETY: (G4) the key opened above, closed once.
+    unsafe { wdk_sys::call_unsafe_wdf_function_binding!(WdfRegistryClose, key) };
+    quotas
+}
