@@ -1,13 +1,13 @@
 //! The filter device: one per HCA, an upper filter directly above ibbus on the HCA's
-//! device stack (`inf/ibcm.inx` puts "ibcm" right after "ibbus" in the HCA's
-//! `UpperFilters`).
+//! device stack (`ibcm install` puts "ibcm" right after "ibbus" in the HCA's
+//! `UpperFilters`, `usermode-lib/cli/src/upper_filters.rs`).
 //!
 //! - `WdfFdoInitSetFilter`: the framework passes every request this device has no queue
 //!   for down the stack, and this device has no queue and no file object configuration:
 //!   every IRP but the preprocessed `IRP_MN_QUERY_INTERFACE` goes down untouched
 //!   (creates included). It is not the power policy owner.
 //! - `FILE_DEVICE_SECURE_OPEN` on the device; its security descriptor is the devnode's
-//!   (the INF's `Security` value, applied by PnP to every device object of the stack).
+//!   (whatever the base driver's INF set: ibcm's INF leaves the devnode alone).
 //!   An explicit SDDL through `WdfDeviceInitAssignSDDLString` needs a named device object,
 //!   and a filter in a PnP stack is unnamed (the PDO carries the name).
 //! - `WdfDeviceInitAssignWdmIrpPreprocessCallback(IRP_MJ_PNP, IRP_MN_QUERY_INTERFACE)`: the

@@ -7,6 +7,7 @@
 //! - `ibcm cmtime`: connection setup and teardown timed step by step (rdma-core cmtime).
 //! - `ibcm listen` / `ibcm connect`: ucmatose-style exchanges, printing each event.
 //! - `ibcm stats`: the driver's per-attribute message counters.
+//! - `ibcm install` / `ibcm uninstall`: ibcm into or out of the HCAs' `UpperFilters`.
 
 use std::io::IsTerminal;
 use std::path::PathBuf;
@@ -22,6 +23,7 @@ use ibcm_cli::sim::{DriverMemory, Pump, Sim, SimOptions};
 use ibcm_ioctl::CountersOut;
 use indicatif::{ProgressBar, ProgressStyle};
 
+mod cli_install;
 mod cli_rocev2;
 
 #[derive(Parser, Debug)]
@@ -56,6 +58,13 @@ enum Command {
     /// Show the driver's per-attribute message counters (sent, received, duplicates,
     /// retries); on the simulated fabric after a short exchange.
     Stats(StatsArgs),
+    /// Put ibcm into each HCA's UpperFilters directly above ibbus, keeping every other
+    /// filter in its order, and restart the HCA (Windows; --list shows the edit on a
+    /// given list).
+    Install(cli_install::FilterArgs),
+    /// Take ibcm out of each HCA's UpperFilters, leaving the other filters as they were,
+    /// and restart the HCA (Windows; --list shows the edit on a given list).
+    Uninstall(cli_install::FilterArgs),
 }
 
 /// A probability in [0, 1].
@@ -270,7 +279,7 @@ struct StatsArgs {
 }
 
 /// A failure of the command: the message, and the exit code.
-struct Failure(String);
+pub(crate) struct Failure(String);
 
 impl<E: std::fmt::Display> From<E> for Failure {
     fn from(e: E) -> Self {
@@ -286,6 +295,8 @@ fn main() -> ExitCode {
         Command::Listen(a) => exchange_command(&a, true),
         Command::Connect(a) => exchange_command(&a, false),
         Command::Stats(a) => stats_command(&a),
+        Command::Install(a) => cli_install::command(cli_install::Action::Install, &a),
+        Command::Uninstall(a) => cli_install::command(cli_install::Action::Uninstall, &a),
     };
     match result {
         Ok(true) => ExitCode::SUCCESS,
