@@ -12,7 +12,7 @@ use wdk_sys::{
     WDF_NO_OBJECT_ATTRIBUTES, WDFDRIVER, WDFWAITLOCK,
 };
 
-use crate::{filter, verbs_hook, wdf};
+use crate::{event_log, filter, verbs_hook, wdf};
 
 /// Serialises filter-device add and cleanup (the filter count, the control device's
 /// creation and deletion, the host's teardown). A WDFWAITLOCK whose parent is the driver
@@ -43,6 +43,7 @@ pub fn with_filter_lock<R>(f: impl FnOnce(&mut usize) -> R) -> R {
 
 /// The body of `DriverEntry` (PASSIVE_LEVEL).
 pub fn entry(driver: PDRIVER_OBJECT, registry_path: PCUNICODE_STRING) -> NTSTATUS {
+    event_log::init(driver);
     // SAFETY: (R2) the ETW provider (ibcm-etw) is registered at PASSIVE_LEVEL, once per
     // load; every path out of the driver unregisters it (EvtDriverUnload, or below if
     // DriverEntry fails), as `register`'s contract asks.

@@ -16,7 +16,7 @@
 //!   ibbus. [`ibcm_iba_cm::answer`] decides; this routine fills the caller's buffer and
 //!   completes the IRP, or skips its stack location and hands it back to the framework,
 //!   which sends it down (`WdfDeviceWdmDispatchPreprocessedIrp`). Each CM query is logged
-//!   (ETW `CmInterfaceQuery`, and DbgPrint).
+//!   (ETW `CmInterfaceQuery`, and DbgPrint); one passed down also to the System log.
 //! - The same preprocess routine sets the QP1 verbs hook's completion routine
 //!   (`verbs_hook::query_interface_completed`) on `GUID_RDMA_INTERFACE_VERBS` queries when
 //!   this device holds a hook slot (reserved at device add, released at its cleanup),
@@ -42,7 +42,7 @@ use crate::host::{self, Cm, Host};
 use crate::ibal::{self, FilterIbal};
 use crate::verbs_hook::{self, SlotId};
 use crate::wdf::{self, context_type};
-use crate::{control, driver};
+use crate::{control, driver, event_log};
 
 /// The filter device's context.
 pub struct FilterState {
@@ -422,6 +422,7 @@ unsafe extern "C" fn evt_preprocess_query_interface(device: WDFDEVICE, irp: PIRP
                     _ => why.reason(),
                 };
                 ibcm_etw::cm_interface_query(ca_guid, query.Version, query.Size, false, reason);
+                event_log::cm_query_passed_down(ca_guid, why, filter.route());
                 wdk::println!(
                     "ibcm: passed GUID_INFINIBAND_INTERFACE_CM down to AL's CM (CA {ca:#018x}): {reason}"
                 );

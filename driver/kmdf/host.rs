@@ -38,6 +38,7 @@ use wdk_sys::{
     PASSIVE_LEVEL, STATUS_INSUFFICIENT_RESOURCES, WDFDEVICE, WDFDPC, WDFTIMER, WDFWORKITEM,
 };
 
+use crate::event_log;
 use crate::ibal::{self, Port};
 use crate::platform::{KmdfLock, KmdfPlatform};
 
@@ -401,6 +402,7 @@ impl Host {
 pub fn teardown(host: &Host) {
     if let Some(iba_cm) = host.cm().and_then(Cm::iba_cm) {
         iba_cm.begin_removal();
+        event_log::removal_waiting(iba_cm.references());
         host.wait_released();
     }
     host.retire();

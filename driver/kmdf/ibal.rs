@@ -59,7 +59,7 @@ use wdk_sys::{EX_RUNDOWN_REF, GUID, INTERFACE, NT_SUCCESS, NTSTATUS, PVOID, WDFD
 use crate::filter::FilterState;
 use crate::host::{Host, host};
 use crate::platform::KmdfLock;
-use crate::{verbs_hook, wdf};
+use crate::{event_log, verbs_hook, wdf};
 
 // ---------------------------------------------------------------------------------------
 // WinOF declarations
@@ -725,6 +725,7 @@ fn log_route(filter: &FilterState) {
 fn bind_ca(filter: &FilterState) {
     let Some(host) = host() else {
         wdk::println!("ibcm: no control device: this HCA is not bound (AL's CM serves it)");
+        event_log::hca_skipped(0, "ibcm's control device could not be created", 0);
         return;
     };
     if !filter.ibal.binding.load(Ordering::Acquire).is_null() {
@@ -747,6 +748,11 @@ fn bind_ca(filter: &FilterState) {
     };
     if !NT_SUCCESS(status) {
         wdk::println!("ibcm: IBAL interface query failed: {status:#010x}");
+        event_log::hca_skipped(
+            0,
+            "the query for ibbus's access-layer interface failed",
+            status,
+        );
         return;
     }
     if ifc.wdm.Version != AL_INTERFACE_VERSION {
@@ -754,6 +760,11 @@ fn bind_ca(filter: &FilterState) {
         wdk::println!(
             "ibcm: IBAL interface version {} is not {AL_INTERFACE_VERSION}",
             ifc.wdm.Version
+        );
+        event_log::hca_skipped(
+            ifc.ca_guid,
+            "ibbus's access-layer interface is not version 19",
+            0,
         );
         release_interface(&ifc);
         return;
@@ -767,6 +778,11 @@ fn bind_ca(filter: &FilterState) {
         Ok(handles) => handles,
         Err(status) => {
             wdk::println!("ibcm: opening IBAL failed: {status}");
+            event_log::hca_skipped(
+                ca_guid,
+                "opening the access layer, the CA or its PD failed",
+                0,
+            );
             release_interface(&ifc);
             return;
         }
@@ -795,6 +811,11 @@ fn bind_ca(filter: &FilterState) {
     let status = unsafe { (al.reg_pnp)(h_al, &raw const request, &raw mut h_pnp) };
     if status != IB_SUCCESS {
         wdk::println!("ibcm: ib_reg_pnp failed: {status}");
+        event_log::hca_skipped(
+            ca_guid,
+            "the access layer refused ibcm's port notifications",
+            0,
+        );
         unbind(filter);
     }
 }

@@ -21,6 +21,8 @@
 //! - [`verbs_hook`]: the QP1 verbs hook on a stock WinOF host (issue #19): the verbs-table
 //!   patch on ibbus's `GUID_RDMA_INTERFACE_VERBS` query and the thunks around the HCA's
 //!   entries, over `ibcm_qp1_hook`.
+//! - [`event_log`]: System-log entries (source `ibcm`) for what an administrator must
+//!   see: a CM query left to AL's CM, an HCA skipped, removal waiting on clients.
 //! - [`wdf`]: structure sizes, object attributes and typed contexts (wdk-sys has no
 //!   `WDF_*_INIT` helpers or `WDF_DECLARE_CONTEXT_TYPE`).
 //!
@@ -40,6 +42,7 @@ static GLOBAL_ALLOCATOR: wdk_alloc::WdkAllocator = wdk_alloc::WdkAllocator;
 
 mod control;
 mod driver;
+mod event_log;
 mod filter;
 mod host;
 mod ibal;
