@@ -42,7 +42,7 @@ use crate::host::{self, Cm, Host};
 use crate::ibal::{self, FilterIbal};
 use crate::verbs_hook::{self, SlotId};
 use crate::wdf::{self, context_type};
-use crate::{control, driver, event_log};
+use crate::{control, driver, event_log, status};
 
 /// The filter device's context.
 pub struct FilterState {
@@ -181,6 +181,7 @@ pub fn add(driver: WDFDRIVER, mut device_init: PWDFDEVICE_INIT) -> NTSTATUS {
         }
         *count += 1;
         state.counted.store(true, Ordering::Release);
+        status::register(state);
     });
     STATUS_SUCCESS
 }
@@ -221,6 +222,7 @@ unsafe extern "C" fn evt_filter_cleanup(object: WDFOBJECT) {
     if filter.counted.swap(false, Ordering::AcqRel) {
         driver::with_filter_lock(|count| {
             *count = count.saturating_sub(1);
+            status::unregister(filter);
             if *count == 0 {
                 if let Some(host) = host::host() {
                     host::teardown(host);

@@ -1521,3 +1521,24 @@ fn post(binding: &Binding, port: &Port, transmit: &Transmit) -> bool {
     }
     true
 }
+
+/// A live port as STATUS reports it (`status.rs`; under the host port table's lock, which
+/// keeps the port alive).
+pub fn port_status(port: NonNull<Port>) -> ibcm_ioctl::PortStatus {
+    use ibcm_ioctl::status_report::{ROUTE_ORDINARY, ROUTE_STEERING};
+    // SAFETY: (I108) the caller holds the port table's lock: a published port is not
+    // freed before it is unpublished under that lock.
+    let port = unsafe { port.as_ref() };
+    let (route, private_method) = match port.private {
+        None => (ROUTE_ORDINARY, 0),
+        Some(m) => (ROUTE_STEERING, m.get()),
+    };
+    ibcm_ioctl::PortStatus {
+        ca_guid: u64::from_be(port.binding().ca_guid),
+        ca_port: port.ca_port,
+        host_port: port.number,
+        route,
+        private_method,
+        reserved: 0,
+    }
+}

@@ -23,6 +23,7 @@
 //!   entries, over `ibcm_qp1_hook`.
 //! - [`event_log`]: System-log entries (source `ibcm`) for what an administrator must
 //!   see: a CM query left to AL's CM, an HCA skipped, removal waiting on clients.
+//! - [`status`]: STATUS (`ibcm status`): the filter devices' HCAs and the live ports.
 //! - [`wdf`]: structure sizes, object attributes and typed contexts (wdk-sys has no
 //!   `WDF_*_INIT` helpers or `WDF_DECLARE_CONTEXT_TYPE`).
 //!
@@ -47,6 +48,7 @@ mod filter;
 mod host;
 mod ibal;
 mod platform;
+mod status;
 mod verbs_hook;
 mod wdf;
 

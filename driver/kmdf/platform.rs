@@ -305,4 +305,8 @@ impl Platform for KmdfPlatform {
             unsafe { KeStallExecutionProcessor(10) };
         }
     }
+
+    fn fabric_status(&self, out: &mut ibcm_ioctl::StatusOut) {
+        crate::status::fill(out);
+    }
 }

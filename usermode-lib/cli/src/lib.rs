@@ -6,6 +6,8 @@
 //! - [`cmtime`]: connection setup and teardown timed step by step (rdma-core `cmtime`).
 //! - [`exchange`]: ucmatose-style `listen` / `connect` exchanges.
 //! - [`rocev2`]: the same over RoCEv2 on a real interface, as a peer for Linux `rdma_cm`.
+//! - [`status`]: `ibcm status`'s report (text and JSON) of the driver's STATUS and
+//!   COUNTERS.
 //! - [`upper_filters`]: the HCA's `UpperFilters` with ibcm directly above ibbus, or
 //!   without it (`ibcm install` / `ibcm uninstall`); `install_windows` edits the
 //!   devnodes with it.
@@ -19,4 +21,5 @@ pub mod install_windows;
 #[cfg(target_os = "linux")]
 pub mod rocev2;
 pub mod sim;
+pub mod status;
 pub mod upper_filters;
