@@ -192,6 +192,7 @@ unsafe extern "C" fn evt_self_managed_io_init(device: WDFDEVICE) -> NTSTATUS {
     // SAFETY: (F11) the framework passes one of this driver's filter devices.
     let filter = unsafe { filter_of(device) };
     ibal::bind(filter);
+    status::record(filter);
     STATUS_SUCCESS
 }
 

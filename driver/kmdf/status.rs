@@ -1,12 +1,15 @@
-//! STATUS (`ibcm status`) on Windows: `Platform::fabric_status` for the kernel. The HCAs
-//! are the filter devices (registered here under the driver's wait lock at add, taken out
-//! under it at cleanup, so a registered filter is alive while the lock is held); the ports
-//! are the host port table's live ports (read under its lock, `ibal::port_status`). Which
-//! CM a CM query would get now is `ibcm_iba_cm::decide_query`'s answer for the query
-//! WinVerbs and ndfltr send (`wv_driver.c:554-574`, `nd_driver.cpp:737-752`: version 1.1,
-//! the whole interface).
+//! STATUS (`ibcm status`) on Windows: `Platform::fabric_status` for the kernel. Each
+//! filter device (one per HCA) holds a slot, claimed at add and given back at cleanup
+//! (both under the driver's wait lock), and records its HCA's facts there once IBAL is
+//! bound (its route, the reason without one, the verbs table's fate). STATUS reads the
+//! slots' atomics only: it never touches a filter device, takes no wait lock (a request
+//! waiting on it could hold up the control device's deletion, which runs under that
+//! lock), and runs at any IRQL. The ports are the host port table's live ports (under its
+//! spin lock, `ibal::port_status`). Which CM a CM query would get now is
+//! `ibcm_iba_cm::decide_query`'s answer for the query WinVerbs and ndfltr send
+//! (`wv_driver.c:554-574`, `nd_driver.cpp:737-752`: version 1.1, the whole interface).
 
-use core::sync::atomic::{AtomicPtr, Ordering};
+use core::sync::atomic::{AtomicBool, AtomicPtr, AtomicU8, AtomicU64, Ordering};
 
 use ibcm_endpoint::Lock as _;
 use ibcm_iba_cm::abi::{
@@ -18,62 +21,105 @@ use ibcm_ioctl::status_report::{
 };
 use ibcm_ioctl::{HcaStatus, StatusOut};
 use ibcm_qp1_hook::{HcaRoute, Table};
-use wdk_sys::PASSIVE_LEVEL;
-use wdk_sys::ntddk::KeGetCurrentIrql;
 
 use crate::filter::FilterState;
 use crate::host::{self, Cm, Host};
-use crate::{driver, ibal, verbs_hook};
+use crate::{ibal, verbs_hook};
 
 /// Filter devices STATUS knows of at once (StatusOut describes the first
 /// `status_report::MAX_HCAS`; more than this many HCAs go uncounted).
 const SLOTS: usize = 32;
 
-/// The registered filter devices; written and read only under the driver's wait lock.
-static FILTERS: [AtomicPtr<FilterState>; SLOTS] =
-    [const { AtomicPtr::new(core::ptr::null_mut()) }; SLOTS];
+/// One filter device's facts. `owner` identifies the filter (compared, never read
+/// through); the other fields are written by that filter only.
+struct Slot {
+    owner: AtomicPtr<FilterState>,
+    ca_guid: AtomicU64,
+    route: AtomicU8,
+    no_route: AtomicU8,
+    verbs_table: AtomicU8,
+    qp1_route: AtomicBool,
+}
 
-/// A filter device was added (under the driver's wait lock).
+#[allow(clippy::declare_interior_mutable_const)]
+const EMPTY: Slot = Slot {
+    owner: AtomicPtr::new(core::ptr::null_mut()),
+    ca_guid: AtomicU64::new(0),
+    route: AtomicU8::new(ROUTE_NONE),
+    no_route: AtomicU8::new(0),
+    verbs_table: AtomicU8::new(0),
+    qp1_route: AtomicBool::new(false),
+};
+
+static FILTERS: [Slot; SLOTS] = [EMPTY; SLOTS];
+
+fn id(filter: &FilterState) -> *mut FilterState {
+    core::ptr::from_ref(filter).cast_mut()
+}
+
+/// A filter device was added (under the driver's wait lock): it takes a free slot.
 pub fn register(filter: &FilterState) {
-    let ptr = core::ptr::from_ref(filter).cast_mut();
-    if let Some(slot) = FILTERS.iter().find(|s| s.load(Ordering::Relaxed).is_null()) {
-        slot.store(ptr, Ordering::Relaxed);
+    if let Some(slot) = FILTERS
+        .iter()
+        .find(|s| s.owner.load(Ordering::Acquire).is_null())
+    {
+        slot.ca_guid.store(0, Ordering::Relaxed);
+        slot.route.store(ROUTE_NONE, Ordering::Relaxed);
+        slot.no_route.store(0, Ordering::Relaxed);
+        slot.verbs_table.store(0, Ordering::Relaxed);
+        slot.qp1_route.store(false, Ordering::Relaxed);
+        slot.owner.store(id(filter), Ordering::Release);
     }
 }
 
-/// A filter device is going (under the driver's wait lock, before its state is dropped).
+/// The filter's HCA as it stands (after IBAL was bound, PASSIVE_LEVEL).
+pub fn record(filter: &FilterState) {
+    let Some(slot) = FILTERS
+        .iter()
+        .find(|s| s.owner.load(Ordering::Acquire) == id(filter))
+    else {
+        return;
+    };
+    let (route, no_route) = match filter.route() {
+        HcaRoute::Ordinary => (ROUTE_ORDINARY, 0),
+        HcaRoute::Steering => (ROUTE_STEERING, 0),
+        HcaRoute::None(why) => (ROUTE_NONE, why.code()),
+    };
+    let table = filter.hook_slot.map_or(Table::NotSeen, verbs_hook::table);
+    let ca_guid = u64::from_be(filter.ibal.ca_guid.load(Ordering::Relaxed));
+    slot.ca_guid.store(ca_guid, Ordering::Relaxed);
+    slot.route.store(route, Ordering::Relaxed);
+    slot.no_route.store(no_route, Ordering::Relaxed);
+    slot.verbs_table.store(table.code(), Ordering::Relaxed);
+    slot.qp1_route.store(filter.qp1_route(), Ordering::Release);
+}
+
+/// A filter device is going (under the driver's wait lock): its slot is free again.
 pub fn unregister(filter: &FilterState) {
-    let ptr = core::ptr::from_ref(filter).cast_mut();
     for slot in &FILTERS {
-        let _ = slot.compare_exchange(
-            ptr,
+        let _ = slot.owner.compare_exchange(
+            id(filter),
             core::ptr::null_mut(),
-            Ordering::Relaxed,
+            Ordering::AcqRel,
             Ordering::Relaxed,
         );
     }
 }
 
-/// `Platform::fabric_status`: the HCAs (PASSIVE_LEVEL only: the wait lock; a caller at
-/// DISPATCH_LEVEL gets the ports alone) and the ports.
+/// `Platform::fabric_status`: the HCAs (the slots) and the live ports.
 pub fn fill(out: &mut StatusOut) {
-    // SAFETY: (S1) reads the current IRQL; callable at any IRQL.
-    let irql = unsafe { KeGetCurrentIrql() };
-    if u32::from(irql) == PASSIVE_LEVEL {
-        driver::with_filter_lock(|_| {
-            for slot in &FILTERS {
-                let ptr = slot.load(Ordering::Relaxed);
-                // SAFETY: (S2) registered filters are unregistered under this lock before
-                // their state is dropped: the pointee is alive while the lock is held.
-                let Some(filter) = (unsafe { ptr.as_ref() }) else {
-                    continue;
-                };
-                if let Some(h) = out.hcas.get_mut(out.hca_count as usize) {
-                    *h = hca(filter);
-                }
-                out.hca_count += 1;
-            }
-        });
+    let cm_ready = host::host()
+        .and_then(Host::cm)
+        .and_then(Cm::iba_cm)
+        .is_some();
+    for slot in FILTERS
+        .iter()
+        .filter(|s| !s.owner.load(Ordering::Acquire).is_null())
+    {
+        if let Some(h) = out.hcas.get_mut(out.hca_count as usize) {
+            *h = hca(slot, cm_ready);
+        }
+        out.hca_count += 1;
     }
     if let Some(host) = host::host() {
         host.ports.with(|t| {
@@ -87,22 +133,13 @@ pub fn fill(out: &mut StatusOut) {
     }
 }
 
-fn hca(filter: &FilterState) -> HcaStatus {
-    let (route, no_route) = match filter.route() {
-        HcaRoute::Ordinary => (ROUTE_ORDINARY, 0),
-        HcaRoute::Steering => (ROUTE_STEERING, 0),
-        HcaRoute::None(why) => (ROUTE_NONE, why.code()),
-    };
-    let cm_ready = host::host()
-        .and_then(Host::cm)
-        .and_then(Cm::iba_cm)
-        .is_some();
+fn hca(slot: &Slot, cm_ready: bool) -> HcaStatus {
     let decision = decide_query(
         &GUID_INFINIBAND_INTERFACE_CM,
         INFINIBAND_INTERFACE_CM_VERSION,
         core::mem::size_of::<InfinibandInterfaceCm>() as u16,
         cm_ready,
-        filter.qp1_route(),
+        slot.qp1_route.load(Ordering::Acquire),
     );
     let cm = match decision {
         QueryDecision::Answer => CM_IBCM,
@@ -110,14 +147,11 @@ fn hca(filter: &FilterState) -> HcaStatus {
         QueryDecision::PassDown(_) => CM_AL_NOT_READY,
     };
     HcaStatus {
-        ca_guid: u64::from_be(filter.ibal.ca_guid.load(Ordering::Relaxed)),
+        ca_guid: slot.ca_guid.load(Ordering::Relaxed),
         cm,
-        route,
-        no_route,
-        verbs_table: filter
-            .hook_slot
-            .map_or(Table::NotSeen, verbs_hook::table)
-            .code(),
+        route: slot.route.load(Ordering::Relaxed),
+        no_route: slot.no_route.load(Ordering::Relaxed),
+        verbs_table: slot.verbs_table.load(Ordering::Relaxed),
         reserved: 0,
     }
 }
