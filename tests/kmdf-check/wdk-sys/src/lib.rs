@@ -185,10 +185,11 @@ pub struct _IO_STATUS_BLOCK {
 }
 pub type IO_STATUS_BLOCK = _IO_STATUS_BLOCK;
 
-/// wdm.h `IO_STACK_LOCATION`: `Parameters.QueryInterface` only.
+/// wdm.h `IO_STACK_LOCATION`: `Parameters.QueryInterface` only (bindgen numbers that
+/// arm of the `Parameters` union `__bindgen_ty_26` in wdk-sys 0.5.2 from WDK 10.0.22621).
 #[repr(C)]
 #[derive(Debug, Copy, Clone)]
-pub struct _IO_STACK_LOCATION__bindgen_ty_1__bindgen_ty_17 {
+pub struct _IO_STACK_LOCATION__bindgen_ty_1__bindgen_ty_26 {
     pub InterfaceType: *const GUID,
     pub Size: USHORT,
     pub Version: USHORT,
@@ -198,7 +199,7 @@ pub struct _IO_STACK_LOCATION__bindgen_ty_1__bindgen_ty_17 {
 #[repr(C)]
 #[derive(Copy, Clone)]
 pub union _IO_STACK_LOCATION__bindgen_ty_1 {
-    pub QueryInterface: _IO_STACK_LOCATION__bindgen_ty_1__bindgen_ty_17,
+    pub QueryInterface: _IO_STACK_LOCATION__bindgen_ty_1__bindgen_ty_26,
     pub Others: [PVOID; 4],
 }
 #[repr(C)]
