@@ -21,7 +21,6 @@ use alloc::vec::Vec;
 use core::ptr::NonNull;
 use core::sync::atomic::{AtomicBool, AtomicI32, AtomicUsize, Ordering};
 
-use ibcm_cep::Transmit;
 use ibcm_endpoint::{Caller, FileId, oversized_input};
 use wdk_sys::ntddk::{SeCaptureSubjectContext, SeReleaseSubjectContext, SeTokenIsAdmin};
 use wdk_sys::{
@@ -33,7 +32,7 @@ use wdk_sys::{
     WDFDEVICE, WDFDRIVER, WDFFILEOBJECT, WDFOBJECT, WDFQUEUE, WDFREQUEST, WDFTIMER,
 };
 
-use crate::host::{self, HOST, Host};
+use crate::host::{self, HOST, Host, Upcalls};
 use crate::platform::{KmdfRequest, REQUEST_CONTEXT, RequestContext, complete_request};
 use crate::wdf::{self, context_type};
 
@@ -87,7 +86,7 @@ unsafe fn host_of_queue<'a>(queue: WDFQUEUE) -> &'a Host {
 
 /// Creates the control device and its host, and publishes the host in [`HOST`]
 /// (PASSIVE_LEVEL, the driver's wait lock held, from the first filter device's add).
-pub fn create(driver: WDFDRIVER, send: fn(&Host, &Transmit)) -> Result<(), NTSTATUS> {
+pub fn create(driver: WDFDRIVER, upcalls: Upcalls) -> Result<(), NTSTATUS> {
     let sddl = wdf::unicode(&SDDL);
     // SAFETY: (C9) PASSIVE_LEVEL; the driver handle is the framework's; the SDDL string
     // is copied by the framework.
@@ -101,7 +100,7 @@ pub fn create(driver: WDFDRIVER, send: fn(&Host, &Transmit)) -> Result<(), NTSTA
     if init.is_null() {
         return Err(STATUS_INSUFFICIENT_RESOURCES);
     }
-    match create_with(&mut init, send) {
+    match create_with(&mut init, upcalls) {
         Ok(()) => Ok(()),
         Err(status) => {
             if !init.is_null() {
@@ -114,7 +113,7 @@ pub fn create(driver: WDFDRIVER, send: fn(&Host, &Transmit)) -> Result<(), NTSTA
     }
 }
 
-fn create_with(init: &mut PWDFDEVICE_INIT, send: fn(&Host, &Transmit)) -> Result<(), NTSTATUS> {
+fn create_with(init: &mut PWDFDEVICE_INIT, upcalls: Upcalls) -> Result<(), NTSTATUS> {
     let device_init = *init;
     // SAFETY: (C11) `device_init` is the allocated structure, valid until WdfDeviceCreate;
     // non-exclusive: several processes open the CM at once.
@@ -188,7 +187,7 @@ fn create_with(init: &mut PWDFDEVICE_INIT, send: fn(&Host, &Transmit)) -> Result
     // SAFETY: (C18) the context is framework memory sized and aligned for Host, not yet
     // initialised; writing it now, before anything can fail, means the cleanup callback
     // always drops an initialised value.
-    unsafe { host.write(Host::new(device, send)) };
+    unsafe { host.write(Host::new(device, upcalls)) };
     // SAFETY: (C19) just initialised; nothing else can reach it before it is published
     // below (the device takes no request before WdfControlFinishInitializing).
     let host = unsafe { &mut *host };

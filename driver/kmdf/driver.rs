@@ -11,10 +11,11 @@ use wdk_sys::{
     WDF_NO_OBJECT_ATTRIBUTES, WDFDRIVER, WDFWAITLOCK,
 };
 
-use crate::{filter, host, parameters, verbs_hook, wdf};
+use crate::{event_log, filter, host, parameters, verbs_hook, wdf};
 
 /// The body of `DriverEntry` (PASSIVE_LEVEL).
 pub fn entry(driver: PDRIVER_OBJECT, registry_path: PCUNICODE_STRING) -> NTSTATUS {
+    event_log::init(driver);
     // SAFETY: (R2) the ETW provider (ibcm-etw) is registered at PASSIVE_LEVEL, once per
     // load; every path out of the driver unregisters it (EvtDriverUnload, or below if
     // DriverEntry fails), as `register`'s contract asks.

@@ -1,14 +1,15 @@
 //! The filter device: one per HCA, an upper filter directly above ibbus on the HCA's
-//! device stack (`inf/ibcm.inx` puts "ibcm" right after "ibbus" in the HCA's
-//! `UpperFilters`). This file owns every callback of the filter device; what each one does
-//! to the HCA's binding is decided by the portable lifecycle ([`ibcm_lifecycle::Hca`]).
+//! device stack (`ibcm install` puts "ibcm" right after "ibbus" in the HCA's
+//! `UpperFilters`, `usermode-lib/cli/src/upper_filters.rs`). This file owns every callback
+//! of the filter device; what each one does to the HCA's binding is decided by the
+//! portable lifecycle ([`ibcm_lifecycle::Hca`]).
 //!
 //! - `WdfFdoInitSetFilter`: the framework passes every request this device has no queue
 //!   for down the stack, and this device has no queue and no file object configuration:
 //!   every IRP but the preprocessed `IRP_MN_QUERY_INTERFACE` goes down untouched
 //!   (creates included). It is not the power policy owner.
 //! - `FILE_DEVICE_SECURE_OPEN` on the device; its security descriptor is the devnode's
-//!   (the INF's `Security` value, applied by PnP to every device object of the stack).
+//!   (whatever the base driver's INF set: ibcm's INF leaves the devnode alone).
 //!   An explicit SDDL through `WdfDeviceInitAssignSDDLString` needs a named device object,
 //!   and a filter in a PnP stack is unnamed (the PDO carries the name).
 //! - `WdfDeviceInitAssignWdmIrpPreprocessCallback(IRP_MJ_PNP, IRP_MN_QUERY_INTERFACE)`: the
@@ -19,7 +20,7 @@
 //!   routine fills the caller's buffer and completes the IRP, or skips its stack location
 //!   and hands it back to the framework, which sends it down
 //!   (`WdfDeviceWdmDispatchPreprocessedIrp`). Each CM query is logged (ETW
-//!   `CmInterfaceQuery`, and DbgPrint).
+//!   `CmInterfaceQuery`, and DbgPrint); one passed down also to the System log.
 //! - The same preprocess routine sets the QP1 verbs hook's completion routine
 //!   (`verbs_hook::query_interface_completed`) on `GUID_RDMA_INTERFACE_VERBS` queries when
 //!   this device holds a hook slot (reserved at device add, released at its cleanup), and
@@ -40,7 +41,7 @@ use ibcm_endpoint::Lock as _;
 use ibcm_iba_cm::abi::{Guid, InfinibandInterfaceCm};
 use ibcm_iba_cm::{PassDown, QueryDecision, answer, decide_query};
 use ibcm_lifecycle::{Callback, Hca, Mapping, PowerTarget, Step};
-use ibcm_qp1_hook::PrivateMethod;
+use ibcm_qp1_hook::{PrivateMethod, Table};
 use wdk_sys::ntddk::IofCompleteRequest;
 use wdk_sys::{
     _IO_STATUS_BLOCK__bindgen_ty_1, _WDF_POWER_DEVICE_STATE, FILE_DEVICE_SECURE_OPEN,
@@ -51,11 +52,12 @@ use wdk_sys::{
 };
 
 use crate::control;
-use crate::host::{self, Cm, Host};
+use crate::host::{self, Cm, Host, Upcalls};
 use crate::ibal::{self, FilterIbal};
 use crate::platform::KmdfLock;
 use crate::verbs_hook;
 use crate::wdf::{self, context_type};
+use crate::{event_log, status};
 
 /// The filter device's context.
 pub struct FilterState {
@@ -186,6 +188,8 @@ fn attach(
             ensure_control_device(driver);
         }
         *count += 1;
+        // SAFETY: (F10) initialised just above; the device is not started yet.
+        status::register(status::owner(unsafe { &*state }));
     });
     Ok(())
 }
@@ -203,7 +207,11 @@ fn ensure_control_device(driver: WDFDRIVER) {
         }
         return;
     }
-    if let Err(status) = control::create(driver, ibal::send) {
+    let upcalls = Upcalls {
+        send: ibal::send,
+        fabric_status: status::fill,
+    };
+    if let Err(status) = control::create(driver, upcalls) {
         wdk::println!("ibcm: the control device could not be created: {status:#010x}");
     }
 }
@@ -270,6 +278,15 @@ unsafe extern "C" fn evt_d0_entry(
     // SAFETY: (F11) the framework passes one of this driver's filter devices.
     let filter = unsafe { filter_of(device) };
     on(filter, Callback::D0Entry);
+    status::record(
+        status::owner(filter),
+        u64::from_be(filter.ibal.ca_guid.load(Ordering::Relaxed)),
+        filter.ibal.hca_route(),
+        filter
+            .ibal
+            .hook_slot
+            .map_or(Table::NotSeen, verbs_hook::table),
+    );
     STATUS_SUCCESS
 }
 
@@ -304,7 +321,9 @@ unsafe extern "C" fn evt_filter_cleanup(object: WDFOBJECT) {
     // initialised in `add` right after creation.
     let state = unsafe { wdf::context::<FilterState>(object, &FILTER_STATE) };
     // SAFETY: (F14) no callback of the device runs any more; this is the only reference.
-    on(unsafe { &*state }, Callback::Cleanup);
+    let filter = unsafe { &*state };
+    host::with_filters(|_| status::unregister(status::owner(filter)));
+    on(filter, Callback::Cleanup);
     // SAFETY: (F15) initialised in `add`, dropped exactly once here; WDF frees the memory.
     unsafe { core::ptr::drop_in_place(state) };
 }
@@ -511,6 +530,7 @@ unsafe extern "C" fn evt_preprocess_query_interface(device: WDFDEVICE, irp: PIRP
                     _ => why.reason(),
                 };
                 ibcm_etw::cm_interface_query(ca_guid, query.Version, query.Size, false, reason);
+                event_log::cm_query_passed_down(ca_guid, why, filter.ibal.hca_route());
                 wdk::println!(
                     "ibcm: passed GUID_INFINIBAND_INTERFACE_CM down to AL's CM (CA {ca:#018x}): {reason}"
                 );

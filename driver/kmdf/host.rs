@@ -42,6 +42,7 @@ use wdk_sys::{
 
 use alloc::vec::Vec;
 
+use crate::event_log;
 use crate::platform::{self, KmdfLock, KmdfRequest, interrupt_time_100ns};
 
 /// Serialises filter-device add and cleanup (the filter count, the control device's
@@ -226,13 +227,21 @@ impl Cm {
     }
 }
 
+/// What the host calls in the layers above it, given by the control device's creation
+/// (the host knows nothing of IBAL or of filter devices).
+#[derive(Clone, Copy)]
+pub struct Upcalls {
+    /// `Platform::send`: `ibal::send`.
+    pub send: fn(&Host, &Transmit),
+    /// `Platform::fabric_status`: `status::fill`.
+    pub fabric_status: fn(&mut ibcm_ioctl::StatusOut),
+}
+
 /// The host's CM state: the control device's context (see the module documentation).
 pub struct Host {
     /// The control device.
     pub control: WDFDEVICE,
-    /// `Platform::send`: `ibal::send`, given by the control device's creation (the host
-    /// knows nothing of IBAL).
-    send: fn(&Host, &Transmit),
+    upcalls: Upcalls,
     /// The one timer of the dispatch layer.
     pub timer: WDFTIMER,
     /// Drains the receive ring.
@@ -277,12 +286,12 @@ unsafe impl Sync for Host {}
 unsafe impl Send for Host {}
 
 impl Host {
-    /// A host for `control` that sends with `send` (its WDF children are filled in by
+    /// A host for `control` that calls `upcalls` (its WDF children are filled in by
     /// `control::create`).
-    pub fn new(control: WDFDEVICE, send: fn(&Host, &Transmit)) -> Self {
+    pub fn new(control: WDFDEVICE, upcalls: Upcalls) -> Self {
         Self {
             control,
-            send,
+            upcalls,
             timer: core::ptr::null_mut(),
             receive_dpc: core::ptr::null_mut(),
             delivery_dpc: core::ptr::null_mut(),
@@ -384,6 +393,11 @@ impl Host {
     /// for the host's CM's life; `ibcm_lifecycle::HostCm`).
     pub fn cm_verdict(&self) -> bool {
         self.verdict.with(|v| v.answer())
+    }
+
+    /// Whether a CM query would be answered now, deciding nothing (`ibcm status`).
+    pub fn cm_verdict_now(&self) -> bool {
+        self.verdict.with(|v| v.would_answer())
     }
 
     /// An HCA bound (`routed`: with a QP1 route). True when kernel clients already hold
@@ -503,6 +517,10 @@ impl Host {
                 return;
             }
             waited = waited.saturating_add(1);
+            if waited == 1 {
+                // Once, when the wait is long enough for an administrator to notice.
+                event_log::removal_waiting(iba_cm.references());
+            }
             wdk::println!(
                 "ibcm: removal waits for {} iba_cm reference(s) of kernel clients ({} s)",
                 iba_cm.references(),
@@ -617,7 +635,12 @@ impl Platform for KmdfPlatform {
     fn send(&self, transmit: &Transmit) {
         // `ibal::send`, given at the host's creation (`control.rs`).
         let host = self.host();
-        (host.send)(host, transmit);
+        (host.upcalls.send)(host, transmit);
+    }
+
+    fn fabric_status(&self, out: &mut ibcm_ioctl::StatusOut) {
+        // `status::fill`, given at the host's creation (`control.rs`).
+        (self.host().upcalls.fabric_status)(out);
     }
 
     fn complete(&self, request: KmdfRequest, status: i32, information: usize) {

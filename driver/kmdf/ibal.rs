@@ -60,7 +60,7 @@ use wdk_sys::{EX_RUNDOWN_REF, GUID, INTERFACE, NT_SUCCESS, NTSTATUS, PVOID, WDFD
 use crate::host::{Host, HostPort, PortAttributes, host};
 use crate::platform::KmdfLock;
 use crate::verbs_hook::{self, IbQpCreate, SlotId};
-use crate::wdf;
+use crate::{event_log, wdf};
 
 // ---------------------------------------------------------------------------------------
 // WinOF declarations
@@ -710,6 +710,7 @@ fn log_route(filter: &FilterIbal) {
 fn bind_ca(device: WDFDEVICE, filter: &FilterIbal) {
     let Some(host) = host() else {
         wdk::println!("ibcm: no control device: this HCA is not bound (AL's CM serves it)");
+        event_log::hca_skipped(0, "ibcm's control device could not be created", 0);
         return;
     };
     if host.closing.load(Ordering::Acquire) {
@@ -736,6 +737,11 @@ fn bind_ca(device: WDFDEVICE, filter: &FilterIbal) {
     };
     if !NT_SUCCESS(status) {
         wdk::println!("ibcm: IBAL interface query failed: {status:#010x}");
+        event_log::hca_skipped(
+            0,
+            "the query for ibbus's access-layer interface failed",
+            status,
+        );
         return;
     }
     if ifc.wdm.Version != AL_INTERFACE_VERSION {
@@ -743,6 +749,11 @@ fn bind_ca(device: WDFDEVICE, filter: &FilterIbal) {
         wdk::println!(
             "ibcm: IBAL interface version {} is not {AL_INTERFACE_VERSION}",
             ifc.wdm.Version
+        );
+        event_log::hca_skipped(
+            ifc.ca_guid,
+            "ibbus's access-layer interface is not version 19",
+            0,
         );
         release_interface(&ifc);
         return;
@@ -756,6 +767,11 @@ fn bind_ca(device: WDFDEVICE, filter: &FilterIbal) {
         Ok(handles) => handles,
         Err(status) => {
             wdk::println!("ibcm: opening IBAL failed: {status}");
+            event_log::hca_skipped(
+                ca_guid,
+                "opening the access layer, the CA or its PD failed",
+                0,
+            );
             release_interface(&ifc);
             return;
         }
@@ -784,6 +800,11 @@ fn bind_ca(device: WDFDEVICE, filter: &FilterIbal) {
     let status = unsafe { (al.reg_pnp)(h_al, &raw const request, &raw mut h_pnp) };
     if status != IB_SUCCESS {
         wdk::println!("ibcm: ib_reg_pnp failed: {status}");
+        event_log::hca_skipped(
+            ca_guid,
+            "the access layer refused ibcm's port notifications",
+            0,
+        );
         unbind(filter);
     }
 }
@@ -1496,4 +1517,26 @@ fn post(binding: &Binding, port: &Port, transmit: &Transmit) -> bool {
         return false;
     }
     true
+}
+
+/// A live port as STATUS reports it (`status.rs`; under the host port table's lock, which
+/// keeps the port alive).
+pub fn port_status(port: NonNull<HostPort>) -> ibcm_ioctl::PortStatus {
+    use ibcm_ioctl::status_report::{ROUTE_ORDINARY, ROUTE_STEERING};
+    // SAFETY: (I108) the caller holds the port table's lock: a published port is not
+    // freed before it is unpublished under that lock, and a published host port is the
+    // first field of a live `Port` (`#[repr(C)]`, published by `port_added`).
+    let port = unsafe { port.cast::<Port>().as_ref() };
+    let (route, private_method) = match port.private {
+        None => (ROUTE_ORDINARY, 0),
+        Some(m) => (ROUTE_STEERING, m.get()),
+    };
+    ibcm_ioctl::PortStatus {
+        ca_guid: u64::from_be(port.binding().ca_guid),
+        ca_port: port.ca_port,
+        host_port: port.host.number,
+        route,
+        private_method,
+        reserved: 0,
+    }
 }

@@ -27,6 +27,9 @@
 //!   context's identity.
 //! - [`parameters`]: the service key's `Parameters` (the quotas of users' handles).
 //! - `panic`: the panic handler (bug check `IBCM_BUGCHECK` instead of a spin).
+//! - [`event_log`]: System-log entries (source `ibcm`) for what an administrator must
+//!   see: a CM query left to AL's CM, an HCA skipped, removal waiting on clients.
+//! - [`status`]: STATUS (`ibcm status`): the filter devices' HCAs and the live ports.
 //! - [`wdf`]: structure sizes, object attributes and typed contexts (wdk-sys has no
 //!   `WDF_*_INIT` helpers or `WDF_DECLARE_CONTEXT_TYPE`).
 //!
@@ -46,11 +49,13 @@ static GLOBAL_ALLOCATOR: wdk_alloc::WdkAllocator = wdk_alloc::WdkAllocator;
 
 mod control;
 mod driver;
+mod event_log;
 mod filter;
 mod host;
 mod ibal;
 mod parameters;
 mod platform;
+mod status;
 mod verbs_hook;
 mod wdf;
 

@@ -141,9 +141,14 @@ pub mod code {
     /// INIT, RTR and RTS attributes at once, as the active side needs them once the REP
     /// arrived (one call where GET_QP_ATTR takes three).
     pub const GET_QP_TRANSITIONS: u32 = ibcm_ioctl(24);
+    /// [`StatusIn`](super::StatusIn) -> [`StatusOut`](super::StatusOut): the HCAs and
+    /// ports ibcm serves, which CM answers WinVerbs' and ndfltr's query on each HCA, and
+    /// each port's QP1 route (`ibcm status`); the platform fills it
+    /// (`Platform::fabric_status`), with no lock of the dispatch layer held.
+    pub const STATUS: u32 = ibcm_ioctl(25);
 
     /// Every code, in order.
-    pub const ALL: [u32; 25] = [
+    pub const ALL: [u32; 26] = [
         VERSION,
         CREATE,
         DESTROY,
@@ -169,6 +174,7 @@ pub mod code {
         SIDR_REP,
         MIGRATE,
         GET_QP_TRANSITIONS,
+        STATUS,
     ];
 }
 
@@ -895,6 +901,95 @@ record! {
 }
 
 record! {
+    /// STATUS input.
+    pub struct StatusIn {
+        /// `size_of::<StatusIn>()`.
+        pub size: u32,
+        /// Zero.
+        pub reserved: u32,
+    } size 8
+}
+
+/// What STATUS reports: the values of [`HcaStatus`] and [`PortStatus`] fields.
+pub mod status_report {
+    /// HCAs in one [`StatusOut`](super::StatusOut) (more are counted, not described).
+    pub const MAX_HCAS: usize = 8;
+    /// Ports in one [`StatusOut`](super::StatusOut).
+    pub const MAX_PORTS: usize = 16;
+
+    /// `HcaStatus::cm`: ibcm answers the query for `GUID_INFINIBAND_INTERFACE_CM` 1.1.
+    pub const CM_IBCM: u8 = 1;
+    /// `HcaStatus::cm`: AL's CM answers (ibcm passes the query down): no QP1 route on
+    /// the HCA (`HcaStatus::no_route` says why).
+    pub const CM_AL_NO_ROUTE: u8 = 2;
+    /// `HcaStatus::cm`: AL's CM answers: ibcm's CM has no port yet (or is being
+    /// removed).
+    pub const CM_AL_NOT_READY: u8 = 3;
+
+    /// `HcaStatus::route` / `PortStatus::route`: none (AL's CM gets the CM MADs).
+    pub const ROUTE_NONE: u8 = 0;
+    /// The ordinary CM MAD service ({Send, Get} on the port's QP1 alias).
+    pub const ROUTE_ORDINARY: u8 = 1;
+    /// QP1 steering by the verbs hook ({M, Get} with a private method M).
+    pub const ROUTE_STEERING: u8 = 2;
+}
+
+record! {
+    /// One HCA in [`StatusOut`].
+    pub struct HcaStatus {
+        /// The CA GUID (host order; 0 while IBAL is not bound).
+        pub ca_guid: u64,
+        /// Which CM answers WinVerbs' and ndfltr's query now (`status_report::CM_*`).
+        pub cm: u8,
+        /// The HCA's QP1 route (`status_report::ROUTE_*`).
+        pub route: u8,
+        /// Without a route, why: `ibcm_qp1_hook::NoRoute::code` (0 with a route).
+        pub no_route: u8,
+        /// What became of ibbus's verbs table: `ibcm_qp1_hook::Table::code`.
+        pub verbs_table: u8,
+        /// Zero.
+        pub reserved: u32,
+    } size 16
+}
+
+record! {
+    /// One port in [`StatusOut`].
+    pub struct PortStatus {
+        /// The CA GUID (host order).
+        pub ca_guid: u64,
+        /// The CA's port number.
+        pub ca_port: u8,
+        /// ibcm's host-wide port number (what paths and QP attributes name).
+        pub host_port: u8,
+        /// The port's QP1 route (`status_report::ROUTE_*`).
+        pub route: u8,
+        /// With steering, the private method M (0 otherwise).
+        pub private_method: u8,
+        /// Zero.
+        pub reserved: u32,
+    } size 16
+}
+
+record! {
+    /// STATUS output. `hca_count` / `port_count` may exceed the arrays: the rest are
+    /// not described.
+    pub struct StatusOut {
+        /// `size_of::<StatusOut>()`.
+        pub size: u32,
+        /// Zero.
+        pub reserved: u32,
+        /// HCAs ibcm's filter is on.
+        pub hca_count: u32,
+        /// Ports ibcm has bound.
+        pub port_count: u32,
+        /// The first [`status_report::MAX_HCAS`] HCAs.
+        pub hcas: [HcaStatus; status_report::MAX_HCAS],
+        /// The first [`status_report::MAX_PORTS`] ports.
+        pub ports: [PortStatus; status_report::MAX_PORTS],
+    } size 400
+}
+
+record! {
     /// LAP input.
     pub struct LapIn {
         /// `size_of::<LapIn>()`.
@@ -1052,6 +1147,7 @@ mod tests {
         assert_eq!(code::CREATE, 0x003B_E004);
         assert_eq!(code::COUNTERS, 0x003B_E044);
         assert_eq!(code::MIGRATE, 0x003B_E05C);
+        assert_eq!(code::STATUS, 0x003B_E064);
         for (n, c) in code::ALL.iter().enumerate() {
             assert_eq!(*c, 0x003B_E000 + 4 * n as u32);
         }
@@ -1071,6 +1167,9 @@ mod tests {
         assert_eq!(offset_of!(RejIn, ari), 24);
         assert_eq!(offset_of!(MraIn, private_data), 24);
         assert_eq!(offset_of!(CountersOut, malformed), 392);
+        assert_eq!(offset_of!(StatusOut, hcas), 16);
+        assert_eq!(offset_of!(StatusOut, ports), 144);
+        assert_eq!(offset_of!(PortStatus, route), 10);
     }
 
     #[test]

@@ -2,7 +2,9 @@
 
 use std::sync::Arc;
 
-use ibcm_ioctl::{ABI_VERSION, CountersIn, CountersOut, VersionIn, VersionOut, code, status};
+use ibcm_ioctl::{
+    ABI_VERSION, CountersIn, CountersOut, StatusIn, StatusOut, VersionIn, VersionOut, code, status,
+};
 use zerocopy::{FromBytes, Immutable, IntoBytes};
 
 use crate::backend::Backend;
@@ -129,6 +131,18 @@ impl Provider {
         };
         blocking("counters", || {
             self.ioctl_out("counters", code::COUNTERS, c.as_bytes())
+        })
+    }
+
+    /// The HCAs and ports the driver serves: which CM answers WinVerbs and ndfltr on each
+    /// HCA, and each port's QP1 route (`ibcm status`).
+    pub fn status(&self) -> Result<StatusOut> {
+        let s = StatusIn {
+            size: StatusIn::SIZE,
+            reserved: 0,
+        };
+        blocking("status", || {
+            self.ioctl_out("status", code::STATUS, s.as_bytes())
         })
     }
 }

@@ -11,6 +11,7 @@ use alloc::vec::Vec;
 
 mod client;
 mod endpoint;
+mod fabric_status;
 mod ioctl;
 mod memory;
 mod policy;
@@ -344,6 +345,9 @@ impl<P: Platform> Device<P> {
     /// completed, now or (GET_EVENT) when an event arrives, is cancelled, or the handle
     /// closes.
     pub fn dispatch(&self, file: FileId, request: P::Request, code: u32, input: &[u8]) {
+        if code == ibcm_ioctl::code::STATUS {
+            return self.status(file, request, input);
+        }
         let now = self.platform.now();
         let unqueued = self.run(|i| {
             // Room for what an IOCTL completes and sends (its own completion, the

@@ -59,4 +59,10 @@ pub trait Platform {
     /// Lets another thread run while `destroy_id` waits for a callback on another thread
     /// to return (a short delay at PASSIVE_LEVEL).
     fn relax(&self) {}
+    /// Fills STATUS's HCAs and ports (`out.hca_count`, `out.port_count` and the arrays;
+    /// the dispatch layer set `size`). Called with no lock of the dispatch layer held, at
+    /// the IOCTL caller's IRQL. The default reports none.
+    fn fabric_status(&self, out: &mut ibcm_ioctl::StatusOut) {
+        let _ = out;
+    }
 }

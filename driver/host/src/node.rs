@@ -60,6 +60,7 @@ impl Node {
     /// A node with `config` at `address`, reading time from `clock`.
     pub fn new(config: CmConfig, address: MadAddress, clock: Arc<Clock>, wake: Arc<Wake>) -> Self {
         let platform = HostPlatform::new(clock, wake);
+        platform.set_hca(config.ca_guid, address.port);
         let device = Device::new(platform.clone(), config);
         // The node's one port, as the HCA's PnP would announce it (a simulated node has
         // room for one GID; a port without a LID is a RoCE port, not checked by LID).

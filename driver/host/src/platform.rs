@@ -142,6 +142,8 @@ pub struct HostPlatform {
     /// A DISPATCH_LEVEL path asked for PASSIVE_LEVEL work (the WDFWORKITEM's stand-in:
     /// the fabric runs it between deliveries).
     passive_work: Arc<std::sync::atomic::AtomicBool>,
+    /// The node's simulated HCA, (CA GUID, port), for STATUS.
+    hca: Arc<Mutex<Option<(u64, u8)>>>,
 }
 
 impl core::fmt::Debug for HostPlatform {
@@ -163,7 +165,13 @@ impl HostPlatform {
             timer: Arc::new(Mutex::new(None)),
             wake,
             passive_work: Arc::new(std::sync::atomic::AtomicBool::new(false)),
+            hca: Arc::new(Mutex::new(None)),
         }
+    }
+
+    /// The node's HCA as STATUS reports it: `ca_guid` with one port, `port`.
+    pub fn set_hca(&self, ca_guid: u64, port: u8) {
+        *self.hca.lock().unwrap_or_else(PoisonError::into_inner) = Some((ca_guid, port));
     }
 
     /// Whether PASSIVE_LEVEL work was asked for since the last call (and forgets it).
@@ -267,6 +275,24 @@ impl Platform for HostPlatform {
         self.passive_work
             .store(true, std::sync::atomic::Ordering::Release);
         self.wake.notify();
+    }
+
+    /// The simulated node: one HCA with one port, its CM MADs all ibcm's (the fabric has
+    /// no AL CM), so ibcm answers the CM query and the route is the ordinary service.
+    fn fabric_status(&self, out: &mut ibcm_ioctl::StatusOut) {
+        use ibcm_ioctl::status_report::{CM_IBCM, ROUTE_ORDINARY};
+        let Some((ca_guid, port)) = *self.hca.lock().unwrap_or_else(PoisonError::into_inner) else {
+            return;
+        };
+        out.hca_count = 1;
+        out.hcas[0].ca_guid = ca_guid;
+        out.hcas[0].cm = CM_IBCM;
+        out.hcas[0].route = ROUTE_ORDINARY;
+        out.port_count = 1;
+        out.ports[0].ca_guid = ca_guid;
+        out.ports[0].ca_port = port;
+        out.ports[0].host_port = port;
+        out.ports[0].route = ROUTE_ORDINARY;
     }
 
     fn tracer(&self) -> Option<&'static dyn ibcm_endpoint::DispatchTracer> {

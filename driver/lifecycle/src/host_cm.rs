@@ -58,9 +58,13 @@ impl HostCm {
 
     /// A CM query on any HCA: whether ibcm answers it. The first one decides.
     pub fn answer(&mut self) -> bool {
-        let bound = self.bound;
-        let unrouted = self.unrouted;
-        *self.verdict.get_or_insert(bound > 0 && unrouted == 0)
+        let now = self.would_answer();
+        *self.verdict.get_or_insert(now)
+    }
+
+    /// Whether a CM query would be answered now, deciding nothing (`ibcm status`).
+    pub fn would_answer(&self) -> bool {
+        self.verdict.unwrap_or(self.bound > 0 && self.unrouted == 0)
     }
 
     /// The verdict, once decided.

@@ -6,11 +6,20 @@
 //! - [`cmtime`]: connection setup and teardown timed step by step (rdma-core `cmtime`).
 //! - [`exchange`]: ucmatose-style `listen` / `connect` exchanges.
 //! - [`rocev2`]: the same over RoCEv2 on a real interface, as a peer for Linux `rdma_cm`.
+//! - [`status`]: `ibcm status`'s report (text and JSON) of the driver's STATUS and
+//!   COUNTERS.
+//! - [`upper_filters`]: the HCA's `UpperFilters` with ibcm directly above ibbus, or
+//!   without it (`ibcm install` / `ibcm uninstall`); `install_windows` edits the
+//!   devnodes with it.
 #![deny(unsafe_code)]
 #![warn(missing_docs)]
 
 pub mod cmtime;
 pub mod exchange;
+#[cfg(windows)]
+pub mod install_windows;
 #[cfg(target_os = "linux")]
 pub mod rocev2;
 pub mod sim;
+pub mod status;
+pub mod upper_filters;

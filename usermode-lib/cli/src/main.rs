@@ -7,6 +7,8 @@
 //! - `ibcm cmtime`: connection setup and teardown timed step by step (rdma-core cmtime).
 //! - `ibcm listen` / `ibcm connect`: ucmatose-style exchanges, printing each event.
 //! - `ibcm stats`: the driver's per-attribute message counters.
+//! - `ibcm status`: HCAs, ports, which CM serves them, QP1 routes, counters.
+//! - `ibcm install` / `ibcm uninstall`: ibcm into or out of the HCAs' `UpperFilters`.
 
 use std::io::IsTerminal;
 use std::path::PathBuf;
@@ -19,9 +21,11 @@ use ibcm::{Faults, Provider};
 use ibcm_cli::cmtime::{self, Progress, Report, Timing};
 use ibcm_cli::exchange::{self, PathEnd, Service};
 use ibcm_cli::sim::{DriverMemory, Pump, Sim, SimOptions};
+use ibcm_cli::status::{self, ATTRIBUTES};
 use ibcm_ioctl::CountersOut;
 use indicatif::{ProgressBar, ProgressStyle};
 
+mod cli_install;
 mod cli_rocev2;
 
 #[derive(Parser, Debug)]
@@ -56,6 +60,18 @@ enum Command {
     /// Show the driver's per-attribute message counters (sent, received, duplicates,
     /// retries); on the simulated fabric after a short exchange.
     Stats(StatsArgs),
+    /// Show the HCAs and ports ibcm serves, which CM answers WinVerbs and ndfltr on each
+    /// HCA, each port's QP1 route and why, and the message counters (--device: the
+    /// installed driver; otherwise the simulated fabric's two nodes after a short
+    /// exchange).
+    Status(StatusArgs),
+    /// Put ibcm into each HCA's UpperFilters directly above ibbus, keeping every other
+    /// filter in its order, and restart the HCA (Windows; --list shows the edit on a
+    /// given list).
+    Install(cli_install::FilterArgs),
+    /// Take ibcm out of each HCA's UpperFilters, leaving the other filters as they were,
+    /// and restart the HCA (Windows; --list shows the edit on a given list).
+    Uninstall(cli_install::FilterArgs),
 }
 
 /// A probability in [0, 1].
@@ -269,8 +285,20 @@ struct StatsArgs {
     fabric: FabricArgs,
 }
 
+#[derive(Args, Debug)]
+struct StatusArgs {
+    /// Print JSON (one object per device, in an array) instead of text.
+    #[arg(long)]
+    json: bool,
+    /// Connections of the exchange run first on the simulated fabric.
+    #[arg(short = 'c', long, default_value = "10", value_parser = positive)]
+    connections: usize,
+    #[command(flatten)]
+    fabric: FabricArgs,
+}
+
 /// A failure of the command: the message, and the exit code.
-struct Failure(String);
+pub(crate) struct Failure(String);
 
 impl<E: std::fmt::Display> From<E> for Failure {
     fn from(e: E) -> Self {
@@ -286,6 +314,9 @@ fn main() -> ExitCode {
         Command::Listen(a) => exchange_command(&a, true),
         Command::Connect(a) => exchange_command(&a, false),
         Command::Stats(a) => stats_command(&a),
+        Command::Status(a) => status_command(&a),
+        Command::Install(a) => cli_install::command(cli_install::Action::Install, &a),
+        Command::Uninstall(a) => cli_install::command(cli_install::Action::Uninstall, &a),
     };
     match result {
         Ok(true) => ExitCode::SUCCESS,
@@ -652,21 +683,6 @@ fn print_faults(sim: &Sim) {
     );
 }
 
-const ATTRIBUTES: [&str; 12] = [
-    "REQ",
-    "MRA",
-    "REJ",
-    "REP",
-    "RTU",
-    "DREQ",
-    "DREP",
-    "SIDR_REQ",
-    "SIDR_REP",
-    "LAP",
-    "APR",
-    "ClassPortInfo",
-];
-
 fn print_counters(providers: &[(&str, &Provider)]) {
     for (name, p) in providers {
         match p.counters() {
@@ -809,4 +825,43 @@ fn stats_command(a: &StatsArgs) -> Result<bool, Failure> {
     drop((client, server));
     write_capture(&a.fabric, &sim)?;
     Ok(report.established == report.connections)
+}
+
+fn status_command(a: &StatusArgs) -> Result<bool, Failure> {
+    let report = |name: &str, p: &Provider| -> Result<serde_json::Value, Failure> {
+        let s = p.status()?;
+        let c = p.counters()?;
+        if a.json {
+            Ok(status::json(name, &s, &c))
+        } else {
+            print!("{}", status::text(name, &s, &c));
+            Ok(serde_json::Value::Null)
+        }
+    };
+    let reports = if a.fabric.device {
+        vec![report("device", &device()?)?]
+    } else {
+        let sim = Arc::new(a.fabric.sim(true));
+        let (client, server) = (sim.provider(0)?, sim.provider(1)?);
+        let cfg = cmtime::Config {
+            connections: a.connections,
+            ..cmtime::Config::default()
+        };
+        let run = cmtime::run(&client, &server, &*sim, &cfg, &|_| {})?;
+        if !a.json {
+            println!(
+                "status: the two nodes of the {}, after {} connections set up and torn down",
+                a.fabric.describe(&sim),
+                run.connections
+            );
+        }
+        vec![
+            report("node 0 (client)", &client)?,
+            report("node 1 (server)", &server)?,
+        ]
+    };
+    if a.json {
+        println!("{}", serde_json::to_string_pretty(&reports)?);
+    }
+    Ok(true)
 }

@@ -93,6 +93,26 @@ pub type PPROCESSOR_NUMBER = *mut _PROCESSOR_NUMBER;
 /// wdm.h `typedef LARGE_INTEGER PHYSICAL_ADDRESS`.
 pub type PHYSICAL_ADDRESS = LARGE_INTEGER;
 
+/// wdm.h `IO_ERROR_LOG_PACKET` (the driver-filled error log entry, strings after it).
+#[repr(C)]
+#[derive(Copy, Clone)]
+pub struct _IO_ERROR_LOG_PACKET {
+    pub MajorFunctionCode: UCHAR,
+    pub RetryCount: UCHAR,
+    pub DumpDataSize: USHORT,
+    pub NumberOfStrings: USHORT,
+    pub StringOffset: USHORT,
+    pub EventCategory: USHORT,
+    pub ErrorCode: NTSTATUS,
+    pub UniqueErrorValue: ULONG,
+    pub FinalStatus: NTSTATUS,
+    pub SequenceNumber: ULONG,
+    pub IoControlCode: ULONG,
+    pub DeviceOffset: LARGE_INTEGER,
+    pub DumpData: [ULONG; 1],
+}
+pub type IO_ERROR_LOG_PACKET = _IO_ERROR_LOG_PACKET;
+
 /// wdm.h `INTERFACE`.
 pub type PINTERFACE_REFERENCE = Option<unsafe extern "C" fn(Context: PVOID)>;
 pub type PINTERFACE_DEREFERENCE = Option<unsafe extern "C" fn(Context: PVOID)>;
@@ -608,6 +628,8 @@ pub mod ntddk {
         pub fn SeCaptureSubjectContext(SubjectContext: PSECURITY_SUBJECT_CONTEXT);
         pub fn SeReleaseSubjectContext(SubjectContext: PSECURITY_SUBJECT_CONTEXT);
         pub fn SeTokenIsAdmin(Token: PACCESS_TOKEN) -> BOOLEAN;
+        pub fn IoAllocateErrorLogEntry(IoObject: PVOID, EntrySize: UCHAR) -> PVOID;
+        pub fn IoWriteErrorLogEntry(ElEntry: PVOID);
     }
 }
 
