@@ -39,6 +39,7 @@ mod sidr;
 mod state;
 mod steer;
 mod timers;
+mod waiting;
 
 use lookup::{KeyedHash, PeerMap};
 pub use memory::EngineMemory;
@@ -210,6 +211,8 @@ pub struct CmManager {
     /// The private data CEPs keep for repeats (src/pdata_pool.rs).
     pdata: PdataPool,
     counters: Counters,
+    /// REQs not answered yet, and the MRAs that keep their senders waiting.
+    waiting: waiting::Waiting,
     trace: TraceHook,
 }
 
@@ -253,6 +256,7 @@ impl CmManager {
             events: VecDeque::new(),
             pdata: PdataPool::new(),
             counters: Counters::default(),
+            waiting: waiting::Waiting::default(),
             trace: TraceHook::default(),
         }
     }
@@ -646,6 +650,7 @@ impl CmManager {
             && slot.generation & 0xff == id.tag()
             && let Some(c) = slot.cep.take()
         {
+            self.waiting.on_release(c.state);
             // Its private data goes back to the pool (never allocates).
             for held in [c.pdata, c.mra_pdata, c.apr_info] {
                 self.pdata.free(held);

@@ -14,7 +14,8 @@ impl CmManager {
         let to = state.name();
         let Some(c) = self.cep_mut(id) else { return };
         let from = c.state.name();
-        c.state = state;
+        let old = core::mem::replace(&mut c.state, state);
+        self.waiting.on_state(old, state);
         // The comm ID is derived (src/comm_id.rs): only for a tracer.
         if !self.trace.installed() {
             return;
