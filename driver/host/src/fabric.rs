@@ -385,6 +385,11 @@ impl Fabric {
             for &slot in slots {
                 self.link.release(slot);
             }
+            // The work item a receive DPC queued runs at once, as it would on another
+            // CPU, not after the whole burst.
+            if let Some(node) = self.nodes.get(to) {
+                node.run_passive_work();
+            }
         }
         for node in &self.nodes {
             if node.platform.timer().is_some_and(|t| t.as_nanos() <= now) {
