@@ -426,9 +426,7 @@ pub fn run(
             &acceptor,
         );
     }
-    // Nothing legitimately stays pending longer than a request's whole retry budget (a
-    // step may need two: a lost REP is re-sent only after the REQ's retries ask for it).
-    let stall = cfg.timing.request_lifetime() * 2 + Duration::from_secs(5);
+    let stall = stall_limit(&cfg);
     let mut stalls = 0usize;
 
     let memory_before = pump.driver_memory();
@@ -446,7 +444,7 @@ pub fn run(
             .map(|ids| {
                 let (sh, done) = (&sh, &done);
                 let pacer = pacer.as_ref();
-                s.spawn(move || setup_share(client, pump, sh, ids, stall, done, progress, pacer))
+                s.spawn(move || setup_share(client, pump, sh, ids, done, progress, pacer))
             })
             .collect();
         handles
@@ -573,6 +571,13 @@ pub fn run(
         server_memory_peak,
         time_to_all_ns: time_to_all(&sh.times),
     })
+}
+
+/// How long nothing may complete before what is pending counts as stalled: nothing
+/// legitimately stays pending longer than a request's whole retry budget (a step may
+/// need two: a lost REP is re-sent only after the REQ's retries ask for it).
+fn stall_limit(cfg: &Config) -> Duration {
+    cfg.timing.request_lifetime() * 2 + Duration::from_secs(5)
 }
 
 /// From the first REQ to the last connection established on the server, ns.
@@ -895,12 +900,12 @@ fn setup_share(
     pump: &dyn Pump,
     sh: &Arc<Shared>,
     ids: Vec<usize>,
-    stall: Duration,
     done: &AtomicUsize,
     progress: &(dyn Fn(Progress) + Sync),
     pacer: Option<&Mutex<Pacer>>,
 ) -> Share<ConnectEndpoint> {
     let cfg = sh.cfg;
+    let stall = stall_limit(&cfg);
     let n = cfg.connections;
     let window = (cfg.window / cfg.threads).max(1);
     let mut ids = ids.into_iter();
