@@ -632,8 +632,12 @@ impl Pacer {
         if self.stopped {
             return Duration::MAX;
         }
+        // A take waits for a request: look again after one interval (its completion
+        // wakes no one; waiting for the next MAD of the client's could make the
+        // application late, and every later take with it).
+        let poll = Duration::from_nanos(self.interval_ns);
         if self.current.as_ref().is_some_and(|o| !o.is_done()) {
-            return Duration::MAX;
+            return poll;
         }
         if self.current.take().is_some() {
             self.taken += 1;
@@ -672,7 +676,7 @@ impl Pacer {
             &o,
         );
         self.current = Some(o);
-        Duration::MAX
+        poll
     }
 
     /// Ends the taking (the listener's cancel ends a take in progress); returns the
