@@ -41,6 +41,7 @@ mod sidr;
 mod state;
 mod steer;
 mod timers;
+mod waiting;
 
 use lookup::{KeyedHash, PeerMap};
 pub use memory::EngineMemory;
@@ -214,6 +215,8 @@ pub struct CmManager {
     /// The private data CEPs keep for repeats (src/pdata_pool.rs).
     pdata: PdataPool,
     counters: Counters,
+    /// REQs not answered yet, and the MRAs that keep their senders waiting.
+    waiting: waiting::Waiting,
     trace: TraceHook,
 }
 
@@ -258,6 +261,7 @@ impl CmManager {
             events: VecDeque::new(),
             pdata: PdataPool::new(),
             counters: Counters::default(),
+            waiting: waiting::Waiting::default(),
             trace: TraceHook::default(),
         }
     }
@@ -658,6 +662,7 @@ impl CmManager {
             if local_qpn::binds(c.state) {
                 local_qpn::unbind(&mut self.local_qpns, c.local_qpn);
             }
+            self.waiting.on_release(c.state);
             // Its private data goes back to the pool (never allocates).
             for held in [c.pdata, c.mra_pdata, c.apr_info] {
                 self.pdata.free(held);

@@ -2435,8 +2435,11 @@ fn backlog_drops_silently_and_the_retry_gets_in() {
         panic!()
     };
     assert_eq!(info.remote_qpn, QPN_A + 2);
-    // The accepted one got its REP first; the other two retried once each.
-    assert_eq!(retries(&p.a, AttributeId::Req), 2);
+    // The accepted one got its REP first. The second, held unanswered, got an MRA at
+    // half its sender's response timeout and waited instead of retrying (waiting.rs);
+    // only the dropped third retried.
+    assert_eq!(p.b.counters().sent[slot(AttributeId::Mra)], 1);
+    assert_eq!(retries(&p.a, AttributeId::Req), 1);
     assert_sent(&mut p, Side::B, AttributeId::Rej, 0);
     let cleanup: Vec<CepId> = p
         .events(Side::B)
@@ -2445,6 +2448,37 @@ fn backlog_drops_silently_and_the_retry_gets_in() {
         .chain([l])
         .collect();
     finish(p, &ceps, &cleanup);
+}
+
+/// A REQ its application leaves unanswered past half the sender's response timeout
+/// gets an MRA (IBA 12.6.6) whose ServiceTimeout covers the wait; the sender waits
+/// instead of retrying (it honours one MRA: Linux `cm_mra_handler`, WinOF
+/// `__mra_handler` al_cm_cep.c:1375-1379), and the late REP still connects. Before
+/// waiting.rs the REQ was re-sent every response timeout.
+#[test]
+fn unanswered_req_gets_an_mra_and_its_sender_waits() {
+    let mut p = Pair::new(13);
+    let l = listen_on(&mut p, Pair::listen_params(SID, 8));
+    let a = connect_new(&mut p, SID, QPN_A);
+    settle(&mut p);
+    assert_eq!(req_events(&p), 1);
+    let b = p.last_request().unwrap();
+    p.b.take_request(b).unwrap();
+    // The application thinks for three of the sender's retry intervals.
+    let think = 3 * REQ_WAIT;
+    p.drive_for(think);
+    assert_eq!(p.b.counters().sent[slot(AttributeId::Mra)], 1);
+    assert_state(&p.b, b, S::MraReqSent);
+    assert_state(&p.a, a, S::MraReqRcvd);
+    assert_eq!(retries(&p.a, AttributeId::Req), 0);
+    let now = p.now;
+    p.b.accept(now, b, &rp()).unwrap();
+    settle(&mut p);
+    assert_state(&p.a, a, S::RepRcvd);
+    assert_eq!(retries(&p.a, AttributeId::Req), 0);
+    assert_eq!(p.b.counters().duplicates[slot(AttributeId::Req)], 0);
+    let cleanup = [b, l];
+    finish(p, &[a], &cleanup);
 }
 
 // ---- destroy ------------------------------------------------------------------------------

@@ -450,7 +450,8 @@ impl<P: Platform> Device<P> {
                     // batches hold it, and the engine's queues stay as short as for one.
                     i.drain();
                 }
-                false
+                // Grow the pool before it runs out, not after a batch was dropped.
+                i.records.running_low()
             });
             if short {
                 self.platform.request_passive_work();
@@ -481,7 +482,7 @@ impl<P: Platform> Device<P> {
             i.room_retry = None;
             i.cm.handle_timeout(now);
             // Timewait exits free CEPs at DISPATCH_LEVEL; their memory goes back at PASSIVE.
-            i.cm.trim_due(0)
+            i.cm.trim_due(0) || i.records.running_low()
         });
         if short {
             self.platform.request_passive_work();

@@ -321,6 +321,22 @@ impl Fabric {
         true
     }
 
+    /// [`step`](Self::step), but never past `end` (ns): when the next event is later,
+    /// virtual time advances to `end` and nothing is delivered (a waiter that keeps time
+    /// of its own, such as an application modelled to act at a set rate, wakes on time).
+    /// Returns false when nothing is left to happen.
+    pub fn step_until(&mut self, end: u64) -> bool {
+        self.collect();
+        let Some(at) = self.next_event() else {
+            return false;
+        };
+        if at > end {
+            self.clock.advance_to(Instant::from_nanos(end));
+            return true;
+        }
+        self.step()
+    }
+
     fn deliver_due(&mut self) {
         let now = self.clock.now().as_nanos();
         // What is due now, in order, each receiver taking the MADs due for it in runs (as
@@ -368,6 +384,11 @@ impl Fabric {
             }
             for &slot in slots {
                 self.link.release(slot);
+            }
+            // The work item a receive DPC queued runs at once, as it would on another
+            // CPU, not after the whole burst.
+            if let Some(node) = self.nodes.get(to) {
+                node.run_passive_work();
             }
         }
         for node in &self.nodes {

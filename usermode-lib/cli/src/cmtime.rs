@@ -101,6 +101,13 @@ pub struct Config {
     pub client: PathEnd,
     /// The server's end.
     pub server: PathEnd,
+    /// The server's listen backlog: REQs the driver holds for the application before
+    /// it takes them.
+    pub backlog: u32,
+    /// The server application's accept rate, requests per second of the fabric's clock
+    /// (None: as fast as it can). Modelled: it takes a request, then the next one 1/R
+    /// later, so N connections cannot all be up before N/R.
+    pub accept_rate: Option<u32>,
 }
 
 impl Default for Config {
@@ -113,6 +120,8 @@ impl Default for Config {
             timing: Timing::default(),
             client: PathEnd::sim_node(0),
             server: PathEnd::sim_node(1),
+            backlog: 4096,
+            accept_rate: None,
         }
     }
 }
@@ -284,6 +293,12 @@ pub struct Report {
     /// Each node's driver memory before the run, with every connection established, and
     /// after the teardown (when the pump can tell: the simulated fabric).
     pub driver_memory: Option<[Vec<DriverMemory>; 3]>,
+    /// The most the server's driver held during the setup phase (sampled as the paced
+    /// application takes requests; None without `accept_rate` or a pump that can tell).
+    pub server_memory_peak: Option<DriverMemory>,
+    /// From the first REQ to the last connection established on the server, ns of the
+    /// fabric's clock.
+    pub time_to_all_ns: u64,
 }
 
 impl Report {
@@ -391,10 +406,13 @@ pub fn run(
         service_mask: u64::MAX,
         port: None,
         compare: None,
-        backlog: 4096,
+        backlog: cfg.backlog,
     })?);
     let acceptor = Overlapped::new();
-    {
+    let pacer = cfg
+        .accept_rate
+        .map(|r| Mutex::new(Pacer::new(Arc::clone(&sh), Arc::clone(&listener), r)));
+    if pacer.is_none() {
         let (sh, l) = (Arc::clone(&sh), Arc::clone(&listener));
         spawn(
             async move {
@@ -408,9 +426,7 @@ pub fn run(
             &acceptor,
         );
     }
-    // Nothing legitimately stays pending longer than a request's whole retry budget (a
-    // step may need two: a lost REP is re-sent only after the REQ's retries ask for it).
-    let stall = cfg.timing.request_lifetime() * 2 + Duration::from_secs(5);
+    let stall = stall_limit(&cfg);
     let mut stalls = 0usize;
 
     let memory_before = pump.driver_memory();
@@ -427,7 +443,8 @@ pub fn run(
             .into_iter()
             .map(|ids| {
                 let (sh, done) = (&sh, &done);
-                s.spawn(move || setup_share(client, pump, sh, ids, stall, done, progress))
+                let pacer = pacer.as_ref();
+                s.spawn(move || setup_share(client, pump, sh, ids, done, progress, pacer))
             })
             .collect();
         handles
@@ -447,6 +464,7 @@ pub fn run(
         || sh.server.accepted.load(Ordering::Acquire) >= sh.server.spawned.load(Ordering::Acquire),
         || cancel_server(&sh),
     );
+    let server_memory_peak = pacer.as_ref().and_then(|p| lock(p).stop());
     let setup_wall = wall.elapsed();
     let setup_cpu = cpu.zip(process_cpu()).map(|(a, b)| b.saturating_sub(a));
     let memory_established = pump.driver_memory();
@@ -494,7 +512,11 @@ pub fn run(
 
     // The listener goes: its acceptor ends with STATUS_CANCELLED.
     listener.cancel();
-    stalls += wait_until(pump, Duration::from_secs(5), || acceptor.is_done(), || {});
+    let acceptor_done = || match &pacer {
+        Some(p) => lock(p).current.as_ref().is_none_or(Overlapped::is_done),
+        None => acceptor.is_done(),
+    };
+    stalls += wait_until(pump, Duration::from_secs(5), acceptor_done, || {});
     drop(listener);
 
     let server_outcomes = std::mem::take(&mut *lock(&sh.server.outcomes));
@@ -546,7 +568,128 @@ pub fn run(
             .zip(memory_established)
             .zip(memory_after)
             .map(|((b, e), a)| [b, e, a]),
+        server_memory_peak,
+        time_to_all_ns: time_to_all(&sh.times),
     })
+}
+
+/// How long nothing may complete before what is pending counts as stalled: nothing
+/// legitimately stays pending longer than a request's whole retry budget (a step may
+/// need two: a lost REP is re-sent only after the REQ's retries ask for it).
+fn stall_limit(cfg: &Config) -> Duration {
+    cfg.timing.request_lifetime() * 2 + Duration::from_secs(5)
+}
+
+/// From the first REQ to the last connection established on the server, ns.
+fn time_to_all(times: &[Times]) -> u64 {
+    let first = times
+        .iter()
+        .map(|t| t.get(Mark::Req))
+        .filter(|&t| t != 0)
+        .min();
+    let last = times.iter().map(|t| t.get(Mark::Established)).max();
+    first
+        .zip(last)
+        .map_or(0, |(first, last)| last.saturating_sub(first))
+}
+
+/// The server application modelled at a set accept rate: it takes one request, and the
+/// next no sooner than 1/R after the last one arrived. Whoever waits for completions
+/// ticks it (in virtual time the one thread), and waits no longer than its next turn.
+struct Pacer {
+    sh: Arc<Shared>,
+    listener: Arc<ibcm::Listener>,
+    interval_ns: u64,
+    /// The take in progress: done once a request came and was served.
+    current: Option<Overlapped>,
+    /// When the last request was taken (ns of the fabric's clock), shared with its task.
+    last_take: Arc<AtomicU64>,
+    /// Requests taken so far.
+    taken: usize,
+    peak: Option<DriverMemory>,
+    stopped: bool,
+}
+
+/// Driver memory is sampled every this many takes (a sample walks every table).
+const MEMORY_SAMPLE_EVERY: usize = 512;
+
+impl Pacer {
+    fn new(sh: Arc<Shared>, listener: Arc<ibcm::Listener>, rate: u32) -> Self {
+        Self {
+            sh,
+            listener,
+            interval_ns: 1_000_000_000 / u64::from(rate.max(1)),
+            current: None,
+            last_take: Arc::new(AtomicU64::new(0)),
+            taken: 0,
+            peak: None,
+            stopped: false,
+        }
+    }
+
+    /// Takes the next request if it is time; returns how long until its next turn.
+    fn tick(&mut self, pump: &dyn Pump) -> Duration {
+        if self.stopped {
+            return Duration::MAX;
+        }
+        // A take waits for a request: look again after one interval (its completion
+        // wakes no one; waiting for the next MAD of the client's could make the
+        // application late, and every later take with it).
+        let poll = Duration::from_nanos(self.interval_ns);
+        if self.current.as_ref().is_some_and(|o| !o.is_done()) {
+            return poll;
+        }
+        if self.current.take().is_some() {
+            self.taken += 1;
+            if self.taken.is_multiple_of(MEMORY_SAMPLE_EVERY)
+                && let Some(m) = pump.driver_memory().and_then(|m| m.get(1).copied())
+            {
+                self.peak = Some(match self.peak {
+                    Some(p) if p.total() >= m.total() => p,
+                    _ => m,
+                });
+            }
+        }
+        let now = pump.now_ns();
+        let last = self.last_take.load(Ordering::Acquire);
+        let next = if last == 0 {
+            now
+        } else {
+            last + self.interval_ns
+        };
+        if now < next {
+            return Duration::from_nanos(next - now);
+        }
+        let (sh, l, last_take) = (
+            Arc::clone(&self.sh),
+            Arc::clone(&self.listener),
+            Arc::clone(&self.last_take),
+        );
+        let o = Overlapped::new();
+        spawn(
+            async move {
+                if let Ok(req) = l.get_request_async().await {
+                    last_take.store((sh.clock)().max(1), Ordering::Release);
+                    serve(&sh, req);
+                }
+            },
+            &o,
+        );
+        self.current = Some(o);
+        poll
+    }
+
+    /// Ends the taking (the listener's cancel ends a take in progress); returns the
+    /// peak memory seen.
+    fn stop(&mut self) -> Option<DriverMemory> {
+        self.stopped = true;
+        self.peak
+    }
+}
+
+/// Ticks the pacer, if any; the longest to wait for a completion meanwhile.
+fn pace(pacer: Option<&Mutex<Pacer>>, pump: &dyn Pump, wait: Duration) -> Duration {
+    pacer.map_or(wait, |p| lock(p).tick(pump).min(wait))
 }
 
 /// What one client thread got back.
@@ -708,6 +851,7 @@ fn drive<T: Send + 'static>(
     stall: Duration,
     mut start: impl FnMut(&CompletionPort) -> Option<Option<(usize, ConnectEndpoint)>>,
     mut finish: impl FnMut(usize, Result<T>, Option<ConnectEndpoint>),
+    pacer: Option<&Mutex<Pacer>>,
 ) -> usize {
     let port = CompletionPort::new();
     let mut inflight: HashMap<usize, ConnectEndpoint> = HashMap::new();
@@ -728,7 +872,8 @@ fn drive<T: Send + 'static>(
         if inflight.is_empty() {
             return stalls;
         }
-        match pump.next_packet(&port, Duration::from_millis(20)) {
+        let wait = pace(pacer, pump, Duration::from_millis(20));
+        match pump.next_packet(&port, wait) {
             Waited::Packet(p) => {
                 let i = p.key;
                 let ep = inflight.remove(&i);
@@ -764,11 +909,12 @@ fn setup_share(
     pump: &dyn Pump,
     sh: &Arc<Shared>,
     ids: Vec<usize>,
-    stall: Duration,
     done: &AtomicUsize,
     progress: &(dyn Fn(Progress) + Sync),
+    pacer: Option<&Mutex<Pacer>>,
 ) -> Share<ConnectEndpoint> {
     let cfg = sh.cfg;
+    let stall = stall_limit(&cfg);
     let n = cfg.connections;
     let window = (cfg.window / cfg.threads).max(1);
     let mut ids = ids.into_iter();
@@ -833,6 +979,7 @@ fn setup_share(
             }
             Err(e) => record(i, Outcome::SetupFailed(e)),
         },
+        pacer,
     );
     out
 }
@@ -899,6 +1046,7 @@ fn teardown_share(
                 report(done.fetch_add(1, Ordering::AcqRel) + 1);
             }
         },
+        None,
     );
     out.items.extend(failed);
     // Collect the timewaits, bounded like everything else.

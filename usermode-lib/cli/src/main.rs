@@ -219,6 +219,17 @@ struct CmtimeArgs {
     /// stack on one core).
     #[arg(long)]
     virtual_time: bool,
+    /// The server's listen backlog: REQs its driver holds for the application before
+    /// the application takes them (ListenParams.backlog).
+    #[arg(long, value_name = "B", default_value = "4096", value_parser = positive)]
+    backlog: usize,
+    /// Reconnect storm: the server application accepts R requests per second of the
+    /// fabric's clock (modelled; default: as fast as it can). With --window equal to
+    /// --connections every REQ leaves at once, as when every client of a restarted
+    /// server reconnects; the report sets the time until all are established against
+    /// the ideal N/R, and shows the REQ retries, MRAs and REJs in the counters.
+    #[arg(long, value_name = "R", value_parser = positive)]
+    accept_rate: Option<usize>,
     /// Churn: run W waves of --connections each on the same nodes (each set up and torn
     /// down before the next), printing the drivers' memory and the process's RSS after
     /// every wave: a leak or a high-water mark kept shows as growth.
@@ -412,6 +423,8 @@ fn cmtime_command(a: &CmtimeArgs) -> Result<bool, Failure> {
             cm_response_timeout: a.response_timeout,
             max_cm_retries: a.retries,
         },
+        backlog: u32::try_from(a.backlog).unwrap_or(u32::MAX),
+        accept_rate: a.accept_rate.map(|r| u32::try_from(r).unwrap_or(u32::MAX)),
         ..cmtime::Config::default()
     };
     let bar = progress_bar();
@@ -623,6 +636,28 @@ fn print_report(r: &Report, cfg: &cmtime::Config) {
         (r.setup_wall + r.teardown_wall).as_secs_f64(),
         cfg.window
     );
+    if let Some(rate) = cfg.accept_rate {
+        let ideal = r.connections as f64 / f64::from(rate.max(1));
+        let took = r.time_to_all_ns as f64 / 1e9;
+        println!(
+            "storm:    backlog {}, accept rate {rate}/s: every connection established {:.3} s \
+             after the first REQ; ideal N/R {:.3} s ({:.2}x)",
+            cfg.backlog,
+            took,
+            ideal,
+            if ideal > 0.0 { took / ideal } else { 0.0 }
+        );
+        if let Some(m) = r.server_memory_peak {
+            println!(
+                "          server driver at most {} KB during the setup (engine {} KB, \
+                 endpoints {} KB, event records {} KB)",
+                m.total() / 1024,
+                m.engine / 1024,
+                m.endpoints / 1024,
+                m.records / 1024
+            );
+        }
+    }
     if let Some([before, established, after]) = &r.driver_memory {
         let roles = ["client", "server"];
         for (node, (b, e)) in before.iter().zip(established).enumerate() {

@@ -336,7 +336,7 @@ impl Pump for Sim {
                     if self.now_ns() >= end {
                         return Waited::Timeout;
                     }
-                    if !fabric.step() {
+                    if !fabric.step_until(end) {
                         drop(fabric);
                         return port
                             .get(Some(Duration::ZERO))

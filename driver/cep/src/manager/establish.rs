@@ -103,6 +103,7 @@ impl CmManager {
             c.backlog_of = Some(listen_id);
         }
         self.take_req(id, listen_id, src, tid, req);
+        self.await_answer(now, id);
     }
 
     /// A CEP answers `req` (from a listen, or a peer-to-peer CEP that turned passive):

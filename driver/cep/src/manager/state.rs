@@ -17,6 +17,7 @@ impl CmManager {
         let from = was.name();
         c.state = state;
         let (qpn, owner) = (c.local_qpn, c.owned.then_some(c.owner[0]));
+        self.waiting.on_state(was, state);
         self.rebind_local_qpn(qpn, owner, was, state);
         // The comm ID is derived (src/comm_id.rs): only for a tracer.
         if !self.trace.installed() {

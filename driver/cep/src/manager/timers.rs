@@ -205,6 +205,10 @@ impl CmManager {
                 self.end_sidr(id);
             }
             State::SidrRepSent => self.end_sidr(id),
+            // A REQ still unanswered at half its sender's response timeout (waiting.rs).
+            State::ReqRcvd { mra_sent: false } | State::RepPrepared { mra_sent: false } => {
+                self.mra_unanswered(now, id);
+            }
             _ => {}
         }
     }

@@ -56,6 +56,13 @@ impl RecordPool {
         self.free.len() + (self.chunks.len() * RECORD_CHUNK).saturating_sub(self.used)
     }
 
+    /// Fewer than [`KEEP_FREE`] free: time to ask for the PASSIVE_LEVEL work that grows
+    /// the pool, before a burst (a reconnect storm's REQs, or the MRAs answering them)
+    /// finds no room and its MADs are dropped.
+    pub(super) fn running_low(&self) -> bool {
+        self.free_slots() < KEEP_FREE
+    }
+
     /// Records queued now.
     pub(super) fn queued(&self) -> usize {
         self.used - self.free.len()
