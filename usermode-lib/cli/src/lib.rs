@@ -6,11 +6,14 @@
 //! - [`cmtime`]: connection setup and teardown timed step by step (rdma-core `cmtime`).
 //! - [`exchange`]: ucmatose-style `listen` / `connect` exchanges.
 //! - [`rocev2`]: the same over RoCEv2 on a real interface, as a peer for Linux `rdma_cm`.
+//! - [`rc`] (feature `verbs`, Linux): connections that carry data, on a real RDMA device.
 #![deny(unsafe_code)]
 #![warn(missing_docs)]
 
 pub mod cmtime;
 pub mod exchange;
+#[cfg(all(target_os = "linux", feature = "verbs"))]
+pub mod rc;
 #[cfg(target_os = "linux")]
 pub mod rocev2;
 pub mod sim;

@@ -22,6 +22,8 @@ use ibcm_cli::sim::{DriverMemory, Pump, Sim, SimOptions};
 use ibcm_ioctl::CountersOut;
 use indicatif::{ProgressBar, ProgressStyle};
 
+#[cfg(all(target_os = "linux", feature = "verbs"))]
+mod cli_rc;
 mod cli_rocev2;
 
 #[derive(Parser, Debug)]
@@ -56,6 +58,14 @@ enum Command {
     /// Show the driver's per-attribute message counters (sent, received, duplicates,
     /// retries); on the simulated fabric after a short exchange.
     Stats(StatsArgs),
+    /// rdma-core rping's exchange on a real RDMA device (RDMA READ, RDMA WRITE, SEND),
+    /// every ping verified; a peer for Linux `rping -v -V` in either role.
+    #[cfg(all(target_os = "linux", feature = "verbs"))]
+    Rping(cli_rc::RpingArgs),
+    /// RDMA READ and SEND bandwidth between two ibcm nodes on real RDMA devices, every
+    /// byte verified.
+    #[cfg(all(target_os = "linux", feature = "verbs"))]
+    RcBw(cli_rc::BwArgs),
 }
 
 /// A probability in [0, 1].
@@ -286,6 +296,10 @@ fn main() -> ExitCode {
         Command::Listen(a) => exchange_command(&a, true),
         Command::Connect(a) => exchange_command(&a, false),
         Command::Stats(a) => stats_command(&a),
+        #[cfg(all(target_os = "linux", feature = "verbs"))]
+        Command::Rping(a) => cli_rc::rping(&a),
+        #[cfg(all(target_os = "linux", feature = "verbs"))]
+        Command::RcBw(a) => cli_rc::bw(&a),
     };
     match result {
         Ok(true) => ExitCode::SUCCESS,
