@@ -35,6 +35,9 @@ pub struct RcCommon {
     /// Seconds to hold the connection before data flows (the harness reads both QPs then).
     #[arg(long, default_value = "0")]
     hold: u64,
+    /// REQ retries before the connection times out.
+    #[arg(long, default_value = "15")]
+    max_cm_retries: u8,
     /// Longest wait for a REQ, a reply or a completion, seconds.
     #[arg(long, default_value = "60", value_parser = positive)]
     wait: usize,
@@ -85,7 +88,10 @@ fn start(c: &RcCommon) -> Result<(Rc, Limits, Duration), Failure> {
     let limits = Limits {
         responder_resources: c.responder_resources,
         initiator_depth: c.initiator_depth,
-        timing: Timing::patient(),
+        timing: Timing {
+            max_cm_retries: c.max_cm_retries,
+            ..Timing::patient()
+        },
     };
     Ok((rc, limits, Duration::from_secs(c.wait as u64)))
 }
@@ -95,28 +101,26 @@ fn established(c: &RcCommon, conn: &Conn) -> Result<(), Failure> {
         "rc: established in {:.3} ms",
         conn.setup.as_secs_f64() * 1e3
     );
-    let q = conn.qp.query().map_err(|e| e.to_string())?;
-    println!("{}", rc::qp_line("ours", &q));
     if c.hold > 0 {
+        let q = conn.qp.query().map_err(|e| e.to_string())?;
+        println!("{}", rc::qp_line("ours-established", &q));
         std::thread::sleep(Duration::from_secs(c.hold));
     }
+    // Quiescent: nothing in flight until the data run starts.
+    let q = conn.qp.query().map_err(|e| e.to_string())?;
+    println!("{}", rc::qp_line("ours", &q));
     Ok(())
 }
 
-/// Ends the connection: ours to end (the client) or the peer's DREQ answered.
-fn finish(rc: &Rc, conn: &Conn, we_end: bool, wait: Duration) -> bool {
-    let r = if we_end {
-        conn.ep.disconnect(&[])
-    } else {
-        ibcm_cli::exchange::bounded(wait, || conn.ep.cancel(), || conn.ep.notify_disconnect())
-            .and_then(|_| conn.ep.disconnect(&[]))
-    };
-    let _ = conn.qp.to_error();
+fn print_counts(rc: &Rc) {
     let c = rc.port.counts();
     println!(
         "rc: umad sent {}, received {}, send errors {}, dropped {}",
         c.sent, c.received, c.send_errors, c.dropped
     );
+}
+
+fn ended(r: ibcm::Result<()>) -> bool {
     match r {
         Ok(()) => {
             println!("rc: disconnected");
@@ -127,6 +131,52 @@ fn finish(rc: &Rc, conn: &Conn, we_end: bool, wait: Duration) -> bool {
             false
         }
     }
+}
+
+/// The client's data run, then its DREQ.
+fn run_client<T>(rc: &Rc, conn: &Conn, run: impl FnOnce() -> T) -> (T, bool) {
+    let v = run();
+    let r = conn.ep.disconnect(&[]);
+    let _ = conn.qp.to_error();
+    print_counts(rc);
+    (v, ended(r))
+}
+
+/// The server's data run, ended by the peer's DREQ: a watcher moves the QP to ERR when
+/// it arrives (posted work flushes, so the run sees the end), then the DREQ is answered.
+/// If the run ends first (a failure), the watch is cancelled and we disconnect.
+fn run_server<T>(rc: &Rc, conn: &Conn, wait: Duration, run: impl FnOnce() -> T) -> (T, bool) {
+    let (v, dreq) = std::thread::scope(|s| {
+        let watcher = s.spawn(|| {
+            let r = ibcm_cli::exchange::bounded(
+                wait,
+                || conn.ep.cancel(),
+                || conn.ep.notify_disconnect(),
+            );
+            if r.is_ok() {
+                println!("rc: DREQ from the peer");
+            }
+            let _ = conn.qp.to_error();
+            r
+        });
+        let v = run();
+        // The run ended before the peer's DREQ (a failure, or the peer's last message
+        // still to be followed by its DREQ): wait a little for it, then end it ourselves.
+        let end = std::time::Instant::now() + Duration::from_secs(5);
+        while !watcher.is_finished() && std::time::Instant::now() < end {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        if !watcher.is_finished() {
+            conn.ep.cancel();
+        }
+        (v, watcher.join().ok().and_then(Result::ok).is_some())
+    });
+    if !dreq {
+        let _ = conn.qp.to_error();
+    }
+    let r = conn.ep.disconnect(&[]);
+    print_counts(rc);
+    (v, ended(r))
 }
 
 /// `ibcm rping`.
@@ -144,10 +194,14 @@ pub fn rping(a: &RpingArgs) -> Result<bool, Failure> {
         None => rc::accept(&rc, c.port, &limits, wait, post, &log)?,
     };
     established(c, &conn)?;
-    let report = if client {
-        rc::rping_client(&rc, &conn, &recv, a.count as u32, a.size, wait, &log)
+    let (report, disconnected) = if client {
+        run_client(&rc, &conn, || {
+            rc::rping_client(&rc, &conn, &recv, a.count as u32, a.size, wait, &log)
+        })
     } else {
-        rc::rping_server(&rc, &conn, &recv, a.size, wait, &log)
+        run_server(&rc, &conn, wait, || {
+            rc::rping_server(&rc, &conn, &recv, a.size, wait, &log)
+        })
     };
     let ok = match &report {
         Ok(r) => {
@@ -173,8 +227,7 @@ pub fn rping(a: &RpingArgs) -> Result<bool, Failure> {
             false
         }
     };
-    let ended = finish(&rc, &conn, client, wait);
-    Ok(ok && ended)
+    Ok(ok && disconnected)
 }
 
 /// `ibcm rc-bw`.
@@ -197,44 +250,48 @@ pub fn bw(a: &BwArgs) -> Result<bool, Failure> {
         None => rc::accept(&rc, c.port, &limits, wait, post, &log)?,
     };
     established(c, &conn)?;
-    let ok = if client {
-        match rc::bw_client(&rc, &conn, &recv, a.depth, a.size, a.iters as u64, wait) {
-            Ok((read, send)) => {
-                println!(
-                    "bw: RDMA READ {} x {} B verified in {:.1} ms: {:.2} MB/s",
-                    read.ops,
-                    a.size,
-                    read.elapsed.as_secs_f64() * 1e3,
-                    read.mbps()
-                );
-                println!(
-                    "bw: SEND {} x {} B in {:.1} ms: {:.2} MB/s",
-                    send.ops,
-                    a.size,
-                    send.elapsed.as_secs_f64() * 1e3,
-                    send.mbps()
-                );
-                true
+    let (ok, disconnected) = if client {
+        run_client(&rc, &conn, || {
+            match rc::bw_client(&rc, &conn, &recv, a.depth, a.size, a.iters as u64, wait) {
+                Ok((read, send)) => {
+                    println!(
+                        "bw: RDMA READ {} x {} B verified in {:.1} ms: {:.2} MB/s",
+                        read.ops,
+                        a.size,
+                        read.elapsed.as_secs_f64() * 1e3,
+                        read.mbps()
+                    );
+                    println!(
+                        "bw: SEND {} x {} B in {:.1} ms: {:.2} MB/s",
+                        send.ops,
+                        a.size,
+                        send.elapsed.as_secs_f64() * 1e3,
+                        send.mbps()
+                    );
+                    true
+                }
+                Err(e) => {
+                    println!("bw: FAILED: {e}");
+                    false
+                }
             }
-            Err(e) => {
-                println!("bw: FAILED: {e}");
-                false
-            }
-        }
+        })
     } else {
-        match rc::bw_server(&rc, &conn, &recv, a.size, wait) {
-            Ok(r) => {
-                println!(
-                    "bw: received {} SENDs x {} B, every byte verified",
-                    r.ops, a.size
-                );
-                true
+        run_server(&rc, &conn, wait, || {
+            match rc::bw_server(&rc, &conn, &recv, a.size, wait) {
+                Ok(r) => {
+                    println!(
+                        "bw: received {} SENDs x {} B, every byte verified",
+                        r.ops, a.size
+                    );
+                    true
+                }
+                Err(e) => {
+                    println!("bw: FAILED: {e}");
+                    false
+                }
             }
-            Err(e) => {
-                println!("bw: FAILED: {e}");
-                false
-            }
-        }
+        })
     };
-    Ok(finish(&rc, &conn, client, wait) && ok)
+    Ok(ok && disconnected)
 }

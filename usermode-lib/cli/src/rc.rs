@@ -227,6 +227,13 @@ pub fn qp_line(who: &str, q: &QpQuery) -> String {
     )
 }
 
+/// `IBV_WC_WR_FLUSH_ERR`: the QP went to ERR (the connection is ending) with the work
+/// request still posted.
+const WC_WR_FLUSH_ERR: u32 = 5;
+
+/// How a failure that is a flush starts: the QP was moved to ERR under the run.
+pub const FLUSHED: &str = "flushed";
+
 /// The next completion within `limit`, failing unless it succeeded.
 fn next_ok(qp: &RcQp, limit: Duration, what: &str) -> Res<Completion> {
     let c = qp
@@ -234,6 +241,8 @@ fn next_ok(qp: &RcQp, limit: Duration, what: &str) -> Res<Completion> {
         .map_err(|e| format!("{what}: {e}"))?;
     if c.ok() {
         Ok(c)
+    } else if c.status == WC_WR_FLUSH_ERR {
+        Err(format!("{FLUSHED}: {what}"))
     } else {
         Err(format!(
             "{what}: completion {} ({})",
@@ -362,8 +371,7 @@ pub fn rping_client(
         if sink.bytes() == want.as_slice() {
             report.verified += 1;
             if ping < 4 {
-                let text =
-                    String::from_utf8_lossy(&want[..want.len().saturating_sub(1)]).into_owned();
+                let text = String::from_utf8_lossy(&want[..want.len().saturating_sub(1).min(40)]);
                 log(format!("ping data: {text}"));
             }
         } else {
@@ -403,6 +411,9 @@ pub fn rping_server(
         };
         if !c.ok() {
             log(format!("ping wait ended: {}", c.status_text()));
+            if c.status != WC_WR_FLUSH_ERR {
+                return Err(format!("waiting for a ping: {}", c.status_text()));
+            }
             break;
         }
         if c.wr_id != WR_RECV {
@@ -411,56 +422,80 @@ pub fn rping_server(
         }
         t0.get_or_insert_with(Instant::now);
         report.pings += 1;
-        let (addr, rkey, len) = parse_info(recv.bytes()).ok_or("short advertisement")?;
-        let len = len as usize;
-        if len > size || c.byte_len as usize != RPING_INFO_LEN {
-            return Err(format!("advertised {len} bytes, the buffer holds {size}"));
+        match serve_ping(
+            qp, recv, &mut data, &send, size, ping, limit, &mut seen, log,
+        ) {
+            Ok((verified, bytes)) => {
+                report.verified += u32::from(verified);
+                report.bytes += bytes;
+            }
+            Err(e) if e.starts_with(FLUSHED) => {
+                // The peer ended the connection with this ping in flight.
+                log(format!("ping {ping} cut short: {e}"));
+                report.pings -= 1;
+                break;
+            }
+            Err(e) => return Err(e),
         }
-        qp.post_recv(recv, 0, RPING_INFO_LEN, WR_RECV)
-            .map_err(|e| e.to_string())?;
-        data.bytes_mut().fill(0);
-        qp.post_read(&data, 0, len, addr, rkey, WR_READ)
-            .map_err(|e| e.to_string())?;
-        wait_for(qp, WR_READ, limit, &mut seen, "RDMA READ")?;
-        let got = &data.bytes()[..len];
-        if got == rping_pattern(ping, len).as_slice() {
-            report.verified += 1;
-        } else {
-            log(format!(
-                "ping {ping}: RDMA READ data is not rping's pattern"
-            ));
-        }
-        if ping < 4 {
-            let text = String::from_utf8_lossy(&got[..len.saturating_sub(1)]).into_owned();
-            log(format!("server ping data: {text}"));
-        }
-        qp.post_send(&send, 0, RPING_INFO_LEN, WR_SEND)
-            .map_err(|e| e.to_string())?;
-        let c = wait_for(
-            qp,
-            WR_RECV,
-            limit,
-            &mut seen,
-            "receive (sink advertisement)",
-        )?;
-        let (addr, rkey, _) = parse_info(recv.bytes()).ok_or("short advertisement")?;
-        if c.byte_len as usize != RPING_INFO_LEN {
-            return Err(format!("sink advertisement of {} bytes", c.byte_len));
-        }
-        qp.post_recv(recv, 0, RPING_INFO_LEN, WR_RECV)
-            .map_err(|e| e.to_string())?;
-        // rping writes strlen + 1 bytes: the whole buffer for its pattern.
-        let n = got.iter().position(|&b| b == 0).map_or(len, |i| i + 1);
-        qp.post_write(&data, 0, n, addr, rkey, WR_WRITE)
-            .map_err(|e| e.to_string())?;
-        wait_for(qp, WR_WRITE, limit, &mut seen, "RDMA WRITE")?;
-        qp.post_send(&send, 0, RPING_INFO_LEN, WR_SEND)
-            .map_err(|e| e.to_string())?;
-        report.bytes += (len + n) as u64;
         ping += 1;
     }
     report.elapsed = t0.map_or(Duration::ZERO, |t| t.elapsed());
     Ok(report)
+}
+
+/// One ping of rping's server, its advertisement received: (the data was rping's, bytes
+/// moved).
+#[allow(clippy::too_many_arguments)]
+fn serve_ping(
+    qp: &RcQp,
+    recv: &Region,
+    data: &mut Region,
+    send: &Region,
+    size: usize,
+    ping: u32,
+    limit: Duration,
+    seen: &mut Vec<Completion>,
+    log: &dyn Fn(String),
+) -> Res<(bool, u64)> {
+    let (addr, rkey, len) = parse_info(recv.bytes()).ok_or("short advertisement")?;
+    let len = len as usize;
+    if len > size {
+        return Err(format!("advertised {len} bytes, the buffer holds {size}"));
+    }
+    qp.post_recv(recv, 0, RPING_INFO_LEN, WR_RECV)
+        .map_err(|e| e.to_string())?;
+    data.bytes_mut().fill(0);
+    qp.post_read(data, 0, len, addr, rkey, WR_READ)
+        .map_err(|e| e.to_string())?;
+    wait_for(qp, WR_READ, limit, seen, "RDMA READ")?;
+    let got = &data.bytes()[..len];
+    let verified = got == rping_pattern(ping, len).as_slice();
+    if !verified {
+        log(format!(
+            "ping {ping}: RDMA READ data is not rping's pattern"
+        ));
+    }
+    if ping < 4 {
+        let text = String::from_utf8_lossy(&got[..len.saturating_sub(1).min(40)]);
+        log(format!("server ping data: {text}"));
+    }
+    // rping writes strlen + 1 bytes back: the whole buffer for its pattern.
+    let n = got.iter().position(|&b| b == 0).map_or(len, |i| i + 1);
+    qp.post_send(send, 0, RPING_INFO_LEN, WR_SEND)
+        .map_err(|e| e.to_string())?;
+    let c = wait_for(qp, WR_RECV, limit, seen, "receive (sink advertisement)")?;
+    let (addr, rkey, _) = parse_info(recv.bytes()).ok_or("short advertisement")?;
+    if c.byte_len as usize != RPING_INFO_LEN {
+        return Err(format!("sink advertisement of {} bytes", c.byte_len));
+    }
+    qp.post_recv(recv, 0, RPING_INFO_LEN, WR_RECV)
+        .map_err(|e| e.to_string())?;
+    qp.post_write(data, 0, n, addr, rkey, WR_WRITE)
+        .map_err(|e| e.to_string())?;
+    wait_for(qp, WR_WRITE, limit, seen, "RDMA WRITE")?;
+    qp.post_send(send, 0, RPING_INFO_LEN, WR_SEND)
+        .map_err(|e| e.to_string())?;
+    Ok((verified, (len + n) as u64))
 }
 
 /// What a bandwidth run moved.
