@@ -982,6 +982,10 @@ unsafe fn port_added(binding: &Binding, record: *mut IbPnpPortRec) -> IbApiStatu
         setup_failed();
         return IB_ERROR;
     };
+    // REQs and REPs on this port name this CA, not the first CA bound (issue 25).
+    if let Some(core) = host.core() {
+        core.set_port_ca_guid(number, u64::from_be(binding.ca_guid));
+    }
     // SAFETY: (I51) AL's port attributes of this callback.
     let Some(attributes) = (unsafe { PortAttributes::from_record(attr) }) else {
         host.ports.with(|t| t.numbers.deactivate(number));

@@ -283,6 +283,23 @@ impl Cep {
         }
     }
 
+    /// The QP ACK timeout (IB time) for a path of this connection with packet life time
+    /// `plt`. Active: twice the life time plus the passive CA's ACK delay from the REP
+    /// (Linux `cm_rep_handler` -> `cm_ack_timeout`, cm.c:2566-2573; the exact ceiling,
+    /// [`ibcm_iba::ack_timeout`]). Passive: the REQ's (or LAP's) LocalACKTimeout as sent,
+    /// i.e. `plt + 1` with `plt` recovered as LocalACKTimeout - 1: the active side
+    /// computed it with its own CA's ACK delay, the delay of the CA the passive side sends
+    /// to (Linux `cm_req_handler` + `cm_init_av_by_path`, cm.c:1716-1718, 546; AL
+    /// `__format_req_av`, al_cm_cep.c:800-801). A LocalACKTimeout of 0 gives 1, as Linux:
+    /// AL keeps 0, an infinite timeout, where one lost packet would hang the QP.
+    pub(crate) fn path_ack_timeout(&self, plt: u8) -> u8 {
+        if self.active {
+            ibcm_iba::ack_timeout(plt, self.target_ack_delay)
+        } else {
+            plt.saturating_add(1).min(31)
+        }
+    }
+
     /// Timewait: 2 x packet life time + the target's ACK delay (IBA 12.9.8.7; WinOF
     /// `__calc_timewait`), with the larger packet life time of the primary and the loaded
     /// alternate path: packets may linger on either (WinOF's `max_2pkt_life`, "of any

@@ -195,6 +195,8 @@ pub struct CmManager {
     listens: Vec<ListenEntry>,
     /// This CA's ports, as [`Self::set_port`] told them (empty: REQ paths unchecked).
     ports: Vec<ports::PortAddress>,
+    /// The CA each port belongs to, as [`Self::set_port_ca_guid`] told it.
+    port_cas: ports::PortCas,
     /// Peer-to-peer CEPs with a REQ out (few; pruned as they move on).
     peers: Vec<CepId>,
     /// SIDR requests being answered or lately answered: (request ID, source GID, LID).
@@ -242,6 +244,7 @@ impl CmManager {
             remote_qpns: PeerMap::with_hasher(hash),
             listens: Vec::new(),
             ports: Vec::new(),
+            port_cas: ports::PortCas::new(),
             peers: Vec::new(),
             sidr_requests: HashMap::with_hasher(hash),
             timers: BinaryHeap::new(),
@@ -504,11 +507,17 @@ impl CmManager {
                 | State::RepRcvd { .. }
                 | State::Established
         );
+        // INIT from the REQ on (AL `al_cep_get_init_attr`, al_cm_cep.c:6427-6443). RTR and
+        // RTS also in REQ_RCVD, with or without an MRA sent, before the REP is formatted:
+        // WinVerbs' passive accept reads both before `send_rep` (wv_ep.c:722-767, 816-871),
+        // as AL (6480-6490, 6553-6566) and Linux `cm_init_qp_rtr_attr`/`_rts_attr` allow.
+        // Not RTS in REQ_SENT, which AL allows (6554): before the REP no send PSN exists,
+        // and Linux refuses it too.
         let allowed = match state {
             QpState::Init => {
                 negotiated || matches!(c.state, State::ReqSent { .. } | State::ReqRcvd { .. })
             }
-            QpState::Rtr | QpState::Rts => negotiated,
+            QpState::Rtr | QpState::Rts => negotiated || matches!(c.state, State::ReqRcvd { .. }),
         };
         if !allowed {
             return Err(CmError::InvalidState { state: name });

@@ -8,6 +8,7 @@
 //! |---|---|
 //! | REP: RDMA read limits cross over (Linux `cm_rep_handler`, WinOF `__save_wire_rep`) | `rep_resources_cross_over_*` |
 //! | REQ/REP on a live QPN: REJ(StaleConn), DREQ the old (IBA 12.9.8.3.1, Linux `cm_match_req`) | `stale_*` |
+//! | LocalCAGUID is the sending port's CA: two CAs reusing a QPN (IBA Table 103, Linux `cm_insert_remote_qpn`) | `two_cas_*` |
 //! | Passive DREQ/LAP wait the REQ's LocalCMResponseTimeout (Linux `cm_req_handler`) | `passive_*_waits_*` |
 //! | Timewait covers the alternate path (WinOF `max_2pkt_life`, `__calc_timewait`) | `timewait_*` |
 //! | REP FailoverAccepted (IBA Table 110) | `failover_*` |
@@ -425,6 +426,51 @@ fn stale_req_qpn_disconnects_the_old_connection_with_a_dreq() {
             .any(|e| matches!(e, Event::DrepReceived(_)))
     );
     assert_eq!(rejects(&mut p, Side::B, b), []);
+}
+
+/// One CM serves the ports of several CAs, and each CA numbers its QPs on its own: a REQ
+/// names the CA of the port it leaves by (IBA Table 103 LocalCAGUID). The peer keys its
+/// stale-connection check by (CA GUID, QPN) (Linux `cm_match_req` ->
+/// `cm_insert_remote_qpn`; ours, establish.rs): had both REQs carried the first CA's GUID,
+/// the second would be rejected as stale and the first, healthy connection disconnected
+/// with a DREQ (issue 25 #6).
+#[test]
+fn two_cas_reusing_a_qpn_towards_one_peer_both_connect() {
+    const GUID_A2: u64 = 0x0002_c903_0000_00a2;
+    let mut p = Pair::new(7);
+    p.a.set_port_ca_guid(1, GUID_A);
+    p.a.set_port_ca_guid(2, GUID_A2);
+    let l = p.b.create().unwrap();
+    p.b.listen(l, Pair::listen_params(SID, 16)).unwrap();
+    let connect = |p: &mut Pair, port: u8| {
+        let a = p.a.create().unwrap();
+        let now = p.now;
+        p.a.connect(now, a, &ConnectParams { port, ..cp() })
+            .unwrap();
+        p.drive_for(MS);
+        let b = p.last_request().expect("REQ received");
+        p.b.take_request(b).unwrap();
+        let now = p.now;
+        // B's one CA answers each with a QP of its own.
+        p.b.accept(now, b, &Pair::rep_params(QPN_B + u32::from(port)))
+            .unwrap();
+        p.drive_for(MS);
+        p.a.rtu(a, b"").unwrap();
+        p.drive_for(MS);
+        (a, b)
+    };
+    let (a1, b1) = connect(&mut p, 1);
+    let (a2, b2) = connect(&mut p, 2);
+    for (a, b) in [(a1, b1), (a2, b2)] {
+        assert_eq!(p.a.state(a), Ok(S::Established));
+        assert_eq!(p.b.state(b), Ok(S::Established));
+    }
+    assert_eq!(p.sent_count(Side::B, AttributeId::Rej), 0);
+    assert_eq!(p.sent_count(Side::B, AttributeId::Dreq), 0);
+    assert_eq!(p.b.query(b1).unwrap().remote_ca_guid, GUID_A);
+    assert_eq!(p.b.query(b2).unwrap().remote_ca_guid, GUID_A2);
+    // The REP names B's one CA back; an untold port stays the configured GUID.
+    assert_eq!(p.a.query(a2).unwrap().remote_ca_guid, GUID_B);
 }
 
 /// As [`stale_req_qpn_disconnects_the_old_connection_with_a_dreq`], when no DREP comes:

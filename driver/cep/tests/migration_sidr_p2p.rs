@@ -301,16 +301,19 @@ fn av(path: PathRecord, ack: u8) -> AddressVector {
 /// A's ACK timeouts: its primary (PLT 14) and the alternate (PLT 16), B's ACK delay 15.
 const ACK_A_PRIMARY: u8 = 16;
 const ACK_A_ALT: u8 = 18;
-/// B's: primary PLT 15, alternate PLT 17, its own ACK delay 15.
-const ACK_B_PRIMARY: u8 = 17;
-const ACK_B_ALT: u8 = 19;
+/// B's, the passive side's: the LocalACKTimeout A sent in the REQ and the LAP (A's PLT
+/// and A's own ACK delay 15), as Linux `cm_req_handler` (cm.c:1716-1718, 546) and AL
+/// `__format_req_av` (al_cm_cep.c:800-801) / `__format_lap_av` (:1899-1900) take it;
+/// B's paths carry PLT 15 and 17 (LocalACKTimeout - 1).
+const ACK_B_PRIMARY: u8 = 16;
+const ACK_B_ALT: u8 = 18;
 
 #[test]
 fn ack_timeouts_of_the_paths() {
     assert_eq!(ack_timeout(14, 15), ACK_A_PRIMARY);
     assert_eq!(ack_timeout(16, 15), ACK_A_ALT);
-    assert_eq!(ack_timeout(15, 15), ACK_B_PRIMARY);
-    assert_eq!(ack_timeout(17, 15), ACK_B_ALT);
+    assert_eq!(primary_b().packet_life_time + 1, ACK_B_PRIMARY);
+    assert_eq!(alt_b().packet_life_time + 1, ACK_B_ALT);
 }
 
 fn established(seed: u8) -> (Pair, CepId, CepId) {

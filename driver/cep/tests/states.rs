@@ -629,14 +629,16 @@ fn qp_attributes_match_what_each_side_sent() {
     settle(&mut fx.p);
     assert_states(&fx.p, a, S::Established, b, S::Established);
 
-    // A: RTR from the REP; RTS from its own REQ and the REP's RNR retry count. The ACK
+    // A: RTR from the REP (its receive PSN its own REQ's StartingPSN, Linux
+    // `ib_send_cm_req`; AL al_cm_cep.c:4865); RTS from its own REQ and the REP (send PSN
+    // the REP's StartingPSN, AL :1316) with the REP's RNR retry count. The ACK
     // timeout covers 2 x its PLT (14) + B's ACK delay (15, from the REP).
     let a_ack = ack_timeout(14, 15);
     assert_eq!(a_ack, 16);
     let a_rtr = QpAttributes {
         path_mtu: Some(Mtu::Mtu4096),
         dest_qpn: Some(QPN_B),
-        rq_psn: Some(0xab_cdef),
+        rq_psn: Some(0x12_3456),
         max_dest_rd_atomic: Some(3),
         primary: Some(AddressVector {
             path: Pair::path(Side::A),
@@ -646,7 +648,7 @@ fn qp_attributes_match_what_each_side_sent() {
         ..empty(QpState::Rtr)
     };
     let a_rts = QpAttributes {
-        sq_psn: Some(0x12_3456),
+        sq_psn: Some(0xab_cdef),
         timeout: Some(a_ack),
         retry_count: Some(5),
         rnr_retry: Some(4),
@@ -668,12 +670,13 @@ fn qp_attributes_match_what_each_side_sent() {
         packet_life_time: 15,
         ..Pair::path(Side::B)
     };
-    let b_ack = ack_timeout(15, 15);
-    assert_eq!(b_ack, 17);
+    // B's ACK timeout is the REQ's LocalACKTimeout, A's 2 x PLT + A's ACK delay (Linux
+    // `cm_req_handler`, cm.c:1716-1718 with `cm_init_av_by_path` :546; AL al_cm_cep.c:800).
+    let b_ack = a_ack;
     let b_rtr = QpAttributes {
         path_mtu: Some(Mtu::Mtu4096),
         dest_qpn: Some(QPN_A),
-        rq_psn: Some(0x12_3456),
+        rq_psn: Some(0xab_cdef),
         max_dest_rd_atomic: Some(2),
         primary: Some(AddressVector {
             path: b_path,
@@ -683,7 +686,7 @@ fn qp_attributes_match_what_each_side_sent() {
         ..empty(QpState::Rtr)
     };
     let b_rts = QpAttributes {
-        sq_psn: Some(0xab_cdef),
+        sq_psn: Some(0x12_3456),
         timeout: Some(b_ack),
         retry_count: Some(5),
         rnr_retry: Some(6),
@@ -1003,11 +1006,15 @@ fn req_creates_a_new_cep_naming_the_listen() {
     let q = fx.p.b.query(b).unwrap();
     assert!(!q.active);
     assert_eq!(q.primary_path, info.primary_path);
-    // §4a: RTR is legal in REQ_RCVD in Linux; ours needs the pre-REP (the local QPN).
-    assert_eq!(
-        fx.p.b.qp_attributes(b, QpState::Rtr),
-        Err(CmError::InvalidState { state: S::ReqRcvd })
-    );
+    // §4a: RTR and RTS are legal in REQ_RCVD, before the REP is formatted (AL
+    // `al_cep_get_rtr_attr` al_cm_cep.c:6482, `_rts_attr` :6555; Linux
+    // `cm_init_qp_rtr_attr`): WinVerbs' passive accept reads both before `send_rep`
+    // (wv_ep.c:733, 760, 858). The read limits are the REQ's crossed (AL :869, 875).
+    let rtr = fx.p.b.qp_attributes(b, QpState::Rtr).unwrap();
+    assert_eq!(rtr.dest_qpn, Some(QPN_A));
+    assert_eq!(rtr.max_dest_rd_atomic, Some(4), "the REQ's InitiatorDepth");
+    let rts = fx.p.b.qp_attributes(b, QpState::Rts).unwrap();
+    assert_eq!(rts.max_rd_atomic, Some(4), "the REQ's ResponderResources");
     assert_eq!(fx.p.b.counters().received[slot(AttributeId::Req)], 1);
     fx.finish();
 }

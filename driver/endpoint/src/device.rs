@@ -481,6 +481,13 @@ impl<P: Platform> Device<P> {
         self.run(|i| i.cm.set_port(port, lid, lmc, gids))
     }
 
+    /// Which CA a host port belongs to (PASSIVE_LEVEL, when the port is numbered):
+    /// connections on it name that CA's GUID in their REQ/REP (issue 25: a peer keys its
+    /// stale-connection check by CA GUID and QPN, and two CAs reuse QPNs).
+    pub fn set_port_ca_guid(&self, port: u8, ca_guid: u64) {
+        self.run(|i| i.cm.set_port_ca_guid(port, ca_guid));
+    }
+
     /// One port is gone: the engine reports DEVICE_REMOVAL on every CEP bound to it
     /// (user endpoints through their GET_EVENT queues, kernel clients through their
     /// callbacks), stops their timers and sends nothing more for them; the device and its

@@ -1326,8 +1326,11 @@ fn table() -> Vec<Case> {
     }
     for (s, ep, what) in [
         (qp_state::INIT, Ep::Idle, "idle"),
+        // RTR/RTS are given in REQ_RCVD, before the REP (AL al_cm_cep.c:6482, 6555;
+        // WinVerbs reads them there, wv_ep.c:733, 760), never in REQ_SENT: no send PSN
+        // before the REP (Linux `cm_init_qp_rts_attr`; AL allows it, 6554).
         (qp_state::RTR, Ep::A(0), "REQ_SENT"),
-        (qp_state::RTS, Ep::P(0), "REQ_RCVD"),
+        (qp_state::RTS, Ep::A(0), "REQ_SENT"),
         (qp_state::INIT, Ep::Listen, "listening"),
     ] {
         t.add(

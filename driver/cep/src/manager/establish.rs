@@ -9,7 +9,6 @@ use ibcm_mad::{
 use crate::cep::{LapState, State};
 use crate::event::{Event, RepInfo, ReqInfo};
 use crate::types::{CepId, Instant, MadAddress, PathRecord, PrivateData, WirePath};
-use ibcm_iba::ack_timeout;
 
 use super::{CmManager, message_rejected, rejected, transport_supported};
 
@@ -123,8 +122,13 @@ impl CmManager {
             .is_present()
             .then(|| PathRecord::from_peer(&req.alternate_path));
         let ca_ack_delay = self.config.ca_ack_delay;
+        // The REP's StartingPSN, chosen now so that the RTR attributes a client reads
+        // before it formats the REP (WinVerbs, wv_ep.c:722-767) already name it; a REP
+        // with a PSN of its own replaces it.
+        let rep_psn = self.random_psn();
         let Some(c) = self.cep_mut(id) else { return };
         c.active = false;
+        c.local_psn = rep_psn;
         c.dest = *src;
         c.tid = tid;
         c.remote_comm_id = req.local_comm_id;
@@ -137,9 +141,14 @@ impl CmManager {
         c.path_mtu = req.path_mtu;
         c.primary = primary;
         c.alternate = alternate;
-        c.ack_timeout = ack_timeout(primary.packet_life_time, ca_ack_delay);
+        c.ack_timeout = c.path_ack_timeout(primary.packet_life_time);
         c.peer_responder_resources = req.responder_resources;
         c.peer_initiator_depth = req.initiator_depth;
+        // Until the REP says otherwise the read limits are the REQ's, crossed: this side
+        // accepts the reads the peer issues and issues what the peer accepts (WinOF
+        // `__save_wire_req`, al_cm_cep.c:869, 875; Linux `cm_req_handler`).
+        c.responder_resources = req.initiator_depth;
+        c.initiator_depth = req.responder_resources;
         c.retry_count = req.retry_count;
         c.rnr_retry = req.rnr_retry_count;
         c.max_cm_retries = req.max_cm_retries;
@@ -301,7 +310,7 @@ impl CmManager {
         c.target_ack_delay = rep.target_ack_delay;
         c.rnr_retry = rep.rnr_retry_count;
         c.failover = rep.failover_accepted;
-        c.ack_timeout = ack_timeout(c.primary.packet_life_time, rep.target_ack_delay);
+        c.ack_timeout = c.path_ack_timeout(c.primary.packet_life_time);
         self.set_state(id, State::RepRcvd { mra_sent: false });
         self.remote_ids
             .insert((rep.local_comm_id, rep.local_ca_guid), id);

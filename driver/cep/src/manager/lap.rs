@@ -20,7 +20,9 @@ impl CmManager {
             remote_comm_id: c.remote_comm_id,
             remote_qpn_eecn: c.remote_qpn,
             remote_cm_response_timeout: super::peer_response_timeout(c),
-            alternate_path: alt.to_wire(ack_timeout(alt.packet_life_time, c.target_ack_delay)),
+            // As a REQ's: 2 x PLT + this CA's ACK delay, the receiver's QP timeout.
+            alternate_path: alt
+                .to_wire(ack_timeout(alt.packet_life_time, self.config.ca_ack_delay)),
             private_data: super::cached(&self.pdata, c, AttributeId::Lap),
         }
     }
@@ -241,7 +243,7 @@ impl CmManager {
             c.dest.gid = alt.dgid;
             c.dest.grh = !alt.subnet_local;
             c.dest.sl = alt.sl;
-            c.ack_timeout = ack_timeout(alt.packet_life_time, c.target_ack_delay);
+            c.ack_timeout = c.path_ack_timeout(alt.packet_life_time);
         }
         Ok(())
     }

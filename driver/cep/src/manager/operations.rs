@@ -280,11 +280,10 @@ impl CmManager {
             p.private_data.len(),
             ibcm_mad::REP_PRIVATE_DATA_SIZE,
         )?;
+        // Without a PSN of the caller's, the one chosen with the REQ: the RTR attributes
+        // read before this pre-REP stay right.
+        let psn = p.starting_psn.unwrap_or(c.local_psn);
         let held = self.store(p.private_data)?;
-        let psn = match p.starting_psn {
-            Some(psn) => psn,
-            None => self.random_psn(),
-        };
         self.keep_cached(id, AttributeId::Rep, held);
         let Some(c) = self.cep_mut(id) else {
             return Err(CmError::UnknownCep);

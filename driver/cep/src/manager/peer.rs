@@ -52,12 +52,13 @@ impl CmManager {
             (c.service_id == req.service_id
                 && c.primary.dgid == req.primary_path.local_gid
                 && c.primary.dlid == req.primary_path.local_lid)
-                .then_some((*id, c.local_qpn))
+                .then_some((*id, c.local_qpn, c.dest.port))
         });
-        let Some((id, local_qpn)) = ours else {
+        let Some((id, local_qpn, port)) = ours else {
             return false;
         };
-        let we_stay_active = (self.config.ca_guid, local_qpn) > (req.local_ca_guid, req.local_qpn);
+        let we_stay_active =
+            (self.ca_guid_of(port), local_qpn) > (req.local_ca_guid, req.local_qpn);
         if we_stay_active {
             // The peer will lose the same comparison and answer our REQ.
             return true;

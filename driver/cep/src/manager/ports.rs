@@ -53,6 +53,24 @@ impl PortAddress {
     }
 }
 
+/// The CA GUID of each port: one CM serves the ports of several CAs (host port numbers,
+/// ibcm-endpoint's ports.rs), and a message names the CA of the port it leaves by
+/// (REQ/REP LocalCAGUID, IBA Tables 103/106; the ARI of REJ(Timeout), Table 108). Peers
+/// key their stale-connection check by (CA GUID, QPN) (Linux `cm_insert_remote_qpn`,
+/// `cm_match_req`): two CAs that reuse a QPN towards one peer must not share a GUID.
+/// A port nobody told of is the configured [`CmConfig::ca_guid`](crate::CmConfig)'s.
+#[derive(Debug, Clone)]
+pub(super) struct PortCas {
+    /// By port number; 0: not told.
+    guids: [u64; 256],
+}
+
+impl PortCas {
+    pub(super) const fn new() -> Self {
+        Self { guids: [0; 256] }
+    }
+}
+
 /// The permissive LID: what Linux puts in a REQ's path LIDs when the path is not
 /// subnet-local, and what a RoCE path carries (no LIDs).
 const PERMISSIVE_LID: u16 = 0xFFFF;
@@ -91,6 +109,24 @@ impl CmManager {
             self.ports.push(entry);
         }
         Ok(())
+    }
+
+    /// Tells the manager which CA `port` belongs to: REQs, REPs and REJ(Timeout)s sent
+    /// for connections on that port carry `ca_guid` from now on (0: the configured
+    /// [`CmConfig::ca_guid`](crate::CmConfig) again). PASSIVE_LEVEL or DISPATCH_LEVEL; no
+    /// allocation.
+    pub fn set_port_ca_guid(&mut self, port: u8, ca_guid: u64) {
+        if let Some(g) = self.port_cas.guids.get_mut(usize::from(port)) {
+            *g = ca_guid;
+        }
+    }
+
+    /// The GUID of the CA `port` belongs to.
+    pub(super) fn ca_guid_of(&self, port: u8) -> u64 {
+        match self.port_cas.guids.get(usize::from(port)) {
+            Some(&g) if g != 0 => g,
+            _ => self.config.ca_guid,
+        }
     }
 
     /// [`Self::remove_port`]: the port's GIDs and LIDs are no longer this CA's (a REQ

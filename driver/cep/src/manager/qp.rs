@@ -3,7 +3,7 @@
 
 use crate::cep::Cep;
 use crate::types::PathRecord;
-use ibcm_iba::{AddressVector, MigrationState, QpAttributes, QpState, access, ack_timeout};
+use ibcm_iba::{AddressVector, MigrationState, QpAttributes, QpState, access};
 
 /// INIT, RTR and RTS attributes as Linux `cm_init_qp_{init,rtr,rts}_attr` computes them.
 pub(super) fn qp_attributes_of(c: &Cep, state: QpState) -> QpAttributes {
@@ -16,7 +16,7 @@ pub(super) fn qp_attributes_of(c: &Cep, state: QpState) -> QpAttributes {
     let alternate = c
         .alternate
         .filter(|p| p.is_present())
-        .map(|p| av(p, ack_timeout(p.packet_life_time, c.target_ack_delay)));
+        .map(|p| av(p, c.path_ack_timeout(p.packet_life_time)));
     match state {
         QpState::Init => {
             let mut flags = access::LOCAL_WRITE | access::REMOTE_WRITE;
@@ -30,13 +30,18 @@ pub(super) fn qp_attributes_of(c: &Cep, state: QpState) -> QpAttributes {
         QpState::Rtr => {
             a.path_mtu = Some(c.path_mtu);
             a.dest_qpn = Some(c.remote_qpn);
-            a.rq_psn = Some(c.remote_psn);
+            // The StartingPSN this side sent (its REQ or REP) is the PSN its receive queue
+            // expects (IBA 12.7.7/12.7.21; Linux `ib_send_cm_req`/`ib_send_cm_rep` set
+            // `rq_psn` from their own message).
+            a.rq_psn = Some(c.local_psn);
             a.max_dest_rd_atomic = Some(c.responder_resources);
             a.primary = Some(av(c.primary, c.ack_timeout));
             a.alternate = alternate;
         }
         QpState::Rts => {
-            a.sq_psn = Some(c.local_psn);
+            // The peer's StartingPSN is where this side's sends begin (Linux
+            // `cm_req_handler`/`cm_rep_handler`: `sq_psn` from the peer's message).
+            a.sq_psn = Some(c.remote_psn);
             a.timeout = Some(c.ack_timeout);
             a.retry_count = Some(c.retry_count);
             a.rnr_retry = Some(c.rnr_retry);

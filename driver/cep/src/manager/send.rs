@@ -43,7 +43,7 @@ impl CmManager {
             local_comm_id: self.local_comm_id(id),
             vendor_id: 0,
             service_id: c.service_id,
-            local_ca_guid: self.config.ca_guid,
+            local_ca_guid: self.ca_guid_of(c.dest.port),
             local_qkey: 0,
             local_qpn: c.local_qpn,
             responder_resources: c.responder_resources,
@@ -90,7 +90,7 @@ impl CmManager {
             end_to_end_flow_control: c.flow_control,
             rnr_retry_count: c.peer_rnr_retry,
             srq: c.srq || xrc,
-            local_ca_guid: self.config.ca_guid,
+            local_ca_guid: self.ca_guid_of(c.dest.port),
             private_data: cached(&self.pdata, c, AttributeId::Rep),
         }
     }
@@ -186,7 +186,8 @@ impl CmManager {
     }
 
     pub(super) fn send_rej_for(&mut self, id: CepId, reason: RejReason, message: MessageKind) {
-        let guid = guid_ari(self.config.ca_guid);
+        let port = self.cep_any(id).map_or(0, |c| c.dest.port);
+        let guid = guid_ari(self.ca_guid_of(port));
         let ari: &[u8] = if reason == RejReason::Timeout {
             &guid
         } else {

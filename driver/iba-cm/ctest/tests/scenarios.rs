@@ -126,7 +126,13 @@ fn connect_accept_rtu_disconnect() {
     // SAFETY: RTR attributes.
     let rtr = unsafe { rtr.state.rtr };
     assert_eq!(rtr.dest_qp.get(), 0x22);
-    assert_eq!(rtr.rq_psn.get(), 0x65_4321, "B's starting PSN");
+    // The receive PSN is A's own REQ's StartingPSN (0xAB123456 in client.c, modulo 2^24):
+    // AL al_cm_cep.c:4865 `rq_psn = p_cm_req->starting_psn`, read back at :6495.
+    assert_eq!(
+        rtr.rq_psn.get(),
+        0x12_3456,
+        "A's own starting PSN modulo 2^24"
+    );
     assert_eq!(rtr.resp_res, 3);
     assert_eq!(rtr.primary_av.dlid.get(), 2);
     assert_eq!(rtr.primary_av.conn.path_mtu, 4);
@@ -135,7 +141,9 @@ fn connect_accept_rtu_disconnect() {
     assert_eq!(s, status::SUCCESS);
     // SAFETY: RTS attributes.
     let rts = unsafe { rts.state.rts };
-    assert_eq!(rts.sq_psn.get(), 0x12_3456, "the starting PSN modulo 2^24");
+    // The send PSN is the REP's StartingPSN: AL al_cm_cep.c:1316 `sq_psn =
+    // conn_rep_get_starting_psn( p_rep )`, read back at :6569.
+    assert_eq!(rts.sq_psn.get(), 0x65_4321, "B's starting PSN");
     assert_eq!(rts.init_depth, 2);
 
     assert_eq!(a.rtu(&[0xC3]), status::SUCCESS);
