@@ -50,6 +50,7 @@ kver="${kpkg#linux-image-}"
 packages=(
     "$kpkg" rdma-core ibverbs-providers libibverbs1 librdmacm1 rdmacm-utils ibverbs-utils
     iproute2 libc6 libgcc-s1 libnl-3-200 libnl-route-3-200 libmnl0 libbsd0 libmd0 libcap2
+    perftest libibumad3 libpci3 libudev1 zlib1g
 )
 
 ibcm_bin="${IBCM_GUEST_BIN:-}"
@@ -102,7 +103,8 @@ mkdir -p "$stage"/{bin,sbin,dev,proc,sys,tmp,etc,lib64,usr/bin,lib/x86_64-linux-
 cp /bin/busybox "$stage/bin/busybox"
 
 # Binaries, then the closure of their NEEDED libraries within the extracted packages.
-bins=(usr/bin/cmtime usr/bin/rping usr/bin/ucmatose usr/bin/ibv_devices usr/bin/ibv_devinfo usr/bin/rdma)
+bins=(usr/bin/cmtime usr/bin/rping usr/bin/ucmatose usr/bin/ibv_devices usr/bin/ibv_devinfo usr/bin/rdma
+    usr/bin/ib_read_bw usr/bin/ib_send_bw)
 provider=usr/lib/x86_64-linux-gnu/libibverbs/librxe-rdmav34.so
 for b in "${bins[@]}"; do
     [ -f "$x/$b" ] || die "$b is not in the packages"

@@ -5,8 +5,8 @@
 #
 #   tests/interop/data-plane.sh [SCENARIO...]     (as root; default: every scenario)
 #
-# Scenarios: ibcm-ibcm ibcm-ibcm-bw linux-server linux-client reject-linux reject-ibcm
-# req-timeout disconnect-in-flight baseline.
+# Scenarios: ibcm-ibcm ibcm-ibcm-bw linux-server linux-client ucmatose-server
+# ucmatose-client reject-linux reject-ibcm req-timeout disconnect-in-flight baseline.
 #
 # What it does, all of it self-contained and undone on exit (trap):
 # - builds `ibcm` (feature `verbs`: driver/linux, ib_umad + libibverbs) and the guest
@@ -38,7 +38,7 @@ A_IP=10.77.0.3
 B_IP=10.77.0.2
 DEAD_IP=10.77.0.9
 CM_MODULES=iw_cm,ib_cm,rdma_cm,rdma_ucm
-ALL_SCENARIOS=(ibcm-ibcm ibcm-ibcm-bw linux-server linux-client reject-linux reject-ibcm req-timeout disconnect-in-flight baseline)
+ALL_SCENARIOS=(ibcm-ibcm ibcm-ibcm-bw linux-server linux-client ucmatose-server ucmatose-client reject-linux reject-ibcm req-timeout disconnect-in-flight baseline)
 t_start=$(date +%s.%N)
 
 die() { echo "data-plane: FAIL: $*" >&2; exit 1; }
@@ -224,7 +224,6 @@ RDMA_PORT=7470
 next_port() { RDMA_PORT=$((RDMA_PORT + 1)); }
 # pings FILE: "V/N" of an ibcm rping report.
 pings() { sed -n 's/^rping: \([0-9]*\)\/\([0-9]*\) pings verified.*/\1\/\2/p' "$1" | head -1; }
-mbps() { sed -n 's/.*(\([0-9.]*\) MB\/s).*/\1/p' "$1" | head -1; }
 # uptime_ms FILE: the ms between the two guest uptimes of its "uptime=T0,T1" line (the
 # guest's busybox `date` has no %N).
 uptime_ms() { sed -n 's/^uptime=\([0-9.]*\),\([0-9.]*\).*/(\2 - \1) * 1000/p' "$1" | head -1 | bc 2>/dev/null | cut -d. -f1; }
@@ -245,7 +244,6 @@ scenario_ibcm-ibcm() {
     # A issues up to 4 reads (B serves 4), B issues up to 2 (A serves 2).
     check "read limits: A 4 out / 2 in, asymmetric" eq "$(kv "$OUT/ibcm-ibcm.A.txt" qp-ours max_rd_atomic)/$(kv "$OUT/ibcm-ibcm.A.txt" qp-ours max_dest_rd_atomic)" 4/2
     FIG[ibcm_ibcm_setup_ms]="$(sed -n 's/^rc: established in \([0-9.]*\) ms/\1/p' "$OUT/ibcm-ibcm.A.txt" | head -1)"
-    FIG[ibcm_ibcm_rping_mbps]="$(mbps "$OUT/ibcm-ibcm.A.txt")"
 }
 
 scenario_ibcm-ibcm-bw() {
@@ -286,7 +284,6 @@ scenario_linux-server() {
     check "read limits: 1 <= our initiator depth ($rd) <= 2 asked" eval "[ '$rd' -ge 1 ] && [ '$rd' -le 2 ]"
     check "read limits: 1 <= our responder resources ($dr) <= 4 offered" eval "[ '$dr' -ge 1 ] && [ '$dr' -le 4 ]"
     FIG[ibcm_linux_setup_ms]="$(sed -n 's/^rc: established in \([0-9.]*\) ms/\1/p' "$OUT/linux-server.ibcm.txt" | head -1)"
-    FIG[ibcm_linux_rping_mbps]="$(mbps "$OUT/linux-server.ibcm.txt")"
 }
 
 scenario_linux-client() {
@@ -305,9 +302,43 @@ scenario_linux-client() {
     check "ibcm: the peer's DREQ answered" has "$OUT/linux-client.ibcm.txt" "rc: disconnected"
     check "ibcm exited 0" has "$OUT/linux-client.ibcm.txt" "exit=0"
     qp_linux "$OUT/linux-client.ibcm.txt" "$OUT/linux-client.qp.txt"
+    # Timing: the same Linux client against ibcm again, without the hold (compared with
+    # Linux against Linux in the baseline).
+    next_port
+    bg A srv "ibcm rping --local $A_IP -p $RDMA_PORT -S $SIZE --wait 60"
+    wait_listening A srv || fail "ibcm server on A did not listen"
+    guest B 120 "t0=\$(cut -d' ' -f1 /proc/uptime); timeout 100 rping -c -a $A_IP -p $RDMA_PORT -v -V -C $PINGS -S $SIZE > /tmp/lc.log 2>&1; echo exit=\$?; echo uptime=\$t0,\$(cut -d' ' -f1 /proc/uptime); echo verified=\$(grep -c '^ping data: rdma-ping-' /tmp/lc.log)" >"$OUT/linux-client.timing.txt" 2>&1 || true
+    bg_wait A srv "$OUT/linux-client.ibcm2.txt"
+    check "timing run: Linux verified $PINGS pings" has "$OUT/linux-client.timing.txt" "verified=$PINGS"
     local ms
-    ms="$(uptime_ms "$OUT/linux-client.linux.txt")"
-    [ -n "$ms" ] && FIG[linux_ibcm_rping_ms]="$ms"
+    ms="$(uptime_ms "$OUT/linux-client.timing.txt")"
+    [ -n "$ms" ] && FIG[linux_to_ibcm_rping_ms]="$ms"
+}
+
+scenario_ucmatose-server() {
+    # Linux `ucmatose` serves, ibcm connects: 10 messages of 100 bytes each way, then both
+    # sides disconnect (their DREQs may cross).
+    next_port
+    bg B uc "ucmatose -b $B_IP -p $RDMA_PORT -C 10 -S 100"
+    sleep 1
+    guest A 90 "timeout 80 ibcm ucmatose --local $A_IP --peer $B_IP -p $RDMA_PORT -C 10 -S 100; echo exit=\$?" >"$OUT/ucmatose-server.ibcm.txt" 2>&1 || true
+    bg_wait B uc "$OUT/ucmatose-server.linux.txt"
+    check "ibcm: 10 sends and 10 receives" has "$OUT/ucmatose-server.ibcm.txt" "ucmatose: 10 sends and 10 receives of 100 bytes"
+    check "ibcm exited 0" has "$OUT/ucmatose-server.ibcm.txt" "exit=0"
+    check "Linux: data transfers complete" has "$OUT/ucmatose-server.linux.txt" "data transfers complete"
+    check "Linux exited 0" has "$OUT/ucmatose-server.linux.txt" "exit=0"
+}
+
+scenario_ucmatose-client() {
+    next_port
+    bg A uc "ibcm ucmatose --local $A_IP -p $RDMA_PORT -C 10 -S 100 --wait 60"
+    wait_listening A uc || fail "ibcm ucmatose on A did not listen"
+    guest B 90 "timeout 80 ucmatose -s $A_IP -p $RDMA_PORT -C 10 -S 100; echo exit=\$?" >"$OUT/ucmatose-client.linux.txt" 2>&1 || true
+    bg_wait A uc "$OUT/ucmatose-client.ibcm.txt"
+    check "ibcm: 10 sends and 10 receives" has "$OUT/ucmatose-client.ibcm.txt" "ucmatose: 10 sends and 10 receives of 100 bytes"
+    check "ibcm exited 0" has "$OUT/ucmatose-client.ibcm.txt" "exit=0"
+    check "Linux: data transfers complete" has "$OUT/ucmatose-client.linux.txt" "data transfers complete"
+    check "Linux exited 0" has "$OUT/ucmatose-client.linux.txt" "exit=0"
 }
 
 scenario_reject-linux() {
@@ -334,19 +365,19 @@ scenario_req-timeout() {
     t0=$(date +%s)
     guest A 90 "timeout 80 ibcm rping --local $A_IP --peer $DEAD_IP -p 7471 -C 1 --max-cm-retries 2 --wait 60; echo exit=\$?" >"$OUT/req-timeout.ibcm.txt" 2>&1 || true
     t1=$(date +%s)
-    check "ibcm reports a timeout" eval "grep -qi 'time' '$OUT/req-timeout.ibcm.txt'"
+    check "ibcm reports the REQ unanswered" has "$OUT/req-timeout.ibcm.txt" "no answer to the Req"
     check "ibcm exited non-zero (not killed by timeout 80)" eval "grep -q 'exit=' '$OUT/req-timeout.ibcm.txt' && ! grep -q 'exit=0\|exit=124' '$OUT/req-timeout.ibcm.txt'"
     echo "  REQ timeout after $((t1 - t0)) s"
 }
 
 scenario_disconnect-in-flight() {
-    # Linux `rping -c` pings without end, 64 KiB at a time, and is killed mid-transfer:
+    # Linux `rping -c` pings without end, 32 KiB at a time, and is killed mid-transfer:
     # its kernel sends the DREQ with work in flight; ibcm's server sees the DREQ, its QP
     # flushes, and it answers and exits cleanly.
     next_port
-    bg A srv "ibcm rping --local $A_IP -p $RDMA_PORT -S 65536 --wait 60"
+    bg A srv "ibcm rping --local $A_IP -p $RDMA_PORT -S 32768 --wait 60"
     wait_listening A srv || fail "ibcm server on A did not listen"
-    guest B 60 "rping -c -a $A_IP -p $RDMA_PORT -C 0 -S 65536 -V > /tmp/dif.log 2>&1 & p=\$!; sleep 6; kill \$p; wait \$p; echo killed; cat /tmp/dif.log" >"$OUT/disconnect-in-flight.linux.txt" 2>&1 || true
+    guest B 60 "rping -c -a $A_IP -p $RDMA_PORT -C 0 -S 32768 -V > /tmp/dif.log 2>&1 & p=\$!; sleep 6; kill \$p; wait \$p; echo killed; cat /tmp/dif.log" >"$OUT/disconnect-in-flight.linux.txt" 2>&1 || true
     bg_wait A srv "$OUT/disconnect-in-flight.ibcm.txt"
     local f="$OUT/disconnect-in-flight.ibcm.txt" v
     v="$(pings "$f")"
@@ -367,15 +398,25 @@ scenario_baseline() {
     check "Linux-Linux: $PINGS pings verified" has "$OUT/baseline.linux-A.txt" "verified=$PINGS"
     local ms
     ms="$(uptime_ms "$OUT/baseline.linux-A.txt")"
-    [ -n "$ms" ] && FIG[linux_linux_rping_ms]="$ms"
-    [ -n "$ms" ] && FIG[linux_linux_rping_mbps]="$(echo "scale=3; 2 * $PINGS * $SIZE / ($ms * 1000)" | bc)"
+    [ -n "$ms" ] && FIG[linux_to_linux_rping_ms]="$ms"
     next_port
     guest B 10 "cmtime -b $B_IP -p $RDMA_PORT > /tmp/cmt.log 2>&1 & echo \$! > /tmp/cmt.pid" >/dev/null
     sleep 1
-    guest A 120 "timeout 100 cmtime -s $B_IP -p $RDMA_PORT -c 10" >"$OUT/baseline.cmtime.txt" 2>&1 || fail "cmtime failed"
+    guest A 120 "timeout 100 cmtime -s $B_IP -p $RDMA_PORT -c 1" >"$OUT/baseline.cmtime.txt" 2>&1 || fail "cmtime failed"
     guest B 10 "kill \$(cat /tmp/cmt.pid)" >/dev/null 2>&1 || true
-    # cmtime's "connect" step: total ms for 10 connections, all at once.
-    FIG[linux_linux_connect_ms]="$(awk '$1=="connect" && $2==":" {print $3}' "$OUT/baseline.cmtime.txt" | head -1)"
+    # cmtime's "connect" step for one connection: rdma_connect to ESTABLISHED.
+    FIG[linux_linux_setup_ms]="$(awk '$1=="connect" && $2==":" {print $3}' "$OUT/baseline.cmtime.txt" | head -1)"
+    # perftest over rdma_cm, the same sizes as ibcm-ibcm-bw.
+    for t in read send; do
+        next_port
+        guest B 10 "timeout 120 ib_${t}_bw -R -F -p $RDMA_PORT -s 65536 -n 100 > /tmp/pt.log 2>&1 & echo \$! > /tmp/pt.pid" >/dev/null
+        sleep 2
+        guest A 150 "timeout 120 ib_${t}_bw -R -F -p $RDMA_PORT -s 65536 -n 100 $B_IP; echo exit=\$?" >"$OUT/baseline.ib_${t}_bw.txt" 2>&1 || true
+        guest B 20 "i=0; while kill -0 \$(cat /tmp/pt.pid) 2>/dev/null && [ \$i -lt 100 ]; do sleep 0.1; i=\$((i+1)); done; cat /tmp/pt.log" >>"$OUT/baseline.ib_${t}_bw.txt" 2>&1 || true
+        # The result row: "#bytes #iterations BW peak[MB/sec] BW average[MB/sec] MsgRate".
+        FIG[linux_linux_${t}_mbps]="$(awk '$1=="65536" && $2=="100" {print $4; exit}' "$OUT/baseline.ib_${t}_bw.txt")"
+        check "ib_${t}_bw -R ran" eval "[ -n '${FIG[linux_linux_${t}_mbps]:-}' ]"
+    done
 }
 
 cm_on_b=""
@@ -412,13 +453,15 @@ for s in "${scenarios[@]}"; do
 done
 echo
 echo "figures (qemu TCG guests, soft-RoCE; MB/s = 10^6 B/s):"
-for k in ibcm_ibcm_setup_ms ibcm_linux_setup_ms linux_linux_connect_ms linux_ibcm_rping_ms linux_linux_rping_ms ibcm_ibcm_rping_mbps ibcm_linux_rping_mbps linux_linux_rping_mbps ibcm_read_mbps ibcm_send_mbps; do
-    [ -n "${FIG[$k]:-}" ] && printf '  %-24s %s\n' "$k" "${FIG[$k]}"
-done
-if [ -n "${FIG[ibcm_linux_rping_mbps]:-}" ] && [ -n "${FIG[linux_linux_rping_mbps]:-}" ]; then
-    printf '  rping throughput ratio, ibcm client -> Linux server / Linux -> Linux: %s\n' \
-        "$(echo "scale=2; ${FIG[ibcm_linux_rping_mbps]} / ${FIG[linux_linux_rping_mbps]}" | bc)"
-fi
+ratio() { if [ -n "${1:-}" ] && [ -n "${2:-}" ] && [ "$(echo "$2 > 0" | bc)" = 1 ]; then printf '%.2f' "$(echo "$1 / $2" | bc -l)"; else echo "n/a"; fi; }
+row() { printf '  %-58s %10s %10s   %s\n' "$1" "${2:-n/a}" "${3:-n/a}" "$(ratio "${2:-}" "${3:-}")"; }
+printf '  %-58s %10s %10s   %s\n' "" "ibcm" "Linux" "ratio"
+row "connection setup, one connection, ms (ibcm -> ibcm)" "${FIG[ibcm_ibcm_setup_ms]:-}" "${FIG[linux_linux_setup_ms]:-}"
+row "connection setup, one connection, ms (ibcm -> Linux)" "${FIG[ibcm_linux_setup_ms]:-}" "${FIG[linux_linux_setup_ms]:-}"
+row "Linux rping -c, $PINGS x $SIZE B, wall ms (server: ibcm / Linux)" "${FIG[linux_to_ibcm_rping_ms]:-}" "${FIG[linux_to_linux_rping_ms]:-}"
+row "RDMA READ 100 x 64 KiB, MB/s (rc-bw / ib_read_bw -R)" "${FIG[ibcm_read_mbps]:-}" "${FIG[linux_linux_read_mbps]:-}"
+row "SEND 100 x 64 KiB, MB/s (rc-bw / ib_send_bw -R)" "${FIG[ibcm_send_mbps]:-}" "${FIG[linux_linux_send_mbps]:-}"
+echo "  (ibcm's setup: REQ to RTU sent, QP transitions included; Linux's: cmtime -c 1's connect step)"
 total="$(printf '%.1f' "$(echo "$(date +%s.%N) - $t_start" | bc)")"
 echo
 echo "$(( ${#RESULT[@]} - failed )) passed, $failed failed"

@@ -235,7 +235,9 @@ pub fn bw(a: &BwArgs) -> Result<bool, Failure> {
     let c = &a.common;
     let (rc, limits, wait) = start(c)?;
     let client = c.peer.is_some();
-    let slots = if client { 1 } else { a.depth };
+    // The server keeps twice the client's depth posted: a SEND finds a receive even while
+    // the server checks and reposts the previous ones (no RNR NAK, whose timer is 655 ms).
+    let slots = if client { 1 } else { 2 * a.depth };
     let recv =
         Region::new(&rc.ctx, slots * a.size.max(RPING_INFO_LEN)).map_err(|e| e.to_string())?;
     let post = |qp: &ibcm_linux::verbs::RcQp| {
@@ -292,6 +294,41 @@ pub fn bw(a: &BwArgs) -> Result<bool, Failure> {
                 }
             }
         })
+    };
+    Ok(ok && disconnected)
+}
+
+/// `ibcm ucmatose`: rdma-core ucmatose's exchange (`count` messages each way).
+pub fn ucmatose(a: &RpingArgs) -> Result<bool, Failure> {
+    let c = &a.common;
+    let (rc, limits, wait) = start(c)?;
+    let recv = Region::new(&rc.ctx, a.count * a.size).map_err(|e| e.to_string())?;
+    let post = |qp: &ibcm_linux::verbs::RcQp| {
+        for i in 0..a.count {
+            qp.post_recv(&recv, i * a.size, a.size, i as u64)
+                .map_err(|e| e.to_string())?;
+        }
+        Ok(())
+    };
+    let conn = match c.peer {
+        Some(peer) => rc::connect(&rc, peer, c.port, &limits, post)?,
+        None => rc::accept(&rc, c.port, &limits, wait, post, &log)?,
+    };
+    established(c, &conn)?;
+    // Both ucmatose sides disconnect when their transfers are done (cmatose.c run_server
+    // and run_client): so does ibcm, in either role.
+    let (r, disconnected) = run_client(&rc, &conn, || {
+        rc::messages(&rc, &conn, a.count, a.size, wait)
+    });
+    let ok = match r {
+        Ok((s, r)) => {
+            println!("ucmatose: {s} sends and {r} receives of {} bytes", a.size);
+            s == a.count && r == a.count
+        }
+        Err(e) => {
+            println!("ucmatose: FAILED: {e}");
+            false
+        }
     };
     Ok(ok && disconnected)
 }

@@ -62,6 +62,10 @@ enum Command {
     /// every ping verified; a peer for Linux `rping -v -V` in either role.
     #[cfg(all(target_os = "linux", feature = "verbs"))]
     Rping(cli_rc::RpingArgs),
+    /// rdma-core ucmatose's exchange on a real RDMA device: -C messages of -S bytes each
+    /// way, then both sides disconnect; a peer for Linux `ucmatose` in either role.
+    #[cfg(all(target_os = "linux", feature = "verbs"))]
+    Ucmatose(cli_rc::RpingArgs),
     /// RDMA READ and SEND bandwidth between two ibcm nodes on real RDMA devices, every
     /// byte verified.
     #[cfg(all(target_os = "linux", feature = "verbs"))]
@@ -300,6 +304,8 @@ fn main() -> ExitCode {
         Command::Rping(a) => cli_rc::rping(&a),
         #[cfg(all(target_os = "linux", feature = "verbs"))]
         Command::RcBw(a) => cli_rc::bw(&a),
+        #[cfg(all(target_os = "linux", feature = "verbs"))]
+        Command::Ucmatose(a) => cli_rc::ucmatose(&a),
     };
     match result {
         Ok(true) => ExitCode::SUCCESS,

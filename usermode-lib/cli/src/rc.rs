@@ -650,6 +650,39 @@ pub fn bw_client(
     Ok((read, sends))
 }
 
+/// rdma-core ucmatose's data phase (librdmacm/examples/cmatose.c: post_sends, then
+/// poll_cqs for the sends and for the receives): `count` SENDs of `size` bytes each way,
+/// the receives posted before the connection is established. ucmatose sends whatever its
+/// buffer holds, so only the count and length of each message are checked. Returns the
+/// (sends, receives) completed.
+pub fn messages(
+    rc: &Rc,
+    conn: &Conn,
+    count: usize,
+    size: usize,
+    limit: Duration,
+) -> Res<(usize, usize)> {
+    let qp = &conn.qp;
+    let mut send = Region::new(&rc.ctx, size).map_err(|e| e.to_string())?;
+    send.bytes_mut().fill(0x5a);
+    for i in 0..count {
+        qp.post_send(&send, 0, size, WR_SEND + 100 + i as u64)
+            .map_err(|e| e.to_string())?;
+    }
+    let (mut sent, mut received) = (0, 0);
+    while sent < count || received < count {
+        let c = next_ok(qp, limit, "message")?;
+        if c.wr_id >= WR_SEND + 100 {
+            sent += 1;
+        } else if c.byte_len as usize == size {
+            received += 1;
+        } else {
+            return Err(format!("a message of {} bytes, not {size}", c.byte_len));
+        }
+    }
+    Ok((sent, received))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
