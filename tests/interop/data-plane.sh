@@ -243,7 +243,7 @@ scenario_ibcm-ibcm() {
     # A asks initiator depth 4 and offers 3 responder resources; B offers 4 and asks 2:
     # A issues up to 4 reads (B serves 4), B issues up to 2 (A serves 2).
     check "read limits: A 4 out / 2 in, asymmetric" eq "$(kv "$OUT/ibcm-ibcm.A.txt" qp-ours max_rd_atomic)/$(kv "$OUT/ibcm-ibcm.A.txt" qp-ours max_dest_rd_atomic)" 4/2
-    FIG[ibcm_ibcm_setup_ms]="$(sed -n 's/^rc: established in \([0-9.]*\) ms/\1/p' "$OUT/ibcm-ibcm.A.txt" | head -1)"
+    FIG[ibcm_ibcm_setup_ms]="$(sed -n 's/^rc: established in \([0-9.]*\) ms.*/\1/p' "$OUT/ibcm-ibcm.A.txt" | head -1)"
 }
 
 scenario_ibcm-ibcm-bw() {
@@ -283,7 +283,7 @@ scenario_linux-server() {
     rd="$(kv "$OUT/linux-server.ibcm.txt" qp-ours max_rd_atomic)"; dr="$(kv "$OUT/linux-server.ibcm.txt" qp-ours max_dest_rd_atomic)"
     check "read limits: 1 <= our initiator depth ($rd) <= 2 asked" eval "[ '$rd' -ge 1 ] && [ '$rd' -le 2 ]"
     check "read limits: 1 <= our responder resources ($dr) <= 4 offered" eval "[ '$dr' -ge 1 ] && [ '$dr' -le 4 ]"
-    FIG[ibcm_linux_setup_ms]="$(sed -n 's/^rc: established in \([0-9.]*\) ms/\1/p' "$OUT/linux-server.ibcm.txt" | head -1)"
+    FIG[ibcm_linux_setup_ms]="$(sed -n 's/^rc: established in \([0-9.]*\) ms.*/\1/p' "$OUT/linux-server.ibcm.txt" | head -1)"
     # Timing: ibcm's client against Linux rping -s again, without the hold (compared with
     # Linux's client in the baseline).
     next_port

@@ -477,4 +477,16 @@ mod tests {
             let _ = parse(&vec![0xff; len], &[]);
         }
     }
+
+    proptest::proptest! {
+        /// Whatever the umad device delivers, the receive path takes it apart without
+        /// panicking, and hands the CM a 256-byte MAD or nothing.
+        #[test]
+        fn any_read_parses_or_drops(read in proptest::collection::vec(proptest::num::u8::ANY, 0..400),
+                                    pkeys in proptest::collection::vec(proptest::num::u16::ANY, 0..3)) {
+            if let Incoming::Mad { mad, .. } = parse(&read, &pkeys) {
+                proptest::prop_assert_eq!(mad.len(), MAD_SIZE);
+            }
+        }
+    }
 }

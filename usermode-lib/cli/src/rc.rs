@@ -77,6 +77,9 @@ pub struct Conn {
     pub qp: RcQp,
     /// From the REQ (sent or received) to the connection being established here.
     pub setup: Duration,
+    /// From the REQ to the peer's answer (the REP, active) or to our REP's going out
+    /// (passive: the QP created and moved to RTS on the way).
+    pub answer: Duration,
 }
 
 /// The read limits and timing of a connection.
@@ -133,6 +136,7 @@ pub fn connect(
     let reply = ep
         .connect(&params)
         .map_err(|e| format!("connect: {}", describe(&e)))?;
+    let answer = t0.elapsed();
     let init = ep
         .qp_attributes(QpState::Init)
         .map_err(|e| format!("INIT attributes: {}", describe(&e)))?;
@@ -145,6 +149,7 @@ pub fn connect(
         ep,
         qp,
         setup: t0.elapsed(),
+        answer,
     })
 }
 
@@ -198,6 +203,7 @@ pub fn accept(
     modify(&qp, &t.rtr)?;
     modify(&qp, &t.rts)?;
     before_rep(&qp)?;
+    let answer = t0.elapsed();
     crate::exchange::bounded(wait, || ep.cancel(), || ep.accept())
         .map_err(|e| format!("accept: {}", describe(&e)))?;
     listener.cancel();
@@ -205,6 +211,7 @@ pub fn accept(
         ep,
         qp,
         setup: t0.elapsed(),
+        answer,
     })
 }
 
