@@ -248,7 +248,9 @@ scenario_ibcm-ibcm() {
 
 scenario_ibcm-ibcm-bw() {
     next_port
-    bg B bw "ibcm rc-bw --local $B_IP -p $RDMA_PORT -S 65536 --depth 8 --responder-resources 8 --initiator-depth 8 --wait 90"
+    # B holds a second before its first SEND (its buffer's advertisement): A reads its QP
+    # in that quiet second, B after it, before anything has moved.
+    bg B bw "ibcm rc-bw --local $B_IP -p $RDMA_PORT -S 65536 --depth 8 --responder-resources 8 --initiator-depth 8 --hold 1 --wait 90"
     wait_listening B bw || fail "ibcm bw server on B did not listen"
     guest A 150 "timeout 140 ibcm rc-bw --local $A_IP --peer $B_IP -p $RDMA_PORT -S 65536 -n 100 --depth 8 --responder-resources 8 --initiator-depth 8; echo exit=\$?" >"$OUT/ibcm-ibcm-bw.A.txt" 2>&1 || true
     bg_wait B bw "$OUT/ibcm-ibcm-bw.B.txt"
