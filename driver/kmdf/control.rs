@@ -21,6 +21,7 @@ use alloc::vec::Vec;
 use core::ptr::NonNull;
 use core::sync::atomic::{AtomicBool, AtomicI32, AtomicUsize, Ordering};
 
+use ibcm_cep::Transmit;
 use ibcm_endpoint::{Device, FileId};
 use wdk_sys::{
     _WDF_FILEOBJECT_CLASS, _WDF_IO_QUEUE_DISPATCH_TYPE, _WDF_TRI_STATE, FILE_DEVICE_SECURE_OPEN,
@@ -32,7 +33,6 @@ use wdk_sys::{
 };
 
 use crate::host::{self, HOST, Host};
-use crate::ibal;
 use crate::platform::{KmdfRequest, REQUEST_CONTEXT, RequestContext, complete_request};
 use crate::wdf::{self, context_type};
 
@@ -96,7 +96,7 @@ fn unicode(chars: &'static [u16]) -> UNICODE_STRING {
 
 /// Creates the control device and its host, and publishes the host in [`HOST`]
 /// (PASSIVE_LEVEL, the driver's wait lock held, from the first filter device's add).
-pub fn create(driver: WDFDRIVER) -> Result<(), NTSTATUS> {
+pub fn create(driver: WDFDRIVER, send: fn(&Host, &Transmit)) -> Result<(), NTSTATUS> {
     let sddl = unicode(&SDDL);
     // SAFETY: (C9) PASSIVE_LEVEL; the driver handle is the framework's; the SDDL string
     // is copied by the framework.
@@ -110,7 +110,7 @@ pub fn create(driver: WDFDRIVER) -> Result<(), NTSTATUS> {
     if init.is_null() {
         return Err(STATUS_INSUFFICIENT_RESOURCES);
     }
-    match create_with(&mut init) {
+    match create_with(&mut init, send) {
         Ok(()) => Ok(()),
         Err(status) => {
             if !init.is_null() {
@@ -123,7 +123,7 @@ pub fn create(driver: WDFDRIVER) -> Result<(), NTSTATUS> {
     }
 }
 
-fn create_with(init: &mut PWDFDEVICE_INIT) -> Result<(), NTSTATUS> {
+fn create_with(init: &mut PWDFDEVICE_INIT, send: fn(&Host, &Transmit)) -> Result<(), NTSTATUS> {
     let device_init = *init;
     // SAFETY: (C11) `device_init` is the allocated structure, valid until WdfDeviceCreate;
     // non-exclusive: several processes open the CM at once.
@@ -197,7 +197,7 @@ fn create_with(init: &mut PWDFDEVICE_INIT) -> Result<(), NTSTATUS> {
     // SAFETY: (C18) the context is framework memory sized and aligned for Host, not yet
     // initialised; writing it now, before anything can fail, means the cleanup callback
     // always drops an initialised value.
-    unsafe { host.write(Host::new(device)) };
+    unsafe { host.write(Host::new(device, send)) };
     // SAFETY: (C19) just initialised; nothing else can reach it before it is published
     // below (the device takes no request before WdfControlFinishInitializing).
     let host = unsafe { &mut *host };
@@ -243,7 +243,7 @@ fn create_objects(device: WDFDEVICE, host: &mut Host) -> Result<(), NTSTATUS> {
 
     for (routine, handle) in [
         (
-            ibal::evt_receive_dpc as unsafe extern "C" fn(_),
+            host::evt_receive_dpc as unsafe extern "C" fn(_),
             &raw mut host.receive_dpc,
         ),
         (host::evt_delivery_dpc, &raw mut host.delivery_dpc),

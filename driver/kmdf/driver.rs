@@ -1,45 +1,17 @@
-//! `DriverEntry` (`WdfDriverCreate`), `EvtDriverDeviceAdd` and the driver-wide wait lock.
+//! `DriverEntry` (`WdfDriverCreate` and the driver-wide wait lock, kept by `host.rs`),
+//! `EvtDriverDeviceAdd` and `EvtDriverUnload`.
 //!
 //! The driver is an upper filter on each HCA's stack (`inf/ibcm.inx`): every
 //! `EvtDriverDeviceAdd` is one HCA (`filter.rs`). KMDF unloads a PnP driver when its last
 //! device object is gone; the control device is deleted with the last filter device for
 //! that reason (`control.rs`), and the unload routine only unregisters the ETW provider.
 
-use core::sync::atomic::{AtomicPtr, Ordering};
-
 use wdk_sys::{
     NTSTATUS, PCUNICODE_STRING, PDRIVER_OBJECT, PWDFDEVICE_INIT, WDF_DRIVER_CONFIG,
     WDF_NO_OBJECT_ATTRIBUTES, WDFDRIVER, WDFWAITLOCK,
 };
 
-use crate::{filter, verbs_hook, wdf};
-
-/// Serialises filter-device add and cleanup (the filter count, the control device's
-/// creation and deletion, the host's teardown). A WDFWAITLOCK whose parent is the driver
-/// (created in DriverEntry, PASSIVE_LEVEL only).
-static FILTER_LOCK: AtomicPtr<core::ffi::c_void> = AtomicPtr::new(core::ptr::null_mut());
-
-/// The number of filter devices, under [`FILTER_LOCK`].
-struct FilterCount(core::cell::UnsafeCell<usize>);
-// SAFETY: (R3) only reached through `with_filter_lock`, which holds the wait lock.
-unsafe impl Sync for FilterCount {}
-static FILTER_COUNT: FilterCount = FilterCount(core::cell::UnsafeCell::new(0));
-
-/// Runs `f` on the filter count with the driver's wait lock held (PASSIVE_LEVEL).
-pub fn with_filter_lock<R>(f: impl FnOnce(&mut usize) -> R) -> R {
-    let lock: WDFWAITLOCK = FILTER_LOCK.load(Ordering::Acquire).cast();
-    // SAFETY: (R4) the wait lock was created in DriverEntry before any device could be
-    // added and lives as long as the driver; PASSIVE_LEVEL; a null timeout waits without
-    // limit (and so always succeeds).
-    let _acquired = unsafe {
-        wdk_sys::call_unsafe_wdf_function_binding!(WdfWaitLockAcquire, lock, core::ptr::null_mut())
-    };
-    // SAFETY: (R5) the wait lock is held: this is the only reference to the count.
-    let result = f(unsafe { &mut *FILTER_COUNT.0.get() });
-    // SAFETY: (R6) acquired above by this thread.
-    unsafe { wdk_sys::call_unsafe_wdf_function_binding!(WdfWaitLockRelease, lock) };
-    result
-}
+use crate::{filter, host, verbs_hook, wdf};
 
 /// The body of `DriverEntry` (PASSIVE_LEVEL).
 pub fn entry(driver: PDRIVER_OBJECT, registry_path: PCUNICODE_STRING) -> NTSTATUS {
@@ -91,7 +63,7 @@ pub fn entry(driver: PDRIVER_OBJECT, registry_path: PCUNICODE_STRING) -> NTSTATU
         ibcm_etw::unregister();
         return status;
     }
-    FILTER_LOCK.store(lock.cast(), Ordering::Release);
+    host::set_filter_lock(lock);
     status
 }
 

@@ -1,6 +1,7 @@
 //! The filter device: one per HCA, an upper filter directly above ibbus on the HCA's
 //! device stack (`inf/ibcm.inx` puts "ibcm" right after "ibbus" in the HCA's
-//! `UpperFilters`).
+//! `UpperFilters`). This file owns every callback of the filter device; what each one does
+//! to the HCA's binding is decided by the portable lifecycle ([`ibcm_lifecycle::Hca`]).
 //!
 //! - `WdfFdoInitSetFilter`: the framework passes every request this device has no queue
 //!   for down the stack, and this device has no queue and no file object configuration:
@@ -13,69 +14,64 @@
 //! - `WdfDeviceInitAssignWdmIrpPreprocessCallback(IRP_MJ_PNP, IRP_MN_QUERY_INTERFACE)`: the
 //!   query for `GUID_INFINIBAND_INTERFACE_CM` that WinVerbs and ndfltr send from above
 //!   (`WdfFdoQueryForInterface` starts at the top of the stack) reaches this device before
-//!   ibbus. [`ibcm_iba_cm::answer`] decides; this routine fills the caller's buffer and
-//!   completes the IRP, or skips its stack location and hands it back to the framework,
-//!   which sends it down (`WdfDeviceWdmDispatchPreprocessedIrp`). Each CM query is logged
-//!   (ETW `CmInterfaceQuery`, and DbgPrint).
+//!   ibbus. [`ibcm_iba_cm::answer`] decides, with the host-wide verdict
+//!   (`ibcm_lifecycle::HostCm`: WinVerbs keeps one `iba_cm` table for every HCA); this
+//!   routine fills the caller's buffer and completes the IRP, or skips its stack location
+//!   and hands it back to the framework, which sends it down
+//!   (`WdfDeviceWdmDispatchPreprocessedIrp`). Each CM query is logged (ETW
+//!   `CmInterfaceQuery`, and DbgPrint).
 //! - The same preprocess routine sets the QP1 verbs hook's completion routine
 //!   (`verbs_hook::query_interface_completed`) on `GUID_RDMA_INTERFACE_VERBS` queries when
-//!   this device holds a hook slot (reserved at device add, released at its cleanup),
-//!   and passes them down; the completion routine decides whether to patch the table.
-//! - Self-managed I/O init / cleanup bind and unbind this HCA's IBAL (`ibal.rs`); the
-//!   device's cleanup callback counts it out of the host and, for the last one, tears the
-//!   host's CM down and deletes the control device.
+//!   this device holds a hook slot (reserved at device add, released at its cleanup), and
+//!   passes them down; ibbus sends that query at every start and every power-up
+//!   (`bus_pnp.c:566, 1721` -> `__register_ca`), so the table is patched again each time.
+//! - Lifecycle (`ibcm_lifecycle::Mapping::Power`): `EvtDeviceD0Entry` binds this HCA's
+//!   IBAL (`ibal.rs`; the control device is created first if it is missing);
+//!   `EvtDeviceD0Exit` (sleep, hibernation, stop, removal) and `EvtDeviceSurpriseRemoval`
+//!   unbind it, before KMDF passes the IRP down to ibbus, which waits for every reference
+//!   on its interfaces before it deregisters the CA (`bus_pnp.c:790-829`). The device's
+//!   cleanup callback unbinds if still bound, frees the hook slot and counts the filter
+//!   out of the host; the last one tears the host's CM down and deletes the control
+//!   device.
 
-use core::sync::atomic::{AtomicBool, Ordering};
+use core::sync::atomic::Ordering;
 
+use ibcm_endpoint::Lock as _;
 use ibcm_iba_cm::abi::{Guid, InfinibandInterfaceCm};
-use ibcm_iba_cm::{PassDown, answer};
+use ibcm_iba_cm::{PassDown, QueryDecision, answer, decide_query};
+use ibcm_lifecycle::{Callback, Hca, Mapping, PowerTarget, Step};
 use ibcm_qp1_hook::PrivateMethod;
 use wdk_sys::ntddk::IofCompleteRequest;
 use wdk_sys::{
-    _IO_STATUS_BLOCK__bindgen_ty_1, FILE_DEVICE_SECURE_OPEN, IO_NO_INCREMENT, IO_STATUS_BLOCK,
-    IRP_MJ_PNP, IRP_MN_QUERY_INTERFACE, NT_SUCCESS, NTSTATUS, PIO_STACK_LOCATION, PIRP,
-    PWDFDEVICE_INIT, SL_INVOKE_ON_CANCEL, SL_INVOKE_ON_ERROR, SL_INVOKE_ON_SUCCESS, STATUS_SUCCESS,
-    WDF_PNPPOWER_EVENT_CALLBACKS, WDFDEVICE, WDFDRIVER, WDFOBJECT,
+    _IO_STATUS_BLOCK__bindgen_ty_1, _WDF_POWER_DEVICE_STATE, FILE_DEVICE_SECURE_OPEN,
+    IO_NO_INCREMENT, IO_STATUS_BLOCK, IRP_MJ_PNP, IRP_MN_QUERY_INTERFACE, NT_SUCCESS, NTSTATUS,
+    PIO_STACK_LOCATION, PIRP, PWDFDEVICE_INIT, SL_INVOKE_ON_CANCEL, SL_INVOKE_ON_ERROR,
+    SL_INVOKE_ON_SUCCESS, STATUS_SUCCESS, WDF_PNPPOWER_EVENT_CALLBACKS, WDF_POWER_DEVICE_STATE,
+    WDFDEVICE, WDFDRIVER, WDFOBJECT,
 };
 
+use crate::control;
 use crate::host::{self, Cm, Host};
 use crate::ibal::{self, FilterIbal};
-use crate::verbs_hook::{self, SlotId};
+use crate::platform::KmdfLock;
+use crate::verbs_hook;
 use crate::wdf::{self, context_type};
-use crate::{control, driver};
 
 /// The filter device's context.
 pub struct FilterState {
+    /// The driver (for the control device's creation).
+    driver: WDFDRIVER,
     /// The WDFDEVICE.
-    pub device: WDFDEVICE,
-    /// This HCA's IBAL binding.
-    pub ibal: FilterIbal,
-    /// This HCA's QP1 verbs-hook slot (None: every slot taken or no memory at device
-    /// add; then the verbs query passes through untouched and there is no steering).
-    pub hook_slot: Option<SlotId>,
-    /// QP1 steering is in place on this HCA (`ibcm_qp1_hook::steering_in_place`: some
-    /// port has ibcm's `{M, Get}` MAD service and the slot's steering decision is set;
-    /// written by `ibal.rs`): a QP1 route even without a CM MAD service for Send.
-    pub steering_installed: AtomicBool,
-    /// Counted in the driver's filter count (its cleanup counts it out).
-    counted: AtomicBool,
+    device: WDFDEVICE,
+    /// This HCA's IBAL binding and verbs-hook slot.
+    ibal: FilterIbal,
+    /// Where the device is in its life and what it holds (`ibcm_lifecycle`). The callbacks
+    /// of one device are serialised by KMDF's PnP/power state machine; the lock only
+    /// keeps the state machine's own update atomic.
+    lifecycle: KmdfLock<Hca>,
 }
 
 context_type!(FILTER_STATE, FilterState);
-
-impl FilterState {
-    /// Whether ibcm can reach the wire from this HCA: a registered CM MAD service on some
-    /// port, or QP1 steering.
-    pub fn qp1_route(&self) -> bool {
-        self.ibal.routed() || self.steering_installed.load(Ordering::Acquire)
-    }
-
-    /// The route this HCA got (for the log), from what `ibal.rs` recorded.
-    pub fn route(&self) -> ibcm_qp1_hook::HcaRoute {
-        self.ibal
-            .route(self.steering_installed.load(Ordering::Acquire))
-    }
-}
 
 /// The state of a filter device.
 ///
@@ -91,8 +87,24 @@ unsafe fn filter_of<'a>(device: WDFDEVICE) -> &'a FilterState {
     unsafe { &*state }
 }
 
-/// EvtDriverDeviceAdd: one filter device on the HCA stack (PASSIVE_LEVEL).
-pub fn add(driver: WDFDRIVER, mut device_init: PWDFDEVICE_INIT) -> NTSTATUS {
+/// EvtDriverDeviceAdd: one filter device on the HCA stack (PASSIVE_LEVEL). Never fails the
+/// HCA's stack: a filter that cannot attach returns STATUS_SUCCESS without a device and
+/// the HCA starts without ibcm (logged). KMDF would turn a filter's failure without a
+/// device into success too (`fxdriverkm.cpp:80-97`), but only once `WdfFdoInitSetFilter`
+/// ran; this says so in the log either way.
+pub fn add(driver: WDFDRIVER, device_init: PWDFDEVICE_INIT) -> NTSTATUS {
+    if let Err((what, status)) = attach(driver, device_init) {
+        wdk::println!(
+            "ibcm: not attached to this HCA ({what}: {status:#010x}); it starts without ibcm"
+        );
+    }
+    STATUS_SUCCESS
+}
+
+fn attach(
+    driver: WDFDRIVER,
+    mut device_init: PWDFDEVICE_INIT,
+) -> Result<(), (&'static str, NTSTATUS)> {
     // SAFETY: (F3) `device_init` is the framework's, valid until WdfDeviceCreate.
     unsafe { wdk_sys::call_unsafe_wdf_function_binding!(WdfFdoInitSetFilter, device_init) };
     // SAFETY: (F4) as F3; OR'ed into the stack's characteristics.
@@ -117,12 +129,13 @@ pub fn add(driver: WDFDRIVER, mut device_init: PWDFDEVICE_INIT) -> NTSTATUS {
         )
     };
     if !NT_SUCCESS(status) {
-        return status;
+        return Err(("WdfDeviceInitAssignWdmIrpPreprocessCallback", status));
     }
     let mut pnp_power = WDF_PNPPOWER_EVENT_CALLBACKS {
         Size: wdf::size_of_ulong::<WDF_PNPPOWER_EVENT_CALLBACKS>(),
-        EvtDeviceSelfManagedIoInit: Some(evt_self_managed_io_init),
-        EvtDeviceSelfManagedIoCleanup: Some(evt_self_managed_io_cleanup),
+        EvtDeviceD0Entry: Some(evt_d0_entry),
+        EvtDeviceD0Exit: Some(evt_d0_exit),
+        EvtDeviceSurpriseRemoval: Some(evt_surprise_removal),
         ..WDF_PNPPOWER_EVENT_CALLBACKS::default()
     };
     // SAFETY: (F6) as F3; the structure is copied.
@@ -147,7 +160,7 @@ pub fn add(driver: WDFDRIVER, mut device_init: PWDFDEVICE_INIT) -> NTSTATUS {
         )
     };
     if !NT_SUCCESS(status) {
-        return status;
+        return Err(("WdfDeviceCreate", status));
     }
     // A hook slot for this HCA (PASSIVE_LEVEL; its hook is allocated now, never at
     // DISPATCH_LEVEL). Before the device can receive a PnP IRP: ibbus queries the verbs
@@ -162,73 +175,136 @@ pub fn add(driver: WDFDRIVER, mut device_init: PWDFDEVICE_INIT) -> NTSTATUS {
     // written before anything else can reach it (the device has not started).
     unsafe {
         state.write(FilterState {
+            driver,
             device,
-            ibal: FilterIbal::new(),
-            hook_slot,
-            steering_installed: AtomicBool::new(false),
-            counted: AtomicBool::new(false),
+            ibal: FilterIbal::new(hook_slot),
+            lifecycle: KmdfLock::new(Hca::added(Mapping::Power, hook_slot.is_some())),
         });
     }
-    // SAFETY: (F10) just initialised.
-    let state = unsafe { &*state };
-    driver::with_filter_lock(|count| {
-        if *count == 0
-            && let Err(status) = control::create(driver)
-        {
-            // The HCA stack must not fail because of ibcm: this filter passes every CM
-            // query down (no CM), and user mode finds no device.
-            wdk::println!("ibcm: the control device could not be created: {status:#010x}");
+    host::with_filters(|count| {
+        if *count == 0 {
+            ensure_control_device(driver);
         }
         *count += 1;
-        state.counted.store(true, Ordering::Release);
     });
-    STATUS_SUCCESS
+    Ok(())
 }
 
-/// EvtDeviceSelfManagedIoInit (PASSIVE_LEVEL, once, after the stack below started): bind
-/// this HCA's IBAL. Never fails the HCA's start.
-unsafe extern "C" fn evt_self_managed_io_init(device: WDFDEVICE) -> NTSTATUS {
+/// Creates the control device (and the host with it) if it does not exist (PASSIVE_LEVEL,
+/// the driver's wait lock held). It can fail while a handle of the previous instance is
+/// still open (the name is taken): the filter then passes every CM query down, and the
+/// next D0Entry of any HCA tries again (`Step::EnsureControlDevice`).
+fn ensure_control_device(driver: WDFDRIVER) {
+    if let Some(host) = host::host() {
+        if host.closing.load(Ordering::Acquire) {
+            // The last filter's cleanup is tearing this host down; it makes a new one
+            // for the filters that arrived meanwhile (`count_out`).
+            wdk::println!("ibcm: the host's CM is being torn down; a new one follows");
+        }
+        return;
+    }
+    if let Err(status) = control::create(driver, ibal::send) {
+        wdk::println!("ibcm: the control device could not be created: {status:#010x}");
+    }
+}
+
+/// Forwards one callback to the lifecycle and carries out its steps (PASSIVE_LEVEL).
+fn on(filter: &FilterState, callback: Callback) {
+    let plan = filter.lifecycle.with(|hca| hca.on(callback));
+    for step in plan {
+        match step {
+            Step::EnsureControlDevice => {
+                host::with_filters(|_| ensure_control_device(filter.driver));
+            }
+            Step::Bind => ibal::bind(filter.device, &filter.ibal),
+            Step::Unbind => ibal::unbind(&filter.ibal),
+            Step::ReleaseHookSlot => {
+                // The remove IRP went down before the device is deleted: ibbus has
+                // deregistered the CA and released its verbs table; the slot may serve
+                // the next HCA (its hook stays until unload).
+                if let Some(slot) = filter.ibal.hook_slot {
+                    verbs_hook::release(slot);
+                }
+            }
+            Step::CountOut => count_out(filter.driver),
+        }
+    }
+}
+
+/// The filter leaves the host; the last one tears the host's CM down and deletes the
+/// control device. The teardown (which waits for kernel clients' references) runs outside
+/// the driver's wait lock, so other HCAs' add and cleanup are not held up; the host is
+/// marked closing under the lock first, so a filter added meanwhile neither binds to it
+/// nor makes another, and gets a new host once the old one is deleted.
+fn count_out(driver: WDFDRIVER) {
+    let host = host::host();
+    let last = host::with_filters(|count| {
+        *count = count.saturating_sub(1);
+        let last = *count == 0;
+        if last && let Some(host) = host {
+            host.closing.store(true, Ordering::Release);
+        }
+        last
+    });
+    if !last {
+        return;
+    }
+    if let Some(host) = host {
+        host::teardown(host);
+    }
+    host::with_filters(|count| {
+        control::delete();
+        if *count > 0 {
+            ensure_control_device(driver);
+        }
+    });
+}
+
+/// EvtDeviceD0Entry (PASSIVE_LEVEL: start, resume, restart after a stop; after the D0 IRP
+/// completed below, so ibbus has registered the CA, `fdopower.cpp:358-399`): bind.
+/// Never fails the HCA's power-up.
+unsafe extern "C" fn evt_d0_entry(
+    device: WDFDEVICE,
+    _previous: WDF_POWER_DEVICE_STATE,
+) -> NTSTATUS {
     // SAFETY: (F11) the framework passes one of this driver's filter devices.
     let filter = unsafe { filter_of(device) };
-    ibal::bind(filter);
+    on(filter, Callback::D0Entry);
     STATUS_SUCCESS
 }
 
-/// EvtDeviceSelfManagedIoCleanup (PASSIVE_LEVEL, once, at removal or surprise removal):
-/// unbind this HCA's IBAL.
-unsafe extern "C" fn evt_self_managed_io_cleanup(device: WDFDEVICE) {
+/// EvtDeviceD0Exit (PASSIVE_LEVEL, before KMDF passes the Dx IRP down to ibbus,
+/// `fdopower.cpp:405-416, 491-496`; also before a stop or removal, target D3Final):
+/// unbind, so ibbus finds no reference of ibcm's when it waits for its clients.
+unsafe extern "C" fn evt_d0_exit(device: WDFDEVICE, target: WDF_POWER_DEVICE_STATE) -> NTSTATUS {
     // SAFETY: (F12) as F11.
     let filter = unsafe { filter_of(device) };
-    ibal::unbind(filter);
+    let target = if target == _WDF_POWER_DEVICE_STATE::WdfPowerDeviceD3Final {
+        PowerTarget::D3Final
+    } else {
+        PowerTarget::Sleep
+    };
+    on(filter, Callback::D0Exit(target));
+    STATUS_SUCCESS
 }
 
-/// The filter device's EvtCleanupCallback (PASSIVE_LEVEL, the device is being deleted):
-/// unbind if still bound, count the filter out; the last one tears the host's CM down
-/// and deletes the control device.
+/// EvtDeviceSurpriseRemoval (PASSIVE_LEVEL, before KMDF passes IRP_MN_SURPRISE_REMOVAL
+/// down, `pnpstatemachine.cpp:2756-2787`): unbind.
+unsafe extern "C" fn evt_surprise_removal(device: WDFDEVICE) {
+    // SAFETY: (F36a) as F11.
+    let filter = unsafe { filter_of(device) };
+    on(filter, Callback::SurpriseRemoval);
+}
+
+/// The filter device's EvtCleanupCallback (PASSIVE_LEVEL, the device is being deleted,
+/// after the remove IRP went down: `fxpkgfdo.cpp:1247-1262`): unbind if still bound, free
+/// the hook slot, count the filter out.
 unsafe extern "C" fn evt_filter_cleanup(object: WDFOBJECT) {
     // SAFETY: (F13) the object is the filter device being deleted; its context was
     // initialised in `add` right after creation.
     let state = unsafe { wdf::context::<FilterState>(object, &FILTER_STATE) };
     // SAFETY: (F14) no callback of the device runs any more; this is the only reference.
-    let filter = unsafe { &*state };
-    ibal::unbind(filter);
-    // The remove IRP went down before the device is deleted: ibbus has deregistered the
-    // CA, AL calls no verb of it, and the slot may serve the next HCA (its hook stays
-    // until unload).
-    if let Some(slot) = filter.hook_slot {
-        verbs_hook::release(slot);
-    }
-    if filter.counted.swap(false, Ordering::AcqRel) {
-        driver::with_filter_lock(|count| {
-            *count = count.saturating_sub(1);
-            if *count == 0 {
-                if let Some(host) = host::host() {
-                    host::teardown(host);
-                }
-                control::delete();
-            }
-        });
-    }
+    on(unsafe { &*state }, Callback::Cleanup);
     // SAFETY: (F15) initialised in `add`, dropped exactly once here; WDF frees the memory.
     unsafe { core::ptr::drop_in_place(state) };
 }
@@ -337,7 +413,7 @@ unsafe extern "C" fn evt_preprocess_query_interface(device: WDFDEVICE, irp: PIRP
     let query = unsafe { parameters.QueryInterface };
     // SAFETY: (F43) null or the sender's GUID, valid for the IRP's lifetime.
     let requested = unsafe { query.InterfaceType.as_ref() };
-    if let (Some(slot), Some(guid)) = (filter.hook_slot, requested)
+    if let (Some(slot), Some(guid)) = (filter.ibal.hook_slot, requested)
         && verbs_hook::is_verbs_query(guid)
     {
         // ibbus's (and WinVerbs', WinMad's, ndfltr's) verbs query: down to the HCA with
@@ -378,9 +454,19 @@ unsafe extern "C" fn evt_preprocess_query_interface(device: WDFDEVICE, irp: PIRP
     } else {
         query.Size
     };
-    let iba_cm = host::host().and_then(Host::cm).and_then(Cm::iba_cm);
+    let host = host::host();
+    let iba_cm = host.and_then(Host::cm).and_then(Cm::iba_cm);
     let decision = match &interface_type {
-        Some(guid) => answer(iba_cm, guid, query.Version, size, filter.qp1_route()),
+        Some(guid) => {
+            // The QP1 route is the host's verdict (`ibcm_lifecycle::HostCm`), asked only
+            // for a query that would otherwise be answered: the first one decides for
+            // every HCA, as WinVerbs keeps the first table it got for all of them.
+            let route = match decide_query(guid, query.Version, size, iba_cm.is_some(), true) {
+                QueryDecision::Answer => host.is_some_and(Host::cm_verdict),
+                QueryDecision::PassDown(_) => false,
+            };
+            answer(iba_cm, guid, query.Version, size, route)
+        }
         None => Err(PassDown::OtherInterface),
     };
     // Network order as AL reports it (0 before IBAL is bound).
@@ -418,7 +504,10 @@ unsafe extern "C" fn evt_preprocess_query_interface(device: WDFDEVICE, irp: PIRP
                 // No QP1 route: the HCA's own reason (which registration failed, what
                 // the verbs hook lacked) says more than "no route".
                 let reason = match why {
-                    PassDown::NoQp1Route => filter.route().reason(),
+                    PassDown::NoQp1Route if filter.ibal.qp1_route() => {
+                        "the host's CM verdict is AL's (an HCA had no QP1 route at the first CM query)"
+                    }
+                    PassDown::NoQp1Route => filter.ibal.hca_route().reason(),
                     _ => why.reason(),
                 };
                 ibcm_etw::cm_interface_query(ca_guid, query.Version, query.Size, false, reason);

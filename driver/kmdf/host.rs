@@ -21,25 +21,61 @@
 //!   number to the IBAL port that serves it, for the send path and for
 //!   `Backend::port_of_gid` / `pkey_index` / `ca_port`.
 //!
-//! Every filter-count change is serialised by the driver's wait lock (`driver.rs`).
+//! Every filter-count change is serialised by the driver's wait lock ([`with_filters`]).
 
 use core::ptr::NonNull;
 use core::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, Ordering};
 
-use ibcm_cep::{CmConfig, Instant};
-use ibcm_endpoint::{Device, Lock, MAX_HOST_PORTS, PortNumbers, ReceiveRing};
+use ibcm_cep::{CmConfig, Instant, Transmit};
+use ibcm_endpoint::{Device, Lock, MAX_HOST_PORTS, Platform, PortNumbers, ReceiveRing};
 use ibcm_iba_cm::{Backend, Config, Registered};
+use ibcm_lifecycle::HostCm;
 use wdk_sys::ntddk::{
-    KeAcquireSpinLockRaiseToDpc, KeGetCurrentIrql, KeInitializeEvent,
-    KeQueryActiveProcessorCountEx, KeReleaseSpinLock, KeSetEvent, KeWaitForSingleObject,
+    KeGetCurrentIrql, KeInitializeEvent, KeLowerIrql, KeQueryActiveProcessorCountEx, KeSetEvent,
+    KeWaitForSingleObject, KfRaiseIrql,
 };
 use wdk_sys::{
-    _EVENT_TYPE, _KWAIT_REASON, _MODE, ALL_PROCESSOR_GROUPS, KEVENT, KSPIN_LOCK, NTSTATUS,
-    PASSIVE_LEVEL, STATUS_INSUFFICIENT_RESOURCES, WDFDEVICE, WDFDPC, WDFTIMER, WDFWORKITEM,
+    _EVENT_TYPE, _KWAIT_REASON, _MODE, ALL_PROCESSOR_GROUPS, DISPATCH_LEVEL, KEVENT, KIRQL,
+    LARGE_INTEGER, NTSTATUS, PASSIVE_LEVEL, STATUS_INSUFFICIENT_RESOURCES, STATUS_TIMEOUT,
+    WDFDEVICE, WDFDPC, WDFTIMER, WDFWAITLOCK, WDFWORKITEM,
 };
 
-use crate::ibal::{self, Port};
-use crate::platform::{KmdfLock, KmdfPlatform};
+use alloc::vec::Vec;
+
+use crate::platform::{self, KmdfLock, KmdfRequest, interrupt_time_100ns};
+
+/// Serialises filter-device add and cleanup (the filter count, the control device's
+/// creation and deletion). A WDFWAITLOCK whose parent is the driver (created in
+/// DriverEntry, PASSIVE_LEVEL only).
+static FILTER_LOCK: AtomicPtr<core::ffi::c_void> = AtomicPtr::new(core::ptr::null_mut());
+
+/// The number of filter devices, under [`FILTER_LOCK`].
+struct FilterCount(core::cell::UnsafeCell<usize>);
+// SAFETY: (H30) only reached through `with_filters`, which holds the wait lock.
+unsafe impl Sync for FilterCount {}
+static FILTER_COUNT: FilterCount = FilterCount(core::cell::UnsafeCell::new(0));
+
+/// DriverEntry: the driver's wait lock, before any device can be added.
+pub fn set_filter_lock(lock: WDFWAITLOCK) {
+    FILTER_LOCK.store(lock.cast(), Ordering::Release);
+}
+
+/// Runs `f` on the filter count with the driver's wait lock held (PASSIVE_LEVEL). Never
+/// waits for the network or for clients inside.
+pub fn with_filters<R>(f: impl FnOnce(&mut usize) -> R) -> R {
+    let lock: WDFWAITLOCK = FILTER_LOCK.load(Ordering::Acquire).cast();
+    // SAFETY: (H31) the wait lock was created in DriverEntry before any device could be
+    // added and lives as long as the driver; PASSIVE_LEVEL; a null timeout waits without
+    // limit (and so always succeeds).
+    let _acquired = unsafe {
+        wdk_sys::call_unsafe_wdf_function_binding!(WdfWaitLockAcquire, lock, core::ptr::null_mut())
+    };
+    // SAFETY: (H32) the wait lock is held: this is the only reference to the count.
+    let result = f(unsafe { &mut *FILTER_COUNT.0.get() });
+    // SAFETY: (H33) acquired above by this thread.
+    unsafe { wdk_sys::call_unsafe_wdf_function_binding!(WdfWaitLockRelease, lock) };
+    result
+}
 
 /// The host's CM while the control device exists (null otherwise). Written under the
 /// driver's wait lock; read anywhere (the pointee outlives every filter device's binding,
@@ -56,6 +92,16 @@ pub fn host<'a>() -> Option<&'a Host> {
     unsafe { host.as_ref() }
 }
 
+/// MADs handed to the dispatch layer per DPC run before it requeues itself, in batches of
+/// `RECEIVE_BATCH` (a DPC should stay well under 100 us; design.md "Concurrency and IRQL":
+/// a batch of 16 takes 6-10 us at 1e5 connections, `ibcm cmtime --dpc-times`).
+const DPC_BATCH: usize = 32;
+
+/// How often the removal wait says what it waits for, in seconds.
+const REMOVAL_LOG_PERIOD_S: u64 = 10;
+/// [`REMOVAL_LOG_PERIOD_S`] in the 100 ns units of a kernel timeout.
+const REMOVAL_LOG_PERIOD_100NS: i64 = 10 * 10_000_000;
+
 /// Receive ring capacity: MADs waiting for the receive DPC, preallocated.
 pub const RING_CAPACITY: usize = 1024;
 
@@ -67,12 +113,45 @@ struct TimerState {
     retired: bool,
 }
 
-/// The IBAL port behind each host port number.
+/// What translating addresses needs from a port's attributes (AL's port record, copied by
+/// `ibal.rs`); refreshed on P_Key and GID changes.
+pub struct PortAttributes {
+    /// The P_Key table, host order, by index.
+    pub pkeys: Vec<u16>,
+    /// The GID table; index 0 is the source GID of sends with a GRH.
+    pub gids: Vec<[u8; 16]>,
+}
+
+impl PortAttributes {
+    /// The source GID of sends with a GRH (GID index 0).
+    pub fn source_gid(&self) -> [u8; 16] {
+        self.gids.first().copied().unwrap_or([0; 16])
+    }
+
+    /// The exact P_Key's index (WinOF's CM `__get_pkey_index`).
+    pub fn pkey_index(&self, pkey: u16) -> Option<u16> {
+        self.pkeys
+            .iter()
+            .position(|p| *p == pkey)
+            .and_then(|i| u16::try_from(i).ok())
+    }
+}
+
+/// The host's part of a published port: its number and address tables. It is the first
+/// field of `ibal::Port` (`#[repr(C)]`), which the send path gets back from it.
+pub struct HostPort {
+    /// The host port number (what the dispatch layer calls the port).
+    pub number: u8,
+    /// The port's P_Key and GID tables.
+    pub attributes: KmdfLock<PortAttributes>,
+}
+
+/// The port behind each host port number.
 pub struct PortTable {
     /// The numbering (never reused for another CA's port while the CM lives).
     pub numbers: PortNumbers,
     /// The live port of each number (index = number - 1), null while none.
-    ports: [*mut Port; MAX_HOST_PORTS],
+    ports: [*mut HostPort; MAX_HOST_PORTS],
 }
 
 // SAFETY: (H2) the table only stores port pointers; ports are heap objects whose lifetime
@@ -89,13 +168,13 @@ impl PortTable {
     }
 
     /// The live port numbered `number`.
-    pub fn port(&self, number: u8) -> Option<NonNull<Port>> {
+    pub fn port(&self, number: u8) -> Option<NonNull<HostPort>> {
         let index = usize::from(number).checked_sub(1)?;
         NonNull::new(*self.ports.get(index)?)
     }
 
     /// Publishes `port` as `number` (its number was assigned by `numbers`).
-    pub fn publish(&mut self, number: u8, port: NonNull<Port>) {
+    pub fn publish(&mut self, number: u8, port: NonNull<HostPort>) {
         if let Some(slot) = usize::from(number)
             .checked_sub(1)
             .and_then(|i| self.ports.get_mut(i))
@@ -116,7 +195,7 @@ impl PortTable {
     }
 
     /// Every live port, for a lookup that visits them under the lock.
-    pub fn live(&self) -> impl Iterator<Item = (u8, NonNull<Port>)> + '_ {
+    pub fn live(&self) -> impl Iterator<Item = (u8, NonNull<HostPort>)> + '_ {
         self.ports.iter().enumerate().filter_map(|(i, p)| {
             let number = u8::try_from(i + 1).ok()?;
             Some((number, NonNull::new(*p)?))
@@ -151,6 +230,9 @@ impl Cm {
 pub struct Host {
     /// The control device.
     pub control: WDFDEVICE,
+    /// `Platform::send`: `ibal::send`, given by the control device's creation (the host
+    /// knows nothing of IBAL).
+    send: fn(&Host, &Transmit),
     /// The one timer of the dispatch layer.
     pub timer: WDFTIMER,
     /// Drains the receive ring.
@@ -165,11 +247,16 @@ pub struct Host {
     next_key: AtomicU64,
     /// Host ports.
     pub ports: KmdfLock<PortTable>,
+    /// Whether ibcm answers CM queries, host-wide (`ibcm_lifecycle::HostCm`).
+    verdict: KmdfLock<HostCm>,
     /// Received MADs for the receive DPC (no allocation, no lock held while the device
     /// runs; `ibcm_endpoint::ReceiveRing`).
     pub ring: ReceiveRing<KmdfPlatform>,
     /// Being torn down: the DPCs do not requeue, the timer is not started again.
     pub retired: AtomicBool,
+    /// The last filter is going: no HCA binds to this host any more (set under the
+    /// driver's wait lock before the teardown starts).
+    pub closing: AtomicBool,
     /// Signalled by `Backend::released` once the last `iba_cm` reference is dropped after
     /// `begin_removal` (NotificationEvent).
     released: core::cell::UnsafeCell<KEVENT>,
@@ -190,10 +277,12 @@ unsafe impl Sync for Host {}
 unsafe impl Send for Host {}
 
 impl Host {
-    /// A host for `control` (its WDF children are filled in by `control::create`).
-    pub fn new(control: WDFDEVICE) -> Self {
+    /// A host for `control` that sends with `send` (its WDF children are filled in by
+    /// `control::create`).
+    pub fn new(control: WDFDEVICE, send: fn(&Host, &Transmit)) -> Self {
         Self {
             control,
+            send,
             timer: core::ptr::null_mut(),
             receive_dpc: core::ptr::null_mut(),
             delivery_dpc: core::ptr::null_mut(),
@@ -205,8 +294,10 @@ impl Host {
             }),
             next_key: AtomicU64::new(1),
             ports: KmdfLock::new(PortTable::new()),
+            verdict: KmdfLock::new(HostCm::new()),
             ring: ReceiveRing::new(),
             retired: AtomicBool::new(false),
+            closing: AtomicBool::new(false),
             released: core::cell::UnsafeCell::new(KEVENT::default()),
             dropped_receives: AtomicU64::new(0),
             dropped_sends: AtomicU64::new(0),
@@ -288,6 +379,24 @@ impl Host {
         Ok(())
     }
 
+    /// A CM query that would be answered: whether ibcm answers it (the first one decides
+    /// for the host's CM's life; `ibcm_lifecycle::HostCm`).
+    pub fn cm_verdict(&self) -> bool {
+        self.verdict.with(|v| v.answer())
+    }
+
+    /// An HCA bound (`routed`: with a QP1 route). True when kernel clients already hold
+    /// ibcm's CM and this HCA has no route: its connections through ibcm fail (logged by
+    /// the caller).
+    pub fn verdict_bound(&self, routed: bool) -> bool {
+        self.verdict.with(|v| v.bound(routed))
+    }
+
+    /// An HCA unbound.
+    pub fn verdict_unbound(&self, routed: bool) {
+        self.verdict.with(|v| v.unbound(routed));
+    }
+
     /// The platform handle of this host (for `Device::new`).
     pub fn platform(&self) -> KmdfPlatform {
         KmdfPlatform::new(NonNull::from(self))
@@ -365,22 +474,40 @@ impl Host {
         }
     }
 
-    /// Waits (PASSIVE_LEVEL) until `Backend::released` signalled the event.
-    fn wait_released(&self) {
-        // SAFETY: (H13) the event was initialised in `init_in_place`; PASSIVE_LEVEL; a
-        // kernel-mode, non-alertable wait without timeout. The clients that hold a
-        // reference are drivers above ibcm in the HCA stacks, removed before ibcm's last
-        // filter device (WinVerbs dereferences in its D0Exit, ndfltr right after the
-        // query: `nd_driver.cpp` NdPowerD0Entry).
-        let _status = unsafe {
-            KeWaitForSingleObject(
-                self.released.get().cast(),
-                _KWAIT_REASON::Executive,
-                _MODE::KernelMode as i8,
-                0,
-                core::ptr::null_mut(),
-            )
-        };
+    /// Waits (PASSIVE_LEVEL, outside the driver's wait lock) until `Backend::released`
+    /// signalled the event, saying every [`REMOVAL_LOG_PERIOD_100NS`] how many references
+    /// are left (DbgPrint), as ibbus's debug build does for its own clients
+    /// (`bus_pnp.c:817-820`). The clients that hold a reference are drivers above ibcm in
+    /// the HCA stacks, removed before ibcm's last filter device (WinVerbs dereferences in
+    /// its D0Exit, ndfltr right after the query: `nd_driver.cpp` NdPowerD0Entry); a wait
+    /// that does not end names the driver that leaked one.
+    fn wait_released(&self, iba_cm: &Registered<KmdfBackend>) {
+        let mut waited: u32 = 0;
+        loop {
+            let mut timeout = LARGE_INTEGER {
+                QuadPart: -REMOVAL_LOG_PERIOD_100NS,
+            };
+            // SAFETY: (H13) the event was initialised in `init_in_place`; PASSIVE_LEVEL; a
+            // kernel-mode, non-alertable wait with a relative timeout that outlives the call.
+            let status = unsafe {
+                KeWaitForSingleObject(
+                    self.released.get().cast(),
+                    _KWAIT_REASON::Executive,
+                    _MODE::KernelMode as i8,
+                    0,
+                    &raw mut timeout,
+                )
+            };
+            if status != STATUS_TIMEOUT {
+                return;
+            }
+            waited = waited.saturating_add(1);
+            wdk::println!(
+                "ibcm: removal waits for {} iba_cm reference(s) of kernel clients ({} s)",
+                iba_cm.references(),
+                u64::from(waited) * REMOVAL_LOG_PERIOD_S
+            );
+        }
     }
 
     /// `Backend::released`.
@@ -401,7 +528,7 @@ impl Host {
 pub fn teardown(host: &Host) {
     if let Some(iba_cm) = host.cm().and_then(Cm::iba_cm) {
         iba_cm.begin_removal();
-        host.wait_released();
+        host.wait_released(iba_cm);
     }
     host.retire();
     let Some(cm) = host.cm() else { return };
@@ -438,6 +565,77 @@ fn release(cm: alloc::boxed::Box<Cm>) {
     drop(cm);
 }
 
+/// The platform of the host's CM: a pointer to the [`Host`] (the control device's WDF
+/// context), which outlives the [`ibcm_endpoint::Device`] that holds this value.
+#[derive(Clone, Copy)]
+pub struct KmdfPlatform {
+    host: NonNull<Host>,
+}
+
+// SAFETY: (P10) the pointee is the control device's context, which lives until that
+// device's cleanup callback, which first drops the `ibcm_endpoint::Device` (the only
+// holder of this value); everything reached through it is either immutable after
+// creation or internally locked.
+unsafe impl Send for KmdfPlatform {}
+// SAFETY: (P11) as P10.
+unsafe impl Sync for KmdfPlatform {}
+
+impl KmdfPlatform {
+    /// The platform of the host `host`.
+    pub fn new(host: NonNull<Host>) -> Self {
+        Self { host }
+    }
+
+    fn host(&self) -> &Host {
+        // SAFETY: (P12) see P10: the host outlives every use of this platform.
+        unsafe { self.host.as_ref() }
+    }
+}
+
+impl Platform for KmdfPlatform {
+    type Request = KmdfRequest;
+    type Lock<T> = KmdfLock<T>;
+
+    fn new_lock<T>(value: T) -> KmdfLock<T> {
+        KmdfLock::new(value)
+    }
+
+    fn now(&self) -> Instant {
+        Instant::from_nanos(interrupt_time_100ns().saturating_mul(100))
+    }
+
+    fn tracer(&self) -> Option<&'static dyn ibcm_endpoint::DispatchTracer> {
+        Some(&ibcm_etw::ETW)
+    }
+
+    fn request_passive_work(&self) {
+        // The host's work item runs `Device::passive_work`.
+        self.host().queue_passive_work();
+    }
+
+    fn send(&self, transmit: &Transmit) {
+        // `ibal::send`, given at the host's creation (`control.rs`).
+        let host = self.host();
+        (host.send)(host, transmit);
+    }
+
+    fn complete(&self, request: KmdfRequest, status: i32, information: usize) {
+        request.complete(status, information);
+    }
+
+    fn set_timer(&self, deadline: Option<Instant>) {
+        self.host().arm_timer(deadline, self.now());
+    }
+
+    fn current_thread(&self) -> u64 {
+        platform::current_thread()
+    }
+
+    fn relax(&self) {
+        platform::relax();
+    }
+}
+
 /// The `iba_cm` backend: the host's dispatch layer and what IBAL told us about ports.
 pub struct KmdfBackend {
     host: NonNull<Host>,
@@ -467,16 +665,14 @@ impl Backend for KmdfBackend {
     }
 
     fn at_dispatch(&self, f: &mut dyn FnMut()) {
-        // KeRaiseIrql/KeLowerIrql are __forceinline on x64 (wdm.h: CR8 writes), so absent
-        // from the bindings; acquiring an uncontended spin lock of this frame raises to
-        // DISPATCH_LEVEL the same way (and is a no-op raise when already there).
-        let mut lock: KSPIN_LOCK = 0;
-        // SAFETY: (H20) a KSPIN_LOCK initialised to 0 (KeInitializeSpinLock), in this frame,
-        // released below before the frame ends; callers run at IRQL <= DISPATCH_LEVEL.
-        let old_irql = unsafe { KeAcquireSpinLockRaiseToDpc(&raw mut lock) };
+        // `KeRaiseIrql(DISPATCH_LEVEL, &old)` is wdm.h's macro over `KfRaiseIrql` (an
+        // ntoskrnl export); `KeLowerIrql` puts the caller's level back. A raise, not a
+        // lock: Driver Verifier sees no lock in the hierarchy.
+        // SAFETY: (H20) callers run at IRQL <= DISPATCH_LEVEL, so this raises (or stays).
+        let old_irql = unsafe { KfRaiseIrql(DISPATCH_LEVEL as KIRQL) };
         f();
-        // SAFETY: (H21) acquired above by this thread at `old_irql`.
-        unsafe { KeReleaseSpinLock(&raw mut lock, old_irql) };
+        // SAFETY: (H21) lowers back to the level this thread had before the raise above.
+        unsafe { KeLowerIrql(old_irql) };
     }
 
     fn at_passive(&self) -> bool {
@@ -497,16 +693,31 @@ impl Backend for KmdfBackend {
     }
 
     fn port_of_gid(&self, gid: &[u8; 16]) -> Option<u8> {
+        // AL's `__format_path_av` looks the path's SGID up in the port's GID table the same
+        // way.
         self.host()
             .ports
-            .with(|t| t.live().find(|(_, p)| ibal::port_has_gid(*p, gid)))
+            .with(|t| {
+                t.live().find(|(_, p)| {
+                    // SAFETY: (H34) published ports are live (unpublishing, under this
+                    // lock, precedes freeing).
+                    let port = unsafe { p.as_ref() };
+                    port.attributes.with(|a| a.gids.contains(gid))
+                })
+            })
             .map(|(number, _)| number)
     }
 
     fn pkey_index(&self, port: u8, pkey: u16) -> u16 {
         self.host()
             .ports
-            .with(|t| t.port(port).and_then(|p| ibal::port_pkey_index(p, pkey)))
+            .with(|t| {
+                t.port(port).and_then(|p| {
+                    // SAFETY: (H35) as H34.
+                    let port = unsafe { p.as_ref() };
+                    port.attributes.with(|a| a.pkey_index(pkey))
+                })
+            })
             .unwrap_or(0)
     }
 
@@ -525,6 +736,24 @@ impl Backend for KmdfBackend {
 
     fn released(&self) {
         self.host().signal_released();
+    }
+}
+
+/// EvtDpcFunc of the host's receive DPC: hands up to [`DPC_BATCH`] received MADs to the
+/// dispatch layer in batches (`Device::receive_batch`), then requeues itself if more wait.
+pub unsafe extern "C" fn evt_receive_dpc(dpc: WDFDPC) {
+    let Some(host) = host() else { return };
+    let Some(core) = host.core() else {
+        // No dispatch layer: nothing can take the MADs.
+        let dropped = host.ring.len() as u64;
+        host.dropped_receives.fetch_add(dropped, Ordering::Relaxed);
+        return;
+    };
+    let more = host.ring.drain(core, DPC_BATCH);
+    if more && !host.retired.load(Ordering::Acquire) {
+        // SAFETY: (I80) the DPC is live during its own callback; DISPATCH_LEVEL.
+        let _newly_queued =
+            unsafe { wdk_sys::call_unsafe_wdf_function_binding!(WdfDpcEnqueue, dpc) };
     }
 }
 

@@ -7,9 +7,9 @@
 //!   bus driver, which answers it (`core/bus/kernel/bus_pnp.c` `__query_al_ifc`), as WinMad
 //!   queries it from its own filter device (`core/winmad/kernel/wm_driver.c`
 //!   `WmPowerD0Entry`, which also checks the returned version). The interface names the
-//!   HCA (`ib_al_ifc_t::ca_guid`); that CA is bound. Done in EvtDeviceSelfManagedIoInit
-//!   (once, after the HCA stack below has started), undone in
-//!   EvtDeviceSelfManagedIoCleanup (once, at removal).
+//!   HCA (`ib_al_ifc_t::ca_guid`); that CA is bound. Done at every EvtDeviceD0Entry
+//!   (after the D0 IRP completed below: ibbus has registered the CA), undone at every
+//!   EvtDeviceD0Exit and at EvtDeviceSurpriseRemoval (`filter.rs`, `ibcm_lifecycle`).
 //! - Following ports: `ib_reg_pnp(IB_PNP_PORT | IB_PNP_FLAG_REG_SYNC)`; per port of the bound
 //!   CA a host port number (`ibcm_endpoint::PortNumbers`), a QP1 alias
 //!   (`ib_get_spl_qp(IB_QPT_QP1_ALIAS)`) and a MAD service for the CM class (0x07),
@@ -26,12 +26,12 @@
 //!   into the element (AL builds the address vector when `h_av` is NULL, as WinOF's
 //!   `__format_mad_av` relies on), `ib_send_mad`; the element returns to its pool in the
 //!   send-completion callback.
-//! - Unbinding (the filter's self-managed I/O cleanup, PASSIVE_LEVEL): unpublish every
-//!   port and wait for its sends (rundown protection), `ib_close_al` (destroys everything
-//!   and waits for callbacks), release the interface. The bus waits for every interface
-//!   reference before it deregisters the CA (`__wait_for_clients_to_exit`); the filter
-//!   releases it during its own removal, which precedes ibbus's (removal runs down the
-//!   stack from the top).
+//! - Unbinding (D0Exit, surprise removal, the device's cleanup; PASSIVE_LEVEL), in the
+//!   order of `ibcm_lifecycle::UNBIND`: clear the steering, unpublish every port (wait for
+//!   its sends, `Device::remove_port`), `ib_close_al` (destroys everything and waits for
+//!   callbacks), release the interface. ibbus waits for every interface reference before
+//!   it deregisters the CA (`bus_pnp.c:790-829`), at each D3 for sleep, stop and surprise
+//!   removal; KMDF runs these callbacks before it passes those IRPs down to ibbus.
 //!
 //! Declarations are the `#[repr(C)]` parts of the WinOF headers this file uses
 //! (lucasz93/WinOFED @913bc0ce): `inc/kernel/iba/ib_al_ifc.h` (`ib_al_ifc_t`),
@@ -47,6 +47,7 @@ use core::sync::atomic::{AtomicBool, AtomicPtr, AtomicU8, AtomicU64, AtomicUsize
 
 use ibcm_cep::{CmConfig, MadAddress, MadOwner, Transmit};
 use ibcm_endpoint::Lock;
+use ibcm_lifecycle::{Teardown, UNBIND};
 use ibcm_mad::{CM_CLASS, CM_CLASS_VERSION, MAD_SIZE};
 use ibcm_qp1_hook::route::{self, FIRST};
 use ibcm_qp1_hook::{HcaRoute, HookState, NoRoute, PrivateMethod, Registration};
@@ -54,12 +55,12 @@ use wdk_sys::ntddk::{
     ExAcquireRundownProtection, ExInitializeRundownProtection, ExReleaseRundownProtection,
     ExWaitForRundownProtectionRelease,
 };
-use wdk_sys::{EX_RUNDOWN_REF, GUID, INTERFACE, NT_SUCCESS, NTSTATUS, PVOID, WDFDPC};
+use wdk_sys::{EX_RUNDOWN_REF, GUID, INTERFACE, NT_SUCCESS, NTSTATUS, PVOID, WDFDEVICE};
 
-use crate::filter::FilterState;
-use crate::host::{Host, host};
+use crate::host::{Host, HostPort, PortAttributes, host};
 use crate::platform::KmdfLock;
-use crate::{verbs_hook, wdf};
+use crate::verbs_hook::{self, IbQpCreate, SlotId};
+use crate::wdf;
 
 // ---------------------------------------------------------------------------------------
 // WinOF declarations
@@ -167,22 +168,6 @@ struct IbMadSvc {
     mgmt_version: u8,
     method_array: [i32; IB_MAX_METHODS],
     svc_type: i32,
-}
-
-/// `ib_qp_create_t` (ib_types.h): AL's `create_qp` here, the HCA's `create_spl_qp` in
-/// `verbs_hook.rs`.
-#[repr(C)]
-pub(crate) struct IbQpCreate {
-    pub(crate) qp_type: i32,
-    pub(crate) sq_max_inline: u32,
-    pub(crate) sq_depth: u32,
-    pub(crate) rq_depth: u32,
-    pub(crate) sq_sge: u32,
-    pub(crate) rq_sge: u32,
-    pub(crate) h_sq_cq: Handle,
-    pub(crate) h_rq_cq: Handle,
-    pub(crate) h_srq: Handle,
-    pub(crate) sq_signaled: i32,
 }
 
 /// `ib_pnp_rec_t` (ib_al.h).
@@ -473,11 +458,6 @@ impl Al {
 // State
 // ---------------------------------------------------------------------------------------
 
-/// MADs handed to the dispatch layer per DPC run before it requeues itself, in batches of
-/// `RECEIVE_BATCH` (a DPC should stay well under 100 us; design.md "Concurrency and IRQL":
-/// a batch of 16 takes 6-10 us at 1e5 connections, `ibcm cmtime --dpc-times`).
-const DPC_BATCH: usize = 32;
-
 /// CA ports whose steering state a filter keeps (the verbs hook tracks 1..=4).
 const STEERED_PORTS: usize = 4;
 
@@ -501,10 +481,20 @@ pub struct FilterIbal {
     no_route: AtomicU8,
     /// The bound CA (network order as AL reports it), 0 before binding: for the log.
     pub ca_guid: AtomicU64,
+    /// This HCA's QP1 verbs-hook slot (None: every slot taken or no memory at device
+    /// add; then the verbs query passes through untouched and there is no steering).
+    pub hook_slot: Option<SlotId>,
+    /// QP1 steering is in place on this HCA (`ibcm_qp1_hook::steering_in_place`: some
+    /// port has ibcm's `{M, Get}` MAD service and the slot's steering decision is set): a
+    /// QP1 route even without a CM MAD service for Send.
+    steering_installed: AtomicBool,
+    /// How this binding was counted in the host's CM verdict (`HostCm::bound`): 0 not
+    /// counted, 1 with a QP1 route, 2 without.
+    in_verdict: AtomicU8,
 }
 
 impl FilterIbal {
-    pub const fn new() -> Self {
+    pub const fn new(hook_slot: Option<SlotId>) -> Self {
         Self {
             binding: AtomicPtr::new(core::ptr::null_mut()),
             routed_ports: AtomicUsize::new(0),
@@ -513,7 +503,21 @@ impl FilterIbal {
             steering_set: AtomicBool::new(false),
             no_route: AtomicU8::new(0),
             ca_guid: AtomicU64::new(0),
+            hook_slot,
+            steering_installed: AtomicBool::new(false),
+            in_verdict: AtomicU8::new(0),
         }
+    }
+
+    /// Whether ibcm can reach the wire from this HCA: a registered CM MAD service on some
+    /// port, or QP1 steering.
+    pub fn qp1_route(&self) -> bool {
+        self.routed() || self.steering_installed.load(Ordering::Acquire)
+    }
+
+    /// The route this HCA got (for the log).
+    pub fn hca_route(&self) -> HcaRoute {
+        self.route(self.steering_installed.load(Ordering::Acquire))
     }
 
     /// Whether some port of this HCA has a registered CM MAD service for Send.
@@ -546,10 +550,10 @@ impl FilterIbal {
 
 /// Sets the filter's `steering_installed` from what is recorded
 /// (`ibcm_qp1_hook::steering_in_place`).
-fn update_steering_installed(filter: &FilterState) {
+fn update_steering_installed(filter: &FilterIbal) {
     let in_place = route::steering_in_place(
-        filter.ibal.steered_ports.load(Ordering::Acquire),
-        filter.ibal.steering_set.load(Ordering::Acquire),
+        filter.steered_ports.load(Ordering::Acquire),
+        filter.steering_set.load(Ordering::Acquire),
     );
     filter.steering_installed.store(in_place, Ordering::Release);
 }
@@ -557,15 +561,15 @@ fn update_steering_installed(filter: &FilterState) {
 /// The verbs hook's steering decision (`verbs_hook::Decide`), at DISPATCH_LEVEL from the
 /// hook's `poll_cq` thunk, inside the slot's steering lock: the CA port's host number,
 /// then `Device::owner_of` under the device lock (the only lock nesting: steering →
-/// engine). Allocates nothing. `context` is the filter's `FilterState` address
+/// engine). Allocates nothing. `context` is the filter's `FilterIbal` address
 /// (`set_steering` in `port_added`), valid until `clear_steering` in `unbind`.
 fn decide(context: usize, ca_port: u8, mad: &[u8]) -> bool {
-    let filter = core::ptr::with_exposed_provenance::<FilterState>(context);
+    let filter = core::ptr::with_exposed_provenance::<FilterIbal>(context);
     // SAFETY: (I106) the address `port_added` registered for this filter's slot; the
     // steering is cleared (`unbind`, under the slot's steering lock, which this runs
     // inside) before the filter's context is dropped.
     let filter = unsafe { &*filter };
-    let Some(host_port) = filter.ibal.steered_host_port(ca_port) else {
+    let Some(host_port) = filter.steered_host_port(ca_port) else {
         return false;
     };
     host()
@@ -576,7 +580,7 @@ fn decide(context: usize, ca_port: u8, mad: &[u8]) -> bool {
 /// One binding to IBAL: the interface, the AL instance, the CA's alias PD and its ports.
 struct Binding {
     host: NonNull<Host>,
-    filter: NonNull<FilterState>,
+    filter: NonNull<FilterIbal>,
     al: Al,
     /// The queried interface (kept for `InterfaceDereference`).
     ifc: IbAlIfc,
@@ -596,16 +600,18 @@ impl Binding {
         unsafe { self.host.as_ref() }
     }
 
-    fn filter(&self) -> &FilterState {
+    fn filter(&self) -> &FilterIbal {
         // SAFETY: (I102) the binding is freed in `unbind`, before its filter's context.
         unsafe { self.filter.as_ref() }
     }
 }
 
-/// One port of a bound CA.
+/// One port of a bound CA. `#[repr(C)]` with the host's part first: the host's port table
+/// keeps a pointer to that part, and [`send`] gets the port back from it.
+#[repr(C)]
 pub struct Port {
-    /// The host port number (what the dispatch layer calls the port).
-    number: u8,
+    /// The host number and address tables (what the host's port table points to).
+    host: HostPort,
     /// The CA's own port number (the verbs hook's port).
     ca_port: u8,
     /// The private method of the port's MAD service when it is `{M, Get}` (steered);
@@ -619,7 +625,6 @@ pub struct Port {
     mad_svc: AtomicPtr<c_void>,
     /// Rundown protection of this port for the send path (unpublishing waits on it).
     sends: UnsafeCell<EX_RUNDOWN_REF>,
-    attributes: KmdfLock<PortAttributes>,
 }
 
 impl Port {
@@ -630,85 +635,65 @@ impl Port {
     }
 }
 
-/// What translating addresses needs from the port's attributes; refreshed on P_Key and GID
-/// changes.
-struct PortAttributes {
-    /// The P_Key table, host order, by index.
-    pkeys: Vec<u16>,
-    /// The GID table; index 0 is the source GID of sends with a GRH.
-    gids: Vec<[u8; 16]>,
-}
-
-impl PortAttributes {
-    /// Copies the P_Key and GID tables (PASSIVE_LEVEL: allocates).
-    ///
-    /// # Safety
-    ///
-    /// `attr` is AL's port attribute record of a PnP callback.
-    unsafe fn from_record(attr: &IbPortAttr) -> Option<Self> {
-        let count = usize::from(attr.num_pkeys);
-        let mut pkeys = Vec::new();
-        pkeys.try_reserve_exact(count).ok()?;
-        if count > 0 && !attr.p_pkey_table.is_null() {
-            // SAFETY: (I5) AL's record holds `num_pkeys` table entries behind the pointer.
-            let table = unsafe { core::slice::from_raw_parts(attr.p_pkey_table, count) };
-            pkeys.extend(table.iter().map(|pkey| u16::from_be(*pkey)));
-        }
-        let count = usize::from(attr.num_gids);
-        let mut gids = Vec::new();
-        gids.try_reserve_exact(count).ok()?;
-        if count > 0 && !attr.p_gid_table.is_null() {
-            // SAFETY: (I6) the GID table holds `num_gids` entries.
-            let table = unsafe { core::slice::from_raw_parts(attr.p_gid_table, count) };
-            gids.extend_from_slice(table);
-        }
-        Some(Self { pkeys, gids })
+/// Copies the P_Key and GID tables of AL's port record (PASSIVE_LEVEL: allocates).
+///
+/// # Safety
+///
+/// `attr` is AL's port attribute record of a PnP callback.
+unsafe fn attributes_of(attr: &IbPortAttr) -> Option<PortAttributes> {
+    let count = usize::from(attr.num_pkeys);
+    let mut pkeys = Vec::new();
+    pkeys.try_reserve_exact(count).ok()?;
+    if count > 0 && !attr.p_pkey_table.is_null() {
+        // SAFETY: (I5) AL's record holds `num_pkeys` table entries behind the pointer.
+        let table = unsafe { core::slice::from_raw_parts(attr.p_pkey_table, count) };
+        pkeys.extend(table.iter().map(|pkey| u16::from_be(*pkey)));
     }
-
-    fn source_gid(&self) -> [u8; 16] {
-        self.gids.first().copied().unwrap_or([0; 16])
+    let count = usize::from(attr.num_gids);
+    let mut gids = Vec::new();
+    gids.try_reserve_exact(count).ok()?;
+    if count > 0 && !attr.p_gid_table.is_null() {
+        // SAFETY: (I6) the GID table holds `num_gids` entries.
+        let table = unsafe { core::slice::from_raw_parts(attr.p_gid_table, count) };
+        gids.extend_from_slice(table);
     }
-}
-
-/// `Backend::port_of_gid`'s test: whether the port's GID table holds `gid` (AL's
-/// `__format_path_av` looks the path's SGID up the same way). Under the host's port
-/// table lock (the port is published, so live).
-pub fn port_has_gid(port: NonNull<Port>, gid: &[u8; 16]) -> bool {
-    // SAFETY: (I103) published ports are live (unpublishing precedes freeing).
-    let port = unsafe { port.as_ref() };
-    port.attributes.with(|a| a.gids.contains(gid))
-}
-
-/// `Backend::pkey_index`: the exact P_Key's index (WinOF's CM `__get_pkey_index`).
-pub fn port_pkey_index(port: NonNull<Port>, pkey: u16) -> Option<u16> {
-    // SAFETY: (I104) as I103.
-    let port = unsafe { port.as_ref() };
-    port.attributes.with(|a| {
-        a.pkeys
-            .iter()
-            .position(|p| *p == pkey)
-            .and_then(|i| u16::try_from(i).ok())
-    })
+    Some(PortAttributes { pkeys, gids })
 }
 
 // ---------------------------------------------------------------------------------------
-// Binding IBAL (PASSIVE_LEVEL, the filter's self-managed I/O init and cleanup)
+// Binding IBAL (PASSIVE_LEVEL, the filter's D0Entry, D0Exit, surprise removal, cleanup)
 // ---------------------------------------------------------------------------------------
 
-/// EvtDeviceSelfManagedIoInit's part: query IBAL down the stack and bind its CA, then
-/// log the route the HCA got. A filter that cannot bind stays a pass-through filter
-/// (every CM query goes down to AL's CM); its start never fails for it.
-pub fn bind(filter: &FilterState) {
-    bind_ca(filter);
+/// EvtDeviceD0Entry's part: query IBAL down the stack and bind its CA, log the route the
+/// HCA got, and count it in the host's CM verdict. A filter that cannot bind counts as an
+/// HCA without a QP1 route; its start never fails for it.
+pub fn bind(device: WDFDEVICE, filter: &FilterIbal) {
+    bind_ca(device, filter);
     log_route(filter);
+    // The host's CM verdict counts this HCA (`ibcm_lifecycle::HostCm`), bound or not: an
+    // HCA whose binding failed has no QP1 route either, and WinVerbs would use the host's
+    // one table on it too.
+    let Some(host) = host().filter(|h| !h.closing.load(Ordering::Acquire)) else {
+        return;
+    };
+    let routed = filter.qp1_route();
+    filter
+        .in_verdict
+        .store(if routed { 1 } else { 2 }, Ordering::Release);
+    if host.verdict_bound(routed) {
+        let ca = u64::from_be(filter.ca_guid.load(Ordering::Relaxed));
+        wdk::println!(
+            "ibcm: CA {ca:#018x} has no QP1 route, but kernel clients already use ibcm's CM: their connections on it fail"
+        );
+    }
 }
 
 /// The route this HCA got, once its existing ports were reported (`IB_PNP_FLAG_REG_SYNC`):
 /// ETW `Qp1Route` and DbgPrint. Ordinary registration, QP1 steering, or none (AL's CM
 /// serves the HCA's clients) with the reason.
-fn log_route(filter: &FilterState) {
-    let route = filter.route();
-    let ca_guid = filter.ibal.ca_guid.load(Ordering::Relaxed);
+fn log_route(filter: &FilterIbal) {
+    let route = filter.hca_route();
+    let ca_guid = filter.ca_guid.load(Ordering::Relaxed);
     ibcm_etw::qp1_route(ca_guid, route.is_route(), route.name(), route.reason());
     let ca = u64::from_be(ca_guid);
     if route.is_route() {
@@ -722,12 +707,16 @@ fn log_route(filter: &FilterState) {
     }
 }
 
-fn bind_ca(filter: &FilterState) {
+fn bind_ca(device: WDFDEVICE, filter: &FilterIbal) {
     let Some(host) = host() else {
         wdk::println!("ibcm: no control device: this HCA is not bound (AL's CM serves it)");
         return;
     };
-    if !filter.ibal.binding.load(Ordering::Acquire).is_null() {
+    if host.closing.load(Ordering::Acquire) {
+        wdk::println!("ibcm: the host's CM is being torn down: this HCA is not bound");
+        return;
+    }
+    if !filter.binding.load(Ordering::Acquire).is_null() {
         return;
     }
     let mut ifc = IbAlIfc::empty();
@@ -737,7 +726,7 @@ fn bind_ca(filter: &FilterState) {
     let status = unsafe {
         wdk_sys::call_unsafe_wdf_function_binding!(
             WdfFdoQueryForInterface,
-            filter.device,
+            device,
             &raw const GUID_IB_AL_INTERFACE,
             (&raw mut ifc).cast::<INTERFACE>(),
             core::mem::size_of::<IbAlIfc>() as u16,
@@ -771,7 +760,7 @@ fn bind_ca(filter: &FilterState) {
             return;
         }
     };
-    filter.ibal.ca_guid.store(ca_guid, Ordering::Relaxed);
+    filter.ca_guid.store(ca_guid, Ordering::Relaxed);
     let binding = alloc::boxed::Box::into_raw(alloc::boxed::Box::new(Binding {
         host: NonNull::from(host),
         filter: NonNull::from(filter),
@@ -782,7 +771,7 @@ fn bind_ca(filter: &FilterState) {
         ca_guid,
         ports: KmdfLock::new(Vec::new()),
     }));
-    filter.ibal.binding.store(binding, Ordering::Release);
+    filter.binding.store(binding, Ordering::Release);
     let request = IbPnpReq {
         pnp_class: IB_PNP_PORT | IB_PNP_FLAG_REG_SYNC,
         pnp_context: binding.cast_const().cast(),
@@ -841,49 +830,65 @@ fn release_interface(ifc: &IbAlIfc) {
     }
 }
 
-/// Unbinds (PASSIVE_LEVEL; the filter's self-managed I/O cleanup, its cleanup callback,
-/// or a failed bind; idempotent): every port of this CA is unpublished from the host and
+/// Unbinds (PASSIVE_LEVEL; the filter's D0Exit, surprise removal or cleanup callback, or a
+/// failed bind; idempotent): every port of this CA is unpublished from the host and
 /// its sends waited for, then `ib_close_al` destroys the PnP registration, the PD, the
 /// CA, every QP1 alias and MAD service, waiting for their callbacks; the interface is
-/// released. Connections on these ports lose their route (the engine's timers end them);
-/// the host's CM stays for the other HCAs.
-pub fn unbind(filter: &FilterState) {
-    let binding = filter
-        .ibal
-        .binding
-        .swap(core::ptr::null_mut(), Ordering::AcqRel);
+/// released. Connections and kernel-client ids on these ports hear DEVICE_REMOVAL
+/// (`Device::remove_port`); the host's CM stays for the other HCAs.
+pub fn unbind(filter: &FilterIbal) {
+    match (filter.in_verdict.swap(0, Ordering::AcqRel), host()) {
+        (0, _) | (_, None) => {}
+        (counted, Some(host)) => host.verdict_unbound(counted == 1),
+    }
+    let binding = filter.binding.swap(core::ptr::null_mut(), Ordering::AcqRel);
     // SAFETY: (I36) published by `bind` and freed only below (the swap above makes this
     // the only unbind of it).
     let Some(bound) = (unsafe { binding.as_ref() }) else {
         return;
     };
-    // No steering decision runs with this filter or its ports after this: every MAD goes
-    // to AL (before the ports go, and before the engine can).
-    if let Some(slot) = filter.hook_slot {
-        verbs_hook::clear_steering(slot);
+    // The order is `ibcm_lifecycle::UNBIND` (the model tests drive it): nothing of AL is
+    // used after `ib_close_al`, and ibbus's reference goes last.
+    let mut ports = Vec::new();
+    for part in UNBIND {
+        match part {
+            Teardown::ClearSteering => {
+                // No steering decision runs with this filter or its ports after this:
+                // every MAD goes to AL (before the ports go, and before the engine can).
+                if let Some(slot) = filter.hook_slot {
+                    verbs_hook::clear_steering(slot);
+                }
+                filter.steering_set.store(false, Ordering::Release);
+                filter.steered_ports.store(0, Ordering::Release);
+                for entry in &filter.steered_host_port {
+                    entry.store(0, Ordering::Release);
+                }
+                update_steering_installed(filter);
+            }
+            Teardown::UnpublishPorts => {
+                ports = bound.ports.with(core::mem::take);
+                for port in &ports {
+                    // SAFETY: (I105) the port is live until its QP is destroyed (below or
+                    // by AL).
+                    unpublish(bound.host(), unsafe { port.as_ref() });
+                }
+            }
+            Teardown::CloseAl => {
+                // SAFETY: (I37) not called from an AL callback; destroys the PnP
+                // registration, the PD, the CA, every QP1 alias and MAD service, waiting
+                // for their callbacks (a PnP callback running now finds its port already
+                // unpublished and the binding still alive).
+                let _closed = unsafe { (bound.al.close_al)(bound.h_al) };
+                filter.routed_ports.store(0, Ordering::Release);
+                for port in core::mem::take(&mut ports) {
+                    // SAFETY: (I38) the port came from Box::into_raw in `port_added`; its
+                    // QP is gone with the AL instance, so no callback refers to it.
+                    drop(unsafe { alloc::boxed::Box::from_raw(port.as_ptr()) });
+                }
+            }
+            Teardown::ReleaseInterface => release_interface(&bound.ifc),
+        }
     }
-    filter.ibal.steering_set.store(false, Ordering::Release);
-    filter.ibal.steered_ports.store(0, Ordering::Release);
-    for entry in &filter.ibal.steered_host_port {
-        entry.store(0, Ordering::Release);
-    }
-    update_steering_installed(filter);
-    let ports = bound.ports.with(core::mem::take);
-    for port in &ports {
-        // SAFETY: (I105) the port is live until its QP is destroyed (below or by AL).
-        unpublish(bound.host(), unsafe { port.as_ref() });
-    }
-    // SAFETY: (I37) not called from an AL callback; destroys the PnP registration, the PD,
-    // the CA, every QP1 alias and MAD service, waiting for their callbacks (a PnP callback
-    // running now finds its port already unpublished and the binding still alive).
-    let _closed = unsafe { (bound.al.close_al)(bound.h_al) };
-    filter.ibal.routed_ports.store(0, Ordering::Release);
-    for port in ports {
-        // SAFETY: (I38) the port came from Box::into_raw in `port_added`; its QP is gone
-        // with the AL instance, so no callback refers to it.
-        drop(unsafe { alloc::boxed::Box::from_raw(port.as_ptr()) });
-    }
-    release_interface(&bound.ifc);
     // SAFETY: (I41) from Box::into_raw in `bind`; unpublished above, and every callback
     // that could reach it has ended with ib_close_al.
     drop(unsafe { alloc::boxed::Box::from_raw(binding) });
@@ -894,13 +899,13 @@ pub fn unbind(filter: &FilterState) {
 /// now (user endpoints through their events, kernel clients through their callbacks)
 /// instead of ending by its timers.
 fn unpublish(host: &Host, port: &Port) {
-    host.ports.with(|t| t.unpublish(port.number));
+    host.ports.with(|t| t.unpublish(port.host.number));
     // SAFETY: (I99) PASSIVE_LEVEL; the port is unpublished, so no new send can acquire the
     // protection (sends acquire it under the table lock): this waits for the ones in
     // flight. Never re-initialised.
     unsafe { ExWaitForRundownProtectionRelease(port.sends.get()) };
     if let Some(cm) = host.cm() {
-        cm.device.remove_port(port.number);
+        cm.device.remove_port(port.host.number);
     }
 }
 
@@ -955,7 +960,7 @@ unsafe fn port_added(binding: &Binding, record: *mut IbPnpPortRec) -> IbApiStatu
     // SAFETY: (I50) as I49.
     let attr = unsafe { &*port_record.p_port_attr };
     let host = binding.host();
-    let setup_failed = || binding.filter().ibal.record_no_route(NoRoute::PortSetup);
+    let setup_failed = || binding.filter().record_no_route(NoRoute::PortSetup);
     if host.core().is_none() {
         let Some(seed) = random_seed() else {
             setup_failed();
@@ -987,13 +992,16 @@ unsafe fn port_added(binding: &Binding, record: *mut IbPnpPortRec) -> IbApiStatu
         core.set_port_ca_guid(number, u64::from_be(binding.ca_guid));
     }
     // SAFETY: (I51) AL's port attributes of this callback.
-    let Some(attributes) = (unsafe { PortAttributes::from_record(attr) }) else {
+    let Some(attributes) = (unsafe { attributes_of(attr) }) else {
         host.ports.with(|t| t.numbers.deactivate(number));
         setup_failed();
         return IB_ERROR;
     };
     let port = alloc::boxed::Box::into_raw(alloc::boxed::Box::new(Port {
-        number,
+        host: HostPort {
+            number,
+            attributes: KmdfLock::new(attributes),
+        },
         ca_port: attr.port_num,
         private: None,
         binding: NonNull::from(binding),
@@ -1001,7 +1009,6 @@ unsafe fn port_added(binding: &Binding, record: *mut IbPnpPortRec) -> IbApiStatu
         pool_key: core::ptr::null_mut(),
         mad_svc: AtomicPtr::new(core::ptr::null_mut()),
         sends: UnsafeCell::new(EX_RUNDOWN_REF::default()),
-        attributes: KmdfLock::new(attributes),
     }));
     // SAFETY: (I52) the port was just allocated; nothing else refers to it yet.
     let port_sends = unsafe { (*port).sends.get() };
@@ -1090,7 +1097,7 @@ unsafe fn port_added(binding: &Binding, record: *mut IbPnpPortRec) -> IbApiStatu
                             attr.port_num,
                             why.reason()
                         );
-                        filter.ibal.record_no_route(why);
+                        filter.record_no_route(why);
                         host.ports.with(|t| t.numbers.deactivate(number));
                         // SAFETY: (I57) the QP is ours; `port_destroyed` frees the port
                         // once AL is done.
@@ -1121,10 +1128,11 @@ unsafe fn port_added(binding: &Binding, record: *mut IbPnpPortRec) -> IbApiStatu
         let _destroyed = unsafe { (binding.al.destroy_qp)(qp, Some(port_destroyed)) };
         return IB_ERROR;
     }
-    host.ports.with(|t| t.publish(number, port_ptr));
+    host.ports
+        .with(|t| t.publish(number, port_ptr.cast::<HostPort>()));
     match registration {
         Registration::Ordinary => {
-            filter.ibal.routed_ports.fetch_add(1, Ordering::AcqRel);
+            filter.routed_ports.fetch_add(1, Ordering::AcqRel);
         }
         Registration::Private(_) => start_steering(filter, attr.port_num, number),
     }
@@ -1174,38 +1182,36 @@ fn register_cm_service(
 /// A port's `{M, Get}` service is registered and published: record the CA port's host
 /// number for the decision, set the slot's steering (once per binding) and the filter's
 /// `steering_installed`. Until this runs every MAD of the port goes to AL.
-fn start_steering(filter: &FilterState, ca_port: u8, host_port: u8) {
+fn start_steering(filter: &FilterIbal, ca_port: u8, host_port: u8) {
     let Some(slot) = filter.hook_slot else {
         return;
     };
     if let Some(entry) = usize::from(ca_port)
         .checked_sub(1)
-        .and_then(|i| filter.ibal.steered_host_port.get(i))
+        .and_then(|i| filter.steered_host_port.get(i))
     {
         entry.store(host_port, Ordering::Release);
     }
-    filter.ibal.steered_ports.fetch_add(1, Ordering::AcqRel);
-    if !filter.ibal.steering_set.load(Ordering::Acquire) {
+    filter.steered_ports.fetch_add(1, Ordering::AcqRel);
+    if !filter.steering_set.load(Ordering::Acquire) {
         let context = core::ptr::from_ref(filter).expose_provenance();
         let set = verbs_hook::set_steering(slot, decide, context);
-        filter.ibal.steering_set.store(set, Ordering::Release);
+        filter.steering_set.store(set, Ordering::Release);
     }
     update_steering_installed(filter);
 }
 
 /// Ends a port's steering (its removal): the decision answers "AL's" for it from now on.
-fn stop_steering(filter: &FilterState, ca_port: u8) {
+fn stop_steering(filter: &FilterIbal, ca_port: u8) {
     if let Some(entry) = usize::from(ca_port)
         .checked_sub(1)
-        .and_then(|i| filter.ibal.steered_host_port.get(i))
+        .and_then(|i| filter.steered_host_port.get(i))
     {
         entry.store(0, Ordering::Release);
     }
-    let _previous =
-        filter
-            .ibal
-            .steered_ports
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| n.checked_sub(1));
+    let _previous = filter
+        .steered_ports
+        .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| n.checked_sub(1));
     update_steering_installed(filter);
 }
 
@@ -1236,7 +1242,7 @@ unsafe fn port_removed(binding: &Binding, port: *mut Port) -> IbApiStatus {
     if port_ref.private.is_some() {
         stop_steering(filter, port_ref.ca_port);
     } else {
-        filter.ibal.routed_ports.fetch_sub(1, Ordering::AcqRel);
+        filter.routed_ports.fetch_sub(1, Ordering::AcqRel);
     }
     // SAFETY: (I63) as I62.
     let qp = unsafe { (*port).qp };
@@ -1260,12 +1266,12 @@ unsafe fn port_changed(record: *mut IbPnpPortRec, port: *mut Port) {
     // SAFETY: (I66) AL's attributes, valid for the callback.
     let attr = unsafe { &*attr };
     // SAFETY: (I100) as I66.
-    let Some(fresh) = (unsafe { PortAttributes::from_record(attr) }) else {
+    let Some(fresh) = (unsafe { attributes_of(attr) }) else {
         return;
     };
     // SAFETY: (I67) the port is live (its QP exists: this is one of its events).
     let port = unsafe { &*port };
-    let stale = port.attributes.with(|a| core::mem::replace(a, fresh));
+    let stale = port.host.attributes.with(|a| core::mem::replace(a, fresh));
     drop(stale);
 }
 
@@ -1340,10 +1346,11 @@ unsafe extern "C" fn mad_received(
         [0; 16]
     };
     let pkey = port
+        .host
         .attributes
         .with(|a| a.pkeys.get(usize::from(e.pkey_index)).copied());
     let source = pkey.map(|pkey| MadAddress {
-        port: port.number,
+        port: port.host.number,
         lid: u16::from_be(e.remote_lid),
         gid,
         grh: e.grh_valid != 0,
@@ -1379,37 +1386,23 @@ unsafe extern "C" fn mad_sent(
     unsafe { port.binding().al.put_mad(element, line!()) };
 }
 
-/// EvtDpcFunc of the host's receive DPC: hands up to [`DPC_BATCH`] received MADs to the
-/// dispatch layer in batches (`Device::receive_batch`), then requeues itself if more wait.
-pub unsafe extern "C" fn evt_receive_dpc(dpc: WDFDPC) {
-    let Some(host) = host() else { return };
-    let Some(core) = host.core() else {
-        // No dispatch layer: nothing can take the MADs.
-        let dropped = host.ring.len() as u64;
-        host.dropped_receives.fetch_add(dropped, Ordering::Relaxed);
-        return;
-    };
-    let more = host.ring.drain(core, DPC_BATCH);
-    if more && !host.retired.load(Ordering::Acquire) {
-        // SAFETY: (I80) the DPC is live during its own callback; DISPATCH_LEVEL.
-        let _newly_queued =
-            unsafe { wdk_sys::call_unsafe_wdf_function_binding!(WdfDpcEnqueue, dpc) };
-    }
-}
-
 /// `Platform::send`: one MAD on QP1 of the host port `transmit.dest.port`. Drops the MAD
 /// (and counts it) when there is no such port, no such P_Key or no MAD element: the
 /// engine's retries cover a lost MAD.
 pub fn send(host: &Host, transmit: &Transmit) {
     let port = host.ports.with(|t| {
-        t.port(transmit.dest.port).filter(|p| {
-            // SAFETY: (I85) published ports are live (unpublishing precedes freeing).
-            let port_sends = unsafe { p.as_ref() }.sends.get();
-            // SAFETY: (I101) acquiring under the table lock means the port cannot be
-            // unpublished and waited for in between; IRQL <= DISPATCH_LEVEL.
-            let acquired = unsafe { ExAcquireRundownProtection(port_sends) };
-            acquired != 0
-        })
+        // A published host port is the first field of a live `Port` (`#[repr(C)]`,
+        // published by `port_added` as `port_ptr.cast::<HostPort>()`).
+        t.port(transmit.dest.port)
+            .map(NonNull::cast::<Port>)
+            .filter(|p| {
+                // SAFETY: (I85) published ports are live (unpublishing precedes freeing).
+                let port_sends = unsafe { p.as_ref() }.sends.get();
+                // SAFETY: (I101) acquiring under the table lock means the port cannot be
+                // unpublished and waited for in between; IRQL <= DISPATCH_LEVEL.
+                let acquired = unsafe { ExAcquireRundownProtection(port_sends) };
+                acquired != 0
+            })
     });
     let Some(port) = port else {
         host.dropped_sends.fetch_add(1, Ordering::Relaxed);
@@ -1428,7 +1421,7 @@ pub fn send(host: &Host, transmit: &Transmit) {
 /// `ib_get_mad`, address, `ib_send_mad`.
 fn post(binding: &Binding, port: &Port, transmit: &Transmit) -> bool {
     let dest = &transmit.dest;
-    let (pkey_index, source_gid) = port.attributes.with(|a| {
+    let (pkey_index, source_gid) = port.host.attributes.with(|a| {
         // The exact P_Key, as WinOF's CM (`__get_pkey_index`).
         let index = a.pkeys.iter().position(|pkey| *pkey == dest.pkey);
         (index, a.source_gid())

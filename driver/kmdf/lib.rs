@@ -4,23 +4,27 @@
 //! only translates WDF and IBAL callbacks into calls on them. It exists on Windows only: on
 //! every other host the crate is empty (see `build.rs`).
 //!
-//! Map of the binding (REVIEW.md has the IRQL and ownership tables):
-//! - [`driver`]: `DriverEntry`, `EvtDriverDeviceAdd`, the driver-wide wait lock.
-//! - [`filter`]: one upper filter device per HCA, directly above ibbus: passes every IRP
-//!   down but `IRP_MN_QUERY_INTERFACE` for the CM, which it answers with ibcm's `iba_cm`
-//!   interface or passes down ([`ibcm_iba_cm::answer`] decides).
-//! - [`host`]: the one CM of the host (the portable [`ibcm_endpoint::Device`] and the
-//!   [`ibcm_iba_cm::Registered`] instance), shared by every filter device; host-wide port
-//!   numbers; the `iba_cm` backend.
+//! Map of the binding (REVIEW.md has the IRQL and ownership tables). Layered: each file
+//! imports only files below it (driver -> filter -> {control, ibal, verbs_hook} -> host ->
+//! platform, and ibal -> verbs_hook; `wdf` helpers everywhere).
+//! - [`driver`]: `DriverEntry`, `EvtDriverDeviceAdd`, `EvtDriverUnload`.
+//! - [`filter`]: one upper filter device per HCA, directly above ibbus; owns every callback
+//!   of it: the `IRP_MN_QUERY_INTERFACE` preprocess (ibcm's `iba_cm` or pass down,
+//!   [`ibcm_iba_cm::answer`] with the host-wide verdict), and the lifecycle (D0Entry,
+//!   D0Exit, surprise removal, cleanup) mapped onto [`ibcm_lifecycle::Hca`].
 //! - [`control`]: the control device user mode opens (`\\.\ibcm`), whatever the number of
 //!   HCAs: file objects, the parallel default queue, cancellation, the timer.
-//! - [`platform`]: [`ibcm_endpoint::Platform`] for the kernel: requests, the spin lock, the
-//!   clock, the one timer, the current thread.
 //! - [`ibal`]: the WinOF access layer (IBAL) of one HCA, queried in-stack: PnP, the QP1 MAD
 //!   service per port, receive into the host's ring, send.
 //! - [`verbs_hook`]: the QP1 verbs hook on a stock WinOF host (issue #19): the verbs-table
 //!   patch on ibbus's `GUID_RDMA_INTERFACE_VERBS` query and the thunks around the HCA's
 //!   entries, over `ibcm_qp1_hook`.
+//! - [`host`]: the one CM of the host (the portable [`ibcm_endpoint::Device`] and the
+//!   [`ibcm_iba_cm::Registered`] instance), shared by every filter device; its
+//!   [`ibcm_endpoint::Platform`]; host-wide port numbers; the `iba_cm` backend; the receive
+//!   and delivery DPCs; the driver's wait lock and filter count.
+//! - [`platform`]: kernel primitives: requests, the spin lock, the clock, the running
+//!   context's identity.
 //! - [`wdf`]: structure sizes, object attributes and typed contexts (wdk-sys has no
 //!   `WDF_*_INIT` helpers or `WDF_DECLARE_CONTEXT_TYPE`).
 //!

@@ -1,36 +1,32 @@
-//! [`Platform`] for the kernel. Each method is one translation (REVIEW.md maps them to the
-//! host platform's):
+//! The kernel primitives the host's [`Platform`](ibcm_endpoint::Platform) (`host.rs`
+//! `KmdfPlatform`) is made of; this file imports nothing of the binding:
 //!
 //! | Platform            | here                                                        |
 //! |---------------------|-------------------------------------------------------------|
-//! | `Request`           | WDFREQUEST + its retrieved output buffer, cancelable        |
-//! | `Lock<T>`           | KSPIN_LOCK (`KeAcquireSpinLockRaiseToDpc`/`KeReleaseSpinLock`) |
-//! | `now`               | `KeQueryInterruptTimePrecise` (100 ns units) x 100          |
-//! | `send`              | [`ibal::send`]: `get_mad` + `send_mad` on the port's QP1 alias |
+//! | `Request`           | [`KmdfRequest`]: WDFREQUEST + its retrieved output buffer, cancelable |
+//! | `Lock<T>`           | [`KmdfLock`]: KSPIN_LOCK (`KeAcquireSpinLockRaiseToDpc`/`KeReleaseSpinLock`) |
+//! | `now`               | [`interrupt_time_100ns`]: `KeQueryInterruptTimePrecise` (100 ns units) |
 //! | `complete`          | `WdfRequestUnmarkCancelable` + `WdfRequestCompleteWithInformation` |
-//! | `set_timer`         | one WDFTIMER, `WdfTimerStart` with a relative due time      |
-//! | `current_thread`    | `PsGetCurrentThreadId`                                      |
-//! | `relax`             | `KeDelayExecutionThread` (PASSIVE) / `KeStallExecutionProcessor` |
-//! | `tracer`            | `ibcm_etw::ETW`: TraceLogging provider `ibcm` |
+//! | `current_thread`    | [`current_thread`]: processor index at DISPATCH_LEVEL, else tagged `PsGetCurrentThreadId` |
+//! | `relax`             | [`relax`]: `KeDelayExecutionThread` (PASSIVE) / `KeStallExecutionProcessor` |
 
 use core::cell::UnsafeCell;
 use core::ptr::NonNull;
 use core::sync::atomic::{AtomicBool, AtomicI32, AtomicUsize, Ordering};
 
-use ibcm_cep::{Instant, Transmit};
-use ibcm_endpoint::{FileId, Lock, Platform, Request};
+use ibcm_endpoint::{FileId, Lock, Request};
 use wdk_sys::ntddk::{
     KeAcquireSpinLockRaiseToDpc, KeDelayExecutionThread, KeGetCurrentIrql,
-    KeQueryInterruptTimePrecise, KeReleaseSpinLock, KeStallExecutionProcessor,
-    PsGetCurrentThreadId,
+    KeGetCurrentProcessorNumberEx, KeQueryInterruptTimePrecise, KeReleaseSpinLock,
+    KeStallExecutionProcessor, PsGetCurrentThreadId,
 };
 use wdk_sys::{
-    _MODE, APC_LEVEL, KPROCESSOR_MODE, KSPIN_LOCK, LARGE_INTEGER, NTSTATUS, STATUS_CANCELLED,
-    ULONG_PTR, WDFREQUEST,
+    _MODE, APC_LEVEL, DISPATCH_LEVEL, KPROCESSOR_MODE, KSPIN_LOCK, LARGE_INTEGER, NTSTATUS,
+    STATUS_CANCELLED, ULONG_PTR, WDFREQUEST,
 };
 
-use crate::host::Host;
-use crate::ibal;
+/// Marks a thread identity taken below DISPATCH_LEVEL ([`current_thread`]).
+const PASSIVE_THREAD: u64 = 1 << 63;
 
 /// A lock around the dispatch layer's state: a KSPIN_LOCK held at DISPATCH_LEVEL.
 ///
@@ -140,7 +136,7 @@ impl KmdfRequest {
 
     /// Completes the request once both the dispatch layer and (if it ran) the cancel
     /// routine have let go of it.
-    fn complete(self, status: NTSTATUS, information: usize) {
+    pub fn complete(self, status: NTSTATUS, information: usize) {
         // SAFETY: (P6) the context lives until the request is completed, which happens at
         // the earliest below.
         let context = unsafe { self.context.as_ref() };
@@ -212,33 +208,6 @@ pub fn complete_request(request: WDFREQUEST, status: NTSTATUS, information: usiz
     }
 }
 
-/// The platform of the host's CM: a pointer to the [`Host`] (the control device's WDF
-/// context), which outlives the [`ibcm_endpoint::Device`] that holds this value.
-#[derive(Clone, Copy)]
-pub struct KmdfPlatform {
-    host: NonNull<Host>,
-}
-
-// SAFETY: (P10) the pointee is the control device's context, which lives until that
-// device's cleanup callback, which first drops the `ibcm_endpoint::Device` (the only
-// holder of this value); everything reached through it is either immutable after
-// creation or internally locked.
-unsafe impl Send for KmdfPlatform {}
-// SAFETY: (P11) as P10.
-unsafe impl Sync for KmdfPlatform {}
-
-impl KmdfPlatform {
-    /// The platform of the host `host`.
-    pub fn new(host: NonNull<Host>) -> Self {
-        Self { host }
-    }
-
-    fn host(&self) -> &Host {
-        // SAFETY: (P12) see P10: the host outlives every use of this platform.
-        unsafe { self.host.as_ref() }
-    }
-}
-
 /// Interrupt time in 100 ns units: monotonic, system-wide, callable at any IRQL.
 /// `KeQueryInterruptTime` is a macro over KUSER_SHARED_DATA on x64 (wdm.h), so bindgen has no
 /// symbol for it; the `Precise` variant is an ntoskrnl export (Windows 8.1+).
@@ -248,61 +217,41 @@ pub fn interrupt_time_100ns() -> u64 {
     unsafe { KeQueryInterruptTimePrecise(&raw mut qpc) }
 }
 
-impl Platform for KmdfPlatform {
-    type Request = KmdfRequest;
-    type Lock<T> = KmdfLock<T>;
-
-    fn new_lock<T>(value: T) -> KmdfLock<T> {
-        KmdfLock::new(value)
-    }
-
-    fn now(&self) -> Instant {
-        Instant::from_nanos(interrupt_time_100ns().saturating_mul(100))
-    }
-
-    fn tracer(&self) -> Option<&'static dyn ibcm_endpoint::DispatchTracer> {
-        Some(&ibcm_etw::ETW)
-    }
-
-    fn request_passive_work(&self) {
-        // The host's work item runs `Device::passive_work` (host.rs).
-        self.host().queue_passive_work();
-    }
-
-    fn send(&self, transmit: &Transmit) {
-        ibal::send(self.host(), transmit);
-    }
-
-    fn complete(&self, request: KmdfRequest, status: i32, information: usize) {
-        request.complete(status, information);
-    }
-
-    fn set_timer(&self, deadline: Option<Instant>) {
-        self.host().arm_timer(deadline, self.now());
-    }
-
-    fn current_thread(&self) -> u64 {
-        // SAFETY: (P14) PsGetCurrentThreadId has no preconditions (any IRQL). KeGetCurrentThread
-        // is `__forceinline` on x64 (wdm.h) and so absent from the bindings; the thread ID
-        // identifies a live thread as uniquely, which is all `destroy_id` needs.
+/// `Platform::current_thread`: who is running here, for `destroy_id`'s own-callback and
+/// delivering-thread checks.
+pub fn current_thread() -> u64 {
+    // SAFETY: (P14) KeGetCurrentIrql has no preconditions.
+    let irql = unsafe { KeGetCurrentIrql() };
+    if u32::from(irql) >= DISPATCH_LEVEL {
+        // Nothing else runs on this processor until the level drops, so the processor
+        // is the identity. Not the thread ID: every DPC that interrupted an idle
+        // processor runs in its idle thread, ID 0 on every processor.
+        // SAFETY: (P18) callable at any IRQL; a null out pointer asks for no group.
+        let index = unsafe { KeGetCurrentProcessorNumberEx(core::ptr::null_mut()) };
+        u64::from(index)
+    } else {
+        // Below DISPATCH_LEVEL the thread may move between processors: its ID, tagged
+        // so it never equals a processor's identity (IDs are below 2^32).
+        // SAFETY: (P19) PsGetCurrentThreadId has no preconditions (any IRQL).
         let id = unsafe { PsGetCurrentThreadId() };
-        id as u64
+        (id as u64) | PASSIVE_THREAD
     }
+}
 
-    fn relax(&self) {
-        // SAFETY: (P15) KeGetCurrentIrql has no preconditions.
-        let irql = unsafe { KeGetCurrentIrql() };
-        if u32::from(irql) < APC_LEVEL {
-            // 50 us, relative (negative), in 100 ns units.
-            let mut interval = LARGE_INTEGER { QuadPart: -500 };
-            // SAFETY: (P16) below APC_LEVEL a kernel-mode, non-alertable wait is allowed;
-            // `interval` is a valid pointer for the call.
-            let _ = unsafe {
-                KeDelayExecutionThread(_MODE::KernelMode as KPROCESSOR_MODE, 0, &raw mut interval)
-            };
-        } else {
-            // SAFETY: (P17) a short busy wait is allowed at any IRQL.
-            unsafe { KeStallExecutionProcessor(10) };
-        }
+/// `Platform::relax`: a short pause in a wait loop.
+pub fn relax() {
+    // SAFETY: (P15) KeGetCurrentIrql has no preconditions.
+    let irql = unsafe { KeGetCurrentIrql() };
+    if u32::from(irql) < APC_LEVEL {
+        // 50 us, relative (negative), in 100 ns units.
+        let mut interval = LARGE_INTEGER { QuadPart: -500 };
+        // SAFETY: (P16) below APC_LEVEL a kernel-mode, non-alertable wait is allowed;
+        // `interval` is a valid pointer for the call.
+        let _ = unsafe {
+            KeDelayExecutionThread(_MODE::KernelMode as KPROCESSOR_MODE, 0, &raw mut interval)
+        };
+    } else {
+        // SAFETY: (P17) a short busy wait is allowed at any IRQL.
+        unsafe { KeStallExecutionProcessor(10) };
     }
 }

@@ -47,13 +47,13 @@ use core::mem::{offset_of, size_of};
 use core::ptr;
 use core::sync::atomic::{AtomicBool, AtomicPtr, AtomicU8, Ordering};
 
-use crate::ibal::IbQpCreate;
 use ibcm_endpoint::Lock as _;
 use ibcm_qp1_hook::method::RECEIVE_SIZE;
+use ibcm_qp1_hook::version::{CI_VERBS_VERSION, RDMA_INTERFACE_VERBS_VERSION};
 use ibcm_qp1_hook::{
     Hook, Install, Memory, NotTracked, PrivateMethod, Qp1, Steer, Table, VerbsQuery, WorkCompletion,
 };
-use wdk_sys::ntddk::MmGetVirtualForPhysical;
+use wdk_sys::ntddk::{MmGetPhysicalAddress, MmGetVirtualForPhysical};
 use wdk_sys::{
     GUID, INTERFACE, NT_SUCCESS, NTSTATUS, PDEVICE_OBJECT, PHYSICAL_ADDRESS, PIRP, PVOID,
     STATUS_SUCCESS,
@@ -227,6 +227,22 @@ const _: () = {
 
 /// HCAs hooked at once.
 pub const MAX_HCAS: usize = 8;
+/// `ib_qp_create_t` (ib_types.h): the HCA's `create_spl_qp` here, AL's `create_qp` in
+/// `ibal.rs`.
+#[repr(C)]
+pub(crate) struct IbQpCreate {
+    pub(crate) qp_type: i32,
+    pub(crate) sq_max_inline: u32,
+    pub(crate) sq_depth: u32,
+    pub(crate) rq_depth: u32,
+    pub(crate) sq_sge: u32,
+    pub(crate) rq_sge: u32,
+    pub(crate) h_sq_cq: Handle,
+    pub(crate) h_rq_cq: Handle,
+    pub(crate) h_srq: Handle,
+    pub(crate) sq_signaled: i32,
+}
+
 /// Ports per HCA the hook tracks (ConnectX HCAs have one or two).
 const MAX_PORTS: u8 = 4;
 
@@ -485,7 +501,23 @@ unsafe fn receive_va(wr: &IbRecvWr) -> Option<ReceiveVa> {
     // SAFETY: (V5) callable at <= DISPATCH_LEVEL; a physical address not mapped in system
     // space gives NULL.
     let va = unsafe { MmGetVirtualForPhysical(physical) } as usize;
-    (va != 0 && va % PAGE_SIZE + RECEIVE_SIZE <= PAGE_SIZE).then_some(ReceiveVa(va))
+    if va == 0 || va % PAGE_SIZE + RECEIVE_SIZE > PAGE_SIZE {
+        return None;
+    }
+    // `MmGetVirtualForPhysical` answers from the PFN database and may give an address
+    // that is not (or no longer) this page's system mapping: the buffer is written only
+    // if both its first and its last byte translate back to the posted physical bytes.
+    let last = RECEIVE_SIZE - 1;
+    let round_trip = |offset: usize| {
+        let expected = ds.vaddr.checked_add(offset as u64);
+        // SAFETY: (V41) callable at <= DISPATCH_LEVEL for any nonpaged system address;
+        // `va + offset` lies in the page checked above, which the PFN database maps.
+        let back = unsafe { MmGetPhysicalAddress((va + offset) as PVOID) };
+        // SAFETY: (V42) `PHYSICAL_ADDRESS` is `LARGE_INTEGER`: `QuadPart` is the whole value.
+        let back = unsafe { back.QuadPart };
+        expected.is_some_and(|e| u64::try_from(back).ok() == Some(e))
+    };
+    (round_trip(0) && round_trip(last)).then_some(ReceiveVa(va))
 }
 
 /// The HCA's own entry `index` of slot `S` as a `T`.
@@ -547,7 +579,8 @@ pub unsafe extern "C" fn query_interface_completed(
     // `QueryInterface` is the arm of `Parameters` in use.
     let q = unsafe { stack.Parameters.QueryInterface };
     // SAFETY: (V11) the IRP's status, written by the driver that completed it.
-    let succeeded = NT_SUCCESS(unsafe { irp.IoStatus.__bindgen_anon_1.Status });
+    let irp_status = unsafe { irp.IoStatus.__bindgen_anon_1.Status };
+    let succeeded = NT_SUCCESS(irp_status);
     // SAFETY: (V12) the preprocess callback only sets this routine for a query whose
     // InterfaceType is a valid GUID pointer.
     let ours = unsafe { q.InterfaceType.as_ref() }.is_some_and(same_guid);
@@ -589,7 +622,16 @@ pub unsafe extern "C" fn query_interface_completed(
         }
         Install::NotInstalled(why) => {
             if from_ibbus {
-                wdk::println!("ibcm: ibbus's verbs table left as it came: {why:?}");
+                wdk::println!(
+                    "ibcm: ibbus's verbs table left as it came: {why:?} (status {status:#010x}, Size {size}, requested version {requested:#06x}, header version {header:#06x}, verbs version {verbs:#010x}; hooked: Size >= {layout}, {want_header:#06x}, {want_verbs:#010x})",
+                    status = irp_status,
+                    size = query.size,
+                    requested = query.requested_version,
+                    header = query.header_version,
+                    verbs = query.verbs_version,
+                    want_header = RDMA_INTERFACE_VERBS_VERSION,
+                    want_verbs = CI_VERBS_VERSION,
+                );
             }
             Table::Left(why)
         }

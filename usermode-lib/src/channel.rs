@@ -4,8 +4,10 @@
 //! buffer while it waits for its next event; a burst of events comes back in batches.
 
 use std::mem::offset_of;
+use std::panic::AssertUnwindSafe;
 use std::sync::{Arc, Mutex, PoisonError, Weak};
 use std::task::Waker;
+use std::time::Duration;
 
 use hashbrown::HashMap;
 use ibcm_ioctl::{ANY_ENDPOINT, EventRecord, HandleIn, code, event_type, status};
@@ -17,6 +19,30 @@ use crate::completion::{output_buffer, recycle_buffer};
 /// Records one channel GET_EVENT asks for: a burst of REQs, or of DREQs, comes back in
 /// batches of this many.
 const RECORDS_PER_REQUEST: usize = 16;
+
+/// A GET_EVENT that fails otherwise than for good (STATUS_INSUFFICIENT_RESOURCES when the
+/// driver is transiently short) is retried after 1 ms, doubling up to [`MAX_BACKOFF`];
+/// after this many failures in a row (about 7 s) the channel fails with the last status.
+const MAX_RETRIES: u32 = 16;
+const MAX_BACKOFF: Duration = Duration::from_secs(1);
+
+/// Whether a GET_EVENT's failure ends the channel: the device is gone, or the handle was
+/// closed (its requests complete with STATUS_CANCELLED, later ones fail with
+/// STATUS_INVALID_HANDLE) or failed (STATUS_INTERNAL_ERROR, `backend::device`).
+fn terminal(st: i32) -> bool {
+    [
+        status::DEVICE_REMOVED,
+        status::CANCELLED,
+        status::INVALID_HANDLE,
+        crate::error::STATUS_INTERNAL_ERROR,
+    ]
+    .contains(&st)
+}
+
+/// The wait before retry number `n` (from 0).
+fn backoff(n: u32) -> Duration {
+    Duration::from_millis(1u64 << n.min(10)).min(MAX_BACKOFF)
+}
 
 /// An endpoint's queue of events the channel brought, and the tasks waiting on it.
 #[derive(Default)]
@@ -126,6 +152,8 @@ struct State {
     again: bool,
     /// The channel failed for good (device removed, handle closed).
     failed: Option<i32>,
+    /// GET_EVENTs that failed in a row with a status that is not terminal.
+    retries: u32,
     /// The last GET_EVENT's buffer, for the next one.
     buffer: Vec<u8>,
 }
@@ -206,6 +234,26 @@ impl Channel {
     }
 }
 
+impl Channel {
+    /// Issues the channel's GET_EVENT again after `delay`, on a thread of its own (not the
+    /// completion thread, which other requests need meanwhile; on this one only if no
+    /// thread can be started).
+    fn retry_after(self: Arc<Self>, delay: Duration) {
+        fn retry(channel: &Arc<Channel>, delay: Duration) {
+            std::thread::sleep(delay);
+            channel.lock().outstanding = false;
+            channel.pump();
+        }
+        let me = Arc::clone(&self);
+        let started = std::thread::Builder::new()
+            .name("ibcm-event-retry".into())
+            .spawn(move || retry(&me, delay));
+        if started.is_err() {
+            retry(&self, delay);
+        }
+    }
+}
+
 /// The handle a REQ record names for its new endpoint.
 fn new_endpoint(record: &[u8]) -> Option<u64> {
     let r = EventRecord::ref_from_bytes(record).ok()?;
@@ -218,10 +266,14 @@ impl CompletionHook for Channel {
     fn completed(self: Arc<Self>, st: i32, mut output: Vec<u8>) {
         let size = EventRecord::SIZE as usize;
         let mut wakers: Vec<Waker> = Vec::new();
+        // Asked before the lock: this may be the provider's last reference, whose drop
+        // closes the handle, which completes requests (this channel's too).
+        let open = st == status::SUCCESS || self.backend.upgrade().is_some_and(|b| !b.is_closed());
         {
             let mut s = self.lock();
             s.outstanding = false;
             if st == status::SUCCESS {
+                s.retries = 0;
                 output.truncate(output.len() - output.len() % size);
                 let mut touched: Option<u64> = None;
                 for record in output.chunks_exact(size) {
@@ -243,9 +295,19 @@ impl CompletionHook for Channel {
                 }
                 output.clear();
                 s.buffer = output;
+            } else if !terminal(st) && s.retries < MAX_RETRIES && open {
+                // Transient: the GET_EVENT is issued again later, and meanwhile counts as
+                // outstanding; no wait ends.
+                recycle_buffer(output);
+                let delay = backoff(s.retries);
+                s.retries += 1;
+                s.outstanding = true;
+                drop(s);
+                self.retry_after(delay);
+                return;
             } else {
-                // The handle closed (STATUS_CANCELLED), or the device went: every wait
-                // ends with it.
+                // The handle closed, or the device went, or the failures did not stop:
+                // every wait ends with it.
                 recycle_buffer(output);
                 s.failed = Some(st);
                 let State { queues, .. } = &mut *s;
@@ -256,9 +318,18 @@ impl CompletionHook for Channel {
                 }
             }
         }
+        // A woken operation may panic (on the Windows backend's completion thread, the
+        // device then fails the provider): the others are woken all the same, and the
+        // next GET_EVENT issued, which the failure completes, before it goes on.
+        let mut panicked = None;
         for w in wakers {
-            w.wake();
+            if let Err(p) = std::panic::catch_unwind(AssertUnwindSafe(|| w.wake())) {
+                panicked.get_or_insert(p);
+            }
         }
         self.pump();
+        if let Some(p) = panicked {
+            std::panic::resume_unwind(p);
+        }
     }
 }

@@ -9,6 +9,7 @@
 
 use std::collections::VecDeque;
 use std::future::Future;
+use std::panic::AssertUnwindSafe;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::{Arc, Condvar, Mutex, PoisonError};
@@ -231,8 +232,53 @@ thread_local! {
     static THREAD_WAKER: Waker = Waker::from(Arc::new(ThreadWaker(std::thread::current())));
 }
 
+thread_local! {
+    /// This thread dequeues a device's completions (`backend::device`): what it would
+    /// block for, only it could complete.
+    static COMPLETION_THREAD: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Marks this thread as a device's completion thread.
+pub(crate) fn enter_completion_thread() {
+    COMPLETION_THREAD.with(|c| c.set(true));
+}
+
+/// Whether this thread is a device's completion thread (a spawned operation, or a hook,
+/// is running on it).
+fn on_completion_thread() -> bool {
+    COMPLETION_THREAD
+        .try_with(std::cell::Cell::get)
+        .unwrap_or(false)
+}
+
+/// The blocking form of an operation: starts it (`start` issues its first request) and
+/// waits for it on this thread; or, on a device's completion thread, where it would wait
+/// for the thread that is waiting, fails it with STATUS_POSSIBLE_DEADLOCK before anything
+/// is issued.
+pub(crate) fn blocking<T, F: Future<Output = crate::Result<T>>>(
+    operation: &'static str,
+    start: impl FnOnce() -> F,
+) -> crate::Result<T> {
+    if on_completion_thread() {
+        return Err(crate::Error::new(
+            operation,
+            crate::error::STATUS_POSSIBLE_DEADLOCK,
+        ));
+    }
+    block_on(start())
+}
+
 /// Runs a future to completion on this thread (the blocking form of every operation).
+///
+/// # Panics
+///
+/// On the thread that completes a device's requests (inside an operation started with
+/// [`spawn`]): it would wait for itself. Await the future there instead.
 pub fn block_on<F: Future>(future: F) -> F::Output {
+    assert!(
+        !on_completion_thread(),
+        "ibcm::block_on on the provider's completion thread would deadlock: await the future"
+    );
     let mut future = std::pin::pin!(future);
     let waker = THREAD_WAKER
         .try_with(Waker::clone)
@@ -313,10 +359,15 @@ impl CompletionPort {
 
 type AnyResult = Box<dyn std::any::Any + Send>;
 
+/// Told once an operation's result is in.
+type Notify = Box<dyn FnOnce() + Send>;
+
 #[derive(Default)]
 struct OverlappedState {
     result: Option<AnyResult>,
     port: Option<(CompletionPort, usize)>,
+    /// The caller's own completion (on Windows, its IOCP and OVERLAPPED).
+    notify: Option<Notify>,
     /// Threads blocked in `wait`.
     waiting: usize,
 }
@@ -345,6 +396,16 @@ impl Overlapped {
     pub fn with_port(port: &CompletionPort, key: usize) -> Self {
         let o = Self::default();
         o.0.0.lock().unwrap_or_else(PoisonError::into_inner).port = Some((port.clone(), key));
+        o
+    }
+
+    /// An overlapped whose completion also calls `notify`, once, on the thread that
+    /// finished the operation, after its result is in (`backend::windows::overlapped_on`
+    /// posts the caller's own OVERLAPPED to the caller's own port this way). `notify`
+    /// must not block: it may run on the provider's completion thread.
+    pub fn with_notify(notify: impl FnOnce() + Send + 'static) -> Self {
+        let o = Self::default();
+        o.0.0.lock().unwrap_or_else(PoisonError::into_inner).notify = Some(Box::new(notify));
         o
     }
 
@@ -383,13 +444,16 @@ impl Overlapped {
     }
 
     fn finish(&self, value: AnyResult) {
-        let (port, waiting) = {
+        let (port, notify, waiting) = {
             let mut s = self.0.0.lock().unwrap_or_else(PoisonError::into_inner);
             s.result = Some(value);
-            (s.port.take(), s.waiting > 0)
+            (s.port.take(), s.notify.take(), s.waiting > 0)
         };
         if waiting {
             self.0.1.notify_all();
+        }
+        if let Some(notify) = notify {
+            notify();
         }
         if let Some((port, key)) = port {
             port.post(CompletionPacket {
@@ -401,6 +465,11 @@ impl Overlapped {
 }
 
 type BoxFuture = Pin<Box<dyn Future<Output = AnyResult> + Send>>;
+
+/// The result an [`Overlapped`] holds when its operation panicked
+/// (`overlapped.result::<ibcm::Panicked>()`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Panicked;
 
 /// A task driven by the wakes of the requests it awaits.
 ///
@@ -459,7 +528,23 @@ impl Wake for Task {
                 self.state.store(DONE, Ordering::Release);
                 return;
             };
-            if let Poll::Ready(value) = future.as_mut().poll(&mut cx) {
+            let polled =
+                std::panic::catch_unwind(AssertUnwindSafe(|| future.as_mut().poll(&mut cx)));
+            let ready = match polled {
+                Ok(Poll::Ready(value)) => Some(value),
+                Ok(Poll::Pending) => None,
+                Err(panic) => {
+                    // The operation is over: its overlapped is done, with no result of the
+                    // operation's type; the panic goes on to whoever completed the request
+                    // (the Windows backend then fails the provider).
+                    *slot = None;
+                    drop(slot);
+                    self.state.store(DONE, Ordering::Release);
+                    self.overlapped.finish(Box::new(Panicked));
+                    std::panic::resume_unwind(panic);
+                }
+            };
+            if let Some(value) = ready {
                 *slot = None;
                 drop(slot);
                 self.state.store(DONE, Ordering::Release);

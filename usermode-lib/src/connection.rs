@@ -13,7 +13,7 @@ use ibcm_ioctl::{
 };
 use zerocopy::{FromBytes, FromZeros, IntoBytes};
 
-use crate::completion::{block_on, recycle_buffer};
+use crate::completion::{blocking, recycle_buffer};
 use crate::endpoint::Endpoint;
 use crate::error::{Detail, Error, Result};
 use crate::provider::Provider;
@@ -136,7 +136,7 @@ impl Provider {
             l.compare_len = len;
             l.compare_offset = *offset;
         }
-        block_on(ep.ioctl(OP, code::LISTEN, l.as_bytes(), 0))?;
+        blocking(OP, || ep.ioctl(OP, code::LISTEN, l.as_bytes(), 0))?;
         Ok(Listener(ep))
     }
 }
@@ -150,7 +150,7 @@ impl ConnectEndpoint {
     /// Sends the REQ and completes when the REP arrives, with the RTR and RTS attributes
     /// (then transition the QP and call [`rtu`](Self::rtu)). A REJ or a timeout fails it.
     pub fn connect(&self, params: &ConnectParams<'_>) -> Result<ConnectReply> {
-        block_on(self.connect_async(params))
+        blocking("connect", || self.connect_async(params))
     }
 
     /// [`connect`](Self::connect) as a future. The REQ goes out when this is called, as an
@@ -229,7 +229,7 @@ impl ConnectEndpoint {
     /// Sends the RTU after [`connect`](Self::connect) (WinVerbs: `Accept` on the active
     /// side): the connection is established.
     pub fn rtu(&self, private_data: &[u8]) -> Result<()> {
-        block_on(self.rtu_async(private_data))
+        blocking("rtu", || self.rtu_async(private_data))
     }
 
     /// [`rtu`](Self::rtu) as a future. The RTU goes out when this is called (as
@@ -277,6 +277,16 @@ impl ConnectEndpoint {
     /// Pre-REP: formats the REP and returns the QP transitions to make before
     /// [`accept`](Self::accept) sends it.
     pub fn prepare_accept(&self, params: &AcceptParams<'_>) -> Result<QpTransitions> {
+        blocking("accept", || self.prepare_accept_async(params))
+    }
+
+    /// [`prepare_accept`](Self::prepare_accept) as a future (the FORMAT_REP is issued
+    /// when this is called): what an operation started with [`spawn`](crate::spawn)
+    /// awaits, since a blocking call on the thread that completes requests fails.
+    pub fn prepare_accept_async(
+        &self,
+        params: &AcceptParams<'_>,
+    ) -> impl Future<Output = Result<QpTransitions>> + Send + 'static {
         const OP: &str = "accept";
         let mut r = FormatRepIn::new_zeroed();
         r.size = FormatRepIn::SIZE;
@@ -296,22 +306,27 @@ impl ConnectEndpoint {
         if params.flow_control {
             r.flags |= flags::FLOW_CONTROL;
         }
-        let (pd, len) = inline::<196>(OP, params.private_data)?;
-        r.private_data = pd;
-        r.private_data_len = len;
-        let out: QpTransitionsOut = block_on(self.0.ioctl_out(OP, code::FORMAT_REP, r.as_bytes()))?;
-        Ok(QpTransitions {
-            init: qp_attributes(&out.init),
-            rtr: qp_attributes(&out.rtr),
-            rts: qp_attributes(&out.rts),
-        })
+        let formatted = inline::<196>(OP, params.private_data).map(|(pd, len)| {
+            r.private_data = pd;
+            r.private_data_len = len;
+            self.0
+                .ioctl_out::<QpTransitionsOut>(OP, code::FORMAT_REP, r.as_bytes())
+        });
+        async move {
+            let out = formatted?.await?;
+            Ok(QpTransitions {
+                init: qp_attributes(&out.init),
+                rtr: qp_attributes(&out.rtr),
+                rts: qp_attributes(&out.rts),
+            })
+        }
     }
 
     /// Sends the REP formatted by [`prepare_accept`](Self::prepare_accept) and completes
     /// when the RTU arrives (or the QP reports traffic, see
     /// [`established`](Self::established)).
     pub fn accept(&self) -> Result<()> {
-        block_on(self.accept_async())
+        blocking("accept", || self.accept_async())
     }
 
     /// [`accept`](Self::accept) as a future.
@@ -347,15 +362,26 @@ impl ConnectEndpoint {
 
     /// Rejects the connection request (or the REP) with `reason` and private data.
     pub fn reject(&self, reason: RejReason, private_data: &[u8]) -> Result<()> {
+        blocking("reject", || self.reject_async(reason, private_data))
+    }
+
+    /// [`reject`](Self::reject) as a future (the REJ is issued when this is called).
+    pub fn reject_async(
+        &self,
+        reason: RejReason,
+        private_data: &[u8],
+    ) -> impl Future<Output = Result<()>> + Send + 'static {
         const OP: &str = "reject";
         let mut r = RejIn::new_zeroed();
         r.size = RejIn::SIZE;
         r.handle = self.handle();
         r.reason = reason.into();
-        let (pd, len) = inline::<148>(OP, private_data)?;
-        r.private_data = pd;
-        r.private_data_len = len;
-        block_on(self.0.ioctl(OP, code::REJ, r.as_bytes(), 0)).map(|_| ())
+        let ioctl = inline::<148>(OP, private_data).map(|(pd, len)| {
+            r.private_data = pd;
+            r.private_data_len = len;
+            self.0.ioctl(OP, code::REJ, r.as_bytes(), 0)
+        });
+        async move { ioctl?.await.map(|_| ()) }
     }
 
     /// Sends an MRA: the answer will take up to `service_timeout` (5-bit IB time) longer.
@@ -368,7 +394,7 @@ impl ConnectEndpoint {
         let (pd, len) = inline::<222>(OP, private_data)?;
         m.private_data = pd;
         m.private_data_len = len;
-        block_on(self.0.ioctl(OP, code::MRA, m.as_bytes(), 0)).map(|_| ())
+        blocking(OP, || self.0.ioctl(OP, code::MRA, m.as_bytes(), 0)).map(|_| ())
     }
 
     /// Disconnects: sends a DREQ and completes when the DREP (or a crossing DREQ,
@@ -376,7 +402,7 @@ impl ConnectEndpoint {
     /// with a DREP; if the connection is already in timewait, there is nothing to do.
     /// Either way the connection then waits out timewait in the driver.
     pub fn disconnect(&self, private_data: &[u8]) -> Result<()> {
-        block_on(self.disconnect_async(private_data))
+        blocking("disconnect", || self.disconnect_async(private_data))
     }
 
     /// [`disconnect`](Self::disconnect) as a future.
@@ -429,7 +455,7 @@ impl ConnectEndpoint {
     /// Completes when the peer asks to disconnect (its DREQ); answer with
     /// [`disconnect`](Self::disconnect).
     pub fn notify_disconnect(&self) -> Result<Vec<u8>> {
-        block_on(self.notify_disconnect_async())
+        blocking("notify disconnect", || self.notify_disconnect_async())
     }
 
     /// [`notify_disconnect`](Self::notify_disconnect) as a future.
@@ -454,7 +480,7 @@ impl ConnectEndpoint {
 
     /// Completes when timewait is over: the QP may be reused.
     pub fn wait_timewait(&self) -> Result<()> {
-        block_on(self.wait_timewait_async())
+        blocking("wait timewait", || self.wait_timewait_async())
     }
 
     /// [`wait_timewait`](Self::wait_timewait) as a future.
@@ -477,18 +503,20 @@ impl ConnectEndpoint {
 
     /// The QP received traffic before the RTU: the passive side is established.
     pub fn established(&self) -> Result<()> {
-        block_on(self.0.ioctl(
-            "established",
-            code::ESTABLISHED,
-            self.0.handle_in().as_bytes(),
-            0,
-        ))
+        blocking("established", || {
+            self.0.ioctl(
+                "established",
+                code::ESTABLISHED,
+                self.0.handle_in().as_bytes(),
+                0,
+            )
+        })
         .map(|_| ())
     }
 
     /// The endpoint's state, the peer's read limits, paths and last private data.
     pub fn query(&self) -> Result<QueryOut> {
-        block_on(self.query_async())
+        blocking("query", || self.query_async())
     }
 
     fn query_async(&self) -> impl Future<Output = Result<QueryOut>> + Send + 'static {
@@ -506,7 +534,9 @@ impl ConnectEndpoint {
             QpState::Rtr => qp_state::RTR,
             QpState::Rts => qp_state::RTS,
         };
-        block_on(qp_attr(&self.0, "get QP attributes", code))
+        blocking("get QP attributes", || {
+            qp_attr(&self.0, "get QP attributes", code)
+        })
     }
 
     /// Fails every operation waiting on this endpoint with STATUS_CANCELLED.
@@ -573,7 +603,7 @@ impl ConnectionRequest {
 impl Listener {
     /// Completes with the next connection request.
     pub fn get_request(&self) -> Result<ConnectionRequest> {
-        block_on(self.get_request_async())
+        blocking("get request", || self.get_request_async())
     }
 
     /// [`get_request`](Self::get_request) as a future.

@@ -11,7 +11,7 @@ use zerocopy::{FromBytes, Immutable, IntoBytes};
 
 use crate::backend::CompletionHook;
 use crate::channel::{EventQueue, Events};
-use crate::completion::{Ioctl, block_on};
+use crate::completion::{Ioctl, blocking};
 use crate::error::{Error, Result};
 use crate::provider::Provider;
 
@@ -36,7 +36,9 @@ impl Endpoint {
             size: CreateIn::SIZE,
             reserved: 0,
         };
-        let out: CreateOut = block_on(provider.ioctl_out(operation, code::CREATE, c.as_bytes()))?;
+        let out: CreateOut = blocking(operation, || {
+            provider.ioctl_out(operation, code::CREATE, c.as_bytes())
+        })?;
         Ok(Self::new(provider.clone(), out.handle))
     }
 
@@ -75,7 +77,7 @@ impl Endpoint {
         operation: &'static str,
         code: u32,
         input: &[u8],
-    ) -> impl Future<Output = Result<T>> + Send + 'static {
+    ) -> impl Future<Output = Result<T>> + Send + 'static + use<T> {
         self.0.provider.ioctl_out(operation, code, input)
     }
 

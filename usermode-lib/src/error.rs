@@ -5,6 +5,19 @@ use std::fmt;
 use ibcm_ioctl::iba::{AttributeId, RejReason};
 use ibcm_ioctl::status;
 
+/// STATUS_ACCESS_DENIED: this account may not open the device.
+pub const STATUS_ACCESS_DENIED: i32 = 0xC000_0022_u32 as i32;
+/// STATUS_OBJECT_NAME_NOT_FOUND: no `\\.\ibcm`: the driver is not installed or not
+/// started.
+pub const STATUS_OBJECT_NAME_NOT_FOUND: i32 = 0xC000_0034_u32 as i32;
+/// STATUS_QUOTA_EXCEEDED: a per-handle quota of the driver, or the process's quota.
+pub const STATUS_QUOTA_EXCEEDED: i32 = 0xC000_0044_u32 as i32;
+/// STATUS_INTERNAL_ERROR: a completion of the provider panicked; the provider failed.
+pub const STATUS_INTERNAL_ERROR: i32 = 0xC000_00E5_u32 as i32;
+/// STATUS_POSSIBLE_DEADLOCK: a blocking call on the thread that completes the provider's
+/// requests, which would wait for itself; await the operation's future instead.
+pub const STATUS_POSSIBLE_DEADLOCK: i32 = 0xC000_0194_u32 as i32;
+
 /// What went wrong beyond the status.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Detail {
@@ -77,6 +90,13 @@ pub fn status_name(st: i32) -> &'static str {
         status::DEVICE_REMOVED => "STATUS_DEVICE_REMOVED",
         status::IO_TIMEOUT => "STATUS_IO_TIMEOUT",
         status::CONNECTION_REFUSED => "STATUS_CONNECTION_REFUSED",
+        STATUS_ACCESS_DENIED => "STATUS_ACCESS_DENIED",
+        STATUS_OBJECT_NAME_NOT_FOUND => "STATUS_OBJECT_NAME_NOT_FOUND",
+        STATUS_QUOTA_EXCEEDED => "STATUS_QUOTA_EXCEEDED",
+        STATUS_INTERNAL_ERROR => "STATUS_INTERNAL_ERROR",
+        STATUS_POSSIBLE_DEADLOCK => "STATUS_POSSIBLE_DEADLOCK",
+        // FACILITY_NTWIN32: a Win32 error (its code is the low 16 bits).
+        _ if (st as u32) >> 16 == 0xC007 => "FACILITY_NTWIN32",
         _ => "NTSTATUS",
     }
 }
@@ -90,6 +110,17 @@ impl fmt::Display for Error {
             status_name(self.status),
             self.status as u32
         )?;
+        match self.status {
+            STATUS_OBJECT_NAME_NOT_FOUND => {
+                f.write_str(": no \\\\.\\ibcm, is the ibcm driver installed and started?")?;
+            }
+            STATUS_ACCESS_DENIED => f.write_str(": this account may not open \\\\.\\ibcm")?,
+            STATUS_POSSIBLE_DEADLOCK => f.write_str(
+                ": a blocking call on the provider's completion thread; await the operation instead",
+            )?,
+            st if (st as u32) >> 16 == 0xC007 => write!(f, ": Win32 error {}", st as u32 & 0xFFFF)?,
+            _ => {}
+        }
         match &self.detail {
             Detail::None => Ok(()),
             Detail::Rejected { reason, .. } => write!(f, ", rejected by the peer: {reason:?}"),

@@ -11,6 +11,10 @@
 //!   [`Overlapped`] and, if it has one, queued on a [`CompletionPort`] — the IOCP model
 //!   WinVerbs and ND providers expect.
 //!
+//! On Windows one library thread completes a provider's requests, and runs the steps of
+//! its spawned operations: there, await the futures; a blocking operation fails with
+//! [`STATUS_POSSIBLE_DEADLOCK`] rather than wait for itself (see `backend::device`).
+//!
 //! Errors name the failing operation and carry the NTSTATUS (and the peer's REJ reason).
 //! Dropping an endpoint destroys it; cancellation is explicit (`cancel`).
 //!
@@ -69,9 +73,12 @@ mod error;
 mod migration;
 mod provider;
 
-pub use completion::{CompletionPacket, CompletionPort, Overlapped, block_on, spawn};
+pub use completion::{CompletionPacket, CompletionPort, Overlapped, Panicked, block_on, spawn};
 pub use connection::{ConnectEndpoint, ConnectReply, ConnectionRequest, Listener, QpTransitions};
-pub use error::{Detail, Error, Result, status_name};
+pub use error::{
+    Detail, Error, Result, STATUS_ACCESS_DENIED, STATUS_INTERNAL_ERROR,
+    STATUS_OBJECT_NAME_NOT_FOUND, STATUS_POSSIBLE_DEADLOCK, STATUS_QUOTA_EXCEEDED, status_name,
+};
 pub use migration::{
     AprReply, DatagramEndpoint, DatagramRequest, LapRequest, ResolveParams, SidrReply,
 };

@@ -8,7 +8,7 @@ use ibcm_ioctl::{AprIn, EventRecord, LapIn, QpAttrOut, SidrRepIn, SidrReqIn, cod
 use zerocopy::{FromZeros, IntoBytes};
 
 use crate::PathRecord;
-use crate::completion::block_on;
+use crate::completion::blocking;
 use crate::connection::{
     ConnectEndpoint, Listener, failure, inline, path_abi, path_record, private_data as record_data,
     qp_attributes,
@@ -46,7 +46,9 @@ impl ConnectEndpoint {
         alternate: &PathRecord,
         private_data: &[u8],
     ) -> Result<AprReply> {
-        block_on(self.load_alternate_path_async(alternate, private_data))
+        blocking("load alternate path", || {
+            self.load_alternate_path_async(alternate, private_data)
+        })
     }
 
     /// [`load_alternate_path`](Self::load_alternate_path) as a future.
@@ -95,7 +97,7 @@ impl ConnectEndpoint {
     pub fn get_alternate_path_request(&self) -> Result<LapRequest> {
         const OP: &str = "get alternate path request";
         let ep = self.0.clone();
-        block_on(async move {
+        blocking(OP, || async move {
             let r = ep
                 .wait_event(OP, |t| {
                     t == event_type::LAP_RECEIVED || t == event_type::DEVICE_REMOVAL
@@ -130,21 +132,22 @@ impl ConnectEndpoint {
         let (pd, len) = inline::<148>(OP, private_data)?;
         a.private_data = pd;
         a.private_data_len = len;
-        let out: QpAttrOut = block_on(self.0.ioctl_out(OP, code::PREPARE_APR, a.as_bytes()))?;
-        block_on(
+        let out: QpAttrOut =
+            blocking(OP, || self.0.ioctl_out(OP, code::PREPARE_APR, a.as_bytes()))?;
+        blocking(OP, || {
             self.0
-                .ioctl(OP, code::SEND_APR, self.0.handle_in().as_bytes(), 0),
-        )?;
+                .ioctl(OP, code::SEND_APR, self.0.handle_in().as_bytes(), 0)
+        })?;
         Ok((status_code == AprStatus::Success).then(|| qp_attributes(&out.attr)))
     }
 
     /// The QP migrated to its alternate path (the path-migrated async event): primary
     /// and alternate swap in the driver, and later RTS attributes follow.
     pub fn migrate(&self) -> Result<()> {
-        block_on(
+        blocking("migrate", || {
             self.0
-                .ioctl("migrate", code::MIGRATE, self.0.handle_in().as_bytes(), 0),
-        )
+                .ioctl("migrate", code::MIGRATE, self.0.handle_in().as_bytes(), 0)
+        })
         .map(|_| ())
     }
 }
@@ -212,7 +215,7 @@ impl Provider {
 impl DatagramEndpoint {
     /// Resolves a service (SIDR_REQ, retried) and completes with the SIDR_REP.
     pub fn resolve(&self, p: &ResolveParams<'_>) -> Result<SidrReply> {
-        block_on(self.resolve_async(p))
+        blocking("resolve", || self.resolve_async(p))
     }
 
     /// [`resolve`](Self::resolve) as a future.
@@ -284,7 +287,7 @@ impl DatagramEndpoint {
         let (pd, len) = inline::<136>(OP, private_data)?;
         r.private_data = pd;
         r.private_data_len = len;
-        block_on(self.0.ioctl(OP, code::SIDR_REP, r.as_bytes(), 0)).map(|_| ())
+        blocking(OP, || self.0.ioctl(OP, code::SIDR_REP, r.as_bytes(), 0)).map(|_| ())
     }
 }
 
@@ -293,7 +296,7 @@ impl Listener {
     pub fn get_datagram_request(&self) -> Result<DatagramRequest> {
         const OP: &str = "get datagram request";
         let ep = self.0.clone();
-        block_on(async move {
+        blocking(OP, || async move {
             let r: EventRecord = ep
                 .wait_event(OP, |t| {
                     t == event_type::SIDR_REQ_RECEIVED || t == event_type::DEVICE_REMOVAL

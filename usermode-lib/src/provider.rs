@@ -8,7 +8,7 @@ use zerocopy::{FromBytes, Immutable, IntoBytes};
 use crate::backend::Backend;
 use crate::backend::CompletionHook;
 use crate::channel::Channel;
-use crate::completion::{Ioctl, Slot, SlotFuture, block_on, output_buffer, recycle_buffer};
+use crate::completion::{Ioctl, Slot, SlotFuture, blocking, output_buffer, recycle_buffer};
 use crate::error::{Error, Result};
 
 /// An open handle to the ibcm device (`IWVProvider`, `IND2Adapter`): endpoints are created
@@ -33,12 +33,14 @@ impl Provider {
             abi_version: ABI_VERSION,
         };
         // A driver whose answer is not a VersionOut speaks another ABI.
-        let out = block_on(p.ioctl(
-            "open",
-            code::VERSION,
-            v.as_bytes(),
-            VersionOut::SIZE as usize,
-        ))?;
+        let out = blocking("open", || {
+            p.ioctl(
+                "open",
+                code::VERSION,
+                v.as_bytes(),
+                VersionOut::SIZE as usize,
+            )
+        })?;
         let got = VersionOut::read_from_bytes(&out)
             .map_err(|_| Error::new("open", status::REVISION_MISMATCH))?;
         if got.abi_version != ABI_VERSION {
@@ -53,11 +55,12 @@ impl Provider {
         Self::with_backend(Arc::new(crate::backend::inproc::InProcess::open(node)))
     }
 
-    /// Opens the installed ibcm driver (its control device, `\\.\ibcm`).
+    /// Opens the installed ibcm driver (its control device, `\\.\ibcm`). Fails with
+    /// STATUS_OBJECT_NAME_NOT_FOUND when the driver is not installed or not started, and
+    /// STATUS_ACCESS_DENIED when this account may not open it.
     #[cfg(windows)]
     pub fn open() -> Result<Self> {
-        let backend =
-            crate::backend::windows::Device::open().map_err(|st| Error::new("open", st))?;
+        let backend = crate::backend::windows::open().map_err(|st| Error::new("open", st))?;
         Self::with_backend(Arc::new(backend))
     }
 
@@ -107,7 +110,7 @@ impl Provider {
         operation: &'static str,
         code: u32,
         input: &[u8],
-    ) -> impl Future<Output = Result<T>> + Send + 'static {
+    ) -> impl Future<Output = Result<T>> + Send + 'static + use<T> {
         let ioctl = self.ioctl(operation, code, input, core::mem::size_of::<T>());
         async move {
             let out = ioctl.await?;
@@ -124,6 +127,8 @@ impl Provider {
             size: CountersIn::SIZE,
             reserved: 0,
         };
-        block_on(self.ioctl_out("counters", code::COUNTERS, c.as_bytes()))
+        blocking("counters", || {
+            self.ioctl_out("counters", code::COUNTERS, c.as_bytes())
+        })
     }
 }

@@ -34,6 +34,18 @@ pub struct ReqInfo {
     pub peer_initiator_depth: u8,
     /// RNR retry count the peer asks this side to use.
     pub rnr_retry_count: u8,
+    /// The peer's StartingPSN (24 bits): the PSN its receive queue expects first.
+    pub starting_psn: u32,
+    /// The peer's MaxCMRetries (4 bits).
+    pub max_cm_retries: u8,
+    /// The peer's RemoteCMResponseTimeout (5 bits): how long it gives this side to answer.
+    pub remote_cm_response_timeout: u8,
+    /// The peer's LocalCMResponseTimeout (5 bits): how long it takes to answer a REQ.
+    pub local_cm_response_timeout: u8,
+    /// The peer's EndToEndFlowControl.
+    pub flow_control: bool,
+    /// The peer's RetryCount (3 bits) for this side's send queue.
+    pub retry_count: u8,
     /// The peer uses an SRQ.
     pub srq: bool,
     /// REQ private data (92 bytes).
@@ -55,6 +67,12 @@ pub struct RepInfo {
     pub peer_initiator_depth: u8,
     /// FailoverAccepted.
     pub failover_accepted: ibcm_mad::Failover,
+    /// The RNR retry count the peer asks this side to use (3 bits).
+    pub rnr_retry_count: u8,
+    /// The peer's EndToEndFlowControl.
+    pub flow_control: bool,
+    /// The peer's TargetACKDelay (5 bits).
+    pub target_ack_delay: u8,
     /// The peer uses an SRQ.
     pub srq: bool,
     /// REP private data (196 bytes).
@@ -110,6 +128,8 @@ pub enum Event {
     MraReceived {
         /// ServiceTimeout the peer asked for.
         service_timeout: u8,
+        /// MRA private data (222 bytes).
+        private_data: PrivateData,
     },
     /// The peer rejected the connection.
     Rejected {

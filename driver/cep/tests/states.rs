@@ -74,7 +74,9 @@ fn ev(e: &Event) -> Ev {
         Event::ReqReceived(_) => Ev::Req,
         Event::RepReceived(_) => Ev::Rep,
         Event::RtuReceived(_) => Ev::Rtu,
-        Event::MraReceived { service_timeout } => Ev::Mra(service_timeout),
+        Event::MraReceived {
+            service_timeout, ..
+        } => Ev::Mra(service_timeout),
         Event::Rejected { reason, .. } => Ev::Rej(reason),
         Event::Timeout { message } => Ev::Timeout(message),
         Event::DreqReceived(_) => Ev::Dreq,

@@ -139,7 +139,9 @@ pub fn event_to_abi(event: &Event, handle: u64, new_handle: u64) -> EventRecord 
             };
             copy_private_data(&mut r.private_data, &mut r.private_data_len, pd.as_slice());
         }
-        Event::MraReceived { service_timeout } => {
+        Event::MraReceived {
+            service_timeout, ..
+        } => {
             r.event_type = event_type::MRA_RECEIVED;
             r.service_timeout = *service_timeout;
         }

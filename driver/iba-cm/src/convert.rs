@@ -227,10 +227,10 @@ pub(crate) fn qp_mod(a: &QpAttributes, pkey_index: u16) -> IbQpMod {
 }
 
 /// The inline REQ event (`iba_cm_req_event`), from this side's point of view as AL's
-/// `__format_event_req` gives it: this side's responder resources are the peer's
-/// initiator depth and its initiator depth the peer's responder resources
-/// (`al_cm_cep.c:6245-6296`). The REQ fields the engine does not report (the peer's
-/// starting PSN, its CM timeouts and retry counts, flow control) are 0.
+/// `__format_event_req` gives it (al_cm_cep.c:6245-6277): this side's responder resources
+/// are the peer's initiator depth and its initiator depth the peer's responder resources
+/// (6260-6261); the peer's StartingPSN, MaxCMRetries, both CM response timeouts, flow
+/// control and retry counts as the REQ carries them (6255, 6259, 6262-6266).
 pub(crate) fn req_event(
     r: &ReqInfo,
     local_ca_guid: u64,
@@ -252,16 +252,16 @@ pub(crate) fn req_event(
             .unwrap_or_default(),
         qpn: Be32::new(r.remote_qpn),
         qp_type: qp_type_of(r.transport),
-        starting_psn: Be32(0),
+        starting_psn: Be32::new(r.starting_psn),
         pdata: pd,
-        max_cm_retries: 0,
+        max_cm_retries: r.max_cm_retries,
         resp_res: r.peer_initiator_depth,
         init_depth: r.peer_responder_resources,
-        remote_resp_timeout: 0,
-        flow_ctrl: 0,
-        local_resp_timeout: 0,
+        remote_resp_timeout: r.remote_cm_response_timeout,
+        flow_ctrl: u8::from(r.flow_control),
+        local_resp_timeout: r.local_cm_response_timeout,
         rnr_retry_cnt: r.rnr_retry_count,
-        retry_cnt: 0,
+        retry_cnt: r.retry_count,
         srq: u8::from(r.srq),
         local_ca_guid: Be64::new(local_ca_guid),
         remote_ca_guid: Be64::new(r.remote_ca_guid),
@@ -338,15 +338,16 @@ pub(crate) fn event_to_abi(e: &Event, scratch: &mut Scratch) -> Option<IbaCmEven
                         p_pdata: p.cast_const(),
                         pdata_len: len,
                         failover_accepted: u8::from(r.failover_accepted),
-                        // This side's view (`__format_event_rep`).
+                        // This side's view (`__format_event_rep`, al_cm_cep.c:6292-6295).
                         resp_res: r.peer_initiator_depth,
                         init_depth: r.peer_responder_resources,
-                        flow_ctrl: 0,
-                        rnr_retry_cnt: 0,
+                        flow_ctrl: u8::from(r.flow_control),
+                        rnr_retry_cnt: r.rnr_retry_count,
                         srq: u8::from(r.srq),
                     },
                     ca_guid: Be64::new(r.remote_ca_guid),
-                    target_ack_delay: 0,
+                    // al_cm_cep.c:6284.
+                    target_ack_delay: r.target_ack_delay,
                 },
             };
         }
@@ -365,13 +366,17 @@ pub(crate) fn event_to_abi(e: &Event, scratch: &mut Scratch) -> Option<IbaCmEven
                 },
             };
         }
-        Event::MraReceived { service_timeout } => {
-            // The engine does not keep an MRA's private data: none is reported.
+        Event::MraReceived {
+            service_timeout,
+            private_data,
+        } => {
+            // The whole 222-byte field, as `__format_event_mra` (al_cm_cep.c:6311-6312).
+            let (p, len) = scratch.pdata(private_data.as_slice(), pdata::MRA);
             ev.event_type = event_type::MRA_RECEIVED;
             ev.data = IbaCmEventData {
                 mra: IbaCmMraEvent {
-                    p_pdata: scratch.pdata.as_mut_ptr().cast(),
-                    pdata_len: 0,
+                    p_pdata: p,
+                    pdata_len: len,
                     service_timeout: *service_timeout,
                 },
             };

@@ -15,7 +15,7 @@ use core::ffi::c_void;
 
 use ibcm_cep::{CmError, ConnectParams, Event, ListenParams, PathRecord, RepParams};
 use ibcm_cep::{QpAttributes, RejectParams, SidrParams, SidrReplyParams};
-use ibcm_endpoint::{ClientId, Device, Lock, status_of};
+use ibcm_endpoint::{ClientId, Device, status_of};
 use ibcm_mad::{AprStatus, Failover, Mtu, RejReason, SidrStatus};
 
 use crate::abi::{
@@ -25,9 +25,8 @@ use crate::abi::{
 };
 use crate::convert::transport_from_qp_type;
 use crate::convert::{path_from_abi, path_to_abi, qp_mod, qp_state_from_abi, req_event};
-use crate::instance::{
-    Backend, Instance, PostCheck, SidrStore, find_id, instance_at, read_callback,
-};
+use crate::instance::{Backend, Instance, find_id, instance_at, read_callback};
+use crate::slots::{PostCheck, SidrStore, Use};
 
 type Res<T> = Result<T, NtStatus>;
 
@@ -38,25 +37,22 @@ fn nt(r: Res<()>) -> NtStatus {
     }
 }
 
-/// The instance, slot and endpoint of a live id.
-fn lookup<B: Backend>(p_id: *mut IbaCmId) -> Res<(&'static Instance<B>, usize, ClientId)> {
-    let (inst, index) = find_id::<B>(p_id).ok_or(status::INVALID_HANDLE)?;
-    let client = inst
-        .meta(index)
-        .and_then(|m| m.client)
-        .ok_or(status::INVALID_HANDLE)?;
-    Ok((inst, index, client))
+/// The instance, slot use and endpoint of a live id.
+fn lookup<B: Backend>(p_id: *mut IbaCmId) -> Res<(&'static Instance<B>, Use, ClientId)> {
+    let (inst, u, meta) = find_id::<B>(p_id).ok_or(status::INVALID_HANDLE)?;
+    let client = meta.client.ok_or(status::INVALID_HANDLE)?;
+    Ok((inst, u, client))
 }
 
 /// Runs a downcall on a live id: no callback on this thread meanwhile, a deferred
 /// delivery asked for if it left events ready.
 fn op<B: Backend, T>(
     p_id: *mut IbaCmId,
-    f: impl FnOnce(&Instance<B>, &Device<B::Platform>, ClientId) -> Res<T>,
+    f: impl FnOnce(&Instance<B>, &Device<B::Platform>, Use, ClientId) -> Res<T>,
 ) -> Res<T> {
-    let (inst, _, client) = lookup::<B>(p_id)?;
+    let (inst, u, client) = lookup::<B>(p_id)?;
     let d = inst.device();
-    let r = d.without_client_callbacks(|| f(inst, d, client));
+    let r = d.without_client_callbacks(|| f(inst, d, u, client));
     inst.after_downcall();
     r
 }
@@ -147,10 +143,10 @@ unsafe extern "C" fn create_id<B: Backend, const N: usize>(
     if inst.removing() {
         return status::DEVICE_REMOVED;
     }
-    let Some(index) = inst.take_slot() else {
+    let Some(u) = inst.take_slot() else {
         return status::INSUFFICIENT_RESOURCES;
     };
-    let p = inst.id_ptr(index);
+    let p = inst.id_ptr(u);
     // SAFETY: a slot just taken from the free list: no client holds it yet.
     unsafe {
         p.write(IbaCmId {
@@ -159,20 +155,20 @@ unsafe extern "C" fn create_id<B: Backend, const N: usize>(
             cid: inst.next_cid(),
         });
     }
-    let Some(cb) = inst.callbacks.get(index).cloned() else {
-        inst.free_slot(index);
+    let Some(cb) = inst.callback(u.index) else {
+        inst.free_use(u);
         return status::INSUFFICIENT_RESOURCES;
     };
     let d = inst.device();
     match d.without_client_callbacks(|| d.create_id(cb)) {
         Ok(client) => {
-            inst.set_meta(index, |m| m.client = Some(client));
+            inst.set_meta(u, |m| m.client = Some(client));
             // SAFETY: checked non-null; the caller's out pointer.
             unsafe { pp_id.write(p) };
             status::SUCCESS
         }
         Err(e) => {
-            inst.free_slot(index);
+            inst.free_use(u);
             status_of(e)
         }
     }
@@ -183,17 +179,18 @@ unsafe extern "C" fn create_id<B: Backend, const N: usize>(
 /// `destroy_id(p_id)`: AL's `cm_destroy_id`: synchronous (PASSIVE_LEVEL); from the id's
 /// own callback, finished when the callback returns.
 unsafe extern "C" fn destroy_id<B: Backend>(p_id: *mut IbaCmId) {
-    let Some((inst, index)) = find_id::<B>(p_id) else {
-        return;
-    };
-    let Some(meta) = inst.meta(index) else {
+    // A pointer of a use that ended (destroyed, or freed by its callback's error return)
+    // names a dead slot: nothing happens.
+    let Some((inst, u, meta)) = find_id::<B>(p_id) else {
         return;
     };
     let d = inst.device();
     if let Some(client) = meta.client {
         d.without_client_callbacks(|| d.destroy_id(client));
     }
-    inst.free_slot(index);
+    // Only this use: a callback's error return may have freed it meanwhile, and another
+    // `create_id` taken the slot.
+    inst.free_use(u);
     if inst.backend.at_passive() {
         // The top-up is a dispatch-layer entry point too: what it finds ready waits for
         // the deferred delivery, as for every other function (no callback of another id
@@ -267,7 +264,7 @@ unsafe extern "C" fn listen<B: Backend>(
         Ok(b) => (!p_compare_buf.is_null()).then_some(b),
         Err(s) => return s,
     };
-    nt(op::<B, _>(p_id, |inst, d, client| {
+    nt(op::<B, _>(p_id, |inst, d, u, client| {
         let sid = service_id.get();
         let mut post = None;
         let (offset, compared) = match buf {
@@ -303,8 +300,7 @@ unsafe extern "C" fn listen<B: Backend>(
             None => None,
             Some(bytes) => {
                 let mut v = inst
-                    .pool
-                    .with(|p| p.compare.pop())
+                    .take_compare_buffer()
                     .ok_or(status::INSUFFICIENT_RESOURCES)?;
                 v.clear();
                 // Within the capacity (92) the buffer was made with: no allocation.
@@ -321,15 +317,14 @@ unsafe extern "C" fn listen<B: Backend>(
         };
         // A listen before the engine's: a REQ may reach the id (on another CPU) as soon as
         // the engine listens, and must find it a listen.
-        let index = find_id::<B>(p_id).map_or(usize::MAX, |(_, i)| i);
-        let was = inst.meta(index);
-        inst.set_meta(index, |m| {
+        let was = inst.meta(u);
+        inst.set_meta(u, |m| {
             m.listen = true;
             m.post_check = post;
         });
         let r = cm(d.listen_id(client, params));
         if r.is_err() {
-            inst.set_meta(index, |m| {
+            inst.set_meta(u, |m| {
                 m.listen = was.is_some_and(|w| w.listen);
                 m.post_check = was.and_then(|w| w.post_check);
             });
@@ -384,11 +379,7 @@ unsafe fn request_event<B: Backend>(
             if let (Some(d), Some(s)) = (pd.get_mut(..n), src.get(..n)) {
                 d.copy_from_slice(s);
             }
-            let storage = inst
-                .slots
-                .get(index)
-                .map(|s| s.sidr.get())
-                .ok_or(status::INVALID_HANDLE)?;
+            let storage = inst.sidr_store(index).ok_or(status::INVALID_HANDLE)?;
             // SAFETY: the slot was just taken from the free list (per the contract).
             unsafe {
                 storage.write(SidrStore {
@@ -436,11 +427,11 @@ fn take_request<B: Backend>(
     if pp_id.is_null() || p_event.is_null() {
         return status::INVALID_PARAMETER;
     }
-    let (inst, li, listen) = match lookup::<B>(p_listen) {
+    let (inst, lu, listen) = match lookup::<B>(p_listen) {
         Ok(v) => v,
         Err(s) => return s,
     };
-    let Some(meta) = inst.meta(li).filter(|m| m.listen) else {
+    let Some(meta) = inst.meta(lu).filter(|m| m.listen) else {
         return status::INVALID_DEVICE_STATE;
     };
     let (callback, context) = given.unwrap_or_else(|| {
@@ -450,7 +441,7 @@ fn take_request<B: Backend>(
     let d = inst.device();
     let result = d.without_client_callbacks(|| {
         loop {
-            let Some(index) = inst.take_slot() else {
+            let Some(u) = inst.take_slot() else {
                 // AL destroys the request and fails (al_cm.c cm_get_request_ex): REJ
                 // "insufficient resources" (IBA Table 112 code 3).
                 return match d.get_request(listen) {
@@ -462,15 +453,15 @@ fn take_request<B: Backend>(
                 };
             };
             let Some((child, event)) = d.get_request(listen) else {
-                inst.free_slot(index);
+                inst.free_use(u);
                 return status::NO_MORE_ENTRIES;
             };
-            if !inst.request_passes(&meta, &event) {
-                inst.refuse(child);
-                inst.free_slot(index);
+            if let Err(reason) = inst.request_verdict(&meta, &event) {
+                inst.reject(child, reason);
+                inst.free_use(u);
                 continue;
             }
-            let p = inst.id_ptr(index);
+            let p = inst.id_ptr(u);
             // SAFETY: a slot just taken from the free list: no client holds it yet.
             unsafe {
                 p.write(IbaCmId {
@@ -480,20 +471,20 @@ fn take_request<B: Backend>(
                 });
             }
             // SAFETY: the slot was just taken; `p_event` checked non-null.
-            if let Err(s) = unsafe { request_event(inst, index, &event, p_event) } {
+            if let Err(s) = unsafe { request_event(inst, u.index, &event, p_event) } {
                 inst.refuse(child);
-                inst.free_slot(index);
+                inst.free_use(u);
                 return s;
             }
-            inst.set_meta(index, |m| m.client = Some(child));
-            let Some(cb) = inst.callbacks.get(index).cloned() else {
+            inst.set_meta(u, |m| m.client = Some(child));
+            let Some(cb) = inst.callback(u.index) else {
                 inst.refuse(child);
-                inst.free_slot(index);
+                inst.free_use(u);
                 return status::INSUFFICIENT_RESOURCES;
             };
             if d.set_callback(child, cb).is_err() {
                 // The request went meanwhile (the peer gave up, the listen closed).
-                inst.free_slot(index);
+                inst.free_use(u);
                 continue;
             }
             // SAFETY: checked non-null; the caller's out pointer.
@@ -536,7 +527,7 @@ unsafe extern "C" fn send_req<B: Backend>(p_id: *mut IbaCmId, p_req: *mut IbaCmR
         Ok(r) => r,
         Err(s) => return s,
     };
-    nt(op::<B, _>(p_id, |inst, d, client| {
+    nt(op::<B, _>(p_id, |inst, d, _, client| {
         // SAFETY: as above.
         let primary = unsafe { read(r.p_primary_path) }?;
         let alternate = if r.p_alt_path.is_null() {
@@ -604,7 +595,7 @@ unsafe extern "C" fn send_rep<B: Backend>(p_id: *mut IbaCmId, p_rep: *mut IbaCmR
         Ok(r) => r,
         Err(s) => return s,
     };
-    nt(op::<B, _>(p_id, |_, d, client| {
+    nt(op::<B, _>(p_id, |_, d, _, client| {
         // SAFETY: as above.
         let p = unsafe { rep_params(&r) }?;
         cm(d.send_rep(client, &p)).map(drop)
@@ -623,7 +614,7 @@ unsafe extern "C" fn format_rep<B: Backend>(
         Ok(r) => r,
         Err(s) => return s,
     };
-    nt(op::<B, _>(p_id, |inst, d, client| {
+    nt(op::<B, _>(p_id, |inst, d, _, client| {
         // SAFETY: as above.
         let p = unsafe { rep_params(&r) }?;
         let prepared = cm(d.format_rep(client, &p))?;
@@ -641,7 +632,7 @@ unsafe extern "C" fn format_rep<B: Backend>(
 
 /// `send_formatted_rep(p_id)`: AL's `cm_send_formatted_rep`.
 unsafe extern "C" fn send_formatted_rep<B: Backend>(p_id: *mut IbaCmId) -> NtStatus {
-    nt(op::<B, _>(p_id, |_, d, client| {
+    nt(op::<B, _>(p_id, |_, d, _, client| {
         cm(d.send_formatted_rep(client))
     }))
 }
@@ -659,7 +650,9 @@ unsafe extern "C" fn send_rtu<B: Backend>(
         Ok(b) => b,
         Err(s) => return s,
     };
-    nt(op::<B, _>(p_id, |_, d, client| cm(d.send_rtu(client, pd))))
+    nt(op::<B, _>(p_id, |_, d, _, client| {
+        cm(d.send_rtu(client, pd))
+    }))
 }
 
 /// `send_dreq(p_id, p_pdata, pdata_len)`.
@@ -673,7 +666,9 @@ unsafe extern "C" fn send_dreq<B: Backend>(
         Ok(b) => b,
         Err(s) => return s,
     };
-    nt(op::<B, _>(p_id, |_, d, client| cm(d.send_dreq(client, pd))))
+    nt(op::<B, _>(p_id, |_, d, _, client| {
+        cm(d.send_dreq(client, pd))
+    }))
 }
 
 /// `send_drep(p_id, p_pdata, pdata_len)`.
@@ -687,7 +682,9 @@ unsafe extern "C" fn send_drep<B: Backend>(
         Ok(b) => b,
         Err(s) => return s,
     };
-    nt(op::<B, _>(p_id, |_, d, client| cm(d.send_drep(client, pd))))
+    nt(op::<B, _>(p_id, |_, d, _, client| {
+        cm(d.send_drep(client, pd))
+    }))
 }
 
 // ---- 9 send_rej, 10 send_mra --------------------------------------------------------
@@ -712,7 +709,7 @@ unsafe extern "C" fn send_rej<B: Backend>(
         Ok(b) => b,
         Err(s) => return s,
     };
-    nt(op::<B, _>(p_id, |_, d, client| {
+    nt(op::<B, _>(p_id, |_, d, _, client| {
         cm(d.send_rej(
             client,
             &RejectParams {
@@ -736,7 +733,7 @@ unsafe extern "C" fn send_mra<B: Backend>(
         Ok(b) => b,
         Err(s) => return s,
     };
-    nt(op::<B, _>(p_id, |_, d, client| {
+    nt(op::<B, _>(p_id, |_, d, _, client| {
         cm(d.send_mra(client, service_timeout, pd))
     }))
 }
@@ -751,7 +748,7 @@ unsafe extern "C" fn send_lap<B: Backend>(p_id: *mut IbaCmId, p_lap: *mut IbaCmL
         Ok(l) => l,
         Err(s) => return s,
     };
-    nt(op::<B, _>(p_id, |_, d, client| {
+    nt(op::<B, _>(p_id, |_, d, _, client| {
         // SAFETY: as above.
         let alt = path_from_abi(&unsafe { read(lap.p_alt_path) }?);
         // SAFETY: as above.
@@ -767,7 +764,7 @@ unsafe extern "C" fn send_apr<B: Backend>(p_id: *mut IbaCmId, p_apr: *mut IbaCmA
         Ok(a) => a,
         Err(s) => return s,
     };
-    nt(op::<B, _>(p_id, |_, d, client| {
+    nt(op::<B, _>(p_id, |_, d, _, client| {
         // SAFETY: as above.
         let info = unsafe { bytes(apr.p_info.cast_const(), apr.info_length) }?;
         // SAFETY: as above.
@@ -789,7 +786,7 @@ unsafe extern "C" fn send_sidr_req<B: Backend>(
         Ok(r) => r,
         Err(s) => return s,
     };
-    nt(op::<B, _>(p_id, |inst, d, client| {
+    nt(op::<B, _>(p_id, |inst, d, _, client| {
         // SAFETY: as above.
         let abi_path = unsafe { read(r.p_path) }?;
         // SAFETY: as above.
@@ -818,7 +815,7 @@ unsafe extern "C" fn send_sidr_rep<B: Backend>(
         Ok(r) => r,
         Err(s) => return s,
     };
-    nt(op::<B, _>(p_id, |_, d, client| {
+    nt(op::<B, _>(p_id, |_, d, _, client| {
         // SAFETY: as above.
         let info = unsafe { bytes(r.p_info.cast_const(), r.info_len) }?;
         // SAFETY: as above.
@@ -848,7 +845,7 @@ unsafe extern "C" fn get_qp_attr<B: Backend>(
     if p_attr.is_null() {
         return status::INVALID_PARAMETER;
     }
-    nt(op::<B, _>(p_id, |inst, d, client| {
+    nt(op::<B, _>(p_id, |inst, d, _, client| {
         let a = cm(d.get_qp_attr(client, state))?;
         let index = inst
             .backend
@@ -862,20 +859,22 @@ unsafe extern "C" fn get_qp_attr<B: Backend>(
 
 /// `migrate(p_id)`.
 unsafe extern "C" fn migrate<B: Backend>(p_id: *mut IbaCmId) -> NtStatus {
-    nt(op::<B, _>(p_id, |_, d, client| cm(d.migrate(client))))
+    nt(op::<B, _>(p_id, |_, d, _, client| cm(d.migrate(client))))
 }
 
 /// `established(p_id)`.
 unsafe extern "C" fn established<B: Backend>(p_id: *mut IbaCmId) -> NtStatus {
-    nt(op::<B, _>(p_id, |_, d, client| cm(d.established(client))))
+    nt(op::<B, _>(
+        p_id,
+        |_, d, _, client| cm(d.established(client)),
+    ))
 }
 
 /// `cancel_listen(p_id)`: the id is idle again; requests not pulled are refused.
 unsafe extern "C" fn cancel_listen<B: Backend>(p_id: *mut IbaCmId) -> NtStatus {
-    nt(op::<B, _>(p_id, |inst, d, client| {
+    nt(op::<B, _>(p_id, |inst, d, u, client| {
         cm(d.cancel_listen(client))?;
-        let index = find_id::<B>(p_id).map_or(usize::MAX, |(_, i)| i);
-        inst.set_meta(index, |m| {
+        inst.set_meta(u, |m| {
             m.listen = false;
             m.post_check = None;
         });

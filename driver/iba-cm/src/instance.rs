@@ -2,6 +2,7 @@
 //! and the reference count of the interface handed out.
 
 use alloc::boxed::Box;
+use alloc::collections::VecDeque;
 use alloc::sync::Arc;
 use alloc::vec::Vec;
 use core::any::TypeId;
@@ -12,13 +13,14 @@ use core::sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, AtomicUsize, Ordering
 
 use ibcm_cep::{CmError, RejectParams};
 use ibcm_endpoint::{Callback, ClientEvent, ClientId, Device, Lock, Platform};
-use ibcm_mad::RejReason;
+use ibcm_mad::{RejReason, Transport};
 
 use crate::abi::{
-    Be32, INFINIBAND_INTERFACE_CM_VERSION, IbPathRec, IbaCmEvent, IbaCmId, InfinibandInterfaceCm,
-    Interface, event_type, nt_success, pdata, rdma_cm,
+    Be32, INFINIBAND_INTERFACE_CM_VERSION, IbaCmEvent, IbaCmId, InfinibandInterfaceCm, Interface,
+    event_type, nt_success, pdata,
 };
 use crate::convert::{Scratch, event_to_abi};
+use crate::slots::{CELLS, Chunk, MAX_CHUNKS, Meta, Pool, SidrStore, Use, chunk_span, locate};
 
 /// What a CM instance needs from the platform it runs on.
 pub trait Backend: Send + Sync + 'static {
@@ -57,10 +59,14 @@ pub trait Backend: Send + Sync + 'static {
     fn released(&self) {}
 }
 
-/// The bounds of an instance, all preallocated at [`Registered::new`] (PASSIVE_LEVEL).
+/// The bounds of an instance, preallocated at [`Registered::new`] (PASSIVE_LEVEL); the id
+/// pool also grows at PASSIVE_LEVEL.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Config {
-    /// `iba_cm_id`s alive at once (listens and requests' ids included).
+    /// `iba_cm_id`s that can be created (listens and requests' ids included) between two
+    /// PASSIVE_LEVEL top-ups ([`Registered::replenish`]): the pool's first chunk. The pool
+    /// doubles at a top-up that finds fewer than half of them free, so a client that
+    /// leaks ids runs out only when memory does, as under AL.
     pub ids: usize,
     /// Listens at once.
     pub listens: usize,
@@ -92,79 +98,22 @@ pub const MAX_INSTANCES: usize = 16;
 static REGISTRY: [AtomicPtr<Header>; MAX_INSTANCES] =
     [const { AtomicPtr::new(null_mut()) }; MAX_INSTANCES];
 
-/// Each registered instance's id pool, `[start, end)` addresses, kept beside the registry
-/// so that finding an id's instance compares addresses only and reads no header but the
-/// one whose pool holds the id (alive while its client holds its reference): another
-/// instance may be going away meanwhile. Set after the registry entry, cleared before.
-static POOLS: [(AtomicUsize, AtomicUsize); MAX_INSTANCES] =
-    [const { (AtomicUsize::new(0), AtomicUsize::new(0)) }; MAX_INSTANCES];
+/// Each registered instance's id pool, per chunk `[start, end)` addresses, kept beside the
+/// registry so that finding an id's instance compares addresses only and reads no header
+/// but the one whose pool holds the id (alive while its client holds its reference):
+/// another instance may be going away meanwhile. Chunks are published in order, after the
+/// registry entry, and cleared before it.
+static POOLS: [[(AtomicUsize, AtomicUsize); MAX_CHUNKS]; MAX_INSTANCES] =
+    [const { [const { (AtomicUsize::new(0), AtomicUsize::new(0)) }; MAX_CHUNKS] }; MAX_INSTANCES];
 
 /// The part of an instance the non-generic code reads (the reference callbacks, the
 /// pointer checks). First field of [`Instance`].
 #[repr(C)]
 pub(crate) struct Header {
     type_id: TypeId,
-    slots_base: usize,
     references: AtomicUsize,
     removing: AtomicBool,
     released: unsafe fn(*const Header),
-}
-
-/// An id of the pool. `#[repr(C)]` with the client's `iba_cm_id` first: the client's
-/// pointer is the slot's.
-#[repr(C)]
-pub(crate) struct IdSlot {
-    /// Written by the client (`context`, `callback`) at any time: only ever accessed
-    /// through raw pointers, never by reference.
-    pub id: UnsafeCell<IbaCmId>,
-    /// The path and private data a SIDR_REQ from `get_request` points to; written only by
-    /// the `get_request` that took this (free, so unshared) slot.
-    pub sidr: UnsafeCell<SidrStore>,
-}
-
-/// What a SIDR_REQ event from `get_request` points to.
-#[repr(C)]
-pub(crate) struct SidrStore {
-    pub path: IbPathRec,
-    pub pdata: [u8; pdata::SIDR_REQ],
-}
-
-/// What the pool knows of a slot (under the pool lock).
-#[derive(Debug, Clone, Copy, Default)]
-pub(crate) struct Meta {
-    pub live: bool,
-    /// Counts the slot's uses: a stale free (a callback's error return after the id was
-    /// destroyed and its slot reused) frees nothing.
-    pub generation: u32,
-    pub client: Option<ClientId>,
-    pub listen: bool,
-    /// RDMA-CM listen: header ranges the engine does not compare, checked per REQ.
-    pub post_check: Option<PostCheck>,
-}
-
-/// The header bytes an RDMA-CM listen compares beyond what the engine's one contiguous
-/// compare covers: up to two ranges of the 36-byte header (see `listen`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct PostCheck {
-    pub header: [u8; rdma_cm::HEADER_SIZE],
-    pub ranges: [(u8, u8); 2],
-}
-
-impl PostCheck {
-    /// Whether a REQ's private data matches.
-    pub(crate) fn matches(&self, private_data: &[u8]) -> bool {
-        self.ranges.iter().all(|&(start, end)| {
-            let r = usize::from(start)..usize::from(end);
-            private_data.get(r.clone()) == self.header.get(r)
-        })
-    }
-}
-
-pub(crate) struct Pool {
-    pub free: Vec<u32>,
-    pub meta: Vec<Meta>,
-    /// Compare buffers for listens (the engine keeps the one a listen takes).
-    pub compare: Vec<Vec<u8>>,
 }
 
 /// One CM instance.
@@ -173,11 +122,12 @@ pub(crate) struct Instance<B: Backend> {
     header: Header,
     pub backend: B,
     pub config: Config,
-    pub slots: Box<[IdSlot]>,
+    /// The id pool's chunks, published in order (see [`crate::slots`]); freed only when
+    /// the instance is.
+    chunks: [AtomicPtr<Chunk<B::Platform>>; MAX_CHUNKS],
+    /// A growth is under way (one at a time).
+    growing: AtomicBool,
     pub pool: <B::Platform as Platform>::Lock<Pool>,
-    /// One callback per slot, made here (cloning one is a reference count, not an
-    /// allocation).
-    pub callbacks: Vec<Callback<B::Platform>>,
     next_cid: AtomicU32,
     index: usize,
 }
@@ -185,7 +135,8 @@ pub(crate) struct Instance<B: Backend> {
 // SAFETY: the slots' cells are shared with C clients by design (the iba_cm contract: the
 // client writes `context`/`callback` of its own id and reads `cid`); this crate accesses
 // them only through raw pointers (volatile reads of what the client may write), and the
-// rest of the instance is atomics, the backend (Send + Sync) and the platform's lock.
+// rest of the instance is atomics, chunks published once and read-only afterwards, the
+// backend (Send + Sync) and the platform's lock.
 unsafe impl<B: Backend> Sync for Instance<B> {}
 // SAFETY: as above; nothing in an instance is tied to a thread.
 unsafe impl<B: Backend> Send for Instance<B> {}
@@ -203,9 +154,36 @@ impl<B: Backend> Instance<B> {
         self.header.removing.load(Ordering::Acquire)
     }
 
-    /// The client pointer of slot `index`.
-    pub(crate) fn id_ptr(&self, index: usize) -> *mut IbaCmId {
-        self.slots.get(index).map_or(null_mut(), |s| s.id.get())
+    /// Chunk `k`, if it was published.
+    fn chunk(&self, k: usize) -> Option<&Chunk<B::Platform>> {
+        let p = self.chunks.get(k)?.load(Ordering::Acquire);
+        // SAFETY: a published chunk is never changed and lives as long as the instance.
+        unsafe { p.as_ref() }
+    }
+
+    /// The chunk holding slot `index`, and the slot's index in it.
+    fn slot(&self, index: usize) -> Option<(&Chunk<B::Platform>, usize)> {
+        let (k, local) = locate(self.config.ids, index)?;
+        Some((self.chunk(k)?, local))
+    }
+
+    /// The client pointer of use `u`.
+    pub(crate) fn id_ptr(&self, u: Use) -> *mut IbaCmId {
+        self.slot(u.index)
+            .and_then(|(c, local)| c.cells.get(local * CELLS + u.cell()))
+            .map_or(null_mut(), UnsafeCell::get)
+    }
+
+    /// The SIDR_REQ storage of slot `index`.
+    pub(crate) fn sidr_store(&self, index: usize) -> Option<*mut SidrStore> {
+        let (c, local) = self.slot(index)?;
+        c.sidr.get(local).map(UnsafeCell::get)
+    }
+
+    /// The dispatch layer's callback of slot `index`.
+    pub(crate) fn callback(&self, index: usize) -> Option<Callback<B::Platform>> {
+        let (c, local) = self.slot(index)?;
+        c.callbacks.get(local).cloned()
     }
 
     pub(crate) fn next_cid(&self) -> Be32 {
@@ -217,64 +195,148 @@ impl<B: Backend> Instance<B> {
         }
     }
 
-    /// Takes a free slot (no allocation: the free list was made with room for all).
-    pub(crate) fn take_slot(&self) -> Option<usize> {
+    /// Fewer free ids than this asks for PASSIVE_LEVEL work, which grows the pool.
+    fn low_water(&self) -> usize {
+        (self.config.ids / 2).max(1)
+    }
+
+    /// Takes the oldest free slot (no allocation: the free list has room for all). When
+    /// few are left, asks for the PASSIVE_LEVEL work that grows the pool (on Windows the
+    /// work item that runs [`Registered::replenish`]).
+    pub(crate) fn take_slot(&self) -> Option<Use> {
+        let (u, free) = self.pool.with(|p| (p.take(), p.free.len()));
+        if free < self.low_water() {
+            self.device().platform().request_passive_work();
+        }
+        u
+    }
+
+    /// Takes a compare buffer for a listen (no allocation). When fewer than half the
+    /// configured listens' worth are left, asks for the PASSIVE_LEVEL work that makes
+    /// more, as [`Self::take_slot`] does for ids: WinVerbs and ndfltr listen under their
+    /// own spin locks (wv_ep.c:1232-1245, nd_ep.cpp:2105-2129), where AL allocates per
+    /// listen, so a burst of listens must not find the pool empty for want of a refill.
+    pub(crate) fn take_compare_buffer(&self) -> Option<Vec<u8>> {
+        let (buf, left) = self.pool.with(|p| (p.compare.pop(), p.compare.len()));
+        if left < (self.config.listens / 2).max(1) {
+            self.device().platform().request_passive_work();
+        }
+        buf
+    }
+
+    /// Gives `u`'s slot back if `u` is still its use (a stale free, such as a callback's
+    /// error return racing `destroy_id`, frees nothing).
+    pub(crate) fn free_use(&self, u: Use) {
+        self.pool.with(|p| p.release(u));
+    }
+
+    /// The meta of `u` if `u` is its slot's live use.
+    pub(crate) fn meta(&self, u: Use) -> Option<Meta> {
+        self.pool.with(|p| p.live_mut(u).map(|m| *m))
+    }
+
+    /// The live use of slot `index` and its meta.
+    pub(crate) fn live(&self, index: usize) -> Option<(Use, Meta)> {
         self.pool.with(|p| {
-            let index = p.free.pop()? as usize;
-            if let Some(m) = p.meta.get_mut(index) {
-                *m = Meta {
-                    live: true,
-                    generation: m.generation.wrapping_add(1),
-                    ..Meta::default()
-                };
-            }
-            Some(index)
+            let m = *p.meta(index)?;
+            m.live.then_some((
+                Use {
+                    index,
+                    generation: m.generation,
+                },
+                m,
+            ))
         })
     }
 
-    /// Gives a slot back.
-    pub(crate) fn free_slot(&self, index: usize) {
-        self.free_use(index, None);
-    }
-
-    /// Gives a slot back if it is still in the use `generation` names (any use if `None`).
-    pub(crate) fn free_use(&self, index: usize, generation: Option<u32>) {
+    /// Changes `u`'s meta if `u` is its slot's live use.
+    pub(crate) fn set_meta(&self, u: Use, f: impl FnOnce(&mut Meta)) {
         self.pool.with(|p| {
-            if let Some(m) = p.meta.get_mut(index)
-                && m.live
-                && generation.is_none_or(|g| g == m.generation)
-            {
-                *m = Meta {
-                    generation: m.generation,
-                    ..Meta::default()
-                };
-                // Room for every slot was made at creation.
-                p.free.push(index as u32);
-            }
-        });
-    }
-
-    pub(crate) fn meta(&self, index: usize) -> Option<Meta> {
-        self.pool
-            .with(|p| p.meta.get(index).copied())
-            .filter(|m| m.live)
-    }
-
-    pub(crate) fn set_meta(&self, index: usize, f: impl FnOnce(&mut Meta)) {
-        self.pool.with(|p| {
-            if let Some(m) = p.meta.get_mut(index) {
+            if let Some(m) = p.live_mut(u) {
                 f(m);
             }
         });
     }
 
-    /// Free ids.
-    pub(crate) fn free_ids(&self) -> usize {
-        self.pool.with(|p| p.free.len())
+    /// Free ids and ids in all.
+    pub(crate) fn id_counts(&self) -> (usize, usize) {
+        self.pool.with(|p| (p.free.len(), p.slots()))
     }
 
-    /// Tops the pools up (PASSIVE_LEVEL): the dispatch layer's room, the compare buffers.
+    /// Publishes chunk `k`'s addresses for [`find_id`] (once registered).
+    fn publish(&self, k: usize) {
+        let (Some(chunk), Some(entries)) = (self.chunk(k), POOLS.get(self.index)) else {
+            return;
+        };
+        if let Some((start, end)) = entries.get(k) {
+            end.store(chunk.end(), Ordering::Release);
+            start.store(chunk.base(), Ordering::Release);
+        }
+    }
+
+    /// Adds chunk `k` of `len` slots starting at slot `first` (PASSIVE_LEVEL); `false` if
+    /// memory runs out.
+    fn add_chunk(&self, k: usize, first: usize, len: usize) -> bool {
+        // The callbacks name the instance by address: it is boxed, so it stays put.
+        let at = self as *const Self as usize;
+        let Some(chunk) = Chunk::new(first, len, |index| -> Callback<B::Platform> {
+            Arc::new(
+                move |_: &Device<B::Platform>, id: ClientId, event: &ClientEvent| -> i32 {
+                    // SAFETY: the instance outlives every endpoint it made: dropping
+                    // `Registered` destroys them all (synchronously) before freeing it.
+                    let inst = unsafe { &*(at as *const Instance<B>) };
+                    inst.deliver(index, id, event)
+                },
+            )
+        }) else {
+            return false;
+        };
+        // Room in the free list for every slot, and the chunk's metas, made outside the
+        // lock (allocation under a spin lock is what this crate avoids).
+        let mut free = VecDeque::new();
+        let mut meta = Vec::new();
+        if free.try_reserve_exact(first + len).is_err() || meta.try_reserve_exact(len).is_err() {
+            return false;
+        }
+        meta.resize(len, Meta::default());
+        let Some(slot) = self.chunks.get(k) else {
+            return false;
+        };
+        slot.store(Box::into_raw(Box::new(chunk)), Ordering::Release);
+        self.publish(k);
+        // The chunk's cells are findable but dead until their metas are in.
+        let old = self.pool.with(|p| {
+            // Within the capacity made above: no allocation.
+            free.extend(p.free.drain(..));
+            free.extend((first..first + len).map(|i| i as u32));
+            // Room for MAX_CHUNKS chunks was made at creation.
+            p.meta.push(meta);
+            core::mem::replace(&mut p.free, free)
+        });
+        drop(old);
+        true
+    }
+
+    /// Grows the id pool (PASSIVE_LEVEL) by doubling it when fewer than half of
+    /// `Config::ids` are free.
+    fn grow(&self) {
+        if self.growing.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let (free, slots, chunks) = self.pool.with(|p| (p.free.len(), p.slots(), p.meta.len()));
+        if free < self.low_water() && chunks < MAX_CHUNKS {
+            let (first, len) = chunk_span(self.config.ids, chunks);
+            if first == slots {
+                let _ = self.add_chunk(chunks, first, len);
+            }
+        }
+        self.growing.store(false, Ordering::Release);
+    }
+
+    /// Tops the pools up (PASSIVE_LEVEL): the ids, the dispatch layer's room, the compare
+    /// buffers.
     pub(crate) fn replenish(&self) {
+        self.grow();
         let c = self.config;
         let _ = self
             .device()
@@ -310,15 +372,15 @@ impl<B: Backend> Instance<B> {
 
     /// The dispatch layer's callback for slot `index`: AL's `cm_cep_handler` (a
     /// connection) or `cm_listen_handler` (a listen).
-    fn deliver(&self, index: usize, event: &ClientEvent) -> i32 {
-        let Some(meta) = self.meta(index) else {
+    fn deliver(&self, index: usize, id: ClientId, event: &ClientEvent) -> i32 {
+        let Some((u, meta)) = self.live(index).filter(|(_, m)| m.client == Some(id)) else {
             return 0;
         };
-        let p_id = self.id_ptr(index);
+        let p_id = self.id_ptr(u);
         if meta.listen {
             if let Some(child) = event.new_id {
-                if !self.request_passes(&meta, &event.event) {
-                    self.refuse(child);
+                if let Err(reason) = self.request_verdict(&meta, &event.event) {
+                    self.reject(child, reason);
                     return 0;
                 }
                 let mut ev = IbaCmEvent::zeroed(event_type::REQ_RECEIVED);
@@ -337,7 +399,7 @@ impl<B: Backend> Instance<B> {
         }
         // al_cm.c:90-95: the id is destroyed and freed; the dispatch layer destroys the
         // endpoint once this returns, and delivers nothing more to it.
-        self.free_use(index, Some(meta.generation));
+        self.free_use(u);
         1
     }
 
@@ -355,15 +417,35 @@ impl<B: Backend> Instance<B> {
         status
     }
 
-    /// Whether a REQ or SIDR_REQ passes a listen's RDMA-CM post-check.
-    pub(crate) fn request_passes(&self, meta: &Meta, event: &ibcm_cep::Event) -> bool {
+    /// Whether a request may reach the client, or the REJ reason it gets instead. A REQ
+    /// of a transport other than RC or UC: "invalid transport type" (IBA Table 112 code
+    /// 9), as AL's `__req_handler` answers before any listen lookup (al_cm_cep.c:1106-1113):
+    /// no iba_cm client has an XRC QP to answer with, and a REP for an RC QP in XRC form
+    /// would leave the peer "connected" to a QP that refuses its opcodes. Then the
+    /// listen's check of the private data the engine did not compare: "invalid service
+    /// ID" when it fails.
+    pub(crate) fn request_verdict(
+        &self,
+        meta: &Meta,
+        event: &ibcm_cep::Event,
+    ) -> Result<(), RejReason> {
+        if let ibcm_cep::Event::ReqReceived(r) = event
+            && !matches!(r.transport, Transport::Rc | Transport::Uc)
+        {
+            return Err(RejReason::InvalidTransportType);
+        }
         let Some(check) = &meta.post_check else {
-            return true;
+            return Ok(());
         };
-        match event {
+        let passes = match event {
             ibcm_cep::Event::ReqReceived(r) => check.matches(r.private_data.as_slice()),
             ibcm_cep::Event::SidrReqReceived(r) => check.matches(r.private_data.as_slice()),
             _ => true,
+        };
+        if passes {
+            Ok(())
+        } else {
+            Err(RejReason::InvalidServiceId)
         }
     }
 
@@ -479,30 +561,44 @@ unsafe fn released<B: Backend>(h: *const Header) {
     inst.backend.released();
 }
 
-/// The instance of `B` whose pool holds `p_id`, and the slot's index (the pointer is only
-/// compared with the pools' bounds, never read).
-pub(crate) fn find_id<B: Backend>(p_id: *mut IbaCmId) -> Option<(&'static Instance<B>, usize)> {
+/// The instance of `B` whose pool holds `p_id`, and the live use of the slot whose
+/// current address `p_id` is, with its meta: `None` for a pointer of no pool, and for the
+/// pointer of a use that ended (a stale pointer meets a dead slot; see [`crate::slots`]).
+/// The pointer is only compared with the pools' bounds, never read.
+pub(crate) fn find_id<B: Backend>(p_id: *mut IbaCmId) -> Option<(&'static Instance<B>, Use, Meta)> {
     let addr = p_id as usize;
-    let size = core::mem::size_of::<IdSlot>();
-    for (entry, (start, end)) in REGISTRY.iter().zip(&POOLS) {
-        let (start, end) = (start.load(Ordering::Acquire), end.load(Ordering::Acquire));
-        if addr < start || addr >= end || !(addr - start).is_multiple_of(size) {
-            continue;
+    let size = core::mem::size_of::<UnsafeCell<IbaCmId>>();
+    for (n, (entry, chunks)) in REGISTRY.iter().zip(&POOLS).enumerate() {
+        for (k, (start, end)) in chunks.iter().enumerate() {
+            let (start, end) = (start.load(Ordering::Acquire), end.load(Ordering::Acquire));
+            if start == 0 {
+                // Chunks are published in order.
+                break;
+            }
+            if addr < start || addr >= end || !(addr - start).is_multiple_of(size) {
+                continue;
+            }
+            let h = entry.load(Ordering::Acquire);
+            if h.is_null() {
+                return None;
+            }
+            // SAFETY: the instance whose pool holds the id: alive while the client that
+            // holds the id holds its reference (the interface contract).
+            let header = unsafe { &*h };
+            if header.type_id != TypeId::of::<B>() {
+                return None;
+            }
+            // SAFETY: the header is the first field of a live `Instance<B>` (its type id
+            // says `B`).
+            let inst = unsafe { &*h.cast::<Instance<B>>() };
+            if inst.index != n || inst.chunk(k).map(Chunk::base) != Some(start) {
+                return None;
+            }
+            let cell = (addr - start) / size;
+            let index = chunk_span(inst.config.ids, k).0 + cell / CELLS;
+            let (u, meta) = inst.live(index)?;
+            return (u.cell() == cell % CELLS).then_some((inst, u, meta));
         }
-        let h = entry.load(Ordering::Acquire);
-        if h.is_null() {
-            continue;
-        }
-        // SAFETY: the instance whose pool holds the id: alive while the client that holds
-        // the id holds its reference (the interface contract).
-        let header = unsafe { &*h };
-        if header.type_id != TypeId::of::<B>() || header.slots_base != start {
-            continue;
-        }
-        // SAFETY: the header is the first field of a live `Instance<B>` (its type id says
-        // `B`).
-        let inst = unsafe { &*h.cast::<Instance<B>>() };
-        return Some((inst, (addr - start) / size));
     }
     None
 }
@@ -528,68 +624,34 @@ impl<B: Backend> Registered<B> {
     /// `NoResources` if memory runs out or [`MAX_INSTANCES`] are registered.
     pub fn new(backend: B, config: Config) -> Result<Self, CmError> {
         let no = |_| CmError::NoResources;
-        let mut slots = Vec::new();
-        slots.try_reserve_exact(config.ids).map_err(no)?;
-        for _ in 0..config.ids {
-            slots.push(IdSlot {
-                id: UnsafeCell::new(IbaCmId {
-                    context: null_mut(),
-                    callback: None,
-                    cid: Be32(0),
-                }),
-                sidr: UnsafeCell::new(SidrStore {
-                    path: IbPathRec::default(),
-                    pdata: [0; pdata::SIDR_REQ],
-                }),
-            });
-        }
-        let slots = slots.into_boxed_slice();
-        let mut free = Vec::new();
-        free.try_reserve_exact(config.ids).map_err(no)?;
-        free.extend((0..config.ids as u32).rev());
         let mut meta = Vec::new();
-        meta.try_reserve_exact(config.ids).map_err(no)?;
-        meta.resize(config.ids, Meta::default());
+        meta.try_reserve_exact(MAX_CHUNKS).map_err(no)?;
         let mut compare = Vec::new();
         compare.try_reserve_exact(config.listens).map_err(no)?;
         let pool = <B::Platform as Platform>::new_lock(Pool {
-            free,
+            ids: config.ids,
+            free: VecDeque::new(),
             meta,
             compare,
         });
-        let slots_base = slots.as_ptr() as usize;
         let mut inner = Box::new(Instance {
             header: Header {
                 type_id: TypeId::of::<B>(),
-                slots_base,
                 references: AtomicUsize::new(0),
                 removing: AtomicBool::new(false),
                 released: released::<B>,
             },
             backend,
             config,
-            slots,
+            chunks: core::array::from_fn(|_| AtomicPtr::new(null_mut())),
+            growing: AtomicBool::new(false),
             pool,
-            callbacks: Vec::new(),
             next_cid: AtomicU32::new(1),
             index: MAX_INSTANCES,
         });
-        // The callbacks name the instance by address: it is boxed, so it stays put.
-        let at = &raw const *inner as usize;
-        let mut callbacks = Vec::new();
-        callbacks.try_reserve_exact(config.ids).map_err(no)?;
-        for index in 0..config.ids {
-            let cb: Callback<B::Platform> = Arc::new(
-                move |_: &Device<B::Platform>, _: ClientId, event: &ClientEvent| -> i32 {
-                    // SAFETY: the instance outlives every endpoint it made: dropping
-                    // `Registered` destroys them all (synchronously) before freeing it.
-                    let inst = unsafe { &*(at as *const Instance<B>) };
-                    inst.deliver(index, event)
-                },
-            );
-            callbacks.push(cb);
+        if config.ids == 0 || !inner.add_chunk(0, 0, config.ids) {
+            return Err(CmError::NoResources);
         }
-        inner.callbacks = callbacks;
         inner.replenish();
         let header = (&raw mut inner.header).cast::<Header>();
         let index = REGISTRY
@@ -600,12 +662,8 @@ impl<B: Backend> Registered<B> {
             })
             .ok_or(CmError::NoResources)?;
         inner.index = index;
-        if let Some((start, end)) = POOLS.get(index) {
-            end.store(
-                slots_base + config.ids * core::mem::size_of::<IdSlot>(),
-                Ordering::Release,
-            );
-            start.store(slots_base, Ordering::Release);
+        for k in 0..MAX_CHUNKS {
+            inner.publish(k);
         }
         Ok(Self { inner })
     }
@@ -642,7 +700,13 @@ impl<B: Backend> Registered<B> {
 
     /// Ids in use.
     pub fn ids_in_use(&self) -> usize {
-        self.inner.config.ids - self.inner.free_ids()
+        let (free, all) = self.inner.id_counts();
+        all - free
+    }
+
+    /// Ids the pool holds, in use or free (it grows at PASSIVE_LEVEL, never shrinks).
+    pub fn ids_allocated(&self) -> usize {
+        self.inner.id_counts().1
     }
 
     /// The backend.
@@ -679,21 +743,35 @@ impl<B: Backend> Drop for Registered<B> {
         while self.references() > 0 {
             self.inner.device().platform().relax();
         }
-        for index in 0..self.inner.config.ids {
-            if let Some(Meta {
-                client: Some(c), ..
-            }) = self.inner.meta(index)
-            {
-                self.inner.device().destroy_id(c);
-                self.inner.free_slot(index);
+        for index in 0..self.inner.id_counts().1 {
+            if let Some((u, meta)) = self.inner.live(index) {
+                if let Some(c) = meta.client {
+                    self.inner.device().destroy_id(c);
+                }
+                self.inner.free_use(u);
             }
         }
-        if let Some((start, end)) = POOLS.get(self.inner.index) {
-            start.store(0, Ordering::Release);
-            end.store(0, Ordering::Release);
+        if let Some(chunks) = POOLS.get(self.inner.index) {
+            for (start, end) in chunks {
+                start.store(0, Ordering::Release);
+                end.store(0, Ordering::Release);
+            }
         }
         if let Some(e) = REGISTRY.get(self.inner.index) {
             e.store(null_mut(), Ordering::Release);
+        }
+    }
+}
+
+impl<B: Backend> Drop for Instance<B> {
+    /// Frees the chunks (unregistered by then, or never registered).
+    fn drop(&mut self) {
+        for c in &self.chunks {
+            let p = c.swap(null_mut(), Ordering::AcqRel);
+            if !p.is_null() {
+                // SAFETY: made by `Box::into_raw` in `add_chunk`, taken out once here.
+                drop(unsafe { Box::from_raw(p) });
+            }
         }
     }
 }

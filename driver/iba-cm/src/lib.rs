@@ -16,9 +16,11 @@
 //! What the functions guarantee (AL's contract, and where ibcm does better):
 //! - Every function but `destroy_id` may be called at IRQL <= DISPATCH_LEVEL, under the
 //!   caller's own spin lock: they allocate nothing and wait for nothing (ids come from a
-//!   bounded pool, listens from a bounded set of compare buffers and queues, the engine
-//!   from room made ahead); when the room is used up they fail with
-//!   `STATUS_INSUFFICIENT_RESOURCES`. They never call a callback (the caller may hold the
+//!   pool grown at PASSIVE_LEVEL, listens from a bounded set of compare buffers and
+//!   queues, the engine from room made ahead); when the room is used up they fail with
+//!   `STATUS_INSUFFICIENT_RESOURCES`. A pool running low asks for the PASSIVE_LEVEL work
+//!   that grows it (`Platform::request_passive_work`), so a client that leaks ids (as
+//!   WinVerbs does at every reconnect) runs out no sooner than under AL. They never call a callback (the caller may hold the
 //!   lock its callback takes): events they make ready are delivered by the receive path,
 //!   the timer, or [`Registered::deliver`] (a DPC, asked for with
 //!   [`Backend::schedule_delivery`]).
@@ -46,7 +48,10 @@
 //!   events formatted (AL leaves them empty).
 //! - No input from a client can make it panic: null pointers, bad lengths, bad enum values
 //!   fail with STATUS_INVALID_PARAMETER; a pointer that is not an id of this CM fails with
-//!   STATUS_INVALID_HANDLE (it is compared, never read).
+//!   STATUS_INVALID_HANDLE (it is compared, never read), and so does the pointer of an
+//!   id already destroyed (`destroy_id` on it does nothing) long after: slots are reused
+//!   oldest-first, each at a new address, so that ndfltr's second `destroy_id` at HCA
+//!   removal reaches no other connection (`slots`).
 #![no_std]
 #![warn(missing_docs)]
 
@@ -57,6 +62,7 @@ mod convert;
 mod ffi;
 mod instance;
 mod query;
+mod slots;
 
 pub use instance::{Backend, Config, MAX_INSTANCES, Registered};
 pub use query::{PassDown, QueryDecision, answer, decide_query};

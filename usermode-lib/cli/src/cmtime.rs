@@ -588,11 +588,15 @@ fn serve(sh: &Arc<Shared>, req: ConnectionRequest) {
             true
         }
     });
+    // This runs on the thread that completes the provider's requests (the acceptor is a
+    // spawned operation): every step is a future; a blocking call here would fail.
     let Some(i) = idx.filter(|_| fresh) else {
         sh.server.unexpected.fetch_add(1, Ordering::AcqRel);
-        let _ = req
-            .endpoint
-            .reject(ibcm::RejReason::ConsumerDefined, b"unexpected");
+        spawn(
+            req.endpoint
+                .reject_async(ibcm::RejReason::ConsumerDefined, b"unexpected"),
+            &Overlapped::new(),
+        );
         return;
     };
     sh.server.spawned.fetch_add(1, Ordering::AcqRel);
@@ -606,7 +610,7 @@ fn serve(sh: &Arc<Shared>, req: ConnectionRequest) {
                 }
             };
             let accepted = async {
-                ep.prepare_accept(&AcceptParams {
+                ep.prepare_accept_async(&AcceptParams {
                     qpn: SERVER_QPN + i as u32,
                     starting_psn: None,
                     responder_resources: 1,
@@ -616,7 +620,8 @@ fn serve(sh: &Arc<Shared>, req: ConnectionRequest) {
                     flow_control: true,
                     srq: false,
                     private_data: &[],
-                })?;
+                })
+                .await?;
                 // Each step boxed: a task lives as long as its connection, and an async
                 // block is as large as its largest step, so inline steps would cost every
                 // live connection the size of the biggest one.

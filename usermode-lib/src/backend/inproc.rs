@@ -59,6 +59,10 @@ impl Backend for InProcess {
         }
     }
 
+    fn is_closed(&self) -> bool {
+        self.closed.load(Ordering::Acquire)
+    }
+
     fn close(&self) {
         // IRP_MJ_CLEANUP + IRP_MJ_CLOSE: everything outstanding completes.
         if !self.closed.swap(true, Ordering::AcqRel) {

@@ -1,6 +1,9 @@
 //! Where IOCTLs go: the driver through Win32 (Windows), or the same dispatch code running
 //! in this process on the host platform (everywhere).
 
+pub mod device;
+#[cfg(feature = "in-process")]
+pub mod emulated;
 #[cfg(feature = "in-process")]
 pub mod inproc;
 #[cfg(windows)]
@@ -36,4 +39,9 @@ pub trait Backend: Send + Sync {
     /// fail with STATUS_INVALID_HANDLE. Dropping the backend closes it if this was not
     /// called. A backend that cannot close early does nothing here.
     fn close(&self) {}
+    /// Whether the handle was closed (by [`close`](Self::close), or because the backend
+    /// failed): every request now fails, and none is worth retrying.
+    fn is_closed(&self) -> bool {
+        false
+    }
 }

@@ -1,19 +1,18 @@
-//! The Windows backend: the installed ibcm driver through Win32. All of the library's
-//! `unsafe` is in this module.
+//! The Windows backend's Win32 calls: the installed ibcm driver. All of the library's
+//! `unsafe` is in this module; the logic around these calls (request table, cancel keys,
+//! completion thread, close and drop, status mapping) is `backend::device`, tested off
+//! Windows over `backend::emulated`.
 //!
-//! The device is the driver's control device, `\\.\ibcm` (`ibcm_ioctl::DEVICE_PATH`), opened with
-//! `FILE_FLAG_OVERLAPPED`, and bound to a private I/O completion port. Every IOCTL is a
-//! `DeviceIoControl` with its own heap-allocated `OVERLAPPED` (the first field of an
-//! [`Op`]); one thread dequeues completions and hands each to its request's callback.
-//! Windows only: CI type-checks it against the real Windows std and windows-sys from
-//! Linux (`.ci/windows-check`).
+//! The device is the driver's control device, `\\.\ibcm` (`ibcm_ioctl::DEVICE_PATH`), opened
+//! with `FILE_FLAG_OVERLAPPED` and bound to a private I/O completion port. Every IOCTL is
+//! a `DeviceIoControl` with its own heap-allocated `OVERLAPPED` (the first field of a
+//! [`Block`]). Windows only: CI type-checks it against the real Windows std and
+//! windows-sys from Linux (`.ci/windows-check`).
 
-use std::ptr;
-use std::thread::JoinHandle;
+use std::ptr::{self, NonNull};
 
 use windows_sys::Win32::Foundation::{
-    CloseHandle, ERROR_IO_PENDING, GENERIC_READ, GENERIC_WRITE, GetLastError, HANDLE,
-    INVALID_HANDLE_VALUE,
+    CloseHandle, GENERIC_READ, GENERIC_WRITE, GetLastError, HANDLE, INVALID_HANDLE_VALUE,
 };
 use windows_sys::Win32::Storage::FileSystem::{
     CreateFileW, FILE_FLAG_OVERLAPPED, FILE_SHARE_READ, FILE_SHARE_WRITE, OPEN_EXISTING,
@@ -22,48 +21,59 @@ use windows_sys::Win32::System::IO::{
     CancelIoEx, CreateIoCompletionPort, DeviceIoControl, GetQueuedCompletionStatus, OVERLAPPED,
     PostQueuedCompletionStatus,
 };
+use windows_sys::Win32::System::Threading::SetEvent;
 
-use super::{Backend, OnComplete};
+use super::device::{self, Dequeued, Issue, Win32};
 
 /// `INFINITE` for GetQueuedCompletionStatus.
 const INFINITE: u32 = u32::MAX;
-/// Completion key of the packet that stops the completion thread.
+/// Completion key of the packet that stops the completion thread (the file's own packets
+/// carry key 0).
 const QUIT_KEY: usize = 1;
-/// STATUS_INVALID_HANDLE, for a request that could not even be issued.
-const STATUS_INVALID_HANDLE: i32 = ibcm_ioctl::status::INVALID_HANDLE;
+
+/// The open installed driver.
+pub type Device = device::Device<Sys>;
+
+/// Opens the control device (`ibcm_ioctl::DEVICE_PATH`): the NTSTATUS of a failure
+/// (STATUS_OBJECT_NAME_NOT_FOUND when the driver is not installed or not started,
+/// STATUS_ACCESS_DENIED, ...; see [`device::status_from_win32`]).
+pub fn open() -> Result<Device, i32> {
+    Device::new(Sys::open()?)
+}
 
 /// One IOCTL in flight. `#[repr(C)]` with the OVERLAPPED first, so the pointer the
-/// completion port returns is the pointer to the whole `Op`.
+/// completion port returns is the pointer to the whole block.
 #[repr(C)]
-struct Op {
+struct Block {
     overlapped: OVERLAPPED,
+    key: u64,
     input: Vec<u8>,
     output: Vec<u8>,
-    on_complete: OnComplete,
 }
 
-/// A raw pointer that may cross to the completion thread.
-struct SendHandle(HANDLE);
-// SAFETY: an I/O completion port handle may be used from any thread.
-unsafe impl Send for SendHandle {}
+/// A [`Block`] leaked while the kernel may use it: reclaimed exactly once, by
+/// [`Sys::reclaim`], which `device` calls only when the kernel is done with it.
+pub struct Request(NonNull<Block>);
 
-/// The open device: file handle, completion port and completion thread.
-pub struct Device {
+// SAFETY: the block is plain heap memory owned by whoever holds the Request (the
+// kernel's use of it is the Win32 contract, not a thread's).
+unsafe impl Send for Request {}
+
+/// The file handle and its completion port.
+pub struct Sys {
     file: HANDLE,
     port: HANDLE,
-    thread: Option<JoinHandle<()>>,
 }
 
-// SAFETY: file and completion-port handles may be used from any thread; the Ops they
-// refer to are owned by the kernel between DeviceIoControl and their dequeue.
-unsafe impl Send for Device {}
-// SAFETY: as above; `submit` and `cancel` take `&self` and touch no shared Rust state.
-unsafe impl Sync for Device {}
+// SAFETY: file and completion-port handles may be used from any thread.
+unsafe impl Send for Sys {}
+// SAFETY: as above; every method takes `&self` and touches no Rust state of its own.
+unsafe impl Sync for Sys {}
 
-impl Device {
-    /// Opens the control device (`ibcm_ioctl::DEVICE_PATH`).
-    pub fn open() -> Result<Self, i32> {
-        let path = device_path();
+impl Sys {
+    /// CreateFileW on the control device and CreateIoCompletionPort.
+    fn open() -> Result<Self, i32> {
+        let path: Vec<u16> = ibcm_ioctl::DEVICE_PATH.encode_utf16().chain([0]).collect();
         // SAFETY: 1. `path` is a NUL-terminated UTF-16 string that outlives the call;
         // 2. null security attributes and template are allowed.
         let file = unsafe {
@@ -78,99 +88,56 @@ impl Device {
             )
         };
         if file == INVALID_HANDLE_VALUE {
-            return Err(ibcm_ioctl::status::DEVICE_REMOVED);
+            // SAFETY: reading the thread's last-error value has no preconditions.
+            return Err(device::status_from_win32(unsafe { GetLastError() }));
         }
         // SAFETY: `file` is a valid overlapped handle; a null existing port creates one.
         let port = unsafe { CreateIoCompletionPort(file, ptr::null_mut(), 0, 1) };
         if port.is_null() {
+            // SAFETY: reading the thread's last-error value has no preconditions.
+            let error = unsafe { GetLastError() };
             // SAFETY: `file` is open and owned here.
             unsafe { CloseHandle(file) };
-            return Err(ibcm_ioctl::status::INSUFFICIENT_RESOURCES);
+            return Err(device::status_from_win32(error));
         }
-        let p = SendHandle(port);
-        let thread = std::thread::Builder::new()
-            .name("ibcm-completions".into())
-            .spawn(move || completion_loop(p))
-            .ok();
-        Ok(Self { file, port, thread })
+        Ok(Self { file, port })
     }
 }
 
-/// Dequeues completions until the quit packet.
-fn completion_loop(port: SendHandle) {
-    loop {
-        let mut bytes = 0u32;
-        let mut key = 0usize;
-        let mut ov: *mut OVERLAPPED = ptr::null_mut();
-        // SAFETY: `port` stays open until the quit packet has been dequeued (Drop joins
-        // this thread before closing it); the out-pointers are valid locals.
-        let ok =
-            unsafe { GetQueuedCompletionStatus(port.0, &mut bytes, &mut key, &mut ov, INFINITE) };
-        if key == QUIT_KEY && ov.is_null() {
-            return;
-        }
-        if ov.is_null() {
-            if ok == 0 {
-                return;
-            }
-            continue;
-        }
-        // SAFETY: 1. every OVERLAPPED queued on this port is the first field of an `Op`
-        // leaked by `submit` with Box::into_raw; 2. the kernel is done with it once its
-        // packet is dequeued, so ownership returns here exactly once.
-        let op = unsafe { Box::from_raw(ov.cast::<Op>()) };
-        let status = op.overlapped.Internal as i32;
-        let len = (bytes as usize).min(op.output.len());
-        let Op {
-            mut output,
-            on_complete,
-            ..
-        } = *op;
-        output.truncate(len);
-        on_complete.completed(status, output);
-    }
-}
+impl Win32 for Sys {
+    type Request = Request;
 
-/// The control device's path (`ibcm_ioctl::DEVICE_PATH`), NUL-terminated UTF-16. The
-/// driver has one control device for the host, whatever the number of HCAs; a control
-/// device has no device interface, so it is opened by its symbolic link.
-fn device_path() -> Vec<u16> {
-    ibcm_ioctl::DEVICE_PATH.encode_utf16().chain([0]).collect()
-}
-
-impl Backend for Device {
-    fn submit(
+    fn device_io_control(
         &self,
+        key: u64,
         code: u32,
         input: &[u8],
-        output_len: usize,
-        mut buffer: Vec<u8>,
-        on_complete: OnComplete,
-    ) -> u64 {
-        buffer.clear();
-        buffer.resize(output_len, 0);
-        let op = Box::new(Op {
+        output: Vec<u8>,
+    ) -> (Request, Issue) {
+        let block = Box::new(Block {
             // SAFETY: OVERLAPPED is plain data; all-zero is its documented initial state.
             overlapped: unsafe { std::mem::zeroed() },
+            key,
             input: input.to_vec(),
-            output: buffer,
-            on_complete,
+            output,
         });
-        let raw = Box::into_raw(op);
-        let (in_ptr, in_len, out_ptr, out_len, ov) = {
+        let raw = NonNull::from(Box::leak(block));
+        let (in_ptr, in_len, out_ptr, out_len, ov, internal) = {
             // SAFETY: `raw` was just leaked from a Box: live and not shared yet.
-            let op = unsafe { &mut *raw };
+            let b = unsafe { &mut *raw.as_ptr() };
             (
-                op.input.as_ptr(),
-                op.input.len() as u32,
-                op.output.as_mut_ptr(),
-                op.output.len() as u32,
-                ptr::addr_of_mut!(op.overlapped),
+                b.input.as_ptr(),
+                b.input.len() as u32,
+                b.output.as_mut_ptr(),
+                b.output.len() as u32,
+                ptr::addr_of_mut!(b.overlapped),
+                ptr::addr_of!(b.overlapped.Internal),
             )
         };
-        // SAFETY: 1. the buffers and the OVERLAPPED belong to the leaked Op, which stays
-        // alive until the completion thread reclaims it; 2. `self.file` is open; 3. the
-        // OVERLAPPED is the Op's first field, so the port hands back `raw` itself.
+        // SAFETY: 1. the buffers and the OVERLAPPED belong to the leaked block, which
+        // stays alive until `reclaim`; 2. `self.file` is open (`device` calls this under
+        // the lock that `close_file` takes, never after it); 3. the OVERLAPPED is the
+        // block's first field, so the port hands back the block's own address.
         let ok = unsafe {
             DeviceIoControl(
                 self.file,
@@ -183,40 +150,139 @@ impl Backend for Device {
                 ov,
             )
         };
-        // SAFETY: reading the thread's last-error value has no preconditions.
-        let pending = ok != 0 || unsafe { GetLastError() } == ERROR_IO_PENDING;
-        if !pending {
-            // Failed before it was queued: no packet will come; complete it here.
-            // SAFETY: the kernel never took ownership of `raw`; reclaim it once.
-            let op = unsafe { Box::from_raw(raw) };
-            let status = if op.overlapped.Internal != 0 {
-                op.overlapped.Internal as i32
-            } else {
-                STATUS_INVALID_HANDLE
-            };
-            op.on_complete.completed(status, Vec::new());
-        }
-        raw as u64
+        let last_error = if ok == 0 {
+            // SAFETY: reading the thread's last-error value has no preconditions.
+            unsafe { GetLastError() }
+        } else {
+            0
+        };
+        // SAFETY: the OVERLAPPED is live (the block is not reclaimed); a volatile read, as
+        // the kernel may be writing it for a request that is pending.
+        let internal = unsafe { ptr::read_volatile(internal) } as i32;
+        (
+            Request(raw),
+            Issue {
+                returned: ok != 0,
+                last_error,
+                internal,
+            },
+        )
     }
 
-    fn cancel(&self, key: u64) {
-        // SAFETY: CancelIoEx only uses the pointer as a key to match the file's pending
-        // requests; it does not dereference a request that has already completed.
-        unsafe { CancelIoEx(self.file, key as usize as *const OVERLAPPED) };
+    fn overlapped_address(request: &Request) -> usize {
+        request.0.as_ptr() as usize
+    }
+
+    fn cancel_io(&self, overlapped: usize) {
+        // SAFETY: CancelIoEx only compares the pointer with the file's pending requests;
+        // `device` passes the address of a block it has not reclaimed.
+        unsafe { CancelIoEx(self.file, overlapped as *const OVERLAPPED) };
+    }
+
+    fn dequeue(&self) -> Dequeued {
+        let mut bytes = 0u32;
+        let mut key = 0usize;
+        let mut ov: *mut OVERLAPPED = ptr::null_mut();
+        // SAFETY: `self.port` is open while `self` lives (closed in Drop); the
+        // out-pointers are valid locals.
+        let ok = unsafe {
+            GetQueuedCompletionStatus(self.port, &mut bytes, &mut key, &mut ov, INFINITE)
+        };
+        if ov.is_null() {
+            if ok != 0 && key == QUIT_KEY {
+                return Dequeued::Quit;
+            }
+            // SAFETY: reading the thread's last-error value has no preconditions.
+            return Dequeued::Failed(unsafe { GetLastError() });
+        }
+        // SAFETY: every OVERLAPPED queued on this private port is the first field of a
+        // Block that `device` has not reclaimed (it reclaims one only after dequeuing its
+        // packet), so the block is live; the kernel is done with it.
+        let key = unsafe { (*ov.cast::<Block>()).key };
+        Dequeued::Packet { key, bytes }
+    }
+
+    fn reclaim(&self, request: Request) -> (i32, Vec<u8>) {
+        // SAFETY: the block was leaked by `device_io_control` and `device` hands each
+        // Request back once, after the kernel is done with it: ownership returns here.
+        let block = unsafe { Box::from_raw(request.0.as_ptr()) };
+        (block.overlapped.Internal as i32, block.output)
+    }
+
+    fn close_file(&self) {
+        // SAFETY: the file handle is owned here and `device` closes it once.
+        unsafe { CloseHandle(self.file) };
+    }
+
+    fn post_quit(&self) {
+        // SAFETY: `self.port` is open while `self` lives.
+        unsafe { PostQueuedCompletionStatus(self.port, 0, QUIT_KEY, ptr::null()) };
     }
 }
 
-impl Drop for Device {
+impl Drop for Sys {
     fn drop(&mut self) {
-        // SAFETY: each handle is owned here and closed once; closing the file cancels its
-        // requests, whose packets reach the port before the quit packet posted after.
-        unsafe { CloseHandle(self.file) };
-        // SAFETY: `self.port` is open until the thread has quit.
-        unsafe { PostQueuedCompletionStatus(self.port, 0, QUIT_KEY, ptr::null()) };
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
-        }
-        // SAFETY: the completion thread has exited; nothing uses the port any more.
+        // SAFETY: the port is owned here; its last user (the completion thread, or the
+        // device) is letting go of it.
         unsafe { CloseHandle(self.port) };
     }
+}
+
+/// A caller's completion port, key and OVERLAPPED (see [`overlapped_on`]).
+struct CallerOverlapped {
+    port: HANDLE,
+    key: usize,
+    overlapped: *mut OVERLAPPED,
+}
+
+// SAFETY: the port is usable from any thread, and `overlapped_on`'s caller keeps the
+// OVERLAPPED valid and unused by anyone else until the operation completes on it.
+unsafe impl Send for CallerOverlapped {}
+
+impl CallerOverlapped {
+    /// Completes the caller's OVERLAPPED: STATUS_SUCCESS and 0 bytes, its event set, and
+    /// (unless `hEvent` has its low bit set) it is posted to the caller's port.
+    fn complete(self) {
+        // SAFETY: `overlapped_on`'s contract: valid, and nobody else's until now.
+        let o = unsafe { &mut *self.overlapped };
+        o.Internal = ibcm_ioctl::status::SUCCESS as usize;
+        o.InternalHigh = 0;
+        let (event, post) = device::caller_completion(o.hEvent as usize);
+        if event != 0 {
+            // SAFETY: an event handle of the caller's, open until it sees the completion.
+            unsafe { SetEvent(event as HANDLE) };
+        }
+        if post && !self.port.is_null() {
+            // SAFETY: the caller's port is open; the OVERLAPPED pointer is only carried
+            // in the packet (the caller owns it again once it dequeues the packet).
+            unsafe { PostQueuedCompletionStatus(self.port, 0, self.key, self.overlapped) };
+        }
+    }
+}
+
+/// An [`Overlapped`](crate::Overlapped) for [`spawn`](crate::spawn) that completes on the
+/// caller's own I/O completion port with the caller's own OVERLAPPED, as I/O on a handle
+/// bound to that port does (the model of WinVerbs and NetworkDirect consumers): when the
+/// operation finishes, `Internal` is STATUS_SUCCESS and `InternalHigh` 0, the event in
+/// `hEvent` (if any) is set, and, unless `hEvent` has its low bit set, `overlapped` is
+/// posted to `port` (if not null) with `key`. The operation's result is taken from the
+/// returned `Overlapped` (`result::<T>()`).
+///
+/// # Safety
+///
+/// `port` must be a completion port (or null) and `hEvent` an event (or null) that stay
+/// open until the operation finishes; `overlapped` must point to an OVERLAPPED that stays
+/// valid, and that nothing else reads or writes, until then (until its packet is dequeued
+/// or its event is set).
+pub unsafe fn overlapped_on(
+    port: HANDLE,
+    key: usize,
+    overlapped: *mut OVERLAPPED,
+) -> crate::Overlapped {
+    let target = CallerOverlapped {
+        port,
+        key,
+        overlapped,
+    };
+    crate::Overlapped::with_notify(move || target.complete())
 }

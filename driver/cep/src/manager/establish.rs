@@ -178,6 +178,12 @@ impl CmManager {
                 peer_responder_resources: req.responder_resources,
                 peer_initiator_depth: req.initiator_depth,
                 rnr_retry_count: req.rnr_retry_count,
+                starting_psn: req.starting_psn,
+                max_cm_retries: req.max_cm_retries,
+                remote_cm_response_timeout: req.remote_cm_response_timeout,
+                local_cm_response_timeout: req.local_cm_response_timeout,
+                flow_control: req.end_to_end_flow_control,
+                retry_count: req.retry_count,
                 srq: req.srq,
                 private_data: PrivateData::new(req.private_data),
             }),
@@ -324,6 +330,9 @@ impl CmManager {
                 peer_responder_resources: rep.responder_resources,
                 peer_initiator_depth: rep.initiator_depth,
                 failover_accepted: rep.failover_accepted,
+                rnr_retry_count: rep.rnr_retry_count,
+                flow_control: rep.end_to_end_flow_control,
+                target_ack_delay: rep.target_ack_delay,
                 srq: rep.srq,
                 private_data: PrivateData::new(rep.private_data),
             }),
@@ -390,6 +399,7 @@ impl CmManager {
             id,
             Event::MraReceived {
                 service_timeout: mra.service_timeout,
+                private_data: PrivateData::new(mra.private_data),
             },
         );
     }

@@ -246,8 +246,49 @@ impl CmManager {
 
     /// Pre-REP: validates and stores the REP, and returns the QP attributes for the
     /// INIT, RTR and RTS transitions. Nothing is sent until [`send_rep`](Self::send_rep).
-    /// May be called again to re-format.
+    /// May be called again to re-format. The caller's read limits are taken as given or
+    /// refused: over the CA's limits, or an InitiatorDepth over what the REQ offered
+    /// ([`CmError::InitiatorDepthOverPeer`]).
     pub fn prepare_rep(&mut self, id: CepId, p: &RepParams<'_>) -> Result<PreparedRep, CmError> {
+        self.pre_rep(id, p, true)
+    }
+
+    /// [`Self::prepare_rep`] reading the caller's read limits as WinOF AL does, for the
+    /// `iba_cm` clients written against it (`__al_cep_pre_rep`, al_cm_cep.c:5049-5087):
+    /// ResponderResources 0 keeps the REQ's InitiatorDepth (AL's "applications that do
+    /// not set resp_res", :5060-5070) and more than the CA's limit is capped to it
+    /// (:5072-5083); an InitiatorDepth over the REQ's ResponderResources is sent as
+    /// given, as AL and Linux `ib_send_cm_rep` (cm.c:2287-2318) do. WinVerbs moved its QP
+    /// to RTS with these values before `send_rep` (wv_ep.c:839-858) and ndfltr derives
+    /// them from the REQ event (nd_ep.cpp:1178-1195): refusing would fail an accept AL
+    /// makes, with no REJ to the peer.
+    pub fn prepare_rep_as_al(
+        &mut self,
+        id: CepId,
+        p: &RepParams<'_>,
+    ) -> Result<PreparedRep, CmError> {
+        let c = self.user_cep(id)?;
+        let responder_resources = match p.responder_resources {
+            0 => c.peer_initiator_depth,
+            n => n,
+        }
+        .min(self.config.max_responder_resources);
+        self.pre_rep(
+            id,
+            &RepParams {
+                responder_resources,
+                ..*p
+            },
+            false,
+        )
+    }
+
+    fn pre_rep(
+        &mut self,
+        id: CepId,
+        p: &RepParams<'_>,
+        within_peer: bool,
+    ) -> Result<PreparedRep, CmError> {
         let mra_sent = match self.state_of(id)? {
             State::ReqRcvd { mra_sent } | State::RepPrepared { mra_sent } => mra_sent,
             _ => return Err(self.invalid(id)),
@@ -268,7 +309,7 @@ impl CmManager {
             p.initiator_depth,
             self.config.max_initiator_depth,
         )?;
-        if p.initiator_depth > c.peer_responder_resources {
+        if within_peer && p.initiator_depth > c.peer_responder_resources {
             return Err(CmError::InitiatorDepthOverPeer {
                 requested: p.initiator_depth,
                 peer: c.peer_responder_resources,

@@ -462,9 +462,10 @@ impl<P: Platform> Device<P> {
         self.client_op(id, |cm, cep, now| cm.connect(now, cep, p))
     }
 
-    /// `format_rep`: pre-REP, returning the INIT/RTR/RTS attributes.
+    /// `format_rep`: pre-REP, returning the INIT/RTR/RTS attributes; the read limits
+    /// read as AL reads them ([`ibcm_cep::CmManager::prepare_rep_as_al`]).
     pub fn format_rep(&self, id: ClientId, p: &RepParams<'_>) -> Result<PreparedRep, CmError> {
-        self.client_op(id, |cm, cep, _| cm.prepare_rep(cep, p))
+        self.client_op(id, |cm, cep, _| cm.prepare_rep_as_al(cep, p))
     }
 
     /// `send_formatted_rep`.
@@ -472,9 +473,13 @@ impl<P: Platform> Device<P> {
         self.client_op(id, |cm, cep, now| cm.send_rep(now, cep))
     }
 
-    /// `send_rep`: format and send in one step.
+    /// `send_rep`: format (as [`Self::format_rep`]) and send in one step.
     pub fn send_rep(&self, id: ClientId, p: &RepParams<'_>) -> Result<PreparedRep, CmError> {
-        self.client_op(id, |cm, cep, now| cm.accept(now, cep, p))
+        self.client_op(id, |cm, cep, now| {
+            let prepared = cm.prepare_rep_as_al(cep, p)?;
+            cm.send_rep(now, cep)?;
+            Ok(prepared)
+        })
     }
 
     /// `send_rtu`.

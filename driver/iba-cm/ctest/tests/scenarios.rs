@@ -1157,3 +1157,183 @@ fn an_idle_host_creates_and_destroys_ids_for_ever() {
     }
     w.finish();
 }
+
+/// An XRC REQ never reaches an `iba_cm` listen: AL's `__req_handler` rejects a REQ whose
+/// transport is neither RC nor UC with "invalid transport type" before any listen lookup
+/// (al_cm_cep.c:1106-1113), and neither WinVerbs nor ndfltr looks at the event's qp_type
+/// (wv_ep.c:1153-1181, nd_ep.cpp:1992-2029): handed one, they would answer with an RC QP
+/// in an XRC-format REP. The REQ is built as Linux sends an XRC_INI's (transport 3 with
+/// extended transport 1, cm_msgs.h), and put on B's port as the fabric would.
+#[test]
+fn an_xrc_req_is_rejected_before_any_listen_sees_it() {
+    use ibcm_cep::counter_slot;
+    use ibcm_mad::{
+        AttributeId, CmMad, CmMessage, MAD_SIZE, MadHeader, Mtu, Path, Rate, Req, Transport,
+    };
+    let mut w = World::new(23);
+    let listen = w.b.cep();
+    assert_eq!(listen.listen(SID, None, 0), status::SUCCESS);
+    let (a, b) = (ibcm_host::node_address(0), ibcm_host::node_address(1));
+    let wire_path = Path {
+        local_lid: a.lid,
+        remote_lid: b.lid,
+        local_gid: a.gid,
+        remote_gid: b.gid,
+        flow_label: 0,
+        packet_rate: Rate::Gbps100,
+        traffic_class: 0,
+        hop_limit: 0,
+        sl: 0,
+        subnet_local: true,
+        local_ack_timeout: 16,
+    };
+    let xrc = Req {
+        local_comm_id: 0x1234_5678,
+        vendor_id: 0,
+        service_id: SID,
+        local_ca_guid: node_guid(0),
+        local_qkey: 0,
+        local_qpn: 0x31,
+        responder_resources: 0,
+        local_eecn: 0,
+        initiator_depth: 2,
+        remote_eecn: 0,
+        remote_cm_response_timeout: 20,
+        transport: Transport::Xrc,
+        end_to_end_flow_control: false,
+        starting_psn: 0x42,
+        local_cm_response_timeout: 20,
+        retry_count: 7,
+        partition_key: 0xffff,
+        path_mtu: Mtu::Mtu2048,
+        rdc_exists: false,
+        rnr_retry_count: 0,
+        max_cm_retries: 15,
+        srq: false,
+        primary_path: wire_path,
+        alternate_path: Path::default(),
+        sap_supported: false,
+        private_data: &[],
+    };
+    let mut mad = [0u8; MAD_SIZE];
+    CmMad {
+        header: MadHeader::send(0x77),
+        message: CmMessage::Req(xrc),
+    }
+    .emit(&mut mad)
+    .unwrap();
+    w.b.node.receive(&a, &mad);
+    w.run(SETTLE);
+    assert_eq!(listen.types(), [], "the listen heard of the XRC REQ");
+    let child = w.b.cep();
+    let mut e = IbaCmEvent::zeroed(-1);
+    assert_eq!(listen.get_request(&child, &mut e), status::NO_MORE_ENTRIES);
+    let sent = w.b.node.device.with_engine(|cm| cm.counters().sent);
+    let slot = |attr| counter_slot(attr).unwrap();
+    assert_eq!(sent[slot(AttributeId::Rej)], 1);
+    assert_eq!(sent[slot(AttributeId::Rep)], 0);
+    // An RC REQ to the same listen still gets through.
+    let a = w.a.cep();
+    assert_eq!(
+        a.connect(SID, &path(0, 1), None, 0x11, &[0xA1; 10], 3, 2),
+        status::SUCCESS
+    );
+    w.run(SETTLE);
+    assert_eq!(listen.get_request(&child, &mut e), status::SUCCESS);
+    assert_eq!(req(&e).qpn.get(), 0x11);
+    for c in [&listen, &a, &child] {
+        c.destroy();
+    }
+    w.finish();
+}
+
+/// The REP's read limits as AL reads them (`__al_cep_pre_rep`, al_cm_cep.c:5049-5087),
+/// for clients written against it:
+/// - an InitiatorDepth above the REQ's ResponderResources goes out as given: neither AL
+///   nor Linux `ib_send_cm_rep` (cm.c:2287-2318) checks it, and an ND server accepting a
+///   read-only client (ResponderResources 0, as a Linux client that only issues reads
+///   sends) with Outbound > 0 must not fail (nd_ep.cpp:1184-1195);
+/// - ResponderResources 0 keeps the REQ's InitiatorDepth (:5060-5070), and INIT keeps
+///   RDMA READ and atomics (:5184-5188);
+/// - more than the CA's limit is capped to it (:5072-5083).
+#[test]
+fn accept_reads_the_read_limits_as_al_does() {
+    let ca_max = ibcm_cep::CmConfig::new(0, [0; 32]).max_responder_resources;
+    for (req_resp, req_init, rep_resp, rep_init, want_resp) in [
+        // A read-only client; the server answers with reads of its own.
+        (0, 2, 1, 2, 1),
+        // ResponderResources 0: the REQ's InitiatorDepth.
+        (3, 2, 0, 2, 2),
+        // Over the CA's limit: capped.
+        (3, 2, ca_max + 4, 2, ca_max),
+    ] {
+        let mut w = World::new(29);
+        let (listen, a, child) = (w.b.cep(), w.a.cep(), w.b.cep());
+        assert_eq!(listen.listen(SID, None, 0), status::SUCCESS);
+        assert_eq!(
+            a.connect(SID, &path(0, 1), None, 0x11, &[], req_resp, req_init),
+            status::SUCCESS
+        );
+        w.run(SETTLE);
+        let mut e = IbaCmEvent::zeroed(-1);
+        assert_eq!(listen.get_request(&child, &mut e), status::SUCCESS);
+        let mut init = ibcm_iba_cm::abi::IbQpMod::zeroed();
+        let case = (req_resp, req_init, rep_resp, rep_init);
+        assert_eq!(
+            child.format_rep(0x33, &[], rep_resp, rep_init, &mut init),
+            status::SUCCESS,
+            "{case:?}"
+        );
+        // SAFETY: INIT attributes.
+        let i = unsafe { init.state.init };
+        assert_ne!(i.access_ctrl & access::RDMA_READ, 0, "{case:?}");
+        let (s, rtr) = child.qp_attr(qp_state::RTR);
+        assert_eq!(s, status::SUCCESS);
+        // SAFETY: RTR attributes.
+        assert_eq!(unsafe { rtr.state.rtr }.resp_res, want_resp, "{case:?}");
+        assert_eq!(child.send_formatted_rep(), status::SUCCESS);
+        w.run(SETTLE);
+        let rep = a.log()[0];
+        assert_eq!(rep.event_type, ev::REP_RECEIVED, "{case:?}");
+        // The REP event's fields are crossed, as AL's (al_cm_cep.c:6292-6293).
+        assert_eq!(
+            (rep.resp_res, rep.init_depth),
+            (rep_init, want_resp),
+            "{case:?}"
+        );
+        assert_eq!(a.rtu(&[]), status::SUCCESS);
+        w.run(SETTLE);
+        for c in [&listen, &a, &child] {
+            c.destroy();
+        }
+        w.finish();
+    }
+}
+
+/// A burst of compare listens with no connection activity (an MPI job's ranks each
+/// opening an ND listen at start-up, nd_ep.cpp:2105-2129, under ndfltr's lock) never
+/// finds the compare buffers gone: taking one below half asks for the PASSIVE_LEVEL work
+/// that makes more, as the id pool does. The work is modelled as the KMDF binding runs
+/// it: the replenish work item, queued by `request_passive_work`
+/// (driver/kmdf/host.rs `evt_replenish_work_item`), runs between the IOCTLs.
+#[test]
+fn a_burst_of_compare_listens_is_never_short_of_buffers() {
+    let w = World::new(31);
+    let mut listens = Vec::new();
+    for i in 0..3 * CONFIG.listens {
+        let l = w.b.cep();
+        assert_eq!(
+            l.listen(SID + i as u64, Some(&[0x5A; 8]), 4),
+            status::SUCCESS,
+            "listen {i}"
+        );
+        if w.b.node.platform.take_passive_work() {
+            w.b.cm().replenish();
+        }
+        listens.push(l);
+    }
+    for l in &listens {
+        l.destroy();
+    }
+    w.finish();
+}

@@ -34,6 +34,7 @@ pub type PKSPIN_LOCK = *mut KSPIN_LOCK;
 
 pub const PASSIVE_LEVEL: u32 = 0;
 pub const APC_LEVEL: u32 = 1;
+pub const DISPATCH_LEVEL: u32 = 2;
 pub const IRP_MJ_PNP: u32 = 27;
 pub const IRP_MN_QUERY_INTERFACE: u32 = 8;
 pub const IO_NO_INCREMENT: u32 = 0;
@@ -41,6 +42,7 @@ pub const FILE_DEVICE_SECURE_OPEN: u32 = 256;
 pub const ALL_PROCESSOR_GROUPS: u32 = 65535;
 
 pub const STATUS_SUCCESS: NTSTATUS = 0;
+pub const STATUS_TIMEOUT: NTSTATUS = 0x0000_0102;
 pub const STATUS_CANCELLED: NTSTATUS = 0xC000_0120_u32 as i32;
 pub const STATUS_DEVICE_NOT_READY: NTSTATUS = 0xC000_00A3_u32 as i32;
 pub const STATUS_INSUFFICIENT_RESOURCES: NTSTATUS = 0xC000_009A_u32 as i32;
@@ -78,6 +80,16 @@ pub union _LARGE_INTEGER {
 }
 pub type LARGE_INTEGER = _LARGE_INTEGER;
 pub type PLARGE_INTEGER = *mut LARGE_INTEGER;
+/// ntdef.h `PROCESSOR_NUMBER`.
+#[repr(C)]
+#[derive(Debug, Default, Copy, Clone)]
+pub struct _PROCESSOR_NUMBER {
+    pub Group: USHORT,
+    pub Number: UCHAR,
+    pub Reserved: UCHAR,
+}
+pub type PROCESSOR_NUMBER = _PROCESSOR_NUMBER;
+pub type PPROCESSOR_NUMBER = *mut _PROCESSOR_NUMBER;
 /// wdm.h `typedef LARGE_INTEGER PHYSICAL_ADDRESS`.
 pub type PHYSICAL_ADDRESS = LARGE_INTEGER;
 
@@ -165,10 +177,11 @@ pub struct _IO_STATUS_BLOCK {
 }
 pub type IO_STATUS_BLOCK = _IO_STATUS_BLOCK;
 
-/// wdm.h `IO_STACK_LOCATION`: `Parameters.QueryInterface` only.
+/// wdm.h `IO_STACK_LOCATION`: `Parameters.QueryInterface` only (bindgen names its struct
+/// `_IO_STACK_LOCATION__bindgen_ty_1__bindgen_ty_26`, the 26th anonymous arm).
 #[repr(C)]
 #[derive(Debug, Copy, Clone)]
-pub struct _IO_STACK_LOCATION__bindgen_ty_1__bindgen_ty_17 {
+pub struct _IO_STACK_LOCATION__bindgen_ty_1__bindgen_ty_26 {
     pub InterfaceType: *const GUID,
     pub Size: USHORT,
     pub Version: USHORT,
@@ -178,7 +191,7 @@ pub struct _IO_STACK_LOCATION__bindgen_ty_1__bindgen_ty_17 {
 #[repr(C)]
 #[derive(Copy, Clone)]
 pub union _IO_STACK_LOCATION__bindgen_ty_1 {
-    pub QueryInterface: _IO_STACK_LOCATION__bindgen_ty_1__bindgen_ty_17,
+    pub QueryInterface: _IO_STACK_LOCATION__bindgen_ty_1__bindgen_ty_26,
     pub Others: [PVOID; 4],
 }
 #[repr(C)]
@@ -347,8 +360,29 @@ pub type PFN_WDF_WORKITEM = Option<unsafe extern "C" fn(WorkItem: WDFWORKITEM)>;
 pub type PFN_WDF_DEVICE_SELF_MANAGED_IO_INIT =
     Option<unsafe extern "C" fn(Device: WDFDEVICE) -> NTSTATUS>;
 pub type PFN_WDF_DEVICE_SELF_MANAGED_IO_CLEANUP = Option<unsafe extern "C" fn(Device: WDFDEVICE)>;
-pub type PFN_WDF_DEVICE_D0_ENTRY =
-    Option<unsafe extern "C" fn(Device: WDFDEVICE, PreviousState: i32) -> NTSTATUS>;
+/// wdfdevice.h `WDF_POWER_DEVICE_STATE`.
+pub mod _WDF_POWER_DEVICE_STATE {
+    pub type Type = i32;
+    pub const WdfPowerDeviceInvalid: Type = 0;
+    pub const WdfPowerDeviceD0: Type = 1;
+    pub const WdfPowerDeviceD1: Type = 2;
+    pub const WdfPowerDeviceD2: Type = 3;
+    pub const WdfPowerDeviceD3: Type = 4;
+    pub const WdfPowerDeviceD3Final: Type = 5;
+    pub const WdfPowerDevicePrepareForHibernation: Type = 6;
+    pub const WdfPowerDeviceMaximum: Type = 7;
+}
+pub use self::_WDF_POWER_DEVICE_STATE::Type as WDF_POWER_DEVICE_STATE;
+/// wdfdevice.h `EVT_WDF_DEVICE_D0_ENTRY`.
+pub type PFN_WDF_DEVICE_D0_ENTRY = Option<
+    unsafe extern "C" fn(Device: WDFDEVICE, PreviousState: WDF_POWER_DEVICE_STATE) -> NTSTATUS,
+>;
+/// wdfdevice.h `EVT_WDF_DEVICE_D0_EXIT`.
+pub type PFN_WDF_DEVICE_D0_EXIT = Option<
+    unsafe extern "C" fn(Device: WDFDEVICE, TargetState: WDF_POWER_DEVICE_STATE) -> NTSTATUS,
+>;
+/// wdfdevice.h `EVT_WDF_DEVICE_SURPRISE_REMOVAL`.
+pub type PFN_WDF_DEVICE_SURPRISE_REMOVAL = Option<unsafe extern "C" fn(Device: WDFDEVICE)>;
 pub type PFN_WDFDEVICE_WDM_IRP_PREPROCESS =
     Option<unsafe extern "C" fn(Device: WDFDEVICE, Irp: PIRP) -> NTSTATUS>;
 pub type PFN_GET_UNIQUE_CONTEXT_TYPE = Option<unsafe extern "C" fn() -> PCWDF_OBJECT_CONTEXT_TYPE_INFO>;
@@ -489,7 +523,7 @@ pub struct _WDF_PNPPOWER_EVENT_CALLBACKS {
     pub Size: ULONG,
     pub EvtDeviceD0Entry: PFN_WDF_DEVICE_D0_ENTRY,
     pub EvtDeviceD0EntryPostInterruptsEnabled: PVOID,
-    pub EvtDeviceD0Exit: PVOID,
+    pub EvtDeviceD0Exit: PFN_WDF_DEVICE_D0_EXIT,
     pub EvtDeviceD0ExitPreInterruptsDisabled: PVOID,
     pub EvtDevicePrepareHardware: PVOID,
     pub EvtDeviceReleaseHardware: PVOID,
@@ -498,7 +532,7 @@ pub struct _WDF_PNPPOWER_EVENT_CALLBACKS {
     pub EvtDeviceSelfManagedIoInit: PFN_WDF_DEVICE_SELF_MANAGED_IO_INIT,
     pub EvtDeviceSelfManagedIoSuspend: PVOID,
     pub EvtDeviceSelfManagedIoRestart: PVOID,
-    pub EvtDeviceSurpriseRemoval: PVOID,
+    pub EvtDeviceSurpriseRemoval: PFN_WDF_DEVICE_SURPRISE_REMOVAL,
     pub EvtDeviceQueryRemove: PVOID,
     pub EvtDeviceQueryStop: PVOID,
     pub EvtDeviceUsageNotification: PVOID,
@@ -539,6 +573,10 @@ pub mod ntddk {
         pub fn ExWaitForRundownProtectionRelease(RunRef: PEX_RUNDOWN_REF);
         pub fn IofCompleteRequest(Irp: PIRP, PriorityBoost: CCHAR);
         pub fn MmGetVirtualForPhysical(PhysicalAddress: PHYSICAL_ADDRESS) -> PVOID;
+        pub fn MmGetPhysicalAddress(BaseAddress: PVOID) -> PHYSICAL_ADDRESS;
+        pub fn KfRaiseIrql(NewIrql: KIRQL) -> KIRQL;
+        pub fn KeLowerIrql(NewIrql: KIRQL);
+        pub fn KeGetCurrentProcessorNumberEx(ProcNumber: PPROCESSOR_NUMBER) -> ULONG;
     }
 }
 
