@@ -98,8 +98,14 @@ fn start(c: &RcCommon) -> Result<(Rc, Limits, Duration), Failure> {
 
 fn established(c: &RcCommon, conn: &Conn) -> Result<(), Failure> {
     println!(
-        "rc: established in {:.3} ms",
-        conn.setup.as_secs_f64() * 1e3
+        "rc: established in {:.3} ms ({} after {:.3} ms)",
+        conn.setup.as_secs_f64() * 1e3,
+        if c.peer.is_some() {
+            "REP received"
+        } else {
+            "REP sent"
+        },
+        conn.answer.as_secs_f64() * 1e3
     );
     if c.hold > 0 {
         let q = conn.qp.query().map_err(|e| e.to_string())?;
