@@ -8,6 +8,10 @@
 #
 #   tests/interop/build-guest.sh [OUT_DIR]      (default: target/interop)
 #
+# With IBCM_GUEST_BIN=PATH the initramfs also carries that `ibcm` binary (stripped, at
+# /usr/bin/ibcm) and the libraries it needs, and is named initrd-ibcm.cpio: the data-plane
+# harness (tests/interop/data-plane.sh) boots it on both of its guests.
+#
 # Prints the paths of the kernel and the initramfs on its last two lines.
 set -euo pipefail
 
@@ -46,14 +50,22 @@ kver="${kpkg#linux-image-}"
 packages=(
     "$kpkg" rdma-core ibverbs-providers libibverbs1 librdmacm1 rdmacm-utils ibverbs-utils
     iproute2 libc6 libgcc-s1 libnl-3-200 libnl-route-3-200 libmnl0 libbsd0 libmd0 libcap2
+    perftest libibumad3 libpci3 libudev1 zlib1g
 )
 
+ibcm_bin="${IBCM_GUEST_BIN:-}"
+initrd="$out/initrd.cpio"
 stamp="$out/guest.stamp"
-want="$( (printf '%s\n' "${packages[@]}"; cat "$here/guest-init.sh" "$here/build-guest.sh") | sha256sum | cut -c1-32)"
-if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ] && [ -f "$out/vmlinuz" ] && [ -f "$out/initrd.cpio" ]; then
+if [ -n "$ibcm_bin" ]; then
+    [ -x "$ibcm_bin" ] || die "IBCM_GUEST_BIN=$ibcm_bin is not an executable"
+    initrd="$out/initrd-ibcm.cpio"
+    stamp="$out/guest-ibcm.stamp"
+fi
+want="$( (printf '%s\n' "${packages[@]}"; cat "$here/guest-init.sh" "$here/build-guest.sh"; [ -z "$ibcm_bin" ] || cat "$ibcm_bin") | sha256sum | cut -c1-32)"
+if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ] && [ -f "$out/vmlinuz" ] && [ -f "$initrd" ]; then
     echo "build-guest: cached ($out)" >&2
     echo "$out/vmlinuz"
-    echo "$out/initrd.cpio"
+    echo "$initrd"
     exit 0
 fi
 
@@ -67,36 +79,43 @@ echo "build-guest: fetching ${#packages[@]} Debian packages into $debs" >&2
     done
 )
 
-stage="$out/stage"
-rm -rf "$stage" "$out/extract"
-mkdir -p "$out/extract"
+stage="$out/stage${ibcm_bin:+-ibcm}"
+x="$out/extract${ibcm_bin:+-ibcm}"
+rm -rf "$stage" "$x"
+mkdir -p "$x"
 for p in "${packages[@]}"; do
     deb="$(ls "$debs/${p}"_*.deb | head -n1)"
     if [ "$p" = "$kpkg" ]; then
         # Only the kernel and the module trees the targets and their dependencies live in
         # (a dependency outside them fails below, loudly): a fraction of the package.
-        dpkg-deb --fsys-tarfile "$deb" | tar -x -C "$out/extract" --wildcards \
+        dpkg-deb --fsys-tarfile "$deb" | tar -x -C "$x" --wildcards \
             './boot/vmlinuz-*' \
             './lib/modules/*/kernel/drivers/infiniband/*' './lib/modules/*/kernel/drivers/virtio/*' \
             './lib/modules/*/kernel/drivers/net/virtio_net.ko' './lib/modules/*/kernel/drivers/net/net_failover.ko' \
             './lib/modules/*/kernel/net/*' './lib/modules/*/kernel/crypto/*' \
             './lib/modules/*/kernel/fs/configfs/*' './lib/modules/*/kernel/lib/*'
     else
-        dpkg-deb -x "$deb" "$out/extract"
+        dpkg-deb -x "$deb" "$x"
     fi
 done
-x="$out/extract"
 
 mkdir -p "$stage"/{bin,sbin,dev,proc,sys,tmp,etc,lib64,usr/bin,lib/x86_64-linux-gnu,usr/lib/x86_64-linux-gnu/libibverbs,etc/libibverbs.d,lib/modules}
 cp /bin/busybox "$stage/bin/busybox"
 
 # Binaries, then the closure of their NEEDED libraries within the extracted packages.
-bins=(usr/bin/cmtime usr/bin/rping usr/bin/ucmatose usr/bin/ibv_devices usr/bin/ibv_devinfo usr/bin/rdma)
+bins=(usr/bin/cmtime usr/bin/rping usr/bin/ucmatose usr/bin/ibv_devices usr/bin/ibv_devinfo usr/bin/rdma
+    usr/bin/ib_read_bw usr/bin/ib_send_bw)
 provider=usr/lib/x86_64-linux-gnu/libibverbs/librxe-rdmav34.so
 for b in "${bins[@]}"; do
     [ -f "$x/$b" ] || die "$b is not in the packages"
     cp "$x/$b" "$stage/usr/bin/"
 done
+if [ -n "$ibcm_bin" ]; then
+    # The library closure below runs over it like the packaged binaries.
+    strip -o "$x/usr/bin/ibcm" "$ibcm_bin"
+    cp "$x/usr/bin/ibcm" "$stage/usr/bin/ibcm"
+    bins+=(usr/bin/ibcm)
+fi
 [ -f "$x/$provider" ] || die "the rxe verbs provider ($provider) is not in the packages"
 cp "$x/$provider" "$stage/$provider"
 cp "$x"/etc/libibverbs.d/rxe.driver "$stage/etc/libibverbs.d/"
@@ -155,10 +174,10 @@ done
 cp "$here/guest-init.sh" "$stage/init"
 chmod 755 "$stage/init"
 
-(cd "$stage" && find . | LC_ALL=C sort | cpio -o -H newc --quiet) > "$out/initrd.cpio"
+(cd "$stage" && find . | LC_ALL=C sort | cpio -o -H newc --quiet) > "$initrd"
 cp "$x/boot/vmlinuz-$kver" "$out/vmlinuz"
-rm -rf "$out/extract"
-echo "$want" > "$stage/../guest.stamp"
-echo "build-guest: kernel $kver, ${#order[@]} modules ($(tr '\n' ' ' < "$stage/modules.order")), initramfs $(du -h "$out/initrd.cpio" | cut -f1)" >&2
+rm -rf "$x"
+echo "$want" > "$stamp"
+echo "build-guest: kernel $kver, ${#order[@]} modules ($(tr '\n' ' ' < "$stage/modules.order")), initramfs $(du -h "$initrd" | cut -f1)" >&2
 echo "$out/vmlinuz"
-echo "$out/initrd.cpio"
+echo "$initrd"

@@ -1,7 +1,9 @@
 #!/bin/busybox sh
 # PID 1 of the interop harness's Linux peer (built into the initramfs by build-guest.sh).
 #
-# Loads the soft-RoCE and CM modules, gives eth0 the address from the kernel command line
+# Loads the soft-RoCE and CM modules (but those named in ibcm.skip=a,b,c on the kernel
+# command line: a node running ibcm leaves the kernel's CM out, load them later with
+# `load_skipped`), gives eth0 the address from the kernel command line
 # (ibcm.addr=A.B.C.D/N), creates rxe0 on it, then serves the harness: every line read from
 # the second serial port (ttyS1) is run by this shell, its output written back there,
 # followed by "@@RC <exit status>". Each line runs in a subshell; a background job it
@@ -16,16 +18,24 @@ mount -t sysfs sysfs /sys
 mount -t devtmpfs devtmpfs /dev
 mkdir -p /tmp /run
 
-for m in $(cat /modules.order); do
-    insmod "/lib/modules/$m.ko" || echo "guest: insmod $m failed"
-done
-
 addr=""
+skip=""
 for word in $(cat /proc/cmdline); do
     case "$word" in
         ibcm.addr=*) addr="${word#ibcm.addr=}" ;;
+        ibcm.skip=*) skip=",${word#ibcm.skip=}," ;;
     esac
 done
+for m in $(cat /modules.order); do
+    case "$skip" in *",$m,"*) echo "$m" >> /skipped.order; continue ;; esac
+    insmod "/lib/modules/$m.ko" || echo "guest: insmod $m failed"
+done
+# The modules left out at boot, in load order (the harness's command).
+load_skipped() {
+    [ -f /skipped.order ] || return 0
+    for m in $(cat /skipped.order); do insmod "/lib/modules/$m.ko" || return 1; done
+    rm -f /skipped.order
+}
 [ -n "$addr" ] || addr=10.77.0.2/24
 
 echo 1 > /proc/sys/net/ipv6/conf/all/disable_ipv6

@@ -33,7 +33,9 @@ impl Wake {
         }
     }
 
-    pub(crate) fn wait(&self, timeout: Duration) {
+    /// Waits up to `timeout` for a [`notify`](Self::notify) (a transmit/timer thread's
+    /// sleep between rounds).
+    pub fn wait(&self, timeout: Duration) {
         let guard = self.lock.lock().unwrap_or_else(PoisonError::into_inner);
         let _ = self
             .cv

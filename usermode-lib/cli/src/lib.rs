@@ -11,6 +11,7 @@
 //! - [`upper_filters`]: the HCA's `UpperFilters` with ibcm directly above ibbus, or
 //!   without it (`ibcm install` / `ibcm uninstall`); `install_windows` edits the
 //!   devnodes with it.
+//! - [`rc`] (feature `verbs`, Linux): connections that carry data, on a real RDMA device.
 #![deny(unsafe_code)]
 #![warn(missing_docs)]
 
@@ -18,6 +19,8 @@ pub mod cmtime;
 pub mod exchange;
 #[cfg(windows)]
 pub mod install_windows;
+#[cfg(all(target_os = "linux", feature = "verbs"))]
+pub mod rc;
 #[cfg(target_os = "linux")]
 pub mod rocev2;
 pub mod sim;

@@ -26,6 +26,8 @@ use ibcm_ioctl::CountersOut;
 use indicatif::{ProgressBar, ProgressStyle};
 
 mod cli_install;
+#[cfg(all(target_os = "linux", feature = "verbs"))]
+mod cli_rc;
 mod cli_rocev2;
 
 #[derive(Parser, Debug)]
@@ -72,6 +74,18 @@ enum Command {
     /// Take ibcm out of each HCA's UpperFilters, leaving the other filters as they were,
     /// and restart the HCA (Windows; --list shows the edit on a given list).
     Uninstall(cli_install::FilterArgs),
+    /// rdma-core rping's exchange on a real RDMA device (RDMA READ, RDMA WRITE, SEND),
+    /// every ping verified; a peer for Linux `rping -v -V` in either role.
+    #[cfg(all(target_os = "linux", feature = "verbs"))]
+    Rping(cli_rc::RpingArgs),
+    /// rdma-core ucmatose's exchange on a real RDMA device: -C messages of -S bytes each
+    /// way, then both sides disconnect; a peer for Linux `ucmatose` in either role.
+    #[cfg(all(target_os = "linux", feature = "verbs"))]
+    Ucmatose(cli_rc::RpingArgs),
+    /// RDMA READ and SEND bandwidth between two ibcm nodes on real RDMA devices, every
+    /// byte verified.
+    #[cfg(all(target_os = "linux", feature = "verbs"))]
+    RcBw(cli_rc::BwArgs),
 }
 
 /// A probability in [0, 1].
@@ -328,6 +342,12 @@ fn main() -> ExitCode {
         Command::Status(a) => status_command(&a),
         Command::Install(a) => cli_install::command(cli_install::Action::Install, &a),
         Command::Uninstall(a) => cli_install::command(cli_install::Action::Uninstall, &a),
+        #[cfg(all(target_os = "linux", feature = "verbs"))]
+        Command::Rping(a) => cli_rc::rping(&a),
+        #[cfg(all(target_os = "linux", feature = "verbs"))]
+        Command::RcBw(a) => cli_rc::bw(&a),
+        #[cfg(all(target_os = "linux", feature = "verbs"))]
+        Command::Ucmatose(a) => cli_rc::ucmatose(&a),
     };
     match result {
         Ok(true) => ExitCode::SUCCESS,

@@ -1,0 +1,25 @@
+//! ibcm's third platform, beside the simulated host (`driver/host`) and KMDF: the same
+//! dispatch layer and engine (an `ibcm_host::Node`) on a real RDMA device of a Linux
+//! machine, in user space.
+//!
+//! - [`umad`]: QP1 through the kernel's user MAD interface (`/dev/infiniband/umadN`): an
+//!   agent for the CM class (0x07, version 2), a GRH on every MAD (RoCE), the node's
+//!   timer on the real clock. The kernel's own `ib_cm` must not be loaded: it holds the
+//!   class.
+//! - [`verbs`]: RC QPs, CQs and memory regions through libibverbs; a QP is moved to
+//!   INIT, RTR and RTS with exactly the attributes the engine returned (the user
+//!   library's QP transition records), as a Windows verbs provider would apply them.
+//! - [`sysfs`]: which umad device, GID index and CA GUID belong to an RDMA device.
+//!
+//! Nothing here decides anything about a connection: what is not in the engine's records
+//! is either the device's (its GID table) or stated where it is set (the RNR NAK timer,
+//! which no CM message carries).
+#![warn(missing_docs)]
+#![cfg_attr(not(target_os = "linux"), forbid(unsafe_code))]
+
+#[cfg(target_os = "linux")]
+pub mod sysfs;
+#[cfg(target_os = "linux")]
+pub mod umad;
+#[cfg(target_os = "linux")]
+pub mod verbs;

@@ -1,0 +1,700 @@
+//! RC QPs, CQs and registered memory through libibverbs (rdma-core), for the data path
+//! of connections ibcm sets up.
+//!
+//! [`RcQp::modify`] applies one QP transition record of the engine (the user library's
+//! `QpAttributes`, what `GET_QP_ATTR` / the REP's transitions return) and nothing else:
+//! each attribute present sets the matching `ibv_qp_attr` field and mask bit. Two values
+//! come from elsewhere, because no CM message carries them: the P_Key *index* (the
+//! device's table, searched for the record's P_Key) and the GID *index* of the path's
+//! source GID (the device's GID table), plus the responder's minimum RNR NAK timer at RTR,
+//! which is 0 as Linux's CM sets it (drivers/infiniband/core/cm.c, cm_init_qp_rtr_attr:
+//! `qp_attr->min_rnr_timer = 0`) and the kernel requires for RC INIT->RTR.
+//!
+//! Every `unsafe` block here is one call across the C ABI (or one dereference of a
+//! pointer libibverbs handed out), with its `// SAFETY:`.
+
+use std::ffi::CStr;
+use std::io;
+use std::net::Ipv4Addr;
+use std::ptr::NonNull;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use ibcm_host::rocev2::gid_ipv4;
+use ibcm_ioctl::iba::{AddressVector, MigrationState, QpAttributes, QpState};
+use rdma_sys::{
+    ibv_access_flags, ibv_ah_attr, ibv_alloc_pd, ibv_close_device, ibv_context, ibv_cq,
+    ibv_create_cq, ibv_create_qp, ibv_dealloc_pd, ibv_dereg_mr, ibv_destroy_cq, ibv_destroy_qp,
+    ibv_free_device_list, ibv_get_device_list, ibv_get_device_name, ibv_gid, ibv_global_route,
+    ibv_mig_state, ibv_modify_qp, ibv_mr, ibv_open_device, ibv_pd, ibv_poll_cq, ibv_post_recv,
+    ibv_post_send, ibv_qp, ibv_qp_attr, ibv_qp_attr_mask, ibv_qp_init_attr, ibv_qp_state,
+    ibv_qp_type, ibv_query_pkey, ibv_query_qp, ibv_recv_wr, ibv_reg_mr, ibv_send_flags,
+    ibv_send_wr, ibv_sge, ibv_wc, ibv_wc_status_str, ibv_wr_opcode,
+};
+
+use crate::sysfs;
+
+fn os_error(what: &str) -> io::Error {
+    let e = io::Error::last_os_error();
+    io::Error::new(e.kind(), format!("{what}: {e}"))
+}
+
+/// `rc` of a verbs call that returns an errno (0 on success).
+fn check(rc: i32, what: &str) -> io::Result<()> {
+    if rc == 0 {
+        Ok(())
+    } else {
+        let e = io::Error::from_raw_os_error(rc.abs());
+        Err(io::Error::new(e.kind(), format!("{what}: {e}")))
+    }
+}
+
+/// An open RDMA device and a protection domain on it.
+pub struct Context {
+    ctx: NonNull<ibv_context>,
+    pd: NonNull<ibv_pd>,
+    device: String,
+    port: u8,
+}
+
+// SAFETY: libibverbs objects may be used from any thread (rdma-core's verbs are
+// thread-safe: each provider serialises its own queues); nothing here is thread-local.
+unsafe impl Send for Context {}
+// SAFETY: as for Send; every method takes &self and calls thread-safe verbs.
+unsafe impl Sync for Context {}
+
+impl core::fmt::Debug for Context {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.debug_struct("Context")
+            .field("device", &self.device)
+            .field("port", &self.port)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Context {
+    /// Opens `device` (`rxe0`) and allocates a protection domain.
+    pub fn open(device: &str, port: u8) -> io::Result<Arc<Self>> {
+        let mut n = 0i32;
+        // SAFETY: `n` is a valid out-pointer; the list is freed below.
+        let list = unsafe { ibv_get_device_list(&mut n) };
+        if list.is_null() {
+            return Err(os_error("ibv_get_device_list"));
+        }
+        let mut ctx = std::ptr::null_mut();
+        for i in 0..usize::try_from(n).unwrap_or(0) {
+            // SAFETY: `list` holds `n` device pointers (ibv_get_device_list): `i` is in it.
+            let slot = unsafe { list.add(i) };
+            // SAFETY: `slot` points to one of the list's entries.
+            let dev = unsafe { *slot };
+            // SAFETY: `dev` is a device of the list, alive until the list is freed.
+            let name = unsafe { ibv_get_device_name(dev) };
+            if name.is_null() {
+                continue;
+            }
+            // SAFETY: ibv_get_device_name returns a NUL-terminated string owned by `dev`.
+            let name = unsafe { CStr::from_ptr(name) };
+            if name.to_bytes() == device.as_bytes() {
+                // SAFETY: `dev` is alive; the context outlives the list by design.
+                ctx = unsafe { ibv_open_device(dev) };
+                break;
+            }
+        }
+        // SAFETY: `list` came from ibv_get_device_list and is freed once.
+        unsafe { ibv_free_device_list(list) };
+        let ctx = NonNull::new(ctx).ok_or_else(|| {
+            io::Error::new(
+                io::ErrorKind::NotFound,
+                format!("RDMA device {device} not found or not openable"),
+            )
+        })?;
+        // SAFETY: `ctx` is an open context.
+        let pd = unsafe { ibv_alloc_pd(ctx.as_ptr()) };
+        let Some(pd) = NonNull::new(pd) else {
+            let e = os_error("ibv_alloc_pd");
+            // SAFETY: `ctx` is open and owned here.
+            unsafe { ibv_close_device(ctx.as_ptr()) };
+            return Err(e);
+        };
+        Ok(Arc::new(Self {
+            ctx,
+            pd,
+            device: device.to_string(),
+            port,
+        }))
+    }
+
+    /// The device's name.
+    pub fn device(&self) -> &str {
+        &self.device
+    }
+
+    /// The index of `pkey` in the port's P_Key table.
+    pub fn pkey_index(&self, port: u8, pkey: u16) -> io::Result<u16> {
+        for index in 0..128u16 {
+            let mut value: u16 = 0;
+            // SAFETY: `ctx` is open; `value` is a valid out-pointer (a __be16).
+            let rc =
+                unsafe { ibv_query_pkey(self.ctx.as_ptr(), port, i32::from(index), &mut value) };
+            if rc != 0 {
+                break;
+            }
+            if u16::from_be(value) & 0x7fff == pkey & 0x7fff {
+                return Ok(index);
+            }
+        }
+        Err(io::Error::new(
+            io::ErrorKind::NotFound,
+            format!("{} port {port} has no P_Key {pkey:#06x}", self.device),
+        ))
+    }
+
+    /// The index of the RoCEv2 GID `gid` (IPv4-mapped) in the port's GID table.
+    pub fn gid_index(&self, port: u8, gid: &[u8; 16]) -> io::Result<u8> {
+        let addr: Ipv4Addr = gid_ipv4(gid).ok_or_else(|| {
+            io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "the path's source GID is not a RoCEv2 (IPv4-mapped) GID",
+            )
+        })?;
+        sysfs::roce_v2_gid_index(&self.device, port, addr)
+    }
+}
+
+impl Drop for Context {
+    fn drop(&mut self) {
+        // SAFETY: every QP, CQ and MR holds an Arc of this context, so none is left.
+        unsafe { ibv_dealloc_pd(self.pd.as_ptr()) };
+        // SAFETY: the PD is gone; the context is closed once.
+        unsafe { ibv_close_device(self.ctx.as_ptr()) };
+    }
+}
+
+/// A registered buffer: local write, remote read and remote write allowed.
+pub struct Region {
+    ctx: Arc<Context>,
+    mr: NonNull<ibv_mr>,
+    buf: NonNull<u8>,
+    len: usize,
+}
+
+// SAFETY: the MR is usable from any thread; the buffer is owned by the region.
+unsafe impl Send for Region {}
+// SAFETY: shared access only reads the buffer ([`Region::bytes`]); writes take &mut.
+unsafe impl Sync for Region {}
+
+impl Region {
+    /// Allocates `len` zeroed bytes and registers them.
+    pub fn new(ctx: &Arc<Context>, len: usize) -> io::Result<Self> {
+        let len = len.max(1);
+        let layout = std::alloc::Layout::from_size_align(len, 4096)
+            .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
+        // SAFETY: `layout` has a non-zero size.
+        let buf = unsafe { std::alloc::alloc_zeroed(layout) };
+        let buf = NonNull::new(buf).ok_or_else(|| io::Error::from(io::ErrorKind::OutOfMemory))?;
+        let access = ibv_access_flags::IBV_ACCESS_LOCAL_WRITE
+            | ibv_access_flags::IBV_ACCESS_REMOTE_WRITE
+            | ibv_access_flags::IBV_ACCESS_REMOTE_READ;
+        // SAFETY: `pd` is alive; `buf` points to `len` bytes owned by the region until
+        // after the MR is deregistered (Drop).
+        let mr = unsafe { ibv_reg_mr(ctx.pd.as_ptr(), buf.as_ptr().cast(), len, access.0 as i32) };
+        let Some(mr) = NonNull::new(mr) else {
+            let e = os_error("ibv_reg_mr");
+            // SAFETY: allocated above with `layout`, never registered.
+            unsafe { std::alloc::dealloc(buf.as_ptr(), layout) };
+            return Err(e);
+        };
+        Ok(Self {
+            ctx: Arc::clone(ctx),
+            mr,
+            buf,
+            len,
+        })
+    }
+
+    /// The buffer's address (what a peer's RDMA READ/WRITE names).
+    pub fn addr(&self) -> u64 {
+        self.buf.as_ptr() as u64
+    }
+
+    /// The remote key.
+    pub fn rkey(&self) -> u32 {
+        // SAFETY: `mr` is registered until Drop.
+        unsafe { self.mr.as_ref() }.rkey
+    }
+
+    fn lkey(&self) -> u32 {
+        // SAFETY: `mr` is registered until Drop.
+        unsafe { self.mr.as_ref() }.lkey
+    }
+
+    /// Its length.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether it is empty (never: at least one byte is allocated).
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The bytes. Read them only after the work request that filled them completed.
+    pub fn bytes(&self) -> &[u8] {
+        // SAFETY: `buf` holds `len` initialised (zeroed) bytes owned by the region.
+        unsafe { std::slice::from_raw_parts(self.buf.as_ptr(), self.len) }
+    }
+
+    /// The bytes, to fill before posting them.
+    pub fn bytes_mut(&mut self) -> &mut [u8] {
+        // SAFETY: as `bytes`, and `&mut self` makes the access exclusive.
+        unsafe { std::slice::from_raw_parts_mut(self.buf.as_ptr(), self.len) }
+    }
+
+    fn sge(&self, offset: usize, len: usize) -> io::Result<ibv_sge> {
+        if offset.checked_add(len).is_none_or(|end| end > self.len) {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("{offset}+{len} past a {}-byte region", self.len),
+            ));
+        }
+        Ok(ibv_sge {
+            addr: self.addr() + offset as u64,
+            length: len as u32,
+            lkey: self.lkey(),
+        })
+    }
+}
+
+impl Drop for Region {
+    fn drop(&mut self) {
+        // SAFETY: registered in `new`, deregistered once.
+        unsafe { ibv_dereg_mr(self.mr.as_ptr()) };
+        if let Ok(layout) = std::alloc::Layout::from_size_align(self.len, 4096) {
+            // SAFETY: allocated in `new` with this layout; no MR refers to it any more.
+            unsafe { std::alloc::dealloc(self.buf.as_ptr(), layout) };
+        }
+        let _ = &self.ctx;
+    }
+}
+
+/// A work completion.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Completion {
+    /// The work request's ID.
+    pub wr_id: u64,
+    /// `ibv_wc_status` (0: success).
+    pub status: u32,
+    /// `ibv_wc_opcode`.
+    pub opcode: u32,
+    /// Bytes received (receives) or read.
+    pub byte_len: u32,
+}
+
+impl Completion {
+    /// Whether it succeeded.
+    pub fn ok(&self) -> bool {
+        self.status == 0
+    }
+
+    /// libibverbs' name of the status.
+    pub fn status_text(&self) -> String {
+        // SAFETY: ibv_wc_status_str returns a static string for any value.
+        let s = unsafe { ibv_wc_status_str(self.status) };
+        if s.is_null() {
+            return format!("status {}", self.status);
+        }
+        // SAFETY: a static NUL-terminated string.
+        unsafe { CStr::from_ptr(s) }.to_string_lossy().into_owned()
+    }
+}
+
+/// What `ibv_query_qp` says about a QP: what the CM's records set, to compare with the
+/// peer's QP.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct QpQuery {
+    /// `ibv_qp_state` (3: RTS).
+    pub state: u32,
+    /// The QPN.
+    pub qpn: u32,
+    /// The peer's QPN.
+    pub dest_qpn: u32,
+    /// The PSN of the next packet sent.
+    pub sq_psn: u32,
+    /// The PSN expected next.
+    pub rq_psn: u32,
+    /// Path MTU code (3: 1024).
+    pub path_mtu: u32,
+    /// RDMA reads/atomics issued in flight (initiator depth).
+    pub max_rd_atomic: u8,
+    /// RDMA reads/atomics accepted in flight (responder resources).
+    pub max_dest_rd_atomic: u8,
+    /// Local ACK timeout.
+    pub timeout: u8,
+    /// Transport retries.
+    pub retry_cnt: u8,
+    /// RNR retries.
+    pub rnr_retry: u8,
+}
+
+/// An RC QP with one CQ for both queues.
+pub struct RcQp {
+    ctx: Arc<Context>,
+    qp: NonNull<ibv_qp>,
+    cq: NonNull<ibv_cq>,
+}
+
+// SAFETY: verbs on a QP and CQ are thread-safe (the provider locks its queues).
+unsafe impl Send for RcQp {}
+// SAFETY: as for Send.
+unsafe impl Sync for RcQp {}
+
+fn mtu_code(m: ibcm_ioctl::iba::Mtu) -> u32 {
+    // ibv_mtu numbers the MTUs as IBA's MTU codes do (IBV_MTU_256 = 1 .. IBV_MTU_4096 = 5).
+    u32::from(u8::from(m))
+}
+
+impl RcQp {
+    /// A QP in RESET with `depth` send and receive slots (one SGE each).
+    pub fn create(ctx: &Arc<Context>, depth: u32) -> io::Result<Self> {
+        // SAFETY: `ctx` is open; no channel, no context, vector 0.
+        let cq = unsafe {
+            ibv_create_cq(
+                ctx.ctx.as_ptr(),
+                (2 * depth) as i32,
+                std::ptr::null_mut(),
+                std::ptr::null_mut(),
+                0,
+            )
+        };
+        let cq = NonNull::new(cq).ok_or_else(|| os_error("ibv_create_cq"))?;
+        // SAFETY: ibv_qp_init_attr is plain data; all-zero is a valid starting value.
+        let mut init: ibv_qp_init_attr = unsafe { std::mem::zeroed() };
+        init.send_cq = cq.as_ptr();
+        init.recv_cq = cq.as_ptr();
+        init.cap.max_send_wr = depth;
+        init.cap.max_recv_wr = depth;
+        init.cap.max_send_sge = 1;
+        init.cap.max_recv_sge = 1;
+        init.qp_type = ibv_qp_type::IBV_QPT_RC;
+        // SAFETY: `pd` is alive; `init` is valid for the call.
+        let qp = unsafe { ibv_create_qp(ctx.pd.as_ptr(), &mut init) };
+        let Some(qp) = NonNull::new(qp) else {
+            let e = os_error("ibv_create_qp");
+            // SAFETY: created above, no QP uses it.
+            unsafe { ibv_destroy_cq(cq.as_ptr()) };
+            return Err(e);
+        };
+        Ok(Self {
+            ctx: Arc::clone(ctx),
+            qp,
+            cq,
+        })
+    }
+
+    /// The QPN (the REQ's or REP's LocalQPN).
+    pub fn qpn(&self) -> u32 {
+        // SAFETY: `qp` is alive until Drop.
+        unsafe { self.qp.as_ref() }.qp_num
+    }
+
+    fn ah_attr(&self, av: &AddressVector) -> io::Result<ibv_ah_attr> {
+        let p = &av.path;
+        Ok(ibv_ah_attr {
+            grh: ibv_global_route {
+                dgid: ibv_gid { raw: p.dgid },
+                flow_label: p.flow_label,
+                sgid_index: self.ctx.gid_index(av.port, &p.sgid)?,
+                hop_limit: p.hop_limit,
+                traffic_class: p.traffic_class,
+            },
+            dlid: p.dlid,
+            sl: p.sl,
+            src_path_bits: 0,
+            // ibv_rate numbers the rates as IBA's static rate codes do.
+            static_rate: u8::from(p.rate),
+            // RoCE: every packet has a GRH.
+            is_global: 1,
+            port_num: av.port,
+        })
+    }
+
+    /// Applies one transition record of the engine: exactly the attributes it holds.
+    pub fn modify(&self, a: &QpAttributes) -> io::Result<()> {
+        type M = ibv_qp_attr_mask;
+        // SAFETY: ibv_qp_attr is plain data; all-zero is a valid starting value.
+        let mut attr: ibv_qp_attr = unsafe { std::mem::zeroed() };
+        let mut mask = M::IBV_QP_STATE;
+        attr.qp_state = match a.state {
+            QpState::Init => ibv_qp_state::IBV_QPS_INIT,
+            QpState::Rtr => ibv_qp_state::IBV_QPS_RTR,
+            QpState::Rts => ibv_qp_state::IBV_QPS_RTS,
+        };
+        if let Some(port) = a.port {
+            attr.port_num = port;
+            mask |= M::IBV_QP_PORT;
+        }
+        if let Some(pkey) = a.pkey {
+            attr.pkey_index = self.ctx.pkey_index(a.port.unwrap_or(self.ctx.port), pkey)?;
+            mask |= M::IBV_QP_PKEY_INDEX;
+        }
+        if let Some(flags) = a.access_flags {
+            // IB_ACCESS_* and IBV_ACCESS_* share their bits (LOCAL_WRITE 1 .. ATOMIC 8).
+            attr.qp_access_flags = flags;
+            mask |= M::IBV_QP_ACCESS_FLAGS;
+        }
+        if let Some(mtu) = a.path_mtu {
+            attr.path_mtu = mtu_code(mtu);
+            mask |= M::IBV_QP_PATH_MTU;
+        }
+        if let Some(qpn) = a.dest_qpn {
+            attr.dest_qp_num = qpn;
+            mask |= M::IBV_QP_DEST_QPN;
+        }
+        if let Some(psn) = a.rq_psn {
+            attr.rq_psn = psn;
+            mask |= M::IBV_QP_RQ_PSN;
+        }
+        if let Some(n) = a.max_dest_rd_atomic {
+            attr.max_dest_rd_atomic = n;
+            mask |= M::IBV_QP_MAX_DEST_RD_ATOMIC;
+        }
+        if let Some(av) = &a.primary {
+            attr.ah_attr = self.ah_attr(av)?;
+            mask |= M::IBV_QP_AV;
+        }
+        if a.alternate.is_some() {
+            return Err(io::Error::new(
+                io::ErrorKind::Unsupported,
+                "an alternate path (APM) is not supported on soft-RoCE",
+            ));
+        }
+        if let Some(psn) = a.sq_psn {
+            attr.sq_psn = psn;
+            mask |= M::IBV_QP_SQ_PSN;
+        }
+        if let Some(t) = a.timeout {
+            attr.timeout = t;
+            mask |= M::IBV_QP_TIMEOUT;
+        }
+        if let Some(n) = a.retry_count {
+            attr.retry_cnt = n;
+            mask |= M::IBV_QP_RETRY_CNT;
+        }
+        if let Some(n) = a.rnr_retry {
+            attr.rnr_retry = n;
+            mask |= M::IBV_QP_RNR_RETRY;
+        }
+        if let Some(n) = a.max_rd_atomic {
+            attr.max_rd_atomic = n;
+            mask |= M::IBV_QP_MAX_QP_RD_ATOMIC;
+        }
+        if let Some(m) = a.path_mig_state {
+            attr.path_mig_state = match m {
+                MigrationState::Rearm => ibv_mig_state::IBV_MIG_REARM,
+                MigrationState::Migrated => ibv_mig_state::IBV_MIG_MIGRATED,
+            };
+            mask |= M::IBV_QP_PATH_MIG_STATE;
+        }
+        if a.state == QpState::Rtr {
+            // cm.c cm_init_qp_rtr_attr: min_rnr_timer = 0 (no CM message carries it).
+            attr.min_rnr_timer = 0;
+            mask |= M::IBV_QP_MIN_RNR_TIMER;
+        }
+        // SAFETY: `qp` is alive; `attr` is valid for the call.
+        let rc = unsafe { ibv_modify_qp(self.qp.as_ptr(), &mut attr, mask.0 as i32) };
+        check(rc, &format!("ibv_modify_qp to {:?}", a.state))
+    }
+
+    /// Moves the QP to the error state: posted work requests flush.
+    pub fn to_error(&self) -> io::Result<()> {
+        // SAFETY: plain data, all-zero is valid.
+        let mut attr: ibv_qp_attr = unsafe { std::mem::zeroed() };
+        attr.qp_state = ibv_qp_state::IBV_QPS_ERR;
+        // SAFETY: `qp` is alive; `attr` is valid for the call.
+        let rc = unsafe {
+            ibv_modify_qp(
+                self.qp.as_ptr(),
+                &mut attr,
+                ibv_qp_attr_mask::IBV_QP_STATE.0 as i32,
+            )
+        };
+        check(rc, "ibv_modify_qp to ERR")
+    }
+
+    /// The QP's attributes as the device holds them.
+    pub fn query(&self) -> io::Result<QpQuery> {
+        // SAFETY: plain data, all-zero is valid.
+        let mut attr: ibv_qp_attr = unsafe { std::mem::zeroed() };
+        // SAFETY: plain data, all-zero is valid.
+        let mut init: ibv_qp_init_attr = unsafe { std::mem::zeroed() };
+        let mask = ibv_qp_attr_mask::IBV_QP_STATE
+            | ibv_qp_attr_mask::IBV_QP_PATH_MTU
+            | ibv_qp_attr_mask::IBV_QP_DEST_QPN
+            | ibv_qp_attr_mask::IBV_QP_RQ_PSN
+            | ibv_qp_attr_mask::IBV_QP_SQ_PSN
+            | ibv_qp_attr_mask::IBV_QP_MAX_QP_RD_ATOMIC
+            | ibv_qp_attr_mask::IBV_QP_MAX_DEST_RD_ATOMIC
+            | ibv_qp_attr_mask::IBV_QP_TIMEOUT
+            | ibv_qp_attr_mask::IBV_QP_RETRY_CNT
+            | ibv_qp_attr_mask::IBV_QP_RNR_RETRY;
+        // SAFETY: `qp` is alive; both out-structures are valid for the call.
+        let rc = unsafe { ibv_query_qp(self.qp.as_ptr(), &mut attr, mask.0 as i32, &mut init) };
+        check(rc, "ibv_query_qp")?;
+        Ok(QpQuery {
+            state: attr.qp_state,
+            qpn: self.qpn(),
+            dest_qpn: attr.dest_qp_num,
+            sq_psn: attr.sq_psn,
+            rq_psn: attr.rq_psn,
+            path_mtu: attr.path_mtu,
+            max_rd_atomic: attr.max_rd_atomic,
+            max_dest_rd_atomic: attr.max_dest_rd_atomic,
+            timeout: attr.timeout,
+            retry_cnt: attr.retry_cnt,
+            rnr_retry: attr.rnr_retry,
+        })
+    }
+
+    /// Posts a receive of `len` bytes at `offset` of `region`.
+    pub fn post_recv(
+        &self,
+        region: &Region,
+        offset: usize,
+        len: usize,
+        wr_id: u64,
+    ) -> io::Result<()> {
+        let mut sge = region.sge(offset, len)?;
+        // SAFETY: plain data, all-zero is valid.
+        let mut wr: ibv_recv_wr = unsafe { std::mem::zeroed() };
+        wr.wr_id = wr_id;
+        wr.sg_list = &mut sge;
+        wr.num_sge = 1;
+        let mut bad = std::ptr::null_mut();
+        // SAFETY: `qp` is alive; `wr` and its SGE are valid for the call; the region
+        // outlives the receive (the caller keeps it until the completion).
+        let rc = unsafe { ibv_post_recv(self.qp.as_ptr(), &mut wr, &mut bad) };
+        check(rc, "ibv_post_recv")
+    }
+
+    fn post(&self, mut wr: ibv_send_wr, mut sge: ibv_sge) -> io::Result<()> {
+        wr.sg_list = &mut sge;
+        wr.num_sge = 1;
+        wr.send_flags = ibv_send_flags::IBV_SEND_SIGNALED.0;
+        let mut bad = std::ptr::null_mut();
+        // SAFETY: `qp` is alive; `wr` and its SGE are valid for the call; the region
+        // outlives the request (the caller keeps it until the completion).
+        let rc = unsafe { ibv_post_send(self.qp.as_ptr(), &mut wr, &mut bad) };
+        check(rc, "ibv_post_send")
+    }
+
+    fn send_wr(wr_id: u64, opcode: u32) -> ibv_send_wr {
+        // SAFETY: plain data, all-zero is valid.
+        let mut wr: ibv_send_wr = unsafe { std::mem::zeroed() };
+        wr.wr_id = wr_id;
+        wr.opcode = opcode;
+        wr
+    }
+
+    /// Posts a signalled SEND of `len` bytes at `offset` of `region`.
+    pub fn post_send(
+        &self,
+        region: &Region,
+        offset: usize,
+        len: usize,
+        wr_id: u64,
+    ) -> io::Result<()> {
+        self.post(
+            Self::send_wr(wr_id, ibv_wr_opcode::IBV_WR_SEND),
+            region.sge(offset, len)?,
+        )
+    }
+
+    /// Posts a signalled RDMA READ of `len` bytes from the peer's `remote_addr` (key
+    /// `rkey`) into `offset` of `region`.
+    pub fn post_read(
+        &self,
+        region: &Region,
+        offset: usize,
+        len: usize,
+        remote_addr: u64,
+        rkey: u32,
+        wr_id: u64,
+    ) -> io::Result<()> {
+        let mut wr = Self::send_wr(wr_id, ibv_wr_opcode::IBV_WR_RDMA_READ);
+        wr.wr.rdma.remote_addr = remote_addr;
+        wr.wr.rdma.rkey = rkey;
+        self.post(wr, region.sge(offset, len)?)
+    }
+
+    /// Posts a signalled RDMA WRITE of `len` bytes at `offset` of `region` to the peer's
+    /// `remote_addr` (key `rkey`).
+    pub fn post_write(
+        &self,
+        region: &Region,
+        offset: usize,
+        len: usize,
+        remote_addr: u64,
+        rkey: u32,
+        wr_id: u64,
+    ) -> io::Result<()> {
+        let mut wr = Self::send_wr(wr_id, ibv_wr_opcode::IBV_WR_RDMA_WRITE);
+        wr.wr.rdma.remote_addr = remote_addr;
+        wr.wr.rdma.rkey = rkey;
+        self.post(wr, region.sge(offset, len)?)
+    }
+
+    /// Polls the CQ once: up to `out.len()` completions.
+    pub fn poll(&self, out: &mut Vec<Completion>, max: usize) -> io::Result<usize> {
+        // SAFETY: plain data, all-zero is valid.
+        let mut wc: [ibv_wc; 16] = unsafe { std::mem::zeroed() };
+        let want = max.min(wc.len()) as i32;
+        // SAFETY: `cq` is alive; `wc` holds `want` entries.
+        let n = unsafe { ibv_poll_cq(self.cq.as_ptr(), want, wc.as_mut_ptr()) };
+        if n < 0 {
+            return Err(io::Error::other(format!("ibv_poll_cq: {n}")));
+        }
+        for w in wc.iter().take(n as usize) {
+            out.push(Completion {
+                wr_id: w.wr_id,
+                status: w.status,
+                opcode: w.opcode,
+                byte_len: w.byte_len,
+            });
+        }
+        Ok(n as usize)
+    }
+
+    /// Waits for the next completion until `deadline` (polling, yielding between polls).
+    pub fn next(&self, deadline: Instant) -> io::Result<Completion> {
+        let mut out = Vec::with_capacity(1);
+        let mut idle = 0u32;
+        loop {
+            if self.poll(&mut out, 1)? > 0
+                && let Some(c) = out.pop()
+            {
+                return Ok(c);
+            }
+            if Instant::now() >= deadline {
+                return Err(io::Error::new(
+                    io::ErrorKind::TimedOut,
+                    "no completion before the deadline",
+                ));
+            }
+            idle += 1;
+            if idle > 64 {
+                std::thread::sleep(Duration::from_micros(200));
+            } else {
+                std::thread::yield_now();
+            }
+        }
+    }
+}
+
+impl Drop for RcQp {
+    fn drop(&mut self) {
+        // SAFETY: created in `create`, destroyed once, before its CQ.
+        unsafe { ibv_destroy_qp(self.qp.as_ptr()) };
+        // SAFETY: no QP uses the CQ any more.
+        unsafe { ibv_destroy_cq(self.cq.as_ptr()) };
+    }
+}

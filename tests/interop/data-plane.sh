@@ -1,0 +1,489 @@
+#!/usr/bin/env bash
+# Data-plane harness: connections that carry data. ibcm sets up real RC QPs on soft-RoCE
+# (rdma_rxe) and exchanges verified traffic, RDMA READ included, with Linux rdma_cm peers
+# in both roles, and with itself across two machines.
+#
+#   tests/interop/data-plane.sh [SCENARIO...]     (as root; default: every scenario)
+#
+# Scenarios: ibcm-ibcm ibcm-ibcm-bw linux-server linux-client ucmatose-server
+# ucmatose-client reject-linux reject-ibcm req-timeout disconnect-in-flight baseline.
+#
+# What it does, all of it self-contained and undone on exit (trap):
+# - builds `ibcm` (feature `verbs`: driver/linux, ib_umad + libibverbs) and the guest
+#   (tests/interop/build-guest.sh with IBCM_GUEST_BIN: a Debian kernel, rdma-core's tools
+#   and the ibcm binary in one initramfs, cached under target/interop/);
+# - creates a network namespace holding a bridge and two tap devices, no address on the
+#   host side, no route out, IPv6 off, and boots two qemu TCG guests on it: A (10.77.0.3)
+#   runs ibcm, B (10.77.0.2) runs stock rdma-core. Both boot without the kernel's CM
+#   (ib_cm, iw_cm, rdma_cm, rdma_ucm: ibcm needs the CM class free on ib_umad), so the
+#   first scenarios run ibcm on both; then B loads its CM, and at the end A loads its own
+#   for the Linux-Linux baseline on the same guests;
+# - after each connection prints both QPs (ibv_query_qp on ours, `rdma resource show qp`
+#   on Linux's) and asserts ours.sq_psn = theirs.rq_psn, ours.rq_psn = theirs.sq_psn, the
+#   QPNs crossed, the MTU, the read limits;
+# - prints a PASS/FAIL line per scenario, the figures beside Linux's, the total time.
+#
+# Environment: IBCM_PROFILE (debug|release, default release), IBCM_DP_OUT (results, default
+# target/interop/data-plane), IBCM_DP_PINGS (pings per rping run, default 50),
+# IBCM_DP_SIZE (bytes per ping, default 4096).
+set -euo pipefail
+
+here="$(cd "$(dirname "$0")" && pwd)"
+repo="$(cd "$here/../.." && pwd)"
+PROFILE="${IBCM_PROFILE:-release}"
+OUT="${IBCM_DP_OUT:-$repo/target/interop/data-plane}"
+PINGS="${IBCM_DP_PINGS:-50}"
+SIZE="${IBCM_DP_SIZE:-4096}"
+A_IP=10.77.0.3
+B_IP=10.77.0.2
+DEAD_IP=10.77.0.9
+CM_MODULES=iw_cm,ib_cm,rdma_cm,rdma_ucm
+ALL_SCENARIOS=(ibcm-ibcm ibcm-ibcm-bw linux-server linux-client ucmatose-server ucmatose-client reject-linux reject-ibcm req-timeout disconnect-in-flight baseline)
+t_start=$(date +%s.%N)
+
+die() { echo "data-plane: FAIL: $*" >&2; exit 1; }
+note() { printf '[%6.1fs] %s\n' "$(echo "$(date +%s.%N) - $t_start" | bc)" "$*"; }
+
+[ "$(id -u)" -eq 0 ] || die "must run as root (network namespace, tap devices)"
+scenarios=("$@")
+[ ${#scenarios[@]} -gt 0 ] || scenarios=("${ALL_SCENARIOS[@]}")
+for s in "${scenarios[@]}"; do
+    case " ${ALL_SCENARIOS[*]} " in *" $s "*) ;; *) die "unknown scenario $s (known: ${ALL_SCENARIOS[*]})" ;; esac
+done
+
+# ---- host packages ------------------------------------------------------------------------
+need=()
+command -v qemu-system-x86_64 >/dev/null || need+=(qemu-system-x86)
+[ -x /bin/busybox ] && ! readelf -d /bin/busybox 2>/dev/null | grep -q NEEDED || need+=(busybox-static)
+command -v cpio >/dev/null || need+=(cpio)
+command -v modinfo >/dev/null || need+=(kmod)
+command -v ip >/dev/null || need+=(iproute2)
+command -v readelf >/dev/null || need+=(binutils)
+command -v bc >/dev/null || need+=(bc)
+[ -f /usr/include/infiniband/verbs.h ] || need+=(libibverbs-dev)
+[ -f /usr/lib/llvm-14/lib/libclang.so.1 ] || [ -f /usr/lib/llvm-14/lib/libclang-14.so.1 ] || need+=(libclang-14-dev)
+if [ ${#need[@]} -gt 0 ]; then
+    note "installing host packages: ${need[*]}"
+    export DEBIAN_FRONTEND=noninteractive
+    if ! apt-get install -y --no-install-recommends "${need[@]}" >/tmp/ibcm-dp-apt.log 2>&1; then
+        apt-get update >>/tmp/ibcm-dp-apt.log 2>&1 || true
+        apt-get install -y --no-install-recommends "${need[@]}" >>/tmp/ibcm-dp-apt.log 2>&1 ||
+            { tail -20 /tmp/ibcm-dp-apt.log >&2; die "apt-get install ${need[*]} failed"; }
+    fi
+fi
+[ -c /dev/net/tun ] || die "/dev/net/tun is missing: no tap devices here"
+
+# ---- binaries and guest -------------------------------------------------------------------
+note "building ibcm ($PROFILE, feature verbs)"
+cargo_flags=()
+[ "$PROFILE" = release ] && cargo_flags+=(--release)
+(cd "$repo" && nice cargo build -q "${cargo_flags[@]}" -p ibcm-cli --features verbs --bin ibcm) || die "cargo build failed"
+IBCM_BIN="$repo/target/$PROFILE/ibcm"
+
+note "guest: building (cached under target/interop)"
+mapfile -t boot < <(IBCM_GUEST_BIN="$IBCM_BIN" "$here/build-guest.sh" "$repo/target/interop")
+KERNEL="${boot[0]}"
+INITRD="${boot[1]}"
+[ -f "$KERNEL" ] && [ -f "$INITRD" ] || die "guest build produced no kernel/initramfs"
+
+# ---- namespace, VMs, cleanup --------------------------------------------------------------
+NS="ibcm-dp-$$"
+WORK="$(mktemp -d /tmp/ibcm-dp.XXXXXX)"
+rm -rf "$OUT"
+mkdir -p "$OUT"
+declare -A QEMU_PID=()
+cleanup() {
+    local rc=$?
+    set +e
+    for g in "${!QEMU_PID[@]}"; do
+        local p="${QEMU_PID[$g]}"
+        kill "$p" 2>/dev/null
+        for _ in $(seq 50); do kill -0 "$p" 2>/dev/null || break; sleep 0.1; done
+        kill -9 "$p" 2>/dev/null
+    done
+    wait 2>/dev/null
+    ip netns del "$NS" 2>/dev/null
+    for g in A B; do [ -f "$WORK/console.$g" ] && cp "$WORK/console.$g" "$OUT/guest-$g-console.log"; done
+    rm -rf "$WORK"
+    exit "$rc"
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+ip netns add "$NS" || die "cannot create network namespace $NS"
+ip netns exec "$NS" sh -c 'echo 1 > /proc/sys/net/ipv6/conf/all/disable_ipv6; echo 1 > /proc/sys/net/ipv6/conf/default/disable_ipv6'
+ip -n "$NS" link set lo up
+ip -n "$NS" link add br0 type bridge stp_state 0 forward_delay 0
+for t in tap0 tap1; do
+    ip -n "$NS" tuntap add dev "$t" mode tap || die "cannot create $t in $NS"
+    ip -n "$NS" link set "$t" master br0
+    ip -n "$NS" link set "$t" up
+done
+ip -n "$NS" link set br0 up
+[ -z "$(ip -n "$NS" route show default)" ] || die "the namespace has a default route"
+
+declare -A CTL_W=() CTL_R=()
+boot_guest() { # boot_guest NAME TAP ADDR MAC
+    local g="$1" w r
+    mkfifo "$WORK/ctl.$g.in" "$WORK/ctl.$g.out"
+    exec {w}<>"$WORK/ctl.$g.in" {r}<>"$WORK/ctl.$g.out"
+    CTL_W[$g]=$w
+    CTL_R[$g]=$r
+    ip netns exec "$NS" nice qemu-system-x86_64 -accel tcg -cpu max -m 384M -smp 1 \
+        -nodefaults -display none -no-reboot -monitor none \
+        -kernel "$KERNEL" -initrd "$INITRD" \
+        -append "console=ttyS0 panic=-1 quiet loglevel=4 ibcm.addr=$3/24 ibcm.skip=$CM_MODULES" \
+        -serial "file:$WORK/console.$g" -serial "pipe:$WORK/ctl.$g" \
+        -netdev tap,id=n0,ifname="$2",script=no,downscript=no \
+        -device virtio-net-pci,netdev=n0,mac="$4" \
+        >"$WORK/qemu.$g" 2>&1 &
+    QEMU_PID[$g]=$!
+}
+wait_ready() { # wait_ready NAME
+    local line
+    while IFS= read -r -t 180 line <&"${CTL_R[$1]}"; do
+        case "$line" in *@@READY*) return 0 ;; esac
+    done
+    cat "$WORK/qemu.$1" >&2
+    tail -30 "$WORK/console.$1" >&2 || true
+    die "guest $1 did not come up within 180 s"
+}
+note "booting guest A (ibcm, $A_IP) and guest B (Linux rdma-core, $B_IP) under qemu TCG in $NS"
+boot_guest A tap0 "$A_IP" 52:54:00:77:00:03
+boot_guest B tap1 "$B_IP" 52:54:00:77:00:02
+wait_ready A
+wait_ready B
+note "guests ready: $(grep -a 'guest: eth0' "$WORK/console.A" | tail -1); $(grep -a 'guest: eth0' "$WORK/console.B" | tail -1)"
+
+# guest NAME TIMEOUT COMMAND: runs COMMAND in guest NAME's shell, prints its output,
+# returns its status (124 if no answer within TIMEOUT seconds of silence).
+guest() {
+    printf '%s\n' "$3" >&"${CTL_W[$1]}"
+    local line rc=""
+    while IFS= read -r -t "$2" line <&"${CTL_R[$1]}"; do
+        case "$line" in *@@RC\ *) rc="${line##*@@RC }"; break ;; esac
+        [ -n "$line" ] && printf '%s\n' "$line"
+    done
+    [ -n "$rc" ] || { echo "data-plane: no answer from guest $1 within $2 s to: $3" >&2; return 124; }
+    return "$rc"
+}
+# bg NAME TAG COMMAND: starts COMMAND in guest NAME in the background (bounded by
+# `timeout 150`), output to /tmp/TAG.log, exit status appended as "exit=N".
+bg() { guest "$1" 10 "(timeout 150 $3; echo exit=\$?) > /tmp/$2.log 2>&1 & echo \$! > /tmp/$2.pid" >/dev/null; }
+# bg_wait NAME TAG FILE: waits (bounded) for a background command, copies its log to FILE.
+bg_wait() {
+    guest "$1" 170 "i=0; while kill -0 \$(cat /tmp/$2.pid) 2>/dev/null && [ \$i -lt 1600 ]; do sleep 0.1; i=\$((i+1)); done; cat /tmp/$2.log" >"$3" 2>&1 || true
+}
+# wait_listening NAME TAG: until the background ibcm in NAME logs that it listens (15 s).
+wait_listening() { guest "$1" 30 "i=0; until grep -q 'listening on' /tmp/$2.log 2>/dev/null || [ \$i -ge 150 ]; do sleep 0.1; i=\$((i+1)); done; grep -q 'listening on' /tmp/$2.log"; }
+# qp_snapshots NAME TAG: records `rdma resource show qp` every 0.25 s for 40 s.
+qp_snapshots() { guest "$1" 10 "(i=0; while [ \$i -lt 160 ]; do rdma resource show qp; echo ---; sleep 0.25; i=\$((i+1)); done) > /tmp/$2.qp 2>&1 & echo \$! > /tmp/$2.qpid" >/dev/null; }
+qp_snapshots_get() { guest "$1" 10 "kill \$(cat /tmp/$2.qpid) 2>/dev/null; cat /tmp/$2.qp" >"$3" 2>&1 || true; }
+
+declare -A RESULT=() WHY=() SECS=() FIG=()
+fail() { WHY[$current]+="$*; "; }
+check() { local what="$1"; shift; if ! "$@"; then fail "$what"; fi; }
+has() { grep -q -- "$2" "$1"; }
+eq() { [ "$1" = "$2" ]; }
+# kv FILE LINE-PREFIX KEY: KEY's value on the first line of FILE starting with PREFIX.
+kv() { awk -v p="$2" -v k="$3" '$1==p { for (i=2;i<=NF;i++) { split($i,a,"="); if (a[1]==k) {print a[2]; exit} } }' "$1"; }
+
+# qp_pair NAME OURS-FILE THEIRS-FILE: ibcm's QP (qp-ours) against ibcm's QP on the other
+# guest: everything crossed, printed.
+qp_pair() {
+    local a="$2" b="$3"
+    echo "  QP A: $(grep '^qp-ours ' "$a" | head -1)"
+    echo "  QP B: $(grep '^qp-ours ' "$b" | head -1)"
+    check "A.sq_psn = B.rq_psn" eq "$(kv "$a" qp-ours sq_psn)" "$(kv "$b" qp-ours rq_psn)"
+    check "A.rq_psn = B.sq_psn" eq "$(kv "$a" qp-ours rq_psn)" "$(kv "$b" qp-ours sq_psn)"
+    check "A.dest_qpn = B.qpn" eq "$(kv "$a" qp-ours dest_qpn)" "$(kv "$b" qp-ours qpn)"
+    check "B.dest_qpn = A.qpn" eq "$(kv "$b" qp-ours dest_qpn)" "$(kv "$a" qp-ours qpn)"
+    check "path MTU 1024 on both" eq "$(kv "$a" qp-ours path_mtu)/$(kv "$b" qp-ours path_mtu)" "3/3"
+    check "A.max_rd_atomic = B.max_dest_rd_atomic" eq "$(kv "$a" qp-ours max_rd_atomic)" "$(kv "$b" qp-ours max_dest_rd_atomic)"
+    check "B.max_rd_atomic = A.max_dest_rd_atomic" eq "$(kv "$b" qp-ours max_rd_atomic)" "$(kv "$a" qp-ours max_dest_rd_atomic)"
+}
+
+# qp_linux OURS-FILE SNAPSHOTS: ibcm's QP against the Linux QP whose QPNs cross it, in
+# some snapshot of `rdma resource show qp` taken while the connection was quiet.
+qp_linux() {
+    local f="$1" snaps="$2"
+    local qpn dest sq rq
+    qpn="$(kv "$f" qp-ours qpn)"; dest="$(kv "$f" qp-ours dest_qpn)"
+    sq="$(kv "$f" qp-ours sq_psn)"; rq="$(kv "$f" qp-ours rq_psn)"
+    echo "  QP ibcm:  $(grep '^qp-ours ' "$f" | head -1)"
+    local theirs
+    theirs="$(awk -v l="$dest" '{ for (i=1;i<NF;i++) if ($i=="lqpn" && $(i+1)==l && / RC /) { print; next } }' "$snaps" | sort | uniq -c | sort -rn | head -3)"
+    echo "  QP Linux (distinct snapshots, most frequent first):"
+    printf '%s\n' "$theirs" | sed 's/^/    /'
+    check "Linux has an RC QP $dest whose remote QPN is ours ($qpn)" eval "awk -v l='$dest' -v r='$qpn' '{ for (i=1;i<NF;i++) { if (\$i==\"lqpn\") a=\$(i+1); if (\$i==\"rqpn\") b=\$(i+1) } if (a==l && b==r) f=1; a=b=\"\" } END { exit !f }' '$snaps'"
+    check "a Linux snapshot has rq-psn = our sq_psn ($sq) and sq-psn = our rq_psn ($rq)" eval "awk -v l='$dest' -v s='$sq' -v q='$rq' '{ a=r1=s1=\"\"; for (i=1;i<NF;i++) { if (\$i==\"lqpn\") a=\$(i+1); if (\$i==\"rq-psn\") r1=\$(i+1); if (\$i==\"sq-psn\") s1=\$(i+1) } if (a==l && r1==s && s1==q) f=1 } END { exit !f }' '$snaps'"
+    check "our path MTU is rxe's 1024" eq "$(kv "$f" qp-ours path_mtu)" 3
+}
+
+RDMA_PORT=7470
+next_port() { RDMA_PORT=$((RDMA_PORT + 1)); }
+# pings FILE: "V/N" of an ibcm rping report.
+pings() { sed -n 's/^rping: \([0-9]*\)\/\([0-9]*\) pings verified.*/\1\/\2/p' "$1" | head -1; }
+# uptime_ms FILE: the ms between the two guest uptimes of its "uptime=T0,T1" line (the
+# guest's busybox `date` has no %N).
+uptime_ms() { sed -n 's/^uptime=\([0-9.]*\),\([0-9.]*\).*/(\2 - \1) * 1000/p' "$1" | head -1 | bc 2>/dev/null | cut -d. -f1; }
+
+scenario_ibcm-ibcm() {
+    # ibcm on both guests: the whole stack on each side, the QPs compared field by field.
+    next_port
+    bg B srv "ibcm rping --local $B_IP -p $RDMA_PORT -S $SIZE --responder-resources 4 --initiator-depth 2 --wait 60"
+    wait_listening B srv || fail "ibcm server on B did not listen"
+    guest A 120 "timeout 100 ibcm rping --local $A_IP --peer $B_IP -p $RDMA_PORT -C $PINGS -S $SIZE --responder-resources 3 --initiator-depth 4 --hold 1; echo exit=\$?" >"$OUT/ibcm-ibcm.A.txt" 2>&1 || true
+    bg_wait B srv "$OUT/ibcm-ibcm.B.txt"
+    check "A: $PINGS/$PINGS pings verified" eq "$(pings "$OUT/ibcm-ibcm.A.txt")" "$PINGS/$PINGS"
+    check "B: $PINGS/$PINGS RDMA READs verified" eq "$(pings "$OUT/ibcm-ibcm.B.txt")" "$PINGS/$PINGS"
+    check "A exited 0" has "$OUT/ibcm-ibcm.A.txt" "exit=0"
+    check "B exited 0" has "$OUT/ibcm-ibcm.B.txt" "exit=0"
+    qp_pair ibcm-ibcm "$OUT/ibcm-ibcm.A.txt" "$OUT/ibcm-ibcm.B.txt"
+    # A asks initiator depth 4 and offers 3 responder resources; B offers 4 and asks 2:
+    # A issues up to 4 reads (B serves 4), B issues up to 2 (A serves 2).
+    check "read limits: A 4 out / 2 in, asymmetric" eq "$(kv "$OUT/ibcm-ibcm.A.txt" qp-ours max_rd_atomic)/$(kv "$OUT/ibcm-ibcm.A.txt" qp-ours max_dest_rd_atomic)" 4/2
+    FIG[ibcm_ibcm_setup_ms]="$(sed -n 's/^rc: established in \([0-9.]*\) ms.*/\1/p' "$OUT/ibcm-ibcm.A.txt" | head -1)"
+}
+
+scenario_ibcm-ibcm-bw() {
+    next_port
+    # B holds a second before its first SEND (its buffer's advertisement): A reads its QP
+    # in that quiet second, B after it, before anything has moved.
+    bg B bw "ibcm rc-bw --local $B_IP -p $RDMA_PORT -S 65536 --depth 8 --responder-resources 8 --initiator-depth 8 --hold 1 --wait 90"
+    wait_listening B bw || fail "ibcm bw server on B did not listen"
+    guest A 150 "timeout 140 ibcm rc-bw --local $A_IP --peer $B_IP -p $RDMA_PORT -S 65536 -n 100 --depth 8 --responder-resources 8 --initiator-depth 8; echo exit=\$?" >"$OUT/ibcm-ibcm-bw.A.txt" 2>&1 || true
+    bg_wait B bw "$OUT/ibcm-ibcm-bw.B.txt"
+    check "A: RDMA READs verified" has "$OUT/ibcm-ibcm-bw.A.txt" "bw: RDMA READ 100 x 65536 B verified"
+    check "B: SENDs verified" has "$OUT/ibcm-ibcm-bw.B.txt" "bw: received 100 SENDs x 65536 B, every byte verified"
+    check "A exited 0" has "$OUT/ibcm-ibcm-bw.A.txt" "exit=0"
+    check "B exited 0" has "$OUT/ibcm-ibcm-bw.B.txt" "exit=0"
+    qp_pair ibcm-ibcm-bw "$OUT/ibcm-ibcm-bw.A.txt" "$OUT/ibcm-ibcm-bw.B.txt"
+    FIG[ibcm_read_mbps]="$(sed -n 's/^bw: RDMA READ .*: \([0-9.]*\) MB\/s/\1/p' "$OUT/ibcm-ibcm-bw.A.txt")"
+    FIG[ibcm_send_mbps]="$(sed -n 's/^bw: SEND .*: \([0-9.]*\) MB\/s/\1/p' "$OUT/ibcm-ibcm-bw.A.txt")"
+}
+
+linux_cm_on() { # linux_cm_on NAME: the kernel's CM on guest NAME (from here on)
+    guest "$1" 30 "load_skipped && lsmod | grep -c '^rdma_cm\|^ib_cm'" >/dev/null || die "loading the kernel CM on guest $1 failed"
+}
+
+scenario_linux-server() {
+    # ibcm is the client; Linux `rping -s -v -V` serves: it RDMA READs our buffer and
+    # writes it back, we compare.
+    next_port
+    qp_snapshots B ls
+    bg B rping "rping -s -a $B_IP -p $RDMA_PORT -v -V -C $PINGS -S $SIZE"
+    sleep 1
+    guest A 120 "timeout 100 ibcm rping --local $A_IP --peer $B_IP -p $RDMA_PORT -C $PINGS -S $SIZE --responder-resources 4 --initiator-depth 2 --hold 2; echo exit=\$?" >"$OUT/linux-server.ibcm.txt" 2>&1 || true
+    bg_wait B rping "$OUT/linux-server.linux.txt"
+    qp_snapshots_get B ls "$OUT/linux-server.qp.txt"
+    check "ibcm: $PINGS/$PINGS pings verified" eq "$(pings "$OUT/linux-server.ibcm.txt")" "$PINGS/$PINGS"
+    check "ibcm exited 0" has "$OUT/linux-server.ibcm.txt" "exit=0"
+    check "Linux read $PINGS pings" eq "$(grep -c '^server ping data: rdma-ping-' "$OUT/linux-server.linux.txt")" "$PINGS"
+    qp_linux "$OUT/linux-server.ibcm.txt" "$OUT/linux-server.qp.txt"
+    local rd dr
+    rd="$(kv "$OUT/linux-server.ibcm.txt" qp-ours max_rd_atomic)"; dr="$(kv "$OUT/linux-server.ibcm.txt" qp-ours max_dest_rd_atomic)"
+    check "read limits: 1 <= our initiator depth ($rd) <= 2 asked" eval "[ '$rd' -ge 1 ] && [ '$rd' -le 2 ]"
+    check "read limits: 1 <= our responder resources ($dr) <= 4 offered" eval "[ '$dr' -ge 1 ] && [ '$dr' -le 4 ]"
+    FIG[ibcm_linux_setup_ms]="$(sed -n 's/^rc: established in \([0-9.]*\) ms.*/\1/p' "$OUT/linux-server.ibcm.txt" | head -1)"
+    # Timing: ibcm's client against Linux rping -s again, without the hold (compared with
+    # Linux's client in the baseline).
+    next_port
+    bg B rping "rping -s -a $B_IP -p $RDMA_PORT -v -V -C $PINGS -S $SIZE"
+    sleep 1
+    guest A 120 "t0=\$(cut -d' ' -f1 /proc/uptime); timeout 100 ibcm rping --local $A_IP --peer $B_IP -p $RDMA_PORT -C $PINGS -S $SIZE > /tmp/ls.log 2>&1; echo exit=\$?; echo uptime=\$t0,\$(cut -d' ' -f1 /proc/uptime); grep '^rping:' /tmp/ls.log" >"$OUT/linux-server.timing.txt" 2>&1 || true
+    bg_wait B rping "$OUT/linux-server.linux2.txt"
+    check "timing run: $PINGS/$PINGS pings verified" eq "$(pings "$OUT/linux-server.timing.txt")" "$PINGS/$PINGS"
+    local ms
+    ms="$(uptime_ms "$OUT/linux-server.timing.txt")"
+    [ -n "$ms" ] && FIG[ibcm_to_linux_rping_ms]="$ms"
+}
+
+scenario_linux-client() {
+    # ibcm serves; Linux `rping -c -v -V` is the client and validates what we wrote back.
+    next_port
+    bg A srv "ibcm rping --local $A_IP -p $RDMA_PORT -S $SIZE --responder-resources 2 --initiator-depth 4 --hold 2 --wait 60"
+    wait_listening A srv || fail "ibcm server on A did not listen"
+    qp_snapshots B lc
+    guest B 120 "t0=\$(cut -d' ' -f1 /proc/uptime); timeout 100 rping -c -a $A_IP -p $RDMA_PORT -v -V -C $PINGS -S $SIZE; echo exit=\$?; echo uptime=\$t0,\$(cut -d' ' -f1 /proc/uptime)" >"$OUT/linux-client.linux.txt" 2>&1 || true
+    bg_wait A srv "$OUT/linux-client.ibcm.txt"
+    qp_snapshots_get B lc "$OUT/linux-client.qp.txt"
+    # rping exits 0 even when a ping fails (rping.c returns the DISCONNECTED state's 0):
+    # the count of validated pings is the check.
+    check "Linux verified $PINGS pings" eq "$(grep -c '^ping data: rdma-ping-' "$OUT/linux-client.linux.txt")" "$PINGS"
+    check "ibcm: $PINGS/$PINGS RDMA READs verified" eq "$(pings "$OUT/linux-client.ibcm.txt")" "$PINGS/$PINGS"
+    check "ibcm: the peer's DREQ answered" has "$OUT/linux-client.ibcm.txt" "rc: disconnected"
+    check "ibcm exited 0" has "$OUT/linux-client.ibcm.txt" "exit=0"
+    qp_linux "$OUT/linux-client.ibcm.txt" "$OUT/linux-client.qp.txt"
+    # Timing: the same Linux client against ibcm again, without the hold (compared with
+    # Linux against Linux in the baseline).
+    next_port
+    bg A srv "ibcm rping --local $A_IP -p $RDMA_PORT -S $SIZE --wait 60"
+    wait_listening A srv || fail "ibcm server on A did not listen"
+    guest B 120 "t0=\$(cut -d' ' -f1 /proc/uptime); timeout 100 rping -c -a $A_IP -p $RDMA_PORT -v -V -C $PINGS -S $SIZE > /tmp/lc.log 2>&1; echo exit=\$?; echo uptime=\$t0,\$(cut -d' ' -f1 /proc/uptime); echo verified=\$(grep -c '^ping data: rdma-ping-' /tmp/lc.log)" >"$OUT/linux-client.timing.txt" 2>&1 || true
+    bg_wait A srv "$OUT/linux-client.ibcm2.txt"
+    check "timing run: Linux verified $PINGS pings" has "$OUT/linux-client.timing.txt" "verified=$PINGS"
+    local ms
+    ms="$(uptime_ms "$OUT/linux-client.timing.txt")"
+    [ -n "$ms" ] && FIG[linux_to_ibcm_rping_ms]="$ms"
+}
+
+scenario_ucmatose-server() {
+    # Linux `ucmatose` serves, ibcm connects: 10 messages of 100 bytes each way, then both
+    # sides disconnect (their DREQs may cross).
+    next_port
+    bg B uc "ucmatose -b $B_IP -p $RDMA_PORT -C 10 -S 100"
+    sleep 1
+    guest A 90 "timeout 80 ibcm ucmatose --local $A_IP --peer $B_IP -p $RDMA_PORT -C 10 -S 100; echo exit=\$?" >"$OUT/ucmatose-server.ibcm.txt" 2>&1 || true
+    bg_wait B uc "$OUT/ucmatose-server.linux.txt"
+    check "ibcm: 10 sends and 10 receives" has "$OUT/ucmatose-server.ibcm.txt" "ucmatose: 10 sends and 10 receives of 100 bytes"
+    check "ibcm exited 0" has "$OUT/ucmatose-server.ibcm.txt" "exit=0"
+    check "Linux: data transfers complete" has "$OUT/ucmatose-server.linux.txt" "data transfers complete"
+    check "Linux exited 0" has "$OUT/ucmatose-server.linux.txt" "exit=0"
+}
+
+scenario_ucmatose-client() {
+    next_port
+    bg A uc "ibcm ucmatose --local $A_IP -p $RDMA_PORT -C 10 -S 100 --wait 60"
+    wait_listening A uc || fail "ibcm ucmatose on A did not listen"
+    guest B 90 "timeout 80 ucmatose -s $A_IP -p $RDMA_PORT -C 10 -S 100; echo exit=\$?" >"$OUT/ucmatose-client.linux.txt" 2>&1 || true
+    bg_wait A uc "$OUT/ucmatose-client.ibcm.txt"
+    check "ibcm: 10 sends and 10 receives" has "$OUT/ucmatose-client.ibcm.txt" "ucmatose: 10 sends and 10 receives of 100 bytes"
+    check "ibcm exited 0" has "$OUT/ucmatose-client.ibcm.txt" "exit=0"
+    check "Linux: data transfers complete" has "$OUT/ucmatose-client.linux.txt" "data transfers complete"
+    check "Linux exited 0" has "$OUT/ucmatose-client.linux.txt" "exit=0"
+}
+
+scenario_reject-linux() {
+    # ibcm connects to a port nobody listens on: Linux's CM rejects (reason 8).
+    guest A 60 "timeout 50 ibcm rping --local $A_IP --peer $B_IP -p 7999 -C 1 --wait 30; echo exit=\$?" >"$OUT/reject-linux.ibcm.txt" 2>&1 || true
+    check "ibcm reports the REJ" eval "grep -qi 'rejected' '$OUT/reject-linux.ibcm.txt'"
+    check "ibcm exited non-zero" eval "! grep -q 'exit=0' '$OUT/reject-linux.ibcm.txt'"
+}
+
+scenario_reject-ibcm() {
+    # Linux connects to a port ibcm does not serve: ibcm's CM rejects, rping sees it.
+    next_port
+    bg A srv "ibcm rping --local $A_IP -p $RDMA_PORT -S $SIZE --wait 8"
+    wait_listening A srv || fail "ibcm server on A did not listen"
+    guest B 60 "timeout 50 rping -c -a $A_IP -p 7998 -C 1 -v; echo exit=\$?" >"$OUT/reject-ibcm.linux.txt" 2>&1 || true
+    bg_wait A srv "$OUT/reject-ibcm.ibcm.txt"
+    check "rping saw RDMA_CM_EVENT_REJECTED" has "$OUT/reject-ibcm.linux.txt" "RDMA_CM_EVENT_REJECTED"
+    check "rping exited non-zero" eval "! grep -q 'exit=0' '$OUT/reject-ibcm.linux.txt'"
+}
+
+scenario_req-timeout() {
+    # Nobody answers at $DEAD_IP: the REQ is retried 2 times, then the connect times out.
+    local t0 t1
+    t0=$(date +%s)
+    guest A 90 "timeout 80 ibcm rping --local $A_IP --peer $DEAD_IP -p 7471 -C 1 --max-cm-retries 2 --wait 60; echo exit=\$?" >"$OUT/req-timeout.ibcm.txt" 2>&1 || true
+    t1=$(date +%s)
+    check "ibcm reports the REQ unanswered" has "$OUT/req-timeout.ibcm.txt" "no answer to the Req"
+    check "ibcm exited non-zero (not killed by timeout 80)" eval "grep -q 'exit=' '$OUT/req-timeout.ibcm.txt' && ! grep -q 'exit=0\|exit=124' '$OUT/req-timeout.ibcm.txt'"
+    echo "  REQ timeout after $((t1 - t0)) s"
+}
+
+scenario_disconnect-in-flight() {
+    # Linux `rping -c` pings without end, 32 KiB at a time, and is killed mid-transfer:
+    # its kernel sends the DREQ with work in flight; ibcm's server sees the DREQ, its QP
+    # flushes, and it answers and exits cleanly.
+    next_port
+    bg A srv "ibcm rping --local $A_IP -p $RDMA_PORT -S 32768 --wait 60"
+    wait_listening A srv || fail "ibcm server on A did not listen"
+    guest B 60 "rping -c -a $A_IP -p $RDMA_PORT -C 0 -S 32768 -V > /tmp/dif.log 2>&1 & p=\$!; sleep 6; kill \$p; wait \$p; echo killed; cat /tmp/dif.log" >"$OUT/disconnect-in-flight.linux.txt" 2>&1 || true
+    bg_wait A srv "$OUT/disconnect-in-flight.ibcm.txt"
+    local f="$OUT/disconnect-in-flight.ibcm.txt" v
+    v="$(pings "$f")"
+    check "ibcm: the peer's DREQ arrived" has "$f" "rc: DREQ from the peer"
+    check "ibcm: answered, disconnected" has "$f" "rc: disconnected"
+    check "ibcm: some pings, all verified ($v)" eval "[ -n '$v' ] && [ '${v%/*}' = '${v#*/}' ] && [ '${v%/*}' -ge 1 ]"
+    check "ibcm exited 0" has "$f" "exit=0"
+}
+
+scenario_baseline() {
+    # Linux against Linux on the same two guests: A loads its kernel CM now.
+    linux_cm_on A
+    next_port
+    bg B rping "rping -s -a $B_IP -p $RDMA_PORT -v -V -C $PINGS -S $SIZE"
+    sleep 1
+    guest A 120 "t0=\$(cut -d' ' -f1 /proc/uptime); timeout 100 rping -c -a $B_IP -p $RDMA_PORT -v -V -C $PINGS -S $SIZE > /tmp/bl.log 2>&1; echo exit=\$?; echo uptime=\$t0,\$(cut -d' ' -f1 /proc/uptime); echo verified=\$(grep -c '^ping data: rdma-ping-' /tmp/bl.log)" >"$OUT/baseline.linux-A.txt" 2>&1 || true
+    bg_wait B rping "$OUT/baseline.linux-B.txt"
+    check "Linux-Linux: $PINGS pings verified" has "$OUT/baseline.linux-A.txt" "verified=$PINGS"
+    local ms
+    ms="$(uptime_ms "$OUT/baseline.linux-A.txt")"
+    [ -n "$ms" ] && FIG[linux_to_linux_rping_ms]="$ms"
+    next_port
+    guest B 10 "cmtime -b $B_IP -p $RDMA_PORT > /tmp/cmt.log 2>&1 & echo \$! > /tmp/cmt.pid" >/dev/null
+    sleep 1
+    guest A 120 "timeout 100 cmtime -s $B_IP -p $RDMA_PORT -c 1" >"$OUT/baseline.cmtime.txt" 2>&1 || fail "cmtime failed"
+    guest B 10 "kill \$(cat /tmp/cmt.pid)" >/dev/null 2>&1 || true
+    # Right after that kill the guest's control line has lost the head of the next
+    # command once (26 characters): a padding command takes the loss, whatever part of it
+    # survives is harmless.
+    guest B 10 ":; :; :; :; :; :; :; :; :; :; :; :; :; :; :; :; :; true" >/dev/null 2>&1 || true
+    # cmtime's "connect" step for one connection: rdma_connect to ESTABLISHED.
+    FIG[linux_linux_setup_ms]="$(awk '$1=="connect" && $2==":" {print $3}' "$OUT/baseline.cmtime.txt" | head -1)"
+    # perftest over rdma_cm, the same sizes as ibcm-ibcm-bw.
+    for t in read send; do
+        next_port
+        guest B 10 "timeout 120 ib_${t}_bw -R -F -p $RDMA_PORT -s 65536 -n 100 > /tmp/pt.log 2>&1 & echo \$! > /tmp/pt.pid" >/dev/null
+        sleep 2
+        guest A 150 "timeout 120 ib_${t}_bw -R -F -p $RDMA_PORT -s 65536 -n 100 $B_IP; echo exit=\$?" >"$OUT/baseline.ib_${t}_bw.txt" 2>&1 || true
+        guest B 20 "i=0; while kill -0 \$(cat /tmp/pt.pid) 2>/dev/null && [ \$i -lt 100 ]; do sleep 0.1; i=\$((i+1)); done; cat /tmp/pt.log" >>"$OUT/baseline.ib_${t}_bw.txt" 2>&1 || true
+        # The result row: "#bytes #iterations BW peak[MB/sec] BW average[MB/sec] MsgRate".
+        FIG[linux_linux_${t}_mbps]="$(awk '$1=="65536" && $2=="100" {print $4; exit}' "$OUT/baseline.ib_${t}_bw.txt")"
+        check "ib_${t}_bw -R ran" eval "[ -n '${FIG[linux_linux_${t}_mbps]:-}' ]"
+    done
+}
+
+cm_on_b=""
+for current in "${scenarios[@]}"; do
+    case "$current" in
+        ibcm-ibcm | ibcm-ibcm-bw) [ -z "$cm_on_b" ] || { note "$current: needs B without its CM: run it before the Linux scenarios"; continue; } ;;
+        *) if [ -z "$cm_on_b" ]; then linux_cm_on B; cm_on_b=1; fi ;;
+    esac
+    WHY[$current]=""
+    s0=$(date +%s.%N)
+    echo "---- $current"
+    "scenario_$current"
+    SECS[$current]="$(printf '%.1f' "$(echo "$(date +%s.%N) - $s0" | bc)")"
+    if [ -z "${WHY[$current]}" ]; then RESULT[$current]=PASS; else RESULT[$current]=FAIL; fi
+    note "$current: ${RESULT[$current]} (${SECS[$current]} s) ${WHY[$current]}"
+    if [ "${RESULT[$current]}" = FAIL ]; then
+        for f in "$OUT/$current".*.txt; do
+            [ -f "$f" ] || continue
+            echo "---- $(basename "$f") (last 20 lines)"
+            tail -20 "$f"
+        done
+    fi
+done
+
+for g in A B; do guest "$g" 5 "poweroff -f" >/dev/null 2>&1 || true; done
+
+echo
+echo "data-plane results ($PINGS pings of $SIZE B per rping run, ibcm $PROFILE; outputs in $OUT):"
+failed=0
+for s in "${scenarios[@]}"; do
+    [ -n "${RESULT[$s]:-}" ] || continue
+    printf '  %-22s %s  %6s s  %s\n' "$s" "${RESULT[$s]}" "${SECS[$s]}" "${WHY[$s]}"
+    [ "${RESULT[$s]}" = PASS ] || failed=$((failed + 1))
+done
+echo
+echo "figures (qemu TCG guests, soft-RoCE; MB/s = 10^6 B/s):"
+ratio() { if [ -n "${1:-}" ] && [ -n "${2:-}" ] && [ "$(echo "$2 > 0" | bc)" = 1 ]; then printf '%.2f' "$(echo "$1 / $2" | bc -l)"; else echo "n/a"; fi; }
+row() { printf '  %-74s %10s %10s   %s\n' "$1" "${2:-n/a}" "${3:-n/a}" "$(ratio "${2:-}" "${3:-}")"; }
+printf '  %-74s %10s %10s   %s\n' "" "ibcm" "Linux" "ratio"
+row "connection setup, one connection, ms (ibcm -> ibcm)" "${FIG[ibcm_ibcm_setup_ms]:-}" "${FIG[linux_linux_setup_ms]:-}"
+row "connection setup, one connection, ms (ibcm -> Linux)" "${FIG[ibcm_linux_setup_ms]:-}" "${FIG[linux_linux_setup_ms]:-}"
+row "rping client -> Linux rping -s, $PINGS x $SIZE B, wall ms (client: ibcm / Linux)" "${FIG[ibcm_to_linux_rping_ms]:-}" "${FIG[linux_to_linux_rping_ms]:-}"
+row "Linux rping -c -> rping server, $PINGS x $SIZE B, wall ms (server: ibcm / Linux)" "${FIG[linux_to_ibcm_rping_ms]:-}" "${FIG[linux_to_linux_rping_ms]:-}"
+row "RDMA READ 100 x 64 KiB, MB/s (rc-bw / ib_read_bw -R)" "${FIG[ibcm_read_mbps]:-}" "${FIG[linux_linux_read_mbps]:-}"
+row "SEND 100 x 64 KiB, MB/s (rc-bw / ib_send_bw -R)" "${FIG[ibcm_send_mbps]:-}" "${FIG[linux_linux_send_mbps]:-}"
+echo "  (setup: ibcm's from the REQ to the RTU sent, its QP's transitions included, the peer an rping"
+echo "  server; Linux's is cmtime -c 1's connect step against cmtime -b. rping wall times include"
+echo "  process start, address resolution, setup and teardown on both sides.)"
+total="$(printf '%.1f' "$(echo "$(date +%s.%N) - $t_start" | bc)")"
+echo
+echo "$(( ${#RESULT[@]} - failed )) passed, $failed failed"
+echo "data-plane: total ${total} s"
+[ "$failed" -eq 0 ]

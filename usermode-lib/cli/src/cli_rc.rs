@@ -1,0 +1,340 @@
+//! `ibcm rping` and `ibcm rc-bw`: connections that carry data on a real RDMA device
+//! (`ibcm_cli::rc`), Linux with the `verbs` feature.
+
+use std::net::Ipv4Addr;
+use std::time::Duration;
+
+use clap::Args;
+use ibcm_cli::cmtime::Timing;
+use ibcm_cli::rc::{self, Conn, Limits, RPING_INFO_LEN, Rc};
+use ibcm_linux::verbs::Region;
+
+use super::{Failure, positive};
+
+/// Where the connection comes from.
+#[derive(Args, Debug)]
+pub struct RcCommon {
+    /// The RDMA device (its port 1 carries ibcm's CM through ib_umad).
+    #[arg(long, default_value = "rxe0")]
+    dev: String,
+    /// The local IPv4 address (its RoCEv2 GID is the source of every packet).
+    #[arg(long)]
+    local: Ipv4Addr,
+    /// Connect to this address (the client); without it, accept one connection.
+    #[arg(long)]
+    peer: Option<Ipv4Addr>,
+    /// RDMA-CM TCP port.
+    #[arg(short = 'p', long, default_value = "7471")]
+    port: u16,
+    /// Responder resources offered (RDMA READs served at once).
+    #[arg(long, default_value = "1")]
+    responder_resources: u8,
+    /// Initiator depth asked for (RDMA READs issued at once).
+    #[arg(long, default_value = "1")]
+    initiator_depth: u8,
+    /// Seconds to hold the connection before data flows (the harness reads both QPs then).
+    #[arg(long, default_value = "0")]
+    hold: u64,
+    /// REQ retries before the connection times out.
+    #[arg(long, default_value = "15")]
+    max_cm_retries: u8,
+    /// Longest wait for a REQ, a reply or a completion, seconds.
+    #[arg(long, default_value = "60", value_parser = positive)]
+    wait: usize,
+}
+
+/// `ibcm rping`.
+#[derive(Args, Debug)]
+pub struct RpingArgs {
+    #[command(flatten)]
+    common: RcCommon,
+    /// Pings (client).
+    #[arg(short = 'C', long, default_value = "1", value_parser = positive)]
+    count: usize,
+    /// Bytes per ping (the server: the largest it accepts).
+    #[arg(short = 'S', long, default_value = "64", value_parser = positive)]
+    size: usize,
+}
+
+/// `ibcm rc-bw`.
+#[derive(Args, Debug)]
+pub struct BwArgs {
+    #[command(flatten)]
+    common: RcCommon,
+    /// Bytes per message.
+    #[arg(short = 'S', long, default_value = "65536", value_parser = positive)]
+    size: usize,
+    /// Messages of each kind.
+    #[arg(short = 'n', long, default_value = "200", value_parser = positive)]
+    iters: usize,
+    /// Work requests in flight.
+    #[arg(long, default_value = "8", value_parser = positive)]
+    depth: usize,
+}
+
+fn log(s: String) {
+    println!("{s}");
+}
+
+fn start(c: &RcCommon) -> Result<(Rc, Limits, Duration), Failure> {
+    let rc = Rc::start(&c.dev, c.local)?;
+    println!(
+        "rc: ibcm on {} port 1 ({:?}), CA GUID {:#018x}, GID index {}",
+        c.dev,
+        rc.port,
+        rc.port.guid(),
+        rc.port.gid_index()
+    );
+    let limits = Limits {
+        responder_resources: c.responder_resources,
+        initiator_depth: c.initiator_depth,
+        timing: Timing {
+            max_cm_retries: c.max_cm_retries,
+            ..Timing::patient()
+        },
+    };
+    Ok((rc, limits, Duration::from_secs(c.wait as u64)))
+}
+
+fn established(c: &RcCommon, conn: &Conn) -> Result<(), Failure> {
+    println!(
+        "rc: established in {:.3} ms ({} after {:.3} ms)",
+        conn.setup.as_secs_f64() * 1e3,
+        if c.peer.is_some() {
+            "REP received"
+        } else {
+            "REP sent"
+        },
+        conn.answer.as_secs_f64() * 1e3
+    );
+    if c.hold > 0 {
+        let q = conn.qp.query().map_err(|e| e.to_string())?;
+        println!("{}", rc::qp_line("ours-established", &q));
+        std::thread::sleep(Duration::from_secs(c.hold));
+    }
+    // Quiescent: nothing in flight until the data run starts.
+    let q = conn.qp.query().map_err(|e| e.to_string())?;
+    println!("{}", rc::qp_line("ours", &q));
+    Ok(())
+}
+
+fn print_counts(rc: &Rc) {
+    let c = rc.port.counts();
+    println!(
+        "rc: umad sent {}, received {}, send errors {}, dropped {}",
+        c.sent, c.received, c.send_errors, c.dropped
+    );
+}
+
+fn ended(r: ibcm::Result<()>) -> bool {
+    match r {
+        Ok(()) => {
+            println!("rc: disconnected");
+            true
+        }
+        Err(e) => {
+            println!("rc: disconnect: {}", ibcm_cli::rocev2::describe(&e));
+            false
+        }
+    }
+}
+
+/// The client's data run, then its DREQ.
+fn run_client<T>(rc: &Rc, conn: &Conn, run: impl FnOnce() -> T) -> (T, bool) {
+    let v = run();
+    let r = conn.ep.disconnect(&[]);
+    let _ = conn.qp.to_error();
+    print_counts(rc);
+    (v, ended(r))
+}
+
+/// The server's data run, ended by the peer's DREQ: a watcher moves the QP to ERR when
+/// it arrives (posted work flushes, so the run sees the end), then the DREQ is answered.
+/// If the run ends first (a failure), the watch is cancelled and we disconnect.
+fn run_server<T>(rc: &Rc, conn: &Conn, wait: Duration, run: impl FnOnce() -> T) -> (T, bool) {
+    let (v, dreq) = std::thread::scope(|s| {
+        let watcher = s.spawn(|| {
+            let r = ibcm_cli::exchange::bounded(
+                wait,
+                || conn.ep.cancel(),
+                || conn.ep.notify_disconnect(),
+            );
+            if r.is_ok() {
+                println!("rc: DREQ from the peer");
+            }
+            let _ = conn.qp.to_error();
+            r
+        });
+        let v = run();
+        // The run ended before the peer's DREQ (a failure, or the peer's last message
+        // still to be followed by its DREQ): wait a little for it, then end it ourselves.
+        let end = std::time::Instant::now() + Duration::from_secs(5);
+        while !watcher.is_finished() && std::time::Instant::now() < end {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        if !watcher.is_finished() {
+            conn.ep.cancel();
+        }
+        (v, watcher.join().ok().and_then(Result::ok).is_some())
+    });
+    if !dreq {
+        let _ = conn.qp.to_error();
+    }
+    let r = conn.ep.disconnect(&[]);
+    print_counts(rc);
+    (v, ended(r))
+}
+
+/// `ibcm rping`.
+pub fn rping(a: &RpingArgs) -> Result<bool, Failure> {
+    let c = &a.common;
+    let (rc, limits, wait) = start(c)?;
+    let recv = Region::new(&rc.ctx, RPING_INFO_LEN).map_err(|e| e.to_string())?;
+    let post = |qp: &ibcm_linux::verbs::RcQp| {
+        qp.post_recv(&recv, 0, RPING_INFO_LEN, 1)
+            .map_err(|e| e.to_string())
+    };
+    let client = c.peer.is_some();
+    let conn = match c.peer {
+        Some(peer) => rc::connect(&rc, peer, c.port, &limits, post)?,
+        None => rc::accept(&rc, c.port, &limits, wait, post, &log)?,
+    };
+    established(c, &conn)?;
+    let (report, disconnected) = if client {
+        run_client(&rc, &conn, || {
+            rc::rping_client(&rc, &conn, &recv, a.count as u32, a.size, wait, &log)
+        })
+    } else {
+        run_server(&rc, &conn, wait, || {
+            rc::rping_server(&rc, &conn, &recv, a.size, wait, &log)
+        })
+    };
+    let ok = match &report {
+        Ok(r) => {
+            let ms = r.elapsed.as_secs_f64() * 1e3;
+            println!(
+                "rping: {}/{} pings verified, {} bytes moved by RDMA READ+WRITE in {ms:.1} ms ({:.2} MB/s)",
+                r.verified,
+                r.pings,
+                r.bytes,
+                if ms > 0.0 {
+                    r.bytes as f64 / ms / 1e3
+                } else {
+                    0.0
+                }
+            );
+            r.pings > 0 && r.verified == r.pings
+        }
+        Err(e) => {
+            println!("rping: FAILED: {e}");
+            if let Ok(q) = conn.qp.query() {
+                println!("{}", rc::qp_line("ours-after", &q));
+            }
+            false
+        }
+    };
+    Ok(ok && disconnected)
+}
+
+/// `ibcm rc-bw`.
+pub fn bw(a: &BwArgs) -> Result<bool, Failure> {
+    let c = &a.common;
+    let (rc, limits, wait) = start(c)?;
+    let client = c.peer.is_some();
+    // The server keeps twice the client's depth posted: a SEND finds a receive even while
+    // the server checks and reposts the previous ones (no RNR NAK, whose timer is 655 ms).
+    let slots = if client { 1 } else { 2 * a.depth };
+    let recv =
+        Region::new(&rc.ctx, slots * a.size.max(RPING_INFO_LEN)).map_err(|e| e.to_string())?;
+    let post = |qp: &ibcm_linux::verbs::RcQp| {
+        for slot in 0..slots {
+            qp.post_recv(&recv, slot * a.size, a.size, slot as u64)
+                .map_err(|e| e.to_string())?;
+        }
+        Ok(())
+    };
+    let conn = match c.peer {
+        Some(peer) => rc::connect(&rc, peer, c.port, &limits, post)?,
+        None => rc::accept(&rc, c.port, &limits, wait, post, &log)?,
+    };
+    established(c, &conn)?;
+    let (ok, disconnected) = if client {
+        run_client(&rc, &conn, || {
+            match rc::bw_client(&rc, &conn, &recv, a.depth, a.size, a.iters as u64, wait) {
+                Ok((read, send)) => {
+                    println!(
+                        "bw: RDMA READ {} x {} B verified in {:.1} ms: {:.2} MB/s",
+                        read.ops,
+                        a.size,
+                        read.elapsed.as_secs_f64() * 1e3,
+                        read.mbps()
+                    );
+                    println!(
+                        "bw: SEND {} x {} B in {:.1} ms: {:.2} MB/s",
+                        send.ops,
+                        a.size,
+                        send.elapsed.as_secs_f64() * 1e3,
+                        send.mbps()
+                    );
+                    true
+                }
+                Err(e) => {
+                    println!("bw: FAILED: {e}");
+                    false
+                }
+            }
+        })
+    } else {
+        run_server(&rc, &conn, wait, || {
+            match rc::bw_server(&rc, &conn, &recv, a.size, wait) {
+                Ok(r) => {
+                    println!(
+                        "bw: received {} SENDs x {} B, every byte verified",
+                        r.ops, a.size
+                    );
+                    true
+                }
+                Err(e) => {
+                    println!("bw: FAILED: {e}");
+                    false
+                }
+            }
+        })
+    };
+    Ok(ok && disconnected)
+}
+
+/// `ibcm ucmatose`: rdma-core ucmatose's exchange (`count` messages each way).
+pub fn ucmatose(a: &RpingArgs) -> Result<bool, Failure> {
+    let c = &a.common;
+    let (rc, limits, wait) = start(c)?;
+    let recv = Region::new(&rc.ctx, a.count * a.size).map_err(|e| e.to_string())?;
+    let post = |qp: &ibcm_linux::verbs::RcQp| {
+        for i in 0..a.count {
+            qp.post_recv(&recv, i * a.size, a.size, i as u64)
+                .map_err(|e| e.to_string())?;
+        }
+        Ok(())
+    };
+    let conn = match c.peer {
+        Some(peer) => rc::connect(&rc, peer, c.port, &limits, post)?,
+        None => rc::accept(&rc, c.port, &limits, wait, post, &log)?,
+    };
+    established(c, &conn)?;
+    // Both ucmatose sides disconnect when their transfers are done (cmatose.c run_server
+    // and run_client): so does ibcm, in either role.
+    let (r, disconnected) = run_client(&rc, &conn, || {
+        rc::messages(&rc, &conn, a.count, a.size, wait)
+    });
+    let ok = match r {
+        Ok((s, r)) => {
+            println!("ucmatose: {s} sends and {r} receives of {} bytes", a.size);
+            s == a.count && r == a.count
+        }
+        Err(e) => {
+            println!("ucmatose: FAILED: {e}");
+            false
+        }
+    };
+    Ok(ok && disconnected)
+}

@@ -1,0 +1,722 @@
+//! Connections that carry data: RC QPs on a real RDMA device (soft-RoCE, a RoCE NIC) set
+//! up by the whole ibcm stack (user library -> IOCTL records -> dispatch -> engine ->
+//! ib_umad, `ibcm_linux`), with verified traffic on them.
+//!
+//! - [`Rc`]: the device's umad port with a driver node on it, a [`Provider`] open on the
+//!   node, and a verbs context on the same device.
+//! - [`connect`] / [`accept`]: one connection, the QP moved through INIT, RTR and RTS with
+//!   exactly the attributes the engine returned (as a Windows verbs provider would).
+//! - [`rping_client`] / [`rping_server`]: rdma-core `rping`'s exchange (librdmacm/examples
+//!   /rping.c), so either side can be Linux `rping -v -V`: the client advertises a buffer
+//!   holding `"rdma-ping-%d: "` and a letter run, the server RDMA READs it, the client
+//!   advertises a sink, the server RDMA WRITEs the data back, and the client compares.
+//! - [`bw_client`] / [`bw_server`]: SEND and RDMA READ bandwidth between two ibcm nodes,
+//!   every byte checked.
+//!
+//! After each connection [`QpQuery`] reports the QP as the device holds it, for the
+//! harness to hold against the peer's: our sq_psn must be the peer's rq_psn and the
+//! reverse, the QPNs crossed, the MTU equal, and the read limits crossed.
+
+use std::net::Ipv4Addr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use ibcm::{
+    AcceptParams, ConnectEndpoint, ConnectParams, Failover, IpServiceId, ListenParams, Provider,
+    QpState, Transport,
+};
+use ibcm_linux::umad::{UmadConfig, UmadPort};
+use ibcm_linux::verbs::{Completion, Context, QpQuery, RcQp, Region};
+
+use crate::cmtime::Timing;
+use crate::rocev2::{PATH_MTU, describe, rdma_cm_private_data};
+
+/// The send and receive queue depth of every QP here (rping's RPING_SQ_DEPTH).
+pub const QP_DEPTH: u32 = 16;
+/// The size of rping's `struct rping_rdma_info` (`__be64 buf; __be32 rkey; __be32 size`),
+/// the only message its SENDs carry.
+pub const RPING_INFO_LEN: usize = 16;
+
+type Res<T> = std::result::Result<T, String>;
+
+/// A device with ibcm on its QP1 and a verbs context.
+pub struct Rc {
+    /// QP1 and the driver node.
+    pub port: UmadPort,
+    /// The provider on the node.
+    pub provider: Provider,
+    /// Verbs on the device.
+    pub ctx: Arc<Context>,
+}
+
+impl Rc {
+    /// Starts ibcm on `device`'s port 1 at `local`.
+    pub fn start(device: &str, local: Ipv4Addr) -> Res<Self> {
+        let port = UmadPort::start(&UmadConfig {
+            device: device.to_string(),
+            port: 1,
+            local,
+            seed: None,
+        })
+        .map_err(|e| format!("ib_umad on {device}: {e}"))?;
+        let provider = Provider::in_process(port.node()).map_err(|e| e.to_string())?;
+        let ctx = Context::open(device, 1).map_err(|e| format!("verbs on {device}: {e}"))?;
+        Ok(Self {
+            port,
+            provider,
+            ctx,
+        })
+    }
+}
+
+/// A connection with its QP.
+pub struct Conn {
+    /// The CM endpoint.
+    pub ep: ConnectEndpoint,
+    /// The QP, in RTS.
+    pub qp: RcQp,
+    /// From the REQ (sent or received) to the connection being established here.
+    pub setup: Duration,
+    /// From the REQ to the peer's answer (the REP, active) or to our REP's going out
+    /// (passive: the QP created and moved to RTS on the way).
+    pub answer: Duration,
+}
+
+/// The read limits and timing of a connection.
+#[derive(Debug, Clone, Copy)]
+pub struct Limits {
+    /// Responder resources offered (RDMA READs this side serves at once).
+    pub responder_resources: u8,
+    /// Initiator depth asked for (RDMA READs this side issues at once).
+    pub initiator_depth: u8,
+    /// CM timing.
+    pub timing: Timing,
+}
+
+fn modify(qp: &RcQp, attrs: &ibcm::QpAttributes) -> Res<()> {
+    qp.modify(attrs).map_err(|e| e.to_string())
+}
+
+/// Connects to the RDMA-CM listener on `peer`'s TCP port `rdma_port`; `before_rtu` posts
+/// the receives the peer's first messages need, with the QP in RTS.
+pub fn connect(
+    rc: &Rc,
+    peer: Ipv4Addr,
+    rdma_port: u16,
+    limits: &Limits,
+    before_rtu: impl FnOnce(&RcQp) -> Res<()>,
+) -> Res<Conn> {
+    let qp = RcQp::create(&rc.ctx, QP_DEPTH).map_err(|e| e.to_string())?;
+    let local = rc.port.local();
+    let private_data =
+        rdma_cm_private_data(local, peer, 0xc000 | (std::process::id() as u16 & 0x3fff));
+    let params = ConnectParams {
+        service_id: IpServiceId::tcp(rdma_port).to_service_id(),
+        port: 1,
+        pkey: 0xffff,
+        qpn: qp.qpn(),
+        transport: Transport::Rc,
+        starting_psn: None,
+        primary_path: rc.port.path_to(peer, limits.timing.packet_life_time),
+        alternate_path: None,
+        path_mtu: PATH_MTU,
+        responder_resources: limits.responder_resources,
+        initiator_depth: limits.initiator_depth,
+        remote_cm_response_timeout: limits.timing.cm_response_timeout,
+        local_cm_response_timeout: limits.timing.cm_response_timeout,
+        retry_count: 7,
+        rnr_retry_count: 7,
+        max_cm_retries: limits.timing.max_cm_retries,
+        srq: false,
+        flow_control: true,
+        private_data: &private_data,
+    };
+    let ep = rc.provider.connect_endpoint().map_err(|e| describe(&e))?;
+    let t0 = Instant::now();
+    let reply = ep
+        .connect(&params)
+        .map_err(|e| format!("connect: {}", describe(&e)))?;
+    let answer = t0.elapsed();
+    let init = ep
+        .qp_attributes(QpState::Init)
+        .map_err(|e| format!("INIT attributes: {}", describe(&e)))?;
+    modify(&qp, &init)?;
+    modify(&qp, &reply.rtr)?;
+    modify(&qp, &reply.rts)?;
+    before_rtu(&qp)?;
+    ep.rtu(&[]).map_err(|e| format!("rtu: {}", describe(&e)))?;
+    Ok(Conn {
+        ep,
+        qp,
+        setup: t0.elapsed(),
+        answer,
+    })
+}
+
+/// Accepts the next REQ for RDMA-CM TCP port `rdma_port` within `wait`; `before_rep`
+/// posts the receives the peer's first messages need, with the QP in RTS.
+pub fn accept(
+    rc: &Rc,
+    rdma_port: u16,
+    limits: &Limits,
+    wait: Duration,
+    before_rep: impl FnOnce(&RcQp) -> Res<()>,
+    log: &dyn Fn(String),
+) -> Res<Conn> {
+    let service_id = IpServiceId::tcp(rdma_port).to_service_id();
+    let listener = rc
+        .provider
+        .listen(&ListenParams {
+            service_id,
+            service_mask: u64::MAX,
+            port: None,
+            compare: None,
+            backlog: 16,
+        })
+        .map_err(|e| describe(&e))?;
+    log(format!("listening on service ID {service_id:#018x}"));
+    let req = crate::exchange::bounded(wait, || listener.cancel(), || listener.get_request())
+        .map_err(|e| format!("no REQ: {}", describe(&e)))?;
+    let t0 = Instant::now();
+    log(format!(
+        "REQ from CA {:#018x}, QPN {:#x}, responder resources {}, initiator depth {}",
+        req.remote_ca_guid, req.remote_qpn, req.peer_responder_resources, req.peer_initiator_depth
+    ));
+    let qp = RcQp::create(&rc.ctx, QP_DEPTH).map_err(|e| e.to_string())?;
+    let ep = req.endpoint;
+    // IBA 12.7.29/12.7.30 (REP): responder resources no more than the REQ's initiator
+    // depth, initiator depth no more than the REQ's responder resources.
+    let t = ep
+        .prepare_accept(&AcceptParams {
+            qpn: qp.qpn(),
+            starting_psn: None,
+            responder_resources: limits.responder_resources.min(req.peer_initiator_depth),
+            initiator_depth: limits.initiator_depth.min(req.peer_responder_resources),
+            rnr_retry_count: 7,
+            failover_accepted: Failover::NotSupported,
+            flow_control: true,
+            srq: false,
+            private_data: &[],
+        })
+        .map_err(|e| format!("accept: {}", describe(&e)))?;
+    modify(&qp, &t.init)?;
+    modify(&qp, &t.rtr)?;
+    modify(&qp, &t.rts)?;
+    before_rep(&qp)?;
+    let answer = t0.elapsed();
+    crate::exchange::bounded(wait, || ep.cancel(), || ep.accept())
+        .map_err(|e| format!("accept: {}", describe(&e)))?;
+    listener.cancel();
+    Ok(Conn {
+        ep,
+        qp,
+        setup: t0.elapsed(),
+        answer,
+    })
+}
+
+/// One line describing a QP as the device holds it, `key=value` (decimal), for the
+/// harness.
+pub fn qp_line(who: &str, q: &QpQuery) -> String {
+    format!(
+        "qp-{who} qpn={} dest_qpn={} sq_psn={} rq_psn={} path_mtu={} max_rd_atomic={} max_dest_rd_atomic={} timeout={} retry_cnt={} rnr_retry={} state={}",
+        q.qpn,
+        q.dest_qpn,
+        q.sq_psn,
+        q.rq_psn,
+        q.path_mtu,
+        q.max_rd_atomic,
+        q.max_dest_rd_atomic,
+        q.timeout,
+        q.retry_cnt,
+        q.rnr_retry,
+        q.state
+    )
+}
+
+/// `IBV_WC_WR_FLUSH_ERR`: the QP went to ERR (the connection is ending) with the work
+/// request still posted.
+const WC_WR_FLUSH_ERR: u32 = 5;
+
+/// How a failure that is a flush starts: the QP was moved to ERR under the run.
+pub const FLUSHED: &str = "flushed";
+
+/// The next completion within `limit`, failing unless it succeeded.
+fn next_ok(qp: &RcQp, limit: Duration, what: &str) -> Res<Completion> {
+    let c = qp
+        .next(Instant::now() + limit)
+        .map_err(|e| format!("{what}: {e}"))?;
+    if c.ok() {
+        Ok(c)
+    } else if c.status == WC_WR_FLUSH_ERR {
+        Err(format!("{FLUSHED}: {what}"))
+    } else {
+        Err(format!(
+            "{what}: completion {} ({})",
+            c.status_text(),
+            c.status
+        ))
+    }
+}
+
+/// Waits for the completion of work request `wr_id`, collecting the others in `seen`.
+fn wait_for(
+    qp: &RcQp,
+    wr_id: u64,
+    limit: Duration,
+    seen: &mut Vec<Completion>,
+    what: &str,
+) -> Res<Completion> {
+    if let Some(i) = seen.iter().position(|c| c.wr_id == wr_id) {
+        return Ok(seen.remove(i));
+    }
+    let end = Instant::now() + limit;
+    loop {
+        let c = next_ok(qp, end.saturating_duration_since(Instant::now()), what)?;
+        if c.wr_id == wr_id {
+            return Ok(c);
+        }
+        seen.push(c);
+    }
+}
+
+/// rping's client buffer for ping `ping` (rping.c, rping_test_client): "rdma-ping-%d: "
+/// then letters from `start` cycling through 'A'..='z' (65..=122), the last byte NUL.
+pub fn rping_pattern(ping: u32, size: usize) -> Vec<u8> {
+    let mut buf = format!("rdma-ping-{ping}: ").into_bytes();
+    buf.truncate(size);
+    // `start` begins at 65 and steps once per ping, wrapping past 122.
+    let mut c = 65 + (ping % 58) as u8;
+    while buf.len() < size {
+        buf.push(c);
+        c = if c >= 122 { 65 } else { c + 1 };
+    }
+    if let Some(last) = buf.last_mut() {
+        *last = 0;
+    }
+    buf
+}
+
+fn info(addr: u64, rkey: u32, size: u32) -> [u8; RPING_INFO_LEN] {
+    let mut b = [0u8; RPING_INFO_LEN];
+    b[..8].copy_from_slice(&addr.to_be_bytes());
+    b[8..12].copy_from_slice(&rkey.to_be_bytes());
+    b[12..].copy_from_slice(&size.to_be_bytes());
+    b
+}
+
+fn parse_info(b: &[u8]) -> Option<(u64, u32, u32)> {
+    let addr = u64::from_be_bytes(b.get(..8)?.try_into().ok()?);
+    let rkey = u32::from_be_bytes(b.get(8..12)?.try_into().ok()?);
+    let size = u32::from_be_bytes(b.get(12..16)?.try_into().ok()?);
+    Some((addr, rkey, size))
+}
+
+/// What an rping run did.
+#[derive(Debug, Clone, Default)]
+pub struct RpingReport {
+    /// Pings whose data came back (client) or was read (server) as sent.
+    pub verified: u32,
+    /// Pings attempted.
+    pub pings: u32,
+    /// Time from the first ping to the last.
+    pub elapsed: Duration,
+    /// Bytes moved by RDMA READ and WRITE.
+    pub bytes: u64,
+}
+
+const WR_RECV: u64 = 1;
+const WR_SEND: u64 = 2;
+const WR_READ: u64 = 3;
+const WR_WRITE: u64 = 4;
+
+/// rping's client on `conn`: `count` pings of `size` bytes, each verified.
+pub fn rping_client(
+    rc: &Rc,
+    conn: &Conn,
+    recv: &Region,
+    count: u32,
+    size: usize,
+    limit: Duration,
+    log: &dyn Fn(String),
+) -> Res<RpingReport> {
+    let qp = &conn.qp;
+    let mut start = Region::new(&rc.ctx, size).map_err(|e| e.to_string())?;
+    let sink = Region::new(&rc.ctx, size).map_err(|e| e.to_string())?;
+    let mut send = Region::new(&rc.ctx, RPING_INFO_LEN).map_err(|e| e.to_string())?;
+    let mut seen = Vec::new();
+    let mut report = RpingReport::default();
+    let t0 = Instant::now();
+    for ping in 0..count {
+        report.pings += 1;
+        let want = rping_pattern(ping, size);
+        start.bytes_mut().copy_from_slice(&want);
+        send.bytes_mut()
+            .copy_from_slice(&info(start.addr(), start.rkey(), size as u32));
+        qp.post_send(&send, 0, RPING_INFO_LEN, WR_SEND)
+            .map_err(|e| e.to_string())?;
+        wait_for(qp, WR_SEND, limit, &mut seen, "send (source advertisement)")?;
+        // The server reads the buffer, then says go ahead.
+        let c = wait_for(qp, WR_RECV, limit, &mut seen, "receive (go ahead)")?;
+        if c.byte_len as usize != RPING_INFO_LEN {
+            return Err(format!("go ahead of {} bytes", c.byte_len));
+        }
+        qp.post_recv(recv, 0, RPING_INFO_LEN, WR_RECV)
+            .map_err(|e| e.to_string())?;
+        send.bytes_mut()
+            .copy_from_slice(&info(sink.addr(), sink.rkey(), size as u32));
+        qp.post_send(&send, 0, RPING_INFO_LEN, WR_SEND)
+            .map_err(|e| e.to_string())?;
+        wait_for(qp, WR_SEND, limit, &mut seen, "send (sink advertisement)")?;
+        let c = wait_for(qp, WR_RECV, limit, &mut seen, "receive (write done)")?;
+        if c.byte_len as usize != RPING_INFO_LEN {
+            return Err(format!("write done of {} bytes", c.byte_len));
+        }
+        qp.post_recv(recv, 0, RPING_INFO_LEN, WR_RECV)
+            .map_err(|e| e.to_string())?;
+        report.bytes += 2 * size as u64;
+        if sink.bytes() == want.as_slice() {
+            report.verified += 1;
+            if ping < 4 {
+                let text = String::from_utf8_lossy(&want[..want.len().saturating_sub(1).min(40)]);
+                log(format!("ping data: {text}"));
+            }
+        } else {
+            return Err(format!(
+                "ping {ping}: the data written back differs from what was sent"
+            ));
+        }
+    }
+    report.elapsed = t0.elapsed();
+    Ok(report)
+}
+
+/// rping's server on `conn` until the peer disconnects (or `limit` passes without a
+/// message): each advertised buffer is RDMA READ, checked against rping's pattern, and
+/// written back to the advertised sink.
+pub fn rping_server(
+    rc: &Rc,
+    conn: &Conn,
+    recv: &Region,
+    size: usize,
+    limit: Duration,
+    log: &dyn Fn(String),
+) -> Res<RpingReport> {
+    let qp = &conn.qp;
+    let mut data = Region::new(&rc.ctx, size).map_err(|e| e.to_string())?;
+    let send = Region::new(&rc.ctx, RPING_INFO_LEN).map_err(|e| e.to_string())?;
+    let mut seen = Vec::new();
+    let mut report = RpingReport::default();
+    let mut t0 = None;
+    let mut ping = 0u32;
+    loop {
+        // The source advertisement, or the end: a flush when the QP goes to ERR on the
+        // peer's DREQ, or nothing for `limit`.
+        let c = match qp.next(Instant::now() + limit) {
+            Ok(c) => c,
+            Err(e) => return Err(format!("waiting for a ping: {e}")),
+        };
+        if !c.ok() {
+            log(format!("ping wait ended: {}", c.status_text()));
+            if c.status != WC_WR_FLUSH_ERR {
+                return Err(format!("waiting for a ping: {}", c.status_text()));
+            }
+            break;
+        }
+        if c.wr_id != WR_RECV {
+            seen.push(c);
+            continue;
+        }
+        t0.get_or_insert_with(Instant::now);
+        report.pings += 1;
+        match serve_ping(
+            qp, recv, &mut data, &send, size, ping, limit, &mut seen, log,
+        ) {
+            Ok((verified, bytes)) => {
+                report.verified += u32::from(verified);
+                report.bytes += bytes;
+            }
+            Err(e) if e.starts_with(FLUSHED) => {
+                // The peer ended the connection with this ping in flight.
+                log(format!("ping {ping} cut short: {e}"));
+                report.pings -= 1;
+                break;
+            }
+            Err(e) => return Err(e),
+        }
+        ping += 1;
+    }
+    report.elapsed = t0.map_or(Duration::ZERO, |t| t.elapsed());
+    Ok(report)
+}
+
+/// One ping of rping's server, its advertisement received: (the data was rping's, bytes
+/// moved).
+#[allow(clippy::too_many_arguments)]
+fn serve_ping(
+    qp: &RcQp,
+    recv: &Region,
+    data: &mut Region,
+    send: &Region,
+    size: usize,
+    ping: u32,
+    limit: Duration,
+    seen: &mut Vec<Completion>,
+    log: &dyn Fn(String),
+) -> Res<(bool, u64)> {
+    let (addr, rkey, len) = parse_info(recv.bytes()).ok_or("short advertisement")?;
+    let len = len as usize;
+    if len > size {
+        return Err(format!("advertised {len} bytes, the buffer holds {size}"));
+    }
+    qp.post_recv(recv, 0, RPING_INFO_LEN, WR_RECV)
+        .map_err(|e| e.to_string())?;
+    data.bytes_mut().fill(0);
+    qp.post_read(data, 0, len, addr, rkey, WR_READ)
+        .map_err(|e| e.to_string())?;
+    wait_for(qp, WR_READ, limit, seen, "RDMA READ")?;
+    let got = &data.bytes()[..len];
+    let verified = got == rping_pattern(ping, len).as_slice();
+    if !verified {
+        log(format!(
+            "ping {ping}: RDMA READ data is not rping's pattern"
+        ));
+    }
+    if ping < 4 {
+        let text = String::from_utf8_lossy(&got[..len.saturating_sub(1).min(40)]);
+        log(format!("server ping data: {text}"));
+    }
+    // rping writes strlen + 1 bytes back: the whole buffer for its pattern.
+    let n = got.iter().position(|&b| b == 0).map_or(len, |i| i + 1);
+    qp.post_send(send, 0, RPING_INFO_LEN, WR_SEND)
+        .map_err(|e| e.to_string())?;
+    let c = wait_for(qp, WR_RECV, limit, seen, "receive (sink advertisement)")?;
+    let (addr, rkey, _) = parse_info(recv.bytes()).ok_or("short advertisement")?;
+    if c.byte_len as usize != RPING_INFO_LEN {
+        return Err(format!("sink advertisement of {} bytes", c.byte_len));
+    }
+    qp.post_recv(recv, 0, RPING_INFO_LEN, WR_RECV)
+        .map_err(|e| e.to_string())?;
+    qp.post_write(data, 0, n, addr, rkey, WR_WRITE)
+        .map_err(|e| e.to_string())?;
+    wait_for(qp, WR_WRITE, limit, seen, "RDMA WRITE")?;
+    qp.post_send(send, 0, RPING_INFO_LEN, WR_SEND)
+        .map_err(|e| e.to_string())?;
+    Ok((verified, (len + n) as u64))
+}
+
+/// What a bandwidth run moved.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct BwReport {
+    /// Messages (SEND) or reads (RDMA READ) completed and checked.
+    pub ops: u64,
+    /// Bytes.
+    pub bytes: u64,
+    /// From the first post to the last completion.
+    pub elapsed: Duration,
+}
+
+impl BwReport {
+    /// MB/s (10^6 bytes per second).
+    pub fn mbps(&self) -> f64 {
+        let s = self.elapsed.as_secs_f64();
+        if s > 0.0 {
+            self.bytes as f64 / s / 1e6
+        } else {
+            0.0
+        }
+    }
+}
+
+/// The bandwidth test's data: byte `i` of message `n`.
+fn bw_byte(n: u64, i: usize) -> u8 {
+    (n.wrapping_mul(31).wrapping_add(i as u64 * 7 + 13)) as u8
+}
+
+/// The bandwidth server: serves RDMA READs of a `size`-byte buffer and receives SENDs of
+/// `size` bytes, checking each, until a 16-byte "done" message.
+pub fn bw_server(
+    rc: &Rc,
+    conn: &Conn,
+    recv: &Region,
+    size: usize,
+    limit: Duration,
+) -> Res<BwReport> {
+    let qp = &conn.qp;
+    let mut source = Region::new(&rc.ctx, size).map_err(|e| e.to_string())?;
+    for (i, b) in source.bytes_mut().iter_mut().enumerate() {
+        *b = bw_byte(0, i);
+    }
+    let mut send = Region::new(&rc.ctx, RPING_INFO_LEN).map_err(|e| e.to_string())?;
+    send.bytes_mut()
+        .copy_from_slice(&info(source.addr(), source.rkey(), size as u32));
+    qp.post_send(&send, 0, RPING_INFO_LEN, u64::MAX)
+        .map_err(|e| e.to_string())?;
+    let mut report = BwReport::default();
+    let mut t0 = None;
+    loop {
+        let c = next_ok(qp, limit, "receive")?;
+        if c.wr_id == u64::MAX {
+            continue; // our advertisement went out
+        }
+        t0.get_or_insert_with(Instant::now);
+        let slot = c.wr_id as usize;
+        if c.byte_len as usize == RPING_INFO_LEN {
+            break;
+        }
+        let msg = recv
+            .bytes()
+            .get(slot * size..(slot + 1) * size)
+            .ok_or("bad slot")?;
+        let n = u64::from_be_bytes(msg[..8].try_into().map_err(|_| "short")?);
+        if c.byte_len as usize != size
+            || msg[8..]
+                .iter()
+                .enumerate()
+                .any(|(i, &b)| b != bw_byte(n, i + 8))
+        {
+            return Err(format!("message {n}: bytes differ from what was sent"));
+        }
+        report.ops += 1;
+        report.bytes += size as u64;
+        qp.post_recv(recv, slot * size, size, slot as u64)
+            .map_err(|e| e.to_string())?;
+    }
+    report.elapsed = t0.map_or(Duration::ZERO, |t| t.elapsed());
+    Ok(report)
+}
+
+/// The bandwidth client: `iters` RDMA READs of the server's buffer (each checked), then
+/// `iters` SENDs of `size` bytes, `depth` in flight; ends with a 16-byte "done".
+pub fn bw_client(
+    rc: &Rc,
+    conn: &Conn,
+    recv: &Region,
+    depth: usize,
+    size: usize,
+    iters: u64,
+    limit: Duration,
+) -> Res<(BwReport, BwReport)> {
+    let qp = &conn.qp;
+    let c = next_ok(qp, limit, "the server's advertisement")?;
+    if c.byte_len as usize != RPING_INFO_LEN {
+        return Err("no advertisement".into());
+    }
+    let (addr, rkey, len) = parse_info(recv.bytes()).ok_or("short advertisement")?;
+    if len as usize != size {
+        return Err(format!("the server's buffer is {len} bytes, not {size}"));
+    }
+    let mut buf = Region::new(&rc.ctx, depth * size).map_err(|e| e.to_string())?;
+    let want: Vec<u8> = (0..size).map(|i| bw_byte(0, i)).collect();
+    // RDMA READ.
+    let mut read = BwReport::default();
+    let t0 = Instant::now();
+    let (mut posted, mut done) = (0u64, 0u64);
+    while done < iters {
+        while posted < iters && posted - done < depth as u64 {
+            let slot = (posted % depth as u64) as usize;
+            qp.post_read(&buf, slot * size, size, addr, rkey, slot as u64)
+                .map_err(|e| e.to_string())?;
+            posted += 1;
+        }
+        let c = next_ok(qp, limit, "RDMA READ")?;
+        let slot = c.wr_id as usize;
+        if buf.bytes().get(slot * size..(slot + 1) * size) != Some(want.as_slice()) {
+            return Err(format!("RDMA READ {done}: bytes differ from the server's"));
+        }
+        done += 1;
+    }
+    read.elapsed = t0.elapsed();
+    read.ops = done;
+    read.bytes = done * size as u64;
+    // SEND.
+    let mut sends = BwReport::default();
+    let t0 = Instant::now();
+    let (mut posted, mut done) = (0u64, 0u64);
+    while done < iters {
+        while posted < iters && posted - done < depth as u64 {
+            let slot = (posted % depth as u64) as usize;
+            let msg = &mut buf.bytes_mut()[slot * size..(slot + 1) * size];
+            msg[..8].copy_from_slice(&posted.to_be_bytes());
+            for (i, b) in msg.iter_mut().enumerate().skip(8) {
+                *b = bw_byte(posted, i);
+            }
+            qp.post_send(&buf, slot * size, size, slot as u64)
+                .map_err(|e| e.to_string())?;
+            posted += 1;
+        }
+        next_ok(qp, limit, "SEND")?;
+        done += 1;
+    }
+    sends.elapsed = t0.elapsed();
+    sends.ops = done;
+    sends.bytes = done * size as u64;
+    qp.post_send(&buf, 0, RPING_INFO_LEN, u64::MAX)
+        .map_err(|e| e.to_string())?;
+    next_ok(qp, limit, "done message")?;
+    Ok((read, sends))
+}
+
+/// rdma-core ucmatose's data phase (librdmacm/examples/cmatose.c: post_sends, then
+/// poll_cqs for the sends and for the receives): `count` SENDs of `size` bytes each way,
+/// the receives posted before the connection is established. ucmatose sends whatever its
+/// buffer holds, so only the count and length of each message are checked. Returns the
+/// (sends, receives) completed.
+pub fn messages(
+    rc: &Rc,
+    conn: &Conn,
+    count: usize,
+    size: usize,
+    limit: Duration,
+) -> Res<(usize, usize)> {
+    let qp = &conn.qp;
+    let mut send = Region::new(&rc.ctx, size).map_err(|e| e.to_string())?;
+    send.bytes_mut().fill(0x5a);
+    for i in 0..count {
+        qp.post_send(&send, 0, size, WR_SEND + 100 + i as u64)
+            .map_err(|e| e.to_string())?;
+    }
+    let (mut sent, mut received) = (0, 0);
+    while sent < count || received < count {
+        let c = next_ok(qp, limit, "message")?;
+        if c.wr_id >= WR_SEND + 100 {
+            sent += 1;
+        } else if c.byte_len as usize == size {
+            received += 1;
+        } else {
+            return Err(format!("a message of {} bytes, not {size}", c.byte_len));
+        }
+    }
+    Ok((sent, received))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rping_pattern_is_rpings() {
+        // rping.c rping_test_client: "rdma-ping-0: " then 'A', 'B', ... ; ping 1 starts at 'B'.
+        let p = rping_pattern(0, 20);
+        assert_eq!(&p, b"rdma-ping-0: ABCDEF\0");
+        let p = rping_pattern(1, 20);
+        assert_eq!(&p, b"rdma-ping-1: BCDEFG\0");
+        // The letters wrap from 'z' (122) to 'A' (65).
+        let p = rping_pattern(57, 16);
+        assert_eq!(&p[14..], b"z\0");
+        assert_eq!(rping_pattern(58, 15)[14], 0);
+        assert_eq!(&rping_pattern(58, 16)[14..], b"A\0");
+    }
+
+    #[test]
+    fn rping_info_is_big_endian() {
+        let b = info(0x1122_3344_5566_7788, 0xaabb_ccdd, 64);
+        assert_eq!(b[0], 0x11);
+        assert_eq!(b[8], 0xaa);
+        assert_eq!(b[15], 64);
+        assert_eq!(
+            parse_info(&b),
+            Some((0x1122_3344_5566_7788, 0xaabb_ccdd, 64))
+        );
+    }
+}
