@@ -655,12 +655,18 @@ impl CmManager {
     fn release(&mut self, id: CepId) {
         let index = id.index();
         let mask = self.ids.generation_mask();
+        // The (CA GUID, QPN) the CEP binds, if it does (local_qpn.rs).
+        let bound = self
+            .cep_any(id)
+            .filter(|c| local_qpn::binds(c.state))
+            .map(|c| (c.dest.port, c.local_qpn))
+            .map(|(port, qpn)| (self.ca_guid_of(port), qpn));
         if let Some(slot) = self.slots.get_mut(index)
             && slot.generation & 0xff == id.tag()
             && let Some(c) = slot.cep.take()
         {
-            if local_qpn::binds(c.state) {
-                local_qpn::unbind(&mut self.local_qpns, c.local_qpn);
+            if let Some(key) = bound {
+                local_qpn::unbind(&mut self.local_qpns, key);
             }
             self.waiting.on_release(c.state);
             // Its private data goes back to the pool (never allocates).

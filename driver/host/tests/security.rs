@@ -354,7 +354,7 @@ fn a_user_cannot_send_a_req_with_anothers_qpn() {
     // An administrator names raw QPNs (trusted: README, "Security").
     let admin = open(n1, Caller::Administrator);
     assert_eq!(
-        n1.device.with_engine(|cm| cm.local_qpn_holder(0x456)),
+        n1.device.with_engine(|cm| cm.local_qpn_holder(1, 0x456)),
         Some(server.raw())
     );
     let _ = admin;
@@ -518,4 +518,134 @@ fn a_user_reading_no_events_is_stopped_until_it_reads_them() {
     let got = channel_events(n1, server);
     assert_eq!(got.len(), 2);
     must(n1, server, code::CREATE, c.as_bytes(), 16);
+}
+
+/// Who holds QPN `qpn` of port 1's CA on `node`.
+fn holder(node: &Node, qpn: u32) -> Option<u64> {
+    node.device.with_engine(|cm| cm.local_qpn_holder(1, qpn))
+}
+
+/// A re-formatted REP that names another QPN moves the endpoint's QPN binding: the first
+/// QPN is free again and the second is the handle's. Before, the binding stayed on the
+/// first QPN for good (a leak that filled the table) while the endpoint's end unbound the
+/// second: a handle could thereby strip a victim's QPN of its protection (review of
+/// issue 30, A1). Seen failing on the code before: holder of 0x500 stayed the server,
+/// 0x501 had none.
+#[test]
+fn a_reformatted_rep_moves_the_qpn_binding() {
+    let mut fabric = Fabric::new(2, 9);
+    let n1 = &fabric.nodes[1];
+    let server = open(n1, Caller::User);
+    let l = create(n1, server);
+    must(
+        n1,
+        server,
+        code::LISTEN,
+        listen_in(l, SERVICE, u64::MAX).as_bytes(),
+        0,
+    );
+    let n0 = &fabric.nodes[0];
+    let client = open(n0, Caller::User);
+    let c = create(n0, client);
+    must(
+        n0,
+        client,
+        code::CONNECT,
+        connect_in(c, 0x321).as_bytes(),
+        0,
+    );
+    fabric.run_for(100_000);
+    let n1 = &fabric.nodes[1];
+    let s = channel_events(n1, server)[0].new_handle;
+    let out = QpTransitionsOut::SIZE as usize;
+    must(
+        n1,
+        server,
+        code::FORMAT_REP,
+        format_rep_in(s, 0x500).as_bytes(),
+        out,
+    );
+    assert_eq!(holder(n1, 0x500), Some(server.raw()));
+    must(
+        n1,
+        server,
+        code::FORMAT_REP,
+        format_rep_in(s, 0x501).as_bytes(),
+        out,
+    );
+    assert_eq!(holder(n1, 0x500), None, "the first QPN is free again");
+    assert_eq!(holder(n1, 0x501), Some(server.raw()));
+    // Another user may now name 0x500, not 0x501.
+    let other = open(n1, Caller::User);
+    let l2 = create(n1, other);
+    must(
+        n1,
+        other,
+        code::LISTEN,
+        listen_in(l2, SERVICE + 1, u64::MAX).as_bytes(),
+        0,
+    );
+    let n0 = &fabric.nodes[0];
+    let c2 = create(n0, client);
+    let mut c2_in = connect_in(c2, 0x322);
+    c2_in.service_id = SERVICE + 1;
+    must(n0, client, code::CONNECT, c2_in.as_bytes(), 0);
+    fabric.run_for(100_000);
+    let n1 = &fabric.nodes[1];
+    let o = channel_events(n1, other)[0].new_handle;
+    let denied = n1.ioctl_now(
+        other,
+        code::FORMAT_REP,
+        format_rep_in(o, 0x501).as_bytes(),
+        out,
+    );
+    assert_eq!(denied.status, status::ACCESS_DENIED);
+    must(
+        n1,
+        other,
+        code::FORMAT_REP,
+        format_rep_in(o, 0x500).as_bytes(),
+        out,
+    );
+    // The server's endpoint going leaves 0x501 unbound, and 0x500 the other user's.
+    must(n1, server, code::DESTROY, handle_in(s).as_bytes(), 0);
+    assert_eq!(holder(n1, 0x501), None);
+    assert_eq!(holder(n1, 0x500), Some(other.raw()));
+}
+
+/// A QPN that endpoints of two owners bind is nobody's to name any more: the first user
+/// to name a QPN that a kernel client's QP (or another handle's) turns out to use cannot
+/// go on sending REQs with it and tear that connection down (review of issue 30, A2).
+/// Administrators (and kernel clients) name any QPN and so bind it beside a user.
+#[test]
+fn a_qpn_bound_by_two_owners_is_no_users_to_name() {
+    let fabric = Fabric::new(2, 10);
+    let n1 = &fabric.nodes[1];
+    let server = open(n1, Caller::Administrator);
+    let l = create(n1, server);
+    must(
+        n1,
+        server,
+        code::LISTEN,
+        listen_in(l, SERVICE, u64::MAX).as_bytes(),
+        0,
+    );
+    let n0 = &fabric.nodes[0];
+    let (squatter, admin) = (open(n0, Caller::User), open(n0, Caller::Administrator));
+    let a = create(n0, squatter);
+    must(
+        n0,
+        squatter,
+        code::CONNECT,
+        connect_in(a, 0x777).as_bytes(),
+        0,
+    );
+    assert_eq!(holder(n0, 0x777), Some(squatter.raw()));
+    let b = create(n0, admin);
+    must(n0, admin, code::CONNECT, connect_in(b, 0x777).as_bytes(), 0);
+    assert_ne!(holder(n0, 0x777), Some(squatter.raw()));
+    assert_ne!(holder(n0, 0x777), Some(admin.raw()));
+    let c = create(n0, squatter);
+    let denied = n0.ioctl_now(squatter, code::CONNECT, connect_in(c, 0x777).as_bytes(), 0);
+    assert_eq!(denied.status, status::ACCESS_DENIED);
 }

@@ -9,13 +9,15 @@
 //! so the dispatch layer asks [`CmManager::local_qpn_holder`] who holds a QPN before it
 //! lets a non-administrator's CONNECT or FORMAT_REP name it.
 //!
-//! A CEP binds its local QPN from its REQ (ReqSent) or pre-REP (RepPrepared) until its
-//! connection has left timewait (the peer keeps the QPN as long, al_cm_cep.c's
-//! timewait and Linux's `cm_cleanup_timewait`), or its port is removed. The holder is
-//! the owner (`set_owner`'s first word: the dispatch layer's file, or its kernel-client
-//! marker) of the CEP that bound the QPN first; it holds the QPN as long as any CEP
-//! binds it. QPNs are per CA; this manager serves one CA GUID (`CmConfig::ca_guid`), so
-//! the QPN is the key.
+//! A CEP binds its local QPN from its REQ (ReqSent) or pre-REP (RepPrepared; a
+//! re-formatted REP with another QPN moves the binding) until its connection has left
+//! timewait (the peer keeps the QPN as long, al_cm_cep.c's timewait and Linux's
+//! `cm_cleanup_timewait`), or its port is removed. The holder is the owner (`set_owner`'s
+//! first word: the dispatch layer's file, or its kernel-client marker) of the CEP that
+//! bound the QPN first, while every CEP that binds it has that owner; once another owner
+//! binds it too (a kernel client's QP that a user named first), it is [`CONTESTED`] and
+//! no user may name it any more. QPNs are per CA, and one manager serves the ports of
+//! several (`set_port_ca_guid`): the key is (CA GUID, QPN).
 
 use hashbrown::HashMap;
 
@@ -31,11 +33,14 @@ pub(super) struct Hold {
     ceps: u32,
 }
 
-/// QPN -> its holder.
-pub(super) type LocalQpns = HashMap<u32, Hold, KeyedHash>;
+/// (CA GUID, QPN) -> its holder.
+pub(super) type LocalQpns = HashMap<(u64, u32), Hold, KeyedHash>;
 
 /// The holder recorded for a CEP that had no owner when it bound its QPN.
 pub(super) const NO_HOLDER: u64 = u64::MAX;
+
+/// The holder of a QPN that CEPs of more than one owner bind: nobody's to name.
+pub(super) const CONTESTED: u64 = u64::MAX - 1;
 
 /// Whether a CEP in `state` speaks for its local QPN: from its REQ or pre-REP until its
 /// connection has left timewait (module docs).
@@ -54,45 +59,46 @@ pub(super) fn binds(state: State) -> bool {
 }
 
 impl CmManager {
-    /// Who holds local QPN `qpn` (module docs): the first word of the owner of the CEP
-    /// that bound it first ([`NO_HOLDER`] if it had none), while any CEP binds it.
-    pub fn local_qpn_holder(&self, qpn: u32) -> Option<u64> {
-        self.local_qpns.get(&qpn).map(|h| h.holder)
+    /// Who holds local QPN `qpn` of the CA of `port` (module docs): the first word of the
+    /// owner of the CEPs that bind it ([`NO_HOLDER`] if they had none, [`CONTESTED`] if
+    /// they are of several owners), while any CEP binds it.
+    pub fn local_qpn_holder(&self, port: u8, qpn: u32) -> Option<u64> {
+        let key = (self.ca_guid_of(port), qpn);
+        self.local_qpns.get(&key).map(|h| h.holder)
     }
 
-    /// A CEP changed state from `from` to `to`: binds or unbinds its local QPN. Never
-    /// allocates: the table grows at PASSIVE_LEVEL ([`Self::prepare_for`]); a bind that
-    /// finds no room goes unrecorded (the QPN is then unprotected, not refused).
+    /// A CEP on `port` changed state from `from` to `to`: binds or unbinds its local QPN.
+    /// Never allocates: the table grows at PASSIVE_LEVEL ([`Self::prepare_for`]); a bind
+    /// that finds no room goes unrecorded (the QPN is then unprotected, not refused).
     pub(super) fn rebind_local_qpn(
         &mut self,
-        qpn: u32,
+        (port, qpn): (u8, u32),
         owner: Option<u64>,
         from: State,
         to: State,
     ) {
+        let key = (self.ca_guid_of(port), qpn);
         match (binds(from), binds(to)) {
             (false, true) => {
-                if let Some(h) = self.local_qpns.get_mut(&qpn) {
+                let holder = owner.unwrap_or(NO_HOLDER);
+                if let Some(h) = self.local_qpns.get_mut(&key) {
                     h.ceps += 1;
+                    if h.holder != holder {
+                        h.holder = CONTESTED;
+                    }
                 } else if self.local_qpns.len() < self.local_qpns.capacity() {
-                    let holder = owner.unwrap_or(NO_HOLDER);
-                    self.local_qpns.insert(qpn, Hold { holder, ceps: 1 });
+                    self.local_qpns.insert(key, Hold { holder, ceps: 1 });
                 }
             }
-            (true, false) => self.unbind_local_qpn(qpn),
+            (true, false) => unbind(&mut self.local_qpns, key),
             _ => {}
         }
     }
-
-    /// One CEP binding `qpn` is gone.
-    pub(super) fn unbind_local_qpn(&mut self, qpn: u32) {
-        unbind(&mut self.local_qpns, qpn);
-    }
 }
 
-/// One CEP binding `qpn` is gone (allocates nothing).
-pub(super) fn unbind(qpns: &mut LocalQpns, qpn: u32) {
-    if let hashbrown::hash_map::Entry::Occupied(mut e) = qpns.entry(qpn) {
+/// One CEP binding `key` (CA GUID, QPN) is gone (allocates nothing).
+pub(super) fn unbind(qpns: &mut LocalQpns, key: (u64, u32)) {
+    if let hashbrown::hash_map::Entry::Occupied(mut e) = qpns.entry(key) {
         let h = e.get_mut();
         h.ceps = h.ceps.saturating_sub(1);
         if h.ceps == 0 {

@@ -287,11 +287,15 @@ impl CmManager {
         p: &RepParams<'_>,
         within_peer: bool,
     ) -> Result<PreparedRep, CmError> {
-        let mra_sent = match self.state_of(id)? {
-            State::ReqRcvd { mra_sent } | State::RepPrepared { mra_sent } => mra_sent,
+        let (mra_sent, reformat) = match self.state_of(id)? {
+            State::ReqRcvd { mra_sent } => (mra_sent, false),
+            State::RepPrepared { mra_sent } => (mra_sent, true),
             _ => return Err(self.invalid(id)),
         };
         let c = self.user_cep(id)?;
+        // A re-formatted REP naming another QPN moves the CEP's QPN binding (local_qpn.rs).
+        let rebind = (reformat && c.local_qpn != p.qpn)
+            .then_some(((c.dest.port, c.local_qpn), c.owned.then_some(c.owner[0])));
         check_width("qpn", p.qpn.into(), 24)?;
         if let Some(psn) = p.starting_psn {
             check_width("starting_psn", psn.into(), 24)?;
@@ -346,6 +350,12 @@ impl CmManager {
         c.flow_control = p.flow_control;
         c.srq = p.srq;
         self.set_state(id, State::RepPrepared { mra_sent });
+        if let Some(((port, old), owner)) = rebind {
+            let prepared = State::RepPrepared { mra_sent };
+            let req_rcvd = State::ReqRcvd { mra_sent };
+            self.rebind_local_qpn((port, old), owner, prepared, req_rcvd);
+            self.rebind_local_qpn((port, p.qpn), owner, req_rcvd, prepared);
+        }
         let c = self.cep_any(id).ok_or(CmError::UnknownCep)?;
         Ok(PreparedRep {
             init: qp_attributes_of(c, QpState::Init),

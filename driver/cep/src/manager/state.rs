@@ -16,7 +16,7 @@ impl CmManager {
         let was = c.state;
         let from = was.name();
         c.state = state;
-        let (qpn, owner) = (c.local_qpn, c.owned.then_some(c.owner[0]));
+        let (qpn, owner) = ((c.dest.port, c.local_qpn), c.owned.then_some(c.owner[0]));
         self.waiting.on_state(was, state);
         self.rebind_local_qpn(qpn, owner, was, state);
         // The comm ID is derived (src/comm_id.rs): only for a tracer.

@@ -507,7 +507,7 @@ pub(super) fn operation<P: Platform>(
             let quotas = i.quotas;
             let f = i.files.get(file.0).ok_or(status::INVALID_HANDLE)?;
             f.quota_events(&quotas)?;
-            f.may_name_qpn(&i.cm, file.0, c.qpn)?;
+            f.may_name_qpn(&i.cm, file.0, (c.port, c.qpn))?;
             let cep = i.touch(file, c.handle)?;
             // An endpoint that cannot connect says so first (the engine's state check).
             if i.cm.state(cep).map_err(status_of)? == ibcm_cep::StateName::Idle {
@@ -548,9 +548,10 @@ pub(super) fn operation<P: Platform>(
                 srq: r.flags & flags::SRQ != 0,
                 private_data,
             };
-            let f = i.files.get(file.0).ok_or(status::INVALID_HANDLE)?;
-            f.may_name_qpn(&i.cm, file.0, r.qpn)?;
             let cep = i.touch(file, r.handle)?;
+            let port = i.cm.query(cep).map_err(status_of)?.port;
+            let f = i.files.get(file.0).ok_or(status::INVALID_HANDLE)?;
+            f.may_name_qpn(&i.cm, file.0, (port, r.qpn))?;
             let prepared = i.cm.prepare_rep(cep, &params).map_err(status_of)?;
             let out = QpTransitionsOut {
                 size: QpTransitionsOut::SIZE,

@@ -111,10 +111,16 @@ impl<R> File<R> {
         }
     }
 
-    /// A local QPN a CONNECT or FORMAT_REP of this handle (`file`) names: a user may not
-    /// name one that another handle's or a kernel client's live connection binds.
-    pub(super) fn may_name_qpn(&self, cm: &CmManager, file: u64, qpn: u32) -> Result<(), Status> {
-        match cm.local_qpn_holder(qpn) {
+    /// A local QPN (of the CA of a port) a CONNECT or FORMAT_REP of this handle (`file`)
+    /// names: a user may not name one that another handle's or a kernel client's live
+    /// connection binds.
+    pub(super) fn may_name_qpn(
+        &self,
+        cm: &CmManager,
+        file: u64,
+        (port, qpn): (u8, u32),
+    ) -> Result<(), Status> {
+        match cm.local_qpn_holder(port, qpn) {
             Some(holder) if holder != file && !self.privileged() => Err(status::ACCESS_DENIED),
             _ => Ok(()),
         }
