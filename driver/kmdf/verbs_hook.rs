@@ -365,6 +365,13 @@ pub fn reserve(method: PrivateMethod) -> Option<SlotId> {
 pub fn release(id: SlotId) {
     clear_steering(id);
     if let Some(slot) = SLOTS.get(id.0) {
+        // The remove IRP went down before this: ibbus deregistered the CA and released its
+        // copy of the table (bus_pnp.c:777-784), so no call comes through the old entries.
+        // Forgetting them lets the next HCA in this slot (another driver, or the same one
+        // reloaded at another address) be patched rather than refused as "differs".
+        for original in &slot.original {
+            original.store(ptr::null_mut(), Ordering::Release);
+        }
         slot.taken.store(false, Ordering::Release);
     }
 }

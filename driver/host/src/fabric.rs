@@ -180,6 +180,13 @@ pub struct Fabric {
     pub delivered: u64,
     /// When set, every delivered MAD is captured here (for pcap).
     pub capture: Option<Vec<Captured>>,
+    /// How late a node's PASSIVE_LEVEL work item runs: 0 (the default) right after the
+    /// receive run or timer pass that asked for it, as on an idle CPU; otherwise at most
+    /// once per this many ns of virtual time, as on a busy system, where DISPATCH_LEVEL
+    /// work must live with the room it has meanwhile.
+    pub passive_work_every_ns: u64,
+    /// When each node's work item last ran (virtual ns).
+    passive_work_at: Vec<u64>,
     wake: Arc<Wake>,
     /// Ports two CMs share (node index of ibcm's, the port): MADs to them are steered.
     shared: Vec<(usize, Arc<SharedPort>)>,
@@ -221,6 +228,8 @@ impl Fabric {
             fault_counts: FaultCounts::default(),
             delivered: 0,
             capture: None,
+            passive_work_every_ns: 0,
+            passive_work_at: vec![0; n],
             wake,
             shared: Vec::new(),
             link: Link::default(),
@@ -387,17 +396,28 @@ impl Fabric {
             }
             // The work item a receive DPC queued runs at once, as it would on another
             // CPU, not after the whole burst.
-            if let Some(node) = self.nodes.get(to) {
-                node.run_passive_work();
-            }
+            self.passive_work(to, now);
         }
-        for node in &self.nodes {
-            if node.platform.timer().is_some_and(|t| t.as_nanos() <= now) {
+        for i in 0..self.nodes.len() {
+            if let Some(node) = self.nodes.get(i)
+                && node.platform.timer().is_some_and(|t| t.as_nanos() <= now)
+            {
                 node.fire_timer();
             }
-            node.run_passive_work();
+            self.passive_work(i, now);
         }
         self.collect();
+    }
+
+    /// Runs node `i`'s work item if it was asked for and is due ([`Self::passive_work_every_ns`]).
+    fn passive_work(&mut self, i: usize, now: u64) {
+        let (Some(node), Some(at)) = (self.nodes.get(i), self.passive_work_at.get_mut(i)) else {
+            return;
+        };
+        if self.passive_work_every_ns == 0 || now >= at.saturating_add(self.passive_work_every_ns) {
+            *at = now;
+            node.run_passive_work();
+        }
     }
 
     /// Steps until nothing is due within `ns` of virtual time.

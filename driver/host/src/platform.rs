@@ -353,7 +353,15 @@ impl Platform for HostPlatform {
     }
 
     fn current_thread(&self) -> u64 {
-        thread_key()
+        // As the KMDF binding's identity (driver/kmdf/platform.rs `current_thread`): the
+        // processor at DISPATCH_LEVEL, the thread below it. One running context has one
+        // identity only while its IRQL stays put: a delivery that takes its identity
+        // below DISPATCH_LEVEL and calls back raised would not know its own callback.
+        if crate::verifier::is_at_dispatch() {
+            thread_key() | 1 << 62
+        } else {
+            thread_key()
+        }
     }
 
     fn relax(&self) {

@@ -709,7 +709,10 @@ fn a_slow_consumer_costs_retries_not_memory_nor_events() {
     let conns: Vec<(u64, u64)> = (0..n)
         .map(|k| establish(&mut fabric, fa, fb, listen, k))
         .collect();
-    // Every DREQ at once; node 1 has no GET_EVENT pending on any endpoint.
+    // Every DREQ at once; node 1 has no GET_EVENT pending on any endpoint, and its
+    // work item runs late (a busy system: every 10 ms), so the pool runs short at
+    // DISPATCH_LEVEL.
+    fabric.passive_work_every_ns = 10_000_000;
     for &(ep, _) in &conns {
         assert_eq!(
             empty_private_data_op(&fabric.nodes[0], fa, code::DREQ, ep),

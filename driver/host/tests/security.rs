@@ -55,6 +55,31 @@ fn create(node: &Node, file: FileId) -> u64 {
     CreateOut::read_from_bytes(&done.output).unwrap().handle
 }
 
+/// A listen of `file` on `service` (exact ID): its handle.
+fn listen(node: &Node, file: FileId, service: u64) -> u64 {
+    let l = create(node, file);
+    must(
+        node,
+        file,
+        code::LISTEN,
+        listen_in(l, service, u64::MAX).as_bytes(),
+        0,
+    );
+    l
+}
+
+/// FORMAT_REP of `handle` with `qpn`, which must succeed.
+fn format_rep(node: &Node, file: FileId, handle: u64, qpn: u32) -> Completion {
+    let out = QpTransitionsOut::SIZE as usize;
+    must(
+        node,
+        file,
+        code::FORMAT_REP,
+        format_rep_in(handle, qpn).as_bytes(),
+        out,
+    )
+}
+
 fn handle_in(handle: u64) -> HandleIn {
     HandleIn {
         size: HandleIn::SIZE,
@@ -185,14 +210,7 @@ fn a_users_catch_all_listen_is_refused_and_the_victims_req_reaches_the_victim() 
         0,
     );
     assert_eq!(partial.status, status::ACCESS_DENIED);
-    let lv = create(n1, victim);
-    must(
-        n1,
-        victim,
-        code::LISTEN,
-        listen_in(lv, SERVICE, u64::MAX).as_bytes(),
-        0,
-    );
+    let lv = listen(n1, victim, SERVICE);
 
     let n0 = &fabric.nodes[0];
     let peer = open(n0, Caller::User);
@@ -218,14 +236,7 @@ fn a_listen_overlapping_anothers_is_refused() {
     let n = &fabric.nodes[0];
     let (victim, attacker) = (open(n, Caller::User), open(n, Caller::User));
     let admin = open(n, Caller::Administrator);
-    let lv = create(n, victim);
-    must(
-        n,
-        victim,
-        code::LISTEN,
-        listen_in(lv, SERVICE, u64::MAX).as_bytes(),
-        0,
-    );
+    let _ = listen(n, victim, SERVICE);
     let la = create(n, attacker);
     let mut on_port = listen_in(la, SERVICE, u64::MAX);
     on_port.port = 1;
@@ -262,14 +273,7 @@ fn a_user_cannot_send_a_req_with_anothers_qpn() {
     let mut fabric = Fabric::new(2, 7);
     let n1 = &fabric.nodes[1];
     let server = open(n1, Caller::User);
-    let l = create(n1, server);
-    must(
-        n1,
-        server,
-        code::LISTEN,
-        listen_in(l, SERVICE, u64::MAX).as_bytes(),
-        0,
-    );
+    let _ = listen(n1, server, SERVICE);
     let n0 = &fabric.nodes[0];
     let (victim, attacker) = (open(n0, Caller::User), open(n0, Caller::User));
     let v = create(n0, victim);
@@ -285,13 +289,7 @@ fn a_user_cannot_send_a_req_with_anothers_qpn() {
     let req = channel_events(n1, server);
     assert_eq!(req.len(), 1);
     let s = req[0].new_handle;
-    must(
-        n1,
-        server,
-        code::FORMAT_REP,
-        format_rep_in(s, 0x456).as_bytes(),
-        QpTransitionsOut::SIZE as usize,
-    );
+    format_rep(&n1, server, s, 0x456);
     must(n1, server, code::SEND_REP, handle_in(s).as_bytes(), 0);
     fabric.run_for(100_000);
     let n0 = &fabric.nodes[0];
@@ -493,14 +491,7 @@ fn a_user_reading_no_events_is_stopped_until_it_reads_them() {
         ..Quotas::default()
     });
     let server = open(n1, Caller::User);
-    let l = create(n1, server);
-    must(
-        n1,
-        server,
-        code::LISTEN,
-        listen_in(l, SERVICE, u64::MAX).as_bytes(),
-        0,
-    );
+    let _ = listen(n1, server, SERVICE);
     let n0 = &fabric.nodes[0];
     let client = open(n0, Caller::Administrator);
     for qpn in [0x51, 0x52] {
@@ -536,14 +527,7 @@ fn a_reformatted_rep_moves_the_qpn_binding() {
     let mut fabric = Fabric::new(2, 9);
     let n1 = &fabric.nodes[1];
     let server = open(n1, Caller::User);
-    let l = create(n1, server);
-    must(
-        n1,
-        server,
-        code::LISTEN,
-        listen_in(l, SERVICE, u64::MAX).as_bytes(),
-        0,
-    );
+    let _ = listen(n1, server, SERVICE);
     let n0 = &fabric.nodes[0];
     let client = open(n0, Caller::User);
     let c = create(n0, client);
@@ -558,33 +542,14 @@ fn a_reformatted_rep_moves_the_qpn_binding() {
     let n1 = &fabric.nodes[1];
     let s = channel_events(n1, server)[0].new_handle;
     let out = QpTransitionsOut::SIZE as usize;
-    must(
-        n1,
-        server,
-        code::FORMAT_REP,
-        format_rep_in(s, 0x500).as_bytes(),
-        out,
-    );
+    format_rep(&n1, server, s, 0x500);
     assert_eq!(holder(n1, 0x500), Some(server.raw()));
-    must(
-        n1,
-        server,
-        code::FORMAT_REP,
-        format_rep_in(s, 0x501).as_bytes(),
-        out,
-    );
+    format_rep(&n1, server, s, 0x501);
     assert_eq!(holder(n1, 0x500), None, "the first QPN is free again");
     assert_eq!(holder(n1, 0x501), Some(server.raw()));
     // Another user may now name 0x500, not 0x501.
     let other = open(n1, Caller::User);
-    let l2 = create(n1, other);
-    must(
-        n1,
-        other,
-        code::LISTEN,
-        listen_in(l2, SERVICE + 1, u64::MAX).as_bytes(),
-        0,
-    );
+    let _ = listen(n1, other, SERVICE + 1);
     let n0 = &fabric.nodes[0];
     let c2 = create(n0, client);
     let mut c2_in = connect_in(c2, 0x322);
@@ -600,13 +565,7 @@ fn a_reformatted_rep_moves_the_qpn_binding() {
         out,
     );
     assert_eq!(denied.status, status::ACCESS_DENIED);
-    must(
-        n1,
-        other,
-        code::FORMAT_REP,
-        format_rep_in(o, 0x500).as_bytes(),
-        out,
-    );
+    format_rep(&n1, other, o, 0x500);
     // The server's endpoint going leaves 0x501 unbound, and 0x500 the other user's.
     must(n1, server, code::DESTROY, handle_in(s).as_bytes(), 0);
     assert_eq!(holder(n1, 0x501), None);
@@ -622,14 +581,7 @@ fn a_qpn_bound_by_two_owners_is_no_users_to_name() {
     let fabric = Fabric::new(2, 10);
     let n1 = &fabric.nodes[1];
     let server = open(n1, Caller::Administrator);
-    let l = create(n1, server);
-    must(
-        n1,
-        server,
-        code::LISTEN,
-        listen_in(l, SERVICE, u64::MAX).as_bytes(),
-        0,
-    );
+    let _ = listen(n1, server, SERVICE);
     let n0 = &fabric.nodes[0];
     let (squatter, admin) = (open(n0, Caller::User), open(n0, Caller::Administrator));
     let a = create(n0, squatter);
