@@ -289,7 +289,7 @@ fn a_user_cannot_send_a_req_with_anothers_qpn() {
     let req = channel_events(n1, server);
     assert_eq!(req.len(), 1);
     let s = req[0].new_handle;
-    format_rep(&n1, server, s, 0x456);
+    format_rep(n1, server, s, 0x456);
     must(n1, server, code::SEND_REP, handle_in(s).as_bytes(), 0);
     fabric.run_for(100_000);
     let n0 = &fabric.nodes[0];
@@ -542,9 +542,9 @@ fn a_reformatted_rep_moves_the_qpn_binding() {
     let n1 = &fabric.nodes[1];
     let s = channel_events(n1, server)[0].new_handle;
     let out = QpTransitionsOut::SIZE as usize;
-    format_rep(&n1, server, s, 0x500);
+    format_rep(n1, server, s, 0x500);
     assert_eq!(holder(n1, 0x500), Some(server.raw()));
-    format_rep(&n1, server, s, 0x501);
+    format_rep(n1, server, s, 0x501);
     assert_eq!(holder(n1, 0x500), None, "the first QPN is free again");
     assert_eq!(holder(n1, 0x501), Some(server.raw()));
     // Another user may now name 0x500, not 0x501.
@@ -565,7 +565,7 @@ fn a_reformatted_rep_moves_the_qpn_binding() {
         out,
     );
     assert_eq!(denied.status, status::ACCESS_DENIED);
-    format_rep(&n1, other, o, 0x500);
+    format_rep(n1, other, o, 0x500);
     // The server's endpoint going leaves 0x501 unbound, and 0x500 the other user's.
     must(n1, server, code::DESTROY, handle_in(s).as_bytes(), 0);
     assert_eq!(holder(n1, 0x501), None);
