@@ -418,6 +418,7 @@ mod tests {
             v.vacated(i);
         }
         assert_eq!(v.retirable(), 1);
+        // ok: a unit test (cfg(test)), not driver code: a failure here fails the test.
         let chunk = v.retire(1).unwrap();
         assert_eq!(v.retirable(), 0);
         assert_eq!(

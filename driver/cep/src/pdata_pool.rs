@@ -357,7 +357,9 @@ mod tests {
         let mut p = PdataPool::new();
         assert_eq!(p.store(&[]), Ok(Held::NONE));
         assert_eq!(p.bytes(), 0, "empty data takes nothing");
+        // ok: a unit test (cfg(test)), not driver code: a failure here fails the test.
         let a = p.store(&[1, 2, 3]).unwrap();
+        // ok: a unit test (cfg(test)), not driver code: a failure here fails the test.
         let b = p.store(&[9; BLOCK]).unwrap();
         assert_eq!(p.get(a), [1, 2, 3]);
         assert_eq!(p.get(b), [9; BLOCK]);
@@ -376,15 +378,18 @@ mod tests {
         let mut p = PdataPool::new();
         p.set_growth(false);
         assert_eq!(p.store(&[1]), Err(CmError::NoResources));
+        // ok: a unit test (cfg(test)), not driver code: a failure here fails the test.
         p.prepare().unwrap();
         let bytes = p.bytes();
         let held: Vec<Held> = (0..KEEP_FREE)
+            // ok: a unit test (cfg(test)), not driver code: a failure here fails the test.
             .map(|i| p.store(&[i as u8]).unwrap())
             .collect();
         assert_eq!(p.bytes(), bytes, "nothing allocated");
         assert!(p.is_low());
         assert_eq!(p.store(&[1]), Err(CmError::NoResources));
         assert_eq!(p.in_use(), KEEP_FREE, "the failed store changed nothing");
+        // ok: a unit test (cfg(test)), not driver code: a failure here fails the test.
         p.prepare().unwrap();
         assert!(p.free_blocks() >= KEEP_FREE + KEEP_FREE / 4);
         assert!(p.store(&[1]).is_ok());
@@ -396,8 +401,10 @@ mod tests {
     #[test]
     fn gives_memory_back_with_hysteresis() {
         let mut p = PdataPool::new();
+        // ok: a unit test (cfg(test)), not driver code: a failure here fails the test.
         p.prepare().unwrap();
         let baseline = p.bytes();
+        // ok: a unit test (cfg(test)), not driver code: a failure here fails the test.
         let mut held: Vec<Held> = (0..1000).map(|_| p.store(&[7; 100]).unwrap()).collect();
         p.prepare().unwrap();
         let peak = p.bytes();

@@ -26,12 +26,13 @@ use std::time::{Duration, Instant as WallInstant};
 use criterion::Criterion;
 use ibcm_cep::{CmConfig, Instant, Transmit};
 use ibcm_endpoint::{Device, FileId, Lock, Platform, Request};
+use ibcm_host::records::{connect_in, format_rep_in};
 use ibcm_host::verifier::{Completion, Violation};
-use ibcm_host::{Fabric, Node, node_address, node_guid};
+use ibcm_host::{Fabric, Node, node_guid};
 use ibcm_ioctl::{
-    ABI_VERSION, ConnectIn, CountersIn, CountersOut, CreateIn, CreateOut, EventRecord, FormatRepIn,
-    HandleIn, ListenIn, MAX_EVENTS_PER_REQUEST, PathAbi, PrivateDataIn, QpTransitionsOut, QueryOut,
-    VersionIn, code, event_type, status,
+    ABI_VERSION, CountersIn, CountersOut, CreateIn, CreateOut, EventRecord, HandleIn, ListenIn,
+    MAX_EVENTS_PER_REQUEST, PrivateDataIn, QpTransitionsOut, QueryOut, VersionIn, code, event_type,
+    status,
 };
 use zerocopy::{FromBytes, FromZeros, IntoBytes};
 
@@ -71,51 +72,6 @@ fn private_data_in(h: u64) -> PrivateDataIn {
     p.size = PrivateDataIn::SIZE;
     p.handle = h;
     p
-}
-
-fn path(from: usize, to: usize) -> PathAbi {
-    let (a, b) = (node_address(from), node_address(to));
-    let mut p = PathAbi::new_zeroed();
-    p.slid = a.lid;
-    p.dlid = b.lid;
-    p.sgid = a.gid;
-    p.dgid = b.gid;
-    p.rate = 16;
-    p.packet_life_time = 14;
-    p.subnet_local = 1;
-    p
-}
-
-fn connect_in(h: u64, service_id: u64, qpn: u32) -> ConnectIn {
-    let mut c = ConnectIn::new_zeroed();
-    c.size = ConnectIn::SIZE;
-    c.handle = h;
-    c.service_id = service_id;
-    c.qpn = qpn;
-    c.pkey = 0xffff;
-    c.port = 1;
-    c.path_mtu = 5;
-    c.responder_resources = 2;
-    c.initiator_depth = 2;
-    c.remote_cm_response_timeout = 16;
-    c.local_cm_response_timeout = 16;
-    c.retry_count = 7;
-    c.rnr_retry_count = 7;
-    c.max_cm_retries = 3;
-    c.primary = path(0, 1);
-    c
-}
-
-fn format_rep_in(h: u64, qpn: u32) -> FormatRepIn {
-    let mut r = FormatRepIn::new_zeroed();
-    r.size = FormatRepIn::SIZE;
-    r.handle = h;
-    r.qpn = qpn;
-    r.responder_resources = 2;
-    r.initiator_depth = 2;
-    r.rnr_retry_count = 7;
-    r.failover_accepted = 1;
-    r
 }
 
 fn ok(node: &Node, file: FileId, code: u32, input: &[u8], output_len: usize) -> Completion {

@@ -23,6 +23,7 @@ mod fabric;
 mod node;
 pub mod pcap;
 mod platform;
+pub mod records;
 #[cfg(target_os = "linux")]
 pub mod rocev2;
 mod steering;

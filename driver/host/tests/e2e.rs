@@ -1,12 +1,13 @@
 //! Connect, accept, RTU and disconnect between two host nodes, every step crossing the
 //! IOCTL byte records.
 
+use ibcm_host::records::path;
 use ibcm_host::verifier::Completion;
 use ibcm_host::{Fabric, Node, node_address};
 use ibcm_ioctl::{
     ABI_VERSION, ConnectIn, CreateIn, CreateOut, EventRecord, FormatRepIn, GetQpAttrIn, HandleIn,
-    ListenIn, MraIn, PathAbi, PrivateDataIn, QpAttrOut, QpTransitionsOut, QueryOut, RejIn,
-    VersionIn, code, ep_state, event_type, qp_state, status,
+    ListenIn, MraIn, PrivateDataIn, QpAttrOut, QpTransitionsOut, QueryOut, RejIn, VersionIn, code,
+    ep_state, event_type, qp_state, status,
 };
 use zerocopy::{FromBytes, FromZeros, IntoBytes};
 
@@ -44,19 +45,6 @@ fn events(done: &ibcm_host::verifier::Completion) -> Vec<EventRecord> {
         .chunks(EventRecord::SIZE as usize)
         .map(|c| EventRecord::read_from_bytes(c).unwrap())
         .collect()
-}
-
-fn path(from: usize, to: usize) -> PathAbi {
-    let (a, b) = (node_address(from), node_address(to));
-    let mut p = PathAbi::new_zeroed();
-    p.slid = a.lid;
-    p.dlid = b.lid;
-    p.sgid = a.gid;
-    p.dgid = b.gid;
-    p.rate = 16;
-    p.packet_life_time = 14;
-    p.subnet_local = 1;
-    p
 }
 
 /// CONNECT from node 0 to node 1 for `service_id`: QPN 0x101, 2 responder resources and

@@ -17,8 +17,9 @@
 use std::mem::{offset_of, size_of_val};
 
 use ibcm_endpoint::{FileId, MAX_BACKLOG};
+use ibcm_host::records::{self, path};
 use ibcm_host::verifier::Completion;
-use ibcm_host::{Fabric, Node, file_key, node_address};
+use ibcm_host::{Fabric, Node, file_key};
 use ibcm_ioctl::{
     ABI_VERSION, ConnectIn, CountersIn, CountersOut, CreateIn, CreateOut, EventRecord, FormatRepIn,
     GetQpAttrIn, HandleIn, ListenIn, MraIn, PathAbi, PrivateDataIn, QpAttrOut, QpTransitionsOut,
@@ -143,19 +144,6 @@ fn status_name(s: i32) -> &'static str {
 
 // ---- records ---------------------------------------------------------------------------
 
-fn path(from: usize, to: usize) -> PathAbi {
-    let (a, b) = (node_address(from), node_address(to));
-    let mut p = PathAbi::new_zeroed();
-    p.slid = a.lid;
-    p.dlid = b.lid;
-    p.sgid = a.gid;
-    p.dgid = b.gid;
-    p.rate = 16;
-    p.packet_life_time = 14;
-    p.subnet_local = 1;
-    p
-}
-
 fn version_in() -> VersionIn {
     VersionIn {
         size: VersionIn::SIZE,
@@ -196,36 +184,14 @@ fn listen_in(handle: u64, service_id: u64) -> ListenIn {
 }
 
 fn connect_in(handle: u64, qpn: u32) -> ConnectIn {
-    let mut c = ConnectIn::new_zeroed();
-    c.size = ConnectIn::SIZE;
-    c.handle = handle;
-    c.service_id = SERVICE;
-    c.qpn = qpn;
-    c.pkey = 0xffff;
-    c.port = 1;
-    c.path_mtu = 5;
-    c.responder_resources = 2;
-    c.initiator_depth = 2;
-    c.remote_cm_response_timeout = 16;
-    c.local_cm_response_timeout = 16;
-    c.retry_count = 7;
-    c.rnr_retry_count = 7;
-    c.max_cm_retries = 3;
-    c.primary = path(0, 1);
+    let mut c = records::connect_in(handle, SERVICE, qpn);
     c.private_data_len = 5;
     c.private_data[..5].copy_from_slice(b"hello");
     c
 }
 
 fn format_rep_in(handle: u64, qpn: u32) -> FormatRepIn {
-    let mut r = FormatRepIn::new_zeroed();
-    r.size = FormatRepIn::SIZE;
-    r.handle = handle;
-    r.qpn = qpn;
-    r.responder_resources = 2;
-    r.initiator_depth = 2;
-    r.rnr_retry_count = 7;
-    r.failover_accepted = 1;
+    let mut r = records::format_rep_in(handle, qpn);
     r.private_data_len = 3;
     r.private_data[..3].copy_from_slice(b"yes");
     r

@@ -16,12 +16,12 @@
 //! - Quotas per user handle, IOCTLs after cleanup, cleanup in bounded lock holds.
 
 use ibcm_endpoint::{Caller, FileId, Quotas};
+use ibcm_host::records::{connect_in, format_rep_in, path};
 use ibcm_host::verifier::Completion;
-use ibcm_host::{Fabric, Node, node_address};
+use ibcm_host::{Fabric, Node};
 use ibcm_ioctl::{
-    ABI_VERSION, ANY_ENDPOINT, ConnectIn, CreateIn, CreateOut, EventRecord, FormatRepIn, HandleIn,
-    ListenIn, PathAbi, PrivateDataIn, QpTransitionsOut, QueryOut, VersionIn, code, ep_state,
-    event_type, status,
+    ABI_VERSION, ANY_ENDPOINT, CreateIn, CreateOut, EventRecord, HandleIn, ListenIn, PrivateDataIn,
+    QpTransitionsOut, QueryOut, VersionIn, code, ep_state, event_type, status,
 };
 use zerocopy::{FromBytes, FromZeros, IntoBytes};
 
@@ -98,51 +98,6 @@ fn listen_in(handle: u64, service_id: u64, mask: u64) -> ListenIn {
     l
 }
 
-fn path(from: usize, to: usize) -> PathAbi {
-    let (a, b) = (node_address(from), node_address(to));
-    let mut p = PathAbi::new_zeroed();
-    p.slid = a.lid;
-    p.dlid = b.lid;
-    p.sgid = a.gid;
-    p.dgid = b.gid;
-    p.rate = 16;
-    p.packet_life_time = 14;
-    p.subnet_local = 1;
-    p
-}
-
-fn connect_in(handle: u64, qpn: u32) -> ConnectIn {
-    let mut c = ConnectIn::new_zeroed();
-    c.size = ConnectIn::SIZE;
-    c.handle = handle;
-    c.service_id = SERVICE;
-    c.qpn = qpn;
-    c.pkey = 0xffff;
-    c.port = 1;
-    c.path_mtu = 5;
-    c.responder_resources = 2;
-    c.initiator_depth = 2;
-    c.remote_cm_response_timeout = 16;
-    c.local_cm_response_timeout = 16;
-    c.retry_count = 7;
-    c.rnr_retry_count = 7;
-    c.max_cm_retries = 3;
-    c.primary = path(0, 1);
-    c
-}
-
-fn format_rep_in(handle: u64, qpn: u32) -> FormatRepIn {
-    let mut r = FormatRepIn::new_zeroed();
-    r.size = FormatRepIn::SIZE;
-    r.handle = handle;
-    r.qpn = qpn;
-    r.responder_resources = 2;
-    r.initiator_depth = 2;
-    r.rnr_retry_count = 7;
-    r.failover_accepted = 1;
-    r
-}
-
 fn private_data_in(handle: u64) -> PrivateDataIn {
     let mut p = PrivateDataIn::new_zeroed();
     p.size = PrivateDataIn::SIZE;
@@ -215,7 +170,13 @@ fn a_users_catch_all_listen_is_refused_and_the_victims_req_reaches_the_victim() 
     let n0 = &fabric.nodes[0];
     let peer = open(n0, Caller::User);
     let a = create(n0, peer);
-    must(n0, peer, code::CONNECT, connect_in(a, 0x77).as_bytes(), 0);
+    must(
+        n0,
+        peer,
+        code::CONNECT,
+        connect_in(a, SERVICE, 0x77).as_bytes(),
+        0,
+    );
     fabric.run_for(100_000);
     let n1 = &fabric.nodes[1];
     let got = channel_events(n1, victim);
@@ -281,7 +242,7 @@ fn a_user_cannot_send_a_req_with_anothers_qpn() {
         n0,
         victim,
         code::CONNECT,
-        connect_in(v, VICTIM_QPN).as_bytes(),
+        connect_in(v, SERVICE, VICTIM_QPN).as_bytes(),
         0,
     );
     fabric.run_for(100_000);
@@ -303,7 +264,7 @@ fn a_user_cannot_send_a_req_with_anothers_qpn() {
     let done = n0.ioctl_now(
         attacker,
         code::CONNECT,
-        connect_in(m, VICTIM_QPN).as_bytes(),
+        connect_in(m, SERVICE, VICTIM_QPN).as_bytes(),
         0,
     );
     assert_eq!(done.status, status::ACCESS_DENIED);
@@ -313,7 +274,7 @@ fn a_user_cannot_send_a_req_with_anothers_qpn() {
         n0,
         attacker,
         code::CONNECT,
-        connect_in(m, 0x999).as_bytes(),
+        connect_in(m, SERVICE, 0x999).as_bytes(),
         0,
     );
     fabric.run_for(1_000_000);
@@ -335,7 +296,7 @@ fn a_user_cannot_send_a_req_with_anothers_qpn() {
     must(n1, other, code::LISTEN, l2_in.as_bytes(), 0);
     let n0 = &fabric.nodes[0];
     let a2 = create(n0, attacker);
-    let mut c2 = connect_in(a2, 0x998);
+    let mut c2 = connect_in(a2, SERVICE, 0x998);
     c2.service_id = SERVICE + 1;
     must(n0, attacker, code::CONNECT, c2.as_bytes(), 0);
     fabric.run_for(100_000);
@@ -368,20 +329,26 @@ fn a_connect_from_an_address_that_is_not_the_ports_is_refused() {
     let file = open(n0, Caller::User);
     let h = create(n0, file);
     let sent = reqs_sent(n0);
-    let mut spoofed = connect_in(h, 0x321);
+    let mut spoofed = connect_in(h, SERVICE, 0x321);
     spoofed.primary = path(1, 1);
     let done = n0.ioctl_now(file, code::CONNECT, spoofed.as_bytes(), 0);
     assert_eq!(done.status, status::INVALID_PARAMETER);
-    let mut wrong_lid = connect_in(h, 0x321);
+    let mut wrong_lid = connect_in(h, SERVICE, 0x321);
     wrong_lid.primary.slid = 0x77;
     let done = n0.ioctl_now(file, code::CONNECT, wrong_lid.as_bytes(), 0);
     assert_eq!(done.status, status::INVALID_PARAMETER);
-    let mut wrong_port = connect_in(h, 0x321);
+    let mut wrong_port = connect_in(h, SERVICE, 0x321);
     wrong_port.port = 2;
     let done = n0.ioctl_now(file, code::CONNECT, wrong_port.as_bytes(), 0);
     assert_eq!(done.status, status::INVALID_PARAMETER);
     assert_eq!(reqs_sent(n0), sent);
-    must(n0, file, code::CONNECT, connect_in(h, 0x321).as_bytes(), 0);
+    must(
+        n0,
+        file,
+        code::CONNECT,
+        connect_in(h, SERVICE, 0x321).as_bytes(),
+        0,
+    );
 }
 
 /// Per-handle quotas of a user's handle; an administrator's has none. Seen failing on
@@ -496,7 +463,13 @@ fn a_user_reading_no_events_is_stopped_until_it_reads_them() {
     let client = open(n0, Caller::Administrator);
     for qpn in [0x51, 0x52] {
         let a = create(n0, client);
-        must(n0, client, code::CONNECT, connect_in(a, qpn).as_bytes(), 0);
+        must(
+            n0,
+            client,
+            code::CONNECT,
+            connect_in(a, SERVICE, qpn).as_bytes(),
+            0,
+        );
     }
     fabric.run_for(100_000);
     let n1 = &fabric.nodes[1];
@@ -535,7 +508,7 @@ fn a_reformatted_rep_moves_the_qpn_binding() {
         n0,
         client,
         code::CONNECT,
-        connect_in(c, 0x321).as_bytes(),
+        connect_in(c, SERVICE, 0x321).as_bytes(),
         0,
     );
     fabric.run_for(100_000);
@@ -552,7 +525,7 @@ fn a_reformatted_rep_moves_the_qpn_binding() {
     let _ = listen(n1, other, SERVICE + 1);
     let n0 = &fabric.nodes[0];
     let c2 = create(n0, client);
-    let mut c2_in = connect_in(c2, 0x322);
+    let mut c2_in = connect_in(c2, SERVICE, 0x322);
     c2_in.service_id = SERVICE + 1;
     must(n0, client, code::CONNECT, c2_in.as_bytes(), 0);
     fabric.run_for(100_000);
@@ -589,15 +562,26 @@ fn a_qpn_bound_by_two_owners_is_no_users_to_name() {
         n0,
         squatter,
         code::CONNECT,
-        connect_in(a, 0x777).as_bytes(),
+        connect_in(a, SERVICE, 0x777).as_bytes(),
         0,
     );
     assert_eq!(holder(n0, 0x777), Some(squatter.raw()));
     let b = create(n0, admin);
-    must(n0, admin, code::CONNECT, connect_in(b, 0x777).as_bytes(), 0);
+    must(
+        n0,
+        admin,
+        code::CONNECT,
+        connect_in(b, SERVICE, 0x777).as_bytes(),
+        0,
+    );
     assert_ne!(holder(n0, 0x777), Some(squatter.raw()));
     assert_ne!(holder(n0, 0x777), Some(admin.raw()));
     let c = create(n0, squatter);
-    let denied = n0.ioctl_now(squatter, code::CONNECT, connect_in(c, 0x777).as_bytes(), 0);
+    let denied = n0.ioctl_now(
+        squatter,
+        code::CONNECT,
+        connect_in(c, SERVICE, 0x777).as_bytes(),
+        0,
+    );
     assert_eq!(denied.status, status::ACCESS_DENIED);
 }
