@@ -77,21 +77,33 @@ impl CmManager {
         from: State,
         to: State,
     ) {
-        let key = (self.ca_guid_of(port), qpn);
         match (binds(from), binds(to)) {
-            (false, true) => {
-                let holder = owner.unwrap_or(NO_HOLDER);
-                if let Some(h) = self.local_qpns.get_mut(&key) {
-                    h.ceps += 1;
-                    if h.holder != holder {
-                        h.holder = CONTESTED;
-                    }
-                } else if self.local_qpns.len() < self.local_qpns.capacity() {
-                    self.local_qpns.insert(key, Hold { holder, ceps: 1 });
-                }
+            (false, true) => self.bind_local_qpn((port, qpn), owner),
+            (true, false) => {
+                let key = (self.ca_guid_of(port), qpn);
+                unbind(&mut self.local_qpns, key);
             }
-            (true, false) => unbind(&mut self.local_qpns, key),
             _ => {}
+        }
+    }
+
+    /// A binding CEP on `port` now names `new` instead of `old` (a re-formatted REP).
+    pub(super) fn move_local_qpn(&mut self, port: u8, old: u32, new: u32, owner: Option<u64>) {
+        let key = (self.ca_guid_of(port), old);
+        unbind(&mut self.local_qpns, key);
+        self.bind_local_qpn((port, new), owner);
+    }
+
+    fn bind_local_qpn(&mut self, (port, qpn): (u8, u32), owner: Option<u64>) {
+        let key = (self.ca_guid_of(port), qpn);
+        let holder = owner.unwrap_or(NO_HOLDER);
+        if let Some(h) = self.local_qpns.get_mut(&key) {
+            h.ceps += 1;
+            if h.holder != holder {
+                h.holder = CONTESTED;
+            }
+        } else if self.local_qpns.len() < self.local_qpns.capacity() {
+            self.local_qpns.insert(key, Hold { holder, ceps: 1 });
         }
     }
 }

@@ -351,10 +351,7 @@ impl CmManager {
         c.srq = p.srq;
         self.set_state(id, State::RepPrepared { mra_sent });
         if let Some(((port, old), owner)) = rebind {
-            let prepared = State::RepPrepared { mra_sent };
-            let req_rcvd = State::ReqRcvd { mra_sent };
-            self.rebind_local_qpn((port, old), owner, prepared, req_rcvd);
-            self.rebind_local_qpn((port, p.qpn), owner, req_rcvd, prepared);
+            self.move_local_qpn(port, old, p.qpn, owner);
         }
         let c = self.cep_any(id).ok_or(CmError::UnknownCep)?;
         Ok(PreparedRep {
