@@ -6,7 +6,9 @@
 #   tests/interop/data-plane.sh [SCENARIO...]     (as root; default: every scenario)
 #
 # Scenarios: ibcm-ibcm ibcm-ibcm-bw linux-server linux-client ucmatose-server
-# ucmatose-client reject-linux reject-ibcm req-timeout disconnect-in-flight baseline.
+# ucmatose-client reject-linux reject-ibcm req-timeout disconnect-in-flight baseline, and
+# the cmtime scenarios of data-plane-cmtime.sh (cmtime-ibcm cmtime-linux-server
+# cmtime-linux-client cmtime-baseline).
 #
 # What it does, all of it self-contained and undone on exit (trap):
 # - builds `ibcm` (feature `verbs`: driver/linux, ib_umad + libibverbs) and the guest
@@ -38,7 +40,7 @@ A_IP=10.77.0.3
 B_IP=10.77.0.2
 DEAD_IP=10.77.0.9
 CM_MODULES=iw_cm,ib_cm,rdma_cm,rdma_ucm
-ALL_SCENARIOS=(ibcm-ibcm ibcm-ibcm-bw linux-server linux-client ucmatose-server ucmatose-client reject-linux reject-ibcm req-timeout disconnect-in-flight baseline)
+ALL_SCENARIOS=(ibcm-ibcm ibcm-ibcm-bw cmtime-ibcm linux-server linux-client ucmatose-server ucmatose-client reject-linux reject-ibcm req-timeout disconnect-in-flight cmtime-linux-server cmtime-linux-client baseline cmtime-baseline)
 t_start=$(date +%s.%N)
 
 die() { echo "data-plane: FAIL: $*" >&2; exit 1; }
@@ -436,10 +438,14 @@ scenario_baseline() {
     done
 }
 
+# The cmtime scenarios (ibcm cmtime/listen on real QPs against Linux cmtime, both roles).
+# shellcheck source=tests/interop/data-plane-cmtime.sh
+source "$here/data-plane-cmtime.sh"
+
 cm_on_b=""
 for current in "${scenarios[@]}"; do
     case "$current" in
-        ibcm-ibcm | ibcm-ibcm-bw) [ -z "$cm_on_b" ] || { note "$current: needs B without its CM: run it before the Linux scenarios"; continue; } ;;
+        ibcm-ibcm | ibcm-ibcm-bw | cmtime-ibcm) [ -z "$cm_on_b" ] || { note "$current: needs B without its CM: run it before the Linux scenarios"; continue; } ;;
         *) if [ -z "$cm_on_b" ]; then linux_cm_on B; cm_on_b=1; fi ;;
     esac
     WHY[$current]=""
@@ -479,6 +485,7 @@ row "rping client -> Linux rping -s, $PINGS x $SIZE B, wall ms (client: ibcm / L
 row "Linux rping -c -> rping server, $PINGS x $SIZE B, wall ms (server: ibcm / Linux)" "${FIG[linux_to_ibcm_rping_ms]:-}" "${FIG[linux_to_linux_rping_ms]:-}"
 row "RDMA READ 100 x 64 KiB, MB/s (rc-bw / ib_read_bw -R)" "${FIG[ibcm_read_mbps]:-}" "${FIG[linux_linux_read_mbps]:-}"
 row "SEND 100 x 64 KiB, MB/s (rc-bw / ib_send_bw -R)" "${FIG[ibcm_send_mbps]:-}" "${FIG[linux_linux_send_mbps]:-}"
+cmtime_figures
 echo "  (setup: ibcm's from the REQ to the RTU sent, its QP's transitions included, the peer an rping"
 echo "  server; Linux's is cmtime -c 1's connect step against cmtime -b. rping wall times include"
 echo "  process start, address resolution, setup and teardown on both sides.)"

@@ -529,14 +529,22 @@ impl ConnectEndpoint {
 
     /// QP attributes for a transition.
     pub fn qp_attributes(&self, state: QpState) -> Result<QpAttributes> {
+        blocking("get QP attributes", || self.qp_attributes_async(state))
+    }
+
+    /// [`qp_attributes`](Self::qp_attributes) as a future (inside an operation started
+    /// with [`spawn`](crate::spawn): the active side's INIT attributes after the REP).
+    pub fn qp_attributes_async(
+        &self,
+        state: QpState,
+    ) -> impl Future<Output = Result<QpAttributes>> + Send + 'static {
         let code = match state {
             QpState::Init => qp_state::INIT,
             QpState::Rtr => qp_state::RTR,
             QpState::Rts => qp_state::RTS,
         };
-        blocking("get QP attributes", || {
-            qp_attr(&self.0, "get QP attributes", code)
-        })
+        let ep = self.0.clone();
+        async move { qp_attr(&ep, "get QP attributes", code).await }
     }
 
     /// Fails every operation waiting on this endpoint with STATUS_CANCELLED.

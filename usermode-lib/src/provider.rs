@@ -57,6 +57,14 @@ impl Provider {
         Self::with_backend(Arc::new(crate::backend::inproc::InProcess::open(node)))
     }
 
+    /// A provider on a real RDMA device of this machine (Linux, feature `rdma`): a handle
+    /// of `device`, the driver running on the device's QP1 through ib_umad
+    /// ([`backend::rdma`](crate::backend::rdma)).
+    #[cfg(all(feature = "rdma", target_os = "linux"))]
+    pub fn open_rdma(device: &Arc<crate::backend::rdma::Device>) -> Result<Self> {
+        Self::with_backend(Arc::new(crate::backend::rdma::Handle::open(device)))
+    }
+
     /// Opens the installed ibcm driver (its control device, `\\.\ibcm`). Fails with
     /// STATUS_OBJECT_NAME_NOT_FOUND when the driver is not installed or not started, and
     /// STATUS_ACCESS_DENIED when this account may not open it.

@@ -79,6 +79,11 @@ pub struct UmadCounts {
     pub received: u64,
     /// Reads dropped: short, a send status report, or a source that is not a RoCEv2 GID.
     pub dropped: u64,
+    /// The longest `write` of a MAD (ib_umad_write builds the address handle, resolving
+    /// the destination's MAC, before it queues the send).
+    pub slowest_write: Duration,
+    /// All writes together.
+    pub write_time: Duration,
 }
 
 #[derive(Debug, Default)]
@@ -88,6 +93,8 @@ struct Stats {
     refused: AtomicU64,
     received: AtomicU64,
     dropped: AtomicU64,
+    slowest_write_ns: AtomicU64,
+    write_ns: AtomicU64,
 }
 
 fn bump(c: &AtomicU64) {
@@ -275,6 +282,8 @@ impl UmadPort {
             refused: l(&self.stats.refused),
             received: l(&self.stats.received),
             dropped: l(&self.stats.dropped),
+            slowest_write: Duration::from_nanos(l(&self.stats.slowest_write_ns)),
+            write_time: Duration::from_nanos(l(&self.stats.write_ns)),
         }
     }
 
@@ -367,11 +376,18 @@ fn receive_loop(node: &Node, file: &File, pkeys: &[u16], stats: &Stats, stop: &A
         match parse(buf.get(..n).unwrap_or(&[]), pkeys) {
             Incoming::Mad { from, mad } => {
                 bump(&stats.received);
+                tracing::debug!(target: "ibcm", attribute = format_args!("{:#06x}", attribute(mad)), "umad: MAD read");
                 node.receive(&from, mad);
             }
             Incoming::Drop => bump(&stats.dropped),
         }
     }
+}
+
+/// A MAD's attribute ID (bytes 16..18, IBA 13.4.2), for traces.
+fn attribute(mad: &[u8]) -> u16 {
+    mad.get(16..18)
+        .map_or(0, |b| u16::from_be_bytes([b[0], b[1]]))
 }
 
 /// The umad write of one MAD: the header (agent, QP1, the GSI Q_Key, a GRH to `dest`'s
@@ -420,8 +436,15 @@ fn transmit_loop(
                 bump(&stats.refused);
                 continue;
             };
-            match writer.write_all(&out) {
-                Ok(_) => bump(&stats.sent),
+            let t0 = std::time::Instant::now();
+            let written = writer.write_all(&out);
+            let took = t0.elapsed();
+            let ns = u64::try_from(took.as_nanos()).unwrap_or(u64::MAX);
+            stats.write_ns.fetch_add(ns, Ordering::Relaxed);
+            stats.slowest_write_ns.fetch_max(ns, Ordering::Relaxed);
+            tracing::debug!(target: "ibcm", attribute = format_args!("{:#06x}", attribute(&t.mad)), write_us = took.as_micros() as u64, ok = written.is_ok(), "umad: MAD written");
+            match written {
+                Ok(()) => bump(&stats.sent),
                 Err(_) => bump(&stats.send_errors),
             }
         }

@@ -81,9 +81,9 @@ fn start(c: &RcCommon) -> Result<(Rc, Limits, Duration), Failure> {
     println!(
         "rc: ibcm on {} port 1 ({:?}), CA GUID {:#018x}, GID index {}",
         c.dev,
-        rc.port,
-        rc.port.guid(),
-        rc.port.gid_index()
+        rc.port(),
+        rc.port().guid(),
+        rc.port().gid_index()
     );
     let limits = Limits {
         responder_resources: c.responder_resources,
@@ -107,6 +107,7 @@ fn established(c: &RcCommon, conn: &Conn) -> Result<(), Failure> {
         },
         conn.answer.as_secs_f64() * 1e3
     );
+    println!("rc: steps, ms: {}", conn.steps.line());
     if c.hold > 0 {
         let q = conn.qp.query().map_err(|e| e.to_string())?;
         println!("{}", rc::qp_line("ours-established", &q));
@@ -119,10 +120,15 @@ fn established(c: &RcCommon, conn: &Conn) -> Result<(), Failure> {
 }
 
 fn print_counts(rc: &Rc) {
-    let c = rc.port.counts();
+    let c = rc.port().counts();
     println!(
-        "rc: umad sent {}, received {}, send errors {}, dropped {}",
-        c.sent, c.received, c.send_errors, c.dropped
+        "rc: umad sent {}, received {}, send errors {}, dropped {}; writes took {:.3} ms, the slowest {:.3} ms",
+        c.sent,
+        c.received,
+        c.send_errors,
+        c.dropped,
+        c.write_time.as_secs_f64() * 1e3,
+        c.slowest_write.as_secs_f64() * 1e3
     );
 }
 

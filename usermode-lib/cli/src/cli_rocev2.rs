@@ -116,6 +116,18 @@ pub struct RoceArgs {
         help_heading = "RoCEv2 link"
     )]
     pub beside_al: Option<u16>,
+    /// Run on this RDMA device (`rxe0`) instead of a raw socket: ibcm's driver on the
+    /// device's QP1 through ib_umad (the kernel's `ib_cm` must not be loaded), every
+    /// connection with a real RC QP of rdma-core cmtime's size, moved to INIT, RTR and RTS
+    /// with the engine's transitions (Linux, feature `verbs`). LOCAL_ADDR is the device's
+    /// IPv4 address.
+    #[arg(
+        long,
+        value_name = "DEV",
+        requires = "rocev2",
+        help_heading = "RoCEv2 link"
+    )]
+    pub rdma_dev: Option<String>,
 }
 
 #[cfg(target_os = "linux")]
@@ -279,7 +291,18 @@ mod imp {
                 ms(s.max)
             );
         };
+        if r.create_qp > Duration::ZERO {
+            println!(
+                "{:<22} {:>8} {:>10}",
+                "create qp",
+                r.attempted,
+                ms(r.create_qp)
+            );
+        }
         row("connect (REQ -> REP)", &r.connect);
+        if r.establish.count > 0 && r.create_qp > Duration::ZERO {
+            row("establish (REQ -> RTU)", &r.establish);
+        }
         row("disconnect (DREQ -> DREP)", &r.disconnect);
         println!();
         println!(
@@ -321,6 +344,11 @@ mod imp {
     /// `ibcm cmtime --rocev2`: the client of an RDMA-CM server (Linux `cmtime -b`).
     pub fn cmtime(a: &CmtimeArgs) -> Result<Option<bool>, Failure> {
         a.roce.only_listen_beside_al()?;
+        if a.roce.rocev2.is_some()
+            && let Some(dev) = &a.roce.rdma_dev
+        {
+            return on_device::cmtime(a, dev).map(Some);
+        }
         let Some(roce) = a.roce.start(&a.fabric)? else {
             return Ok(None);
         };
@@ -390,6 +418,11 @@ mod imp {
     pub fn exchange(a: &ExchangeArgs, listen: bool) -> Result<Option<bool>, Failure> {
         if !listen {
             a.roce.only_listen_beside_al()?;
+        }
+        if a.roce.rocev2.is_some()
+            && let Some(dev) = &a.roce.rdma_dev
+        {
+            return on_device::exchange(a, listen, dev).map(Some);
         }
         let Some(roce) = a.roce.start(&a.fabric)? else {
             return Ok(None);
@@ -471,6 +504,200 @@ mod imp {
         };
         let clean = print_link(&roce);
         Ok(Some(ok && clean))
+    }
+
+    /// `--rdma-dev DEV`: cmtime, listen and connect on a real RDMA device (the user
+    /// library's `rdma` backend: the driver on the device's QP1 through ib_umad), every
+    /// connection with a real RC QP: what rdma-core `cmtime` does on either side.
+    mod on_device {
+        #[cfg(not(feature = "verbs"))]
+        use super::super::super::{CmtimeArgs, ExchangeArgs};
+        use super::super::super::{FabricArgs, Failure};
+        use super::RoceArgs;
+
+        /// Refuses what belongs to the raw-socket link or the simulated fabric.
+        #[cfg_attr(not(feature = "verbs"), allow(dead_code))]
+        fn check(r: &RoceArgs, fabric: &FabricArgs) -> Result<(), Failure> {
+            let raw_only = [
+                (r.beside_al.is_some(), "--beside-al"),
+                (
+                    !r.drop_tx.is_empty() || !r.drop_rx.is_empty(),
+                    "--drop-tx/--drop-rx",
+                ),
+                (r.reuse_qpn, "--reuse-qpn (the QPNs are the device's)"),
+                (r.guid.is_some(), "--guid (the CA GUID is the device's)"),
+                (fabric.device, "--device"),
+                (fabric.pcap.is_some(), "--pcap"),
+                (
+                    fabric.faults() != ibcm::Faults::default(),
+                    "the simulated fabric's faults",
+                ),
+            ];
+            match raw_only.iter().find(|(set, _)| *set) {
+                Some((_, what)) => Err(Failure(format!("{what} does not go with --rdma-dev"))),
+                None => Ok(()),
+            }
+        }
+
+        #[cfg(feature = "verbs")]
+        mod imp {
+            use std::sync::Arc;
+            use std::time::Duration;
+
+            use ibcm_cli::exchange::Service;
+            use ibcm_cli::rc::{Rc, VerbsQps};
+            use ibcm_cli::rocev2::{self, ConnectConfig, Ending, ServeConfig, StepTimes, Timing};
+
+            use super::super::super::super::{CmtimeArgs, ExchangeArgs, Failure, print_counters};
+            use super::super::{CMTIME_PORT, ms, print_served, print_steps};
+            use super::check;
+
+            fn start(a: &super::RoceArgs, dev: &str) -> Result<(Rc, VerbsQps), Failure> {
+                let local = a
+                    .rocev2
+                    .ok_or_else(|| Failure("--rdma-dev needs --rocev2 LOCAL_ADDR".into()))?;
+                let rc = Rc::start(dev, local).map_err(Failure)?;
+                println!(
+                    "rdma: ibcm on {dev} port 1 through ib_umad ({}), CA GUID {:#018x}, GID index {}, real RC QPs",
+                    local,
+                    rc.port().guid(),
+                    rc.port().gid_index()
+                );
+                let qps = VerbsQps(Arc::clone(&rc.ctx));
+                Ok((rc, qps))
+            }
+
+            /// The umad counts, the driver's counters; false if the verifier saw a rule
+            /// broken.
+            fn print_device(rc: &Rc) -> bool {
+                let c = rc.port().counts();
+                println!(
+                    "rdma:     {} MADs sent, {} received; {} send errors, {} dropped; writes took {} ms, the slowest {} ms",
+                    c.sent,
+                    c.received,
+                    c.send_errors,
+                    c.dropped,
+                    ms(c.write_time),
+                    ms(c.slowest_write)
+                );
+                print_counters(&[("this node (rdma)", &rc.provider)]);
+                let violations = rc.port().node().violations();
+                if !violations.is_empty() {
+                    println!("verifier: {violations:?}");
+                }
+                violations.is_empty()
+            }
+
+            fn print_establish(what: &str, s: &StepTimes) {
+                println!(
+                    "{what}: {} connections, median {} ms, min {} ms, max {} ms, all in {} ms",
+                    s.count,
+                    ms(s.median),
+                    ms(s.min),
+                    ms(s.max),
+                    ms(s.total)
+                );
+            }
+
+            pub fn cmtime(a: &CmtimeArgs, dev: &str) -> Result<bool, Failure> {
+                check(&a.roce, &a.fabric)?;
+                let peer = a.roce.peer()?;
+                let (rc, qps) = start(&a.roce, dev)?;
+                let cfg = ConnectConfig {
+                    window: a.window,
+                    timing: Timing {
+                        packet_life_time: a.packet_life_time,
+                        cm_response_timeout: a.response_timeout,
+                        max_cm_retries: a.retries,
+                    },
+                    ..ConnectConfig::new(peer, a.roce.rdma_port, a.connections)
+                };
+                println!(
+                    "ibcm cmtime: {} connections to {peer} RDMA-CM TCP port {} (service ID {:#018x}), window {}; a REQ is re-sent after {} ms, {} retries",
+                    cfg.count,
+                    a.roce.rdma_port,
+                    cfg.service_id,
+                    cfg.window,
+                    ms(cfg.timing.retry_interval()),
+                    cfg.timing.max_cm_retries
+                );
+                let log = |line: String| println!("  {line}");
+                let local = rc.port().local();
+                let report = rocev2::connect_on(&rc.provider, local, Some(&qps), &cfg, &log);
+                print_steps(&report);
+                print_establish("establish (REQ -> RTU)", &report.establish);
+                let clean = print_device(&rc);
+                Ok(clean
+                    && report.failures.is_empty()
+                    && report.established == report.attempted
+                    && report.disconnected == report.established)
+            }
+
+            pub fn exchange(a: &ExchangeArgs, listen: bool, dev: &str) -> Result<bool, Failure> {
+                check(&a.roce, &a.fabric)?;
+                let service = match (a.port, a.service_id) {
+                    (Some(p), _) => Service::Port(p),
+                    (None, Some(id)) => Service::Id(id),
+                    (None, None) => Service::Port(CMTIME_PORT),
+                };
+                let (rc, qps) = start(&a.roce, dev)?;
+                let local = rc.port().local();
+                let side = if listen { "listen" } else { "connect" };
+                let t0 = std::time::Instant::now();
+                let log = move |line: String| {
+                    println!("[{:>10.6}] {side}: {line}", t0.elapsed().as_secs_f64());
+                };
+                let wait = Duration::from_secs(a.wait as u64);
+                let ok = if listen {
+                    let cfg = ServeConfig {
+                        service_id: service.service_id(),
+                        count: a.count,
+                        wait,
+                        ending: if a.roce.disconnect {
+                            Ending::Us
+                        } else {
+                            Ending::Peer
+                        },
+                        qpn_base: 0,
+                    };
+                    let r = rocev2::serve_on(&rc.provider, local, Some(&qps), &cfg, &log)?;
+                    let ok = print_served("listen", &r, &cfg, local, a.count);
+                    print_establish("establish (REQ -> RTU)", &r.establish);
+                    ok && r.failures.is_empty()
+                } else {
+                    let peer = a.roce.peer()?;
+                    let cfg = ConnectConfig {
+                        service_id: service.service_id(),
+                        window: 1,
+                        deadline: wait,
+                        ..ConnectConfig::new(peer, CMTIME_PORT, a.count)
+                    };
+                    log(format!(
+                        "{} connection(s) to {peer}, {service}, one after the other",
+                        a.count
+                    ));
+                    let r = rocev2::connect_on(&rc.provider, local, Some(&qps), &cfg, &log);
+                    print_steps(&r);
+                    print_establish("establish (REQ -> RTU)", &r.establish);
+                    r.failures.is_empty() && r.established == r.attempted
+                };
+                let clean = print_device(&rc);
+                Ok(ok && clean)
+            }
+        }
+
+        #[cfg(feature = "verbs")]
+        pub use imp::{cmtime, exchange};
+
+        #[cfg(not(feature = "verbs"))]
+        pub fn cmtime(_: &CmtimeArgs, _: &str) -> Result<bool, Failure> {
+            Err(Failure("--rdma-dev needs the `verbs` feature".into()))
+        }
+
+        #[cfg(not(feature = "verbs"))]
+        pub fn exchange(_: &ExchangeArgs, _: bool, _: &str) -> Result<bool, Failure> {
+            Err(Failure("--rdma-dev needs the `verbs` feature".into()))
+        }
     }
 }
 

@@ -2,8 +2,9 @@
 //! up by the whole ibcm stack (user library -> IOCTL records -> dispatch -> engine ->
 //! ib_umad, `ibcm_linux`), with verified traffic on them.
 //!
-//! - [`Rc`]: the device's umad port with a driver node on it, a [`Provider`] open on the
-//!   node, and a verbs context on the same device.
+//! - [`Rc`]: the driver on the device (the user library's `rdma` backend: its dispatch
+//!   layer and engine on the device's QP1 through ib_umad), a [`Provider`] open on it,
+//!   and the device's verbs context.
 //! - [`connect`] / [`accept`]: one connection, the QP moved through INIT, RTR and RTS with
 //!   exactly the attributes the engine returned (as a Windows verbs provider would).
 //! - [`rping_client`] / [`rping_server`]: rdma-core `rping`'s exchange (librdmacm/examples
@@ -21,6 +22,7 @@ use std::net::Ipv4Addr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use ibcm::backend::rdma::Device;
 use ibcm::{
     AcceptParams, ConnectEndpoint, ConnectParams, Failover, IpServiceId, ListenParams, Provider,
     QpState, Transport,
@@ -39,33 +41,38 @@ pub const RPING_INFO_LEN: usize = 16;
 
 type Res<T> = std::result::Result<T, String>;
 
-/// A device with ibcm on its QP1 and a verbs context.
+/// A device with ibcm on its QP1 (the user library's `rdma` backend) and a verbs context.
 pub struct Rc {
-    /// QP1 and the driver node.
-    pub port: UmadPort,
-    /// The provider on the node.
+    /// The driver on the device (QP1 through ib_umad) and its verbs context.
+    pub device: Arc<Device>,
+    /// A provider (an open handle) on it.
     pub provider: Provider,
     /// Verbs on the device.
     pub ctx: Arc<Context>,
 }
 
 impl Rc {
-    /// Starts ibcm on `device`'s port 1 at `local`.
+    /// Starts ibcm on `device`'s port 1 at `local` and opens a provider on it.
     pub fn start(device: &str, local: Ipv4Addr) -> Res<Self> {
-        let port = UmadPort::start(&UmadConfig {
+        let device = Device::start(&UmadConfig {
             device: device.to_string(),
             port: 1,
             local,
             seed: None,
         })
-        .map_err(|e| format!("ib_umad on {device}: {e}"))?;
-        let provider = Provider::in_process(port.node()).map_err(|e| e.to_string())?;
-        let ctx = Context::open(device, 1).map_err(|e| format!("verbs on {device}: {e}"))?;
+        .map_err(|e| e.to_string())?;
+        let provider = Provider::open_rdma(&device).map_err(|e| e.to_string())?;
+        let ctx = Arc::clone(device.verbs());
         Ok(Self {
-            port,
+            device,
             provider,
             ctx,
         })
+    }
+
+    /// The umad port (addresses, paths, counts).
+    pub fn port(&self) -> &UmadPort {
+        self.device.port()
     }
 }
 
@@ -80,6 +87,54 @@ pub struct Conn {
     /// From the REQ to the peer's answer (the REP, active) or to our REP's going out
     /// (passive: the QP created and moved to RTS on the way).
     pub answer: Duration,
+    /// Each step of the setup and when it ended, from the REQ sent (active) or taken
+    /// from the listener (passive).
+    pub steps: Steps,
+}
+
+/// The steps of a connection's setup, each with the time it ended since the start.
+#[derive(Debug, Clone)]
+pub struct Steps {
+    t0: Instant,
+    ends: Vec<(&'static str, Duration)>,
+}
+
+impl Steps {
+    /// Starts the clock.
+    pub fn start() -> Self {
+        Self {
+            t0: Instant::now(),
+            ends: Vec::with_capacity(8),
+        }
+    }
+
+    /// Step `name` ended now (also a trace point, `-vv`, to set beside the driver's).
+    pub fn end(&mut self, name: &'static str) {
+        let at = self.t0.elapsed();
+        tracing::debug!(target: "ibcm", step = name, at_us = at.as_micros() as u64, "setup step done");
+        self.ends.push((name, at));
+    }
+
+    /// Since the start.
+    pub fn elapsed(&self) -> Duration {
+        self.t0.elapsed()
+    }
+
+    /// `name +ms (at ms)` for each step, the step's own time then its end since the
+    /// start.
+    pub fn line(&self) -> String {
+        let mut prev = Duration::ZERO;
+        let mut out = Vec::with_capacity(self.ends.len());
+        for (name, at) in &self.ends {
+            out.push(format!(
+                "{name} {:.3} (at {:.3})",
+                at.saturating_sub(prev).as_secs_f64() * 1e3,
+                at.as_secs_f64() * 1e3
+            ));
+            prev = *at;
+        }
+        out.join(", ")
+    }
 }
 
 /// The read limits and timing of a connection.
@@ -107,7 +162,7 @@ pub fn connect(
     before_rtu: impl FnOnce(&RcQp) -> Res<()>,
 ) -> Res<Conn> {
     let qp = RcQp::create(&rc.ctx, QP_DEPTH).map_err(|e| e.to_string())?;
-    let local = rc.port.local();
+    let local = rc.port().local();
     let private_data =
         rdma_cm_private_data(local, peer, 0xc000 | (std::process::id() as u16 & 0x3fff));
     let params = ConnectParams {
@@ -117,7 +172,7 @@ pub fn connect(
         qpn: qp.qpn(),
         transport: Transport::Rc,
         starting_psn: None,
-        primary_path: rc.port.path_to(peer, limits.timing.packet_life_time),
+        primary_path: rc.port().path_to(peer, limits.timing.packet_life_time),
         alternate_path: None,
         path_mtu: PATH_MTU,
         responder_resources: limits.responder_resources,
@@ -132,24 +187,32 @@ pub fn connect(
         private_data: &private_data,
     };
     let ep = rc.provider.connect_endpoint().map_err(|e| describe(&e))?;
-    let t0 = Instant::now();
+    let mut steps = Steps::start();
     let reply = ep
         .connect(&params)
         .map_err(|e| format!("connect: {}", describe(&e)))?;
-    let answer = t0.elapsed();
+    steps.end("REQ->REP");
+    let answer = steps.elapsed();
     let init = ep
         .qp_attributes(QpState::Init)
         .map_err(|e| format!("INIT attributes: {}", describe(&e)))?;
+    steps.end("init-attr");
     modify(&qp, &init)?;
+    steps.end("qp-init");
     modify(&qp, &reply.rtr)?;
+    steps.end("qp-rtr");
     modify(&qp, &reply.rts)?;
+    steps.end("qp-rts");
     before_rtu(&qp)?;
+    steps.end("post-recv");
     ep.rtu(&[]).map_err(|e| format!("rtu: {}", describe(&e)))?;
+    steps.end("RTU");
     Ok(Conn {
         ep,
         qp,
-        setup: t0.elapsed(),
+        setup: steps.elapsed(),
         answer,
+        steps,
     })
 }
 
@@ -177,12 +240,13 @@ pub fn accept(
     log(format!("listening on service ID {service_id:#018x}"));
     let req = crate::exchange::bounded(wait, || listener.cancel(), || listener.get_request())
         .map_err(|e| format!("no REQ: {}", describe(&e)))?;
-    let t0 = Instant::now();
+    let mut steps = Steps::start();
     log(format!(
         "REQ from CA {:#018x}, QPN {:#x}, responder resources {}, initiator depth {}",
         req.remote_ca_guid, req.remote_qpn, req.peer_responder_resources, req.peer_initiator_depth
     ));
     let qp = RcQp::create(&rc.ctx, QP_DEPTH).map_err(|e| e.to_string())?;
+    steps.end("qp-create");
     let ep = req.endpoint;
     // IBA 12.7.29/12.7.30 (REP): responder resources no more than the REQ's initiator
     // depth, initiator depth no more than the REQ's responder resources.
@@ -199,20 +263,53 @@ pub fn accept(
             private_data: &[],
         })
         .map_err(|e| format!("accept: {}", describe(&e)))?;
+    steps.end("prepare-accept");
     modify(&qp, &t.init)?;
+    steps.end("qp-init");
     modify(&qp, &t.rtr)?;
+    steps.end("qp-rtr");
     modify(&qp, &t.rts)?;
+    steps.end("qp-rts");
     before_rep(&qp)?;
-    let answer = t0.elapsed();
+    steps.end("post-recv");
+    let answer = steps.elapsed();
     crate::exchange::bounded(wait, || ep.cancel(), || ep.accept())
         .map_err(|e| format!("accept: {}", describe(&e)))?;
+    steps.end("REP->RTU");
     listener.cancel();
     Ok(Conn {
         ep,
         qp,
-        setup: t0.elapsed(),
+        setup: steps.elapsed(),
         answer,
+        steps,
     })
+}
+
+/// The send and receive queue depth of cmtime's QPs (rdma-core cmtime.c, v44
+/// librdmacm/examples/cmtime.c:653-656: `max_send_wr = 1`, `max_recv_wr = 1`).
+pub const CMTIME_QP_DEPTH: u32 = 1;
+
+/// Real QPs on the device for `ibcm cmtime`, `listen` and `connect`
+/// ([`crate::rocev2::connect_on`], [`crate::rocev2::serve_on`]): RC QPs of cmtime's size.
+pub struct VerbsQps(pub Arc<Context>);
+
+impl crate::rocev2::Qps for VerbsQps {
+    fn create(&self) -> Res<Box<dyn crate::rocev2::Qp>> {
+        RcQp::create(&self.0, CMTIME_QP_DEPTH)
+            .map(|qp| Box::new(qp) as Box<dyn crate::rocev2::Qp>)
+            .map_err(|e| e.to_string())
+    }
+}
+
+impl crate::rocev2::Qp for RcQp {
+    fn qpn(&self) -> u32 {
+        RcQp::qpn(self)
+    }
+
+    fn modify(&self, attributes: &ibcm::QpAttributes) -> Res<()> {
+        RcQp::modify(self, attributes).map_err(|e| e.to_string())
+    }
 }
 
 /// One line describing a QP as the device holds it, `key=value` (decimal), for the

@@ -73,6 +73,23 @@ impl Roce {
     }
 }
 
+/// Real QPs for the connections (a real RDMA device): each connection's QP is made before
+/// its REQ (active) or REP (passive) and moved to INIT, RTR and RTS with exactly the
+/// transition records the engine returns. Without it the QPNs are made up (a raw RoCEv2
+/// link has no QPs; the peer's CM only needs numbers).
+pub trait Qps: Send + Sync {
+    /// A new RC QP, in RESET.
+    fn create(&self) -> std::result::Result<Box<dyn Qp>, String>;
+}
+
+/// One QP of [`Qps`].
+pub trait Qp: Send + Sync {
+    /// Its QPN.
+    fn qpn(&self) -> u32;
+    /// Applies one transition record.
+    fn modify(&self, attributes: &ibcm::QpAttributes) -> std::result::Result<(), String>;
+}
+
 /// The active side's settings.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ConnectConfig {
@@ -167,8 +184,13 @@ pub struct ConnectReport {
     pub failures: BTreeMap<String, usize>,
     /// The peer's REJ reasons.
     pub rejections: BTreeMap<u16, usize>,
+    /// With real QPs: making them all, before the first REQ.
+    pub create_qp: Duration,
     /// REQ sent -> REP received.
     pub connect: StepTimes,
+    /// REQ sent -> RTU sent (with real QPs, their three transitions included): what
+    /// rdma-core cmtime's "connect" step times, rdma_connect to ESTABLISHED.
+    pub establish: StepTimes,
     /// DREQ sent -> DREP received.
     pub disconnect: StepTimes,
     /// Wall time of the setup phase.
@@ -246,12 +268,30 @@ pub fn connect_params<'a>(
 struct ConnectTimes {
     req: Instant,
     rep: Option<Instant>,
+    /// RTU sent (the QP in RTS before it, with [`Qps`]).
+    rtu: Option<Instant>,
+}
+
+/// Why a connection's setup failed: the CM's answer, or a QP verb.
+enum Failed {
+    Cm(Error),
+    Verbs(String),
 }
 
 /// The active side: `cfg.count` connections to an RDMA-CM listener at `cfg.peer`, then
 /// their teardown. `log` gets a line per notable event.
 pub fn connect(roce: &Roce, cfg: &ConnectConfig, log: &(dyn Fn(String) + Sync)) -> ConnectReport {
-    let local = roce.port.local();
+    connect_on(&roce.provider, roce.port.local(), None, cfg, log)
+}
+
+/// [`connect`] from `local` through `provider`, with real QPs from `qps` or made-up QPNs.
+pub fn connect_on(
+    provider: &Provider,
+    local: Ipv4Addr,
+    qps: Option<&dyn Qps>,
+    cfg: &ConnectConfig,
+    log: &(dyn Fn(String) + Sync),
+) -> ConnectReport {
     let n = cfg.count;
     let mut report = ConnectReport {
         attempted: n,
@@ -266,10 +306,29 @@ pub fn connect(roce: &Roce, cfg: &ConnectConfig, log: &(dyn Fn(String) + Sync)) 
         }
     };
 
+    // Real QPs: all made first, as rdma-core cmtime's client does (its "create qp" step).
+    let start = Instant::now();
+    let mut made: Vec<Option<Arc<dyn Qp>>> = Vec::with_capacity(n);
+    if let Some(qps) = qps {
+        for _ in 0..n {
+            match qps.create() {
+                Ok(qp) => made.push(Some(Arc::from(qp))),
+                Err(e) => {
+                    *report
+                        .failures
+                        .entry(format!("create QP: {e}"))
+                        .or_default() += 1;
+                    made.push(None);
+                }
+            }
+        }
+        report.create_qp = start.elapsed();
+    }
     // Setup: up to `window` connections in flight, each an overlapped connect + RTU.
     let port = CompletionPort::new();
     let mut live: Vec<(usize, ConnectEndpoint)> = Vec::new();
     let mut inflight: BTreeMap<usize, ConnectEndpoint> = BTreeMap::new();
+    let mut qp_of: BTreeMap<usize, Arc<dyn Qp>> = BTreeMap::new();
     let mut next = 0usize;
     let wall = Instant::now();
     let deadline = wall + cfg.deadline;
@@ -277,17 +336,23 @@ pub fn connect(roce: &Roce, cfg: &ConnectConfig, log: &(dyn Fn(String) + Sync)) 
         while next < n && inflight.len() < cfg.window.max(1) {
             let i = next;
             next += 1;
-            let ep = match roce.provider.connect_endpoint() {
+            let qp = match made.get_mut(i).map(Option::take) {
+                Some(Some(qp)) => Some(qp),
+                // Its QP could not be made (counted above).
+                Some(None) => continue,
+                None => None,
+            };
+            let ep = match provider.connect_endpoint() {
                 Ok(ep) => ep,
                 Err(e) => {
                     fail(&mut report, &e);
                     continue;
                 }
             };
-            let qpn = if cfg.reuse_qpn {
-                cfg.qpn_base
-            } else {
-                cfg.qpn_base + i as u32
+            let qpn = match &qp {
+                Some(qp) => qp.qpn(),
+                None if cfg.reuse_qpn => cfg.qpn_base,
+                None => cfg.qpn_base + i as u32,
             } & 0x00ff_ffff;
             let pd = rdma_cm_private_data(local, cfg.peer, 0xc000 | (i as u16 & 0x3fff));
             let params = connect_params(local, cfg, qpn, &pd);
@@ -295,20 +360,44 @@ pub fn connect(roce: &Roce, cfg: &ConnectConfig, log: &(dyn Fn(String) + Sync)) 
                 *slot = Some(ConnectTimes {
                     req: Instant::now(),
                     rep: None,
+                    rtu: None,
                 });
             }
-            let (times2, ep2) = (Arc::clone(&times), ep.clone());
+            let (times2, ep2, qp2) = (Arc::clone(&times), ep.clone(), qp.clone());
             let connect = ep.connect_async(&params);
+            // The QP's verbs run where the REP completes, as librdmacm moves its QP to
+            // RTR and RTS on the CONNECT_RESPONSE before rdma_establish sends the RTU.
             spawn(
                 async move {
-                    let reply = connect.await?;
+                    let reply = connect.await.map_err(Failed::Cm)?;
                     if let Some(Some(t)) = lock(&times2).get_mut(i) {
                         t.rep = Some(Instant::now());
                     }
-                    ep2.rtu_async(&[]).await.map(|()| reply.remote_qpn)
+                    if let Some(qp) = qp2 {
+                        let init = ep2
+                            .qp_attributes_async(ibcm::QpState::Init)
+                            .await
+                            .map_err(Failed::Cm)?;
+                        for a in [&init, &reply.rtr, &reply.rts] {
+                            if let Err(e) = qp.modify(a) {
+                                // The connection goes no further: the peer's REP waits
+                                // for an RTU that does not come, and times out.
+                                ep2.cancel();
+                                return Err(Failed::Verbs(e));
+                            }
+                        }
+                    }
+                    ep2.rtu_async(&[]).await.map_err(Failed::Cm)?;
+                    if let Some(Some(t)) = lock(&times2).get_mut(i) {
+                        t.rtu = Some(Instant::now());
+                    }
+                    Ok(reply.remote_qpn)
                 },
                 &Overlapped::with_port(&port, i),
             );
+            if let Some(qp) = qp {
+                qp_of.insert(i, qp);
+            }
             inflight.insert(i, ep);
         }
         let left = deadline.saturating_duration_since(Instant::now());
@@ -342,7 +431,10 @@ pub fn connect(roce: &Roce, cfg: &ConnectConfig, log: &(dyn Fn(String) + Sync)) 
         let Some(ep) = inflight.remove(&i) else {
             continue;
         };
-        match packet.overlapped.result::<Result<u32>>() {
+        match packet
+            .overlapped
+            .result::<std::result::Result<u32, Failed>>()
+        {
             Some(Ok(remote_qpn)) => {
                 report.established += 1;
                 if cfg.window <= 1 || n <= 4 {
@@ -352,9 +444,13 @@ pub fn connect(roce: &Roce, cfg: &ConnectConfig, log: &(dyn Fn(String) + Sync)) 
                 }
                 live.push((i, ep));
             }
-            Some(Err(e)) => {
+            Some(Err(Failed::Cm(e))) => {
                 log(format!("connection {i}: {}", describe(&e)));
                 fail(&mut report, &e);
+            }
+            Some(Err(Failed::Verbs(e))) => {
+                log(format!("connection {i}: {e}"));
+                *report.failures.entry(e).or_default() += 1;
             }
             None => fail(
                 &mut report,
@@ -420,6 +516,15 @@ pub fn connect(roce: &Roce, cfg: &ConnectConfig, log: &(dyn Fn(String) + Sync)) 
         .filter_map(|t| t.rep.map(|r| (t.req, r)))
         .collect();
     report.connect = StepTimes::of(&connect_spans);
+    let establish_spans: Vec<(Instant, Instant)> = lock(&times)
+        .iter()
+        .flatten()
+        .filter_map(|t| t.rtu.map(|r| (t.req, r)))
+        .collect();
+    report.establish = StepTimes::of(&establish_spans);
+    // The QPs go once their connections are down (cmtime: rdma_destroy_qp after
+    // rdma_disconnect).
+    drop(qp_of);
     report.disconnect = StepTimes::of(&lock(&spans));
     report
 }
@@ -465,6 +570,9 @@ pub struct ServeReport {
     pub rejections: BTreeMap<u16, usize>,
     /// First REQ to last connection ended.
     pub wall: Duration,
+    /// REQ handed over -> RTU received (with real QPs: the QP made and moved to RTS on
+    /// the way, as rdma-core cmtime's server does before rdma_accept).
+    pub establish: StepTimes,
 }
 
 struct ServeShared {
@@ -474,6 +582,7 @@ struct ServeShared {
     failures: Mutex<BTreeMap<String, usize>>,
     rejections: Mutex<BTreeMap<u16, usize>>,
     live: Mutex<BTreeMap<usize, ConnectEndpoint>>,
+    establish: Mutex<Vec<(Instant, Instant)>>,
 }
 
 /// The passive side, on `provider` of the node at `local`: listens on `cfg.service_id`
@@ -482,6 +591,17 @@ struct ServeShared {
 pub fn serve(
     provider: &Provider,
     local: Ipv4Addr,
+    cfg: &ServeConfig,
+    log: &(dyn Fn(String) + Sync),
+) -> Result<ServeReport> {
+    serve_on(provider, local, None, cfg, log)
+}
+
+/// [`serve`], each connection with a real QP from `qps` or a made-up QPN.
+pub fn serve_on(
+    provider: &Provider,
+    local: Ipv4Addr,
+    qps: Option<&dyn Qps>,
     cfg: &ServeConfig,
     log: &(dyn Fn(String) + Sync),
 ) -> Result<ServeReport> {
@@ -500,6 +620,7 @@ pub fn serve(
         failures: Mutex::new(BTreeMap::new()),
         rejections: Mutex::new(BTreeMap::new()),
         live: Mutex::new(BTreeMap::new()),
+        establish: Mutex::new(Vec::new()),
     });
     let mut report = ServeReport::default();
     let mut first: Option<Instant> = None;
@@ -534,7 +655,20 @@ pub fn serve(
                 req.remote_ca_guid, req.remote_qpn
             ));
         }
-        serve_one(&sh, req, k, cfg);
+        let t0 = Instant::now();
+        let qp = match qps.map(Qps::create) {
+            Some(Ok(qp)) => Some(qp),
+            Some(Err(e)) => {
+                log(format!("connection {k}: create QP: {e}"));
+                *lock(&sh.failures)
+                    .entry(format!("create QP: {e}"))
+                    .or_default() += 1;
+                let _ = req.endpoint.reject(RejReason::NoQp, &[]);
+                continue;
+            }
+            None => None,
+        };
+        serve_one(&sh, req, k, cfg, t0, qp);
     }
     listener.cancel();
     // Every connection ends within the peer's timing or the wait; bound it anyway.
@@ -562,14 +696,22 @@ pub fn serve(
     report.completed = sh.completed.load(Ordering::Acquire);
     report.failures = std::mem::take(&mut *lock(&sh.failures));
     report.rejections = std::mem::take(&mut *lock(&sh.rejections));
+    report.establish = StepTimes::of(&lock(&sh.establish));
     Ok(report)
 }
 
-fn serve_one(sh: &Arc<ServeShared>, req: ConnectionRequest, k: usize, cfg: &ServeConfig) {
+fn serve_one(
+    sh: &Arc<ServeShared>,
+    req: ConnectionRequest,
+    k: usize,
+    cfg: &ServeConfig,
+    t0: Instant,
+    qp: Option<Box<dyn Qp>>,
+) {
     let ep = req.endpoint;
     lock(&sh.live).insert(k, ep.clone());
     let sh = Arc::clone(sh);
-    let qpn = (cfg.qpn_base + k as u32) & 0x00ff_ffff;
+    let qpn = qp.as_ref().map_or(cfg.qpn_base + k as u32, |qp| qp.qpn()) & 0x00ff_ffff;
     let ending = cfg.ending;
     let (rr, id) = (
         req.peer_initiator_depth.min(1),
@@ -578,7 +720,7 @@ fn serve_one(sh: &Arc<ServeShared>, req: ConnectionRequest, k: usize, cfg: &Serv
     spawn(
         async move {
             let result = async {
-                ep.prepare_accept(&AcceptParams {
+                let t = ep.prepare_accept(&AcceptParams {
                     qpn,
                     starting_psn: None,
                     responder_resources: rr,
@@ -589,7 +731,18 @@ fn serve_one(sh: &Arc<ServeShared>, req: ConnectionRequest, k: usize, cfg: &Serv
                     srq: false,
                     private_data: &[],
                 })?;
+                // The QP in RTS before the REP goes, as rdma_accept moves it (librdmacm
+                // ucma_modify_qp_rtr, ucma_modify_qp_rts) before the kernel sends the REP.
+                if let Some(qp) = &qp {
+                    for a in [&t.init, &t.rtr, &t.rts] {
+                        if let Err(e) = qp.modify(a) {
+                            *lock(&sh.failures).entry(e).or_default() += 1;
+                            return ep.reject_async(RejReason::NoQp, &[]).await;
+                        }
+                    }
+                }
                 ep.accept_async().await?;
+                lock(&sh.establish).push((t0, Instant::now()));
                 sh.established.fetch_add(1, Ordering::AcqRel);
                 match ending {
                     Ending::Peer => {
@@ -608,6 +761,8 @@ fn serve_one(sh: &Arc<ServeShared>, req: ConnectionRequest, k: usize, cfg: &Serv
                     *lock(&sh.rejections).entry(u16::from(r)).or_default() += 1;
                 }
             }
+            // The QP goes once its connection is down.
+            drop(qp);
             lock(&sh.live).remove(&k);
             sh.finished.fetch_add(1, Ordering::AcqRel);
         },

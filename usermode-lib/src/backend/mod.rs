@@ -1,11 +1,14 @@
-//! Where IOCTLs go: the driver through Win32 (Windows), or the same dispatch code running
-//! in this process on the host platform (everywhere).
+//! Where IOCTLs go: the driver through Win32 (Windows), the same dispatch code running
+//! in this process on the host platform (everywhere), or that code on a real RDMA device
+//! of this machine (Linux, feature `rdma`).
 
 pub mod device;
 #[cfg(feature = "in-process")]
 pub mod emulated;
 #[cfg(feature = "in-process")]
 pub mod inproc;
+#[cfg(all(feature = "rdma", target_os = "linux"))]
+pub mod rdma;
 #[cfg(windows)]
 #[allow(unsafe_code)]
 pub mod windows;

@@ -1,0 +1,125 @@
+# Sourced by tests/interop/data-plane.sh: connection setup timed like rdma-core `cmtime`,
+# ibcm against Linux's `cmtime` in both roles and against itself, every connection with a
+# real RC QP moved to RTS (ibcm: `--rdma-dev rxe0`, the user library's rdma backend), and
+# Linux against Linux on the same guests. Uses the harness's guest/bg/check helpers.
+#
+# Scenarios (data-plane.sh's ALL_SCENARIOS orders them: the first needs B without its CM,
+# the next two A without its CM, the last loads A's):
+#   cmtime-ibcm           ibcm cmtime (A) -> ibcm listen (B)
+#   cmtime-linux-server   ibcm cmtime (A) -> Linux `cmtime -b` (B)
+#   cmtime-linux-client   Linux `cmtime -s` (B) -> ibcm listen (A)
+#   cmtime-baseline       Linux `cmtime -s` (A) -> Linux `cmtime -b` (B)
+# Each times one connection IBCM_DP_CM_ONE times (a process each; the median is the
+# figure) and then IBCM_DP_CM_MANY connections at once.
+#
+# What is timed: Linux's `connect` step is rdma_connect to RDMA_CM_EVENT_ESTABLISHED (v44
+# librdmacm/examples/cmtime.c:583-597), the server creating its QP and moving it to RTS
+# before rdma_accept (:217-231, librdmacm's rdma_accept) and the client moving its QP to
+# RTR and RTS before the RTU (librdmacm ucma_process_conn_resp). ibcm's `establish` is
+# the same span: REQ sent to RTU sent, the QP's transitions on both sides included.
+# Linux's address and route resolution are steps of their own, outside it (:529-564).
+
+CM_ONE="${IBCM_DP_CM_ONE:-3}"
+CM_MANY="${IBCM_DP_CM_MANY:-20}"
+
+# median VALUES...: the median of numbers (the lower middle one of an even count).
+median() { printf '%s\n' "$@" | grep -v '^$' | sort -g | awk '{ v[NR] = $1 } END { if (NR) print v[int((NR + 1) / 2)] }'; }
+# ibcm_establish FILE FIELD: a field (median, all) of ibcm's "establish (REQ -> RTU)" line.
+ibcm_establish() {
+    case "$2" in
+        median) sed -n 's/^establish (REQ -> RTU): .* median \([0-9.]*\) ms.*/\1/p' "$1" | head -1 ;;
+        all) sed -n 's/^establish (REQ -> RTU): .* all in \([0-9.]*\) ms.*/\1/p' "$1" | head -1 ;;
+    esac
+}
+# linux_connect FILE: the total ms of Linux cmtime's connect step.
+linux_connect() { awk '$1=="connect" && $2==":" {print $3; exit}' "$1"; }
+
+# cm_ibcm_listen NAME ADDR TAG COUNT: ibcm serving COUNT connections in the background.
+cm_ibcm_listen() {
+    bg "$1" "$3" "ibcm listen --rocev2 $2 --rdma-dev rxe0 -p $RDMA_PORT -C $4 --wait 60"
+    wait_listening "$1" "$3" || fail "ibcm listen on $1 did not listen"
+}
+# cm_linux_server NAME ADDR: Linux `cmtime -b` in the background (it serves until killed).
+cm_linux_server() {
+    guest "$1" 10 "cmtime -b $2 -p $RDMA_PORT > /tmp/cmb.log 2>&1 & echo \$! > /tmp/cmb.pid" >/dev/null
+    sleep 1
+}
+cm_linux_server_stop() { guest "$1" 10 "kill \$(cat /tmp/cmb.pid); true" >/dev/null 2>&1 || true; }
+# cm_ibcm_client FILE COUNT: ibcm cmtime on A against B's listener.
+cm_ibcm_client() {
+    guest A 120 "timeout 100 ibcm cmtime --rocev2 $A_IP --rdma-dev rxe0 --peer $B_IP --rdma-port $RDMA_PORT -c $2 --packet-life-time 12 --response-timeout 18; echo exit=\$?" >"$1" 2>&1 || true
+}
+
+# cm_runs KIND: the one-connection runs, then the many-connection run; KIND is
+# ibcm-ibcm, ibcm-linux, linux-ibcm or linux-linux. Sets CM_ONE_MS (the median) and
+# CM_MANY_MS.
+cm_runs() {
+    local kind="$1" i f vals=()
+    for i in $(seq "$CM_ONE") many; do
+        local n=1
+        [ "$i" = many ] && n="$CM_MANY"
+        next_port
+        f="$OUT/cmtime-$kind.$i.txt"
+        case "$kind" in
+            ibcm-ibcm)
+                cm_ibcm_listen B "$B_IP" cml "$n"
+                cm_ibcm_client "$f" "$n"
+                bg_wait B cml "$f.server" ;;
+            ibcm-linux)
+                cm_linux_server B "$B_IP"
+                cm_ibcm_client "$f" "$n"
+                cm_linux_server_stop B ;;
+            linux-ibcm)
+                cm_ibcm_listen A "$A_IP" cml "$n"
+                guest B 120 "timeout 100 cmtime -s $A_IP -p $RDMA_PORT -c $n; echo exit=\$?" >"$f" 2>&1 || true
+                bg_wait A cml "$f.server" ;;
+            linux-linux)
+                cm_linux_server B "$B_IP"
+                guest A 120 "timeout 100 cmtime -s $B_IP -p $RDMA_PORT -c $n; echo exit=\$?" >"$f" 2>&1 || true
+                cm_linux_server_stop B ;;
+        esac
+        # Right after a kill the guest's control line has lost the head of the next
+        # command once: a padding command takes the loss.
+        guest B 10 ":; :; :; :; :; :; :; :; :; :; :; :; :; :; :; :; :; true" >/dev/null 2>&1 || true
+        local ms
+        case "$kind" in
+            ibcm-*)
+                check "$kind $i: ibcm exited 0" has "$f" "exit=0"
+                check "$kind $i: $n/$n established" has "$f" "setup:    $n/$n established"
+                if [ "$i" = many ]; then ms="$(ibcm_establish "$f" all)"; else ms="$(ibcm_establish "$f" median)"; fi ;;
+            *)
+                check "$kind $i: Linux cmtime exited 0" has "$f" "exit=0"
+                ms="$(linux_connect "$f")" ;;
+        esac
+        case "$kind" in
+            *-ibcm) check "$kind $i: ibcm served $n" has "$f.server" "listen: $n REQs" ;;
+        esac
+        check "$kind $i: a connect time" eval "[ -n '$ms' ]"
+        if [ "$i" = many ]; then CM_MANY_MS="$ms"; else vals+=("$ms"); fi
+    done
+    CM_ONE_MS="$(median "${vals[@]}")"
+    echo "  $kind: one connection ${vals[*]} ms (median $CM_ONE_MS), $CM_MANY connections at once $CM_MANY_MS ms"
+}
+
+scenario_cmtime-ibcm() { cm_runs ibcm-ibcm; FIG[cm_ibcm_ibcm_one]="$CM_ONE_MS"; FIG[cm_ibcm_ibcm_many]="$CM_MANY_MS"; }
+scenario_cmtime-linux-server() { cm_runs ibcm-linux; FIG[cm_ibcm_linux_one]="$CM_ONE_MS"; FIG[cm_ibcm_linux_many]="$CM_MANY_MS"; }
+scenario_cmtime-linux-client() { cm_runs linux-ibcm; FIG[cm_linux_ibcm_one]="$CM_ONE_MS"; FIG[cm_linux_ibcm_many]="$CM_MANY_MS"; }
+scenario_cmtime-baseline() {
+    linux_cm_on A
+    cm_runs linux-linux
+    FIG[cm_linux_linux_one]="$CM_ONE_MS"
+    FIG[cm_linux_linux_many]="$CM_MANY_MS"
+}
+
+# The rows of the figures table (data-plane.sh's `row`).
+cmtime_figures() {
+    local b1="${FIG[cm_linux_linux_one]:-}" bn="${FIG[cm_linux_linux_many]:-}"
+    row "cmtime: one connection, median of $CM_ONE, ms (ibcm -> ibcm / Linux -> Linux)" "${FIG[cm_ibcm_ibcm_one]:-}" "$b1"
+    row "cmtime: one connection, median of $CM_ONE, ms (ibcm -> Linux cmtime -b)" "${FIG[cm_ibcm_linux_one]:-}" "$b1"
+    row "cmtime: one connection, median of $CM_ONE, ms (Linux cmtime -s -> ibcm)" "${FIG[cm_linux_ibcm_one]:-}" "$b1"
+    row "cmtime: $CM_MANY connections at once, ms (ibcm -> ibcm / Linux -> Linux)" "${FIG[cm_ibcm_ibcm_many]:-}" "$bn"
+    row "cmtime: $CM_MANY connections at once, ms (ibcm -> Linux cmtime -b)" "${FIG[cm_ibcm_linux_many]:-}" "$bn"
+    row "cmtime: $CM_MANY connections at once, ms (Linux cmtime -s -> ibcm)" "${FIG[cm_linux_ibcm_many]:-}" "$bn"
+    echo "  (cmtime: REQ sent to RTU sent with real RC QPs moved to RTS on both sides; Linux's is"
+    echo "  cmtime's connect step, rdma_connect to ESTABLISHED, its address resolution outside it.)"
+}

@@ -1,0 +1,107 @@
+//! The Linux backend (feature `rdma`): a real RDMA device of this machine with the driver's
+//! own dispatch layer and engine on its QP1, in this process — what the installed driver
+//! behind `\\.\ibcm` is on Windows.
+//!
+//! [`Device`] is the driver: it starts `ibcm_linux::umad` on the device's port (an ib_umad
+//! agent for the CM class; the kernel's `ib_cm` must not be loaded) and opens the
+//! device's verbs context, where the application makes its RC QPs
+//! (`ibcm_linux::verbs`), as a WinVerbs or ND application makes them through its verbs
+//! provider on Windows. [`Provider::open_rdma`](crate::Provider::open_rdma) opens a handle
+//! on it (IRP_MJ_CREATE); every operation is the same IOCTL record as on Windows, handed
+//! to the dispatch code, and completes on whatever thread the driver completes it (the
+//! umad receive thread, the timer thread, or the caller's own for an immediate answer).
+//! The QP transition records the library returns (`QpAttributes`) go to
+//! `ibcm_linux::verbs::RcQp::modify` unchanged.
+//!
+//! Nothing here decides anything about a connection: the backend carries records and
+//! completions, the platform (`ibcm_linux`) carries MADs and verbs calls.
+
+use std::io;
+use std::sync::Arc;
+
+use ibcm_linux::umad::{UmadConfig, UmadPort};
+use ibcm_linux::verbs::Context;
+
+use super::inproc::InProcess;
+use super::{Backend, OnComplete};
+
+/// A real RDMA port with the driver on its QP1, and the device's verbs context.
+pub struct Device {
+    port: UmadPort,
+    verbs: Arc<Context>,
+}
+
+impl core::fmt::Debug for Device {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.debug_struct("Device")
+            .field("port", &self.port)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Device {
+    /// Starts the driver on `config.device`'s port `config.port` (ib_umad) and opens the
+    /// device's verbs context. Fails when the port has no umad device, the CM class is
+    /// taken (the kernel's `ib_cm` is loaded), or the local address has no RoCEv2 GID.
+    pub fn start(config: &UmadConfig) -> io::Result<Arc<Self>> {
+        let port = UmadPort::start(config)
+            .map_err(|e| io::Error::new(e.kind(), format!("ib_umad on {}: {e}", config.device)))?;
+        let verbs = Context::open(&config.device, config.port)
+            .map_err(|e| io::Error::new(e.kind(), format!("verbs on {}: {e}", config.device)))?;
+        Ok(Arc::new(Self { port, verbs }))
+    }
+
+    /// The port: its CA GUID, GID index, address, paths and counters.
+    pub fn port(&self) -> &UmadPort {
+        &self.port
+    }
+
+    /// The device's verbs context (QPs, CQs, memory regions).
+    pub fn verbs(&self) -> &Arc<Context> {
+        &self.verbs
+    }
+}
+
+/// One open handle of a [`Device`]: the device stays up while a handle is open, as a
+/// driver stays loaded while a handle to its device is.
+pub struct Handle {
+    // Dropped first: the handle's cleanup runs while the driver still runs.
+    file: InProcess,
+    _device: Arc<Device>,
+}
+
+impl Handle {
+    /// Opens `device` (IRP_MJ_CREATE).
+    pub fn open(device: &Arc<Device>) -> Self {
+        Self {
+            file: InProcess::open(device.port.node()),
+            _device: Arc::clone(device),
+        }
+    }
+}
+
+impl Backend for Handle {
+    fn submit(
+        &self,
+        code: u32,
+        input: &[u8],
+        output_len: usize,
+        buffer: Vec<u8>,
+        on_complete: OnComplete,
+    ) -> u64 {
+        self.file
+            .submit(code, input, output_len, buffer, on_complete)
+    }
+
+    fn cancel(&self, key: u64) {
+        self.file.cancel(key);
+    }
+
+    fn close(&self) {
+        self.file.close();
+    }
+
+    fn is_closed(&self) -> bool {
+        self.file.is_closed()
+    }
+}
