@@ -19,7 +19,12 @@
 # the same span: REQ sent to RTU sent, the QP's transitions on both sides included.
 # Linux's address and route resolution are steps of their own, outside it (:529-564).
 
+# IBCM_DP_CM_TRACE=1 adds ibcm's trace points (-vv: every state change, MAD read and
+# written with its write time, setup steps) to the outputs, written to the guest's tmpfs
+# during the run (not to its slow serial line) and appended after it.
 CM_ONE="${IBCM_DP_CM_ONE:-3}"
+CM_VV=""
+[ -n "${IBCM_DP_CM_TRACE:-}" ] && CM_VV="-vv"
 CM_MANY="${IBCM_DP_CM_MANY:-20}"
 
 # median VALUES...: the median of numbers (the lower middle one of an even count).
@@ -36,7 +41,7 @@ linux_connect() { awk '$1=="connect" && $2==":" {print $3; exit}' "$1"; }
 
 # cm_ibcm_listen NAME ADDR TAG COUNT: ibcm serving COUNT connections in the background.
 cm_ibcm_listen() {
-    bg "$1" "$3" "ibcm listen --rocev2 $2 --rdma-dev rxe0 -p $RDMA_PORT -C $4 --wait 60"
+    bg "$1" "$3" "ibcm listen $CM_VV --rocev2 $2 --rdma-dev rxe0 -p $RDMA_PORT -C $4 --wait 60"
     wait_listening "$1" "$3" || fail "ibcm listen on $1 did not listen"
 }
 # cm_linux_server NAME ADDR: Linux `cmtime -b` in the background (it serves until killed).
@@ -47,7 +52,7 @@ cm_linux_server() {
 cm_linux_server_stop() { guest "$1" 10 "kill \$(cat /tmp/cmb.pid); true" >/dev/null 2>&1 || true; }
 # cm_ibcm_client FILE COUNT: ibcm cmtime on A against B's listener.
 cm_ibcm_client() {
-    guest A 120 "timeout 100 ibcm cmtime --rocev2 $A_IP --rdma-dev rxe0 --peer $B_IP --rdma-port $RDMA_PORT -c $2 --packet-life-time 12 --response-timeout 18; echo exit=\$?" >"$1" 2>&1 || true
+    guest A 120 "timeout 100 ibcm cmtime $CM_VV --rocev2 $A_IP --rdma-dev rxe0 --peer $B_IP --rdma-port $RDMA_PORT -c $2 --packet-life-time 12 --response-timeout 18 2>/tmp/cm.trace; echo exit=\$?; cat /tmp/cm.trace" >"$1" 2>&1 || true
 }
 
 # cm_runs KIND: the one-connection runs, then the many-connection run; KIND is

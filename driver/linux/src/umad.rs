@@ -22,8 +22,8 @@ use std::io::{self, Read, Write};
 use std::net::Ipv4Addr;
 use std::os::fd::AsRawFd;
 use std::path::PathBuf;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
@@ -104,6 +104,7 @@ fn bump(c: &AtomicU64) {
 /// A running umad port: a driver node on a real RDMA port's QP1.
 pub struct UmadPort {
     node: Arc<Node>,
+    sender: Arc<Sender>,
     config: UmadConfig,
     guid: u64,
     gid_index: u8,
@@ -206,37 +207,43 @@ impl UmadPort {
         ));
         let stats = Arc::new(Stats::default());
         let stop = Arc::new(AtomicBool::new(false));
+        let sender = Arc::new(Sender {
+            file: Arc::clone(&file),
+            agent,
+            gid_index,
+            stats: Arc::clone(&stats),
+            order: Mutex::new(()),
+        });
         let mut threads = Vec::new();
         {
-            let (node, file, stats, stop) = (
+            let (node, sender, stats, stop) = (
                 Arc::clone(&node),
-                Arc::clone(&file),
+                Arc::clone(&sender),
                 Arc::clone(&stats),
                 Arc::clone(&stop),
             );
             threads.push(
                 std::thread::Builder::new()
                     .name("ibcm-umad-rx".into())
-                    .spawn(move || receive_loop(&node, &file, &pkeys, &stats, &stop))?,
+                    .spawn(move || receive_loop(&node, &file, &pkeys, &sender, &stats, &stop))?,
             );
         }
         {
-            let (node, stats, stop, wake) = (
+            let (node, sender, stop, wake) = (
                 Arc::clone(&node),
-                Arc::clone(&stats),
+                Arc::clone(&sender),
                 Arc::clone(&stop),
                 Arc::clone(&wake),
             );
             threads.push(
                 std::thread::Builder::new()
-                    .name("ibcm-umad-tx".into())
-                    .spawn(move || {
-                        transmit_loop(&node, &file, agent, gid_index, &stats, &stop, &wake);
-                    })?,
+                    .name("ibcm-umad-timer".into())
+                    .spawn(move || timer_loop(&node, &sender, &stop, &wake))?,
             );
         }
         Ok(Self {
             node,
+            sender,
             config,
             guid,
             gid_index,
@@ -271,6 +278,13 @@ impl UmadPort {
     /// The path from here to `remote`, as on the raw-socket port (RoCEv2: no SA).
     pub fn path_to(&self, remote: Ipv4Addr, packet_life_time: u8) -> PathRecord {
         path_record(self.config.local, remote, packet_life_time)
+    }
+
+    /// Writes what the driver has queued to send, in this thread: call it after running
+    /// the driver (an IOCTL), so that its MADs leave before the call returns, as a
+    /// driver's do (the timer thread would write them otherwise, a thread switch later).
+    pub fn flush(&self) {
+        self.sender.flush(&self.node);
     }
 
     /// Counts so far.
@@ -359,7 +373,14 @@ pub fn parse<'a>(read: &'a [u8], pkeys: &[u16]) -> Incoming<'a> {
     Incoming::Mad { from, mad }
 }
 
-fn receive_loop(node: &Node, file: &File, pkeys: &[u16], stats: &Stats, stop: &AtomicBool) {
+fn receive_loop(
+    node: &Node,
+    file: &File,
+    pkeys: &[u16],
+    sender: &Sender,
+    stats: &Stats,
+    stop: &AtomicBool,
+) {
     let mut buf = [0u8; HDR_LEN + MAD_SIZE];
     let mut reader = file;
     while !stop.load(Ordering::Acquire) {
@@ -378,6 +399,8 @@ fn receive_loop(node: &Node, file: &File, pkeys: &[u16], stats: &Stats, stop: &A
                 bump(&stats.received);
                 tracing::debug!(target: "ibcm", attribute = format_args!("{:#06x}", attribute(mad)), "umad: MAD read");
                 node.receive(&from, mad);
+                // What the MAD made the driver send (a DREP, a duplicate's answer, ...).
+                sender.flush(node);
             }
             Incoming::Drop => bump(&stats.dropped),
         }
@@ -415,39 +438,60 @@ pub fn frame(
     Some(out)
 }
 
-fn transmit_loop(
-    node: &Node,
-    file: &File,
+/// Writes the driver's MADs to the umad file: whoever has just run the driver (the
+/// caller of an IOCTL, the receive thread, the timer thread) writes what it queued, in
+/// that thread, as a driver posts its sends from the dispatch routine or DPC that made
+/// them, rather than handing them to another thread (a thread switch per MAD on the
+/// critical path of every connection).
+struct Sender {
+    file: Arc<File>,
     agent: u32,
     gid_index: u8,
-    stats: &Stats,
-    stop: &AtomicBool,
-    wake: &Wake,
-) {
-    let mut writer = file;
+    stats: Arc<Stats>,
+    /// Held from taking the queued MADs to the last write: the MADs leave in the order
+    /// the driver queued them, whichever thread writes them.
+    order: Mutex<()>,
+}
+
+impl Sender {
+    /// Writes every MAD the node has queued.
+    fn flush(&self, node: &Node) {
+        let _order = self.order.lock().unwrap_or_else(PoisonError::into_inner);
+        let sent = node.platform.take_sent();
+        let mut writer = &*self.file;
+        for t in &sent {
+            let Some(out) = frame(self.agent, self.gid_index, &t.dest, &t.mad) else {
+                bump(&self.stats.refused);
+                continue;
+            };
+            // ib_umad_write builds the address handle (resolving the destination's MAC)
+            // before it queues the send: its time is the kernel's per MAD.
+            let t0 = std::time::Instant::now();
+            let written = writer.write_all(&out);
+            let took = t0.elapsed();
+            let ns = u64::try_from(took.as_nanos()).unwrap_or(u64::MAX);
+            self.stats.write_ns.fetch_add(ns, Ordering::Relaxed);
+            self.stats.slowest_write_ns.fetch_max(ns, Ordering::Relaxed);
+            tracing::debug!(target: "ibcm", attribute = format_args!("{:#06x}", attribute(&t.mad)), write_us = took.as_micros() as u64, ok = written.is_ok(), "umad: MAD written");
+            match written {
+                Ok(()) => bump(&self.stats.sent),
+                Err(_) => bump(&self.stats.send_errors),
+            }
+        }
+        node.platform.recycle_sent(sent);
+    }
+}
+
+/// The node's timer on the real clock, and what the timer's passes send.
+fn timer_loop(node: &Node, sender: &Sender, stop: &AtomicBool, wake: &Wake) {
     loop {
         let stopping = stop.load(Ordering::Acquire);
         let now = node.platform.now();
         if node.platform.timer().is_some_and(|t| t <= now) {
             node.fire_timer();
         }
-        for t in node.platform.take_sent() {
-            let Some(out) = frame(agent, gid_index, &t.dest, &t.mad) else {
-                bump(&stats.refused);
-                continue;
-            };
-            let t0 = std::time::Instant::now();
-            let written = writer.write_all(&out);
-            let took = t0.elapsed();
-            let ns = u64::try_from(took.as_nanos()).unwrap_or(u64::MAX);
-            stats.write_ns.fetch_add(ns, Ordering::Relaxed);
-            stats.slowest_write_ns.fetch_max(ns, Ordering::Relaxed);
-            tracing::debug!(target: "ibcm", attribute = format_args!("{:#06x}", attribute(&t.mad)), write_us = took.as_micros() as u64, ok = written.is_ok(), "umad: MAD written");
-            match written {
-                Ok(()) => bump(&stats.sent),
-                Err(_) => bump(&stats.send_errors),
-            }
-        }
+        // The timer's sends, and any a writer left queued.
+        sender.flush(node);
         if stopping {
             return;
         }

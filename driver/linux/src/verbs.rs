@@ -15,24 +15,22 @@
 
 use std::ffi::CStr;
 use std::io;
-use std::net::Ipv4Addr;
 use std::ptr::NonNull;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use ibcm_host::rocev2::gid_ipv4;
 use ibcm_ioctl::iba::{AddressVector, MigrationState, QpAttributes, QpState};
 use rdma_sys::{
-    ibv_access_flags, ibv_ah_attr, ibv_alloc_pd, ibv_close_device, ibv_context, ibv_cq,
-    ibv_create_cq, ibv_create_qp, ibv_dealloc_pd, ibv_dereg_mr, ibv_destroy_cq, ibv_destroy_qp,
-    ibv_free_device_list, ibv_get_device_list, ibv_get_device_name, ibv_gid, ibv_global_route,
-    ibv_mig_state, ibv_modify_qp, ibv_mr, ibv_open_device, ibv_pd, ibv_poll_cq, ibv_post_recv,
-    ibv_post_send, ibv_qp, ibv_qp_attr, ibv_qp_attr_mask, ibv_qp_init_attr, ibv_qp_state,
-    ibv_qp_type, ibv_query_pkey, ibv_query_qp, ibv_recv_wr, ibv_reg_mr, ibv_send_flags,
-    ibv_send_wr, ibv_sge, ibv_wc, ibv_wc_status_str, ibv_wr_opcode,
+    IBV_GID_TYPE_ROCE_V2, ibv_access_flags, ibv_ah_attr, ibv_alloc_pd, ibv_close_device,
+    ibv_context, ibv_cq, ibv_create_cq, ibv_create_qp, ibv_dealloc_pd, ibv_dereg_mr,
+    ibv_destroy_cq, ibv_destroy_qp, ibv_free_device_list, ibv_get_device_list, ibv_get_device_name,
+    ibv_gid, ibv_gid_entry, ibv_global_route, ibv_mig_state, ibv_modify_qp, ibv_mr,
+    ibv_open_device, ibv_pd, ibv_poll_cq, ibv_post_recv, ibv_post_send, ibv_qp, ibv_qp_attr,
+    ibv_qp_attr_mask, ibv_qp_init_attr, ibv_qp_state, ibv_qp_type, ibv_query_pkey, ibv_query_qp,
+    ibv_recv_wr, ibv_reg_mr, ibv_send_flags, ibv_send_wr, ibv_sge, ibv_wc, ibv_wc_status_str,
+    ibv_wr_opcode,
 };
-
-use crate::sysfs;
 
 fn os_error(what: &str) -> io::Error {
     let e = io::Error::last_os_error();
@@ -55,6 +53,8 @@ pub struct Context {
     pd: NonNull<ibv_pd>,
     device: String,
     port: u8,
+    /// P_Key indices found so far, by (port, P_Key without its membership bit).
+    pkeys: Mutex<Vec<((u8, u16), u16)>>,
 }
 
 // SAFETY: libibverbs objects may be used from any thread (rdma-core's verbs are
@@ -121,6 +121,7 @@ impl Context {
             pd,
             device: device.to_string(),
             port,
+            pkeys: Mutex::new(Vec::new()),
         }))
     }
 
@@ -129,8 +130,17 @@ impl Context {
         &self.device
     }
 
-    /// The index of `pkey` in the port's P_Key table.
+    /// The index of `pkey` in the port's P_Key table, found once per (port, P_Key) and
+    /// kept: libibverbs reads the table from sysfs, a file per entry, which costs
+    /// milliseconds per connection on a slow machine. Linux's CM takes the index from the
+    /// kernel's P_Key cache in the same way (drivers/infiniband/core/cm.c,
+    /// cm_init_av_by_path: `ib_find_cached_pkey`).
     pub fn pkey_index(&self, port: u8, pkey: u16) -> io::Result<u16> {
+        let key = (port, pkey & 0x7fff);
+        let mut cache = self.pkeys.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(&(_, index)) = cache.iter().find(|(k, _)| *k == key) {
+            return Ok(index);
+        }
         for index in 0..128u16 {
             let mut value: u16 = 0;
             // SAFETY: `ctx` is open; `value` is a valid out-pointer (a __be16).
@@ -139,7 +149,8 @@ impl Context {
             if rc != 0 {
                 break;
             }
-            if u16::from_be(value) & 0x7fff == pkey & 0x7fff {
+            if u16::from_be(value) & 0x7fff == key.1 {
+                cache.push((key, index));
                 return Ok(index);
             }
         }
@@ -149,16 +160,69 @@ impl Context {
         ))
     }
 
-    /// The index of the RoCEv2 GID `gid` (IPv4-mapped) in the port's GID table.
+    /// The index of the RoCEv2 GID `gid` (IPv4-mapped) in the port's GID table, from the
+    /// kernel's GID cache in one call (`ibv_query_gid_table`, an ioctl; the table as it is
+    /// now, not a copy of ours).
     pub fn gid_index(&self, port: u8, gid: &[u8; 16]) -> io::Result<u8> {
-        let addr: Ipv4Addr = gid_ipv4(gid).ok_or_else(|| {
-            io::Error::new(
+        if gid_ipv4(gid).is_none() {
+            return Err(io::Error::new(
                 io::ErrorKind::InvalidInput,
                 "the path's source GID is not a RoCEv2 (IPv4-mapped) GID",
+            ));
+        }
+        let mut table: Vec<ibv_gid_entry> = (0..GID_TABLE_MAX).map(|_| empty_gid_entry()).collect();
+        // SAFETY: `ctx` is open; `table` holds GID_TABLE_MAX entries of the size given.
+        let n = unsafe {
+            _ibv_query_gid_table(
+                self.ctx.as_ptr(),
+                table.as_mut_ptr(),
+                table.len(),
+                0,
+                std::mem::size_of::<ibv_gid_entry>(),
             )
+        };
+        let n = usize::try_from(n).map_err(|_| {
+            let e = io::Error::from_raw_os_error(i32::try_from(-n).unwrap_or(libc::EIO));
+            io::Error::new(e.kind(), format!("ibv_query_gid_table: {e}"))
         })?;
-        sysfs::roce_v2_gid_index(&self.device, port, addr)
+        table
+            .iter()
+            .take(n)
+            .find(|e| {
+                e.port_num == u32::from(port)
+                    && e.gid_type == IBV_GID_TYPE_ROCE_V2
+                    // SAFETY: every bit pattern of the union is a valid byte array.
+                    && unsafe { e.gid.raw } == *gid
+            })
+            .and_then(|e| u8::try_from(e.gid_index).ok())
+            .ok_or_else(|| {
+                io::Error::new(
+                    io::ErrorKind::NotFound,
+                    format!("{} port {port} has no RoCE v2 GID {gid:02x?}", self.device),
+                )
+            })
     }
+}
+
+fn empty_gid_entry() -> ibv_gid_entry {
+    // SAFETY: ibv_gid_entry is plain data; all-zero is a valid value.
+    unsafe { std::mem::zeroed() }
+}
+
+/// Entries asked of `ibv_query_gid_table`: more than any port's table holds (rxe: 32,
+/// mlx5: 255).
+const GID_TABLE_MAX: usize = 256;
+
+// verbs.h's `ibv_query_gid_table` is an inline wrapper of this export (libibverbs
+// IBVERBS_1.11, rdma-core 30 and later), which rdma-sys does not bind.
+unsafe extern "C" {
+    fn _ibv_query_gid_table(
+        context: *mut ibv_context,
+        entries: *mut ibv_gid_entry,
+        max_entries: usize,
+        flags: u32,
+        entry_size: usize,
+    ) -> isize;
 }
 
 impl Drop for Context {

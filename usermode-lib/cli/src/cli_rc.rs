@@ -163,7 +163,7 @@ fn run_server<T>(rc: &Rc, conn: &Conn, wait: Duration, run: impl FnOnce() -> T) 
             let r = ibcm_cli::exchange::bounded(
                 wait,
                 || conn.ep.cancel(),
-                || conn.ep.notify_disconnect(),
+                conn.ep.notify_disconnect_async(),
             );
             if r.is_ok() {
                 println!("rc: DREQ from the peer");

@@ -10,13 +10,13 @@
 //! waiting for a REQ or a DREQ is bounded by `wait`, after which it is cancelled.
 
 use std::net::{IpAddr, Ipv4Addr};
-use std::sync::mpsc;
 use std::time::Duration;
 
 use ibcm_mad::{IP_HEADER_SIZE, IpHeader, IpServiceId};
 
 use ibcm::Provider;
 use ibcm::{AcceptParams, ConnectParams, Failover, ListenParams, PathRecord};
+use ibcm::{CompletionPort, Overlapped, STATUS_INTERNAL_ERROR, spawn};
 use ibcm::{ConnectEndpoint, Listener};
 use ibcm::{Error, Result};
 
@@ -125,20 +125,34 @@ pub fn show(data: &[u8]) -> String {
     }
 }
 
-/// Runs `f`, cancelling (with `cancel`) whatever it waits for if it takes longer than
-/// `limit`: the wait then fails with STATUS_CANCELLED.
-pub fn bounded<T>(limit: Duration, cancel: impl FnOnce() + Send, f: impl FnOnce() -> T) -> T {
-    std::thread::scope(|s| {
-        let (tx, rx) = mpsc::channel::<()>();
-        s.spawn(move || {
-            if let Err(mpsc::RecvTimeoutError::Timeout) = rx.recv_timeout(limit) {
-                cancel();
-            }
-        });
-        let v = f();
-        let _ = tx.send(());
-        v
-    })
+/// Runs the library operation `op` to its end on this thread's behalf, cancelling it (with
+/// `cancel`) if it takes longer than `limit`: it then fails with STATUS_CANCELLED.
+///
+/// No thread of its own: the operation is spawned onto a completion port this thread
+/// waits on with the limit as its timeout (a watchdog thread per wait cost a thread
+/// creation in every connection's setup: milliseconds on a slow guest).
+pub fn bounded<T: Send + 'static>(
+    limit: Duration,
+    cancel: impl FnOnce(),
+    op: impl Future<Output = Result<T>> + Send + 'static,
+) -> Result<T> {
+    let port = CompletionPort::new();
+    spawn(op, &Overlapped::with_port(&port, 0));
+    let packet = match port.get(Some(limit)) {
+        Some(p) => p,
+        None => {
+            cancel();
+            // A cancelled operation completes (with STATUS_CANCELLED), or its answer came
+            // just now.
+            port.get(None)
+                .ok_or_else(|| Error::new("wait", STATUS_INTERNAL_ERROR))?
+        }
+    };
+    packet
+        .overlapped
+        .result::<Result<T>>()
+        // The operation panicked (its Overlapped holds `ibcm::Panicked`).
+        .unwrap_or_else(|| Err(Error::new("wait", STATUS_INTERNAL_ERROR)))
 }
 
 /// The passive side: listens on `cfg.service` and serves `cfg.count` connections,
@@ -207,7 +221,7 @@ fn serve_one(
     k: usize,
     log: &(dyn Fn(String) + Sync),
 ) -> Result<ConnectEndpoint> {
-    let req = bounded(cfg.wait, || listener.cancel(), || listener.get_request())?;
+    let req = bounded(cfg.wait, || listener.cancel(), listener.get_request_async())?;
     let ip = match req.ip_header() {
         Some(h) => format!(
             ", IP header {}:{} -> {}",
@@ -248,7 +262,7 @@ fn serve_one(
     ));
     ep.accept()?;
     log(format!("connection {k}: RTU received: established"));
-    let dreq = bounded(cfg.wait, || ep.cancel(), || ep.notify_disconnect())?;
+    let dreq = bounded(cfg.wait, || ep.cancel(), ep.notify_disconnect_async())?;
     log(format!(
         "connection {k}: DREQ received, private data {}",
         show(&dreq)
@@ -265,7 +279,7 @@ fn timewait(
     k: usize,
     log: &(dyn Fn(String) + Sync),
 ) -> Result<()> {
-    bounded(cfg.wait, || ep.cancel(), || ep.wait_timewait())?;
+    bounded(cfg.wait, || ep.cancel(), ep.wait_timewait_async())?;
     log(format!("connection {k}: timewait over"));
     Ok(())
 }
@@ -348,4 +362,66 @@ fn connect_one(
         show(drep)
     ));
     Ok(ep)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Instant;
+
+    use super::*;
+    use crate::sim::{Sim, SimOptions};
+
+    fn listener(sim: &Sim) -> Listener {
+        sim.provider(1)
+            .and_then(|p| {
+                p.listen(&ListenParams {
+                    service_id: 0x77,
+                    service_mask: u64::MAX,
+                    port: None,
+                    compare: None,
+                    backlog: 4,
+                })
+            })
+            .expect("listen on the simulated fabric")
+    }
+
+    /// Nothing comes: the wait is cancelled at its limit and fails with STATUS_CANCELLED,
+    /// neither before the limit nor long after it.
+    #[test]
+    fn a_wait_past_its_limit_is_cancelled() {
+        let sim = Sim::start(&SimOptions::default());
+        let l = listener(&sim);
+        let t0 = Instant::now();
+        let r = bounded(
+            Duration::from_millis(100),
+            || l.cancel(),
+            l.get_request_async(),
+        );
+        let took = t0.elapsed();
+        assert_eq!(
+            r.err().map(|e| e.status),
+            Some(ibcm_ioctl::status::CANCELLED)
+        );
+        assert!(took >= Duration::from_millis(100), "{took:?}");
+        assert!(took < Duration::from_secs(5), "{took:?}");
+    }
+
+    /// What comes within the limit is the answer, and the cancel is not called.
+    #[test]
+    fn an_answer_within_the_limit_is_returned() {
+        let sim = Sim::start(&SimOptions::default());
+        let l = listener(&sim);
+        let client = sim.provider(0).expect("provider");
+        let ep = client.connect_endpoint().expect("endpoint");
+        let connect = ep.connect_async(&ibcm::example_connect_params(0x77, 0x42, 0, 1));
+        spawn(connect, &Overlapped::new());
+        let cancelled = std::sync::atomic::AtomicBool::new(false);
+        let r = bounded(
+            Duration::from_secs(10),
+            || cancelled.store(true, std::sync::atomic::Ordering::Release),
+            l.get_request_async(),
+        );
+        assert_eq!(r.map(|req| req.remote_qpn).ok(), Some(0x42));
+        assert!(!cancelled.load(std::sync::atomic::Ordering::Acquire));
+    }
 }

@@ -238,7 +238,7 @@ pub fn accept(
         })
         .map_err(|e| describe(&e))?;
     log(format!("listening on service ID {service_id:#018x}"));
-    let req = crate::exchange::bounded(wait, || listener.cancel(), || listener.get_request())
+    let req = crate::exchange::bounded(wait, || listener.cancel(), listener.get_request_async())
         .map_err(|e| format!("no REQ: {}", describe(&e)))?;
     let mut steps = Steps::start();
     log(format!(
@@ -273,7 +273,7 @@ pub fn accept(
     before_rep(&qp)?;
     steps.end("post-recv");
     let answer = steps.elapsed();
-    crate::exchange::bounded(wait, || ep.cancel(), || ep.accept())
+    crate::exchange::bounded(wait, || ep.cancel(), ep.accept_async())
         .map_err(|e| format!("accept: {}", describe(&e)))?;
     steps.end("REP->RTU");
     listener.cancel();

@@ -626,7 +626,7 @@ pub fn serve_on(
     let mut first: Option<Instant> = None;
     for k in 0..cfg.count {
         let req =
-            crate::exchange::bounded(cfg.wait, || listener.cancel(), || listener.get_request());
+            crate::exchange::bounded(cfg.wait, || listener.cancel(), listener.get_request_async());
         let req = match req {
             Ok(r) => r,
             Err(e) => {

@@ -10,6 +10,8 @@
 //! on it (IRP_MJ_CREATE); every operation is the same IOCTL record as on Windows, handed
 //! to the dispatch code, and completes on whatever thread the driver completes it (the
 //! umad receive thread, the timer thread, or the caller's own for an immediate answer).
+//! The MADs an IOCTL makes the driver send are written to the umad file before the call
+//! returns, from the caller's thread, as a driver posts them from its dispatch routine.
 //! The QP transition records the library returns (`QpAttributes`) go to
 //! `ibcm_linux::verbs::RcQp::modify` unchanged.
 //!
@@ -67,7 +69,7 @@ impl Device {
 pub struct Handle {
     // Dropped first: the handle's cleanup runs while the driver still runs.
     file: InProcess,
-    _device: Arc<Device>,
+    device: Arc<Device>,
 }
 
 impl Handle {
@@ -75,7 +77,7 @@ impl Handle {
     pub fn open(device: &Arc<Device>) -> Self {
         Self {
             file: InProcess::open(device.port.node()),
-            _device: Arc::clone(device),
+            device: Arc::clone(device),
         }
     }
 }
@@ -89,16 +91,23 @@ impl Backend for Handle {
         buffer: Vec<u8>,
         on_complete: OnComplete,
     ) -> u64 {
-        self.file
-            .submit(code, input, output_len, buffer, on_complete)
+        let key = self
+            .file
+            .submit(code, input, output_len, buffer, on_complete);
+        // What the IOCTL made the driver send leaves now, from this thread.
+        self.device.port.flush();
+        key
     }
 
     fn cancel(&self, key: u64) {
         self.file.cancel(key);
+        self.device.port.flush();
     }
 
     fn close(&self) {
+        // Cleanup may send (a DREQ for each connection, a REJ for each REQ held).
         self.file.close();
+        self.device.port.flush();
     }
 
     fn is_closed(&self) -> bool {
