@@ -9,8 +9,9 @@
 #   cmtime-linux-server   ibcm cmtime (A) -> Linux `cmtime -b` (B)
 #   cmtime-linux-client   Linux `cmtime -s` (B) -> ibcm listen (A)
 #   cmtime-baseline       Linux `cmtime -s` (A) -> Linux `cmtime -b` (B)
-# Each times one connection IBCM_DP_CM_ONE times (a process each; the median is the
-# figure) and then IBCM_DP_CM_MANY connections at once.
+# Each times IBCM_DP_CM_ONE connections one at a time against one server process (the
+# median is the figure: the first connection of a process pays for its cold start, as
+# neither the kernel's CM nor a loaded driver does), then IBCM_DP_CM_MANY at once.
 #
 # What is timed: Linux's `connect` step is rdma_connect to RDMA_CM_EVENT_ESTABLISHED (v44
 # librdmacm/examples/cmtime.c:583-597), the server creating its QP and moving it to RTS
@@ -22,7 +23,7 @@
 # IBCM_DP_CM_TRACE=1 adds ibcm's trace points (-vv: every state change, MAD read and
 # written with its write time, setup steps) to the outputs, written to the guest's tmpfs
 # during the run (not to its slow serial line) and appended after it.
-CM_ONE="${IBCM_DP_CM_ONE:-3}"
+CM_ONE="${IBCM_DP_CM_ONE:-5}"
 CM_VV=""
 [ -n "${IBCM_DP_CM_TRACE:-}" ] && CM_VV="-vv"
 CM_MANY="${IBCM_DP_CM_MANY:-20}"
@@ -50,60 +51,77 @@ cm_linux_server() {
     sleep 1
 }
 cm_linux_server_stop() { guest "$1" 10 "kill \$(cat /tmp/cmb.pid); true" >/dev/null 2>&1 || true; }
-# cm_ibcm_client FILE COUNT: ibcm cmtime on A against B's listener.
+# cm_ibcm_client FILE COUNT WINDOW: ibcm cmtime on A against B's listener, WINDOW
+# connections in flight at once.
 cm_ibcm_client() {
-    guest A 120 "timeout 100 ibcm cmtime $CM_VV --rocev2 $A_IP --rdma-dev rxe0 --peer $B_IP --rdma-port $RDMA_PORT -c $2 --packet-life-time 12 --response-timeout 18 2>/tmp/cm.trace; echo exit=\$?; cat /tmp/cm.trace" >"$1" 2>&1 || true
+    guest A 120 "timeout 100 ibcm cmtime $CM_VV --rocev2 $A_IP --rdma-dev rxe0 --peer $B_IP --rdma-port $RDMA_PORT -c $2 --window $3 --packet-life-time 12 --response-timeout 18 2>/tmp/cm.trace; echo exit=\$?; cat /tmp/cm.trace" >"$1" 2>&1 || true
 }
+# cm_server_log NAME TAG FILE: the background ibcm server's output; once more if the
+# control line garbled the first request (the output has no exit status then).
+cm_server_log() {
+    bg_wait "$1" "$2" "$3"
+    grep -q '^exit=' "$3" || bg_wait "$1" "$2" "$3"
+}
+# The guest's control line has lost the head of a command right after a kill: a padding
+# command takes the loss.
+cm_pad() { guest "$1" 10 ":; :; :; :; :; :; :; :; :; :; :; :; :; :; :; :; :; true" >/dev/null 2>&1 || true; }
 
-# cm_runs KIND: the one-connection runs, then the many-connection run; KIND is
-# ibcm-ibcm, ibcm-linux, linux-ibcm or linux-linux. Sets CM_ONE_MS (the median) and
+# cm_runs KIND: KIND is ibcm-ibcm, ibcm-linux, linux-ibcm or linux-linux (client-server).
+# One connection at a time, CM_ONE times, against one server process (ibcm's client: one
+# process, `--window 1`; Linux's: one `cmtime -c 1` each), the median of the connections'
+# setup times; then CM_MANY connections at once (one client process). Sets CM_ONE_MS and
 # CM_MANY_MS.
 cm_runs() {
-    local kind="$1" i f vals=()
-    for i in $(seq "$CM_ONE") many; do
-        local n=1
-        [ "$i" = many ] && n="$CM_MANY"
+    local kind="$1" run f n ms vals=()
+    for run in one many; do
+        n="$CM_ONE"
+        [ "$run" = many ] && n="$CM_MANY"
         next_port
-        f="$OUT/cmtime-$kind.$i.txt"
+        f="$OUT/cmtime-$kind.$run.txt"
+        : >"$f"
         case "$kind" in
-            ibcm-ibcm)
-                cm_ibcm_listen B "$B_IP" cml "$n"
-                cm_ibcm_client "$f" "$n"
-                bg_wait B cml "$f.server" ;;
-            ibcm-linux)
-                cm_linux_server B "$B_IP"
-                cm_ibcm_client "$f" "$n"
-                cm_linux_server_stop B ;;
-            linux-ibcm)
-                cm_ibcm_listen A "$A_IP" cml "$n"
-                guest B 120 "timeout 100 cmtime -s $A_IP -p $RDMA_PORT -c $n; echo exit=\$?" >"$f" 2>&1 || true
-                bg_wait A cml "$f.server" ;;
-            linux-linux)
-                cm_linux_server B "$B_IP"
-                guest A 120 "timeout 100 cmtime -s $B_IP -p $RDMA_PORT -c $n; echo exit=\$?" >"$f" 2>&1 || true
-                cm_linux_server_stop B ;;
+            *-linux) cm_linux_server B "$B_IP" ;;
         esac
-        # Right after a kill the guest's control line has lost the head of the next
-        # command once: a padding command takes the loss.
-        guest B 10 ":; :; :; :; :; :; :; :; :; :; :; :; :; :; :; :; :; true" >/dev/null 2>&1 || true
-        local ms
+        case "$kind" in
+            ibcm-ibcm) cm_ibcm_listen B "$B_IP" cml "$n" ;;
+            linux-ibcm) cm_ibcm_listen A "$A_IP" cml "$n" ;;
+        esac
         case "$kind" in
             ibcm-*)
-                check "$kind $i: ibcm exited 0" has "$f" "exit=0"
-                check "$kind $i: $n/$n established" has "$f" "setup:    $n/$n established"
-                if [ "$i" = many ]; then ms="$(ibcm_establish "$f" all)"; else ms="$(ibcm_establish "$f" median)"; fi ;;
+                if [ "$run" = one ]; then cm_ibcm_client "$f" "$n" 1; else cm_ibcm_client "$f" "$n" "$n"; fi
+                check "$kind $run: ibcm exited 0" has "$f" "exit=0"
+                check "$kind $run: $n/$n established" has "$f" "setup:    $n/$n established"
+                if [ "$run" = one ]; then ms="$(ibcm_establish "$f" median)"; else ms="$(ibcm_establish "$f" all)"; fi ;;
             *)
-                check "$kind $i: Linux cmtime exited 0" has "$f" "exit=0"
-                ms="$(linux_connect "$f")" ;;
+                local client="$A_IP" host=B i one
+                [ "$kind" = linux-linux ] && host=A client="$B_IP"
+                if [ "$run" = one ]; then
+                    for i in $(seq "$n"); do
+                        guest "$host" 60 "timeout 50 cmtime -s $client -p $RDMA_PORT -c 1; echo exit=\$?" >"$f.$i" 2>&1 || true
+                        check "$kind $run $i: Linux cmtime exited 0" has "$f.$i" "exit=0"
+                        one="$(linux_connect "$f.$i")"
+                        vals+=("$one")
+                        cat "$f.$i" >>"$f"
+                    done
+                    ms="$(median "${vals[@]}")"
+                else
+                    guest "$host" 120 "timeout 100 cmtime -s $client -p $RDMA_PORT -c $n; echo exit=\$?" >"$f" 2>&1 || true
+                    check "$kind $run: Linux cmtime exited 0" has "$f" "exit=0"
+                    ms="$(linux_connect "$f")"
+                fi ;;
         esac
         case "$kind" in
-            *-ibcm) check "$kind $i: ibcm served $n" has "$f.server" "listen: $n REQs" ;;
+            ibcm-ibcm) cm_server_log B cml "$f.server" ;;
+            linux-ibcm) cm_server_log A cml "$f.server" ;;
+            *-linux) cm_linux_server_stop B; cm_pad B ;;
         esac
-        check "$kind $i: a connect time" eval "[ -n '$ms' ]"
-        if [ "$i" = many ]; then CM_MANY_MS="$ms"; else vals+=("$ms"); fi
+        case "$kind" in
+            *-ibcm) check "$kind $run: ibcm served $n" has "$f.server" "listen: $n REQs" ;;
+        esac
+        check "$kind $run: a connect time" eval "[ -n '$ms' ]"
+        if [ "$run" = many ]; then CM_MANY_MS="$ms"; else CM_ONE_MS="$ms"; fi
     done
-    CM_ONE_MS="$(median "${vals[@]}")"
-    echo "  $kind: one connection ${vals[*]} ms (median $CM_ONE_MS), $CM_MANY connections at once $CM_MANY_MS ms"
+    echo "  $kind: one connection at a time, median of $CM_ONE: ${CM_ONE_MS:-n/a} ms${vals[*]:+ (${vals[*]})}; $CM_MANY connections at once: ${CM_MANY_MS:-n/a} ms"
 }
 
 scenario_cmtime-ibcm() { cm_runs ibcm-ibcm; FIG[cm_ibcm_ibcm_one]="$CM_ONE_MS"; FIG[cm_ibcm_ibcm_many]="$CM_MANY_MS"; }
@@ -119,9 +137,9 @@ scenario_cmtime-baseline() {
 # The rows of the figures table (data-plane.sh's `row`).
 cmtime_figures() {
     local b1="${FIG[cm_linux_linux_one]:-}" bn="${FIG[cm_linux_linux_many]:-}"
-    row "cmtime: one connection, median of $CM_ONE, ms (ibcm -> ibcm / Linux -> Linux)" "${FIG[cm_ibcm_ibcm_one]:-}" "$b1"
-    row "cmtime: one connection, median of $CM_ONE, ms (ibcm -> Linux cmtime -b)" "${FIG[cm_ibcm_linux_one]:-}" "$b1"
-    row "cmtime: one connection, median of $CM_ONE, ms (Linux cmtime -s -> ibcm)" "${FIG[cm_linux_ibcm_one]:-}" "$b1"
+    row "cmtime: one at a time, median of $CM_ONE, ms (ibcm -> ibcm / Linux -> Linux)" "${FIG[cm_ibcm_ibcm_one]:-}" "$b1"
+    row "cmtime: one at a time, median of $CM_ONE, ms (ibcm -> Linux cmtime -b)" "${FIG[cm_ibcm_linux_one]:-}" "$b1"
+    row "cmtime: one at a time, median of $CM_ONE, ms (Linux cmtime -s -> ibcm)" "${FIG[cm_linux_ibcm_one]:-}" "$b1"
     row "cmtime: $CM_MANY connections at once, ms (ibcm -> ibcm / Linux -> Linux)" "${FIG[cm_ibcm_ibcm_many]:-}" "$bn"
     row "cmtime: $CM_MANY connections at once, ms (ibcm -> Linux cmtime -b)" "${FIG[cm_ibcm_linux_many]:-}" "$bn"
     row "cmtime: $CM_MANY connections at once, ms (Linux cmtime -s -> ibcm)" "${FIG[cm_linux_ibcm_many]:-}" "$bn"

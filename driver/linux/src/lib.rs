@@ -23,3 +23,22 @@ pub mod sysfs;
 pub mod umad;
 #[cfg(target_os = "linux")]
 pub mod verbs;
+
+/// The CPU time this process has used so far, (user, system) (`getrusage(RUSAGE_SELF)`):
+/// what a run cost besides its wall time (polling a CQ costs CPU, sleeping on a
+/// completion channel does not).
+#[cfg(target_os = "linux")]
+pub fn process_cpu() -> (std::time::Duration, std::time::Duration) {
+    // SAFETY: rusage is plain data; all-zero is a valid value.
+    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: `usage` is a valid out-pointer for the call.
+    let rc = unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut usage) };
+    if rc != 0 {
+        return Default::default();
+    }
+    let t = |tv: libc::timeval| {
+        std::time::Duration::from_secs(u64::try_from(tv.tv_sec).unwrap_or(0))
+            + std::time::Duration::from_micros(u64::try_from(tv.tv_usec).unwrap_or(0))
+    };
+    (t(usage.ru_utime), t(usage.ru_stime))
+}

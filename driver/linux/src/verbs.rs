@@ -22,14 +22,15 @@ use std::time::{Duration, Instant};
 use ibcm_host::rocev2::gid_ipv4;
 use ibcm_ioctl::iba::{AddressVector, MigrationState, QpAttributes, QpState};
 use rdma_sys::{
-    IBV_GID_TYPE_ROCE_V2, ibv_access_flags, ibv_ah_attr, ibv_alloc_pd, ibv_close_device,
-    ibv_context, ibv_cq, ibv_create_cq, ibv_create_qp, ibv_dealloc_pd, ibv_dereg_mr,
-    ibv_destroy_cq, ibv_destroy_qp, ibv_free_device_list, ibv_get_device_list, ibv_get_device_name,
-    ibv_gid, ibv_gid_entry, ibv_global_route, ibv_mig_state, ibv_modify_qp, ibv_mr,
-    ibv_open_device, ibv_pd, ibv_poll_cq, ibv_post_recv, ibv_post_send, ibv_qp, ibv_qp_attr,
-    ibv_qp_attr_mask, ibv_qp_init_attr, ibv_qp_state, ibv_qp_type, ibv_query_pkey, ibv_query_qp,
-    ibv_recv_wr, ibv_reg_mr, ibv_send_flags, ibv_send_wr, ibv_sge, ibv_wc, ibv_wc_status_str,
-    ibv_wr_opcode,
+    IBV_GID_TYPE_ROCE_V2, ibv_access_flags, ibv_ack_cq_events, ibv_ah_attr, ibv_alloc_pd,
+    ibv_close_device, ibv_comp_channel, ibv_context, ibv_cq, ibv_create_comp_channel,
+    ibv_create_cq, ibv_create_qp, ibv_dealloc_pd, ibv_dereg_mr, ibv_destroy_comp_channel,
+    ibv_destroy_cq, ibv_destroy_qp, ibv_free_device_list, ibv_get_cq_event, ibv_get_device_list,
+    ibv_get_device_name, ibv_gid, ibv_gid_entry, ibv_global_route, ibv_mig_state, ibv_modify_qp,
+    ibv_mr, ibv_open_device, ibv_pd, ibv_poll_cq, ibv_post_recv, ibv_post_send, ibv_qp,
+    ibv_qp_attr, ibv_qp_attr_mask, ibv_qp_init_attr, ibv_qp_state, ibv_qp_type, ibv_query_pkey,
+    ibv_query_qp, ibv_recv_wr, ibv_reg_mr, ibv_req_notify_cq, ibv_send_flags, ibv_send_wr, ibv_sge,
+    ibv_wc, ibv_wc_status_str, ibv_wr_opcode,
 };
 
 fn os_error(what: &str) -> io::Error {
@@ -405,6 +406,11 @@ pub struct RcQp {
     ctx: Arc<Context>,
     qp: NonNull<ibv_qp>,
     cq: NonNull<ibv_cq>,
+    /// The CQ's completion channel: [`next`](Self::next) sleeps on its file until the
+    /// device signals a completion (`ibv_req_notify_cq`), instead of polling.
+    channel: NonNull<ibv_comp_channel>,
+    /// Whether the CQ is armed (a notification asked for and not yet taken).
+    armed: std::sync::atomic::AtomicBool,
 }
 
 // SAFETY: verbs on a QP and CQ are thread-safe (the provider locks its queues).
@@ -418,19 +424,28 @@ fn mtu_code(m: ibcm_ioctl::iba::Mtu) -> u32 {
 }
 
 impl RcQp {
-    /// A QP in RESET with `depth` send and receive slots (one SGE each).
+    /// A QP in RESET with `depth` send and receive slots (one SGE each), its CQ on a
+    /// completion channel of its own.
     pub fn create(ctx: &Arc<Context>, depth: u32) -> io::Result<Self> {
-        // SAFETY: `ctx` is open; no channel, no context, vector 0.
+        // SAFETY: `ctx` is open.
+        let channel = unsafe { ibv_create_comp_channel(ctx.ctx.as_ptr()) };
+        let channel = NonNull::new(channel).ok_or_else(|| os_error("ibv_create_comp_channel"))?;
+        // SAFETY: `ctx` is open; the channel is this context's; no CQ context, vector 0.
         let cq = unsafe {
             ibv_create_cq(
                 ctx.ctx.as_ptr(),
                 (2 * depth) as i32,
                 std::ptr::null_mut(),
-                std::ptr::null_mut(),
+                channel.as_ptr(),
                 0,
             )
         };
-        let cq = NonNull::new(cq).ok_or_else(|| os_error("ibv_create_cq"))?;
+        let Some(cq) = NonNull::new(cq) else {
+            let e = os_error("ibv_create_cq");
+            // SAFETY: created above, no CQ uses it.
+            unsafe { ibv_destroy_comp_channel(channel.as_ptr()) };
+            return Err(e);
+        };
         // SAFETY: ibv_qp_init_attr is plain data; all-zero is a valid starting value.
         let mut init: ibv_qp_init_attr = unsafe { std::mem::zeroed() };
         init.send_cq = cq.as_ptr();
@@ -446,12 +461,16 @@ impl RcQp {
             let e = os_error("ibv_create_qp");
             // SAFETY: created above, no QP uses it.
             unsafe { ibv_destroy_cq(cq.as_ptr()) };
+            // SAFETY: its only CQ is gone.
+            unsafe { ibv_destroy_comp_channel(channel.as_ptr()) };
             return Err(e);
         };
         Ok(Self {
             ctx: Arc::clone(ctx),
             qp,
             cq,
+            channel,
+            armed: std::sync::atomic::AtomicBool::new(false),
         })
     }
 
@@ -728,37 +747,92 @@ impl RcQp {
         Ok(n as usize)
     }
 
-    /// Waits for the next completion until `deadline` (polling, yielding between polls).
+    /// Waits for the next completion until `deadline`: polls the CQ a few times, then
+    /// arms it (`ibv_req_notify_cq`), polls once more (a completion that came before the
+    /// arming raises no event) and sleeps on the completion channel's file.
     pub fn next(&self, deadline: Instant) -> io::Result<Completion> {
+        use std::sync::atomic::Ordering;
         let mut out = Vec::with_capacity(1);
-        let mut idle = 0u32;
+        let mut spins = 0u32;
         loop {
             if self.poll(&mut out, 1)? > 0
                 && let Some(c) = out.pop()
             {
                 return Ok(c);
             }
-            if Instant::now() >= deadline {
+            let now = Instant::now();
+            if now >= deadline {
                 return Err(io::Error::new(
                     io::ErrorKind::TimedOut,
                     "no completion before the deadline",
                 ));
             }
-            idle += 1;
-            if idle > 64 {
-                std::thread::sleep(Duration::from_micros(200));
-            } else {
+            // A completion often follows within microseconds (a SEND's ACK on a real
+            // link): a few polls before a system call and a sleep.
+            if spins < SPINS_BEFORE_SLEEP {
+                spins += 1;
                 std::thread::yield_now();
+                continue;
+            }
+            if !self.armed.swap(true, Ordering::AcqRel) {
+                // SAFETY: `cq` is alive; 0: every completion, not only solicited ones.
+                let rc = unsafe { ibv_req_notify_cq(self.cq.as_ptr(), 0) };
+                check(rc, "ibv_req_notify_cq")?;
+                continue;
+            }
+            if self.wait_event(deadline.saturating_duration_since(now))? {
+                self.armed.store(false, Ordering::Release);
             }
         }
     }
+
+    /// Sleeps until the channel has an event (taken and acknowledged here: true) or
+    /// `timeout` passes (false).
+    fn wait_event(&self, timeout: Duration) -> io::Result<bool> {
+        // SAFETY: `channel` is alive until Drop.
+        let fd = unsafe { self.channel.as_ref() }.fd;
+        let mut fds = libc::pollfd {
+            fd,
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        let ms = i32::try_from(timeout.as_millis().max(1)).unwrap_or(i32::MAX);
+        // SAFETY: one valid pollfd, alive for the call.
+        let n = unsafe { libc::poll(&mut fds, 1, ms) };
+        if n < 0 {
+            let e = io::Error::last_os_error();
+            return if e.kind() == io::ErrorKind::Interrupted {
+                Ok(false)
+            } else {
+                Err(io::Error::new(e.kind(), format!("poll: {e}")))
+            };
+        }
+        if n == 0 || fds.revents & libc::POLLIN == 0 {
+            return Ok(false);
+        }
+        let mut cq: *mut ibv_cq = std::ptr::null_mut();
+        let mut context: *mut libc::c_void = std::ptr::null_mut();
+        // SAFETY: `channel` is alive and readable (no wait); the out-pointers are valid.
+        let rc = unsafe { ibv_get_cq_event(self.channel.as_ptr(), &mut cq, &mut context) };
+        if rc != 0 {
+            return Err(os_error("ibv_get_cq_event"));
+        }
+        // SAFETY: the event is for our only CQ on this channel; acknowledged once.
+        unsafe { ibv_ack_cq_events(self.cq.as_ptr(), 1) };
+        Ok(true)
+    }
 }
+
+/// Polls of an empty CQ, each after a yield, before [`RcQp::next`] sleeps on the channel.
+const SPINS_BEFORE_SLEEP: u32 = 16;
 
 impl Drop for RcQp {
     fn drop(&mut self) {
         // SAFETY: created in `create`, destroyed once, before its CQ.
         unsafe { ibv_destroy_qp(self.qp.as_ptr()) };
-        // SAFETY: no QP uses the CQ any more.
+        // SAFETY: no QP uses the CQ any more; every event taken was acknowledged.
         unsafe { ibv_destroy_cq(self.cq.as_ptr()) };
+        // SAFETY: its only CQ is gone.
+        unsafe { ibv_destroy_comp_channel(self.channel.as_ptr()) };
     }
 }

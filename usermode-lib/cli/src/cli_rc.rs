@@ -130,6 +130,12 @@ fn print_counts(rc: &Rc) {
         c.write_time.as_secs_f64() * 1e3,
         c.slowest_write.as_secs_f64() * 1e3
     );
+    let (user, system) = ibcm_linux::process_cpu();
+    println!(
+        "rc: process CPU time so far: user {:.1} ms, system {:.1} ms",
+        user.as_secs_f64() * 1e3,
+        system.as_secs_f64() * 1e3
+    );
 }
 
 fn ended(r: ibcm::Result<()>) -> bool {
