@@ -128,6 +128,7 @@ scenario_cmtime-ibcm() { cm_runs ibcm-ibcm; FIG[cm_ibcm_ibcm_one]="$CM_ONE_MS"; 
 scenario_cmtime-linux-server() { cm_runs ibcm-linux; FIG[cm_ibcm_linux_one]="$CM_ONE_MS"; FIG[cm_ibcm_linux_many]="$CM_MANY_MS"; }
 scenario_cmtime-linux-client() { cm_runs linux-ibcm; FIG[cm_linux_ibcm_one]="$CM_ONE_MS"; FIG[cm_linux_ibcm_many]="$CM_MANY_MS"; }
 scenario_cmtime-baseline() {
+    cm_pad A
     linux_cm_on A
     cm_runs linux-linux
     FIG[cm_linux_linux_one]="$CM_ONE_MS"

@@ -538,6 +538,54 @@ mod tests {
         assert!(frame(7, 1, &ib, &mad).is_none());
     }
 
+    /// Whoever flushes writes every queued MAD once, framed, in the order the driver
+    /// queued them; a destination that is not a RoCEv2 GID is refused, not written.
+    #[test]
+    fn a_flush_writes_the_queue_in_order() {
+        use ibcm_endpoint::Platform;
+        let path = std::env::temp_dir().join(format!("ibcm-umad-flush-{}", std::process::id()));
+        let file = Arc::new(File::create(&path).expect("temp file"));
+        let node = Node::new(
+            CmConfig::new(1, [0; 32]),
+            roce_address(Ipv4Addr::new(10, 77, 0, 3), DEFAULT_PKEY),
+            Arc::new(Clock::real()),
+            Arc::new(Wake::default()),
+        );
+        let sender = Sender {
+            file,
+            agent: 9,
+            gid_index: 1,
+            stats: Arc::new(Stats::default()),
+            order: Mutex::new(()),
+        };
+        let to = roce_address(Ipv4Addr::new(10, 77, 0, 2), DEFAULT_PKEY);
+        let mut off_link = to;
+        off_link.gid = [0xfe, 0x80, 0, 0, 0, 0, 0, 0, 1, 2, 3, 4, 5, 6, 7, 8];
+        for (i, dest) in [to, off_link, to].into_iter().enumerate() {
+            let mut mad = [0u8; MAD_SIZE];
+            mad[1] = CM_CLASS;
+            mad[17] = 0x10 + i as u8;
+            node.platform.send(&ibcm_cep::Transmit { dest, mad });
+        }
+        sender.flush(&node);
+        sender.flush(&node);
+        let written = std::fs::read(&path).expect("read back");
+        let _ = std::fs::remove_file(&path);
+        let frames: Vec<&[u8]> = written.chunks(HDR_LEN + MAD_SIZE).collect();
+        assert_eq!(frames.len(), 2);
+        for (frame, attribute) in frames.iter().zip([0x10u16, 0x12]) {
+            match parse(frame, &[DEFAULT_PKEY]) {
+                Incoming::Mad { from, mad } => {
+                    assert_eq!(from, to);
+                    assert_eq!(super::attribute(mad), attribute);
+                }
+                Incoming::Drop => panic!("a written frame does not parse"),
+            }
+        }
+        let l = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        assert_eq!((l(&sender.stats.sent), l(&sender.stats.refused)), (2, 1));
+    }
+
     #[test]
     fn no_read_panics() {
         for len in 0..=HDR_LEN + MAD_SIZE {
