@@ -464,8 +464,12 @@ impl Sender {
                 bump(&self.stats.refused);
                 continue;
             };
-            // ib_umad_write builds the address handle (resolving the destination's MAC)
-            // before it queues the send: its time is the kernel's per MAD.
+            // ib_umad_write builds an address handle per MAD with rdma_create_user_ah
+            // (drivers/infiniband/core/user_mad.c), which on RoCE resolves the
+            // destination's MAC (verbs.c, rdma_create_user_ah -> ib_resolve_eth_dmac,
+            // a round trip through the ib_addr workqueue) before the send is queued;
+            // Linux's own CM builds its AHs with the MAC known (rdma_create_ah). Its
+            // time is the kernel's, per MAD, counted here.
             let t0 = std::time::Instant::now();
             let written = writer.write_all(&out);
             let took = t0.elapsed();
