@@ -2575,6 +2575,10 @@ fn req_that_would_wait_too_long_is_refused_at_once() {
             .unwrap();
     }
     settle(&mut p);
+    // Idle for longer than the longest wait: the next REQ starts a busy period of its
+    // own, whatever the last one's interval was.
+    let t = p.now.add_nanos(1_000 * MS);
+    run_to(&mut p, t);
     let again = connect_new(&mut p, SID, QPN_A + 11);
     settle(&mut p);
     assert_eq!(req_events(&p), 11);

@@ -118,8 +118,13 @@ impl Waiting {
     }
 
     /// Whether a REQ arriving now would wait past `max_ns`: behind every REQ unanswered
-    /// now, at the busy period's answer interval. Never before the period's first answer.
+    /// now, at the busy period's answer interval. Never before the period's first answer,
+    /// and never with nothing unanswered: the REQ then starts a busy period of its own,
+    /// and the last one's interval (idle time included) says nothing about it.
     fn too_long(&self, now: Instant, max_ns: u64) -> bool {
+        if self.unanswered == 0 {
+            return false;
+        }
         self.answer_interval_ns(now).is_some_and(|i| {
             i.saturating_mul(u64::from(self.unanswered).saturating_add(1)) > max_ns
         })
