@@ -698,3 +698,16 @@ impl Drop for RcQp {
         unsafe { ibv_destroy_cq(self.cq.as_ptr()) };
     }
 }
+
+impl Context {
+    /// The context, for the asynchronous event reader (`port_events`).
+    pub(crate) fn raw(&self) -> *mut ibv_context {
+        self.ctx.as_ptr()
+    }
+
+    /// The context's asynchronous event fd (verbs.h `struct ibv_context::async_fd`).
+    pub(crate) fn async_fd(&self) -> i32 {
+        // SAFETY: `ctx` is open until Drop.
+        unsafe { self.ctx.as_ref() }.async_fd
+    }
+}
