@@ -711,3 +711,22 @@ impl Context {
         unsafe { self.ctx.as_ref() }.async_fd
     }
 }
+
+impl RcQp {
+    /// Moves the QP to RESET (from any state): its work is gone and it may be connected
+    /// again, with the same QPN.
+    pub fn to_reset(&self) -> io::Result<()> {
+        // SAFETY: plain data, all-zero is valid.
+        let mut attr: ibv_qp_attr = unsafe { std::mem::zeroed() };
+        attr.qp_state = ibv_qp_state::IBV_QPS_RESET;
+        // SAFETY: `qp` is alive; `attr` is valid for the call.
+        let rc = unsafe {
+            ibv_modify_qp(
+                self.qp.as_ptr(),
+                &mut attr,
+                ibv_qp_attr_mask::IBV_QP_STATE.0 as i32,
+            )
+        };
+        check(rc, "ibv_modify_qp to RESET")
+    }
+}

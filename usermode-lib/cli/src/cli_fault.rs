@@ -54,7 +54,7 @@ fn held(rc: &Rc) -> String {
     format!("live_ceps={ceps} peer_entries={peers} timers={timers}")
 }
 
-fn connect(rc: &Rc, a: &FaultArgs, recv: &Region) -> Result<rc::Conn, String> {
+fn connect(rc: &Rc, a: &FaultArgs, qp: RcQp, recv: &Region) -> Result<rc::Conn, String> {
     let limits = Limits {
         responder_resources: 1,
         initiator_depth: 1,
@@ -64,7 +64,7 @@ fn connect(rc: &Rc, a: &FaultArgs, recv: &Region) -> Result<rc::Conn, String> {
         qp.post_recv(recv, 0, RPING_INFO_LEN, 1)
             .map_err(|e| e.to_string())
     };
-    rc::connect(rc, a.peer, a.port, &limits, post)
+    rc::connect_qp(rc, qp, a.peer, a.port, &limits, post)
 }
 
 /// `ibcm port-fault`.
@@ -74,7 +74,8 @@ pub fn port_fault(a: &FaultArgs) -> Result<bool, Failure> {
     let log = |s: String| println!("{s}");
     println!("fault: engine at start: {}", held(&rc));
     let recv = Region::new(&rc.ctx, RPING_INFO_LEN).map_err(|e| e.to_string())?;
-    let conn = connect(&rc, a, &recv)?;
+    let qp = RcQp::create(&rc.ctx, rc::QP_DEPTH).map_err(|e| e.to_string())?;
+    let conn = connect(&rc, a, qp, &recv)?;
     let q = conn.qp.query().map_err(|e| e.to_string())?;
     println!("{}", rc::qp_line("ours", &q));
     println!("fault: pinging until the connection ends");
@@ -118,7 +119,10 @@ pub fn port_fault(a: &FaultArgs) -> Result<bool, Failure> {
             ibcm_cli::rocev2::describe(&e)
         ),
     }
-    drop(conn);
+    // The connection's endpoint goes; its QP stays, reset, for the reconnect.
+    let rc::Conn { ep, qp, .. } = conn;
+    drop(ep);
+    qp.to_reset().map_err(|e| e.to_string())?;
     let after_fault = held(&rc);
     println!("fault: engine after the connection is destroyed: {after_fault}");
     // The port back: the event thread has told the engine.
@@ -139,16 +143,24 @@ pub fn port_fault(a: &FaultArgs) -> Result<bool, Failure> {
         "fault: port back {:.1} s after the CM event",
         t_fault.elapsed().as_secs_f64()
     );
-    // The peer may still hold the old connection: Linux's CM answers a REQ from the same
-    // CA GUID and QPN (rxe hands the QPN out again) with REJ "stale connection" and sends
-    // the old connection a DREQ (cm.c cm_match_req): connect again after a pause.
+    // The same QP (its QPN) connects again. The peer may still hold the old connection
+    // (nothing reached it since the port went): Linux's CM answers a REQ from the same CA
+    // GUID and QPN with REJ "stale connection" and sends its old connection a DREQ
+    // (cm.c cm_match_req), so the old connection ends there too; connect again after a
+    // pause.
+    let mut qp = Some(qp);
     let mut attempt = 0;
     let conn = loop {
         attempt += 1;
-        match connect(&rc, a, &recv) {
+        let q = match qp.take() {
+            Some(q) => q,
+            None => RcQp::create(&rc.ctx, rc::QP_DEPTH).map_err(|e| e.to_string())?,
+        };
+        let qpn = q.qpn();
+        match connect(&rc, a, q, &recv) {
             Ok(c) => break c,
             Err(e) if attempt < RECONNECT_ATTEMPTS => {
-                println!("fault: reconnect attempt {attempt}: {e}");
+                println!("fault: reconnect attempt {attempt} (QPN {qpn}): {e}");
                 std::thread::sleep(RECONNECT_PAUSE);
             }
             Err(e) => return Err(e.into()),
