@@ -141,23 +141,28 @@ pub fn perftest(a: &PerftestArgs) -> Result<bool, Failure> {
     };
     let mut ok = true;
     if let Some(r) = &run {
+        let what = match (verb, client) {
+            (Verb::Read, _) => "RDMA READ",
+            (Verb::Send, true) => "SEND",
+            (Verb::Send, false) => "received",
+        };
+        // A SEND's bytes are the receiver's to check.
+        let checked = if client && verb == Verb::Send {
+            "completed"
+        } else {
+            "verified"
+        };
+        let reads = if verb == Verb::Read {
+            format!(", at most {} READs in flight", r.in_flight)
+        } else {
+            String::new()
+        };
         println!(
-            "perftest: {} {} x {} B {} in {:.1} ms: {:.2} MB/s (2^20 B), at most {} READs in flight",
-            match verb {
-                Verb::Read => "RDMA READ",
-                Verb::Send if client => "SEND",
-                Verb::Send => "received",
-            },
+            "perftest: {what} {} x {} B {checked} in {:.1} ms: {:.2} MB/s (2^20 B){reads}",
             r.ops,
             a.size,
-            if client && verb == Verb::Send {
-                "completed"
-            } else {
-                "verified"
-            },
             r.elapsed.as_secs_f64() * 1e3,
             r.mib_per_s(),
-            r.in_flight
         );
         ok &= r.ops == o.iters;
     }

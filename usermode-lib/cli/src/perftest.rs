@@ -57,9 +57,26 @@ const CACHE_LINE_SIZE: u32 = 64;
 /// `delay = 100000` us).
 const CONNECT_ATTEMPTS: u32 = 10;
 const CONNECT_RETRY_DELAY: Duration = Duration::from_millis(100);
-/// perftest's MB: `format_factor` 0x100000 for MB/sec reports (perftest_resources.c
-/// `print_report_bw`).
+/// perftest's MB: `format_factor` 0x100000 for MB/sec reports (perftest_parameters.c:3377).
 const MB: f64 = 1_048_576.0;
+/// The receives ib_send_bw's server keeps posted: `DEF_RX_SEND` (perftest_parameters.h:118,
+/// set at perftest_parameters.c:706), at most the iterations (perftest_parameters.c:1007-
+/// 1008). Fewer than the client's SENDs in flight (`DEF_TX_BW` 128, perftest_parameters.h:
+/// 111) would cost RNR NAKs, each a 655 ms wait at the minimum RNR timer 0 this side's QP
+/// has (IBA Table 45).
+const DEF_RX_SEND: u64 = 512;
+
+impl Options {
+    /// Work requests the data QP's queues hold: ib_send_bw's server keeps its receives
+    /// posted, everyone else `depth` in flight.
+    fn slots(&self, server: bool) -> u32 {
+        if server && self.verb == Verb::Send {
+            self.iters.clamp(1, DEF_RX_SEND) as u32
+        } else {
+            self.depth
+        }
+    }
+}
 
 /// Which test.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -310,7 +327,6 @@ pub fn agree(ctl: &mut Control, mtu: u8) -> Res<Agreed> {
     if n < 5.70 {
         return Err(format!("perftest version {peer_version:?} is below 5.70"));
     }
-    let mut cycle_buffer = CYCLE_BUFFER;
     let c = ctl.xchg(&CYCLE_BUFFER.to_be_bytes())?;
     let c = u32::from_be_bytes(
         c.get(..4)
@@ -318,7 +334,7 @@ pub fn agree(ctl: &mut Control, mtu: u8) -> Res<Agreed> {
             .try_into()
             .map_err(|_| "cycle buffer")?,
     );
-    cycle_buffer = cycle_buffer.max(c);
+    let cycle_buffer = CYCLE_BUFFER.max(c);
     ctl.xchg(&CACHE_LINE_SIZE.to_be_bytes())?;
     // pc.c:1860-1871: "%d" of the MTU code in sizeof(char[2]) bytes; the smaller wins.
     let text = [b'0' + mtu, 0];
@@ -362,11 +378,11 @@ pub fn my_dest(rc: &Rc, data: &Data, q: &QpQuery) -> Dest {
     }
 }
 
-fn data_buffer(rc: &Rc, o: &Options, agreed: &Agreed) -> Res<Region> {
+fn data_buffer(rc: &Rc, o: &Options, agreed: &Agreed, server: bool) -> Res<Region> {
     let len = match o.verb {
         // pr.h:117 BUFF_SIZE: the peer addresses max(size, cycle buffer) bytes.
         Verb::Read => o.size.max(agreed.cycle_buffer as usize),
-        Verb::Send => o.size * o.depth as usize,
+        Verb::Send => o.size * o.slots(server) as usize,
     };
     let mut buf = Region::new(&rc.ctx, len).map_err(|e| e.to_string())?;
     for (i, b) in buf.bytes_mut().iter_mut().enumerate() {
@@ -376,7 +392,7 @@ fn data_buffer(rc: &Rc, o: &Options, agreed: &Agreed) -> Res<Region> {
 }
 
 fn post_receives(qp: &RcQp, buf: &Region, o: &Options) -> Res<()> {
-    for slot in 0..o.depth as usize {
+    for slot in 0..o.slots(true) as usize {
         qp.post_recv(buf, slot * o.size, o.size, slot as u64)
             .map_err(|e| e.to_string())?;
     }
@@ -395,7 +411,7 @@ pub fn data_connect(
     log: &dyn Fn(String),
 ) -> Res<Data> {
     ctl.hand_shake(&Dest::default())?;
-    let buf = data_buffer(rc, o, agreed)?;
+    let buf = data_buffer(rc, o, agreed, false)?;
     let mut last = String::new();
     for attempt in 1..=CONNECT_ATTEMPTS {
         let qp = RcQp::create(&rc.ctx, o.depth).map_err(|e| e.to_string())?;
@@ -426,8 +442,8 @@ pub fn data_accept(
 ) -> Res<Data> {
     let listener = rc::listen(rc, port, log)?;
     ctl.hand_shake(&Dest::default())?;
-    let buf = data_buffer(rc, o, agreed)?;
-    let qp = RcQp::create(&rc.ctx, o.depth).map_err(|e| e.to_string())?;
+    let buf = data_buffer(rc, o, agreed, true)?;
+    let qp = RcQp::create(&rc.ctx, o.slots(true)).map_err(|e| e.to_string())?;
     let conn = rc::accept_qp(
         &listener,
         qp,
@@ -647,7 +663,7 @@ pub fn send_server(data: &Data, o: &Options) -> Res<Run> {
             Some(_) => {}
         }
         done += 1;
-        if done + u64::from(o.depth) <= o.iters {
+        if done + u64::from(o.slots(true)) <= o.iters {
             qp.post_recv(&data.buf, slot * o.size, o.size, slot as u64)
                 .map_err(|e| e.to_string())?;
         }
