@@ -698,3 +698,35 @@ impl Drop for RcQp {
         unsafe { ibv_destroy_cq(self.cq.as_ptr()) };
     }
 }
+
+impl Context {
+    /// The context, for the asynchronous event reader (`port_events`).
+    pub(crate) fn raw(&self) -> *mut ibv_context {
+        self.ctx.as_ptr()
+    }
+
+    /// The context's asynchronous event fd (verbs.h `struct ibv_context::async_fd`).
+    pub(crate) fn async_fd(&self) -> i32 {
+        // SAFETY: `ctx` is open until Drop.
+        unsafe { self.ctx.as_ref() }.async_fd
+    }
+}
+
+impl RcQp {
+    /// Moves the QP to RESET (from any state): its work is gone and it may be connected
+    /// again, with the same QPN.
+    pub fn to_reset(&self) -> io::Result<()> {
+        // SAFETY: plain data, all-zero is valid.
+        let mut attr: ibv_qp_attr = unsafe { std::mem::zeroed() };
+        attr.qp_state = ibv_qp_state::IBV_QPS_RESET;
+        // SAFETY: `qp` is alive; `attr` is valid for the call.
+        let rc = unsafe {
+            ibv_modify_qp(
+                self.qp.as_ptr(),
+                &mut attr,
+                ibv_qp_attr_mask::IBV_QP_STATE.0 as i32,
+            )
+        };
+        check(rc, "ibv_modify_qp to RESET")
+    }
+}

@@ -25,7 +25,11 @@ use ibcm_cli::status::{self, ATTRIBUTES};
 use ibcm_ioctl::CountersOut;
 use indicatif::{ProgressBar, ProgressStyle};
 
+#[cfg(all(target_os = "linux", feature = "verbs"))]
+mod cli_fault;
 mod cli_install;
+#[cfg(all(target_os = "linux", feature = "verbs"))]
+mod cli_perftest;
 #[cfg(all(target_os = "linux", feature = "verbs"))]
 mod cli_rc;
 mod cli_rocev2;
@@ -86,6 +90,14 @@ enum Command {
     /// byte verified.
     #[cfg(all(target_os = "linux", feature = "verbs"))]
     RcBw(cli_rc::BwArgs),
+    /// A peer for Linux perftest's `ib_send_bw -R` / `ib_read_bw -R` (rdma_cm mode) in
+    /// either role: its control connection, parameter exchange and report.
+    #[cfg(all(target_os = "linux", feature = "verbs"))]
+    Perftest(cli_perftest::PerftestArgs),
+    /// rping's client while the port goes down under it: the CM event, the QP in ERR,
+    /// nothing left in the engine; then, the port back, a new connection's pings verified.
+    #[cfg(all(target_os = "linux", feature = "verbs"))]
+    PortFault(cli_fault::FaultArgs),
 }
 
 /// A probability in [0, 1].
@@ -348,6 +360,10 @@ fn main() -> ExitCode {
         Command::RcBw(a) => cli_rc::bw(&a),
         #[cfg(all(target_os = "linux", feature = "verbs"))]
         Command::Ucmatose(a) => cli_rc::ucmatose(&a),
+        #[cfg(all(target_os = "linux", feature = "verbs"))]
+        Command::Perftest(a) => cli_perftest::perftest(&a),
+        #[cfg(all(target_os = "linux", feature = "verbs"))]
+        Command::PortFault(a) => cli_fault::port_fault(&a),
     };
     match result {
         Ok(true) => ExitCode::SUCCESS,

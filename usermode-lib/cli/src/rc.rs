@@ -22,9 +22,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use ibcm::{
-    AcceptParams, ConnectEndpoint, ConnectParams, Failover, IpServiceId, ListenParams, Provider,
-    QpState, Transport,
+    AcceptParams, ConnectEndpoint, ConnectParams, Failover, IpServiceId, ListenParams, Listener,
+    Provider, QpState, Transport,
 };
+use ibcm_linux::port_events::PortEvents;
 use ibcm_linux::umad::{UmadConfig, UmadPort};
 use ibcm_linux::verbs::{Completion, Context, QpQuery, RcQp, Region};
 
@@ -47,6 +48,8 @@ pub struct Rc {
     pub provider: Provider,
     /// Verbs on the device.
     pub ctx: Arc<Context>,
+    /// The device's port events, told to the engine.
+    pub events: PortEvents,
 }
 
 impl Rc {
@@ -61,10 +64,13 @@ impl Rc {
         .map_err(|e| format!("ib_umad on {device}: {e}"))?;
         let provider = Provider::in_process(port.node()).map_err(|e| e.to_string())?;
         let ctx = Context::open(device, 1).map_err(|e| format!("verbs on {device}: {e}"))?;
+        let events = PortEvents::start(Arc::clone(&ctx), port.node())
+            .map_err(|e| format!("port events on {device}: {e}"))?;
         Ok(Self {
             port,
             provider,
             ctx,
+            events,
         })
     }
 }
@@ -80,6 +86,42 @@ pub struct Conn {
     /// From the REQ to the peer's answer (the REP, active) or to our REP's going out
     /// (passive: the QP created and moved to RTS on the way).
     pub answer: Duration,
+    /// The peer's QP as a Linux CM sets it from this connection's REQ and REP.
+    pub peer_qp: LinuxQp,
+}
+
+/// What a Linux peer's CM puts on its QP, from the connection's REQ and REP (the REP's
+/// read limits, IBA Table 110; the REQ's PathMTU, Table 106):
+///
+/// - read limits, Linux passive (we connect): its REP's own values. librdmacm's
+///   `rdma_accept` takes the application's numbers as given (rdma-core v44.0
+///   librdmacm/cma.c:1918-1936) and modifies the QP with them; the kernel's REP carries the
+///   same (cm.c `cm_format_rep`).
+/// - read limits, Linux active (we accept): our REP's, crossed. librdmacm leaves the
+///   kernel's values (cma.c:2346-2350, the RDMA_MAX_* sentinels), which cm.c's
+///   `cm_rep_handler` takes from the REP crossed (initiator depth := REP
+///   ResponderResources, responder resources := REP InitiatorDepth) and
+///   `cm_init_qp_rtr_attr` / `cm_init_qp_rts_attr` apply.
+/// - path MTU, either role: the REQ's PathMTU (passive: `cm_req_handler` keeps it for
+///   `cm_init_qp_rtr_attr`; active: the path the REQ was formatted from).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LinuxQp {
+    /// RDMA READs it issues at once.
+    pub max_rd_atomic: u8,
+    /// RDMA READs it serves at once.
+    pub max_dest_rd_atomic: u8,
+    /// Path MTU code.
+    pub path_mtu: u8,
+}
+
+impl LinuxQp {
+    /// One line for the harness.
+    pub fn line(&self) -> String {
+        format!(
+            "qp-linux-cm max_rd_atomic={} max_dest_rd_atomic={} path_mtu={}",
+            self.max_rd_atomic, self.max_dest_rd_atomic, self.path_mtu
+        )
+    }
 }
 
 /// The read limits and timing of a connection.
@@ -107,6 +149,18 @@ pub fn connect(
     before_rtu: impl FnOnce(&RcQp) -> Res<()>,
 ) -> Res<Conn> {
     let qp = RcQp::create(&rc.ctx, QP_DEPTH).map_err(|e| e.to_string())?;
+    connect_qp(rc, qp, peer, rdma_port, limits, before_rtu)
+}
+
+/// [`connect`] with the caller's QP.
+pub fn connect_qp(
+    rc: &Rc,
+    qp: RcQp,
+    peer: Ipv4Addr,
+    rdma_port: u16,
+    limits: &Limits,
+    before_rtu: impl FnOnce(&RcQp) -> Res<()>,
+) -> Res<Conn> {
     let local = rc.port.local();
     let private_data =
         rdma_cm_private_data(local, peer, 0xc000 | (std::process::id() as u16 & 0x3fff));
@@ -145,11 +199,18 @@ pub fn connect(
     modify(&qp, &reply.rts)?;
     before_rtu(&qp)?;
     ep.rtu(&[]).map_err(|e| format!("rtu: {}", describe(&e)))?;
+    // The peer is passive: its REP's own values (LinuxQp).
+    let peer_qp = LinuxQp {
+        max_rd_atomic: reply.peer_initiator_depth,
+        max_dest_rd_atomic: reply.peer_responder_resources,
+        path_mtu: u8::from(PATH_MTU),
+    };
     Ok(Conn {
         ep,
         qp,
         setup: t0.elapsed(),
         answer,
+        peer_qp,
     })
 }
 
@@ -163,6 +224,13 @@ pub fn accept(
     before_rep: impl FnOnce(&RcQp) -> Res<()>,
     log: &dyn Fn(String),
 ) -> Res<Conn> {
+    let listener = listen(rc, rdma_port, log)?;
+    let qp = RcQp::create(&rc.ctx, QP_DEPTH).map_err(|e| e.to_string())?;
+    accept_qp(&listener, qp, limits, wait, before_rep, log)
+}
+
+/// Listens on RDMA-CM TCP port `rdma_port`.
+pub fn listen(rc: &Rc, rdma_port: u16, log: &dyn Fn(String)) -> Res<Listener> {
     let service_id = IpServiceId::tcp(rdma_port).to_service_id();
     let listener = rc
         .provider
@@ -175,6 +243,19 @@ pub fn accept(
         })
         .map_err(|e| describe(&e))?;
     log(format!("listening on service ID {service_id:#018x}"));
+    Ok(listener)
+}
+
+/// [`accept`] on the caller's listener (cancelled once the REP is answered) with the
+/// caller's QP.
+pub fn accept_qp(
+    listener: &Listener,
+    qp: RcQp,
+    limits: &Limits,
+    wait: Duration,
+    before_rep: impl FnOnce(&RcQp) -> Res<()>,
+    log: &dyn Fn(String),
+) -> Res<Conn> {
     let req = crate::exchange::bounded(wait, || listener.cancel(), || listener.get_request())
         .map_err(|e| format!("no REQ: {}", describe(&e)))?;
     let t0 = Instant::now();
@@ -182,16 +263,23 @@ pub fn accept(
         "REQ from CA {:#018x}, QPN {:#x}, responder resources {}, initiator depth {}",
         req.remote_ca_guid, req.remote_qpn, req.peer_responder_resources, req.peer_initiator_depth
     ));
-    let qp = RcQp::create(&rc.ctx, QP_DEPTH).map_err(|e| e.to_string())?;
     let ep = req.endpoint;
     // IBA 12.7.29/12.7.30 (REP): responder resources no more than the REQ's initiator
     // depth, initiator depth no more than the REQ's responder resources.
+    let responder_resources = limits.responder_resources.min(req.peer_initiator_depth);
+    let initiator_depth = limits.initiator_depth.min(req.peer_responder_resources);
+    // The peer is active: our REP crossed, the REQ's MTU (LinuxQp).
+    let peer_qp = LinuxQp {
+        max_rd_atomic: responder_resources,
+        max_dest_rd_atomic: initiator_depth,
+        path_mtu: u8::from(req.path_mtu),
+    };
     let t = ep
         .prepare_accept(&AcceptParams {
             qpn: qp.qpn(),
             starting_psn: None,
-            responder_resources: limits.responder_resources.min(req.peer_initiator_depth),
-            initiator_depth: limits.initiator_depth.min(req.peer_responder_resources),
+            responder_resources,
+            initiator_depth,
             rnr_retry_count: 7,
             failover_accepted: Failover::NotSupported,
             flow_control: true,
@@ -212,6 +300,7 @@ pub fn accept(
         qp,
         setup: t0.elapsed(),
         answer,
+        peer_qp,
     })
 }
 
