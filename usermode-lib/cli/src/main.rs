@@ -259,8 +259,9 @@ struct CmtimeArgs {
     /// timewait; then the ports come back and all reconnect. The table shows the time to
     /// tell every side, the MADs sent while down (0), the reconnect's time to all against
     /// the ideal (the first setup of the same N), its retries and failures, and the
-    /// drivers' memory before, with all established, after the flap and after the
-    /// reconnect. Combine with --loss/--duplicate/--reorder for faults.
+    /// drivers' memory at the baseline (after a first run of the same N the ordinary
+    /// way), with all established, after the flap and after the reconnect. Combine with
+    /// --loss, --dup and --reorder for faults.
     #[arg(long, conflicts_with_all = ["waves", "accept_rate"])]
     port_flap: bool,
     #[command(flatten)]
@@ -708,9 +709,9 @@ fn print_flap(f: &cmtime::FlapReport) -> bool {
     );
     println!(
         "{:<44} {:>14} {:>14}",
-        "reconnect retries (all MADs; REQs)",
-        format!("{}; {}", f.reconnect_retries, f.reconnect_req_retries),
-        "0; 0"
+        "retries, all MADs; REQs (ideal: first run's)",
+        format!("{}; {}", f.reconnect_retries.0, f.reconnect_retries.1),
+        format!("{}; {}", f.warm_retries.0, f.warm_retries.1)
     );
     println!(
         "{:<44} {:>14} {:>14}",
