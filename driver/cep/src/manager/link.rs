@@ -1,6 +1,6 @@
 //! A port that goes down and comes back (a cable pulled and put back, a switch reboot):
 //! the port's state leaves Active and returns, which the CA reports to its consumers as
-//! an unaffiliated asynchronous event (IBA 11.6.3; IBAL's `IB_PNP_PORT_DOWN` /
+//! an unaffiliated asynchronous event (IBAL's `IB_PNP_PORT_DOWN` /
 //! `IB_PNP_PORT_ACTIVE`, Linux's `IB_EVENT_PORT_ERR` / `IB_EVENT_PORT_ACTIVE`). Unlike a
 //! removal ([`CmManager::remove_port`]) the port keeps its number, GIDs and LIDs, and its
 //! listens stay.
@@ -10,7 +10,7 @@
 //! - WinOF's CEP manager ignores it: `__cep_pnp_cb` (al_cm_cep.c:3178-3197) acts on
 //!   `IB_PNP_PORT_ADD` and `IB_PNP_PORT_REMOVE` only ("Ignore other PNP events"). A REQ or
 //!   REP in flight is re-sent into the dead port until its MAD times out, then REJ(Timeout)
-//!   (`__cep_mad_send_cb`, al_cm_cep.c:2316-2325); an established connection hears nothing.
+//!   (`__cep_mad_send_cb`, al_cm_cep.c:2324-2332); an established connection hears nothing.
 //! - Linux ib_cm registers no event handler at all: `cm_client` has `.add = cm_add_one`
 //!   and `.remove = cm_remove_one` only, and `ib_cm_notify` takes `IB_EVENT_COMM_EST` and
 //!   `IB_EVENT_PATH_MIG` only (drivers/infiniband/core/cm.c @ 00777a68). A pending MAD
