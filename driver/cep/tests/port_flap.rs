@@ -440,3 +440,17 @@ fn each_state_when_its_port_goes_down() {
         );
     }
 }
+
+/// A port removed while down and added again under its number starts up: AL reports the
+/// new port's state right after IB_PNP_PORT_ADD (ib_al.h, `IB_PNP_PORT_ADD`), and until
+/// then nothing may be refused for the old port's state.
+#[test]
+fn a_port_removed_while_down_comes_back_up() {
+    let mut p = Pair::new(9);
+    port_down(&mut p, Side::A);
+    assert!(p.a.is_port_down(PORT));
+    p.a.remove_port(PORT);
+    assert!(!p.a.is_port_down(PORT));
+    let (a, _) = p.start_connect(SID);
+    assert_eq!(p.a.state(a), Ok(StateName::ReqSent));
+}

@@ -88,7 +88,7 @@ impl DownPorts {
         self.0.get(word).is_some_and(|w| w & bit != 0)
     }
 
-    fn set(&mut self, port: u8, down: bool) {
+    pub(super) fn set(&mut self, port: u8, down: bool) {
         let (word, bit) = Self::bit(port);
         if let Some(w) = self.0.get_mut(word) {
             if down {
