@@ -80,6 +80,7 @@ impl CmManager {
         if self.state_of(id)? != State::Idle {
             return Err(self.invalid(id));
         }
+        self.check_port_up(p.port)?;
         check_width("qpn", p.qpn.into(), 24)?;
         // The REQ the passive side would refuse (WinOF `__req_handler`): never send it.
         if p.qpn == 0 {
