@@ -344,12 +344,16 @@ impl Host {
 
     /// Makes the CM from the first reported CA's attributes (PASSIVE_LEVEL, AL's PnP
     /// thread). `config` comes from `ibal::port_added`. A later call keeps the first CM.
-    pub fn ensure_cm(&self, config: CmConfig) -> Result<(), NTSTATUS> {
+    pub fn ensure_cm(&self, mut config: CmConfig) -> Result<(), NTSTATUS> {
         if self.cm().is_some() {
             return Ok(());
         }
+        let parameters = crate::parameters::read();
+        if let Some(ms) = parameters.max_request_wait_ms {
+            config.max_request_wait_ns = Some(u64::from(ms) * 1_000_000);
+        }
         let device = alloc::boxed::Box::new(Device::new(self.platform(), config));
-        device.set_quotas(crate::parameters::quotas());
+        device.set_quotas(parameters.quotas);
         let backend = KmdfBackend {
             host: NonNull::from(self),
             device: NonNull::from(&*device),

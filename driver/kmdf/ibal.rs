@@ -91,6 +91,11 @@ const IB_PNP_FLAG_REG_SYNC: u32 = 0x4000_0000;
 /// `ib_pnp_event_t` values (ib_al.h).
 const IB_PNP_PORT_ADD: u32 = IB_PNP_PORT | 0x0000_1000;
 const IB_PNP_PORT_REMOVE: u32 = IB_PNP_PORT | 0x0000_2000;
+/// The port's link went Active / down (`IB_PNP_EVENT_ACTIVE` / `_DOWN`, ib_al.h); AL
+/// reports them from its port-attribute poll (al_pnp.c `__pnp_check_ports`: a missed down
+/// is reported before the new state).
+const IB_PNP_PORT_ACTIVE: u32 = IB_PNP_PORT | 0x0002_0000;
+const IB_PNP_PORT_DOWN: u32 = IB_PNP_PORT | 0x0004_0000;
 const IB_PNP_PKEY_CHANGE: u32 = IB_PNP_PORT | 0x0008_0000;
 const IB_PNP_GID_CHANGE: u32 = IB_PNP_PORT | 0x0020_0000;
 /// `IB_PDT_ALIAS` (ib_types.h `ib_pd_type_t`), as WinOF's CM allocates for QP1 aliases.
@@ -950,6 +955,12 @@ unsafe extern "C" fn pnp_callback(record: *mut IbPnpRec) -> IbApiStatus {
         IB_PNP_PORT_ADD => unsafe { port_added(binding, record.cast::<IbPnpPortRec>()) },
         // SAFETY: (I46) the context is null or the port `port_added` stored.
         IB_PNP_PORT_REMOVE => unsafe { port_removed(binding, context.cast::<Port>()) },
+        IB_PNP_PORT_DOWN | IB_PNP_PORT_ACTIVE => {
+            // SAFETY: (I109) the context is null or the port `port_added` stored, live
+            // while its QP exists (this is one of its events).
+            unsafe { port_link(binding, context.cast::<Port>(), event == IB_PNP_PORT_ACTIVE) };
+            IB_SUCCESS
+        }
         IB_PNP_PKEY_CHANGE | IB_PNP_GID_CHANGE => {
             // SAFETY: (I47) as I45 and I46.
             unsafe { port_changed(record.cast::<IbPnpPortRec>(), context.cast::<Port>()) };
@@ -1271,6 +1282,27 @@ unsafe fn port_removed(binding: &Binding, port: *mut Port) -> IbApiStatus {
     // same from its PnP callback) calls `port_destroyed` when callbacks are over.
     let _destroyed = unsafe { (binding.al.destroy_qp)(qp, Some(port_destroyed)) };
     IB_SUCCESS
+}
+
+/// IB_PNP_PORT_DOWN / IB_PNP_PORT_ACTIVE (PASSIVE_LEVEL): the dispatch layer ends every
+/// connection on a port that went down at once, each with one event (the engine's
+/// link.rs), sends nothing from it and keeps its listens, until it is Active again.
+///
+/// # Safety
+/// `port` is null or a port `port_added` stored for this binding, live for the call.
+unsafe fn port_link(binding: &Binding, port: *mut Port, up: bool) {
+    if port.is_null() {
+        return;
+    }
+    // SAFETY: (I110) per the contract.
+    let port = unsafe { &*port };
+    if let Some(cm) = binding.host().cm() {
+        if up {
+            cm.device.port_up(port.host.number);
+        } else {
+            cm.device.port_down(port.host.number);
+        }
+    }
 }
 
 /// P_Key or GID table change: refresh the port's translation tables.

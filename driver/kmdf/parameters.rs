@@ -1,7 +1,8 @@
 //! The service key's `Parameters` (`HKLM\SYSTEM\CurrentControlSet\Services\ibcm\Parameters`):
-//! the per-handle quotas of non-administrators (README, "Quotas"). Each is a REG_DWORD
-//! read once, when the CM is made; a value missing, unreadable or 0 keeps its default
-//! ([`Quotas::default`]).
+//! the per-handle quotas of non-administrators (README, "Quotas") and the longest wait
+//! the CM asks of a REQ's sender (`MaxRequestWaitMs`, `CmConfig::max_request_wait_ns`).
+//! Each is a REG_DWORD read once, when the CM is made; a value missing, unreadable or 0
+//! keeps its default ([`Quotas::default`], `CmConfig::MAX_REQUEST_WAIT_NS`).
 
 use core::sync::atomic::{AtomicPtr, Ordering};
 
@@ -22,13 +23,27 @@ static MAX_ENDPOINTS: [u16; 21] = wdf::utf16("MaxEndpointsPerHandle");
 static MAX_LISTENS: [u16; 19] = wdf::utf16("MaxListensPerHandle");
 static MAX_BACKLOG: [u16; 19] = wdf::utf16("MaxBacklogPerHandle");
 static MAX_QUEUED: [u16; 24] = wdf::utf16("MaxQueuedEventsPerHandle");
+static MAX_REQUEST_WAIT: [u16; 16] = wdf::utf16("MaxRequestWaitMs");
 
-/// The quotas, as the registry sets them (PASSIVE_LEVEL).
-pub fn quotas() -> Quotas {
+/// What the registry sets.
+pub struct Parameters {
+    /// The per-handle quotas of non-administrators.
+    pub quotas: Quotas,
+    /// `MaxRequestWaitMs`, when set.
+    pub max_request_wait_ms: Option<u32>,
+}
+
+/// The parameters, as the registry sets them (PASSIVE_LEVEL).
+pub fn read() -> Parameters {
     let mut quotas = Quotas::default();
+    let mut max_request_wait_ms = 0;
     let driver: WDFDRIVER = DRIVER.load(Ordering::Acquire).cast();
+    let parameters = |quotas, wait: u32| Parameters {
+        quotas,
+        max_request_wait_ms: (wait != 0).then_some(wait),
+    };
     if driver.is_null() {
-        return quotas;
+        return parameters(quotas, 0);
     }
     let mut key: WDFKEY = core::ptr::null_mut();
     // SAFETY: (G2) PASSIVE_LEVEL; the driver object (made in DriverEntry) lives until unload; valid out pointer. The key is
@@ -43,13 +58,14 @@ pub fn quotas() -> Quotas {
         )
     };
     if !NT_SUCCESS(opened) {
-        return quotas;
+        return parameters(quotas, 0);
     }
-    let values: [(&'static [u16], &mut u32); 4] = [
+    let values: [(&'static [u16], &mut u32); 5] = [
         (&MAX_ENDPOINTS, &mut quotas.endpoints),
         (&MAX_LISTENS, &mut quotas.listens),
         (&MAX_BACKLOG, &mut quotas.backlog),
         (&MAX_QUEUED, &mut quotas.queued_events),
+        (&MAX_REQUEST_WAIT, &mut max_request_wait_ms),
     ];
     for (name, field) in values {
         let name = unicode(name);
@@ -70,5 +86,5 @@ pub fn quotas() -> Quotas {
     }
     // SAFETY: (G4) the key opened above, closed once.
     unsafe { wdk_sys::call_unsafe_wdf_function_binding!(WdfRegistryClose, key) };
-    quotas
+    parameters(quotas, max_request_wait_ms)
 }

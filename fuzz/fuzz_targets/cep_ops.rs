@@ -27,7 +27,11 @@
 //!   as the listen;
 //! - `remove_port`: every held CEP bound to the port gets exactly one DeviceRemoval and
 //!   is Removed, nothing is sent, and nothing follows a DeviceRemoval;
-//! - a ClassPortInfo Get is answered by exactly one GetResp with its TID;
+//! - `port_down`: nothing is sent (then, or while the port stays down); every held CEP on
+//!   the port that is in a handshake, established or sending a DREQ gets exactly one
+//!   event (link.rs's table) and every other held CEP none; listens stay listens;
+//! - a ClassPortInfo Get is answered by exactly one GetResp with its TID (none while the
+//!   port it arrives on is down);
 //! - a user operation that succeeds leaves the state it documents (`rtu` Established,
 //!   `disconnect` DreqSent, `drep` Timewait, ...);
 //! - `destroy` of a held CEP succeeds and makes the handle unknown (and, for a listen,
@@ -256,6 +260,16 @@ enum Op {
         pd_len: u8,
     },
     RemovePort {
+        side: Side,
+        port: u8,
+    },
+    /// The port's link leaves Active (the engine's link.rs), in bounded batches.
+    PortDown {
+        side: Side,
+        port: u8,
+    },
+    /// The port is Active again.
+    PortUp {
         side: Side,
         port: u8,
     },
@@ -1185,6 +1199,59 @@ impl World {
                     );
                 }
             }
+            Op::PortDown { side, port } => {
+                let port = port % 3;
+                let node = &self.nodes[side.index()];
+                let before: Vec<(CepId, StateName, usize, bool)> = node
+                    .held
+                    .iter()
+                    .copied()
+                    .filter_map(|c| {
+                        let q = node.m.query(c).ok()?;
+                        let told = q.port == port
+                            && matches!(
+                                q.state,
+                                StateName::ReqSent
+                                    | StateName::MraReqRcvd
+                                    | StateName::ReqRcvd
+                                    | StateName::MraReqSent
+                                    | StateName::RepPrepared
+                                    | StateName::RepSent
+                                    | StateName::MraRepRcvd
+                                    | StateName::RepRcvd
+                                    | StateName::MraRepSent
+                                    | StateName::Established
+                                    | StateName::DreqSent
+                                    | StateName::SidrReqSent
+                            );
+                        Some((c, q.state, node.lifetime.get(&c).map_or(0, Vec::len), told))
+                    })
+                    .collect();
+                let link = self.link.len();
+                let mut from = Some(0);
+                while let Some(at) = from {
+                    let now = self.now;
+                    from = self.node(side).m.port_down(now, port, at);
+                    self.drain_all();
+                }
+                assert_eq!(self.link.len(), link, "{side:?}: port_down sent a MAD");
+                let node = &self.nodes[side.index()];
+                for (c, state, events, told) in before {
+                    let life = node.lifetime.get(&c).map_or(0, Vec::len);
+                    let now_state = node.m.state(c).expect("held CEP unknown");
+                    if told {
+                        assert_eq!(
+                            life,
+                            events + 1,
+                            "{side:?}: {state:?} -> {now_state:?} not told exactly once"
+                        );
+                    } else {
+                        assert_eq!(life, events, "{side:?}: {state:?} told of another port");
+                        assert_eq!(now_state, state, "{side:?}: untouched CEP changed");
+                    }
+                }
+            }
+            Op::PortUp { side, port } => self.node(side).m.port_up(port % 3),
             Op::ClassPortInfo { side, tid, get } => {
                 let header = MadHeader {
                     method: if get { Method::Get } else { Method::GetResp },
@@ -1206,7 +1273,13 @@ impl World {
                 let link = self.link.len();
                 self.deliver(side, &mad);
                 let after = self.nodes[side.index()].m.counters().sent[slot];
-                if get {
+                // A port that is down takes nothing in (link.rs).
+                let down = self.nodes[side.index()]
+                    .m
+                    .is_port_down(address_of(side.peer()).port);
+                if down {
+                    assert_eq!((after, self.link.len()), (sent, link));
+                } else if get {
                     assert_eq!((after, self.link.len()), (sent + 1, link + 1));
                     let (_, resp) = self.link.back().expect("the GetResp");
                     let resp = CmMad::parse(resp).expect("parses");

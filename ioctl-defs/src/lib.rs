@@ -216,6 +216,9 @@ pub mod status {
     pub const FILE_CLOSED: i32 = 0xC000_0128_u32 as i32;
     /// STATUS_DEVICE_REMOVED: the port or HCA is gone.
     pub const DEVICE_REMOVED: i32 = 0xC000_02B6_u32 as i32;
+    /// STATUS_DEVICE_NOT_READY: the local port named is down (not Active); try again
+    /// once it is back.
+    pub const DEVICE_NOT_READY: i32 = 0xC000_00A3_u32 as i32;
     /// STATUS_IO_TIMEOUT: a request went unanswered (event status).
     pub const IO_TIMEOUT: i32 = 0xC000_00B5_u32 as i32;
     /// STATUS_CONNECTION_REFUSED: the peer rejected (event status).

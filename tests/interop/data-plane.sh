@@ -6,9 +6,20 @@
 #   tests/interop/data-plane.sh [SCENARIO...]     (as root; default: every scenario)
 #
 # Scenarios: ibcm-ibcm ibcm-ibcm-bw linux-server linux-client ucmatose-server
-# ucmatose-client reject-linux reject-ibcm req-timeout disconnect-in-flight baseline, and
-# the cmtime scenarios of data-plane-cmtime.sh (cmtime-ibcm cmtime-linux-server
-# cmtime-linux-client cmtime-baseline).
+# ucmatose-client perftest-server perftest-client port-down reject-linux reject-ibcm
+# req-timeout disconnect-in-flight baseline, and the cmtime scenarios of
+# data-plane-cmtime.sh (cmtime-ibcm cmtime-linux-server cmtime-linux-client
+# cmtime-baseline: connection setup timed as rdma-core cmtime times it, against Linux's
+# cmtime in both roles).
+#
+# - perftest-server / perftest-client: perftest's `ib_read_bw -R` and `ib_send_bw -R`
+#   (rdma_cm mode: a control connection for its parameters, then the data connection)
+#   against `ibcm perftest` in both roles; RDMA READ with asymmetric read limits, the
+#   limits asserted on both QPs, every READ and every received SEND checked.
+# - port-down: A's eth0 goes down while ibcm pings a Linux `rping -s -P`; rxe's
+#   IBV_EVENT_PORT_ERR reaches ibcm's engine, the application gets DEVICE_REMOVAL, its QP
+#   goes to ERR, the engine holds nothing; the link comes back, the same process connects
+#   again and verifies 10 pings; Linux's side of the old connection ends too.
 #
 # What it does, all of it self-contained and undone on exit (trap):
 # - builds `ibcm` (feature `verbs`: driver/linux, ib_umad + libibverbs) and the guest
@@ -22,7 +33,10 @@
 #   for the Linux-Linux baseline on the same guests;
 # - after each connection prints both QPs (ibv_query_qp on ours, `rdma resource show qp`
 #   on Linux's) and asserts ours.sq_psn = theirs.rq_psn, ours.rq_psn = theirs.sq_psn, the
-#   QPNs crossed, the MTU, the read limits;
+#   QPNs crossed, the MTU, the read limits (ibcm-ibcm: both QPs queried; ibcm-Linux: the
+#   MTU and read limits Linux's CM puts on its QP from the REQ and REP, which `rdma
+#   resource show` does not print: the qp-linux-cm line, usermode-lib/cli/src/rc.rs
+#   LinuxQp);
 # - prints a PASS/FAIL line per scenario, the figures beside Linux's, the total time.
 #
 # Environment: IBCM_PROFILE (debug|release, default release), IBCM_DP_OUT (results, default
@@ -40,7 +54,7 @@ A_IP=10.77.0.3
 B_IP=10.77.0.2
 DEAD_IP=10.77.0.9
 CM_MODULES=iw_cm,ib_cm,rdma_cm,rdma_ucm
-ALL_SCENARIOS=(ibcm-ibcm ibcm-ibcm-bw cmtime-ibcm linux-server linux-client ucmatose-server ucmatose-client reject-linux reject-ibcm req-timeout disconnect-in-flight cmtime-linux-server cmtime-linux-client baseline cmtime-baseline)
+ALL_SCENARIOS=(ibcm-ibcm ibcm-ibcm-bw cmtime-ibcm linux-server linux-client ucmatose-server ucmatose-client perftest-server perftest-client cmtime-linux-server cmtime-linux-client port-down reject-linux reject-ibcm req-timeout disconnect-in-flight baseline cmtime-baseline)
 t_start=$(date +%s.%N)
 
 die() { echo "data-plane: FAIL: $*" >&2; exit 1; }
@@ -220,6 +234,17 @@ qp_linux() {
     check "Linux has an RC QP $dest whose remote QPN is ours ($qpn)" eval "awk -v l='$dest' -v r='$qpn' '{ for (i=1;i<NF;i++) { if (\$i==\"lqpn\") a=\$(i+1); if (\$i==\"rqpn\") b=\$(i+1) } if (a==l && b==r) f=1; a=b=\"\" } END { exit !f }' '$snaps'"
     check "a Linux snapshot has rq-psn = our sq_psn ($sq) and sq-psn = our rq_psn ($rq)" eval "awk -v l='$dest' -v s='$sq' -v q='$rq' '{ a=r1=s1=\"\"; for (i=1;i<NF;i++) { if (\$i==\"lqpn\") a=\$(i+1); if (\$i==\"rq-psn\") r1=\$(i+1); if (\$i==\"sq-psn\") s1=\$(i+1) } if (a==l && r1==s && s1==q) f=1 } END { exit !f }' '$snaps'"
     check "our path MTU is rxe's 1024" eq "$(kv "$f" qp-ours path_mtu)" 3
+    # The Linux QP's path MTU and read limits as Linux's CM sets them from this
+    # connection's REQ and REP (`rdma resource show` has neither; the qp-linux-cm line,
+    # usermode-lib/cli/src/rc.rs LinuxQp, cites librdmacm cma.c and cm.c): the MTUs equal,
+    # neither side issues more READs at once than the other serves.
+    echo "  $(grep '^qp-linux-cm ' "$f" | head -1)"
+    local ord odr lrd ldr
+    ord="$(kv "$f" qp-ours max_rd_atomic)"; odr="$(kv "$f" qp-ours max_dest_rd_atomic)"
+    lrd="$(kv "$f" qp-linux-cm max_rd_atomic)"; ldr="$(kv "$f" qp-linux-cm max_dest_rd_atomic)"
+    check "path MTU: ours = Linux's" eq "$(kv "$f" qp-ours path_mtu)" "$(kv "$f" qp-linux-cm path_mtu)"
+    check "ours.max_rd_atomic ($ord) <= Linux.max_dest_rd_atomic ($ldr)" eval "[ -n '$ord' ] && [ -n '$ldr' ] && [ '$ord' -le '$ldr' ]"
+    check "Linux.max_rd_atomic ($lrd) <= ours.max_dest_rd_atomic ($odr)" eval "[ -n '$lrd' ] && [ -n '$odr' ] && [ '$lrd' -le '$odr' ]"
 }
 
 RDMA_PORT=7470
@@ -356,6 +381,123 @@ scenario_ucmatose-client() {
     check "Linux exited 0" has "$OUT/ucmatose-client.linux.txt" "exit=0"
 }
 
+# perftest over rdma_cm (-R) against ibcm's `perftest` command: PT_ITERS messages of
+# PT_SIZE bytes, the sizes of the Linux-Linux baseline. -F: perftest does not stop on the
+# guest's unknown CPU frequency.
+PT_SIZE=65536
+PT_ITERS=100
+# pt_row FILE: perftest's result row "#bytes #iterations BW peak BW average MsgRate".
+pt_row() { awk -v s="$PT_SIZE" -v n="$PT_ITERS" '$1==s && $2==n {print; exit}' "$1"; }
+scenario_perftest-server() {
+    # ibcm serves, Linux perftest connects. RDMA READ with asymmetric limits: perftest -o 8
+    # asks 8 and offers 8 (pc.c:2290-2293); ibcm offers 2 responder resources and asks 4:
+    # its REP carries min(2, 8) = 2 and min(4, 8) = 4 (IBA 12.7.29-30), so ibcm's QP issues
+    # 4 and serves 2, Linux's (its CM crosses the REP) issues 2 and serves 4. Powers of two:
+    # rxe rounds both limits up to one (rxe_qp.c rxe_qp_from_attr, roundup_pow_of_two).
+    local t
+    for t in read send; do
+        next_port
+        local lim="--responder-resources 2 --initiator-depth 4"
+        local o="-o 8"
+        [ "$t" = send ] && { lim=""; o=""; }
+        bg A pt "ibcm perftest --test $t --local $A_IP -p $RDMA_PORT -s $PT_SIZE -n $PT_ITERS $lim --hold 1 --wait 60"
+        wait_listening A pt || fail "ibcm perftest on A did not listen"
+        qp_snapshots B ps
+        guest B 150 "t0=\$(cut -d' ' -f1 /proc/uptime); timeout 120 ib_${t}_bw -R -F -p $RDMA_PORT -s $PT_SIZE -n $PT_ITERS $o $A_IP; echo exit=\$?; echo uptime=\$t0,\$(cut -d' ' -f1 /proc/uptime)" >"$OUT/perftest-server.$t.linux.txt" 2>&1 || true
+        bg_wait A pt "$OUT/perftest-server.$t.ibcm.txt"
+        qp_snapshots_get B ps "$OUT/perftest-server.$t.qp.txt"
+        local f="$OUT/perftest-server.$t.ibcm.txt" l="$OUT/perftest-server.$t.linux.txt"
+        check "ib_${t}_bw exited 0" has "$l" "exit=0"
+        check "ib_${t}_bw printed its $PT_SIZE x $PT_ITERS row" eval "[ -n \"\$(pt_row '$l')\" ]"
+        check "ibcm exited 0" has "$f" "exit=0"
+        qp_linux "$f" "$OUT/perftest-server.$t.qp.txt"
+        if [ "$t" = read ]; then
+            check "ibcm got the client's report: $PT_ITERS x $PT_SIZE B" has "$f" "perftest: client report: $PT_ITERS x $PT_SIZE B"
+            check "read limits: ibcm 4 out / 2 in" eq "$(kv "$f" qp-ours max_rd_atomic)/$(kv "$f" qp-ours max_dest_rd_atomic)" 4/2
+            check "read limits: Linux 2 out / 4 in (the REP crossed)" eq "$(kv "$f" qp-linux-cm max_rd_atomic)/$(kv "$f" qp-linux-cm max_dest_rd_atomic)" 2/4
+            FIG[linux_to_ibcm_read_mbps]="$(pt_row "$l" | awk '{print $4}')"
+        else
+            check "ibcm: $PT_ITERS messages received, each as the first" has "$f" "perftest: received $PT_ITERS x $PT_SIZE B verified"
+            FIG[linux_to_ibcm_send_mbps]="$(pt_row "$l" | awk '{print $4}')"
+        fi
+        FIG[linux_to_ibcm_${t}_wall_ms]="$(uptime_ms "$l")"
+    done
+}
+
+scenario_perftest-client() {
+    # Linux perftest serves, ibcm connects. RDMA READ: ibcm asks 2 and offers 8; perftest
+    # -o 4 accepts with 4 and 4 as given (librdmacm cma.c:1918-1928: not bounded by the
+    # REQ's 2). ibcm's engine takes both limits from the REP crossed, as cm.c
+    # cm_rep_handler does (initiator depth := REP ResponderResources, responder resources
+    # := REP InitiatorDepth): its QP issues 4 at once and serves 4, as Linux's. perftest's
+    # server listens for the data connection only after the handshake that precedes it
+    # (pc.c:2737-2746), so ibcm's first REQ may meet REJ 8 and is retried as perftest's own
+    # client retries (pc.c:2684-2707).
+    local t
+    for t in read send; do
+        next_port
+        local lim="--responder-resources 8 --initiator-depth 2"
+        local o="-o 4"
+        [ "$t" = send ] && { lim=""; o=""; }
+        qp_snapshots B pc
+        bg B pt "ib_${t}_bw -R -F -p $RDMA_PORT -s $PT_SIZE -n $PT_ITERS $o"
+        sleep 2
+        guest A 150 "t0=\$(cut -d' ' -f1 /proc/uptime); timeout 120 ibcm perftest --test $t --local $A_IP --peer $B_IP -p $RDMA_PORT -s $PT_SIZE -n $PT_ITERS $lim --hold 1 --wait 60; echo exit=\$?; echo uptime=\$t0,\$(cut -d' ' -f1 /proc/uptime)" >"$OUT/perftest-client.$t.ibcm.txt" 2>&1 || true
+        bg_wait B pt "$OUT/perftest-client.$t.linux.txt"
+        qp_snapshots_get B pc "$OUT/perftest-client.$t.qp.txt"
+        local f="$OUT/perftest-client.$t.ibcm.txt" l="$OUT/perftest-client.$t.linux.txt"
+        check "ib_${t}_bw (server) exited 0" has "$l" "exit=0"
+        check "ibcm exited 0" has "$f" "exit=0"
+        qp_linux "$f" "$OUT/perftest-client.$t.qp.txt"
+        if [ "$t" = read ]; then
+            check "ibcm: $PT_ITERS RDMA READs verified" has "$f" "perftest: RDMA READ $PT_ITERS x $PT_SIZE B verified"
+            check "ibcm issued 4 READs at once, its QP's initiator depth" has "$f" "at most 4 READs in flight"
+            check "read limits: ibcm 4 out / 4 in (the REP crossed, not the REQ's 2 / 8)" eq "$(kv "$f" qp-ours max_rd_atomic)/$(kv "$f" qp-ours max_dest_rd_atomic)" 4/4
+            check "read limits: Linux 4 out / 4 in (its REP)" eq "$(kv "$f" qp-linux-cm max_rd_atomic)/$(kv "$f" qp-linux-cm max_dest_rd_atomic)" 4/4
+            check "ib_read_bw printed ibcm's report row" eval "[ -n \"\$(pt_row '$l')\" ]"
+            FIG[ibcm_to_linux_read_mbps]="$(sed -n 's/^perftest: RDMA READ .*: \([0-9.]*\) MB\/s.*/\1/p' "$f")"
+        else
+            check "ibcm: $PT_ITERS SENDs" has "$f" "perftest: SEND $PT_ITERS x $PT_SIZE B completed"
+            check "ib_send_bw (server) printed its row" eval "[ -n \"\$(pt_row '$l')\" ]"
+            # (ib_send_bw's server prints 0.00 for this run on TCG: ibcm's own figure.)
+            FIG[ibcm_to_linux_send_mbps]="$(sed -n 's/^perftest: SEND .*: \([0-9.]*\) MB\/s.*/\1/p' "$f")"
+        fi
+        FIG[ibcm_to_linux_${t}_wall_ms]="$(uptime_ms "$f")"
+    done
+}
+
+scenario_port-down() {
+    # ibcm's guest loses its link mid-transfer: ibcm pings a persistent Linux rping server
+    # (-P: each connection its own thread) without end; A's eth0 goes down, rxe raises
+    # IBV_EVENT_PORT_ERR, ibcm's engine is told the port is gone (driver/linux
+    # port_events.rs) and the application gets DEVICE_REMOVAL, moves its QP to ERR and
+    # destroys the connection, the engine then holds nothing. The link comes back 3 s
+    # later (PORT_ACTIVE: the port told again) and the same process connects again with
+    # the same QP (its QPN): Linux's CM still holds the old connection (nothing reached it
+    # while the link was down), rejects the REQ as stale (REJ reason 10) and sends the old
+    # connection a DREQ (cm.c cm_match_req), so rping reports its DISCONNECT EVENT; ibcm's
+    # next attempt, with a new QP, connects and verifies 10 pings.
+    next_port
+    guest B 10 "rping -s -P -a $B_IP -p $RDMA_PORT -V -S 4096 > /tmp/rp.log 2>&1 & echo \$! > /tmp/rp.pid" >/dev/null
+    sleep 1
+    bg A pf "ibcm port-fault --local $A_IP --peer $B_IP -p $RDMA_PORT -C 10 -S 4096 --wait 60"
+    guest A 60 "i=0; until grep -q '^ping data' /tmp/pf.log 2>/dev/null || [ \$i -ge 300 ]; do sleep 0.1; i=\$((i+1)); done; sleep 2; ip link set eth0 down; echo link down; sleep 3; ip link set eth0 up; echo link up" >"$OUT/port-down.link.txt" 2>&1 || true
+    bg_wait A pf "$OUT/port-down.ibcm.txt"
+    # rping prints "server DISCONNECT EVENT..." (rping.c:223-226, rdma-core v44.0) or "cq
+    # completion failed status N" (rping.c:297-300) when its connection ends.
+    guest B 90 "i=0; until grep -q 'DISCONNECT EVENT\|cq completion failed' /tmp/rp.log || [ \$i -ge 200 ]; do sleep 0.1; i=\$((i+1)); done; kill \$(cat /tmp/rp.pid); echo rping-log:; cat /tmp/rp.log" >"$OUT/port-down.linux.txt" 2>&1 || true
+    local f="$OUT/port-down.ibcm.txt"
+    check "the link went down and up" has "$OUT/port-down.link.txt" "link up"
+    check "ibcm: the CM event is DEVICE_REMOVAL" eval "grep -qi '^rc: CM event: .*remov' '$f'"
+    check "ibcm: the QP is in ERR after the fault (state 6)" eq "$(kv "$f" qp-ours-after-fault state)" 6
+    check "ibcm: nothing held after the faulted connection is destroyed" has "$f" "fault: engine after the connection is destroyed: live_ceps=0 "
+    check "ibcm: PORT_ERR and PORT_ACTIVE told to the engine" eval "grep -q '^fault: port events: PORT_ERR [1-9][0-9]*, PORT_ACTIVE [1-9]' '$f'"
+    check "ibcm: 10/10 pings verified after the reconnect" has "$f" "rping: 10/10 pings verified after the reconnect"
+    check "ibcm: nothing held at the end" has "$f" "fault: engine at the end: live_ceps=0 "
+    check "ibcm exited 0, no panic" eval "grep -q 'exit=0' '$f' && ! grep -qi 'panick' '$f'"
+    check "Linux: the old connection ended (rping's DISCONNECT EVENT or a failed completion)" awk '/^rping-log:/ { f = 1 } f && /DISCONNECT EVENT|cq completion failed/ { m = 1 } END { exit !m }' "$OUT/port-down.linux.txt"
+}
+
 scenario_reject-linux() {
     # ibcm connects to a port nobody listens on: Linux's CM rejects (reason 8).
     guest A 60 "timeout 50 ibcm rping --local $A_IP --peer $B_IP -p 7999 -C 1 --wait 30; echo exit=\$?" >"$OUT/reject-linux.ibcm.txt" 2>&1 || true
@@ -430,10 +572,11 @@ scenario_baseline() {
         next_port
         guest B 10 "timeout 120 ib_${t}_bw -R -F -p $RDMA_PORT -s 65536 -n 100 > /tmp/pt.log 2>&1 & echo \$! > /tmp/pt.pid" >/dev/null
         sleep 2
-        guest A 150 "timeout 120 ib_${t}_bw -R -F -p $RDMA_PORT -s 65536 -n 100 $B_IP; echo exit=\$?" >"$OUT/baseline.ib_${t}_bw.txt" 2>&1 || true
+        guest A 150 "t0=\$(cut -d' ' -f1 /proc/uptime); timeout 120 ib_${t}_bw -R -F -p $RDMA_PORT -s 65536 -n 100 $B_IP; echo exit=\$?; echo uptime=\$t0,\$(cut -d' ' -f1 /proc/uptime)" >"$OUT/baseline.ib_${t}_bw.txt" 2>&1 || true
         guest B 20 "i=0; while kill -0 \$(cat /tmp/pt.pid) 2>/dev/null && [ \$i -lt 100 ]; do sleep 0.1; i=\$((i+1)); done; cat /tmp/pt.log" >>"$OUT/baseline.ib_${t}_bw.txt" 2>&1 || true
         # The result row: "#bytes #iterations BW peak[MB/sec] BW average[MB/sec] MsgRate".
         FIG[linux_linux_${t}_mbps]="$(awk '$1=="65536" && $2=="100" {print $4; exit}' "$OUT/baseline.ib_${t}_bw.txt")"
+        FIG[linux_linux_${t}_wall_ms]="$(uptime_ms "$OUT/baseline.ib_${t}_bw.txt")"
         check "ib_${t}_bw -R ran" eval "[ -n '${FIG[linux_linux_${t}_mbps]:-}' ]"
     done
 }
@@ -475,7 +618,7 @@ for s in "${scenarios[@]}"; do
     [ "${RESULT[$s]}" = PASS ] || failed=$((failed + 1))
 done
 echo
-echo "figures (qemu TCG guests, soft-RoCE; MB/s = 10^6 B/s):"
+echo "figures (qemu TCG guests, soft-RoCE; MB/s as perftest's, 2^20 B/s, perftest_parameters.c:3377):"
 ratio() { if [ -n "${1:-}" ] && [ -n "${2:-}" ] && [ "$(echo "$2 > 0" | bc)" = 1 ]; then printf '%.2f' "$(echo "$1 / $2" | bc -l)"; else echo "n/a"; fi; }
 row() { printf '  %-74s %10s %10s   %s\n' "$1" "${2:-n/a}" "${3:-n/a}" "$(ratio "${2:-}" "${3:-}")"; }
 printf '  %-74s %10s %10s   %s\n' "" "ibcm" "Linux" "ratio"
@@ -483,8 +626,15 @@ row "connection setup, one connection, ms (ibcm -> ibcm)" "${FIG[ibcm_ibcm_setup
 row "connection setup, one connection, ms (ibcm -> Linux)" "${FIG[ibcm_linux_setup_ms]:-}" "${FIG[linux_linux_setup_ms]:-}"
 row "rping client -> Linux rping -s, $PINGS x $SIZE B, wall ms (client: ibcm / Linux)" "${FIG[ibcm_to_linux_rping_ms]:-}" "${FIG[linux_to_linux_rping_ms]:-}"
 row "Linux rping -c -> rping server, $PINGS x $SIZE B, wall ms (server: ibcm / Linux)" "${FIG[linux_to_ibcm_rping_ms]:-}" "${FIG[linux_to_linux_rping_ms]:-}"
-row "RDMA READ 100 x 64 KiB, MB/s (rc-bw / ib_read_bw -R)" "${FIG[ibcm_read_mbps]:-}" "${FIG[linux_linux_read_mbps]:-}"
-row "SEND 100 x 64 KiB, MB/s (rc-bw / ib_send_bw -R)" "${FIG[ibcm_send_mbps]:-}" "${FIG[linux_linux_send_mbps]:-}"
+# rc-bw reports 10^6 B/s: in perftest's unit for the comparison.
+mib() { [ -n "${1:-}" ] && printf '%.2f' "$(echo "$1 / 1.048576" | bc -l)"; }
+row "RDMA READ 100 x 64 KiB, MB/s (rc-bw ibcm-ibcm / ib_read_bw -R Linux-Linux)" "$(mib "${FIG[ibcm_read_mbps]:-}")" "${FIG[linux_linux_read_mbps]:-}"
+row "SEND 100 x 64 KiB, MB/s (rc-bw ibcm-ibcm / ib_send_bw -R Linux-Linux)" "$(mib "${FIG[ibcm_send_mbps]:-}")" "${FIG[linux_linux_send_mbps]:-}"
+row "ib_read_bw -R client -> server, MB/s (server: ibcm / Linux)" "${FIG[linux_to_ibcm_read_mbps]:-}" "${FIG[linux_linux_read_mbps]:-}"
+row "ib_send_bw -R client -> server, MB/s (server: ibcm / Linux)" "${FIG[linux_to_ibcm_send_mbps]:-}" "${FIG[linux_linux_send_mbps]:-}"
+row "RDMA READ client -> ib_read_bw -R server, MB/s (client: ibcm perftest / Linux)" "${FIG[ibcm_to_linux_read_mbps]:-}" "${FIG[linux_linux_read_mbps]:-}"
+row "SEND client -> ib_send_bw -R server, MB/s (client: ibcm perftest / Linux)" "${FIG[ibcm_to_linux_send_mbps]:-}" "${FIG[linux_linux_send_mbps]:-}"
+row "perftest -R run, wall ms incl. both connections (ib_read_bw client -> server: ibcm / Linux)" "${FIG[linux_to_ibcm_read_wall_ms]:-}" "${FIG[linux_linux_read_wall_ms]:-}"
 cmtime_figures
 echo "  (setup: ibcm's from the REQ to the RTU sent, its QP's transitions included, the peer an rping"
 echo "  server; Linux's is cmtime -c 1's connect step against cmtime -b. rping wall times include"

@@ -157,6 +157,9 @@ pub(crate) struct Cep {
     pub detached: bool,
     /// This side sent the REQ.
     pub active: bool,
+    /// The MRA this side sent for the REQ was the manager's own (waiting.rs), not its
+    /// owner's: the owner's `mra` then replaces it instead of failing.
+    pub mra_by_manager: bool,
     /// Which message `pdata` belongs to: the last one sent that a duplicate may repeat.
     pub cached: Option<AttributeId>,
     pub remote_comm_id: u32,
@@ -237,6 +240,7 @@ impl Cep {
             detached: false,
             backlog_of: None,
             active: false,
+            mra_by_manager: false,
             timer: None,
             retry: Retry::default(),
             dest: MadAddress::default(),

@@ -36,6 +36,11 @@ pub struct CmConfig {
     /// Longest total time a request may go unanswered before it fails, whatever retries
     /// remain (None: only MaxCMRetries bounds it).
     pub request_deadline_ns: Option<u64>,
+    /// Longest wait this side will ask a REQ's sender to accept while its application
+    /// works through the REQs ahead (src/manager/waiting.rs). A REQ whose expected wait
+    /// is longer is refused at once with REJ(NoResources) instead of being held (None:
+    /// every REQ the backlog takes is held). Default [`Self::MAX_REQUEST_WAIT_NS`].
+    pub max_request_wait_ns: Option<u64>,
 }
 
 impl CmConfig {
@@ -50,10 +55,17 @@ impl CmConfig {
             max_initiator_depth: 16,
             exponential_backoff: false,
             request_deadline_ns: None,
+            max_request_wait_ns: Some(Self::MAX_REQUEST_WAIT_NS),
             comm_id_mask: 0,
             comm_id_value: 0,
         }
     }
+
+    /// The default longest wait: 4.096 us x 2^24 = 68.7 s, what Linux's rdma_cm asks of
+    /// every REQ's sender (`CMA_CM_MRA_SETTING`, IB_CM_MRA_FLAG_DELAY | 24,
+    /// drivers/infiniband/core/cma.c), so no sender is asked to wait longer than the
+    /// most common CM already makes it expect.
+    pub const MAX_REQUEST_WAIT_NS: u64 = 4096 << 24;
 
     /// `(comm_id_mask, comm_id_value)` that keeps every local comm ID out of WinOF AL's:
     /// wire byte 2 >= 0xF0 (bits 15..12 set). AL's IDs are host-order `cid | modifier <<

@@ -59,6 +59,12 @@ pub enum CmError {
     DuplicateListen,
     /// The manager holds its maximum number of CEPs, or memory ran out.
     NoResources,
+    /// The local port named is down (`CmManager::port_down`): nothing can be sent from
+    /// it until it is back.
+    PortDown {
+        /// The port.
+        port: u8,
+    },
 }
 
 impl fmt::Display for CmError {
@@ -82,6 +88,7 @@ impl fmt::Display for CmError {
             Self::NotLocal { field } => write!(f, "{field} is not a local port's address"),
             Self::DuplicateListen => f.write_str("an overlapping listen exists"),
             Self::NoResources => f.write_str("no resources for another endpoint"),
+            Self::PortDown { port } => write!(f, "port {port} is down"),
         }
     }
 }

@@ -25,6 +25,7 @@ use ibcm_iba::{QpAttributes, QpState};
 
 mod establish;
 mod lap;
+mod link;
 mod listen;
 mod local_qpn;
 mod lookup;
@@ -202,6 +203,8 @@ pub struct CmManager {
     ports: Vec<ports::PortAddress>,
     /// The CA each port belongs to, as [`Self::set_port_ca_guid`] told it.
     port_cas: ports::PortCas,
+    /// Ports that are down (link.rs): nothing is sent from them.
+    down: link::DownPorts,
     /// Peer-to-peer CEPs with a REQ out (few; pruned as they move on).
     peers: Vec<CepId>,
     /// SIDR requests being answered or lately answered: (request ID, source GID, LID).
@@ -253,6 +256,7 @@ impl CmManager {
             listens: Vec::new(),
             ports: Vec::new(),
             port_cas: ports::PortCas::new(),
+            down: link::DownPorts::default(),
             peers: Vec::new(),
             sidr_requests: HashMap::with_hasher(hash),
             timers: BinaryHeap::new(),

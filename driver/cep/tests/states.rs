@@ -16,9 +16,9 @@
 
 use ibcm_cep::pair::{Fate, GUID_A, GUID_B, Pair, Side};
 use ibcm_cep::{
-    AddressVector, CepId, CmError, CmManager, ConnectParams, Event, Instant, ListenParams,
-    MadAddress, PathRecord, PrivateData, QpAttributes, QpState, RejectParams, RepParams,
-    StateName as S, access, ack_timeout, counter_slot,
+    AddressVector, CepId, CmConfig, CmError, CmManager, ConnectParams, Event, Instant,
+    ListenParams, MadAddress, PathRecord, PrivateData, QpAttributes, QpState, RejectParams,
+    RepParams, StateName as S, access, ack_timeout, counter_slot,
 };
 use ibcm_mad::{
     AttributeId, CmMad, CmMessage, Dreq, MAD_SIZE, MadHeader, MessageKind, Mtu, RejReason,
@@ -2479,6 +2479,118 @@ fn unanswered_req_gets_an_mra_and_its_sender_waits() {
     assert_eq!(p.b.counters().duplicates[slot(AttributeId::Req)], 0);
     let cleanup = [b, l];
     finish(p, &[a], &cleanup);
+}
+
+/// The owner's own MRA after the manager's (issue 29): it is taken, not refused, and
+/// replaces the manager's for the repeats a duplicate REQ asks for. Nothing is sent at
+/// the call: a sender drops a second MRA for one REQ (AL `__mra_handler`,
+/// al_cm_cep.c:1382-1386; Linux `cm_mra_handler`, IB_CM_MRA_REQ_RCVD: a duplicate).
+/// Before, the call failed with InvalidState although the owner had sent nothing.
+#[test]
+fn owner_mra_after_the_managers_replaces_it() {
+    let mut p = Pair::new(14);
+    let l = listen_on(&mut p, Pair::listen_params(SID, 8));
+    let a = connect_new(&mut p, SID, QPN_A);
+    settle(&mut p);
+    let b = p.last_request().unwrap();
+    p.b.take_request(b).unwrap();
+    // The manager's MRA, at half of the REQ's response timeout (16), is lost.
+    p.fault(Side::B, AttributeId::Mra, 1, Fate::Drop);
+    p.drive_for(ib(16) / 2 + SETTLE);
+    assert_eq!(p.b.counters().sent[slot(AttributeId::Mra)], 1);
+    assert_state(&p.b, b, S::MraReqSent);
+    p.b.mra(b, 20, b"owner waits").unwrap();
+    assert_eq!(
+        p.b.counters().sent[slot(AttributeId::Mra)],
+        1,
+        "sent at the call"
+    );
+    // Once per message for the owner's own.
+    assert_eq!(
+        p.b.mra(b, 20, b"again"),
+        Err(CmError::InvalidState {
+            state: S::MraReqSent
+        })
+    );
+    // A's retry is a duplicate REQ: B repeats the owner's MRA.
+    run_until(&mut p, 2 * REQ_WAIT, |p| p.a.state(a) == Ok(S::MraReqRcvd));
+    assert_eq!(retries(&p.a, AttributeId::Req), 1);
+    assert_eq!(
+        p.events_of(Side::A, a),
+        [Event::MraReceived {
+            service_timeout: 20,
+            private_data: pd(b"owner waits", ibcm_mad::MRA_PRIVATE_DATA_SIZE),
+        }]
+    );
+    let now = p.now;
+    p.b.accept(now, b, &rp()).unwrap();
+    settle(&mut p);
+    assert_state(&p.a, a, S::RepRcvd);
+    finish(p, &[a], &[b, l]);
+}
+
+/// A REQ that would wait longer than the server may ask of its sender is refused at
+/// once with REJ(NoResources) (IBA 12.6.7.2 Table 112, reason 3; waiting.rs), before a
+/// CEP is taken for it; the REQs already held keep their places, and once the queue
+/// drains a REQ is held again. Before, it was held and its sender asked to wait.
+#[test]
+fn req_that_would_wait_too_long_is_refused_at_once() {
+    let mut b_cfg = CmConfig::new(GUID_B, [15; 32]);
+    b_cfg.max_request_wait_ns = Some(50 * MS);
+    let mut p = Pair::with_config(CmConfig::new(GUID_A, [14; 32]), b_cfg);
+    let l = listen_on(&mut p, Pair::listen_params(SID, 16));
+    let first: Vec<CepId> = (0..10)
+        .map(|i| connect_new(&mut p, SID, QPN_A + i))
+        .collect();
+    settle(&mut p);
+    assert_eq!(req_events(&p), 10);
+    let held: Vec<CepId> = p.events(Side::B).iter().map(|(c, _)| *c).collect();
+    // The application answers one after 10 ms: 9 wait, 10 ms apart, 90 ms ahead of
+    // the next REQ, past the 50 ms the server may ask for.
+    let t = p.now.add_nanos(10 * MS);
+    run_to(&mut p, t);
+    p.b.take_request(held[0]).unwrap();
+    let now = p.now;
+    p.b.accept(now, held[0], &Pair::rep_params(QPN_B)).unwrap();
+    let live = p.b.live_ceps();
+    let late = connect_new(&mut p, SID, QPN_A + 10);
+    settle(&mut p);
+    assert_eq!(
+        p.events_of(Side::A, late),
+        [rej_event(
+            RejReason::NoResources,
+            MessageKind::Req,
+            &[],
+            &[]
+        )]
+    );
+    assert_state(&p.a, late, S::Idle);
+    assert_eq!(p.b.live_ceps(), live, "a CEP was taken for the refused REQ");
+    assert_eq!(req_events(&p), 10);
+    // The held ones are answered; the queue drains and a REQ is held again.
+    for (k, &c) in held[1..].iter().enumerate() {
+        p.b.take_request(c).unwrap();
+        let now = p.now;
+        p.b.accept(now, c, &Pair::rep_params(QPN_B + 1 + k as u32))
+            .unwrap();
+    }
+    settle(&mut p);
+    // Idle for longer than the longest wait: the next REQ starts a busy period of its
+    // own, whatever the last one's interval was.
+    let t = p.now.add_nanos(1_000 * MS);
+    run_to(&mut p, t);
+    let again = connect_new(&mut p, SID, QPN_A + 11);
+    settle(&mut p);
+    assert_eq!(req_events(&p), 11);
+    let taken = p.last_request().unwrap();
+    let mut a_all = first.clone();
+    a_all.extend([late, again]);
+    for &c in &first {
+        p.a.rtu(c, b"").unwrap();
+    }
+    let mut b_all = held.clone();
+    b_all.extend([taken, l]);
+    finish(p, &a_all, &b_all);
 }
 
 // ---- destroy ------------------------------------------------------------------------------

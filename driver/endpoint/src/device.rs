@@ -541,6 +541,30 @@ impl<P: Platform> Device<P> {
         self.run(|i| i.cm.remove_port(port));
     }
 
+    /// The port left the Active state (IBAL's `IB_PNP_PORT_DOWN`): every connection on
+    /// it ends at once with one event its owner already handles (the engine's link.rs
+    /// table: an established one reads as the peer's DREQ, a handshake as its timeout),
+    /// delivered to user endpoints through their GET_EVENT queues and to kernel clients
+    /// through their callbacks; listens stay, and nothing is sent from the port until
+    /// [`Device::port_up`]. The engine works in bounded batches, each under the lock
+    /// once and drained before the next: no lock is held for long and the event queue
+    /// stays within its reserve.
+    pub fn port_down(&self, port: u8) {
+        let mut from = Some(0);
+        while let Some(at) = from {
+            from = self.run(|i| {
+                let now = i.now;
+                i.cm.port_down(now, port, at)
+            });
+        }
+    }
+
+    /// The port is Active again (`IB_PNP_PORT_ACTIVE`): connects from it are taken and
+    /// sends resume. The connections its going down ended stay ended.
+    pub fn port_up(&self, port: u8) {
+        self.run(|i| i.cm.port_up(port));
+    }
+
     /// The HCA is gone: every endpoint gets a DEVICE_REMOVAL event (through a pending
     /// GET_EVENT if there is one), then every other pending request completes with
     /// STATUS_DEVICE_REMOVED. Later IOCTLs fail with STATUS_DEVICE_REMOVED; destroy and

@@ -17,6 +17,7 @@ pub fn status_of(e: CmError) -> Status {
         CmError::InvalidState { .. } => status::INVALID_DEVICE_STATE,
         CmError::DuplicateListen => status::ADDRESS_ALREADY_EXISTS,
         CmError::NoResources => status::INSUFFICIENT_RESOURCES,
+        CmError::PortDown { .. } => status::DEVICE_NOT_READY,
         _ => status::INVALID_PARAMETER,
     }
 }

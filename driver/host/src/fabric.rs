@@ -190,6 +190,8 @@ pub struct Fabric {
     wake: Arc<Wake>,
     /// Ports two CMs share (node index of ibcm's, the port): MADs to them are steered.
     shared: Vec<(usize, Arc<SharedPort>)>,
+    /// Nodes whose port is down ([`Fabric::set_port_up`]): nothing leaves or reaches them.
+    down: Vec<bool>,
     link: Link,
     seq: u64,
     rng: Rng,
@@ -232,6 +234,7 @@ impl Fabric {
             passive_work_at: vec![0; n],
             wake,
             shared: Vec::new(),
+            down: vec![false; n],
             link: Link::default(),
             seq: 0,
             rng: Rng(seed ^ 0x5EED_F00D),
@@ -257,6 +260,31 @@ impl Fabric {
         Some(shared)
     }
 
+    /// Node `i`'s port goes down (`up` false: its cable pulled) or comes back. While down
+    /// nothing it sends leaves and nothing reaches it, MADs already on the wire to it
+    /// included; its driver is told as IBAL would tell it (`Device::port_down` on
+    /// `IB_PNP_PORT_DOWN`, `Device::port_up` on `IB_PNP_PORT_ACTIVE`). What its driver
+    /// queued before it was told is dropped too.
+    pub fn set_port_up(&mut self, i: usize, up: bool) {
+        let (Some(node), Some(down)) = (self.nodes.get(i), self.down.get_mut(i)) else {
+            return;
+        };
+        *down = !up;
+        let node = Arc::clone(node);
+        if up {
+            node.device.port_up(node.address.port);
+        } else {
+            let queued = node.platform.take_sent();
+            node.platform.recycle_sent(queued);
+            node.device.port_down(node.address.port);
+        }
+    }
+
+    /// Whether node `i`'s port is up.
+    pub fn is_port_up(&self, i: usize) -> bool {
+        self.down.get(i).is_some_and(|d| !d)
+    }
+
     /// Now.
     pub fn now(&self) -> Instant {
         self.clock.now()
@@ -270,10 +298,14 @@ impl Fabric {
             };
             let node = Arc::clone(node);
             let sent = node.platform.take_sent();
+            let from_down = self.down.get(i).is_some_and(|d| *d);
             for t in &sent {
                 let Some(to) = self.nodes.iter().position(|n| n.address.lid == t.dest.lid) else {
                     continue;
                 };
+                if from_down || self.down.get(to).is_some_and(|d| *d) {
+                    continue;
+                }
                 let from = node.address;
                 let f = self.faults;
                 if self.rng.chance(f.loss) {
@@ -362,6 +394,12 @@ impl Fabric {
                     self.link.release(slot);
                     continue;
                 };
+                if self.down.get(dest).is_some_and(|d| *d) {
+                    // Its port went down while the MAD was on the wire.
+                    self.link.pop();
+                    self.link.release(slot);
+                    continue;
+                }
                 if n == RECEIVE_BATCH || to.is_some_and(|t| t != dest) {
                     break;
                 }

@@ -116,3 +116,88 @@ fn fixed_mode_create_and_destroy_never_run_out() {
     }
     assert_eq!(d.client_count(), 0);
 }
+
+/// A kernel client whose callback runs raised, as every iba_cm callback does
+/// (`Instance::call_client` in driver/iba-cm), and destroys its own id from inside it,
+/// when the delivery began at PASSIVE_LEVEL: the port's removal from the HCA's PnP
+/// thread (`Device::remove_port`). Inside the callback the identity is the processor's,
+/// where the delivery took the thread's; without `as_deliverer` the `destroy_id` took
+/// itself for another context and waited for its own callback forever (issue 27's
+/// review, H1). Now it is deferred and done when the callback returns.
+#[test]
+fn destroy_from_a_raised_callback_of_a_passive_delivery_is_deferred() {
+    let mut fabric = Fabric::new(2, 27);
+    let (a, b) = (Arc::clone(&fabric.nodes[0]), Arc::clone(&fabric.nodes[1]));
+    let log: Log = Arc::new(Mutex::new(Vec::with_capacity(64)));
+    let listen = b.device.create_id(recorder(&log)).unwrap();
+    b.device
+        .listen_id(
+            listen,
+            ListenParams {
+                service_id: 9,
+                service_mask: u64::MAX,
+                port: None,
+                compare: None,
+                backlog: 4,
+            },
+        )
+        .unwrap();
+    // A's id: on the port's removal, destroy itself from inside its raised callback.
+    let destroyed = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let on_event: ibcm_endpoint::Callback<HostPlatform> = {
+        let (node, destroyed) = (Arc::clone(&a), Arc::clone(&destroyed));
+        Arc::new(
+            move |dev: &Device<HostPlatform>, id: ClientId, ev: &ClientEvent| {
+                if matches!(ev.event, Event::DeviceRemoval) {
+                    ibcm_host::verifier::at_dispatch(&node.platform.ledger, || {
+                        dev.as_deliverer(id, || dev.destroy_id(id));
+                    });
+                    destroyed.store(true, std::sync::atomic::Ordering::Release);
+                }
+                0
+            },
+        )
+    };
+    let active = a.device.create_id(on_event).unwrap();
+    let mut p = ibcm_cep::pair::Pair::connect_params(9, 0x11);
+    let (sa, sb) = (node_address(0), node_address(1));
+    p.primary_path.slid = sa.lid;
+    p.primary_path.dlid = sb.lid;
+    p.primary_path.sgid = sa.gid;
+    p.primary_path.dgid = sb.gid;
+    a.device.send_req(active, &p).unwrap();
+    fabric.run_for(100_000);
+    let (child, _) = b
+        .device
+        .get_request_ex(listen, recorder(&log))
+        .expect("a request");
+    b.device
+        .send_rep(child, &ibcm_cep::pair::Pair::rep_params(0x22))
+        .unwrap();
+    fabric.run_for(100_000);
+    a.device.send_rtu(active, b"").unwrap();
+    fabric.run_for(100_000);
+
+    // The removal, at PASSIVE_LEVEL, on a thread of its own: a hang fails the test
+    // instead of stopping it.
+    let (done_tx, done_rx) = std::sync::mpsc::channel();
+    let remover = Arc::clone(&a);
+    std::thread::spawn(move || {
+        remover.device.remove_port(sa.port);
+        let _ = done_tx.send(());
+    });
+    assert!(
+        done_rx
+            .recv_timeout(std::time::Duration::from_secs(20))
+            .is_ok(),
+        "destroy_id inside its own raised callback waited for itself"
+    );
+    assert!(destroyed.load(std::sync::atomic::Ordering::Acquire));
+    assert_eq!(a.device.client_count(), 0, "A's id was not destroyed");
+    let v = a.violations();
+    assert!(v.is_empty(), "verifier: {v:?}");
+    for id in [child, listen] {
+        b.device.destroy_id(id);
+    }
+    fabric.run_for(60_000_000_000);
+}

@@ -385,7 +385,7 @@ impl<B: Backend> Instance<B> {
                 }
                 let mut ev = IbaCmEvent::zeroed(event_type::REQ_RECEIVED);
                 // The listen's return value is ignored (al_cm.c:101-111).
-                let _ = self.call_client(p_id, &mut ev);
+                let _ = self.call_client(id, p_id, &mut ev);
             }
             return 0;
         }
@@ -393,7 +393,7 @@ impl<B: Backend> Instance<B> {
         let Some(mut ev) = event_to_abi(&event.event, &mut scratch) else {
             return 0;
         };
-        let status = self.call_client(p_id, &mut ev);
+        let status = self.call_client(id, p_id, &mut ev);
         if nt_success(status) {
             return 0;
         }
@@ -403,16 +403,21 @@ impl<B: Backend> Instance<B> {
         1
     }
 
-    /// Calls the client's callback (read afresh from its id) at DISPATCH_LEVEL.
-    fn call_client(&self, p_id: *mut IbaCmId, ev: &mut IbaCmEvent) -> i32 {
+    /// Calls the client's callback (read afresh from its id) at DISPATCH_LEVEL, as the
+    /// deliverer of endpoint `id` under its raised identity (`Device::as_deliverer`): a
+    /// `destroy_id` from inside it is deferred, whatever level the delivery began at.
+    fn call_client(&self, id: ClientId, p_id: *mut IbaCmId, ev: &mut IbaCmEvent) -> i32 {
         let Some(callback) = read_callback(p_id) else {
             return 0;
         };
         let mut status = 0;
+        let device = self.backend.device();
         self.backend.at_dispatch(&mut || {
-            // SAFETY: the client's function, called as the header declares it, with its id
-            // and an event that outlives the call.
-            status = unsafe { callback(p_id, ev) };
+            status = device.as_deliverer(id, || {
+                // SAFETY: the client's function, called as the header declares it, with
+                // its id and an event that outlives the call.
+                unsafe { callback(p_id, ev) }
+            });
         });
         status
     }

@@ -9,6 +9,8 @@
 //! - [`verbs`]: RC QPs, CQs and memory regions through libibverbs; a QP is moved to
 //!   INIT, RTR and RTS with exactly the attributes the engine returned (the user
 //!   library's QP transition records), as a Windows verbs provider would apply them.
+//! - [`port_events`]: the device's asynchronous events; the port leaving or becoming
+//!   ACTIVE is told to the engine (the port gone, the port told again).
 //! - [`sysfs`]: which umad device, GID index and CA GUID belong to an RDMA device.
 //!
 //! Nothing here decides anything about a connection: what is not in the engine's records
@@ -17,6 +19,8 @@
 #![warn(missing_docs)]
 #![cfg_attr(not(target_os = "linux"), forbid(unsafe_code))]
 
+#[cfg(target_os = "linux")]
+pub mod port_events;
 #[cfg(target_os = "linux")]
 pub mod sysfs;
 #[cfg(target_os = "linux")]

@@ -780,7 +780,9 @@ impl RcQp {
                 check(rc, "ibv_req_notify_cq")?;
                 continue;
             }
-            if self.wait_event(deadline.saturating_duration_since(now))? {
+            // At most RECHECK at a time: a completion posted without an event (a flush
+            // as the QP goes to ERR, on a provider that raises none for it) is still seen.
+            if self.wait_event(deadline.saturating_duration_since(now).min(RECHECK))? {
                 self.armed.store(false, Ordering::Release);
             }
         }
@@ -825,6 +827,8 @@ impl RcQp {
 
 /// Polls of an empty CQ, each after a yield, before [`RcQp::next`] sleeps on the channel.
 const SPINS_BEFORE_SLEEP: u32 = 16;
+/// The longest sleep on the channel before [`RcQp::next`] polls the CQ again.
+const RECHECK: Duration = Duration::from_millis(50);
 
 impl Drop for RcQp {
     fn drop(&mut self) {
@@ -834,5 +838,37 @@ impl Drop for RcQp {
         unsafe { ibv_destroy_cq(self.cq.as_ptr()) };
         // SAFETY: its only CQ is gone.
         unsafe { ibv_destroy_comp_channel(self.channel.as_ptr()) };
+    }
+}
+
+impl Context {
+    /// The context, for the asynchronous event reader (`port_events`).
+    pub(crate) fn raw(&self) -> *mut ibv_context {
+        self.ctx.as_ptr()
+    }
+
+    /// The context's asynchronous event fd (verbs.h `struct ibv_context::async_fd`).
+    pub(crate) fn async_fd(&self) -> i32 {
+        // SAFETY: `ctx` is open until Drop.
+        unsafe { self.ctx.as_ref() }.async_fd
+    }
+}
+
+impl RcQp {
+    /// Moves the QP to RESET (from any state): its work is gone and it may be connected
+    /// again, with the same QPN.
+    pub fn to_reset(&self) -> io::Result<()> {
+        // SAFETY: plain data, all-zero is valid.
+        let mut attr: ibv_qp_attr = unsafe { std::mem::zeroed() };
+        attr.qp_state = ibv_qp_state::IBV_QPS_RESET;
+        // SAFETY: `qp` is alive; `attr` is valid for the call.
+        let rc = unsafe {
+            ibv_modify_qp(
+                self.qp.as_ptr(),
+                &mut attr,
+                ibv_qp_attr_mask::IBV_QP_STATE.0 as i32,
+            )
+        };
+        check(rc, "ibv_modify_qp to RESET")
     }
 }

@@ -116,6 +116,7 @@ fn established(c: &RcCommon, conn: &Conn) -> Result<(), Failure> {
     // Quiescent: nothing in flight until the data run starts.
     let q = conn.qp.query().map_err(|e| e.to_string())?;
     println!("{}", rc::qp_line("ours", &q));
+    println!("{}", conn.peer_qp.line());
     Ok(())
 }
 

@@ -108,6 +108,12 @@ pub struct Config {
     /// (None: as fast as it can). Modelled: it takes a request, then the next one 1/R
     /// later, so N connections cannot all be up before N/R.
     pub accept_rate: Option<u32>,
+    /// Tear the connections down by a port flap instead of disconnecting them: every
+    /// node's port goes down at once ([`Pump::set_ports_up`]), each side of each
+    /// connection waits for the one event its driver owes it (the DREQ an established
+    /// connection reads a port down as), answers it and waits out timewait. The ports
+    /// stay down when `run` returns; [`port_flap`] brings them back and reconnects.
+    pub port_flap: bool,
 }
 
 impl Default for Config {
@@ -122,6 +128,7 @@ impl Default for Config {
             server: PathEnd::sim_node(1),
             backlog: 4096,
             accept_rate: None,
+            port_flap: false,
         }
     }
 }
@@ -183,9 +190,11 @@ enum Mark {
     Drep,
     TimewaitExit,
     ServerTimewaitExit,
+    /// The server's side heard of the end (its DREQ; a port flap's event).
+    ServerTold,
 }
 
-const MARKS: usize = 8;
+const MARKS: usize = 9;
 
 /// Per-connection timestamps (ns; 0 = not reached).
 #[derive(Default)]
@@ -299,6 +308,21 @@ pub struct Report {
     /// From the first REQ to the last connection established on the server, ns of the
     /// fabric's clock.
     pub time_to_all_ns: u64,
+    /// With [`Config::port_flap`]: what the flap did.
+    pub flap: Option<FlapFigures>,
+}
+
+/// The teardown by port flap, as [`run`] saw it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FlapFigures {
+    /// Sides of connections told by their driver (2 per established connection when all
+    /// went well).
+    pub told: usize,
+    /// From the ports going down until the last side was told, ns of the fabric's clock.
+    pub told_all_ns: u64,
+    /// MADs both drivers sent from the ports going down to the end of the teardown
+    /// (nothing can leave a port that is down: 0).
+    pub sent_while_down: u64,
 }
 
 impl Report {
@@ -469,8 +493,18 @@ pub fn run(
     let setup_cpu = cpu.zip(process_cpu()).map(|(a, b)| b.saturating_sub(a));
     let memory_established = pump.driver_memory();
 
-    // Teardown: every disconnect (DREQ -> DREP) and timewait, on both sides.
+    // Teardown: every disconnect (DREQ -> DREP) and timewait, on both sides; or the
+    // port flap, which tells every connection at once (marked from the moment it fell).
     let wall = std::time::Instant::now();
+    if cfg.port_flap {
+        for (i, _) in &live {
+            sh.mark(*i, Mark::Dreq);
+        }
+        if !pump.set_ports_up(false) {
+            return Err(Error::new("port flap", status::INVALID_DEVICE_REQUEST));
+        }
+    }
+    let sent_at_flap = sent_total(client)? + sent_total(server)?;
     let done = AtomicUsize::new(0);
     let total = live.len();
     let mut shares: Vec<Vec<(usize, ConnectEndpoint)>> = vec![Vec::new(); cfg.threads];
@@ -509,6 +543,12 @@ pub fn run(
     );
     let teardown_wall = wall.elapsed();
     let memory_after = pump.driver_memory();
+    let flap = if cfg.port_flap {
+        let sent = sent_total(client)? + sent_total(server)?;
+        Some(flap_figures(&sh.times, sent.saturating_sub(sent_at_flap)))
+    } else {
+        None
+    };
 
     // The listener goes: its acceptor ends with STATUS_CANCELLED.
     listener.cancel();
@@ -570,6 +610,124 @@ pub fn run(
             .map(|((b, e), a)| [b, e, a]),
         server_memory_peak,
         time_to_all_ns: time_to_all(&sh.times),
+        flap,
+    })
+}
+
+/// MADs a driver has sent, all attributes.
+fn sent_total(p: &Provider) -> Result<u64> {
+    Ok(p.counters()?.sent.iter().sum())
+}
+
+/// Who was told of the flap, and when the last was (from the ports going down, marked as
+/// every connection's DREQ).
+fn flap_figures(times: &[Times], sent_while_down: u64) -> FlapFigures {
+    let down = times
+        .iter()
+        .map(|t| t.get(Mark::Dreq))
+        .filter(|&t| t != 0)
+        .min()
+        .unwrap_or(0);
+    let told: Vec<u64> = times
+        .iter()
+        .flat_map(|t| [t.get(Mark::Drep), t.get(Mark::ServerTold)])
+        .filter(|&t| t != 0)
+        .collect();
+    FlapFigures {
+        told: told.len(),
+        told_all_ns: told
+            .iter()
+            .max()
+            .map_or(0, |&last| last.saturating_sub(down)),
+        sent_while_down,
+    }
+}
+
+/// A port flap and the reconnect after it ([`port_flap`]).
+#[derive(Debug, Clone)]
+pub struct FlapReport {
+    /// The first run, the ordinary way: N set up on a fabric that never flapped (its
+    /// time to all is the ideal the reconnect is held to) and torn down; the drivers'
+    /// memory after it is the baseline (their tables at their working size).
+    pub warm: Report,
+    /// The second: N set up again, then torn down by the ports going down
+    /// ([`Report::flap`]).
+    pub flap: Report,
+    /// The reconnect, once the ports are back: the same N set up again (and torn down the
+    /// ordinary way).
+    pub reconnect: Report,
+    /// Re-sent MADs during the reconnect (both nodes, every attribute), and REQ re-sends
+    /// among them.
+    pub reconnect_retries: (u64, u64),
+    /// The same during the first run (the reference: what the fabric's faults cost a
+    /// fabric that never flapped).
+    pub warm_retries: (u64, u64),
+}
+
+impl FlapReport {
+    /// The reconnect's time to all against the ideal (the first setup of the same N on
+    /// the same fabric): 1.0 means the flap left nothing behind that slows it.
+    pub fn reconnect_ratio(&self) -> f64 {
+        let ideal = self.warm.time_to_all_ns;
+        if ideal == 0 {
+            return 0.0;
+        }
+        self.reconnect.time_to_all_ns as f64 / ideal as f64
+    }
+}
+
+/// A port flap at N live connections: after a first run the ordinary way (the baseline
+/// and the ideal), `cfg.connections` are set up, every node's port goes down (each side of each connection must be told once by its driver, answer, and
+/// wait out timewait: the drivers then hold what they held before), the ports come back,
+/// and all N reconnect, timed against the first setup. `pump` must be able to take the
+/// ports down ([`Pump::set_ports_up`]: the simulated fabric).
+pub fn port_flap(
+    client: &Provider,
+    server: &Provider,
+    pump: &dyn Pump,
+    cfg: &Config,
+    progress: &(dyn Fn(Progress) + Sync),
+) -> Result<FlapReport> {
+    let retries = |p: &Provider, slot: Option<usize>| -> Result<u64> {
+        let c = p.counters()?;
+        Ok(match slot {
+            Some(s) => c.retries.get(s).copied().unwrap_or(0),
+            None => c.retries.iter().sum(),
+        })
+    };
+    // IBA Table 103's attribute IDs from 0x10: the counters' slots.
+    let req = Some(usize::from(u16::from(ibcm_mad::AttributeId::Req) - 0x10));
+    let count = || -> Result<(u64, u64)> {
+        Ok((
+            retries(client, None)? + retries(server, None)?,
+            retries(client, req)?,
+        ))
+    };
+    let since = |a: (u64, u64), b: (u64, u64)| (b.0.saturating_sub(a.0), b.1.saturating_sub(a.1));
+    let up = Config {
+        port_flap: false,
+        ..*cfg
+    };
+    let start = count()?;
+    let warm = run(client, server, pump, &up, progress)?;
+    let warm_retries = since(start, count()?);
+    let down = Config {
+        port_flap: true,
+        ..*cfg
+    };
+    let flap = run(client, server, pump, &down, progress)?;
+    if !pump.set_ports_up(true) {
+        return Err(Error::new("port flap", status::INVALID_DEVICE_REQUEST));
+    }
+    let before = count()?;
+    let reconnect = run(client, server, pump, &up, progress)?;
+    let reconnect_retries = since(before, count()?);
+    Ok(FlapReport {
+        warm,
+        flap,
+        reconnect,
+        reconnect_retries,
+        warm_retries,
     })
 }
 
@@ -782,6 +940,7 @@ fn serve(sh: &Arc<Shared>, req: ConnectionRequest) {
             sh.server.accepted.fetch_add(1, Ordering::AcqRel);
             let teardown = async {
                 Box::pin(ep.notify_disconnect_async()).await?;
+                sh.mark(i, Mark::ServerTold);
                 Box::pin(ep.disconnect_async(&[])).await?;
                 Box::pin(ep.wait_timewait_async()).await
             }
@@ -993,7 +1152,13 @@ fn teardown_share(
     done: &AtomicUsize,
     progress: &(dyn Fn(Progress) + Sync),
 ) -> Share<Result<()>> {
-    let window = (sh.cfg.window / sh.cfg.threads).max(1);
+    // A flap tells every connection at once: all wait for their event together.
+    let window = if sh.cfg.port_flap {
+        list.len().max(1)
+    } else {
+        (sh.cfg.window / sh.cfg.threads).max(1)
+    };
+    let flap = sh.cfg.port_flap;
     let mut list = list.into_iter();
     let mut out = Share::default();
     let report = |d: usize| {
@@ -1015,6 +1180,19 @@ fn teardown_share(
         |port| {
             let (i, ep) = list.next()?;
             let sh2 = Arc::clone(sh);
+            if flap {
+                // Told by the driver (Drep: when), then answered.
+                let (told, ep2) = (ep.notify_disconnect_async(), ep.clone());
+                spawn(
+                    async move {
+                        told.await?;
+                        sh2.mark(i, Mark::Drep);
+                        ep2.disconnect_async(&[]).await
+                    },
+                    &Overlapped::with_port(port, i),
+                );
+                return Some(Some((i, ep)));
+            }
             sh.mark(i, Mark::Dreq);
             let disconnect = ep.disconnect_async(&[]);
             spawn(

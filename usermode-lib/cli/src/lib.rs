@@ -12,6 +12,7 @@
 //!   without it (`ibcm install` / `ibcm uninstall`); `install_windows` edits the
 //!   devnodes with it.
 //! - [`rc`] (feature `verbs`, Linux): connections that carry data, on a real RDMA device.
+//! - [`perftest`] (feature `verbs`, Linux): perftest's rdma_cm mode on such connections.
 #![deny(unsafe_code)]
 #![warn(missing_docs)]
 
@@ -19,6 +20,8 @@ pub mod cmtime;
 pub mod exchange;
 #[cfg(windows)]
 pub mod install_windows;
+#[cfg(all(target_os = "linux", feature = "verbs"))]
+pub mod perftest;
 #[cfg(all(target_os = "linux", feature = "verbs"))]
 pub mod rc;
 #[cfg(target_os = "linux")]

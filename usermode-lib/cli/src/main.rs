@@ -25,7 +25,11 @@ use ibcm_cli::status::{self, ATTRIBUTES};
 use ibcm_ioctl::CountersOut;
 use indicatif::{ProgressBar, ProgressStyle};
 
+#[cfg(all(target_os = "linux", feature = "verbs"))]
+mod cli_fault;
 mod cli_install;
+#[cfg(all(target_os = "linux", feature = "verbs"))]
+mod cli_perftest;
 #[cfg(all(target_os = "linux", feature = "verbs"))]
 mod cli_rc;
 mod cli_rocev2;
@@ -86,6 +90,14 @@ enum Command {
     /// byte verified.
     #[cfg(all(target_os = "linux", feature = "verbs"))]
     RcBw(cli_rc::BwArgs),
+    /// A peer for Linux perftest's `ib_send_bw -R` / `ib_read_bw -R` (rdma_cm mode) in
+    /// either role: its control connection, parameter exchange and report.
+    #[cfg(all(target_os = "linux", feature = "verbs"))]
+    Perftest(cli_perftest::PerftestArgs),
+    /// rping's client while the port goes down under it: the CM event, the QP in ERR,
+    /// nothing left in the engine; then, the port back, a new connection's pings verified.
+    #[cfg(all(target_os = "linux", feature = "verbs"))]
+    PortFault(cli_fault::FaultArgs),
 }
 
 /// A probability in [0, 1].
@@ -253,6 +265,17 @@ struct CmtimeArgs {
     /// the timer DPC would hold a CPU for) and print their percentiles.
     #[arg(long)]
     dpc_times: bool,
+    /// Port flap (simulated fabric): set up --connections, then take both nodes' ports
+    /// down at once (a cable pulled), so every connection's two sides are told by their
+    /// drivers (an established one reads it as the peer's DREQ), answer and wait out
+    /// timewait; then the ports come back and all reconnect. The table shows the time to
+    /// tell every side, the MADs sent while down (0), the reconnect's time to all against
+    /// the ideal (the first setup of the same N), its retries and failures, and the
+    /// drivers' memory at the baseline (after a first run of the same N the ordinary
+    /// way), with all established, after the flap and after the reconnect. Combine with
+    /// --loss, --dup and --reorder for faults.
+    #[arg(long, conflicts_with_all = ["waves", "accept_rate"])]
+    port_flap: bool,
     #[command(flatten)]
     fabric: FabricArgs,
     #[command(flatten)]
@@ -348,6 +371,10 @@ fn main() -> ExitCode {
         Command::RcBw(a) => cli_rc::bw(&a),
         #[cfg(all(target_os = "linux", feature = "verbs"))]
         Command::Ucmatose(a) => cli_rc::ucmatose(&a),
+        #[cfg(all(target_os = "linux", feature = "verbs"))]
+        Command::Perftest(a) => cli_perftest::perftest(&a),
+        #[cfg(all(target_os = "linux", feature = "verbs"))]
+        Command::PortFault(a) => cli_fault::port_fault(&a),
     };
     match result {
         Ok(true) => ExitCode::SUCCESS,
@@ -504,6 +531,21 @@ fn cmtime_command(a: &CmtimeArgs) -> Result<bool, Failure> {
     if a.dpc_times {
         sim.time_dpcs();
     }
+    if a.port_flap {
+        let flap = cmtime::port_flap(&client, &server, &sim, &cfg, &on_progress)?;
+        if let Some(b) = &bar {
+            b.finish_and_clear();
+        }
+        let ok = print_flap(&flap);
+        if a.dpc_times {
+            print_dpc_times(&sim);
+        }
+        print_faults(&sim);
+        print_counters(&[("client (node 0)", &client), ("server (node 1)", &server)]);
+        drop((client, server));
+        write_capture(&a.fabric, &sim)?;
+        return Ok(check_driver(&sim) && ok);
+    }
     let mut report = cmtime::run(&client, &server, &sim, &cfg, &on_progress)?;
     let mut all_established = report.established == report.connections;
     if a.waves > 1 {
@@ -610,8 +652,127 @@ fn ms(ns: u64) -> String {
     format!("{:.1} ms", ns as f64 / 1e6)
 }
 
+fn ms3(ns: u64) -> String {
+    format!("{:.3} ms", ns as f64 / 1e6)
+}
+
 fn us(ns: u64) -> String {
     format!("{:.1}", ns as f64 / 1e3)
+}
+
+/// The port flap's table; true if every side was told, nothing was sent while the ports
+/// were down, all reconnected and nothing failed.
+fn print_flap(f: &cmtime::FlapReport) -> bool {
+    let n = f.flap.connections;
+    let figures = f.flap.flap.unwrap_or(cmtime::FlapFigures {
+        told: 0,
+        told_all_ns: 0,
+        sent_while_down: 0,
+    });
+    let failures = |r: &Report| r.failures.values().sum::<usize>();
+    println!();
+    println!(
+        "port flap: {n} connections (after a first run of {n} the ordinary way: the \
+         baseline), both nodes' ports down at once, then back"
+    );
+    println!("{:<44} {:>14} {:>14}", "", "measured", "ideal");
+    println!(
+        "{:<44} {:>14} {:>14}",
+        "connections established before the flap", f.flap.established, n
+    );
+    println!(
+        "{:<44} {:>14} {:>14}",
+        "sides told by their driver (once each)",
+        figures.told,
+        2 * f.flap.established
+    );
+    println!(
+        "{:<44} {:>14} {:>14}",
+        "time to tell every side",
+        ms3(figures.told_all_ns),
+        ms3(0)
+    );
+    println!(
+        "{:<44} {:>14} {:>14}",
+        "MADs sent while the ports were down", figures.sent_while_down, 0
+    );
+    println!(
+        "{:<44} {:>14} {:>14}",
+        "sides that ended cleanly (told, DREP, timewait)",
+        f.flap
+            .outcomes
+            .iter()
+            .map(|c| usize::from(c.client == cmtime::Outcome::Complete)
+                + usize::from(c.server == cmtime::Outcome::Complete))
+            .sum::<usize>(),
+        2 * n
+    );
+    println!(
+        "{:<44} {:>14} {:>14}",
+        "reconnected (established on both sides)", f.reconnect.established, n
+    );
+    println!(
+        "{:<44} {:>14} {:>14}",
+        "time to all reconnected (ideal: first setup)",
+        ms3(f.reconnect.time_to_all_ns),
+        ms3(f.warm.time_to_all_ns)
+    );
+    println!(
+        "{:<44} {:>14.2} {:>14}",
+        "reconnect / ideal",
+        f.reconnect_ratio(),
+        "1.00"
+    );
+    println!(
+        "{:<44} {:>14} {:>14}",
+        "retries, all MADs; REQs (ideal: first run's)",
+        format!("{}; {}", f.reconnect_retries.0, f.reconnect_retries.1),
+        format!("{}; {}", f.warm_retries.0, f.warm_retries.1)
+    );
+    println!(
+        "{:<44} {:>14} {:>14}",
+        "failures (flap; reconnect)",
+        format!("{}; {}", failures(&f.flap), failures(&f.reconnect)),
+        "0; 0"
+    );
+    for (what, r) in [("flap", &f.flap), ("reconnect", &f.reconnect)] {
+        for (reason, count) in &r.failures {
+            println!("  {what}: {count} x {reason}");
+        }
+    }
+    if let (Some([_, _, before]), Some([_, established, after]), Some([_, again, last])) = (
+        &f.warm.driver_memory,
+        &f.flap.driver_memory,
+        &f.reconnect.driver_memory,
+    ) {
+        let kb = |m: &[DriverMemory]| DriverMemory::sum(m).total() / 1024;
+        println!(
+            "{:<44} {:>14} {:>14}",
+            "driver memory, both nodes (KB): baseline",
+            kb(before),
+            ""
+        );
+        println!("{:<44} {:>14}", "  all established", kb(established));
+        println!(
+            "{:<44} {:>14} {:>14}",
+            "  after the flap (all out of timewait)",
+            kb(after),
+            kb(before)
+        );
+        println!("{:<44} {:>14}", "  all reconnected", kb(again));
+        println!(
+            "{:<44} {:>14} {:>14}",
+            "  after the reconnect's teardown",
+            kb(last),
+            kb(before)
+        );
+    }
+    figures.told == 2 * n
+        && figures.sent_while_down == 0
+        && f.flap.established == n
+        && f.reconnect.established == n
+        && f.flap.failures.is_empty()
+        && f.reconnect.failures.is_empty()
 }
 
 fn print_report(r: &Report, cfg: &cmtime::Config) {

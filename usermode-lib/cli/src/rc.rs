@@ -24,9 +24,10 @@ use std::time::{Duration, Instant};
 
 use ibcm::backend::rdma::Device;
 use ibcm::{
-    AcceptParams, ConnectEndpoint, ConnectParams, Failover, IpServiceId, ListenParams, Provider,
-    QpState, Transport,
+    AcceptParams, ConnectEndpoint, ConnectParams, Failover, IpServiceId, ListenParams, Listener,
+    Provider, QpState, Transport,
 };
+use ibcm_linux::port_events::PortEvents;
 use ibcm_linux::umad::{UmadConfig, UmadPort};
 use ibcm_linux::verbs::{Completion, Context, QpQuery, RcQp, Region};
 
@@ -43,7 +44,7 @@ type Res<T> = std::result::Result<T, String>;
 
 /// A device with ibcm on its QP1 (the user library's `rdma` backend) and a verbs context.
 pub struct Rc {
-    /// The driver on the device (QP1 through ib_umad) and its verbs context.
+    /// The driver on the device (QP1 through ib_umad, port events), its verbs context.
     pub device: Arc<Device>,
     /// A provider (an open handle) on it.
     pub provider: Provider,
@@ -74,6 +75,11 @@ impl Rc {
     pub fn port(&self) -> &UmadPort {
         self.device.port()
     }
+
+    /// The device's port events, told to the engine.
+    pub fn events(&self) -> &PortEvents {
+        self.device.events()
+    }
 }
 
 /// A connection with its QP.
@@ -90,6 +96,8 @@ pub struct Conn {
     /// Each step of the setup and when it ended, from the REQ sent (active) or taken
     /// from the listener (passive).
     pub steps: Steps,
+    /// The peer's QP as a Linux CM sets it from this connection's REQ and REP.
+    pub peer_qp: LinuxQp,
 }
 
 /// The steps of a connection's setup, each with the time it ended since the start.
@@ -137,6 +145,40 @@ impl Steps {
     }
 }
 
+/// What a Linux peer's CM puts on its QP, from the connection's REQ and REP (the REP's
+/// read limits, IBA Table 110; the REQ's PathMTU, Table 106):
+///
+/// - read limits, Linux passive (we connect): its REP's own values. librdmacm's
+///   `rdma_accept` takes the application's numbers as given (rdma-core v44.0
+///   librdmacm/cma.c:1918-1936) and modifies the QP with them; the kernel's REP carries the
+///   same (cm.c `cm_format_rep`).
+/// - read limits, Linux active (we accept): our REP's, crossed. librdmacm leaves the
+///   kernel's values (cma.c:2346-2350, the RDMA_MAX_* sentinels), which cm.c's
+///   `cm_rep_handler` takes from the REP crossed (initiator depth := REP
+///   ResponderResources, responder resources := REP InitiatorDepth) and
+///   `cm_init_qp_rtr_attr` / `cm_init_qp_rts_attr` apply.
+/// - path MTU, either role: the REQ's PathMTU (passive: `cm_req_handler` keeps it for
+///   `cm_init_qp_rtr_attr`; active: the path the REQ was formatted from).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LinuxQp {
+    /// RDMA READs it issues at once.
+    pub max_rd_atomic: u8,
+    /// RDMA READs it serves at once.
+    pub max_dest_rd_atomic: u8,
+    /// Path MTU code.
+    pub path_mtu: u8,
+}
+
+impl LinuxQp {
+    /// One line for the harness.
+    pub fn line(&self) -> String {
+        format!(
+            "qp-linux-cm max_rd_atomic={} max_dest_rd_atomic={} path_mtu={}",
+            self.max_rd_atomic, self.max_dest_rd_atomic, self.path_mtu
+        )
+    }
+}
+
 /// The read limits and timing of a connection.
 #[derive(Debug, Clone, Copy)]
 pub struct Limits {
@@ -162,6 +204,18 @@ pub fn connect(
     before_rtu: impl FnOnce(&RcQp) -> Res<()>,
 ) -> Res<Conn> {
     let qp = RcQp::create(&rc.ctx, QP_DEPTH).map_err(|e| e.to_string())?;
+    connect_qp(rc, qp, peer, rdma_port, limits, before_rtu)
+}
+
+/// [`connect`] with the caller's QP.
+pub fn connect_qp(
+    rc: &Rc,
+    qp: RcQp,
+    peer: Ipv4Addr,
+    rdma_port: u16,
+    limits: &Limits,
+    before_rtu: impl FnOnce(&RcQp) -> Res<()>,
+) -> Res<Conn> {
     let local = rc.port().local();
     let private_data =
         rdma_cm_private_data(local, peer, 0xc000 | (std::process::id() as u16 & 0x3fff));
@@ -207,12 +261,19 @@ pub fn connect(
     steps.end("post-recv");
     ep.rtu(&[]).map_err(|e| format!("rtu: {}", describe(&e)))?;
     steps.end("RTU");
+    // The peer is passive: its REP's own values (LinuxQp).
+    let peer_qp = LinuxQp {
+        max_rd_atomic: reply.peer_initiator_depth,
+        max_dest_rd_atomic: reply.peer_responder_resources,
+        path_mtu: u8::from(PATH_MTU),
+    };
     Ok(Conn {
         ep,
         qp,
         setup: steps.elapsed(),
         answer,
         steps,
+        peer_qp,
     })
 }
 
@@ -226,6 +287,13 @@ pub fn accept(
     before_rep: impl FnOnce(&RcQp) -> Res<()>,
     log: &dyn Fn(String),
 ) -> Res<Conn> {
+    let listener = listen(rc, rdma_port, log)?;
+    let qp = RcQp::create(&rc.ctx, QP_DEPTH).map_err(|e| e.to_string())?;
+    accept_qp(&listener, qp, limits, wait, before_rep, log)
+}
+
+/// Listens on RDMA-CM TCP port `rdma_port`.
+pub fn listen(rc: &Rc, rdma_port: u16, log: &dyn Fn(String)) -> Res<Listener> {
     let service_id = IpServiceId::tcp(rdma_port).to_service_id();
     let listener = rc
         .provider
@@ -238,6 +306,19 @@ pub fn accept(
         })
         .map_err(|e| describe(&e))?;
     log(format!("listening on service ID {service_id:#018x}"));
+    Ok(listener)
+}
+
+/// [`accept`] on the caller's listener (cancelled once the REP is answered) with the
+/// caller's QP.
+pub fn accept_qp(
+    listener: &Listener,
+    qp: RcQp,
+    limits: &Limits,
+    wait: Duration,
+    before_rep: impl FnOnce(&RcQp) -> Res<()>,
+    log: &dyn Fn(String),
+) -> Res<Conn> {
     let req = crate::exchange::bounded(wait, || listener.cancel(), listener.get_request_async())
         .map_err(|e| format!("no REQ: {}", describe(&e)))?;
     let mut steps = Steps::start();
@@ -245,17 +326,23 @@ pub fn accept(
         "REQ from CA {:#018x}, QPN {:#x}, responder resources {}, initiator depth {}",
         req.remote_ca_guid, req.remote_qpn, req.peer_responder_resources, req.peer_initiator_depth
     ));
-    let qp = RcQp::create(&rc.ctx, QP_DEPTH).map_err(|e| e.to_string())?;
-    steps.end("qp-create");
     let ep = req.endpoint;
     // IBA 12.7.29/12.7.30 (REP): responder resources no more than the REQ's initiator
     // depth, initiator depth no more than the REQ's responder resources.
+    let responder_resources = limits.responder_resources.min(req.peer_initiator_depth);
+    let initiator_depth = limits.initiator_depth.min(req.peer_responder_resources);
+    // The peer is active: our REP crossed, the REQ's MTU (LinuxQp).
+    let peer_qp = LinuxQp {
+        max_rd_atomic: responder_resources,
+        max_dest_rd_atomic: initiator_depth,
+        path_mtu: u8::from(req.path_mtu),
+    };
     let t = ep
         .prepare_accept(&AcceptParams {
             qpn: qp.qpn(),
             starting_psn: None,
-            responder_resources: limits.responder_resources.min(req.peer_initiator_depth),
-            initiator_depth: limits.initiator_depth.min(req.peer_responder_resources),
+            responder_resources,
+            initiator_depth,
             rnr_retry_count: 7,
             failover_accepted: Failover::NotSupported,
             flow_control: true,
@@ -283,6 +370,7 @@ pub fn accept(
         setup: steps.elapsed(),
         answer,
         steps,
+        peer_qp,
     })
 }
 

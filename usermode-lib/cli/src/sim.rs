@@ -50,6 +50,12 @@ pub trait Pump: Sync {
     fn driver_memory(&self) -> Option<Vec<DriverMemory>> {
         None
     }
+    /// Takes every node's port down (`up` false: the link flaps) or brings it back, if
+    /// this pump can (the simulated fabric); false if it cannot.
+    fn set_ports_up(&self, up: bool) -> bool {
+        let _ = up;
+        false
+    }
 }
 
 /// The heap a simulated node's driver holds, by part: the capacities of the engine's and
@@ -309,6 +315,15 @@ impl Sim {
 impl Pump for Sim {
     fn driver_memory(&self) -> Option<Vec<DriverMemory>> {
         Some(Sim::driver_memory(self))
+    }
+
+    fn set_ports_up(&self, up: bool) -> bool {
+        self.with_fabric(|f| {
+            for i in 0..f.nodes.len() {
+                f.set_port_up(i, up);
+            }
+        });
+        true
     }
 
     fn now_ns(&self) -> u64 {

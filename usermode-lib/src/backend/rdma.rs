@@ -21,14 +21,19 @@
 use std::io;
 use std::sync::Arc;
 
+use ibcm_linux::port_events::PortEvents;
 use ibcm_linux::umad::{UmadConfig, UmadPort};
 use ibcm_linux::verbs::Context;
 
 use super::inproc::InProcess;
 use super::{Backend, OnComplete};
 
-/// A real RDMA port with the driver on its QP1, and the device's verbs context.
+/// A real RDMA port with the driver on its QP1, the device's verbs context, and its port
+/// events told to the driver (a port going down ends its connections, as the KMDF
+/// binding's IB_PNP_PORT_DOWN does).
 pub struct Device {
+    // Stopped first: no port event reaches a driver that is going.
+    events: PortEvents,
     port: UmadPort,
     verbs: Arc<Context>,
 }
@@ -42,15 +47,22 @@ impl core::fmt::Debug for Device {
 }
 
 impl Device {
-    /// Starts the driver on `config.device`'s port `config.port` (ib_umad) and opens the
-    /// device's verbs context. Fails when the port has no umad device, the CM class is
+    /// Starts the driver on `config.device`'s port `config.port` (ib_umad), opens the
+    /// device's verbs context and starts reading its port events. Fails when the port has no umad device, the CM class is
     /// taken (the kernel's `ib_cm` is loaded), or the local address has no RoCEv2 GID.
     pub fn start(config: &UmadConfig) -> io::Result<Arc<Self>> {
         let port = UmadPort::start(config)
             .map_err(|e| io::Error::new(e.kind(), format!("ib_umad on {}: {e}", config.device)))?;
         let verbs = Context::open(&config.device, config.port)
             .map_err(|e| io::Error::new(e.kind(), format!("verbs on {}: {e}", config.device)))?;
-        Ok(Arc::new(Self { port, verbs }))
+        let events = PortEvents::start(Arc::clone(&verbs), port.node()).map_err(|e| {
+            io::Error::new(e.kind(), format!("port events on {}: {e}", config.device))
+        })?;
+        Ok(Arc::new(Self {
+            events,
+            port,
+            verbs,
+        }))
     }
 
     /// The port: its CA GUID, GID index, address, paths and counters.
@@ -61,6 +73,11 @@ impl Device {
     /// The device's verbs context (QPs, CQs, memory regions).
     pub fn verbs(&self) -> &Arc<Context> {
         &self.verbs
+    }
+
+    /// The port events told to the driver so far.
+    pub fn events(&self) -> &PortEvents {
+        &self.events
     }
 }
 

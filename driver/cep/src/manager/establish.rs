@@ -92,6 +92,17 @@ impl CmManager {
             self.backlog_drop(AttributeId::Req);
             return;
         }
+        if self.wait_too_long(now) {
+            // Refused before a CEP is taken: the sender learns now (waiting.rs).
+            self.reply_rej(
+                src,
+                tid,
+                req.local_comm_id,
+                MessageKind::Req,
+                RejReason::NoResources,
+            );
+            return;
+        }
         let Ok(id) = self.alloc_received() else {
             self.backlog_drop(AttributeId::Req);
             return;

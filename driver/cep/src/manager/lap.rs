@@ -254,6 +254,9 @@ impl CmManager {
     /// the port's GIDs and LIDs if [`Self::set_port`] told them.
     pub fn remove_port(&mut self, port: u8) {
         self.forget_port_address(port);
+        // A port added again under this number starts up (AL reports its state right
+        // after IB_PNP_PORT_ADD, ib_al.h).
+        self.down.set(port, false);
         let hit: alloc::vec::Vec<CepId> = self
             .slots
             .iter()

@@ -80,6 +80,7 @@ impl CmManager {
         if self.state_of(id)? != State::Idle {
             return Err(self.invalid(id));
         }
+        self.check_port_up(p.port)?;
         check_width("qpn", p.qpn.into(), 24)?;
         // The REQ the passive side would refuse (WinOF `__req_handler`): never send it.
         if p.qpn == 0 {
@@ -188,13 +189,38 @@ impl CmManager {
 
     /// Sends an MRA for the REQ (passive) or the REP (active) just received: once per
     /// message, before or after the pre-REP.
+    ///
+    /// After the manager's own MRA for a REQ its owner had not answered (waiting.rs), the
+    /// owner's replaces it: it is kept for the repeats a duplicate REQ asks for, and not
+    /// sent now, since a sender drops a second MRA for the same REQ (AL `__mra_handler`,
+    /// al_cm_cep.c:1382-1386; Linux `cm_mra_handler` in IB_CM_MRA_REQ_RCVD counts it a
+    /// duplicate). A second MRA of the owner's own fails as before.
     pub fn mra(
         &mut self,
         id: CepId,
         service_timeout: u8,
         private_data: &[u8],
     ) -> Result<(), CmError> {
-        let next = match self.state_of(id)? {
+        let state = self.state_of(id)?;
+        if matches!(
+            state,
+            State::ReqRcvd { mra_sent: true } | State::RepPrepared { mra_sent: true }
+        ) && self.user_cep(id)?.mra_by_manager
+        {
+            check_max("service_timeout", service_timeout, 31)?;
+            check_len(
+                "private_data",
+                private_data.len(),
+                ibcm_mad::MRA_PRIVATE_DATA_SIZE,
+            )?;
+            let held = self.store(private_data)?;
+            self.keep_mra(id, held);
+            let c = self.cep_mut(id).ok_or(CmError::UnknownCep)?;
+            c.mra_service_timeout = service_timeout;
+            c.mra_by_manager = false;
+            return Ok(());
+        }
+        let next = match state {
             State::ReqRcvd { mra_sent: false } => State::ReqRcvd { mra_sent: true },
             State::RepPrepared { mra_sent: false } => State::RepPrepared { mra_sent: true },
             State::RepRcvd { mra_sent: false } => State::RepRcvd { mra_sent: true },

@@ -59,6 +59,11 @@ impl CmManager {
     /// address). Malformed MADs, unknown CEPs and wrong states are counted and dropped;
     /// nothing here panics or allocates once the manager is warm.
     pub fn handle_mad(&mut self, now: Instant, src: &MadAddress, mad: &[u8]) {
+        // A port that is down receives nothing (link.rs): a MAD said to come from it
+        // was in flight before it went down.
+        if self.down.contains(src.port) {
+            return;
+        }
         let parsed = match CmMad::parse(mad) {
             Ok(m) => m,
             Err(e) => {

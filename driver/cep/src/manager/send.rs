@@ -18,6 +18,11 @@ use super::{CmManager, Transmit, cached, guid_ari};
 
 impl CmManager {
     pub(super) fn push_mad(&mut self, dest: MadAddress, header: MadHeader, message: CmMessage<'_>) {
+        // A port that is down sends nothing (link.rs), here and in `resend`: what was
+        // owed is re-sent by its retries or answered again by the peer's, once it is back.
+        if self.down.contains(dest.port) {
+            return;
+        }
         let attr = message.attribute_id();
         let mad = CmMad { header, message };
         let mut buf = [0u8; MAD_SIZE];
@@ -101,6 +106,9 @@ impl CmManager {
         let Some(c) = self.cep_any(id) else { return };
         let header = MadHeader::send(c.tid);
         let dest = c.dest;
+        if self.down.contains(dest.port) {
+            return;
+        }
         let ids = CommIds {
             local_comm_id: self.local_comm_id(id),
             remote_comm_id: c.remote_comm_id,
@@ -182,7 +190,12 @@ impl CmManager {
     pub(super) fn send_held(&mut self, id: CepId, attr: AttributeId, held: Held) {
         self.keep_cached(id, attr, held);
         self.resend(id, attr);
-        Counters::bump(&mut self.counters.sent, attr);
+        if self
+            .cep_any(id)
+            .is_some_and(|c| !self.down.contains(c.dest.port))
+        {
+            Counters::bump(&mut self.counters.sent, attr);
+        }
     }
 
     pub(super) fn send_rej_for(&mut self, id: CepId, reason: RejReason, message: MessageKind) {

@@ -60,6 +60,7 @@ impl CmManager {
         if self.user_cep(id)?.state != State::Idle {
             return Err(self.invalid(id));
         }
+        self.check_port_up(p.port)?;
         crate::error::check_max("timeout", p.timeout, 31)?;
         crate::error::check_max("max_retries", p.max_retries, 15)?;
         check_len(

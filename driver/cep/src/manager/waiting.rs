@@ -28,8 +28,23 @@
 //! whenever it is sent, and a lost REP is re-sent by the server's own retries. It costs
 //! only when the server stops answering (its peer then waits longer to find out).
 //!
+//! A wait too long to ask for is refused instead (IBA 12.6.7.2, Table 112 reason 3,
+//! "no resources available"): a REQ whose expected wait, the REQs unanswered ahead of it
+//! times the answer interval, is past [`CmConfig::max_request_wait_ns`] gets REJ(
+//! NoResources) on arrival, before any CEP is taken for it. Its sender learns at once,
+//! within one round trip, that this server is saturated and can try another or later,
+//! where a silent drop would cost it its whole retry budget; the REQs already held keep
+//! their places. Under a sustained overload the REQs held stay at most the longest wait
+//! times the answer rate. A burst that arrives before the busy period's first answer is
+//! held whole (nothing tells the rate yet; the backlog bounds it), and its MRAs ask for
+//! what the rate then shows. Linux drops a REQ past ucma's backlog silently
+//! (cm-anchors.md #6) and WinOF's CM holds every one: both leave the sender to find out
+//! through its retries.
+//!
 //! Nothing is allocated: the state is three counters and the CEP's own timer (the timer
 //! heap keeps room for two entries per CEP).
+//!
+//! [`CmConfig::max_request_wait_ns`]: crate::CmConfig::max_request_wait_ns
 
 use ibcm_mad::AttributeId;
 
@@ -85,23 +100,47 @@ impl Waiting {
         }
     }
 
-    /// The wait a REQ unanswered now can expect, ns; None before the first answer of
-    /// the busy period (nothing tells the rate yet).
-    fn expected_wait_ns(&self, now: Instant) -> Option<u64> {
+    /// The interval between answers over the current busy period, ns; None before its
+    /// first answer (nothing tells the rate yet).
+    fn answer_interval_ns(&self, now: Instant) -> Option<u64> {
         let busy = now.as_nanos().saturating_sub(self.busy_since.as_nanos());
         let answered = self.answers.wrapping_sub(self.answers_then);
-        if answered == 0 {
-            return None;
+        (answered != 0).then(|| busy / answered)
+    }
+
+    /// The wait a REQ unanswered now can expect, doubled for safety (what its MRA asks
+    /// for), ns; None before the first answer of the busy period.
+    fn expected_wait_ns(&self, now: Instant) -> Option<u64> {
+        self.answer_interval_ns(now).map(|i| {
+            i.saturating_mul(u64::from(self.unanswered.max(1)))
+                .saturating_mul(2)
+        })
+    }
+
+    /// Whether a REQ arriving now would wait past `max_ns`: behind every REQ unanswered
+    /// now, at the busy period's answer interval. Never before the period's first answer,
+    /// and never with nothing unanswered: the REQ then starts a busy period of its own,
+    /// and the last one's interval (idle time included) says nothing about it.
+    fn too_long(&self, now: Instant, max_ns: u64) -> bool {
+        if self.unanswered == 0 {
+            return false;
         }
-        Some(
-            (busy / answered)
-                .saturating_mul(u64::from(self.unanswered.max(1)))
-                .saturating_mul(2),
-        )
+        self.answer_interval_ns(now).is_some_and(|i| {
+            i.saturating_mul(u64::from(self.unanswered).saturating_add(1)) > max_ns
+        })
     }
 }
 
 impl CmManager {
+    /// Whether a REQ arriving now would wait longer than this side may ask of its sender
+    /// ([`CmConfig::max_request_wait_ns`](crate::CmConfig::max_request_wait_ns)): the
+    /// caller refuses it with REJ(NoResources) (IBA Table 112 reason 3).
+    pub(super) fn wait_too_long(&self, now: Instant) -> bool {
+        self.config
+            .max_request_wait_ns
+            .is_some_and(|max| self.waiting.too_long(now, max))
+    }
+
     /// A REQ became CEP `id`'s (REQ_RCVD, from a listen): if its sender would retry
     /// before it is answered, the timer sends an MRA at half its response timeout.
     pub(super) fn await_answer(&mut self, now: Instant, id: CepId) {
@@ -143,6 +182,7 @@ impl CmManager {
         let service_timeout = service_timeout_for(wait);
         if let Some(c) = self.cep_mut(id) {
             c.mra_service_timeout = service_timeout;
+            c.mra_by_manager = true;
         }
         self.resend(id, AttributeId::Mra);
         Counters::bump(&mut self.counters.sent, AttributeId::Mra);

@@ -729,6 +729,40 @@ impl<P: Platform> Device<P> {
         value
     }
 
+    /// Runs `f`, the callback of endpoint `id` that a delivery is running, under the
+    /// identity the callback has now. A delivery takes its identity at the level it
+    /// began (below DISPATCH_LEVEL: the thread), but a binding calls its clients raised
+    /// (iba_cm's callbacks run at DISPATCH_LEVEL, as AL's do), where the identity is the
+    /// processor; a `destroy_id` of its own id or a downcall from inside the callback
+    /// must still know itself as the deliverer, or the destroy would wait for the very
+    /// callback it runs in (review of issue 27, H1). While raised, no other context can
+    /// take this processor's identity: a DPC on it waits for the raise to end.
+    pub fn as_deliverer<T>(&self, id: ClientId, f: impl FnOnce() -> T) -> T {
+        let me = self.platform.current_thread();
+        let was = self.inner.with(|i| {
+            let ep = i.clients.table.get_mut(id.0)?;
+            let was = ep.delivering.filter(|t| *t != me)?;
+            ep.delivering = Some(me);
+            // Room for 64 identities was made by `reserve_clients`.
+            i.clients.delivering_threads.push(me);
+            Some(was)
+        });
+        let value = f();
+        if let Some(was) = was {
+            self.inner.with(|i| {
+                if let Some(pos) = i.clients.delivering_threads.iter().position(|t| *t == me) {
+                    i.clients.delivering_threads.swap_remove(pos);
+                }
+                if let Some(ep) = i.clients.table.get_mut(id.0)
+                    && ep.delivering == Some(me)
+                {
+                    ep.delivering = Some(was);
+                }
+            });
+        }
+        value
+    }
+
     /// Whether kernel-client events wait for a delivery.
     pub fn client_callbacks_pending(&self) -> bool {
         self.inner.with(|i| !i.clients.ready.is_empty())

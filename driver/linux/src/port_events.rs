@@ -1,0 +1,129 @@
+//! The port's state, from the device's asynchronous events, told to the engine.
+//!
+//! The engine knows a port as told ([`Device::set_port`](ibcm_endpoint::Device::set_port):
+//! its LID and GIDs are this CA's) or gone ([`Device::remove_port`](ibcm_endpoint::Device::remove_port):
+//! every CEP bound to it hears DEVICE_REMOVAL, its timers stop, nothing more is sent for
+//! it). A port leaving ACTIVE (`IBV_EVENT_PORT_ERR`; rdma_rxe raises it when its netdev
+//! goes down) is the port gone, a port becoming ACTIVE again (`IBV_EVENT_PORT_ACTIVE`) is
+//! the port told again with the node's address, as at start. The events are read from the
+//! context's async fd (`ibv_get_async_event`, each acknowledged with
+//! `ibv_ack_async_event`, libibverbs' contract); the other events are only counted.
+
+use std::io;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::thread::JoinHandle;
+
+use ibcm_host::Node;
+use rdma_sys::{ibv_ack_async_event, ibv_async_event, ibv_event_type, ibv_get_async_event};
+
+use crate::verbs::Context;
+
+/// What the event thread saw.
+#[derive(Debug, Default)]
+struct Counts {
+    port_err: AtomicU64,
+    port_active: AtomicU64,
+    other: AtomicU64,
+}
+
+/// How many port events were told to the engine.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PortEventCounts {
+    /// `IBV_EVENT_PORT_ERR` on the node's port: `remove_port`.
+    pub port_err: u64,
+    /// `IBV_EVENT_PORT_ACTIVE` on the node's port: `set_port`.
+    pub port_active: u64,
+    /// Every other event (other ports, QP and CQ events).
+    pub other: u64,
+}
+
+/// The thread that reads the device's asynchronous events.
+pub struct PortEvents {
+    counts: Arc<Counts>,
+    stop: Arc<AtomicBool>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl PortEvents {
+    /// Starts reading `ctx`'s events for `node`'s port.
+    pub fn start(ctx: Arc<Context>, node: Arc<Node>) -> io::Result<Self> {
+        let counts = Arc::new(Counts::default());
+        let stop = Arc::new(AtomicBool::new(false));
+        let thread = {
+            let (counts, stop) = (Arc::clone(&counts), Arc::clone(&stop));
+            std::thread::Builder::new()
+                .name("ibcm-port-events".into())
+                .spawn(move || event_loop(&ctx, &node, &counts, &stop))?
+        };
+        Ok(Self {
+            counts,
+            stop,
+            thread: Some(thread),
+        })
+    }
+
+    /// The events so far.
+    pub fn counts(&self) -> PortEventCounts {
+        PortEventCounts {
+            port_err: self.counts.port_err.load(Ordering::Relaxed),
+            port_active: self.counts.port_active.load(Ordering::Relaxed),
+            other: self.counts.other.load(Ordering::Relaxed),
+        }
+    }
+}
+
+impl Drop for PortEvents {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// The poll interval: how long the thread takes to see `stop`.
+const POLL_MS: i32 = 100;
+
+fn event_loop(ctx: &Context, node: &Node, counts: &Counts, stop: &AtomicBool) {
+    let port = node.address.port;
+    while !stop.load(Ordering::Relaxed) {
+        let mut fds = libc::pollfd {
+            fd: ctx.async_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: one valid pollfd for the call.
+        let n = unsafe { libc::poll(&mut fds, 1, POLL_MS) };
+        if n <= 0 || fds.revents & libc::POLLIN == 0 {
+            continue;
+        }
+        // SAFETY: plain data, all-zero is valid; filled by the call.
+        let mut ev: ibv_async_event = unsafe { std::mem::zeroed() };
+        // SAFETY: the context is open (the Arc keeps it); the fd is readable, so the call
+        // does not block.
+        if unsafe { ibv_get_async_event(ctx.raw(), &mut ev) } != 0 {
+            continue;
+        }
+        let kind = ev.event_type;
+        // SAFETY: port events carry the port number in the union (verbs.h).
+        let on_port = |ev: &ibv_async_event| unsafe { ev.element.port_num } == i32::from(port);
+        match kind {
+            ibv_event_type::IBV_EVENT_PORT_ERR if on_port(&ev) => {
+                counts.port_err.fetch_add(1, Ordering::Relaxed);
+                node.device.remove_port(port);
+            }
+            ibv_event_type::IBV_EVENT_PORT_ACTIVE if on_port(&ev) => {
+                counts.port_active.fetch_add(1, Ordering::Relaxed);
+                let a = &node.address;
+                // As at start (ibcm_host::Node::new): a RoCE port, one GID, no LMC.
+                let _ = node.device.set_port(port, a.lid, 0, &[a.gid]);
+            }
+            _ => {
+                counts.other.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        // SAFETY: `ev` came from ibv_get_async_event and is acknowledged once.
+        unsafe { ibv_ack_async_event(&mut ev) };
+    }
+}

@@ -1,0 +1,740 @@
+//! perftest's rdma_cm mode (`ib_send_bw -R`, `ib_read_bw -R`), so either side of a
+//! bandwidth run can be Linux perftest. The source is perftest 4.5-0.17 (linux-rdma/perftest
+//! tag `v4.5-0.17`, Debian bookworm's `perftest 4.5+0.17-1`; its version string is
+//! configure.ac:32's "6.06"); `pc.c` below is its src/perftest_communication.c, `pr.c`
+//! src/perftest_resources.c, `pr.h` src/perftest_resources.h.
+//!
+//! With `-R` perftest makes two rdma_cm connections to the same TCP port space port:
+//!
+//! 1. A control connection (pc.c:1230-1290 `create_comm_struct`: an RC QP, verb SEND, one
+//!    receive of `sizeof(struct pingpong_dest)` = 56 bytes posted before the connection is
+//!    established, pc.c:156-180 and pc.c:1043/1181). Every exchange on it is one SEND each
+//!    way, the client's first (pc.c:1465-1495 `ctx_xchg_data_rdma`, pc.c:1380-1425
+//!    `ctx_hand_shake`); each side reposts its receive right after a message arrives
+//!    (pc.c:1515, pc.c:531). The control connection asks no read limits (pc.c:1032-1036:
+//!    only READ and ATOMIC set them).
+//! 2. The data connection (pc.c:2714-2760 `create_rdma_cm_connection`): a handshake, the
+//!    client's `rdma_connect` with responder resources = initiator depth = `out_reads`
+//!    (pc.c:2290-2293, the server's `rdma_accept` the same, pc.c:2360-2363; `-o`, or the
+//!    device's `max_qp_rd_atom`, pr.c `ctx_set_out_reads`) retried 10 times 100 ms apart
+//!    if it fails (pc.c:2684-2707), and a handshake.
+//!
+//! The control exchanges in order (read_bw.c and send_bw.c `main`, both half duplex):
+//! the version string, 16 bytes (pc.c:1786-1796; perftest stops below "5.70", pc.c:1799-
+//! 1806); the cycle buffer and the cache line size, 4 bytes big-endian each (pc.c:1811-
+//! 1846, from peer version 5.32); the port MTU as a decimal string in 2 bytes (pc.c:1852-
+//! 1880); the data connection's two handshakes; then the `pingpong_dest` handshakes
+//! (pc.c:431-535, big-endian fields, layout pr.h:221-231): ib_read_bw has three (read_bw.c
+//! after `set_up_connection`: LOCAL, REMOTE, "after moving qp to RTR"), ib_send_bw four
+//! (send_bw.c: two, REMOTE, and one after the server has posted its receives). Then the
+//! run; ib_read_bw follows it with a handshake and the client's report to the server
+//! (pc.c:1615-1700 `xchg_bw_reports`: size and iterations as 64-bit, peak and average
+//! bandwidth and message rate as doubles, all big-endian), and both end with
+//! `ctx_close_connection`'s handshake (pc.c:1759-1784).
+
+use std::net::Ipv4Addr;
+use std::time::{Duration, Instant};
+
+use ibcm_linux::verbs::{QpQuery, RcQp, Region};
+
+use crate::rc::{self, Conn, Limits, Rc};
+
+type Res<T> = std::result::Result<T, String>;
+
+/// `sizeof(struct pingpong_dest)` on x86-64 (pr.h:221-231: five ints, the padding before
+/// the 8-byte vaddr, the 16-byte GID, two ints).
+pub const PINGPONG_DEST_LEN: usize = 56;
+/// The version this side announces: perftest 4.5-0.17's own (configure.ac:32), at or above
+/// every threshold pc.c compares with (5.1, 5.31, 5.32, 5.33, 5.70).
+pub const VERSION: &str = "6.06";
+/// `MAX_VERSION` (perftest_parameters.h:320): the version field's size.
+const MAX_VERSION: usize = 16;
+/// perftest's cycle buffer: the page size (perftest_parameters.c:800).
+const CYCLE_BUFFER: u32 = 4096;
+/// perftest's cache line size default (perftest_parameters.h:129 `DEF_CACHE_LINE_SIZE`).
+const CACHE_LINE_SIZE: u32 = 64;
+/// The RDMA-CM connect attempts of perftest's client (pc.c:2687: `max_retries = 10`,
+/// `delay = 100000` us).
+const CONNECT_ATTEMPTS: u32 = 10;
+const CONNECT_RETRY_DELAY: Duration = Duration::from_millis(100);
+/// perftest's MB: `format_factor` 0x100000 for MB/sec reports (perftest_parameters.c:3377).
+const MB: f64 = 1_048_576.0;
+/// The receives ib_send_bw's server keeps posted: `DEF_RX_SEND` (perftest_parameters.h:118,
+/// set at perftest_parameters.c:706), at most the iterations (perftest_parameters.c:1007-
+/// 1008). Fewer than the client's SENDs in flight (`DEF_TX_BW` 128, perftest_parameters.h:
+/// 111) would cost RNR NAKs, each a 655 ms wait at the minimum RNR timer 0 this side's QP
+/// has (IBA Table 45).
+const DEF_RX_SEND: u64 = 512;
+
+impl Options {
+    /// Work requests the data QP's queues hold: ib_send_bw's server keeps its receives
+    /// posted, everyone else `depth` in flight.
+    fn slots(&self, server: bool) -> u32 {
+        if server && self.verb == Verb::Send {
+            self.iters.clamp(1, DEF_RX_SEND) as u32
+        } else {
+            self.depth
+        }
+    }
+}
+
+/// Which test.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Verb {
+    /// `ib_send_bw`: the client SENDs, the server receives.
+    Send,
+    /// `ib_read_bw`: the client RDMA READs the server's buffer.
+    Read,
+}
+
+/// What a run is asked to do.
+#[derive(Debug, Clone, Copy)]
+pub struct Options {
+    /// The test.
+    pub verb: Verb,
+    /// Bytes per message (`-s`).
+    pub size: usize,
+    /// Messages (`-n`).
+    pub iters: u64,
+    /// The data connection's read limits (perftest's `-o` on both for its side).
+    pub limits: Limits,
+    /// Work requests in flight (SEND), receives kept posted (server).
+    pub depth: u32,
+    /// Longest wait for anything.
+    pub wait: Duration,
+}
+
+/// The peer's `struct pingpong_dest` (pr.h:221-231), what it tells of its data QP.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Dest {
+    /// LID (0 on RoCE).
+    pub lid: u32,
+    /// The sender's outstanding reads (`out_reads`).
+    pub out_reads: u32,
+    /// Its QPN.
+    pub qpn: u32,
+    /// Its PSN (perftest draws a random one; with rdma_cm the CM's is the QP's).
+    pub psn: u32,
+    /// The rkey of its buffer.
+    pub rkey: u32,
+    /// Its buffer's address.
+    pub vaddr: u64,
+    /// Its GID.
+    pub gid: [u8; 16],
+}
+
+impl Dest {
+    /// pc.c:431-470 `rdma_write_keys` under HAVE_ENDIAN (perftest's configure.ac:94-102
+    /// finds endian.h on Linux): every field big-endian; srqn and gid_index not used.
+    pub fn encode(&self) -> [u8; PINGPONG_DEST_LEN] {
+        let mut b = [0u8; PINGPONG_DEST_LEN];
+        b[0..4].copy_from_slice(&self.lid.to_be_bytes());
+        b[4..8].copy_from_slice(&self.out_reads.to_be_bytes());
+        b[8..12].copy_from_slice(&self.qpn.to_be_bytes());
+        b[12..16].copy_from_slice(&self.psn.to_be_bytes());
+        b[16..20].copy_from_slice(&self.rkey.to_be_bytes());
+        b[24..32].copy_from_slice(&self.vaddr.to_be_bytes());
+        b[32..48].copy_from_slice(&self.gid);
+        b
+    }
+
+    /// pc.c:493-535 `rdma_read_keys`: the fields it converts back.
+    pub fn decode(b: &[u8]) -> Option<Self> {
+        let u32_at = |o: usize| -> Option<u32> {
+            Some(u32::from_be_bytes(b.get(o..o + 4)?.try_into().ok()?))
+        };
+        Some(Self {
+            lid: u32_at(0)?,
+            out_reads: u32_at(4)?,
+            qpn: u32_at(8)?,
+            psn: u32_at(12)?,
+            rkey: u32_at(16)?,
+            vaddr: u64::from_be_bytes(b.get(24..32)?.try_into().ok()?),
+            gid: b.get(32..48)?.try_into().ok()?,
+        })
+    }
+}
+
+/// The bandwidth report ib_read_bw's client sends its server (pc.c:1615-1700).
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct BwReport {
+    /// Message size.
+    pub size: u64,
+    /// Iterations.
+    pub iters: u64,
+    /// Peak bandwidth, MB/s (2^20 bytes).
+    pub bw_peak: f64,
+    /// Average bandwidth, MB/s (2^20 bytes).
+    pub bw_avg: f64,
+    /// Messages per second, millions.
+    pub msg_rate: f64,
+}
+
+/// The control connection.
+pub struct Control {
+    /// The connection.
+    pub conn: Conn,
+    recv: Region,
+    send: Region,
+    client: bool,
+    wait: Duration,
+}
+
+const WR_CONTROL: u64 = 5; // pc.h:77 SYNC_SPEC_ID
+
+fn post_control_recv(qp: &RcQp, recv: &Region) -> Res<()> {
+    qp.post_recv(recv, 0, PINGPONG_DEST_LEN, WR_CONTROL)
+        .map_err(|e| e.to_string())
+}
+
+impl Control {
+    fn receive(&self) -> Res<Vec<u8>> {
+        let c = self
+            .conn
+            .qp
+            .next(Instant::now() + self.wait)
+            .map_err(|e| format!("control receive: {e}"))?;
+        if !c.ok() {
+            return Err(format!("control receive: {}", c.status_text()));
+        }
+        if c.wr_id != WR_CONTROL {
+            return Err(format!("control: unexpected completion {}", c.wr_id));
+        }
+        let n = (c.byte_len as usize).min(PINGPONG_DEST_LEN);
+        let got = self.recv.bytes()[..n].to_vec();
+        post_control_recv(&self.conn.qp, &self.recv)?;
+        Ok(got)
+    }
+
+    fn transmit(&mut self, data: &[u8]) -> Res<()> {
+        let n = data.len().min(PINGPONG_DEST_LEN);
+        self.send.bytes_mut()[..n].copy_from_slice(&data[..n]);
+        self.conn
+            .qp
+            .post_send(&self.send, 0, n, WR_CONTROL + 1)
+            .map_err(|e| e.to_string())?;
+        let c = self
+            .conn
+            .qp
+            .next(Instant::now() + self.wait)
+            .map_err(|e| format!("control send: {e}"))?;
+        if !c.ok() || c.wr_id != WR_CONTROL + 1 {
+            return Err(format!("control send: {}", c.status_text()));
+        }
+        Ok(())
+    }
+
+    /// One exchange (pc.c:1465-1495): the client sends first, the server answers.
+    pub fn xchg(&mut self, mine: &[u8]) -> Res<Vec<u8>> {
+        if self.client {
+            self.transmit(mine)?;
+            self.receive()
+        } else {
+            let theirs = self.receive()?;
+            self.transmit(mine)?;
+            Ok(theirs)
+        }
+    }
+
+    /// One `ctx_hand_shake` (pc.c:1380-1425).
+    pub fn hand_shake(&mut self, mine: &Dest) -> Res<Dest> {
+        let b = self.xchg(&mine.encode())?;
+        Dest::decode(&b).ok_or_else(|| format!("a pingpong_dest of {} bytes", b.len()))
+    }
+}
+
+/// The control connection, client side.
+pub fn control_connect(rc: &Rc, peer: Ipv4Addr, port: u16, wait: Duration) -> Res<Control> {
+    let recv = Region::new(&rc.ctx, PINGPONG_DEST_LEN).map_err(|e| e.to_string())?;
+    let send = Region::new(&rc.ctx, PINGPONG_DEST_LEN).map_err(|e| e.to_string())?;
+    let qp = RcQp::create(&rc.ctx, 4).map_err(|e| e.to_string())?;
+    let limits = control_limits();
+    let conn = rc::connect_qp(rc, qp, peer, port, &limits, |qp| {
+        post_control_recv(qp, &recv)
+    })?;
+    Ok(Control {
+        conn,
+        recv,
+        send,
+        client: true,
+        wait,
+    })
+}
+
+/// The control connection, server side.
+pub fn control_accept(rc: &Rc, port: u16, wait: Duration, log: &dyn Fn(String)) -> Res<Control> {
+    let recv = Region::new(&rc.ctx, PINGPONG_DEST_LEN).map_err(|e| e.to_string())?;
+    let send = Region::new(&rc.ctx, PINGPONG_DEST_LEN).map_err(|e| e.to_string())?;
+    let qp = RcQp::create(&rc.ctx, 4).map_err(|e| e.to_string())?;
+    let listener = rc::listen(rc, port, log)?;
+    let limits = control_limits();
+    let conn = rc::accept_qp(
+        &listener,
+        qp,
+        &limits,
+        wait,
+        |qp| post_control_recv(qp, &recv),
+        log,
+    )?;
+    Ok(Control {
+        conn,
+        recv,
+        send,
+        client: false,
+        wait,
+    })
+}
+
+fn control_limits() -> Limits {
+    Limits {
+        // pc.c:1032-1036 and 1165-1168: the control connection (verb SEND) asks none.
+        responder_resources: 0,
+        initiator_depth: 0,
+        timing: crate::cmtime::Timing::patient(),
+    }
+}
+
+/// What the control exchanges before the data connection settled.
+#[derive(Debug, Clone)]
+pub struct Agreed {
+    /// The peer's version string.
+    pub peer_version: String,
+    /// The larger cycle buffer (pc.c:1838).
+    pub cycle_buffer: u32,
+    /// The smaller MTU code (pc.c:1871).
+    pub mtu: u8,
+}
+
+fn version_number(v: &str) -> f64 {
+    // atof: the leading number.
+    let end = v
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(v.len());
+    v[..end].parse().unwrap_or(0.0)
+}
+
+/// The exchanges before the data connection (versions, system data, MTU).
+pub fn agree(ctl: &mut Control, mtu: u8) -> Res<Agreed> {
+    let mut v = [0u8; MAX_VERSION];
+    v[..VERSION.len()].copy_from_slice(VERSION.as_bytes());
+    let theirs = ctl.xchg(&v)?;
+    let peer_version = String::from_utf8_lossy(&theirs)
+        .trim_end_matches('\0')
+        .to_string();
+    let n = version_number(&peer_version);
+    // pc.c:1801: perftest refuses peers below 5.70; this side does too (what follows is
+    // the protocol from that version on).
+    if n < 5.70 {
+        return Err(format!("perftest version {peer_version:?} is below 5.70"));
+    }
+    let c = ctl.xchg(&CYCLE_BUFFER.to_be_bytes())?;
+    let c = u32::from_be_bytes(
+        c.get(..4)
+            .ok_or("short cycle buffer")?
+            .try_into()
+            .map_err(|_| "cycle buffer")?,
+    );
+    let cycle_buffer = CYCLE_BUFFER.max(c);
+    ctl.xchg(&CACHE_LINE_SIZE.to_be_bytes())?;
+    // pc.c:1860-1871: "%d" of the MTU code in sizeof(char[2]) bytes; the smaller wins.
+    let text = [b'0' + mtu, 0];
+    let m = ctl.xchg(&text)?;
+    let theirs = m.first().map_or(0, |b| b.wrapping_sub(b'0'));
+    let mtu = if (1..=5).contains(&theirs) {
+        mtu.min(theirs)
+    } else {
+        mtu
+    };
+    Ok(Agreed {
+        peer_version,
+        cycle_buffer,
+        mtu,
+    })
+}
+
+/// The data connection with its buffer.
+pub struct Data {
+    /// The connection.
+    pub conn: Conn,
+    /// The buffer (server READ: what the peer reads; SEND: the receives).
+    pub buf: Region,
+}
+
+/// The RoCEv2 GID of an IPv4 address (IPv4-mapped IPv6).
+fn gid_of(ip: Ipv4Addr) -> [u8; 16] {
+    ip.to_ipv6_mapped().octets()
+}
+
+/// Our `pingpong_dest` for the data QP.
+pub fn my_dest(rc: &Rc, data: &Data, q: &QpQuery) -> Dest {
+    Dest {
+        lid: 0,
+        out_reads: u32::from(q.max_rd_atomic),
+        qpn: q.qpn,
+        psn: q.sq_psn,
+        rkey: data.buf.rkey(),
+        vaddr: data.buf.addr(),
+        gid: gid_of(rc.port().local()),
+    }
+}
+
+fn data_buffer(rc: &Rc, o: &Options, agreed: &Agreed, server: bool) -> Res<Region> {
+    let len = match o.verb {
+        // pr.h:117 BUFF_SIZE: the peer addresses max(size, cycle buffer) bytes.
+        Verb::Read => o.size.max(agreed.cycle_buffer as usize),
+        Verb::Send => o.size * o.slots(server) as usize,
+    };
+    let mut buf = Region::new(&rc.ctx, len).map_err(|e| e.to_string())?;
+    for (i, b) in buf.bytes_mut().iter_mut().enumerate() {
+        *b = (i as u8).wrapping_mul(7).wrapping_add(3);
+    }
+    Ok(buf)
+}
+
+fn post_receives(qp: &RcQp, buf: &Region, o: &Options) -> Res<()> {
+    for slot in 0..o.slots(true) as usize {
+        qp.post_recv(buf, slot * o.size, o.size, slot as u64)
+            .map_err(|e| e.to_string())?;
+    }
+    Ok(())
+}
+
+/// The data connection, client side: the handshake, the connect (retried as perftest's,
+/// pc.c:2684-2707), the handshake.
+pub fn data_connect(
+    rc: &Rc,
+    ctl: &mut Control,
+    peer: Ipv4Addr,
+    port: u16,
+    o: &Options,
+    agreed: &Agreed,
+    log: &dyn Fn(String),
+) -> Res<Data> {
+    ctl.hand_shake(&Dest::default())?;
+    let buf = data_buffer(rc, o, agreed, false)?;
+    let mut last = String::new();
+    for attempt in 1..=CONNECT_ATTEMPTS {
+        let qp = RcQp::create(&rc.ctx, o.depth).map_err(|e| e.to_string())?;
+        match rc::connect_qp(rc, qp, peer, port, &o.limits, |_| Ok(())) {
+            Ok(conn) => {
+                ctl.hand_shake(&Dest::default())?;
+                return Ok(Data { conn, buf });
+            }
+            Err(e) => {
+                log(format!("perftest: data connect attempt {attempt}: {e}"));
+                last = e;
+                std::thread::sleep(CONNECT_RETRY_DELAY);
+            }
+        }
+    }
+    Err(format!("data connection: {last}"))
+}
+
+/// The data connection, server side: listening before the handshake (perftest's server
+/// listens after it, pc.c:2737-2746, and its client retries), accepting, the handshake.
+pub fn data_accept(
+    rc: &Rc,
+    ctl: &mut Control,
+    port: u16,
+    o: &Options,
+    agreed: &Agreed,
+    log: &dyn Fn(String),
+) -> Res<Data> {
+    let listener = rc::listen(rc, port, log)?;
+    ctl.hand_shake(&Dest::default())?;
+    let buf = data_buffer(rc, o, agreed, true)?;
+    let qp = RcQp::create(&rc.ctx, o.slots(true)).map_err(|e| e.to_string())?;
+    let conn = rc::accept_qp(
+        &listener,
+        qp,
+        &o.limits,
+        o.wait,
+        |qp| {
+            if o.verb == Verb::Send {
+                post_receives(qp, &buf, o)?;
+            }
+            Ok(())
+        },
+        log,
+    )?;
+    ctl.hand_shake(&Dest::default())?;
+    Ok(Data { conn, buf })
+}
+
+/// The `pingpong_dest` handshakes after the data connection (module docs): returns the
+/// peer's.
+pub fn exchange_dests(ctl: &mut Control, verb: Verb, mine: &Dest) -> Res<Dest> {
+    let theirs = ctl.hand_shake(mine)?;
+    if verb == Verb::Send {
+        ctl.hand_shake(mine)?;
+    }
+    // The REMOTE round, then ib_read_bw's "after RTR" / ib_send_bw's "receives posted".
+    ctl.hand_shake(mine)?;
+    ctl.hand_shake(mine)?;
+    Ok(theirs)
+}
+
+/// What the run did on this side.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Run {
+    /// Messages or reads completed and checked.
+    pub ops: u64,
+    /// Bytes.
+    pub bytes: u64,
+    /// From the first post (or receive) to the last completion.
+    pub elapsed: Duration,
+    /// RDMA READs in flight at most.
+    pub in_flight: u32,
+}
+
+impl Run {
+    /// MB/s in perftest's unit (2^20 bytes).
+    pub fn mib_per_s(&self) -> f64 {
+        let s = self.elapsed.as_secs_f64();
+        if s > 0.0 {
+            self.bytes as f64 / s / MB
+        } else {
+            0.0
+        }
+    }
+
+    /// The report perftest's server prints for its client.
+    pub fn report(&self, size: usize) -> BwReport {
+        let s = self.elapsed.as_secs_f64();
+        let bw = self.mib_per_s();
+        BwReport {
+            size: size as u64,
+            iters: self.ops,
+            bw_peak: bw,
+            bw_avg: bw,
+            msg_rate: if s > 0.0 {
+                self.ops as f64 / s / 1e6
+            } else {
+                0.0
+            },
+        }
+    }
+}
+
+fn completion_ok(qp: &RcQp, wait: Duration, what: &str) -> Res<ibcm_linux::verbs::Completion> {
+    let c = qp
+        .next(Instant::now() + wait)
+        .map_err(|e| format!("{what}: {e}"))?;
+    if c.ok() {
+        Ok(c)
+    } else {
+        Err(format!(
+            "{what}: completion {} ({})",
+            c.status_text(),
+            c.status
+        ))
+    }
+}
+
+/// ib_read_bw's client: `iters` RDMA READs of the peer's buffer, as many in flight as the
+/// QP's negotiated initiator depth (its max_rd_atomic). perftest's buffer holds random
+/// bytes (pr.c:1784-1790) that do not change during the run: a first READ into a zeroed
+/// and into a 0xFF-filled slot must agree (every byte was written), and every later
+/// READ must return the same bytes.
+pub fn read_client(rc: &Rc, data: &Data, peer: &Dest, o: &Options) -> Res<Run> {
+    let qp = &data.conn.qp;
+    let depth = u32::from(qp.query().map_err(|e| e.to_string())?.max_rd_atomic).max(1);
+    let size = o.size;
+    let mut buf = Region::new(&rc.ctx, (depth as usize + 2) * size).map_err(|e| e.to_string())?;
+    // The reference: two READs into differently filled slots.
+    buf.bytes_mut()[size..2 * size].fill(0xff);
+    for slot in 0..2u64 {
+        qp.post_read(
+            &buf,
+            slot as usize * size,
+            size,
+            peer.vaddr,
+            peer.rkey,
+            slot,
+        )
+        .map_err(|e| e.to_string())?;
+    }
+    for _ in 0..2 {
+        completion_ok(qp, o.wait, "reference RDMA READ")?;
+    }
+    let reference = buf.bytes()[..size].to_vec();
+    if buf.bytes()[size..2 * size] != reference[..] {
+        return Err("two RDMA READs of the peer's buffer differ".into());
+    }
+    let base = 2 * size;
+    let t0 = Instant::now();
+    let (mut posted, mut done, mut in_flight_max) = (0u64, 0u64, 0u32);
+    while done < o.iters {
+        while posted < o.iters && posted - done < u64::from(depth) {
+            let slot = (posted % u64::from(depth)) as usize;
+            qp.post_read(
+                &buf,
+                base + slot * size,
+                size,
+                peer.vaddr,
+                peer.rkey,
+                100 + slot as u64,
+            )
+            .map_err(|e| e.to_string())?;
+            posted += 1;
+            in_flight_max = in_flight_max.max((posted - done) as u32);
+        }
+        let c = completion_ok(qp, o.wait, "RDMA READ")?;
+        let slot = c.wr_id.checked_sub(100).ok_or("stray completion")? as usize;
+        let got = buf
+            .bytes()
+            .get(base + slot * size..base + (slot + 1) * size);
+        if got != Some(reference.as_slice()) {
+            return Err(format!(
+                "RDMA READ {done}: bytes differ from the peer's buffer"
+            ));
+        }
+        done += 1;
+    }
+    Ok(Run {
+        ops: done,
+        bytes: done * size as u64,
+        elapsed: t0.elapsed(),
+        in_flight: in_flight_max,
+    })
+}
+
+/// ib_send_bw's client: `iters` SENDs of `size` bytes, `depth` in flight.
+pub fn send_client(data: &Data, o: &Options) -> Res<Run> {
+    let qp = &data.conn.qp;
+    let t0 = Instant::now();
+    let (mut posted, mut done) = (0u64, 0u64);
+    let slots = (data.buf.len() / o.size).max(1) as u64;
+    while done < o.iters {
+        while posted < o.iters && posted - done < u64::from(o.depth) {
+            let slot = (posted % slots) as usize;
+            qp.post_send(&data.buf, slot * o.size, o.size, posted)
+                .map_err(|e| e.to_string())?;
+            posted += 1;
+        }
+        completion_ok(qp, o.wait, "SEND")?;
+        done += 1;
+    }
+    Ok(Run {
+        ops: done,
+        bytes: done * o.size as u64,
+        elapsed: t0.elapsed(),
+        in_flight: 0,
+    })
+}
+
+/// ib_send_bw's server: `iters` messages of `size` bytes. perftest's client sends the same
+/// random bytes each time (one buffer, pr.c:1784-1790; its address stays put when the size
+/// exceeds half the cycle buffer): every message must equal the first, which must differ
+/// from what the slot held before.
+pub fn send_server(data: &Data, o: &Options) -> Res<Run> {
+    let qp = &data.conn.qp;
+    let mut first: Option<Vec<u8>> = None;
+    let mut t0 = None;
+    let mut done = 0u64;
+    let prefill: Vec<u8> = (0..o.size)
+        .map(|i| (i as u8).wrapping_mul(7).wrapping_add(3))
+        .collect();
+    while done < o.iters {
+        let c = completion_ok(qp, o.wait, "receive")?;
+        t0.get_or_insert_with(Instant::now);
+        if c.byte_len as usize != o.size {
+            return Err(format!(
+                "message {done} of {} bytes, not {}",
+                c.byte_len, o.size
+            ));
+        }
+        let slot = c.wr_id as usize;
+        let got = data
+            .buf
+            .bytes()
+            .get(slot * o.size..(slot + 1) * o.size)
+            .ok_or("bad slot")?;
+        match &first {
+            None => {
+                if got == prefill.as_slice() && o.size > CYCLE_BUFFER as usize / 2 {
+                    return Err("the first message left the buffer as it was".into());
+                }
+                first = Some(got.to_vec());
+            }
+            Some(f) if o.size > CYCLE_BUFFER as usize / 2 && f.as_slice() != got => {
+                return Err(format!("message {done} differs from the first"));
+            }
+            Some(_) => {}
+        }
+        done += 1;
+        if done + u64::from(o.slots(true)) <= o.iters {
+            qp.post_recv(&data.buf, slot * o.size, o.size, slot as u64)
+                .map_err(|e| e.to_string())?;
+        }
+    }
+    Ok(Run {
+        ops: done,
+        bytes: done * o.size as u64,
+        elapsed: t0.map_or(Duration::ZERO, |t| t.elapsed()),
+        in_flight: 0,
+    })
+}
+
+/// `xchg_bw_reports` (pc.c:1615-1700): five 8-byte big-endian values each way, the
+/// client's first.
+pub fn xchg_reports(ctl: &mut Control, mine: &BwReport) -> Res<BwReport> {
+    let mut v = [0u64; 5];
+    let ours = [
+        mine.size,
+        mine.iters,
+        mine.bw_peak.to_bits(),
+        mine.bw_avg.to_bits(),
+        mine.msg_rate.to_bits(),
+    ];
+    for (i, x) in ours.iter().enumerate() {
+        let b = ctl.xchg(&x.to_be_bytes())?;
+        v[i] = u64::from_be_bytes(
+            b.get(..8)
+                .ok_or("short report")?
+                .try_into()
+                .map_err(|_| "report")?,
+        );
+    }
+    Ok(BwReport {
+        size: v[0],
+        iters: v[1],
+        bw_peak: f64::from_bits(v[2]),
+        bw_avg: f64::from_bits(v[3]),
+        msg_rate: f64::from_bits(v[4]),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pingpong_dest_is_perftests_layout() {
+        // pr.h:221-231 on x86-64: lid 0, out_reads 4, qpn 8, psn 12, rkey 16, (pad 20),
+        // vaddr 24, gid 32, srqn 48, gid_index 52; pc.c:442-449 converts to big-endian.
+        let d = Dest {
+            lid: 1,
+            out_reads: 4,
+            qpn: 0x11,
+            psn: 0xabcdef,
+            rkey: 0x1234,
+            vaddr: 0x0102_0304_0506_0708,
+            gid: [9; 16],
+        };
+        let b = d.encode();
+        assert_eq!(&b[0..4], &[0, 0, 0, 1]);
+        assert_eq!(&b[8..12], &[0, 0, 0, 0x11]);
+        assert_eq!(&b[24..32], &[1, 2, 3, 4, 5, 6, 7, 8]);
+        assert_eq!(b[32], 9);
+        assert_eq!(Dest::decode(&b), Some(d));
+        assert_eq!(Dest::decode(&b[..40]), None);
+    }
+
+    #[test]
+    fn versions_read_as_atof() {
+        assert_eq!(version_number("6.06"), 6.06);
+        assert_eq!(version_number("5.70\0"), 5.70);
+        assert_eq!(version_number("junk"), 0.0);
+    }
+}
