@@ -815,3 +815,30 @@ fn a_port_removed_while_down_comes_back_up() {
     let (a, _) = p.start_connect(SID);
     assert_eq!(p.a.state(a), Ok(StateName::ReqSent));
 }
+
+/// The orders AL sends (al_pnp.c): HCA removal is DOWN then REMOVE for a port whose link
+/// was INIT or better (`__pnp_process_remove_port`, al_pnp.c:1022-1036), and gives each
+/// connection one event, DeviceRemoval (the DOWN ends nothing and its deadline goes with
+/// the port); ACTIVE without a DOWN before it (a port added Active, al_pnp.c:653-656)
+/// changes nothing.
+#[test]
+fn al_orders_down_then_remove_and_active_alone() {
+    let mut p = Pair::new(17);
+    let (a, b) = p.establish(SID);
+    p.drive();
+    let told = p.events(Side::A).len();
+    p.a.port_up(PORT);
+    assert_eq!(p.a.state(a), Ok(StateName::Established));
+    assert!(!p.a.is_port_down(PORT));
+    port_down(&mut p, Side::A);
+    p.a.remove_port(PORT);
+    p.flush();
+    let deadline = deadline_ns(&p.b, b);
+    p.drive_for(3 * deadline);
+    assert_eq!(
+        events_since(&p, Side::A, told, a),
+        [Event::DeviceRemoval],
+        "one event on HCA removal"
+    );
+    assert_eq!(p.a.state(a), Ok(StateName::Removed));
+}

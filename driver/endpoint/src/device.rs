@@ -557,6 +557,12 @@ impl<P: Platform> Device<P> {
                 i.cm.port_down(now, port, at)
             });
         }
+        // Each deadline took a timer arm of the two every CEP has room for (`prepare_for`):
+        // make the room again here, at PASSIVE_LEVEL, so the DISPATCH_LEVEL paths that
+        // follow (DREQ, timewait) allocate nothing.
+        self.run(|i| {
+            let _ = i.cm.prepare_for(0);
+        });
     }
 
     /// The port is Active again (`IB_PNP_PORT_ACTIVE`): connects from it are taken and
