@@ -8,9 +8,12 @@
 //! What the counterparts do:
 //!
 //! - WinOF's CEP manager ignores it: `__cep_pnp_cb` (al_cm_cep.c:3178-3197) acts on
-//!   `IB_PNP_PORT_ADD` and `IB_PNP_PORT_REMOVE` only ("Ignore other PNP events"). A REQ or
-//!   REP in flight is re-sent into the dead port until its MAD times out, then REJ(Timeout)
-//!   (`__cep_mad_send_cb`, al_cm_cep.c:2324-2332); an established connection hears nothing.
+//!   `IB_PNP_PORT_ADD` and `IB_PNP_PORT_REMOVE` only ("Ignore other PNP events",
+//!   3194-3196). A REQ or REP in flight is re-sent into the dead port until its MAD times
+//!   out, then REJ(Timeout) and the owner's REQ/REP error (`__cep_mad_send_cb`,
+//!   al_cm_cep.c:2322-2331, `__reject_timeout` at 2329); an established connection hears
+//!   nothing from the CM. AL learns link state by polling (al_pnp.c:1351-1430), so a
+//!   short retrain may reach its consumers as DOWN + ACTIVE or as nothing.
 //! - Linux ib_cm registers no event handler at all: `cm_client` has `.add = cm_add_one`
 //!   and `.remove = cm_remove_one` only, and `ib_cm_notify` takes `IB_EVENT_COMM_EST` and
 //!   `IB_EVENT_PATH_MIG` only (drivers/infiniband/core/cm.c @ 00777a68). A pending MAD
@@ -18,38 +21,68 @@
 //!   `IB_CM_REQ_ERROR` / `IB_CM_REP_ERROR` / `IB_CM_DREQ_ERROR`); an established
 //!   connection learns only from its QP, once the data path's retries are exhausted.
 //!
-//! Both leave handshakes to burn their whole retry budget (up to MaxCMRetries x the
-//! response timeout: seconds) and established connections half-open until the QP fails.
-//! ibcm ends every connection on the port at once, each with one event its owner already
-//! handles, and sends nothing on the port until it is back:
+//! So a flap the transport rides out ends nothing there. ibcm does the same for
+//! handshakes and tells established connections when their QPs would give up:
 //!
-//! | state when the port goes down          | event                    | then            |
-//! |----------------------------------------|--------------------------|-----------------|
-//! | REQ sent (MRA received or not)         | `Timeout { Req }`        | idle            |
-//! | REQ received, not answered (MRA or not)| `Timeout { Rep }`        | idle            |
-//! | REP prepared / sent (MRA or not)       | `Timeout { Rep }`        | timewait        |
-//! | REP received, RTU not sent             | `Timeout { Req }`        | timewait        |
-//! | established (a LAP in flight or not)   | `DreqReceived` (no data) | DREQ received   |
-//! | DREQ sent                              | `Timeout { Dreq }`       | timewait        |
-//! | DREQ received, timewait                | none (already told)      | as before       |
-//! | SIDR_REQ sent                          | `Timeout { SidrReq }`    | idle            |
-//! | listen, idle, SIDR answered/answering  | none                     | as before       |
+//! - While the port is down nothing is sent from it (`push_mad`, `resend`), a connect or
+//!   SIDR_REQ from it fails with [`CmError::PortDown`], and a MAD said to arrive on it is
+//!   dropped (receive.rs).
+//! - Handshakes, a DREQ and a SIDR_REQ keep their own retry timers: their retries go
+//!   nowhere and they end as any unanswered request ends (Timeout, the REJ(Timeout) not
+//!   sent). If the port comes back first, the next retry goes out and they complete.
+//!   States that wait on their owner (REQ received, REP prepared, REP received, DREQ
+//!   received) keep waiting, as in AL and Linux.
+//! - An established connection on the port gets a deadline: when its RC QP's transport
+//!   retries would have run out, (Retry Count + 1) x its Local ACK Timeout
+//!   ([`transport_give_up_ns`]; IBA 9.7.6.1.3, C9-140: the requester re-sends an
+//!   unacknowledged packet Retry Count times, each after the Local ACK Timeout, then
+//!   reports the error), counted from the port's going down, with the values its QP was
+//!   given at RTS (qp.rs: `timeout` = `ack_timeout`, `retry_count`). It uses the CEP's
+//!   own timer: an established CEP has none armed, unless a LAP is in flight; a LAP keeps
+//!   its timer, and when it gives up (Timeout(LAP)) the deadline, still counted from the
+//!   port's going down, takes over. If the port is still down at the deadline the owner
+//!   is told once, with a DREQ (`DreqReceived`, no private data): the event the `iba_cm`
+//!   clients act on while connected. WinVerbs completes the application's
+//!   NotifyDisconnect (wv_ep.c:546-551); ND v2 flushes the QP (nd_ep.cpp:714-727,
+//!   `AsyncFlushQp`) and ignores `iba_cm_dreq_error` there (nd_ep.cpp:868-869), so a
+//!   Timeout would go unheard; an ND application sees a graceful remote close for what
+//!   was a local link failure. If the port came back first, the deadline finds it up and
+//!   does nothing: no scan at port up. A port that went down again since counts from its
+//!   latest down.
+//! - A connection told (or whose DREQ gave up) while its port was down owes its peer the
+//!   DREQ it could not send: its timewait does not end while the port is down (it is
+//!   re-armed), and once the port is up the DREQ goes out once and timewait runs once
+//!   more (`timewait_over`). The peer answers with a DREP (ibcm's `on_dreq`, Linux
+//!   `cm_dreq_handler`, AL `__dreq_handler` answer even an unknown DREQ), so a peer whose
+//!   port stayed up hears exactly once, after this side's port is back, and the same QPNs
+//!   reconnect without REJ(StaleConn).
+//! - APM: an established connection whose loaded alternate path leaves from another port
+//!   that is up gets no deadline (its QP migrates; Linux `cm_alloc_msg` sends on the
+//!   alternate when the primary port is not ready); [`CmManager::migrate`] moves the
+//!   CEP's port to the alternate's, so CM MADs follow the QP.
 //!
-//! Why these events: the kernel clients of the `iba_cm` interface act on them in these
-//! states. WinVerbs fails a connect on `iba_cm_req_error` and an accept on
-//! `iba_cm_rep_error` (wv_ep.c:511-526) and, on `iba_cm_dreq_received` while connected,
-//! completes the application's NotifyDisconnect (wv_ep.c:546-551); ND v2 flushes the QP
-//! on `iba_cm_dreq_received` while connected (nd_ep.cpp:714-727, `AsyncFlushQp`) and
-//! ignores `iba_cm_dreq_error` there (nd_ep.cpp:868-869 -> `CompleteDisconnect` acts only
-//! while disconnecting), so an established connection is told with a DREQ: the owner
-//! answers with its DREP (not sent while the port is down; harmless once it is back: a
-//! DREP for an established connection is dropped) and the connection waits out timewait
-//! like any other. States whose QP may have reached RTR go through timewait (IBA
-//! 12.9.7), so a QPN is not reused while the old connection's packets may live.
+//! | state when the port goes down          | while it stays down            | then          |
+//! |----------------------------------------|--------------------------------|---------------|
+//! | REQ sent (MRA received or not)         | `Timeout { Req }` at retry end | idle          |
+//! | REQ received, MRA sent or not          | nothing (waits on its owner)   | as before     |
+//! | REP prepared                           | nothing (waits on its owner)   | as before     |
+//! | REP sent (MRA received or not)         | `Timeout { Rep }` at retry end | timewait      |
+//! | REP received (MRA sent or not)         | nothing (waits on its owner)   | as before     |
+//! | established                            | `DreqReceived` at the deadline | DREQ received |
+//! | established, LAP sent                  | `Timeout { Lap }`, then `DreqReceived` | DREQ received |
+//! | DREQ sent                              | `Timeout { Dreq }` at retry end| timewait (DREQ owed) |
+//! | DREQ received, timewait                | none (already told)            | as before     |
+//! | SIDR_REQ sent                          | `Timeout { SidrReq }` at retry end | idle      |
+//! | listen, idle, SIDR answered/answering  | none                           | as before     |
 //!
-//! While the port is down a connect from it is refused ([`CmError::PortDown`]), nothing
-//! is sent from it (retries and answers of connections not on it are unaffected), and a
-//! MAD said to arrive on it is dropped.
+//! A REQ received and not answered when the port comes back is answered as usual; a
+//! retried REQ that arrives after its CEP ended is a new request on the listen. HCA
+//! removal arrives as DOWN then REMOVE (al_pnp.c:1022-1036): the DOWN ends nothing, and
+//! [`CmManager::remove_port`] gives each connection its one `DeviceRemoval`.
+//!
+//! `port_down` walks the slab in slices ([`PORT_SCAN_SLOTS`]) and not at all for a port
+//! with no established connection or one already down (AL can send DOWN twice:
+//! al_pnp.c:1382-1397).
 
 use crate::cep::{Cep, LapState, State};
 use crate::error::CmError;
@@ -148,7 +181,7 @@ impl CmManager {
     /// The port left the Active state (module docs). Nothing ends now: sends from the
     /// port are dropped, connects from it are refused, handshakes keep their own retry
     /// timers, and every established connection on it gets a deadline (when its QP's
-    /// transport retries would have run out, [`transport_give_up_ns`], from now). One
+    /// transport retries would have run out, `transport_give_up_ns`, from now). One
     /// that still has its port down then is told with [`Event::DreqReceived`]; one whose
     /// port came back lives on. A connection whose loaded alternate path leaves from
     /// another port that is up gets no deadline: its QP migrates (APM).
