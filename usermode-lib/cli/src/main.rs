@@ -688,8 +688,8 @@ fn print_flap(f: &cmtime::FlapReport) -> bool {
     let failures = |r: &Report| r.failures.values().sum::<usize>();
     println!();
     println!(
-        "short port flap: {n} connections, both nodes' ports down for {} ms (half the \
-         deadline of {} ms), then back, then an ordinary teardown",
+        "short port flap: {n} connections, both nodes' ports down for {} (half the \
+         deadline of {}), then back, then an ordinary teardown",
         ms3(short.down_ns),
         ms3(short.deadline_ns)
     );
@@ -715,7 +715,7 @@ fn print_flap(f: &cmtime::FlapReport) -> bool {
     println!();
     println!(
         "port flap: {n} connections (after a first run of {n} the ordinary way: the \
-         baseline), both nodes' ports down for {} ms (deadline {} ms), then back",
+         baseline), both nodes' ports down for {} (deadline {}), then back",
         ms3(figures.down_ns),
         ms3(figures.deadline_ns)
     );
