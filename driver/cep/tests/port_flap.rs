@@ -10,7 +10,7 @@
 //!
 //! The counterparts ignore the event (WinOF `__cep_pnp_cb`, al_cm_cep.c:3194-3196: port
 //! down/active fall to "Ignore other PNP events"; Linux `cm_client` registers add/remove
-//! only): their handshakes run out their retries (al_cm_cep.c:2324-2332, Linux
+//! only): their handshakes run out their retries (al_cm_cep.c:2322-2331, Linux
 //! `cm_process_send_error`) and established connections learn from their QPs, which is
 //! what the deadline stands for.
 
@@ -510,7 +510,7 @@ fn in_state(name: &str) -> (Pair, CepId) {
 
 /// Each state when its port goes down and stays down (link.rs's table): handshakes end
 /// as an unanswered request ends (Timeout, as their retries run out: AL
-/// `__cep_mad_send_cb` al_cm_cep.c:2324-2332, Linux `cm_process_send_error`), states that
+/// `__cep_mad_send_cb` al_cm_cep.c:2322-2331, Linux `cm_process_send_error`), states that
 /// wait on their owner keep waiting (AL and Linux send nothing and time nothing there),
 /// an established connection is told once at its deadline (after its LAP, if one is in
 /// flight, has given up), and nothing is sent from the port.
