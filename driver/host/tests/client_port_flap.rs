@@ -230,3 +230,36 @@ fn every_kernel_client_is_told_once_when_the_link_flaps() {
         assert!(v.is_empty(), "verifier: {:?}", &v[..v.len().min(10)]);
     }
 }
+
+/// HCA removal as AL reports it: DOWN, then REMOVE (`__pnp_process_remove_port`,
+/// al_pnp.c:1022-1036). The DOWN ends nothing, so each kernel client hears exactly one
+/// event, the removal (review finding 5: two events before), even past the deadline.
+#[test]
+fn hca_removal_after_port_down_tells_each_client_once() {
+    let mut fabric = Fabric::new(2, 31);
+    let (a, b) = (Arc::clone(&fabric.nodes[0]), Arc::clone(&fabric.nodes[1]));
+    let logs: [Log; 2] = [(); 2].map(|_| Arc::new(Mutex::new(Vec::with_capacity(8 * K))));
+    let [log_a, log_b] = &logs;
+    let listen = b.device.create_id(recorder(log_b)).unwrap();
+    let listen_params = ListenParams {
+        service_id: SERVICE,
+        service_mask: u64::MAX,
+        port: None,
+        compare: None,
+        backlog: K as u32,
+    };
+    b.device.listen_id(listen, listen_params).unwrap();
+    let (active, _passive) = connect(&mut fabric, listen, &logs);
+    let from = log_a.lock().unwrap().len();
+    fabric.set_port_up(0, false);
+    a.device.remove();
+    fabric.run_for(20_000_000_000);
+    for &id in &active {
+        assert_eq!(events_of(log_a, from, id), ["removal"], "{id:?}");
+    }
+    for &id in &active {
+        a.device.destroy_id(id);
+    }
+    fabric.run_for(1_000_000);
+    assert_eq!(a.device.with_engine(|cm| cm.live_ceps()), 0);
+}
