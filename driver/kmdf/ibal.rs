@@ -97,6 +97,8 @@ const IB_PNP_PORT_REMOVE: u32 = IB_PNP_PORT | 0x0000_2000;
 const IB_PNP_PORT_ACTIVE: u32 = IB_PNP_PORT | 0x0002_0000;
 const IB_PNP_PORT_DOWN: u32 = IB_PNP_PORT | 0x0004_0000;
 const IB_PNP_PKEY_CHANGE: u32 = IB_PNP_PORT | 0x0008_0000;
+/// `ib_link_states_t` Active (ib_types.h:2039): a port added below it starts down.
+const IB_LINK_ACTIVE: u8 = 4;
 const IB_PNP_GID_CHANGE: u32 = IB_PNP_PORT | 0x0020_0000;
 /// `IB_PDT_ALIAS` (ib_types.h `ib_pd_type_t`), as WinOF's CM allocates for QP1 aliases.
 const IB_PDT_ALIAS: i32 = 1;
@@ -1168,6 +1170,15 @@ unsafe fn port_added(binding: &Binding, record: *mut IbPnpPortRec) -> IbApiStatu
         }
         Registration::Private(_) => start_steering(filter, attr.port_num, number),
     }
+    // A port added while its link is not Active starts down: AL follows the ADD with a
+    // DOWN only for a link in DOWN (al_pnp.c:628-633); one in INIT or ARMED gets INIT /
+    // ARMED (al_pnp.c:636-650), which are no link events here, and ACTIVE only once it
+    // gets there (al_pnp.c:653-656, 1411-1425).
+    if attr.link_state < IB_LINK_ACTIVE
+        && let Some(cm) = host.cm()
+    {
+        cm.device.port_down(number);
+    }
     // SAFETY: (I61) the record is valid for the callback; AL keeps the context for the
     // port's later events (ib_pnp_rec_t `context`).
     unsafe { (*record).pnp_rec.context = port.cast() };
@@ -1284,9 +1295,12 @@ unsafe fn port_removed(binding: &Binding, port: *mut Port) -> IbApiStatus {
     IB_SUCCESS
 }
 
-/// IB_PNP_PORT_DOWN / IB_PNP_PORT_ACTIVE (PASSIVE_LEVEL): the dispatch layer ends every
-/// connection on a port that went down at once, each with one event (the engine's
-/// link.rs), sends nothing from it and keeps its listens, until it is Active again.
+/// IB_PNP_PORT_DOWN / IB_PNP_PORT_ACTIVE (PASSIVE_LEVEL): the dispatch layer stops
+/// sending from a port that went down and refuses connects from it; its handshakes run
+/// out their retries and its established connections are told only if it is still down
+/// when their QPs would have given up (the engine's link.rs); ACTIVE lifts it. HCA
+/// removal sends DOWN then REMOVE (al_pnp.c:1022-1036): the DOWN ends nothing, the
+/// REMOVE gives each connection its one DEVICE_REMOVAL.
 ///
 /// # Safety
 /// `port` is null or a port `port_added` stored for this binding, live for the call.
@@ -1294,7 +1308,15 @@ unsafe fn port_link(binding: &Binding, port: *mut Port, up: bool) {
     if port.is_null() {
         return;
     }
-    // SAFETY: (I110) per the contract.
+    // As `port_removed`: a port `unbind` already took (an event racing UnpublishPorts)
+    // has no host number any more, and must not mark one down.
+    let known = binding
+        .ports
+        .with(|ports| ports.iter().any(|p| p.as_ptr() == port));
+    if !known {
+        return;
+    }
+    // SAFETY: (I110) per the contract; a member of the binding's ports.
     let port = unsafe { &*port };
     if let Some(cm) = binding.host().cm() {
         if up {

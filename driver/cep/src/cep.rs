@@ -221,6 +221,9 @@ pub(crate) struct Cep {
     /// DREQ_RCVD after a simultaneous disconnect: the peer's DREP was reported (a
     /// duplicate of it must not be).
     pub drep_rcvd: bool,
+    /// Its peer is owed a DREQ this side could not send: told of a connection ended
+    /// while its port was down, or its DREQ gave up then (link.rs `timewait_over`).
+    pub owes_dreq: bool,
     /// The APR this side sent last: status and additional info (repeated on a dup LAP).
     pub apr_status: u8,
     /// This CEP connects peer-to-peer: a crossing REQ for its service is compared with
@@ -282,6 +285,7 @@ impl Cep {
             owned: false,
             owner: [0; 2],
             drep_rcvd: false,
+            owes_dreq: false,
             cached: None,
             pdata: Held::NONE,
         }

@@ -33,8 +33,8 @@ pub use ibcm_iba::{
     RepParams, access, ack_timeout,
 };
 pub use manager::{
-    CepInfo, CmManager, EngineMemory, MadOwner, PreparedRep, SidrParams, SidrReplyParams,
-    TIMER_BATCH, Transmit,
+    CepInfo, CmManager, EngineMemory, MadOwner, PORT_SCAN_SLOTS, PreparedRep, SidrParams,
+    SidrReplyParams, TIMER_BATCH, Transmit,
 };
 pub use trace::{DropReason, Level, TracePoint, Tracer};
 pub use types::{CepId, Instant, MadAddress, PrivateData, RejectParams};

@@ -44,6 +44,7 @@ mod steer;
 mod timers;
 mod waiting;
 
+pub use link::PORT_SCAN_SLOTS;
 use lookup::{KeyedHash, PeerMap};
 pub use memory::EngineMemory;
 use qp::qp_attributes_of;

@@ -541,14 +541,14 @@ impl<P: Platform> Device<P> {
         self.run(|i| i.cm.remove_port(port));
     }
 
-    /// The port left the Active state (IBAL's `IB_PNP_PORT_DOWN`): every connection on
-    /// it ends at once with one event its owner already handles (the engine's link.rs
-    /// table: an established one reads as the peer's DREQ, a handshake as its timeout),
-    /// delivered to user endpoints through their GET_EVENT queues and to kernel clients
-    /// through their callbacks; listens stay, and nothing is sent from the port until
-    /// [`Device::port_up`]. The engine works in bounded batches, each under the lock
-    /// once and drained before the next: no lock is held for long and the event queue
-    /// stays within its reserve.
+    /// The port left the Active state (IBAL's `IB_PNP_PORT_DOWN`): nothing ends now
+    /// (the engine's link.rs). Nothing is sent from the port and connects from it are
+    /// refused until [`Device::port_up`]; handshakes keep their retry timers and end as an
+    /// unanswered request ends; an established connection is told once, as the peer's
+    /// DREQ, only if the port is still down when its QP's transport retries would have
+    /// run out. Those events come from the timer, delivered to user endpoints through
+    /// their GET_EVENT queues and to kernel clients through their callbacks. The engine
+    /// walks its slab in bounded slices, each under the lock once: no lock is held long.
     pub fn port_down(&self, port: u8) {
         let mut from = Some(0);
         while let Some(at) = from {
@@ -557,10 +557,17 @@ impl<P: Platform> Device<P> {
                 i.cm.port_down(now, port, at)
             });
         }
+        // Each deadline took a timer arm of the two every CEP has room for (`prepare_for`):
+        // make the room again here, at PASSIVE_LEVEL, so the DISPATCH_LEVEL paths that
+        // follow (DREQ, timewait) allocate nothing.
+        self.run(|i| {
+            let _ = i.cm.prepare_for(0);
+        });
     }
 
     /// The port is Active again (`IB_PNP_PORT_ACTIVE`): connects from it are taken and
-    /// sends resume. The connections its going down ended stay ended.
+    /// sends resume. Connections not yet told live on; those told owe their peers a DREQ,
+    /// sent when their timewait next ends (the engine's link.rs).
     pub fn port_up(&self, port: u8) {
         self.run(|i| i.cm.port_up(port));
     }

@@ -109,11 +109,16 @@ pub struct Config {
     /// later, so N connections cannot all be up before N/R.
     pub accept_rate: Option<u32>,
     /// Tear the connections down by a port flap instead of disconnecting them: every
-    /// node's port goes down at once ([`Pump::set_ports_up`]), each side of each
-    /// connection waits for the one event its driver owes it (the DREQ an established
-    /// connection reads a port down as), answers it and waits out timewait. The ports
-    /// stay down when `run` returns; [`port_flap`] brings them back and reconnects.
+    /// node's port goes down at once ([`Pump::set_ports_up`]) and stays down past the
+    /// connections' deadline (their QPs' transport retries: (retry count + 1) x local
+    /// ACK timeout, the driver's link.rs), until each side was told by its driver (the
+    /// DREQ an established connection reads a port down as); the ports then come back,
+    /// each side answers, the DREQs the drivers owed go out and timewait runs out.
     pub port_flap: bool,
+    /// A short flap before an ordinary teardown: every port goes down for half the
+    /// connections' deadline and comes back; nothing may end (the teardown that follows
+    /// fails on any connection that did).
+    pub short_flap: bool,
 }
 
 impl Default for Config {
@@ -129,6 +134,7 @@ impl Default for Config {
             backlog: 4096,
             accept_rate: None,
             port_flap: false,
+            short_flap: false,
         }
     }
 }
@@ -320,9 +326,14 @@ pub struct FlapFigures {
     pub told: usize,
     /// From the ports going down until the last side was told, ns of the fabric's clock.
     pub told_all_ns: u64,
-    /// MADs both drivers sent from the ports going down to the end of the teardown
-    /// (nothing can leave a port that is down: 0).
+    /// MADs both drivers sent while the ports were down (nothing can leave a port that
+    /// is down: 0).
     pub sent_while_down: u64,
+    /// The deadline the drivers gave the connections, ns: (retry count + 1) x 4.096 us x
+    /// 2^local ACK timeout of a connection's QP (its RTS attributes; IBA 9.7.6.1.3).
+    pub deadline_ns: u64,
+    /// How long the ports were down, ns of the fabric's clock.
+    pub down_ns: u64,
 }
 
 impl Report {
@@ -493,18 +504,57 @@ pub fn run(
     let setup_cpu = cpu.zip(process_cpu()).map(|(a, b)| b.saturating_sub(a));
     let memory_established = pump.driver_memory();
 
-    // Teardown: every disconnect (DREQ -> DREP) and timewait, on both sides; or the
-    // port flap, which tells every connection at once (marked from the moment it fell).
-    let wall = std::time::Instant::now();
-    if cfg.port_flap {
-        for (i, _) in &live {
-            sh.mark(*i, Mark::Dreq);
+    // A flap: every port goes down; a long one stays down until every side was told (past
+    // the deadline), a short one for half the deadline. Then the ports come back.
+    let deadline_ns = live
+        .first()
+        .and_then(|(_, ep)| ep.qp_attributes(ibcm::QpState::Rts).ok())
+        .map_or(0, |a| qp_deadline_ns(a.timeout, a.retry_count));
+    let mut flap = None;
+    if cfg.port_flap || cfg.short_flap {
+        if cfg.port_flap {
+            for (i, _) in &live {
+                sh.mark(*i, Mark::Dreq);
+            }
         }
+        let sent_at_flap = sent_total(client)? + sent_total(server)?;
         if !pump.set_ports_up(false) {
             return Err(Error::new("port flap", status::INVALID_DEVICE_REQUEST));
         }
+        let down_at = pump.now_ns();
+        let hold = if cfg.port_flap {
+            // Each side's deadline counts from its own QP attributes; the server's side is
+            // seen told, the client's driver has queued its event by the same deadline.
+            deadline_ns.saturating_add(deadline_ns / 8)
+        } else {
+            deadline_ns / 2
+        };
+        let expect = if cfg.port_flap { live.len() } else { 0 };
+        let limit = stall + Duration::from_nanos(hold);
+        stalls += wait_until(
+            pump,
+            limit,
+            || pump.now_ns().saturating_sub(down_at) >= hold && server_told(&sh.times) >= expect,
+            || {},
+        );
+        let sent_while_down =
+            (sent_total(client)? + sent_total(server)?).saturating_sub(sent_at_flap);
+        let down_ns = pump.now_ns().saturating_sub(down_at);
+        if !pump.set_ports_up(true) {
+            return Err(Error::new("port flap", status::INVALID_DEVICE_REQUEST));
+        }
+        flap = Some(FlapFigures {
+            told: 0,
+            told_all_ns: 0,
+            sent_while_down,
+            deadline_ns,
+            down_ns,
+        });
     }
-    let sent_at_flap = sent_total(client)? + sent_total(server)?;
+
+    // Teardown: every disconnect (DREQ -> DREP) and timewait, on both sides; or, after
+    // a long flap, each side answers what its driver told it and waits out timewait.
+    let wall = std::time::Instant::now();
     let done = AtomicUsize::new(0);
     let total = live.len();
     let mut shares: Vec<Vec<(usize, ConnectEndpoint)>> = vec![Vec::new(); cfg.threads];
@@ -543,12 +593,13 @@ pub fn run(
     );
     let teardown_wall = wall.elapsed();
     let memory_after = pump.driver_memory();
-    let flap = if cfg.port_flap {
-        let sent = sent_total(client)? + sent_total(server)?;
-        Some(flap_figures(&sh.times, sent.saturating_sub(sent_at_flap)))
-    } else {
-        None
-    };
+    let flap = flap.map(|f| {
+        if cfg.port_flap {
+            flap_figures(&sh.times, f)
+        } else {
+            f
+        }
+    });
 
     // The listener goes: its acceptor ends with STATUS_CANCELLED.
     listener.cancel();
@@ -619,28 +670,47 @@ fn sent_total(p: &Provider) -> Result<u64> {
     Ok(p.counters()?.sent.iter().sum())
 }
 
-/// Who was told of the flap, and when the last was (from the ports going down, marked as
-/// every connection's DREQ).
-fn flap_figures(times: &[Times], sent_while_down: u64) -> FlapFigures {
+/// Who was told of the flap: the sides that saw their driver's event (client: marked when
+/// its notification completed; server: when its driver told it), and when the last server
+/// side was told, from the ports going down (marked as every connection's DREQ). The
+/// clients' events wait in their drivers until the ports are back.
+fn flap_figures(times: &[Times], f: FlapFigures) -> FlapFigures {
     let down = times
         .iter()
         .map(|t| t.get(Mark::Dreq))
         .filter(|&t| t != 0)
         .min()
         .unwrap_or(0);
-    let told: Vec<u64> = times
+    let told = times
         .iter()
         .flat_map(|t| [t.get(Mark::Drep), t.get(Mark::ServerTold)])
         .filter(|&t| t != 0)
-        .collect();
+        .count();
+    let last_server = times
+        .iter()
+        .map(|t| t.get(Mark::ServerTold))
+        .max()
+        .unwrap_or(0);
     FlapFigures {
-        told: told.len(),
-        told_all_ns: told
-            .iter()
-            .max()
-            .map_or(0, |&last| last.saturating_sub(down)),
-        sent_while_down,
+        told,
+        told_all_ns: last_server.saturating_sub(down),
+        ..f
     }
+}
+
+/// Server sides told by their driver so far.
+fn server_told(times: &[Times]) -> usize {
+    times
+        .iter()
+        .filter(|t| t.get(Mark::ServerTold) != 0)
+        .count()
+}
+
+/// When an RC QP with this local ACK timeout and retry count gives up: (retry count + 1)
+/// x 4.096 us x 2^timeout (IBA 9.7.6.1.3), as the driver's deadline (link.rs).
+fn qp_deadline_ns(timeout: Option<u8>, retry_count: Option<u8>) -> u64 {
+    let per_try = 4096u64 << timeout.unwrap_or(0).clamp(1, 31);
+    (u64::from(retry_count.unwrap_or(0).min(7)) + 1) * per_try
 }
 
 /// A port flap and the reconnect after it ([`port_flap`]).
@@ -650,8 +720,11 @@ pub struct FlapReport {
     /// time to all is the ideal the reconnect is held to) and torn down; the drivers'
     /// memory after it is the baseline (their tables at their working size).
     pub warm: Report,
-    /// The second: N set up again, then torn down by the ports going down
-    /// ([`Report::flap`]).
+    /// N set up again, a short flap (half the deadline: nothing may end), then an
+    /// ordinary teardown.
+    pub short: Report,
+    /// N set up again, then torn down by the ports going down for longer than the
+    /// deadline ([`Report::flap`]).
     pub flap: Report,
     /// The reconnect, once the ports are back: the same N set up again (and torn down the
     /// ordinary way).
@@ -677,9 +750,11 @@ impl FlapReport {
 }
 
 /// A port flap at N live connections: after a first run the ordinary way (the baseline
-/// and the ideal), `cfg.connections` are set up, every node's port goes down (each side of each connection must be told once by its driver, answer, and
-/// wait out timewait: the drivers then hold what they held before), the ports come back,
-/// and all N reconnect, timed against the first setup. `pump` must be able to take the
+/// and the ideal), N are set up and the ports flap for half their deadline (nothing may
+/// end: an ordinary teardown follows), then N are set up again and the ports go down for
+/// longer than the deadline (each side of each connection must be told once by its
+/// driver, answer, and wait out timewait once the ports are back: the drivers then hold
+/// what they held before), and all N reconnect, timed against the first setup. `pump` must be able to take the
 /// ports down ([`Pump::set_ports_up`]: the simulated fabric).
 pub fn port_flap(
     client: &Provider,
@@ -706,14 +781,25 @@ pub fn port_flap(
     let since = |a: (u64, u64), b: (u64, u64)| (b.0.saturating_sub(a.0), b.1.saturating_sub(a.1));
     let up = Config {
         port_flap: false,
+        short_flap: false,
         ..*cfg
     };
     let start = count()?;
     let warm = run(client, server, pump, &up, progress)?;
     let warm_retries = since(start, count()?);
+    let short = run(
+        client,
+        server,
+        pump,
+        &Config {
+            short_flap: true,
+            ..up
+        },
+        progress,
+    )?;
     let down = Config {
         port_flap: true,
-        ..*cfg
+        ..up
     };
     let flap = run(client, server, pump, &down, progress)?;
     if !pump.set_ports_up(true) {
@@ -724,6 +810,7 @@ pub fn port_flap(
     let reconnect_retries = since(before, count()?);
     Ok(FlapReport {
         warm,
+        short,
         flap,
         reconnect,
         reconnect_retries,

@@ -265,10 +265,13 @@ struct CmtimeArgs {
     /// the timer DPC would hold a CPU for) and print their percentiles.
     #[arg(long)]
     dpc_times: bool,
-    /// Port flap (simulated fabric): set up --connections, then take both nodes' ports
-    /// down at once (a cable pulled), so every connection's two sides are told by their
-    /// drivers (an established one reads it as the peer's DREQ), answer and wait out
-    /// timewait; then the ports come back and all reconnect. The table shows the time to
+    /// Port flap (simulated fabric): set up --connections, flap both nodes' ports for half
+    /// the connections' deadline (their QPs' transport retries: nothing may end, an
+    /// ordinary teardown follows); set them up again and take the ports down for longer
+    /// than the deadline (a cable pulled), so every connection's two sides are told by
+    /// their drivers (an established one reads it as the peer's DREQ); the ports come
+    /// back, each side answers, the owed DREQs go out, timewait runs out, and all
+    /// reconnect. The table shows the deadline, how long the ports were down, the time to
     /// tell every side, the MADs sent while down (0), the reconnect's time to all against
     /// the ideal (the first setup of the same N), its retries and failures, and the
     /// drivers' memory at the baseline (after a first run of the same N the ordinary
@@ -664,16 +667,57 @@ fn us(ns: u64) -> String {
 /// were down, all reconnected and nothing failed.
 fn print_flap(f: &cmtime::FlapReport) -> bool {
     let n = f.flap.connections;
-    let figures = f.flap.flap.unwrap_or(cmtime::FlapFigures {
+    let none = cmtime::FlapFigures {
         told: 0,
         told_all_ns: 0,
         sent_while_down: 0,
-    });
+        deadline_ns: 0,
+        down_ns: 0,
+    };
+    let figures = f.flap.flap.unwrap_or(none);
+    let short = f.short.flap.unwrap_or(none);
+    let clean = |r: &Report| {
+        r.outcomes
+            .iter()
+            .map(|c| {
+                usize::from(c.client == cmtime::Outcome::Complete)
+                    + usize::from(c.server == cmtime::Outcome::Complete)
+            })
+            .sum::<usize>()
+    };
     let failures = |r: &Report| r.failures.values().sum::<usize>();
     println!();
     println!(
+        "short port flap: {n} connections, both nodes' ports down for {} (half the \
+         deadline of {}), then back, then an ordinary teardown",
+        ms3(short.down_ns),
+        ms3(short.deadline_ns)
+    );
+    println!("{:<44} {:>14} {:>14}", "", "measured", "ideal");
+    println!(
+        "{:<44} {:>14} {:>14}",
+        "established before the flap", f.short.established, n
+    );
+    println!(
+        "{:<44} {:>14} {:>14}",
+        "sides that ended cleanly (DREQ, DREP, timewait)",
+        clean(&f.short),
+        2 * n
+    );
+    println!(
+        "{:<44} {:>14} {:>14}",
+        "MADs sent while the ports were down", short.sent_while_down, 0
+    );
+    println!("{:<44} {:>14} {:>14}", "failures", failures(&f.short), 0);
+    for (reason, count) in &f.short.failures {
+        println!("  short flap: {count} x {reason}");
+    }
+    println!();
+    println!(
         "port flap: {n} connections (after a first run of {n} the ordinary way: the \
-         baseline), both nodes' ports down at once, then back"
+         baseline), both nodes' ports down for {} (deadline {}), then back",
+        ms3(figures.down_ns),
+        ms3(figures.deadline_ns)
     );
     println!("{:<44} {:>14} {:>14}", "", "measured", "ideal");
     println!(
@@ -688,9 +732,9 @@ fn print_flap(f: &cmtime::FlapReport) -> bool {
     );
     println!(
         "{:<44} {:>14} {:>14}",
-        "time to tell every side",
+        "time to tell every server side",
         ms3(figures.told_all_ns),
-        ms3(0)
+        ms3(figures.deadline_ns)
     );
     println!(
         "{:<44} {:>14} {:>14}",
@@ -699,12 +743,7 @@ fn print_flap(f: &cmtime::FlapReport) -> bool {
     println!(
         "{:<44} {:>14} {:>14}",
         "sides that ended cleanly (told, DREP, timewait)",
-        f.flap
-            .outcomes
-            .iter()
-            .map(|c| usize::from(c.client == cmtime::Outcome::Complete)
-                + usize::from(c.server == cmtime::Outcome::Complete))
-            .sum::<usize>(),
+        clean(&f.flap),
         2 * n
     );
     println!(
@@ -769,6 +808,10 @@ fn print_flap(f: &cmtime::FlapReport) -> bool {
     }
     figures.told == 2 * n
         && figures.sent_while_down == 0
+        && short.sent_while_down == 0
+        && f.short.established == n
+        && clean(&f.short) == 2 * n
+        && f.short.failures.is_empty()
         && f.flap.established == n
         && f.reconnect.established == n
         && f.flap.failures.is_empty()

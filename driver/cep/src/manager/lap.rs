@@ -234,9 +234,22 @@ impl CmManager {
         if c.state != State::Established || c.alternate.is_none() {
             return Err(self.invalid(id));
         }
+        // The alternate path may leave from another port of the CA (APM across ports):
+        // CM MADs then go out of that port, and its going down is what counts (link.rs).
+        let (from, to) = match self.cep_any(id) {
+            Some(c) => {
+                let to = c.alternate.and_then(|alt| self.port_of_path(&alt));
+                (c.dest.port, to.unwrap_or(c.dest.port))
+            }
+            None => return Err(CmError::UnknownCep),
+        };
+        if from != to {
+            self.down.move_port(from, to);
+        }
         if let Some(c) = self.cep_mut(id)
             && let Some(alt) = c.alternate.take()
         {
+            c.dest.port = to;
             let old = core::mem::replace(&mut c.primary, alt);
             c.alternate = Some(old);
             c.dest.lid = alt.dlid;
@@ -276,6 +289,9 @@ impl CmManager {
             })
             .collect();
         for id in hit {
+            if let Some(c) = self.cep_mut(id) {
+                c.owes_dreq = false;
+            }
             self.cancel_timer(id);
             self.forget_peer(id);
             self.forget_sidr(id);

@@ -48,6 +48,10 @@ impl PortAddress {
         (base..=base | span).contains(&u32::from(lid))
     }
 
+    pub(super) fn port_number(&self) -> u8 {
+        self.port
+    }
+
     fn checks_lids(&self) -> bool {
         self.lid != 0 && self.lid != PERMISSIVE_LID
     }

@@ -19,6 +19,13 @@ impl CmManager {
         let (qpn, owner) = ((c.dest.port, c.local_qpn), c.owned.then_some(c.owner[0]));
         self.waiting.on_state(was, state);
         self.rebind_local_qpn(qpn, owner, was, state);
+        self.down.note_state(qpn.0, was, state);
+        if state == State::Established && was != State::Established {
+            // Established while its port is down (an RTU sent into it): the same deadline
+            // as at the port's going down (link.rs). Every caller has cancelled the
+            // handshake's timer first.
+            self.arm_port_deadline(id);
+        }
         // The comm ID is derived (src/comm_id.rs): only for a tracer.
         if !self.trace.installed() {
             return;
@@ -81,6 +88,9 @@ impl CmManager {
     }
 
     pub(super) fn exit_timewait(&mut self, id: CepId) {
+        if let Some(c) = self.cep_mut(id) {
+            c.owes_dreq = false;
+        }
         self.forget_peer(id);
         self.set_state(id, State::Idle);
         if self.cep_any(id).is_some_and(|c| c.detached) {

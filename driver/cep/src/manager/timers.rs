@@ -120,12 +120,14 @@ impl CmManager {
         let state = c.state;
         let retry = c.retry;
         let expired = retry.left == 0 || now >= retry.deadline;
+        let lap_sent = matches!(c.lap, LapState::Sent { .. });
+        let port_down = self.down.contains(c.dest.port);
         let retried = match state {
             State::ReqSent { .. } => Some(AttributeId::Req),
             State::RepSent { .. } => Some(AttributeId::Rep),
             State::DreqSent => Some(AttributeId::Dreq),
             State::SidrReqSent => Some(AttributeId::SidrReq),
-            State::Established if matches!(c.lap, LapState::Sent { .. }) => Some(AttributeId::Lap),
+            State::Established if lap_sent => Some(AttributeId::Lap),
             _ => None,
         };
         match state {
@@ -173,6 +175,12 @@ impl CmManager {
                 self.enter_timewait(now, id);
             }
             State::DreqSent => {
+                if port_down {
+                    // Its retries went nowhere: the DREQ is still owed (link.rs).
+                    if let Some(c) = self.cep_mut(id) {
+                        c.owes_dreq = true;
+                    }
+                }
                 self.emit(
                     id,
                     Event::Timeout {
@@ -181,7 +189,9 @@ impl CmManager {
                 );
                 self.enter_timewait(now, id);
             }
-            State::Timewait => self.exit_timewait(id),
+            State::Timewait => self.timewait_over(now, id),
+            // No LAP in flight: the deadline of a port that went down (link.rs).
+            State::Established if !lap_sent => self.port_deadline(now, id),
             State::Established => {
                 // The LAP went unanswered: the connection stays up on its current paths.
                 if let Some(c) = self.cep_mut(id) {
@@ -194,6 +204,9 @@ impl CmManager {
                         message: AttributeId::Lap,
                     },
                 );
+                // A LAP in flight when its port went down kept its own timer; the port's
+                // deadline, counted from the port's going down, takes over (link.rs).
+                self.arm_port_deadline(id);
             }
             State::SidrReqSent => {
                 self.emit(

@@ -184,8 +184,14 @@ impl CmManager {
             c.mra_service_timeout = service_timeout;
             c.mra_by_manager = true;
         }
+        // `send_held` without a new cache entry: counted only if it went out (link.rs).
         self.resend(id, AttributeId::Mra);
-        Counters::bump(&mut self.counters.sent, AttributeId::Mra);
+        if self
+            .cep_any(id)
+            .is_some_and(|c| !self.down.contains(c.dest.port))
+        {
+            Counters::bump(&mut self.counters.sent, AttributeId::Mra);
+        }
         self.set_state(id, next);
     }
 }
