@@ -237,6 +237,7 @@ fn create_objects(device: WDFDEVICE, host: &mut Host) -> Result<(), NTSTATUS> {
             &raw mut host.receive_dpc,
         ),
         (host::evt_delivery_dpc, &raw mut host.delivery_dpc),
+        (host::evt_timer_dpc, &raw mut host.timer_dpc),
     ] {
         let mut dpc_config = WDF_DPC_CONFIG {
             Size: wdf::size_of_ulong::<WDF_DPC_CONFIG>(),

@@ -248,6 +248,9 @@ pub struct Host {
     pub receive_dpc: WDFDPC,
     /// Runs `Registered::deliver` (`Backend::schedule_delivery`).
     pub delivery_dpc: WDFDPC,
+    /// Runs the next timer pass at once when one pass left timers due
+    /// ([`Self::arm_timer`] with a deadline already passed).
+    pub timer_dpc: WDFDPC,
     /// Runs `Registered::replenish` at PASSIVE_LEVEL.
     pub replenish_work_item: WDFWORKITEM,
     /// The CM, once a port was reported; freed in [`free_cm`].
@@ -295,6 +298,7 @@ impl Host {
             timer: core::ptr::null_mut(),
             receive_dpc: core::ptr::null_mut(),
             delivery_dpc: core::ptr::null_mut(),
+            timer_dpc: core::ptr::null_mut(),
             replenish_work_item: core::ptr::null_mut(),
             cm: AtomicPtr::new(core::ptr::null_mut()),
             timer_state: KmdfLock::new(TimerState {
@@ -433,6 +437,21 @@ impl Host {
                 return;
             }
             t.armed = Some(deadline);
+            // A deadline already passed: the engine left timers due after a bounded pass
+            // (`CmManager::handle_timeout`, 8 at most). A WDFTIMER would run the next pass
+            // only at the next clock tick (15.6 ms by default), so 10^4 deadlines falling
+            // due together (a port flap, a mass teardown's timewait exits) would take
+            // 1250 ticks, about 20 s; the DPC runs it as soon as this DPC returns, as the
+            // receive DPC drains its ring.
+            if deadline <= now && !self.timer_dpc.is_null() {
+                // SAFETY: (H9b) a live child of the control device; WdfDpcEnqueue is
+                // callable at IRQL <= DISPATCH_LEVEL, allocates nothing and does not call
+                // back synchronously.
+                let _newly_queued = unsafe {
+                    wdk_sys::call_unsafe_wdf_function_binding!(WdfDpcEnqueue, self.timer_dpc)
+                };
+                return;
+            }
             // Relative due time: negative, in 100 ns units, at least one unit.
             let due = (deadline.nanos_since(now) / 100).max(1);
             let due = -i64::try_from(due).unwrap_or(i64::MAX);
@@ -469,7 +488,7 @@ impl Host {
             let _was_queued =
                 unsafe { wdk_sys::call_unsafe_wdf_function_binding!(WdfTimerStop, self.timer, 1) };
         }
-        for dpc in [self.receive_dpc, self.delivery_dpc] {
+        for dpc in [self.receive_dpc, self.delivery_dpc, self.timer_dpc] {
             if dpc.is_null() {
                 continue;
             }
@@ -782,6 +801,16 @@ pub unsafe extern "C" fn evt_receive_dpc(dpc: WDFDPC) {
         // SAFETY: (I80) the DPC is live during its own callback; DISPATCH_LEVEL.
         let _newly_queued =
             unsafe { wdk_sys::call_unsafe_wdf_function_binding!(WdfDpcEnqueue, dpc) };
+    }
+}
+
+/// The timer DPC (EvtDpcFunc, DISPATCH_LEVEL): a timer pass queued at once because the
+/// last one left timers due; the pass re-arms (the timer, or this DPC again).
+pub unsafe extern "C" fn evt_timer_dpc(_dpc: WDFDPC) {
+    let Some(host) = host() else { return };
+    host.timer_fired();
+    if let Some(core) = host.core() {
+        core.timer_expired();
     }
 }
 
