@@ -12,7 +12,6 @@ use clap::{Args, ValueEnum};
 use ibcm_cli::cmtime::Timing;
 use ibcm_cli::perftest::{self, Options, Verb};
 use ibcm_cli::rc::{self, Rc};
-use ibcm_cli::rocev2::PATH_MTU;
 
 use super::{Failure, positive};
 
@@ -101,7 +100,7 @@ pub fn perftest(a: &PerftestArgs) -> Result<bool, Failure> {
         "perftest: control connection established in {:.3} ms",
         ctl.conn.setup.as_secs_f64() * 1e3
     );
-    let agreed = perftest::agree(&mut ctl, u8::from(PATH_MTU))?;
+    let agreed = perftest::agree(&mut ctl, u8::from(rc.path_mtu))?;
     println!(
         "perftest: peer version {}, cycle buffer {}, MTU code {}",
         agreed.peer_version, agreed.cycle_buffer, agreed.mtu

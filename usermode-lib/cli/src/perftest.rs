@@ -62,8 +62,7 @@ const MB: f64 = 1_048_576.0;
 /// The receives ib_send_bw's server keeps posted: `DEF_RX_SEND` (perftest_parameters.h:118,
 /// set at perftest_parameters.c:706), at most the iterations (perftest_parameters.c:1007-
 /// 1008). Fewer than the client's SENDs in flight (`DEF_TX_BW` 128, perftest_parameters.h:
-/// 111) would cost RNR NAKs, each a 655 ms wait at the minimum RNR timer 0 this side's QP
-/// has (IBA Table 45).
+/// 111) would cost RNR NAKs, each a wait of the QP's minimum RNR timer (`MIN_RNR_TIMER`).
 const DEF_RX_SEND: u64 = 512;
 /// `DEF_TX_BW` (perftest_parameters.h:111): the SENDs perftest's client keeps in flight.
 const DEF_TX_BW: usize = 128;
