@@ -7,7 +7,8 @@
 #
 # Scenarios: ibcm-ibcm ibcm-ibcm-bw linux-server linux-client ucmatose-server
 # ucmatose-client perftest-server perftest-client port-down reject-linux reject-ibcm
-# req-timeout disconnect-in-flight baseline.
+# req-timeout disconnect-in-flight baseline; port-flap only when named (it needs the engine
+# to keep a connection through a link flap shorter than its retries, issue 29's follow-up).
 #
 # - perftest-server / perftest-client: perftest's `ib_read_bw -R` and `ib_send_bw -R`
 #   (rdma_cm mode: a control connection for its parameters, then the data connection)
@@ -294,6 +295,16 @@ qp_observed() {
     check "our max_rd_atomic ($(kv "$f" qp-ours max_rd_atomic)) = Linux's max_dest_rd_atomic ($ldr) rounded up" eq "$(kv "$f" qp-ours max_rd_atomic)" "$(pow2 "$ldr")"
     check "our max_dest_rd_atomic ($(kv "$f" qp-ours max_dest_rd_atomic)) = Linux's max_rd_atomic ($lrd) rounded up" eq "$(kv "$f" qp-ours max_dest_rd_atomic)" "$(pow2 "$lrd")"
     check "retry_cnt: ours = Linux's ($lrc)" eq "$(kv "$f" qp-ours retry_cnt)" "$lrc"
+    # Linux's RNR retry count is the one ibcm sent, 7 (usermode-lib/cli/src/rc.rs
+    # rnr_retry_count): in the REQ when ibcm connects (cm.c cm_req_handler keeps the REQ's
+    # RNR retry count, cm_init_qp_rts_attr applies it), in the REP when it accepts
+    # (cm_rep_handler). When ibcm connects Linux's timeout is the REQ's LocalAckTimeout,
+    # ibcm's own (cm_format_paths_from_req: packet_life_time = ack - 1; cm_init_av_by_path:
+    # timeout = packet_life_time + 1).
+    check "Linux rnr_retry ($(obs "$log" "$dest" rnr_retry)) = 7, ibcm's REQ/REP" eq "$(obs "$log" "$dest" rnr_retry)" 7
+    if grep -q '^rc: established in .*(REP received' "$f"; then
+        check "ibcm connected: Linux timeout ($(obs "$log" "$dest" timeout)) = ours, the REQ's LocalAckTimeout" eq "$(obs "$log" "$dest" timeout)" "$(kv "$f" qp-ours timeout)"
+    fi
     check "prediction (qp-linux-cm) = observed read limits and MTU" eq "$(kv "$f" qp-linux-cm max_rd_atomic)/$(kv "$f" qp-linux-cm max_dest_rd_atomic)/$(kv "$f" qp-linux-cm path_mtu)" "$lrd/$ldr/$lmtu"
     echo "  timeout / rnr_retry / min_rnr_timer: ours $(kv "$f" qp-ours timeout) / $(kv "$f" qp-ours rnr_retry) / -, Linux $(obs "$log" "$dest" timeout) / $(obs "$log" "$dest" rnr_retry) / $(obs "$log" "$dest" min_rnr_timer)"
 }
