@@ -158,7 +158,7 @@ pub fn perftest(a: &PerftestArgs) -> Result<bool, Failure> {
         } else if r.contents_checked {
             "verified"
         } else {
-            "received, length checked"
+            "length checked only"
         };
         let reads = if verb == Verb::Read {
             format!(
