@@ -61,7 +61,7 @@ if [ -n "$ibcm_bin" ]; then
     initrd="$out/initrd-ibcm.cpio"
     stamp="$out/guest-ibcm.stamp"
 fi
-want="$( (printf '%s\n' "${packages[@]}"; cat "$here/guest-init.sh" "$here/build-guest.sh"; [ -z "$ibcm_bin" ] || cat "$ibcm_bin") | sha256sum | cut -c1-32)"
+want="$( (printf '%s\n' "${packages[@]}"; cat "$here/guest-init.sh" "$here/build-guest.sh"; [ -z "$ibcm_bin" ] || cat "$ibcm_bin" "$here/qp-observe.c") | sha256sum | cut -c1-32)"
 if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ] && [ -f "$out/vmlinuz" ] && [ -f "$initrd" ]; then
     echo "build-guest: cached ($out)" >&2
     echo "$out/vmlinuz"
@@ -115,6 +115,13 @@ if [ -n "$ibcm_bin" ]; then
     strip -o "$x/usr/bin/ibcm" "$ibcm_bin"
     cp "$x/usr/bin/ibcm" "$stage/usr/bin/ibcm"
     bins+=(usr/bin/ibcm)
+    # The ibv_modify_qp observer (qp-observe.c) for the Linux side's QPs, built against the
+    # host's verbs.h: host and guest are both Debian 12 (glibc 2.36, rdma-core's stable
+    # verbs ABI). The harness runs Linux's tools under LD_PRELOAD of it.
+    command -v gcc >/dev/null && [ -f /usr/include/infiniband/verbs.h ] ||
+        die "gcc and libibverbs-dev are needed for qp-observe.c"
+    gcc -shared -fPIC -O2 -Wall -Wextra -Werror -o "$stage/usr/lib/ibcm-qp-observe.so" "$here/qp-observe.c" -ldl ||
+        die "building qp-observe.c failed"
 fi
 [ -f "$x/$provider" ] || die "the rxe verbs provider ($provider) is not in the packages"
 cp "$x/$provider" "$stage/$provider"

@@ -7,19 +7,22 @@
 #
 # Scenarios: ibcm-ibcm ibcm-ibcm-bw linux-server linux-client ucmatose-server
 # ucmatose-client perftest-server perftest-client port-down reject-linux reject-ibcm
-# req-timeout disconnect-in-flight baseline, and the cmtime scenarios of
+# req-timeout disconnect-in-flight baseline, port-flap (a link flap shorter than the
+# connection's deadline: it survives, issue 29), and the cmtime scenarios of
 # data-plane-cmtime.sh (cmtime-ibcm cmtime-linux-server cmtime-linux-client
 # cmtime-baseline: connection setup timed as rdma-core cmtime times it, against Linux's
 # cmtime in both roles).
 #
 # - perftest-server / perftest-client: perftest's `ib_read_bw -R` and `ib_send_bw -R`
 #   (rdma_cm mode: a control connection for its parameters, then the data connection)
-#   against `ibcm perftest` in both roles; RDMA READ with asymmetric read limits, the
-#   limits asserted on both QPs, every READ and every received SEND checked.
+#   against `ibcm perftest` in both roles; RDMA READ with asymmetric read limits and
+#   against a default server (no -o: 128 granted), every READ checked, every received SEND
+#   length-checked and, above half the cycle buffer, compared with the first.
 # - port-down: A's eth0 goes down while ibcm pings a Linux `rping -s -P`; rxe's
-#   IBV_EVENT_PORT_ERR reaches ibcm's engine, the application gets DEVICE_REMOVAL, its QP
-#   goes to ERR, the engine holds nothing; the link comes back, the same process connects
-#   again and verifies 10 pings; Linux's side of the old connection ends too.
+#   IBV_EVENT_PORT_ERR reaches ibcm's engine as Device::port_down, the application gets
+#   one CM event ending the connection, the QP's transport fails the work in flight
+#   (RETRY_EXC), the engine holds nothing; the link comes back, the same process connects
+#   again with a new QP and verifies 10 pings; Linux's side of the old connection ends.
 #
 # What it does, all of it self-contained and undone on exit (trap):
 # - builds `ibcm` (feature `verbs`: driver/linux, ib_umad + libibverbs) and the guest
@@ -34,9 +37,9 @@
 # - after each connection prints both QPs (ibv_query_qp on ours, `rdma resource show qp`
 #   on Linux's) and asserts ours.sq_psn = theirs.rq_psn, ours.rq_psn = theirs.sq_psn, the
 #   QPNs crossed, the MTU, the read limits (ibcm-ibcm: both QPs queried; ibcm-Linux: the
-#   MTU and read limits Linux's CM puts on its QP from the REQ and REP, which `rdma
-#   resource show` does not print: the qp-linux-cm line, usermode-lib/cli/src/rc.rs
-#   LinuxQp);
+#   attributes Linux's process really put on its QP, observed by an ibv_modify_qp
+#   LD_PRELOAD shim in guest B, tests/interop/qp-observe.c, beside the prediction of
+#   usermode-lib/cli/src/rc.rs LinuxQp, the qp-linux-cm line);
 # - prints a PASS/FAIL line per scenario, the figures beside Linux's, the total time.
 #
 # Environment: IBCM_PROFILE (debug|release, default release), IBCM_DP_OUT (results, default
@@ -54,7 +57,7 @@ A_IP=10.77.0.3
 B_IP=10.77.0.2
 DEAD_IP=10.77.0.9
 CM_MODULES=iw_cm,ib_cm,rdma_cm,rdma_ucm
-ALL_SCENARIOS=(ibcm-ibcm ibcm-ibcm-bw cmtime-ibcm linux-server linux-client ucmatose-server ucmatose-client perftest-server perftest-client cmtime-linux-server cmtime-linux-client port-down reject-linux reject-ibcm req-timeout disconnect-in-flight baseline cmtime-baseline)
+ALL_SCENARIOS=(ibcm-ibcm ibcm-ibcm-bw cmtime-ibcm linux-server linux-client ucmatose-server ucmatose-client perftest-server perftest-client cmtime-linux-server cmtime-linux-client port-down port-flap reject-linux reject-ibcm req-timeout disconnect-in-flight baseline cmtime-baseline)
 t_start=$(date +%s.%N)
 
 die() { echo "data-plane: FAIL: $*" >&2; exit 1; }
@@ -76,6 +79,7 @@ command -v modinfo >/dev/null || need+=(kmod)
 command -v ip >/dev/null || need+=(iproute2)
 command -v readelf >/dev/null || need+=(binutils)
 command -v bc >/dev/null || need+=(bc)
+command -v gcc >/dev/null || need+=(gcc libc6-dev)
 [ -f /usr/include/infiniband/verbs.h ] || need+=(libibverbs-dev)
 [ -f /usr/lib/llvm-14/lib/libclang.so.1 ] || [ -f /usr/lib/llvm-14/lib/libclang-14.so.1 ] || need+=(libclang-14-dev)
 if [ ${#need[@]} -gt 0 ]; then
@@ -208,6 +212,7 @@ kv() { awk -v p="$2" -v k="$3" '$1==p { for (i=2;i<=NF;i++) { split($i,a,"="); i
 # guest: everything crossed, printed.
 qp_pair() {
     local a="$2" b="$3"
+    [ -n "$(kv "$a" qp-ours qpn)" ] && [ -n "$(kv "$b" qp-ours qpn)" ] || { fail "no qp-ours line on both sides"; return 0; }
     echo "  QP A: $(grep '^qp-ours ' "$a" | head -1)"
     echo "  QP B: $(grep '^qp-ours ' "$b" | head -1)"
     check "A.sq_psn = B.rq_psn" eq "$(kv "$a" qp-ours sq_psn)" "$(kv "$b" qp-ours rq_psn)"
@@ -226,25 +231,82 @@ qp_linux() {
     local qpn dest sq rq
     qpn="$(kv "$f" qp-ours qpn)"; dest="$(kv "$f" qp-ours dest_qpn)"
     sq="$(kv "$f" qp-ours sq_psn)"; rq="$(kv "$f" qp-ours rq_psn)"
+    [ -n "$qpn" ] && [ -n "$dest" ] && [ -n "$sq" ] && [ -n "$rq" ] || { fail "no qp-ours line"; return 0; }
     echo "  QP ibcm:  $(grep '^qp-ours ' "$f" | head -1)"
     local theirs
     theirs="$(awk -v l="$dest" '{ for (i=1;i<NF;i++) if ($i=="lqpn" && $(i+1)==l && / RC /) { print; next } }' "$snaps" | sort | uniq -c | sort -rn | head -3)"
     echo "  QP Linux (distinct snapshots, most frequent first):"
     printf '%s\n' "$theirs" | sed 's/^/    /'
-    check "Linux has an RC QP $dest whose remote QPN is ours ($qpn)" eval "awk -v l='$dest' -v r='$qpn' '{ for (i=1;i<NF;i++) { if (\$i==\"lqpn\") a=\$(i+1); if (\$i==\"rqpn\") b=\$(i+1) } if (a==l && b==r) f=1; a=b=\"\" } END { exit !f }' '$snaps'"
-    check "a Linux snapshot has rq-psn = our sq_psn ($sq) and sq-psn = our rq_psn ($rq)" eval "awk -v l='$dest' -v s='$sq' -v q='$rq' '{ a=r1=s1=\"\"; for (i=1;i<NF;i++) { if (\$i==\"lqpn\") a=\$(i+1); if (\$i==\"rq-psn\") r1=\$(i+1); if (\$i==\"sq-psn\") s1=\$(i+1) } if (a==l && r1==s && s1==q) f=1 } END { exit !f }' '$snaps'"
+    check "Linux has an RC QP $dest whose remote QPN is ours ($qpn)" eval "awk -v l='$dest' -v r='$qpn' '{ for (i=1;i<NF;i++) { if (\$i==\"lqpn\") a=\$(i+1); if (\$i==\"rqpn\") b=\$(i+1) } if (a!=\"\" && a==l && b==r) f=1; a=b=\"\" } END { exit !f }' '$snaps'"
+    check "a Linux snapshot has rq-psn = our sq_psn ($sq) and sq-psn = our rq_psn ($rq)" eval "awk -v l='$dest' -v s='$sq' -v q='$rq' '{ a=r1=s1=\"\"; for (i=1;i<NF;i++) { if (\$i==\"lqpn\") a=\$(i+1); if (\$i==\"rq-psn\") r1=\$(i+1); if (\$i==\"sq-psn\") s1=\$(i+1) } if (a!=\"\" && a==l && r1==s && s1==q) f=1 } END { exit !f }' '$snaps'"
     check "our path MTU is rxe's 1024" eq "$(kv "$f" qp-ours path_mtu)" 3
-    # The Linux QP's path MTU and read limits as Linux's CM sets them from this
-    # connection's REQ and REP (`rdma resource show` has neither; the qp-linux-cm line,
-    # usermode-lib/cli/src/rc.rs LinuxQp, cites librdmacm cma.c and cm.c): the MTUs equal,
-    # neither side issues more READs at once than the other serves.
-    echo "  $(grep '^qp-linux-cm ' "$f" | head -1)"
-    local ord odr lrd ldr
-    ord="$(kv "$f" qp-ours max_rd_atomic)"; odr="$(kv "$f" qp-ours max_dest_rd_atomic)"
-    lrd="$(kv "$f" qp-linux-cm max_rd_atomic)"; ldr="$(kv "$f" qp-linux-cm max_dest_rd_atomic)"
-    check "path MTU: ours = Linux's" eq "$(kv "$f" qp-ours path_mtu)" "$(kv "$f" qp-linux-cm path_mtu)"
-    check "ours.max_rd_atomic ($ord) <= Linux.max_dest_rd_atomic ($ldr)" eval "[ -n '$ord' ] && [ -n '$ldr' ] && [ '$ord' -le '$ldr' ]"
-    check "Linux.max_rd_atomic ($lrd) <= ours.max_dest_rd_atomic ($odr)" eval "[ -n '$lrd' ] && [ -n '$odr' ] && [ '$lrd' -le '$odr' ]"
+}
+
+# The ibv_modify_qp observer (tests/interop/qp-observe.c, in guest B's image): Linux's rdma_cm
+# tools run under it, each call logged with its attributes to /tmp/qp-modify.log.
+OBS="env LD_PRELOAD=/usr/lib/ibcm-qp-observe.so"
+obs_reset() { guest B 10 "rm -f /tmp/qp-modify.log" >/dev/null 2>&1 || true; }
+# After a background job is killed the guest's control line has lost the head of the next
+# command (baseline's note): a padding command takes that loss first.
+obs_get() {
+    guest B 10 ":; :; :; :; :; :; :; :; :; :; :; :; :; :; :; :; :; true" >/dev/null 2>&1 || true
+    guest B 10 "cat /tmp/qp-modify.log 2>/dev/null" >"$1" 2>&1 || true
+}
+# obs FILE QPN KEY: the last value of KEY that Linux's calls for QP QPN set (rc=0 only).
+obs() { awk -v q="qpn=$2" -v k="$3" '$1=="qp-modify" && $2==q && $4=="rc=0" { for (i=5;i<=NF;i++) { split($i,a,"="); if (a[1]==k) v=a[2] } } END { print v }' "$1"; }
+pow2() { local n="$1" p=1; [ -n "$n" ] || { echo ""; return; }; [ "$n" -gt 0 ] || { echo 0; return; }; while [ "$p" -lt "$n" ]; do p=$((p * 2)); done; echo "$p"; }
+
+# qp_observed OURS-FILE OBS-LOG [quiet]: ibcm's QP (ibv_query_qp, the qp-ours line) against
+# the attributes Linux's own process put on its QP (the observer's log), and the prediction
+# rc.rs LinuxQp made from the REQ and REP (qp-linux-cm) beside them. Crossed: Linux's
+# dest_qpn is our QPN, its rq_psn our sq_psn (and, when nothing has moved yet: quiet, its
+# sq_psn our rq_psn); the path MTUs equal; each side's initiator depth is the other's
+# responder resources (cm.c cm_rep_handler crosses the REP, librdmacm cma.c:1918-1936 and
+# 2346-2350 apply it), ours as rxe rounded it up to a power of two (rxe_qp.c
+# rxe_qp_from_attr: roundup_pow_of_two) and Linux's as it asked; the transport retry count
+# the same (both from the REQ, cm.c cm_req_handler / the active side's own).
+qp_observed() {
+    local f="$1" log="$2" quiet="${3:-}"
+    local qpn dest
+    qpn="$(kv "$f" qp-ours qpn)"; dest="$(kv "$f" qp-ours dest_qpn)"
+    [ -n "$qpn" ] && [ -n "$dest" ] || { fail "no qp-ours line"; return 0; }
+    local seen
+    seen="$(obs "$log" "$dest" state)"
+    echo "  Linux's ibv_modify_qp calls on QP $dest (observed):"
+    awk -v q="qpn=$dest" '$1=="qp-modify" && $2==q' "$log" | sed 's/^/    /'
+    echo "  $(grep '^qp-linux-cm ' "$f" | head -1)  (prediction)"
+    [ -n "$seen" ] || { fail "no observed ibv_modify_qp of Linux's QP $dest"; return 0; }
+    local ldq lrq lsq lmtu lrd ldr lrc
+    ldq="$(obs "$log" "$dest" dest_qpn)"; lrq="$(obs "$log" "$dest" rq_psn)"; lsq="$(obs "$log" "$dest" sq_psn)"
+    lmtu="$(obs "$log" "$dest" path_mtu)"; lrd="$(obs "$log" "$dest" max_rd_atomic)"; ldr="$(obs "$log" "$dest" max_dest_rd_atomic)"
+    lrc="$(obs "$log" "$dest" retry_cnt)"
+    check "Linux QP $dest: dest_qpn ($ldq) = our QPN ($qpn)" eq "$ldq" "$qpn"
+    check "Linux rq_psn ($lrq) = our sq_psn" eq "$lrq" "$(kv "$f" qp-ours sq_psn)"
+    # Our rq_psn as queried: Linux's first PSN, or past the few packets an active Linux
+    # sends at once after its RTU (rping -c's first SEND, rping.c rping_test_client).
+    local d
+    d="$(( ($(kv "$f" qp-ours rq_psn) - ${lsq:-0} + 16777216) % 16777216 ))"
+    if [ -n "$quiet" ]; then
+        check "Linux sq_psn ($lsq) = our rq_psn" eq "$lsq" "$(kv "$f" qp-ours rq_psn)"
+    else
+        check "Linux sq_psn ($lsq) = our rq_psn less the $d packets Linux sent before our query (<= 16)" eval "[ -n '$lsq' ] && [ '$d' -le 16 ]"
+    fi
+    check "Linux path_mtu ($lmtu) = ours" eq "$lmtu" "$(kv "$f" qp-ours path_mtu)"
+    check "our max_rd_atomic ($(kv "$f" qp-ours max_rd_atomic)) = Linux's max_dest_rd_atomic ($ldr) rounded up" eq "$(kv "$f" qp-ours max_rd_atomic)" "$(pow2 "$ldr")"
+    check "our max_dest_rd_atomic ($(kv "$f" qp-ours max_dest_rd_atomic)) = Linux's max_rd_atomic ($lrd) rounded up" eq "$(kv "$f" qp-ours max_dest_rd_atomic)" "$(pow2 "$lrd")"
+    check "retry_cnt: ours = Linux's ($lrc)" eq "$(kv "$f" qp-ours retry_cnt)" "$lrc"
+    # Linux's RNR retry count is the one ibcm sent, 7 (usermode-lib/cli/src/rc.rs
+    # rnr_retry_count): in the REQ when ibcm connects (cm.c cm_req_handler keeps the REQ's
+    # RNR retry count, cm_init_qp_rts_attr applies it), in the REP when it accepts
+    # (cm_rep_handler). When ibcm connects Linux's timeout is the REQ's LocalAckTimeout,
+    # ibcm's own (cm_format_paths_from_req: packet_life_time = ack - 1; cm_init_av_by_path:
+    # timeout = packet_life_time + 1).
+    check "Linux rnr_retry ($(obs "$log" "$dest" rnr_retry)) = 7, ibcm's REQ/REP" eq "$(obs "$log" "$dest" rnr_retry)" 7
+    if grep -q '^rc: established in .*(REP received' "$f"; then
+        check "ibcm connected: Linux timeout ($(obs "$log" "$dest" timeout)) = ours, the REQ's LocalAckTimeout" eq "$(obs "$log" "$dest" timeout)" "$(kv "$f" qp-ours timeout)"
+    fi
+    check "prediction (qp-linux-cm) = observed read limits and MTU" eq "$(kv "$f" qp-linux-cm max_rd_atomic)/$(kv "$f" qp-linux-cm max_dest_rd_atomic)/$(kv "$f" qp-linux-cm path_mtu)" "$lrd/$ldr/$lmtu"
+    echo "  timeout / rnr_retry / min_rnr_timer: ours $(kv "$f" qp-ours timeout) / $(kv "$f" qp-ours rnr_retry) / -, Linux $(obs "$log" "$dest" timeout) / $(obs "$log" "$dest" rnr_retry) / $(obs "$log" "$dest" min_rnr_timer)"
 }
 
 RDMA_PORT=7470
@@ -299,7 +361,8 @@ scenario_linux-server() {
     # writes it back, we compare.
     next_port
     qp_snapshots B ls
-    bg B rping "rping -s -a $B_IP -p $RDMA_PORT -v -V -C $PINGS -S $SIZE"
+    obs_reset
+    bg B rping "$OBS rping -s -a $B_IP -p $RDMA_PORT -v -V -C $PINGS -S $SIZE"
     sleep 1
     guest A 120 "timeout 100 ibcm rping --local $A_IP --peer $B_IP -p $RDMA_PORT -C $PINGS -S $SIZE --responder-resources 4 --initiator-depth 2 --hold 2; echo exit=\$?" >"$OUT/linux-server.ibcm.txt" 2>&1 || true
     bg_wait B rping "$OUT/linux-server.linux.txt"
@@ -308,6 +371,8 @@ scenario_linux-server() {
     check "ibcm exited 0" has "$OUT/linux-server.ibcm.txt" "exit=0"
     check "Linux read $PINGS pings" eq "$(grep -c '^server ping data: rdma-ping-' "$OUT/linux-server.linux.txt")" "$PINGS"
     qp_linux "$OUT/linux-server.ibcm.txt" "$OUT/linux-server.qp.txt"
+    obs_get "$OUT/linux-server.obs.txt"
+    qp_observed "$OUT/linux-server.ibcm.txt" "$OUT/linux-server.obs.txt" quiet
     local rd dr
     rd="$(kv "$OUT/linux-server.ibcm.txt" qp-ours max_rd_atomic)"; dr="$(kv "$OUT/linux-server.ibcm.txt" qp-ours max_dest_rd_atomic)"
     check "read limits: 1 <= our initiator depth ($rd) <= 2 asked" eval "[ '$rd' -ge 1 ] && [ '$rd' -le 2 ]"
@@ -332,7 +397,8 @@ scenario_linux-client() {
     bg A srv "ibcm rping --local $A_IP -p $RDMA_PORT -S $SIZE --responder-resources 2 --initiator-depth 4 --hold 2 --wait 60"
     wait_listening A srv || fail "ibcm server on A did not listen"
     qp_snapshots B lc
-    guest B 120 "t0=\$(cut -d' ' -f1 /proc/uptime); timeout 100 rping -c -a $A_IP -p $RDMA_PORT -v -V -C $PINGS -S $SIZE; echo exit=\$?; echo uptime=\$t0,\$(cut -d' ' -f1 /proc/uptime)" >"$OUT/linux-client.linux.txt" 2>&1 || true
+    obs_reset
+    guest B 120 "t0=\$(cut -d' ' -f1 /proc/uptime); timeout 100 $OBS rping -c -a $A_IP -p $RDMA_PORT -v -V -C $PINGS -S $SIZE; echo exit=\$?; echo uptime=\$t0,\$(cut -d' ' -f1 /proc/uptime)" >"$OUT/linux-client.linux.txt" 2>&1 || true
     bg_wait A srv "$OUT/linux-client.ibcm.txt"
     qp_snapshots_get B lc "$OUT/linux-client.qp.txt"
     # rping exits 0 even when a ping fails (rping.c returns the DISCONNECTED state's 0):
@@ -342,6 +408,8 @@ scenario_linux-client() {
     check "ibcm: the peer's DREQ answered" has "$OUT/linux-client.ibcm.txt" "rc: disconnected"
     check "ibcm exited 0" has "$OUT/linux-client.ibcm.txt" "exit=0"
     qp_linux "$OUT/linux-client.ibcm.txt" "$OUT/linux-client.qp.txt"
+    obs_get "$OUT/linux-client.obs.txt"
+    qp_observed "$OUT/linux-client.ibcm.txt" "$OUT/linux-client.obs.txt"
     # Timing: the same Linux client against ibcm again, without the hold (compared with
     # Linux against Linux in the baseline).
     next_port
@@ -359,7 +427,8 @@ scenario_ucmatose-server() {
     # Linux `ucmatose` serves, ibcm connects: 10 messages of 100 bytes each way, then both
     # sides disconnect (their DREQs may cross).
     next_port
-    bg B uc "ucmatose -b $B_IP -p $RDMA_PORT -C 10 -S 100"
+    obs_reset
+    bg B uc "$OBS ucmatose -b $B_IP -p $RDMA_PORT -C 10 -S 100"
     sleep 1
     guest A 90 "timeout 80 ibcm ucmatose --local $A_IP --peer $B_IP -p $RDMA_PORT -C 10 -S 100; echo exit=\$?" >"$OUT/ucmatose-server.ibcm.txt" 2>&1 || true
     bg_wait B uc "$OUT/ucmatose-server.linux.txt"
@@ -367,18 +436,23 @@ scenario_ucmatose-server() {
     check "ibcm exited 0" has "$OUT/ucmatose-server.ibcm.txt" "exit=0"
     check "Linux: data transfers complete" has "$OUT/ucmatose-server.linux.txt" "data transfers complete"
     check "Linux exited 0" has "$OUT/ucmatose-server.linux.txt" "exit=0"
+    obs_get "$OUT/ucmatose-server.obs.txt"
+    qp_observed "$OUT/ucmatose-server.ibcm.txt" "$OUT/ucmatose-server.obs.txt"
 }
 
 scenario_ucmatose-client() {
     next_port
     bg A uc "ibcm ucmatose --local $A_IP -p $RDMA_PORT -C 10 -S 100 --wait 60"
     wait_listening A uc || fail "ibcm ucmatose on A did not listen"
-    guest B 90 "timeout 80 ucmatose -s $A_IP -p $RDMA_PORT -C 10 -S 100; echo exit=\$?" >"$OUT/ucmatose-client.linux.txt" 2>&1 || true
+    obs_reset
+    guest B 90 "timeout 80 $OBS ucmatose -s $A_IP -p $RDMA_PORT -C 10 -S 100; echo exit=\$?" >"$OUT/ucmatose-client.linux.txt" 2>&1 || true
     bg_wait A uc "$OUT/ucmatose-client.ibcm.txt"
     check "ibcm: 10 sends and 10 receives" has "$OUT/ucmatose-client.ibcm.txt" "ucmatose: 10 sends and 10 receives of 100 bytes"
     check "ibcm exited 0" has "$OUT/ucmatose-client.ibcm.txt" "exit=0"
     check "Linux: data transfers complete" has "$OUT/ucmatose-client.linux.txt" "data transfers complete"
     check "Linux exited 0" has "$OUT/ucmatose-client.linux.txt" "exit=0"
+    obs_get "$OUT/ucmatose-client.obs.txt"
+    qp_observed "$OUT/ucmatose-client.ibcm.txt" "$OUT/ucmatose-client.obs.txt"
 }
 
 # perftest over rdma_cm (-R) against ibcm's `perftest` command: PT_ITERS messages of
@@ -387,40 +461,51 @@ scenario_ucmatose-client() {
 PT_SIZE=65536
 PT_ITERS=100
 # pt_row FILE: perftest's result row "#bytes #iterations BW peak BW average MsgRate".
-pt_row() { awk -v s="$PT_SIZE" -v n="$PT_ITERS" '$1==s && $2==n {print; exit}' "$1"; }
+pt_row() { awk -v s="${3:-$PT_SIZE}" -v n="${2:-$PT_ITERS}" '$1==s && $2==n {print; exit}' "$1"; }
 scenario_perftest-server() {
     # ibcm serves, Linux perftest connects. RDMA READ with asymmetric limits: perftest -o 8
     # asks 8 and offers 8 (pc.c:2290-2293); ibcm offers 2 responder resources and asks 4:
     # its REP carries min(2, 8) = 2 and min(4, 8) = 4 (IBA 12.7.29-30), so ibcm's QP issues
     # 4 and serves 2, Linux's (its CM crosses the REP) issues 2 and serves 4. Powers of two:
     # rxe rounds both limits up to one (rxe_qp.c rxe_qp_from_attr, roundup_pow_of_two).
-    local t
-    for t in read send; do
+    # send-small: 1 KiB messages, at most half the agreed cycle buffer (4096, the larger
+    # page size, pc.c:1838): perftest sends each from another place of its random buffer
+    # (pr.c:3190-3191), so ibcm checks their length only and says so.
+    local t run sz
+    for run in read send send-small; do
+        t="${run%%-*}"
+        sz="$PT_SIZE"
+        [ "$run" = send-small ] && sz=1024
         next_port
         local lim="--responder-resources 2 --initiator-depth 4"
         local o="-o 8"
         [ "$t" = send ] && { lim=""; o=""; }
-        bg A pt "ibcm perftest --test $t --local $A_IP -p $RDMA_PORT -s $PT_SIZE -n $PT_ITERS $lim --hold 1 --wait 60"
+        bg A pt "ibcm perftest --test $t --local $A_IP -p $RDMA_PORT -s $sz -n $PT_ITERS $lim --hold 1 --wait 60"
         wait_listening A pt || fail "ibcm perftest on A did not listen"
         qp_snapshots B ps
-        guest B 150 "t0=\$(cut -d' ' -f1 /proc/uptime); timeout 120 ib_${t}_bw -R -F -p $RDMA_PORT -s $PT_SIZE -n $PT_ITERS $o $A_IP; echo exit=\$?; echo uptime=\$t0,\$(cut -d' ' -f1 /proc/uptime)" >"$OUT/perftest-server.$t.linux.txt" 2>&1 || true
-        bg_wait A pt "$OUT/perftest-server.$t.ibcm.txt"
-        qp_snapshots_get B ps "$OUT/perftest-server.$t.qp.txt"
-        local f="$OUT/perftest-server.$t.ibcm.txt" l="$OUT/perftest-server.$t.linux.txt"
+        obs_reset
+        guest B 150 "t0=\$(cut -d' ' -f1 /proc/uptime); timeout 120 $OBS ib_${t}_bw -R -F -p $RDMA_PORT -s $sz -n $PT_ITERS $o $A_IP; echo exit=\$?; echo uptime=\$t0,\$(cut -d' ' -f1 /proc/uptime)" >"$OUT/perftest-server.$run.linux.txt" 2>&1 || true
+        bg_wait A pt "$OUT/perftest-server.$run.ibcm.txt"
+        qp_snapshots_get B ps "$OUT/perftest-server.$run.qp.txt"
+        local f="$OUT/perftest-server.$run.ibcm.txt" l="$OUT/perftest-server.$run.linux.txt"
         check "ib_${t}_bw exited 0" has "$l" "exit=0"
-        check "ib_${t}_bw printed its $PT_SIZE x $PT_ITERS row" eval "[ -n \"\$(pt_row '$l')\" ]"
+        check "ib_${t}_bw printed its $sz x $PT_ITERS row" eval "[ -n \"\$(pt_row '$l' $PT_ITERS $sz)\" ]"
         check "ibcm exited 0" has "$f" "exit=0"
-        qp_linux "$f" "$OUT/perftest-server.$t.qp.txt"
+        qp_linux "$f" "$OUT/perftest-server.$run.qp.txt"
+        obs_get "$OUT/perftest-server.$run.obs.txt"
+        qp_observed "$f" "$OUT/perftest-server.$run.obs.txt" quiet
         if [ "$t" = read ]; then
             check "ibcm got the client's report: $PT_ITERS x $PT_SIZE B" has "$f" "perftest: client report: $PT_ITERS x $PT_SIZE B"
             check "read limits: ibcm 4 out / 2 in" eq "$(kv "$f" qp-ours max_rd_atomic)/$(kv "$f" qp-ours max_dest_rd_atomic)" 4/2
-            check "read limits: Linux 2 out / 4 in (the REP crossed)" eq "$(kv "$f" qp-linux-cm max_rd_atomic)/$(kv "$f" qp-linux-cm max_dest_rd_atomic)" 2/4
+            check "read limits: Linux 2 out / 4 in (the REP crossed), observed" eq "$(obs "$OUT/perftest-server.$run.obs.txt" "$(kv "$f" qp-ours dest_qpn)" max_rd_atomic)/$(obs "$OUT/perftest-server.$run.obs.txt" "$(kv "$f" qp-ours dest_qpn)" max_dest_rd_atomic)" 2/4
             FIG[linux_to_ibcm_read_mbps]="$(pt_row "$l" | awk '{print $4}')"
+        elif [ "$run" = send-small ]; then
+            check "ibcm: $PT_ITERS messages of $sz B received, length checked only (not claimed verified)" has "$f" "perftest: received $PT_ITERS x $sz B length checked only"
         else
             check "ibcm: $PT_ITERS messages received, each as the first" has "$f" "perftest: received $PT_ITERS x $PT_SIZE B verified"
             FIG[linux_to_ibcm_send_mbps]="$(pt_row "$l" | awk '{print $4}')"
         fi
-        FIG[linux_to_ibcm_${t}_wall_ms]="$(uptime_ms "$l")"
+        [ "$run" = send-small ] || FIG[linux_to_ibcm_${t}_wall_ms]="$(uptime_ms "$l")"
     done
 }
 
@@ -433,27 +518,43 @@ scenario_perftest-client() {
     # server listens for the data connection only after the handshake that precedes it
     # (pc.c:2737-2746), so ibcm's first REQ may meet REJ 8 and is retried as perftest's own
     # client retries (pc.c:2684-2707).
-    local t
-    for t in read send; do
+    # read-default: perftest's server without -o grants the device's maximum, rxe's 128
+    # (pp.c:2014-2030, rxe_param.h RXE_MAX_QP_RD_ATOM), whatever the REQ asked: ibcm's QP
+    # gets initiator depth 128 and its READs in flight stay within that and its send queue
+    # (300 READs: more than a 64-slot send queue, which rxe rounds to 127, could hold).
+    local t run
+    for run in read read-default send; do
+        t="${run%%-*}"
         next_port
         local lim="--responder-resources 8 --initiator-depth 2"
-        local o="-o 4"
+        local o="-o 4" n="$PT_ITERS"
+        [ "$run" = read-default ] && { o=""; n=300; }
         [ "$t" = send ] && { lim=""; o=""; }
         qp_snapshots B pc
-        bg B pt "ib_${t}_bw -R -F -p $RDMA_PORT -s $PT_SIZE -n $PT_ITERS $o"
+        obs_reset
+        bg B pt "$OBS ib_${t}_bw -R -F -p $RDMA_PORT -s $PT_SIZE -n $n $o"
         sleep 2
-        guest A 150 "t0=\$(cut -d' ' -f1 /proc/uptime); timeout 120 ibcm perftest --test $t --local $A_IP --peer $B_IP -p $RDMA_PORT -s $PT_SIZE -n $PT_ITERS $lim --hold 1 --wait 60; echo exit=\$?; echo uptime=\$t0,\$(cut -d' ' -f1 /proc/uptime)" >"$OUT/perftest-client.$t.ibcm.txt" 2>&1 || true
-        bg_wait B pt "$OUT/perftest-client.$t.linux.txt"
-        qp_snapshots_get B pc "$OUT/perftest-client.$t.qp.txt"
-        local f="$OUT/perftest-client.$t.ibcm.txt" l="$OUT/perftest-client.$t.linux.txt"
+        guest A 150 "t0=\$(cut -d' ' -f1 /proc/uptime); timeout 120 ibcm perftest --test $t --local $A_IP --peer $B_IP -p $RDMA_PORT -s $PT_SIZE -n $n $lim --hold 1 --wait 60; echo exit=\$?; echo uptime=\$t0,\$(cut -d' ' -f1 /proc/uptime)" >"$OUT/perftest-client.$run.ibcm.txt" 2>&1 || true
+        bg_wait B pt "$OUT/perftest-client.$run.linux.txt"
+        qp_snapshots_get B pc "$OUT/perftest-client.$run.qp.txt"
+        local f="$OUT/perftest-client.$run.ibcm.txt" l="$OUT/perftest-client.$run.linux.txt"
         check "ib_${t}_bw (server) exited 0" has "$l" "exit=0"
         check "ibcm exited 0" has "$f" "exit=0"
-        qp_linux "$f" "$OUT/perftest-client.$t.qp.txt"
-        if [ "$t" = read ]; then
+        qp_linux "$f" "$OUT/perftest-client.$run.qp.txt"
+        obs_get "$OUT/perftest-client.$run.obs.txt"
+        qp_observed "$f" "$OUT/perftest-client.$run.obs.txt" quiet
+        if [ "$run" = read-default ]; then
+            check "ibcm: $n RDMA READs verified" has "$f" "perftest: RDMA READ $n x $PT_SIZE B verified"
+            check "read limits: ibcm issues up to 128 (perftest's default out_reads on rxe, the REP's)" eq "$(kv "$f" qp-ours max_rd_atomic)" 128
+            local fl
+            fl="$(sed -n 's/.*at most \([0-9]*\) READs in flight (QP: max_rd_atomic \([0-9]*\), send queue \([0-9]*\)).*/\1 \2 \3/p' "$f")"
+            echo "  READs in flight / max_rd_atomic / send queue: ${fl:-none}"
+            check "READs in flight within max_rd_atomic and the send queue ($fl)" eval "set -- $fl; [ \$# -eq 3 ] && [ \$1 -ge 1 ] && [ \$1 -le \$2 ] && [ \$1 -le \$3 ]"
+            check "ib_read_bw printed ibcm's report row" eval "[ -n \"\$(pt_row '$l' $n)\" ]"
+        elif [ "$t" = read ]; then
             check "ibcm: $PT_ITERS RDMA READs verified" has "$f" "perftest: RDMA READ $PT_ITERS x $PT_SIZE B verified"
             check "ibcm issued 4 READs at once, its QP's initiator depth" has "$f" "at most 4 READs in flight"
             check "read limits: ibcm 4 out / 4 in (the REP crossed, not the REQ's 2 / 8)" eq "$(kv "$f" qp-ours max_rd_atomic)/$(kv "$f" qp-ours max_dest_rd_atomic)" 4/4
-            check "read limits: Linux 4 out / 4 in (its REP)" eq "$(kv "$f" qp-linux-cm max_rd_atomic)/$(kv "$f" qp-linux-cm max_dest_rd_atomic)" 4/4
             check "ib_read_bw printed ibcm's report row" eval "[ -n \"\$(pt_row '$l')\" ]"
             FIG[ibcm_to_linux_read_mbps]="$(sed -n 's/^perftest: RDMA READ .*: \([0-9.]*\) MB\/s.*/\1/p' "$f")"
         else
@@ -462,40 +563,76 @@ scenario_perftest-client() {
             # (ib_send_bw's server prints 0.00 for this run on TCG: ibcm's own figure.)
             FIG[ibcm_to_linux_send_mbps]="$(sed -n 's/^perftest: SEND .*: \([0-9.]*\) MB\/s.*/\1/p' "$f")"
         fi
-        FIG[ibcm_to_linux_${t}_wall_ms]="$(uptime_ms "$f")"
+        [ "$run" = read-default ] || FIG[ibcm_to_linux_${t}_wall_ms]="$(uptime_ms "$f")"
     done
 }
 
 scenario_port-down() {
     # ibcm's guest loses its link mid-transfer: ibcm pings a persistent Linux rping server
-    # (-P: each connection its own thread) without end; A's eth0 goes down, rxe raises
-    # IBV_EVENT_PORT_ERR, ibcm's engine is told the port is gone (driver/linux
-    # port_events.rs) and the application gets DEVICE_REMOVAL, moves its QP to ERR and
-    # destroys the connection, the engine then holds nothing. The link comes back 3 s
-    # later (PORT_ACTIVE: the port told again) and the same process connects again with
-    # the same QP (its QPN): Linux's CM still holds the old connection (nothing reached it
-    # while the link was down), rejects the REQ as stale (REJ reason 10) and sends the old
-    # connection a DREQ (cm.c cm_match_req), so rping reports its DISCONNECT EVENT; ibcm's
-    # next attempt, with a new QP, connects and verifies 10 pings.
+    # (-P: each connection its own thread) without end; A's eth0 goes down for 5 s. rxe
+    # raises IBV_EVENT_PORT_ERR (rxe_net.c rxe_port_down), driver/linux port_events.rs tells
+    # the engine Device::port_down (the KMDF binding's IB_PNP_PORT_DOWN). What must hold
+    # whichever way the engine times the end (at once, or once the QP's retries would have
+    # run out): the application gets one CM event ending the connection within its wait;
+    # the QP's own transport ends the work in flight with its error (a probe SEND posted
+    # after PORT_ERR, the QP left alone for its retry time, 4.096 us x 2^16 x 8 = 2.1 s
+    # < 5 s down), not a flush ibcm caused; the engine holds nothing once the connection
+    # is destroyed (its timewait over); PORT_ACTIVE comes back and a new QP
+    # connects and verifies 10 pings; Linux's side of the old connection ends; no panic.
     next_port
     guest B 10 "rping -s -P -a $B_IP -p $RDMA_PORT -V -S 4096 > /tmp/rp.log 2>&1 & echo \$! > /tmp/rp.pid" >/dev/null
     sleep 1
     bg A pf "ibcm port-fault --local $A_IP --peer $B_IP -p $RDMA_PORT -C 10 -S 4096 --wait 60"
-    guest A 60 "i=0; until grep -q '^ping data' /tmp/pf.log 2>/dev/null || [ \$i -ge 300 ]; do sleep 0.1; i=\$((i+1)); done; sleep 2; ip link set eth0 down; echo link down; sleep 3; ip link set eth0 up; echo link up" >"$OUT/port-down.link.txt" 2>&1 || true
+    guest A 60 "i=0; until grep -q '^ping data' /tmp/pf.log 2>/dev/null || [ \$i -ge 300 ]; do sleep 0.1; i=\$((i+1)); done; sleep 2; ip link set eth0 down; echo link down; sleep 5; ip link set eth0 up; echo link up" >"$OUT/port-down.link.txt" 2>&1 || true
     bg_wait A pf "$OUT/port-down.ibcm.txt"
     # rping prints "server DISCONNECT EVENT..." (rping.c:223-226, rdma-core v44.0) or "cq
     # completion failed status N" (rping.c:297-300) when its connection ends.
     guest B 90 "i=0; until grep -q 'DISCONNECT EVENT\|cq completion failed' /tmp/rp.log || [ \$i -ge 200 ]; do sleep 0.1; i=\$((i+1)); done; kill \$(cat /tmp/rp.pid); echo rping-log:; cat /tmp/rp.log" >"$OUT/port-down.linux.txt" 2>&1 || true
     local f="$OUT/port-down.ibcm.txt"
+    grep '^rc: CM event\|^fault: \(CM event\|QP state\|pings ended\|probe\)' "$f" | sed 's/^/  /'
     check "the link went down and up" has "$OUT/port-down.link.txt" "link up"
-    check "ibcm: the CM event is DEVICE_REMOVAL" eval "grep -qi '^rc: CM event: .*remov' '$f'"
-    check "ibcm: the QP is in ERR after the fault (state 6)" eq "$(kv "$f" qp-ours-after-fault state)" 6
-    check "ibcm: nothing held after the faulted connection is destroyed" has "$f" "fault: engine after the connection is destroyed: live_ceps=0 "
     check "ibcm: PORT_ERR and PORT_ACTIVE told to the engine" eval "grep -q '^fault: port events: PORT_ERR [1-9][0-9]*, PORT_ACTIVE [1-9]' '$f'"
-    check "ibcm: 10/10 pings verified after the reconnect" has "$f" "rping: 10/10 pings verified after the reconnect"
+    check "ibcm: a probe SEND was in flight when the link went down" has "$f" "probe SEND posted after PORT_ERR: true"
+    check "ibcm: one CM event ended the connection, within the wait" eval "grep -q '^rc: CM event: ' '$f' && ! grep -q '^rc: CM event: .*CANCELLED' '$f' && grep -q '^fault: CM event [0-9]* ms after PORT_ERR' '$f'"
+    # rxe does not retry into a link that is down: the first packet it cannot build (no
+    # route, no GID: rxe_req.c rxe_requester, init_req_packet failing) completes the WQE
+    # with IB_WC_LOC_QP_OP_ERR (2) and the QP goes to ERR on its own (seen: the QP in
+    # state 6 when the CM event came, before ibcm touched it). A flush (5) would be ibcm's
+    # own doing, success the probe reaching a peer it cannot reach.
+    local st
+    st="$(sed -n 's/^fault: pings ended: .*completion .*(\([0-9]*\))$/\1/p' "$f" | head -1)"
+    check "ibcm: the QP's transport ended the work in flight with its own error (status ${st:-none}), not a flush" eval "[ -n '$st' ] && [ '$st' != 0 ] && [ '$st' != 5 ]"
+    check "ibcm: nothing held after the faulted connection is destroyed" has "$f" "fault: engine after the connection is destroyed: live_ceps=0 "
+    check "ibcm: 10/10 pings verified after the reconnect (a new QP)" has "$f" "rping: 10/10 pings verified after the reconnect"
     check "ibcm: nothing held at the end" has "$f" "fault: engine at the end: live_ceps=0 "
     check "ibcm exited 0, no panic" eval "grep -q 'exit=0' '$f' && ! grep -qi 'panick' '$f'"
     check "Linux: the old connection ended (rping's DISCONNECT EVENT or a failed completion)" awk '/^rping-log:/ { f = 1 } f && /DISCONNECT EVENT|cq completion failed/ { m = 1 } END { exit !m }' "$OUT/port-down.linux.txt"
+}
+
+scenario_port-flap() {
+    # A short flap: ibcm pings a Linux `rping -s -P` 10 times, then leaves the connection
+    # idle while A's eth0 goes down for 0.3 s and up, then pings 10 more times on the same
+    # connection. rxe sends nothing for an idle RC QP (only posted work or a retransmission
+    # makes a packet), so the transport survives; the connection survives when the engine
+    # ends connections only once their retries would have run out with the port still
+    # down (issue 29's follow-up), not at once.
+    next_port
+    guest B 10 "rping -s -P -a $B_IP -p $RDMA_PORT -V -S 4096 > /tmp/rf.log 2>&1 & echo \$! > /tmp/rf.pid" >/dev/null
+    sleep 1
+    bg A pff "ibcm port-fault --flap --local $A_IP --peer $B_IP -p $RDMA_PORT -C 10 -S 4096 --wait 60"
+    guest A 60 "i=0; until grep -q '^flap: idle' /tmp/pff.log 2>/dev/null || [ \$i -ge 300 ]; do sleep 0.1; i=\$((i+1)); done; ip link set eth0 down; echo link down; sleep 0.3; ip link set eth0 up; echo link up" >"$OUT/port-flap.link.txt" 2>&1 || true
+    bg_wait A pff "$OUT/port-flap.ibcm.txt"
+    guest B 10 "kill \$(cat /tmp/rf.pid)" >/dev/null 2>&1 || true
+    guest B 10 ":; :; :; :; :; :; :; :; :; :; :; :; :; :; :; :; :; true" >/dev/null 2>&1 || true
+    local f="$OUT/port-flap.ibcm.txt"
+    grep '^flap: \|^rping: \|^fault: port events' "$f" | sed 's/^/  /'
+    check "the link went down and up" has "$OUT/port-flap.link.txt" "link up"
+    check "ibcm: 10/10 pings verified before the flap" has "$f" "rping: 10/10 pings verified before the flap"
+    check "ibcm: PORT_ERR and PORT_ACTIVE seen" eval "grep -q '^fault: port events: PORT_ERR [1-9][0-9]*, PORT_ACTIVE [1-9]' '$f'"
+    check "ibcm: no CM event ended the connection" has "$f" "flap: no CM event: the connection survived"
+    check "ibcm: 10/10 pings verified after the flap, same connection" has "$f" "rping: 10/10 pings verified after the flap"
+    check "ibcm: nothing held at the end" has "$f" "fault: engine at the end: live_ceps=0 "
+    check "ibcm exited 0, no panic" eval "grep -q 'exit=0' '$f' && ! grep -qi 'panick' '$f'"
 }
 
 scenario_reject-linux() {

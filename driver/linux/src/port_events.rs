@@ -1,13 +1,27 @@
 //! The port's state, from the device's asynchronous events, told to the engine.
 //!
-//! The engine knows a port as told ([`Device::set_port`](ibcm_endpoint::Device::set_port):
-//! its LID and GIDs are this CA's) or gone ([`Device::remove_port`](ibcm_endpoint::Device::remove_port):
-//! every CEP bound to it hears DEVICE_REMOVAL, its timers stop, nothing more is sent for
-//! it). A port leaving ACTIVE (`IBV_EVENT_PORT_ERR`; rdma_rxe raises it when its netdev
-//! goes down) is the port gone, a port becoming ACTIVE again (`IBV_EVENT_PORT_ACTIVE`) is
-//! the port told again with the node's address, as at start. The events are read from the
-//! context's async fd (`ibv_get_async_event`, each acknowledged with
-//! `ibv_ack_async_event`, libibverbs' contract); the other events are only counted.
+//! The same mapping as the KMDF binding's for IBAL's PnP events (driver/kmdf ibal.rs:
+//! `IB_PNP_PORT_DOWN` / `IB_PNP_PORT_ACTIVE` to [`Device::port_down`] / [`Device::port_up`]),
+//! seen through verbs:
+//!
+//! - `IBV_EVENT_PORT_ERR` (the port left ACTIVE; rdma_rxe raises it when its netdev goes
+//!   down, rxe_net.c `rxe_port_down`) is [`Device::port_down`]: the engine ends the
+//!   connections on the port with events their owners handle, keeps the listens, and
+//!   sends nothing from the port until it is back;
+//! - `IBV_EVENT_PORT_ACTIVE` (rxe_net.c `rxe_port_up`) is [`Device::port_up`]. rxe raises
+//!   either event again on NETDEV_CHANGE (`rxe_set_port_state`); a repeat is harmless to
+//!   the engine (a port already down or up stays so);
+//! - `IBV_EVENT_DEVICE_FATAL` (the device is lost: rxe on NETDEV_UNREGISTER) is
+//!   [`Device::remove`], as the KMDF binding's device removal.
+//!
+//! A port that is not ACTIVE when the thread starts (`ibv_query_port`) is told down at
+//! once. The events are read from the context's async fd (`ibv_get_async_event`, each
+//! acknowledged with `ibv_ack_async_event`, libibverbs' contract); the other events are
+//! only counted.
+//!
+//! [`Device::port_down`]: ibcm_endpoint::Device::port_down
+//! [`Device::port_up`]: ibcm_endpoint::Device::port_up
+//! [`Device::remove`]: ibcm_endpoint::Device::remove
 
 use std::io;
 use std::sync::Arc;
@@ -24,16 +38,21 @@ use crate::verbs::Context;
 struct Counts {
     port_err: AtomicU64,
     port_active: AtomicU64,
+    device_fatal: AtomicU64,
     other: AtomicU64,
 }
 
 /// How many port events were told to the engine.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct PortEventCounts {
-    /// `IBV_EVENT_PORT_ERR` on the node's port: `remove_port`.
+    /// `IBV_EVENT_PORT_ERR` on the node's port: `port_down`.
     pub port_err: u64,
-    /// `IBV_EVENT_PORT_ACTIVE` on the node's port: `set_port`.
+    /// `IBV_EVENT_PORT_ACTIVE` on the node's port: `port_up`.
     pub port_active: u64,
+    /// `IBV_EVENT_DEVICE_FATAL`: `Device::remove`.
+    pub device_fatal: u64,
+    /// The port was not ACTIVE at start (`ibv_query_port`): told down then.
+    pub down_at_start: bool,
     /// Every other event (other ports, QP and CQ events).
     pub other: u64,
 }
@@ -41,6 +60,7 @@ pub struct PortEventCounts {
 /// The thread that reads the device's asynchronous events.
 pub struct PortEvents {
     counts: Arc<Counts>,
+    down_at_start: bool,
     stop: Arc<AtomicBool>,
     thread: Option<JoinHandle<()>>,
 }
@@ -48,6 +68,12 @@ pub struct PortEvents {
 impl PortEvents {
     /// Starts reading `ctx`'s events for `node`'s port.
     pub fn start(ctx: Arc<Context>, node: Arc<Node>) -> io::Result<Self> {
+        // An event after this query waits on the async fd for the thread.
+        let port = node.address.port;
+        let down_at_start = !ctx.port_state(port)?.active;
+        if down_at_start {
+            node.device.port_down(port);
+        }
         let counts = Arc::new(Counts::default());
         let stop = Arc::new(AtomicBool::new(false));
         let thread = {
@@ -58,6 +84,7 @@ impl PortEvents {
         };
         Ok(Self {
             counts,
+            down_at_start,
             stop,
             thread: Some(thread),
         })
@@ -68,6 +95,8 @@ impl PortEvents {
         PortEventCounts {
             port_err: self.counts.port_err.load(Ordering::Relaxed),
             port_active: self.counts.port_active.load(Ordering::Relaxed),
+            device_fatal: self.counts.device_fatal.load(Ordering::Relaxed),
+            down_at_start: self.down_at_start,
             other: self.counts.other.load(Ordering::Relaxed),
         }
     }
@@ -111,13 +140,15 @@ fn event_loop(ctx: &Context, node: &Node, counts: &Counts, stop: &AtomicBool) {
         match kind {
             ibv_event_type::IBV_EVENT_PORT_ERR if on_port(&ev) => {
                 counts.port_err.fetch_add(1, Ordering::Relaxed);
-                node.device.remove_port(port);
+                node.device.port_down(port);
             }
             ibv_event_type::IBV_EVENT_PORT_ACTIVE if on_port(&ev) => {
                 counts.port_active.fetch_add(1, Ordering::Relaxed);
-                let a = &node.address;
-                // As at start (ibcm_host::Node::new): a RoCE port, one GID, no LMC.
-                let _ = node.device.set_port(port, a.lid, 0, &[a.gid]);
+                node.device.port_up(port);
+            }
+            ibv_event_type::IBV_EVENT_DEVICE_FATAL => {
+                counts.device_fatal.fetch_add(1, Ordering::Relaxed);
+                node.device.remove();
             }
             _ => {
                 counts.other.fetch_add(1, Ordering::Relaxed);

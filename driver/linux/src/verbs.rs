@@ -28,9 +28,9 @@ use rdma_sys::{
     ibv_destroy_cq, ibv_destroy_qp, ibv_free_device_list, ibv_get_cq_event, ibv_get_device_list,
     ibv_get_device_name, ibv_gid, ibv_gid_entry, ibv_global_route, ibv_mig_state, ibv_modify_qp,
     ibv_mr, ibv_open_device, ibv_pd, ibv_poll_cq, ibv_post_recv, ibv_post_send, ibv_qp,
-    ibv_qp_attr, ibv_qp_attr_mask, ibv_qp_init_attr, ibv_qp_state, ibv_qp_type, ibv_query_pkey,
-    ibv_query_qp, ibv_recv_wr, ibv_reg_mr, ibv_req_notify_cq, ibv_send_flags, ibv_send_wr, ibv_sge,
-    ibv_wc, ibv_wc_status_str, ibv_wr_opcode,
+    ibv_qp_attr, ibv_qp_attr_mask, ibv_qp_init_attr, ibv_qp_state, ibv_qp_type, ibv_query_device,
+    ibv_query_pkey, ibv_query_qp, ibv_recv_wr, ibv_reg_mr, ibv_req_notify_cq, ibv_send_flags,
+    ibv_send_wr, ibv_sge, ibv_wc, ibv_wc_status_str, ibv_wr_opcode,
 };
 
 fn os_error(what: &str) -> io::Error {
@@ -124,6 +124,32 @@ impl Context {
             port,
             pkeys: Mutex::new(Vec::new()),
         }))
+    }
+
+    /// `max_qp_init_rd_atom` of `ibv_query_device`: the most RDMA READs a QP of this
+    /// device may have in flight as initiator (rxe: `RXE_MAX_QP_INIT_RD_ATOM`, 128).
+    pub fn max_qp_init_rd_atom(&self) -> io::Result<u32> {
+        // SAFETY: ibv_device_attr is plain data; all-zero is a valid starting value.
+        let mut attr: rdma_sys::ibv_device_attr = unsafe { std::mem::zeroed() };
+        // SAFETY: the context is open; `attr` is valid for the call.
+        let rc = unsafe { ibv_query_device(self.ctx.as_ptr(), &mut attr) };
+        check(rc, "ibv_query_device")?;
+        Ok(u32::try_from(attr.max_qp_init_rd_atom).unwrap_or(0))
+    }
+
+    /// `ibv_query_port` on `port`: whether it is ACTIVE, and its active MTU code
+    /// (`ibv_mtu`, IBA's MTU numbering: 3 = 1024).
+    pub fn port_state(&self, port: u8) -> io::Result<PortState> {
+        // SAFETY: ibv_port_attr is plain data; all-zero is a valid starting value.
+        let mut attr: rdma_sys::ibv_port_attr = unsafe { std::mem::zeroed() };
+        // SAFETY: the context is open; `attr` is valid for the call (the inline wrapper
+        // passes its size to the provider).
+        let rc = unsafe { rdma_sys::___ibv_query_port(self.ctx.as_ptr(), port, &mut attr) };
+        check(rc, "ibv_query_port")?;
+        Ok(PortState {
+            active: attr.state == rdma_sys::ibv_port_state::IBV_PORT_ACTIVE,
+            active_mtu: attr.active_mtu,
+        })
     }
 
     /// The device's name.
@@ -373,6 +399,15 @@ impl Completion {
     }
 }
 
+/// What `ibv_query_port` says about a port.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PortState {
+    /// `IBV_PORT_ACTIVE`.
+    pub active: bool,
+    /// The active MTU code (`ibv_mtu`: 1 = 256 .. 5 = 4096).
+    pub active_mtu: u32,
+}
+
 /// What `ibv_query_qp` says about a QP: what the CM's records set, to compare with the
 /// peer's QP.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -399,6 +434,10 @@ pub struct QpQuery {
     pub retry_cnt: u8,
     /// RNR retries.
     pub rnr_retry: u8,
+    /// The responder's minimum RNR NAK timer.
+    pub min_rnr_timer: u8,
+    /// Send queue slots (the QP's `cap.max_send_wr`, as the device rounded it).
+    pub max_send_wr: u32,
 }
 
 /// An RC QP with one CQ for both queues.
@@ -588,6 +627,24 @@ impl RcQp {
         check(rc, &format!("ibv_modify_qp to {:?}", a.state))
     }
 
+    /// Sets the responder's minimum RNR NAK timer (IBA Table 45 code) on an RTS QP: the
+    /// application's own choice after the CM's transitions, as perftest's server makes it
+    /// (perftest_communication.c:2324-2326); RTS->RTS allows it (IBA 11.2.4.2, Table 94).
+    pub fn set_min_rnr_timer(&self, code: u8) -> io::Result<()> {
+        // SAFETY: plain data, all-zero is valid.
+        let mut attr: ibv_qp_attr = unsafe { std::mem::zeroed() };
+        attr.min_rnr_timer = code;
+        // SAFETY: `qp` is alive; `attr` is valid for the call.
+        let rc = unsafe {
+            ibv_modify_qp(
+                self.qp.as_ptr(),
+                &mut attr,
+                ibv_qp_attr_mask::IBV_QP_MIN_RNR_TIMER.0 as i32,
+            )
+        };
+        check(rc, "ibv_modify_qp min_rnr_timer")
+    }
+
     /// Moves the QP to the error state: posted work requests flush.
     pub fn to_error(&self) -> io::Result<()> {
         // SAFETY: plain data, all-zero is valid.
@@ -619,7 +676,9 @@ impl RcQp {
             | ibv_qp_attr_mask::IBV_QP_MAX_DEST_RD_ATOMIC
             | ibv_qp_attr_mask::IBV_QP_TIMEOUT
             | ibv_qp_attr_mask::IBV_QP_RETRY_CNT
-            | ibv_qp_attr_mask::IBV_QP_RNR_RETRY;
+            | ibv_qp_attr_mask::IBV_QP_RNR_RETRY
+            | ibv_qp_attr_mask::IBV_QP_MIN_RNR_TIMER
+            | ibv_qp_attr_mask::IBV_QP_CAP;
         // SAFETY: `qp` is alive; both out-structures are valid for the call.
         let rc = unsafe { ibv_query_qp(self.qp.as_ptr(), &mut attr, mask.0 as i32, &mut init) };
         check(rc, "ibv_query_qp")?;
@@ -635,6 +694,8 @@ impl RcQp {
             timeout: attr.timeout,
             retry_cnt: attr.retry_cnt,
             rnr_retry: attr.rnr_retry,
+            min_rnr_timer: attr.min_rnr_timer,
+            max_send_wr: attr.cap.max_send_wr,
         })
     }
 

@@ -8,15 +8,15 @@
 //!
 //! 1. A control connection (pc.c:1230-1290 `create_comm_struct`: an RC QP, verb SEND, one
 //!    receive of `sizeof(struct pingpong_dest)` = 56 bytes posted before the connection is
-//!    established, pc.c:156-180 and pc.c:1043/1181). Every exchange on it is one SEND each
+//!    established, pc.c:156-180 and pc.c:1034/1190). Every exchange on it is one SEND each
 //!    way, the client's first (pc.c:1465-1495 `ctx_xchg_data_rdma`, pc.c:1380-1425
 //!    `ctx_hand_shake`); each side reposts its receive right after a message arrives
-//!    (pc.c:1515, pc.c:531). The control connection asks no read limits (pc.c:1032-1036:
-//!    only READ and ATOMIC set them).
+//!    (pc.c:1517, pc.c:525). The control connection asks no read limits (pc.c:1024-1027 and
+//!    1177-1180: only READ and ATOMIC set them).
 //! 2. The data connection (pc.c:2714-2760 `create_rdma_cm_connection`): a handshake, the
 //!    client's `rdma_connect` with responder resources = initiator depth = `out_reads`
-//!    (pc.c:2290-2293, the server's `rdma_accept` the same, pc.c:2360-2363; `-o`, or the
-//!    device's `max_qp_rd_atom`, pr.c `ctx_set_out_reads`) retried 10 times 100 ms apart
+//!    (pc.c:2290-2293, the server's `rdma_accept` the same, pc.c:2356-2358; `-o`, or the
+//!    device's `max_qp_rd_atom`, perftest_parameters.c:2014-2033 `ctx_set_out_reads`) retried 10 times 100 ms apart
 //!    if it fails (pc.c:2684-2707), and a handshake.
 //!
 //! The control exchanges in order (read_bw.c and send_bw.c `main`, both half duplex):
@@ -35,7 +35,7 @@
 use std::net::Ipv4Addr;
 use std::time::{Duration, Instant};
 
-use ibcm_linux::verbs::{QpQuery, RcQp, Region};
+use ibcm_linux::verbs::{Completion, QpQuery, RcQp, Region};
 
 use crate::rc::{self, Conn, Limits, Rc};
 
@@ -62,16 +62,25 @@ const MB: f64 = 1_048_576.0;
 /// The receives ib_send_bw's server keeps posted: `DEF_RX_SEND` (perftest_parameters.h:118,
 /// set at perftest_parameters.c:706), at most the iterations (perftest_parameters.c:1007-
 /// 1008). Fewer than the client's SENDs in flight (`DEF_TX_BW` 128, perftest_parameters.h:
-/// 111) would cost RNR NAKs, each a 655 ms wait at the minimum RNR timer 0 this side's QP
-/// has (IBA Table 45).
+/// 111) would cost RNR NAKs, each a wait of the QP's minimum RNR timer (`MIN_RNR_TIMER`).
 const DEF_RX_SEND: u64 = 512;
+/// `DEF_TX_BW` (perftest_parameters.h:111): the SENDs perftest's client keeps in flight.
+const DEF_TX_BW: usize = 128;
+/// The memory this side registers for message slots: perftest itself uses one buffer
+/// whatever the depth (pr.h:117 BUFF_SIZE, pr.c:1210), so slots x size must stay within a
+/// budget (64 MiB), down to `DEF_TX_BW` receive slots, each one message.
+const SLOT_BUDGET: usize = 64 << 20;
+/// perftest's `MIN_RNR_TIMER` (perftest_resources.h:83): 0.64 ms (IBA Table 45 code 12).
+const MIN_RNR_TIMER: u8 = 12;
 
 impl Options {
     /// Work requests the data QP's queues hold: ib_send_bw's server keeps its receives
-    /// posted, everyone else `depth` in flight.
+    /// posted (as many as perftest's, within the memory budget but never fewer than the
+    /// client's SENDs in flight), everyone else `depth` in flight.
     fn slots(&self, server: bool) -> u32 {
         if server && self.verb == Verb::Send {
-            self.iters.clamp(1, DEF_RX_SEND) as u32
+            let budget = (SLOT_BUDGET / self.size.max(1)).max(DEF_TX_BW) as u64;
+            self.iters.clamp(1, DEF_RX_SEND).min(budget) as u32
         } else {
             self.depth
         }
@@ -170,10 +179,15 @@ pub struct BwReport {
     pub msg_rate: f64,
 }
 
-/// The control connection.
+/// The control connection. Its QP has one CQ for both queues; perftest polls two (pc.c:
+/// 1506-1508, 1554-1556). rxe's responder completes a receive before it sends the ACK
+/// (rxe_resp.c: complete, then acknowledge), so the peer's answer can be polled before our
+/// send's completion: a receive completion met while waiting for the send is kept for
+/// the next receive.
 pub struct Control {
     /// The connection.
     pub conn: Conn,
+    received: Option<Completion>,
     recv: Region,
     send: Region,
     client: bool,
@@ -188,12 +202,15 @@ fn post_control_recv(qp: &RcQp, recv: &Region) -> Res<()> {
 }
 
 impl Control {
-    fn receive(&self) -> Res<Vec<u8>> {
-        let c = self
-            .conn
-            .qp
-            .next(Instant::now() + self.wait)
-            .map_err(|e| format!("control receive: {e}"))?;
+    fn receive(&mut self) -> Res<Vec<u8>> {
+        let c = match self.received.take() {
+            Some(c) => c,
+            None => self
+                .conn
+                .qp
+                .next(Instant::now() + self.wait)
+                .map_err(|e| format!("control receive: {e}"))?,
+        };
         if !c.ok() {
             return Err(format!("control receive: {}", c.status_text()));
         }
@@ -213,15 +230,22 @@ impl Control {
             .qp
             .post_send(&self.send, 0, n, WR_CONTROL + 1)
             .map_err(|e| e.to_string())?;
-        let c = self
-            .conn
-            .qp
-            .next(Instant::now() + self.wait)
-            .map_err(|e| format!("control send: {e}"))?;
-        if !c.ok() || c.wr_id != WR_CONTROL + 1 {
-            return Err(format!("control send: {}", c.status_text()));
+        let end = Instant::now() + self.wait;
+        loop {
+            let c = self
+                .conn
+                .qp
+                .next(end)
+                .map_err(|e| format!("control send: {e}"))?;
+            if c.ok() && c.wr_id == WR_CONTROL && self.received.is_none() {
+                self.received = Some(c);
+                continue;
+            }
+            if !c.ok() || c.wr_id != WR_CONTROL + 1 {
+                return Err(format!("control send: {}", c.status_text()));
+            }
+            return Ok(());
         }
-        Ok(())
     }
 
     /// One exchange (pc.c:1465-1495): the client sends first, the server answers.
@@ -254,6 +278,7 @@ pub fn control_connect(rc: &Rc, peer: Ipv4Addr, port: u16, wait: Duration) -> Re
     })?;
     Ok(Control {
         conn,
+        received: None,
         recv,
         send,
         client: true,
@@ -278,6 +303,7 @@ pub fn control_accept(rc: &Rc, port: u16, wait: Duration, log: &dyn Fn(String)) 
     )?;
     Ok(Control {
         conn,
+        received: None,
         recv,
         send,
         client: false,
@@ -287,7 +313,7 @@ pub fn control_accept(rc: &Rc, port: u16, wait: Duration, log: &dyn Fn(String)) 
 
 fn control_limits() -> Limits {
     Limits {
-        // pc.c:1032-1036 and 1165-1168: the control connection (verb SEND) asks none.
+        // pc.c:1024-1027 and 1177-1180: the control connection (verb SEND) asks none.
         responder_resources: 0,
         initiator_depth: 0,
         timing: crate::cmtime::Timing::patient(),
@@ -412,9 +438,20 @@ pub fn data_connect(
 ) -> Res<Data> {
     ctl.hand_shake(&Dest::default())?;
     let buf = data_buffer(rc, o, agreed, false)?;
+    // A READ client's QP holds as many work requests as the REP may let it issue: perftest's
+    // server grants its own out_reads whatever the REQ asked (pc.c:2356-2358, librdmacm
+    // cma.c:1922/1928), the device's max_qp_rd_atom without -o (pp.c:2014-2030), and the
+    // engine takes the REP's ResponderResources as the initiator depth (cm.c
+    // cm_rep_handler). The READs in flight are bounded by both (`read_client`).
+    let slots = match o.verb {
+        Verb::Read => o
+            .depth
+            .max(rc.ctx.max_qp_init_rd_atom().map_err(|e| e.to_string())?),
+        Verb::Send => o.depth,
+    };
     let mut last = String::new();
     for attempt in 1..=CONNECT_ATTEMPTS {
-        let qp = RcQp::create(&rc.ctx, o.depth).map_err(|e| e.to_string())?;
+        let qp = RcQp::create(&rc.ctx, slots).map_err(|e| e.to_string())?;
         match rc::connect_qp(rc, qp, peer, port, &o.limits, |_| Ok(())) {
             Ok(conn) => {
                 ctl.hand_shake(&Dest::default())?;
@@ -457,6 +494,14 @@ pub fn data_accept(
         },
         log,
     )?;
+    if o.verb == Verb::Send {
+        // perftest's server lowers its data QP's RNR timer after the accept (pc.c:2324-2326,
+        // 2380): a receive shortage then costs 0.64 ms (code 12, pr.h:83 MIN_RNR_TIMER)
+        // instead of the CM's 655 ms (code 0, IBA Table 45).
+        conn.qp
+            .set_min_rnr_timer(MIN_RNR_TIMER)
+            .map_err(|e| e.to_string())?;
+    }
     ctl.hand_shake(&Dest::default())?;
     Ok(Data { conn, buf })
 }
@@ -485,6 +530,12 @@ pub struct Run {
     pub elapsed: Duration,
     /// RDMA READs in flight at most.
     pub in_flight: u32,
+    /// The QP's max_rd_atomic (READ client).
+    pub rd_atomic: u8,
+    /// The QP's send queue slots (READ client).
+    pub send_slots: u32,
+    /// Every byte was compared (READs; received SENDs above half the cycle buffer).
+    pub contents_checked: bool,
 }
 
 impl Run {
@@ -516,7 +567,7 @@ impl Run {
     }
 }
 
-fn completion_ok(qp: &RcQp, wait: Duration, what: &str) -> Res<ibcm_linux::verbs::Completion> {
+fn completion_ok(qp: &RcQp, wait: Duration, what: &str) -> Res<Completion> {
     let c = qp
         .next(Instant::now() + wait)
         .map_err(|e| format!("{what}: {e}"))?;
@@ -532,15 +583,21 @@ fn completion_ok(qp: &RcQp, wait: Duration, what: &str) -> Res<ibcm_linux::verbs
 }
 
 /// ib_read_bw's client: `iters` RDMA READs of the peer's buffer, as many in flight as the
-/// QP's negotiated initiator depth (its max_rd_atomic). perftest's buffer holds random
+/// QP's negotiated initiator depth (its max_rd_atomic, as the device rounded it) and its
+/// send queue (`cap.max_send_wr`) both allow: a post beyond the send queue fails
+/// (rxe: ENOMEM). perftest's buffer holds random
 /// bytes (pr.c:1784-1790) that do not change during the run: a first READ into a zeroed
 /// and into a 0xFF-filled slot must agree (every byte was written), and every later
 /// READ must return the same bytes.
 pub fn read_client(rc: &Rc, data: &Data, peer: &Dest, o: &Options) -> Res<Run> {
     let qp = &data.conn.qp;
-    let depth = u32::from(qp.query().map_err(|e| e.to_string())?.max_rd_atomic).max(1);
+    let q = qp.query().map_err(|e| e.to_string())?;
+    let depth = u32::from(q.max_rd_atomic).min(q.max_send_wr).max(1);
     let size = o.size;
-    let mut buf = Region::new(&rc.ctx, (depth as usize + 2) * size).map_err(|e| e.to_string())?;
+    // The READs' destinations: a ring within the memory budget. Two READs in flight into
+    // one slot write the same bytes (the peer's buffer does not change).
+    let ring = (depth as usize).min((SLOT_BUDGET / size.max(1)).max(1)) as u64;
+    let mut buf = Region::new(&rc.ctx, (ring as usize + 2) * size).map_err(|e| e.to_string())?;
     // The reference: two READs into differently filled slots.
     buf.bytes_mut()[size..2 * size].fill(0xff);
     for slot in 0..2u64 {
@@ -566,7 +623,7 @@ pub fn read_client(rc: &Rc, data: &Data, peer: &Dest, o: &Options) -> Res<Run> {
     let (mut posted, mut done, mut in_flight_max) = (0u64, 0u64, 0u32);
     while done < o.iters {
         while posted < o.iters && posted - done < u64::from(depth) {
-            let slot = (posted % u64::from(depth)) as usize;
+            let slot = (posted % ring) as usize;
             qp.post_read(
                 &buf,
                 base + slot * size,
@@ -596,6 +653,9 @@ pub fn read_client(rc: &Rc, data: &Data, peer: &Dest, o: &Options) -> Res<Run> {
         bytes: done * size as u64,
         elapsed: t0.elapsed(),
         in_flight: in_flight_max,
+        rd_atomic: q.max_rd_atomic,
+        send_slots: q.max_send_wr,
+        contents_checked: true,
     })
 }
 
@@ -619,15 +679,19 @@ pub fn send_client(data: &Data, o: &Options) -> Res<Run> {
         ops: done,
         bytes: done * o.size as u64,
         elapsed: t0.elapsed(),
-        in_flight: 0,
+        ..Run::default()
     })
 }
 
-/// ib_send_bw's server: `iters` messages of `size` bytes. perftest's client sends the same
-/// random bytes each time (one buffer, pr.c:1784-1790; its address stays put when the size
-/// exceeds half the cycle buffer): every message must equal the first, which must differ
-/// from what the slot held before.
-pub fn send_server(data: &Data, o: &Options) -> Res<Run> {
+/// ib_send_bw's server: `iters` messages of `size` bytes, each of the length sent. When the
+/// size exceeds half the agreed cycle buffer (`cycle_buffer`, the larger of the two sides',
+/// pc.c:1838) perftest's client sends the same random bytes each time (one buffer,
+/// pr.c:1784-1790, its address moving only when size <= cycle/2, pr.c:3190-3191): every
+/// message must then equal the first, which must differ from what the slot held before.
+/// Below that each message comes from another place of the random buffer, and only its
+/// length can be checked (`Run::contents_checked` false).
+pub fn send_server(data: &Data, o: &Options, cycle_buffer: u32) -> Res<Run> {
+    let comparable = o.size > cycle_buffer as usize / 2;
     let qp = &data.conn.qp;
     let mut first: Option<Vec<u8>> = None;
     let mut t0 = None;
@@ -652,12 +716,12 @@ pub fn send_server(data: &Data, o: &Options) -> Res<Run> {
             .ok_or("bad slot")?;
         match &first {
             None => {
-                if got == prefill.as_slice() && o.size > CYCLE_BUFFER as usize / 2 {
+                if got == prefill.as_slice() && comparable {
                     return Err("the first message left the buffer as it was".into());
                 }
                 first = Some(got.to_vec());
             }
-            Some(f) if o.size > CYCLE_BUFFER as usize / 2 && f.as_slice() != got => {
+            Some(f) if comparable && f.as_slice() != got => {
                 return Err(format!("message {done} differs from the first"));
             }
             Some(_) => {}
@@ -672,7 +736,8 @@ pub fn send_server(data: &Data, o: &Options) -> Res<Run> {
         ops: done,
         bytes: done * o.size as u64,
         elapsed: t0.map_or(Duration::ZERO, |t| t.elapsed()),
-        in_flight: 0,
+        contents_checked: comparable,
+        ..Run::default()
     })
 }
 

@@ -25,7 +25,7 @@ use std::time::{Duration, Instant};
 use ibcm::backend::rdma::Device;
 use ibcm::{
     AcceptParams, ConnectEndpoint, ConnectParams, Failover, IpServiceId, ListenParams, Listener,
-    Provider, QpState, Transport,
+    Mtu, Provider, QpState, Transport,
 };
 use ibcm_linux::port_events::PortEvents;
 use ibcm_linux::umad::{UmadConfig, UmadPort};
@@ -50,6 +50,10 @@ pub struct Rc {
     pub provider: Provider,
     /// Verbs on the device.
     pub ctx: Arc<Context>,
+    /// The path MTU this side asks for: RoCE's (ibcm-host `PATH_MTU`), or the port's active
+    /// MTU if smaller (`ibv_query_port`; perftest announces its port's active MTU,
+    /// perftest_communication.c:1865 `set_mtu`; rxe's follows its netdev's MTU).
+    pub path_mtu: Mtu,
 }
 
 impl Rc {
@@ -64,10 +68,20 @@ impl Rc {
         .map_err(|e| e.to_string())?;
         let provider = Provider::open_rdma(&device).map_err(|e| e.to_string())?;
         let ctx = Arc::clone(device.verbs());
+        let active = ctx
+            .port_state(1)
+            .map_err(|e| format!("port 1 of the device: {e}"))?
+            .active_mtu;
+        let path_mtu = match u8::try_from(active) {
+            // ibv_mtu numbers the MTUs as IBA's codes (1 = 256 .. 5 = 4096).
+            Ok(code @ 1..=5) => Mtu::from(code.min(u8::from(PATH_MTU))),
+            _ => PATH_MTU,
+        };
         Ok(Self {
             device,
             provider,
             ctx,
+            path_mtu,
         })
     }
 
@@ -228,7 +242,7 @@ pub fn connect_qp(
         starting_psn: None,
         primary_path: rc.port().path_to(peer, limits.timing.packet_life_time),
         alternate_path: None,
-        path_mtu: PATH_MTU,
+        path_mtu: rc.path_mtu,
         responder_resources: limits.responder_resources,
         initiator_depth: limits.initiator_depth,
         remote_cm_response_timeout: limits.timing.cm_response_timeout,
@@ -265,7 +279,7 @@ pub fn connect_qp(
     let peer_qp = LinuxQp {
         max_rd_atomic: reply.peer_initiator_depth,
         max_dest_rd_atomic: reply.peer_responder_resources,
-        path_mtu: u8::from(PATH_MTU),
+        path_mtu: u8::from(rc.path_mtu),
     };
     Ok(Conn {
         ep,
