@@ -613,9 +613,9 @@ scenario_port-flap() {
     # A short flap: ibcm pings a Linux `rping -s -P` 10 times, then leaves the connection
     # idle while A's eth0 goes down for 0.3 s and up, then pings 10 more times on the same
     # connection. rxe sends nothing for an idle RC QP (only posted work or a retransmission
-    # makes a packet), so the transport survives; the connection survives when the engine
-    # ends connections only once their retries would have run out with the port still
-    # down (issue 29's follow-up), not at once.
+    # makes a packet), so the transport survives; the connection survives because the
+    # engine ends a connection only once its retries would have run out with the port
+    # still down (driver/cep/src/manager/link.rs), not at once.
     next_port
     guest B 10 "rping -s -P -a $B_IP -p $RDMA_PORT -V -S 4096 > /tmp/rf.log 2>&1 & echo \$! > /tmp/rf.pid" >/dev/null
     sleep 1
