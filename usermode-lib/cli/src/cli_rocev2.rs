@@ -568,7 +568,7 @@ mod imp {
             }
 
             /// The umad counts, the driver's counters; false if the verifier saw a rule
-            /// broken.
+            /// broken or the port a fault (the driver panicked, the device went away).
             fn print_device(rc: &Rc) -> bool {
                 let c = rc.port().counts();
                 println!(
@@ -580,12 +580,23 @@ mod imp {
                     ms(c.write_time),
                     ms(c.slowest_write)
                 );
+                println!(
+                    "rdma:     MADs written by the caller {}, the receive thread {}, the timer thread {}",
+                    c.written_by_caller, c.written_by_receiver, c.written_by_timer
+                );
+                for w in rc.port().warnings() {
+                    println!("rdma: warning: {w}");
+                }
+                let faults = rc.port().faults();
+                for f in &faults {
+                    println!("rdma: FAULT: {f}");
+                }
                 print_counters(&[("this node (rdma)", &rc.provider)]);
                 let violations = rc.port().node().violations();
                 if !violations.is_empty() {
                     println!("verifier: {violations:?}");
                 }
-                violations.is_empty()
+                violations.is_empty() && faults.is_empty()
             }
 
             fn print_establish(what: &str, s: &StepTimes) {
