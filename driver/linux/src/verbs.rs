@@ -430,6 +430,22 @@ impl RcQp {
         // SAFETY: `ctx` is open.
         let channel = unsafe { ibv_create_comp_channel(ctx.ctx.as_ptr()) };
         let channel = NonNull::new(channel).ok_or_else(|| os_error("ibv_create_comp_channel"))?;
+        // Non-blocking, as ibv_get_cq_event(3) allows: `next` takes `&self`, so two
+        // threads may both see the file readable, and the one that finds the event taken
+        // must get EAGAIN and go back to its deadline, not block without one.
+        // SAFETY: the channel is alive; its fd is open.
+        let fd = unsafe { channel.as_ref() }.fd;
+        // SAFETY: F_GETFL on an open fd.
+        let flags = unsafe { libc::fcntl(fd, libc::F_GETFL) };
+        // SAFETY: F_SETFL on an open fd, its own flags plus O_NONBLOCK.
+        let nonblock =
+            flags >= 0 && unsafe { libc::fcntl(fd, libc::F_SETFL, flags | libc::O_NONBLOCK) } == 0;
+        if !nonblock {
+            let e = os_error("fcntl(O_NONBLOCK) on the completion channel");
+            // SAFETY: created above, no CQ uses it.
+            unsafe { ibv_destroy_comp_channel(channel.as_ptr()) };
+            return Err(e);
+        }
         // SAFETY: `ctx` is open; the channel is this context's; no CQ context, vector 0.
         let cq = unsafe {
             ibv_create_cq(
@@ -814,10 +830,18 @@ impl RcQp {
         }
         let mut cq: *mut ibv_cq = std::ptr::null_mut();
         let mut context: *mut libc::c_void = std::ptr::null_mut();
-        // SAFETY: `channel` is alive and readable (no wait); the out-pointers are valid.
+        // SAFETY: `channel` is alive and non-blocking; the out-pointers are valid.
         let rc = unsafe { ibv_get_cq_event(self.channel.as_ptr(), &mut cq, &mut context) };
         if rc != 0 {
-            return Err(os_error("ibv_get_cq_event"));
+            let e = io::Error::last_os_error();
+            // Another thread in `next` took the event first.
+            if matches!(
+                e.kind(),
+                io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted
+            ) {
+                return Ok(false);
+            }
+            return Err(io::Error::new(e.kind(), format!("ibv_get_cq_event: {e}")));
         }
         // SAFETY: the event is for our only CQ on this channel; acknowledged once.
         unsafe { ibv_ack_cq_events(self.cq.as_ptr(), 1) };
