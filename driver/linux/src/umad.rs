@@ -922,6 +922,51 @@ mod tests {
         assert_eq!(faults.len(), 1, "{faults:?}");
     }
 
+    /// The timer thread runs the PASSIVE_LEVEL work the device asks for (as KMDF's work
+    /// item and the simulated fabric do): before, the request stayed pending for ever on
+    /// a umad port.
+    #[test]
+    fn the_timer_thread_runs_passive_work() {
+        use ibcm_endpoint::Platform;
+        let wake = Arc::new(Wake::default());
+        let node = Arc::new(Node::new(
+            CmConfig::new(1, [0; 32]),
+            roce_address(Ipv4Addr::new(10, 77, 0, 3), DEFAULT_PKEY),
+            Arc::new(Clock::real()),
+            Arc::clone(&wake),
+        ));
+        let stats = Arc::new(Stats::default());
+        let sender = Arc::new(Sender {
+            file: Arc::new(File::open("/dev/null").expect("/dev/null")),
+            agent: 9,
+            gid_index: 1,
+            pkeys: Arc::from([DEFAULT_PKEY].as_slice()),
+            stats: Arc::clone(&stats),
+            order: Mutex::new(()),
+        });
+        let stop = Arc::new(AtomicBool::new(false));
+        let timer = {
+            let (node, sender, stats, stop, wake) = (
+                Arc::clone(&node),
+                Arc::clone(&sender),
+                Arc::clone(&stats),
+                Arc::clone(&stop),
+                Arc::clone(&wake),
+            );
+            std::thread::spawn(move || timer_loop(&node, &sender, &stats, &stop, &wake))
+        };
+        // The request wakes the thread, which takes it at once; a request still
+        // pending half a second later (its longest wait is 50 ms) was never run.
+        node.platform.request_passive_work();
+        std::thread::sleep(Duration::from_millis(500));
+        let pending = node.platform.take_passive_work();
+        stop.store(true, Ordering::Release);
+        wake.notify();
+        timer.join().unwrap();
+        assert!(!pending, "the passive work asked for was never run");
+        assert!(stats.faults.lock().unwrap().is_empty());
+    }
+
     /// The P_Key index of a send is the partition's place in the port's table, a full
     /// member first (ib_find_cached_pkey); a partition the port is not in is refused.
     #[test]
