@@ -171,21 +171,34 @@ impl Context {
                 "the path's source GID is not a RoCEv2 (IPv4-mapped) GID",
             ));
         }
-        let mut table: Vec<ibv_gid_entry> = (0..GID_TABLE_MAX).map(|_| empty_gid_entry()).collect();
-        // SAFETY: `ctx` is open; `table` holds GID_TABLE_MAX entries of the size given.
-        let n = unsafe {
-            _ibv_query_gid_table(
-                self.ctx.as_ptr(),
-                table.as_mut_ptr(),
-                table.len(),
-                0,
-                std::mem::size_of::<ibv_gid_entry>(),
-            )
+        // The kernel fails the query with EINVAL when the device's valid GIDs, over all
+        // its ports, outnumber the entries given (rdma_query_gid_table): ask again with
+        // a larger table.
+        let mut size = GID_TABLE_MAX;
+        let (table, n) = loop {
+            let mut table: Vec<ibv_gid_entry> = (0..size).map(|_| empty_gid_entry()).collect();
+            // SAFETY: `ctx` is open; `table` holds `size` entries of the size given.
+            let n = unsafe {
+                _ibv_query_gid_table(
+                    self.ctx.as_ptr(),
+                    table.as_mut_ptr(),
+                    table.len(),
+                    0,
+                    std::mem::size_of::<ibv_gid_entry>(),
+                )
+            };
+            match usize::try_from(n) {
+                Ok(n) => break (table, n),
+                Err(_) if -n == libc::EINVAL as isize && size < GID_TABLE_LIMIT => size *= 4,
+                Err(_) => {
+                    let e = io::Error::from_raw_os_error(i32::try_from(-n).unwrap_or(libc::EIO));
+                    return Err(io::Error::new(
+                        e.kind(),
+                        format!("ibv_query_gid_table: {e}"),
+                    ));
+                }
+            }
         };
-        let n = usize::try_from(n).map_err(|_| {
-            let e = io::Error::from_raw_os_error(i32::try_from(-n).unwrap_or(libc::EIO));
-            io::Error::new(e.kind(), format!("ibv_query_gid_table: {e}"))
-        })?;
         table
             .iter()
             .take(n)
@@ -210,9 +223,11 @@ fn empty_gid_entry() -> ibv_gid_entry {
     unsafe { std::mem::zeroed() }
 }
 
-/// Entries asked of `ibv_query_gid_table`: more than any port's table holds (rxe: 32,
-/// mlx5: 255).
+/// Entries first asked of `ibv_query_gid_table`: more than any port's table holds (rxe:
+/// 32, mlx5: 255).
 const GID_TABLE_MAX: usize = 256;
+/// The most asked for when a device's ports together hold more.
+const GID_TABLE_LIMIT: usize = 65_536;
 
 // verbs.h's `ibv_query_gid_table` is an inline wrapper of this export (libibverbs
 // IBVERBS_1.11, rdma-core 30 and later), which rdma-sys does not bind.
