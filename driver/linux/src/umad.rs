@@ -322,7 +322,10 @@ impl UmadPort {
         })
     }
 
-    /// The node (open it with the user library's `Provider::in_process`).
+    /// The node. Open it with the user library's `Provider::open_rdma`, whose handles
+    /// run their completions on a thread of their own: the port's receive and timer
+    /// threads complete requests, and an application's completion run there would stop
+    /// the port while it blocks.
     pub fn node(&self) -> Arc<Node> {
         Arc::clone(&self.node)
     }
