@@ -666,8 +666,11 @@ impl Sender {
             // (drivers/infiniband/core/user_mad.c), which on RoCE resolves the
             // destination's MAC (verbs.c, rdma_create_user_ah -> ib_resolve_eth_dmac,
             // a round trip through the ib_addr workqueue) before the send is queued;
-            // Linux's own CM builds its AHs with the MAC known (rdma_create_ah). Its
-            // time is the kernel's, per MAD, counted here.
+            // a MAD read pays one too (recv_handler -> ib_init_ah_attr_from_wc), not
+            // counted here. Linux's CM resolves once per REQ received
+            // (cm_init_av_for_response) and reuses the address vector for its later
+            // sends; its active side has the MAC from the path. ib_umad's header has
+            // no way to pass a MAC or keep an AH. The write's time is counted here.
             let t0 = std::time::Instant::now();
             let written = writer.write_all(&out);
             let took = t0.elapsed();
