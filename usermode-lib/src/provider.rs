@@ -62,7 +62,9 @@ impl Provider {
     /// ([`backend::rdma`](crate::backend::rdma)).
     #[cfg(all(feature = "rdma", target_os = "linux"))]
     pub fn open_rdma(device: &Arc<crate::backend::rdma::Device>) -> Result<Self> {
-        Self::with_backend(Arc::new(crate::backend::rdma::Handle::open(device)))
+        let handle =
+            crate::backend::rdma::Handle::open(device).map_err(|st| Error::new("open", st))?;
+        Self::with_backend(Arc::new(handle))
     }
 
     /// Opens the installed ibcm driver (its control device, `\\.\ibcm`). Fails with

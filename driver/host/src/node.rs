@@ -267,11 +267,13 @@ impl Node {
     }
 
     /// Runs the PASSIVE_LEVEL work a DISPATCH_LEVEL path asked for, if it did (a work
-    /// item on Windows).
-    pub fn run_passive_work(&self) {
-        if self.platform.take_passive_work() {
+    /// item on Windows); returns whether it ran.
+    pub fn run_passive_work(&self) -> bool {
+        let asked = self.platform.take_passive_work();
+        if asked {
             self.in_driver(|| self.device.passive_work());
         }
+        asked
     }
 
     /// Every rule broken so far.

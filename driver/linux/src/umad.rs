@@ -21,6 +21,7 @@ use std::fs::{File, OpenOptions};
 use std::io::{self, Read, Write};
 use std::net::Ipv4Addr;
 use std::os::fd::AsRawFd;
+use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -84,6 +85,24 @@ pub struct UmadCounts {
     pub slowest_write: Duration,
     /// All writes together.
     pub write_time: Duration,
+    /// MADs written by the caller of an IOCTL (its flush after the dispatch).
+    pub written_by_caller: u64,
+    /// MADs written by the receive thread (what a MAD read made the driver send).
+    pub written_by_receiver: u64,
+    /// MADs written by the timer thread (what a timer pass or passive work sent, and
+    /// what its periodic sweep found left queued).
+    pub written_by_timer: u64,
+}
+
+/// Which thread writes a flush's MADs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Writer {
+    /// The caller of an IOCTL.
+    Caller,
+    /// The umad receive thread.
+    Receiver,
+    /// The timer thread.
+    Timer,
 }
 
 #[derive(Debug, Default)]
@@ -95,6 +114,52 @@ struct Stats {
     dropped: AtomicU64,
     slowest_write_ns: AtomicU64,
     write_ns: AtomicU64,
+    /// Indexed by [`Writer`].
+    written_by: [AtomicU64; 3],
+    /// What stopped or broke the port (the driver panicked, the device went away): the
+    /// port no longer works as it should.
+    faults: Mutex<Vec<String>>,
+    /// What the port reported and went on from: the first write refused with each errno,
+    /// the first read error of each kind.
+    warnings: Mutex<Vec<String>>,
+    /// The errnos of the write errors reported so far.
+    write_errnos: Mutex<Vec<i32>>,
+}
+
+impl Stats {
+    fn fault(&self, what: String) {
+        tracing::error!(target: "ibcm", "umad: {what}");
+        self.faults
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .push(what);
+    }
+
+    fn warn(&self, what: String) {
+        tracing::warn!(target: "ibcm", "umad: {what}");
+        self.warnings
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .push(what);
+    }
+
+    /// A refused write: counted, and reported once per errno (after an address change
+    /// every write fails with EINVAL, and every connection would time out unexplained).
+    fn write_error(&self, e: &io::Error) {
+        bump(&self.send_errors);
+        let errno = e.raw_os_error().unwrap_or(0);
+        let mut seen = self
+            .write_errnos
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        if !seen.contains(&errno) {
+            seen.push(errno);
+            drop(seen);
+            self.warn(format!(
+                "a MAD write failed: {e} (later ones with it only counted)"
+            ));
+        }
+    }
 }
 
 fn bump(c: &AtomicU64) {
@@ -185,7 +250,7 @@ impl UmadPort {
         let path = sysfs::umad_path(&config.device, config.port)?;
         let guid = sysfs::node_guid(&config.device)?;
         let gid_index = sysfs::roce_v2_gid_index(&config.device, config.port, config.local)?;
-        let pkeys = pkey_table(&config.device, config.port);
+        let pkeys: Arc<[u16]> = pkey_table(&config.device, config.port).into();
         let file = OpenOptions::new()
             .read(true)
             .write(true)
@@ -211,6 +276,7 @@ impl UmadPort {
             file: Arc::clone(&file),
             agent,
             gid_index,
+            pkeys: Arc::clone(&pkeys),
             stats: Arc::clone(&stats),
             order: Mutex::new(()),
         });
@@ -229,16 +295,17 @@ impl UmadPort {
             );
         }
         {
-            let (node, sender, stop, wake) = (
+            let (node, sender, stats, stop, wake) = (
                 Arc::clone(&node),
                 Arc::clone(&sender),
+                Arc::clone(&stats),
                 Arc::clone(&stop),
                 Arc::clone(&wake),
             );
             threads.push(
                 std::thread::Builder::new()
                     .name("ibcm-umad-timer".into())
-                    .spawn(move || timer_loop(&node, &sender, &stop, &wake))?,
+                    .spawn(move || timer_loop(&node, &sender, &stats, &stop, &wake))?,
             );
         }
         Ok(Self {
@@ -255,7 +322,10 @@ impl UmadPort {
         })
     }
 
-    /// The node (open it with the user library's `Provider::in_process`).
+    /// The node. Open it with the user library's `Provider::open_rdma`, whose handles
+    /// run their completions on a thread of their own: the port's receive and timer
+    /// threads complete requests, and an application's completion run there would stop
+    /// the port while it blocks.
     pub fn node(&self) -> Arc<Node> {
         Arc::clone(&self.node)
     }
@@ -284,7 +354,7 @@ impl UmadPort {
     /// the driver (an IOCTL), so that its MADs leave before the call returns, as a
     /// driver's do (the timer thread would write them otherwise, a thread switch later).
     pub fn flush(&self) {
-        self.sender.flush(&self.node);
+        self.sender.flush(&self.node, Writer::Caller);
     }
 
     /// Counts so far.
@@ -298,7 +368,30 @@ impl UmadPort {
             dropped: l(&self.stats.dropped),
             slowest_write: Duration::from_nanos(l(&self.stats.slowest_write_ns)),
             write_time: Duration::from_nanos(l(&self.stats.write_ns)),
+            written_by_caller: l(&self.stats.written_by[Writer::Caller as usize]),
+            written_by_receiver: l(&self.stats.written_by[Writer::Receiver as usize]),
+            written_by_timer: l(&self.stats.written_by[Writer::Timer as usize]),
         }
+    }
+
+    /// What stopped or broke the port so far (the driver panicked on one of its threads,
+    /// the umad device went away): a run that saw any of these failed.
+    pub fn faults(&self) -> Vec<String> {
+        self.stats
+            .faults
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    /// What the port reported and went on from (the first failed write of each errno,
+    /// read errors it backed off from).
+    pub fn warnings(&self) -> Vec<String> {
+        self.stats
+            .warnings
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
     }
 
     /// Stops the threads (what was queued to send is sent first).
@@ -321,8 +414,20 @@ impl Drop for UmadPort {
     }
 }
 
+/// What waiting for the umad file found.
+enum Ready {
+    /// A MAD (or a send report) is queued.
+    Readable,
+    /// Nothing within the wait, or a signal.
+    Idle,
+    /// The file will never be readable again: ib_umad_poll returns EPOLLERR alone once
+    /// the port's agents are dead (the device went away; drivers/infiniband/core/
+    /// user_mad.c, ib_umad_poll).
+    Gone(String),
+}
+
 /// Waits up to 50 ms for the file to be readable.
-fn readable(file: &File) -> bool {
+fn readable(file: &File) -> Ready {
     let mut fds = libc::pollfd {
         fd: file.as_raw_fd(),
         events: libc::POLLIN,
@@ -330,7 +435,53 @@ fn readable(file: &File) -> bool {
     };
     // SAFETY: one valid pollfd, alive for the call.
     let n = unsafe { libc::poll(&mut fds, 1, 50) };
-    n > 0 && fds.revents & libc::POLLIN != 0
+    if n < 0 {
+        let e = io::Error::last_os_error();
+        return if e.kind() == io::ErrorKind::Interrupted {
+            Ready::Idle
+        } else {
+            Ready::Gone(format!("poll on the umad file failed: {e}"))
+        };
+    }
+    if n > 0 && fds.revents & libc::POLLIN != 0 {
+        Ready::Readable
+    } else if n > 0 && fds.revents & (libc::POLLERR | libc::POLLHUP | libc::POLLNVAL) != 0 {
+        Ready::Gone(format!(
+            "the umad file reports poll events {:#x} (the device went away)",
+            fds.revents
+        ))
+    } else {
+        Ready::Idle
+    }
+}
+
+/// The longest pause after read errors in a row.
+const MAX_BACKOFF: Duration = Duration::from_secs(1);
+
+/// A panic's message, for the report.
+fn panic_message(panic: &(dyn std::any::Any + Send)) -> &str {
+    panic
+        .downcast_ref::<&str>()
+        .copied()
+        .or_else(|| panic.downcast_ref::<String>().map(String::as_str))
+        .unwrap_or("(not a string)")
+}
+
+/// Runs a piece of the driver on one of the port's threads; a panic (a bug: the kernel
+/// would bugcheck) is reported as a fault of the port instead of ending the thread
+/// silently, which would leave every later request of every handle waiting for its
+/// deadline. `None` if it panicked.
+fn guarded<T>(stats: &Stats, what: &str, run: impl FnOnce() -> T) -> Option<T> {
+    match catch_unwind(AssertUnwindSafe(run)) {
+        Ok(v) => Some(v),
+        Err(panic) => {
+            stats.fault(format!(
+                "the driver panicked in {what}: {}",
+                panic_message(&*panic)
+            ));
+            None
+        }
+    }
 }
 
 /// What one read from the umad file means.
@@ -383,14 +534,42 @@ fn receive_loop(
 ) {
     let mut buf = [0u8; HDR_LEN + MAD_SIZE];
     let mut reader = file;
+    let mut backoff = Duration::ZERO;
+    let mut read_errors: Vec<io::ErrorKind> = Vec::new();
     while !stop.load(Ordering::Acquire) {
-        if !readable(file) {
-            continue;
+        match readable(file) {
+            Ready::Readable => {}
+            Ready::Idle => continue,
+            Ready::Gone(why) => {
+                stats.fault(format!("{why}: no MAD will be received"));
+                return;
+            }
         }
         let n = match reader.read(&mut buf) {
-            Ok(n) => n,
-            Err(_) => {
+            Ok(n) => {
+                backoff = Duration::ZERO;
+                n
+            }
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            // ib_umad_read fails with EIO once the port's agents are dead, ENODEV
+            // when the device is gone (user_mad.c, ib_umad_read).
+            Err(e) if matches!(e.raw_os_error(), Some(libc::EIO | libc::ENODEV)) => {
+                stats.fault(format!(
+                    "reading the umad file: {e}; no MAD will be received"
+                ));
+                return;
+            }
+            Err(e) => {
+                // Anything else may last (a packet the kernel requeues after a failed
+                // copy): reported once per kind, counted, and retried after a pause
+                // that doubles while the errors go on, not in a busy loop.
                 bump(&stats.dropped);
+                if !read_errors.contains(&e.kind()) {
+                    read_errors.push(e.kind());
+                    stats.warn(format!("reading the umad file: {e} (retrying)"));
+                }
+                backoff = (backoff * 2).clamp(Duration::from_millis(1), MAX_BACKOFF);
+                std::thread::sleep(backoff);
                 continue;
             }
         };
@@ -398,13 +577,27 @@ fn receive_loop(
             Incoming::Mad { from, mad } => {
                 bump(&stats.received);
                 tracing::debug!(target: "ibcm", attribute = format_args!("{:#06x}", attribute(mad)), "umad: MAD read");
-                node.receive(&from, mad);
+                guarded(stats, "receiving a MAD", || node.receive(&from, mad));
                 // What the MAD made the driver send (a DREP, a duplicate's answer, ...).
-                sender.flush(node);
+                sender.flush(node, Writer::Receiver);
             }
             Incoming::Drop => bump(&stats.dropped),
         }
     }
+}
+
+/// The index of `pkey` in the port's P_Key table `pkeys`, as Linux's CM finds it for a
+/// path (cm.c, cm_init_av_by_path -> ib_find_cached_pkey: the same partition, the low 15
+/// bits, a full member preferred); `None` if the port is not in the partition. An empty
+/// table (sysfs unreadable) gives index 0, the default partition's.
+pub fn pkey_index(pkeys: &[u16], pkey: u16) -> Option<u16> {
+    if pkeys.is_empty() {
+        return Some(0);
+    }
+    let same = |k: &u16| k & 0x7fff == pkey & 0x7fff;
+    let full = pkeys.iter().position(|k| same(k) && k & 0x8000 != 0);
+    full.or_else(|| pkeys.iter().position(same))
+        .and_then(|i| u16::try_from(i).ok())
 }
 
 /// A MAD's attribute ID (bytes 16..18, IBA 13.4.2), for traces.
@@ -418,6 +611,7 @@ fn attribute(mad: &[u8]) -> u16 {
 pub fn frame(
     agent: u32,
     gid_index: u8,
+    pkey_index: u16,
     dest: &MadAddress,
     mad: &[u8; MAD_SIZE],
 ) -> Option<[u8; HDR_LEN + MAD_SIZE]> {
@@ -433,7 +627,7 @@ pub fn frame(
     out[33] = gid_index;
     out[34] = ibcm_host::rocev2::HOP_LIMIT;
     out[36..52].copy_from_slice(&dest.gid);
-    // pkey_index 0: the default partition, the only one rxe has.
+    out[56..58].copy_from_slice(&pkey_index.to_ne_bytes());
     out[HDR_LEN..].copy_from_slice(mad);
     Some(out)
 }
@@ -447,6 +641,8 @@ struct Sender {
     file: Arc<File>,
     agent: u32,
     gid_index: u8,
+    /// The port's P_Key table (`ports/N/pkeys`), read at start.
+    pkeys: Arc<[u16]>,
     stats: Arc<Stats>,
     /// Held from taking the queued MADs to the last write: the MADs leave in the order
     /// the driver queued them, whichever thread writes them.
@@ -454,13 +650,15 @@ struct Sender {
 }
 
 impl Sender {
-    /// Writes every MAD the node has queued.
-    fn flush(&self, node: &Node) {
+    /// Writes every MAD the node has queued, from `by`'s thread.
+    fn flush(&self, node: &Node, by: Writer) {
         let _order = self.order.lock().unwrap_or_else(PoisonError::into_inner);
         let sent = node.platform.take_sent();
         let mut writer = &*self.file;
         for t in &sent {
-            let Some(out) = frame(self.agent, self.gid_index, &t.dest, &t.mad) else {
+            let out = pkey_index(&self.pkeys, t.dest.pkey)
+                .and_then(|i| frame(self.agent, self.gid_index, i, &t.dest, &t.mad));
+            let Some(out) = out else {
                 bump(&self.stats.refused);
                 continue;
             };
@@ -468,8 +666,11 @@ impl Sender {
             // (drivers/infiniband/core/user_mad.c), which on RoCE resolves the
             // destination's MAC (verbs.c, rdma_create_user_ah -> ib_resolve_eth_dmac,
             // a round trip through the ib_addr workqueue) before the send is queued;
-            // Linux's own CM builds its AHs with the MAC known (rdma_create_ah). Its
-            // time is the kernel's, per MAD, counted here.
+            // a MAD read pays one too (recv_handler -> ib_init_ah_attr_from_wc), not
+            // counted here. Linux's CM resolves once per REQ received
+            // (cm_init_av_for_response) and reuses the address vector for its later
+            // sends; its active side has the MAC from the path. ib_umad's header has
+            // no way to pass a MAC or keep an AH. The write's time is counted here.
             let t0 = std::time::Instant::now();
             let written = writer.write_all(&out);
             let took = t0.elapsed();
@@ -478,24 +679,47 @@ impl Sender {
             self.stats.slowest_write_ns.fetch_max(ns, Ordering::Relaxed);
             tracing::debug!(target: "ibcm", attribute = format_args!("{:#06x}", attribute(&t.mad)), write_us = took.as_micros() as u64, ok = written.is_ok(), "umad: MAD written");
             match written {
-                Ok(()) => bump(&self.stats.sent),
-                Err(_) => bump(&self.stats.send_errors),
+                Ok(()) => {
+                    bump(&self.stats.sent);
+                    bump(&self.stats.written_by[by as usize]);
+                }
+                Err(e) => self.stats.write_error(&e),
             }
         }
         node.platform.recycle_sent(sent);
     }
 }
 
-/// The node's timer on the real clock, and what the timer's passes send.
-fn timer_loop(node: &Node, sender: &Sender, stop: &AtomicBool, wake: &Wake) {
+/// How often the timer thread writes what is left queued by a thread that does not
+/// flush (the port-event thread: a port going down ends connections).
+const SWEEP: Duration = Duration::from_millis(50);
+
+/// The node's timer on the real clock, the PASSIVE_LEVEL work its DISPATCH_LEVEL paths
+/// ask for, and what those send.
+///
+/// The node's wake is signalled for every MAD queued (`HostPlatform::send`) as well as
+/// for a timer re-armed, so a wake alone does not make this thread write: the caller of
+/// an IOCTL and the receive thread write what they queued themselves, and a flush here
+/// on every wake would race them for it. This thread writes after it ran the driver (a
+/// timer pass, passive work) and sweeps leftovers every [`SWEEP`].
+fn timer_loop(node: &Node, sender: &Sender, stats: &Stats, stop: &AtomicBool, wake: &Wake) {
+    let mut swept = std::time::Instant::now();
     loop {
         let stopping = stop.load(Ordering::Acquire);
         let now = node.platform.now();
+        let mut ran = false;
         if node.platform.timer().is_some_and(|t| t <= now) {
-            node.fire_timer();
+            guarded(stats, "a timer pass", || node.fire_timer());
+            ran = true;
         }
-        // The timer's sends, and any a writer left queued.
-        sender.flush(node);
+        // The work item the device asks for when its record pool runs low or timewait
+        // frees memory (trims, deferred timer passes), as KMDF's work item and the
+        // simulated fabric run it; an atomic swap when nothing was asked.
+        ran |= guarded(stats, "passive work", || node.run_passive_work()).unwrap_or(true);
+        if ran || stopping || swept.elapsed() >= SWEEP {
+            sender.flush(node, Writer::Timer);
+            swept = std::time::Instant::now();
+        }
         if stopping {
             return;
         }
@@ -528,7 +752,7 @@ mod tests {
         let dest = roce_address(Ipv4Addr::new(10, 77, 0, 2), DEFAULT_PKEY);
         let mut mad = [0u8; MAD_SIZE];
         mad[1] = CM_CLASS;
-        let out = frame(7, 1, &dest, &mad).unwrap();
+        let out = frame(7, 1, 0, &dest, &mad).unwrap();
         match parse(&out, &[DEFAULT_PKEY]) {
             Incoming::Mad { from, mad: m } => {
                 assert_eq!(from, dest);
@@ -539,7 +763,7 @@ mod tests {
         assert_eq!(parse(&out[..100], &[]), Incoming::Drop);
         let mut ib = dest;
         ib.gid = [0xfe, 0x80, 0, 0, 0, 0, 0, 0, 1, 2, 3, 4, 5, 6, 7, 8];
-        assert!(frame(7, 1, &ib, &mad).is_none());
+        assert!(frame(7, 1, 0, &ib, &mad).is_none());
     }
 
     /// Whoever flushes writes every queued MAD once, framed, in the order the driver
@@ -559,6 +783,7 @@ mod tests {
             file,
             agent: 9,
             gid_index: 1,
+            pkeys: Arc::from([DEFAULT_PKEY].as_slice()),
             stats: Arc::new(Stats::default()),
             order: Mutex::new(()),
         };
@@ -571,8 +796,8 @@ mod tests {
             mad[17] = 0x10 + i as u8;
             node.platform.send(&ibcm_cep::Transmit { dest, mad });
         }
-        sender.flush(&node);
-        sender.flush(&node);
+        sender.flush(&node, Writer::Caller);
+        sender.flush(&node, Writer::Timer);
         let written = std::fs::read(&path).expect("read back");
         let _ = std::fs::remove_file(&path);
         let frames: Vec<&[u8]> = written.chunks(HDR_LEN + MAD_SIZE).collect();
@@ -588,6 +813,178 @@ mod tests {
         }
         let l = |c: &AtomicU64| c.load(Ordering::Relaxed);
         assert_eq!((l(&sender.stats.sent), l(&sender.stats.refused)), (2, 1));
+    }
+
+    /// Two threads each queue numbered MADs and flush, as the caller of an IOCTL and the
+    /// receive thread do, into a pipe read slowly (a write blocks while it is full): the
+    /// MADs leave in the order they were queued. Without `order`, one thread's flush can
+    /// write a later batch while the other still holds an earlier one.
+    #[test]
+    fn concurrent_flushes_keep_the_queue_order() {
+        use ibcm_endpoint::Platform;
+        const PER_THREAD: u32 = 300;
+        let (mut reader, writer) = std::io::pipe().expect("pipe");
+        let file = File::from(std::os::fd::OwnedFd::from(writer));
+        let node = Arc::new(Node::new(
+            CmConfig::new(1, [0; 32]),
+            roce_address(Ipv4Addr::new(10, 77, 0, 3), DEFAULT_PKEY),
+            Arc::new(Clock::real()),
+            Arc::new(Wake::default()),
+        ));
+        let sender = Arc::new(Sender {
+            file: Arc::new(file),
+            agent: 9,
+            gid_index: 1,
+            pkeys: Arc::from([DEFAULT_PKEY].as_slice()),
+            stats: Arc::new(Stats::default()),
+            order: Mutex::new(()),
+        });
+        let to = roce_address(Ipv4Addr::new(10, 77, 0, 2), DEFAULT_PKEY);
+        // Numbers are taken and queued together: the queue holds them in order.
+        let next = Arc::new(Mutex::new(0u32));
+        let slow = std::thread::spawn(move || {
+            let mut got = Vec::new();
+            let mut frame = [0u8; HDR_LEN + MAD_SIZE];
+            while reader.read_exact(&mut frame).is_ok() {
+                got.push(u32::from_be_bytes(
+                    frame[HDR_LEN + 24..HDR_LEN + 28].try_into().unwrap(),
+                ));
+                if got.len() % 16 == 0 {
+                    std::thread::sleep(Duration::from_micros(200));
+                }
+            }
+            got
+        });
+        let writers: Vec<_> = [Writer::Caller, Writer::Receiver]
+            .into_iter()
+            .map(|by| {
+                let (node, sender, next) =
+                    (Arc::clone(&node), Arc::clone(&sender), Arc::clone(&next));
+                std::thread::spawn(move || {
+                    for _ in 0..PER_THREAD / 3 {
+                        for _ in 0..3 {
+                            let mut n = next.lock().unwrap();
+                            let mut mad = [0u8; MAD_SIZE];
+                            mad[1] = CM_CLASS;
+                            mad[24..28].copy_from_slice(&n.to_be_bytes());
+                            node.platform.send(&ibcm_cep::Transmit { dest: to, mad });
+                            *n += 1;
+                        }
+                        sender.flush(&node, by);
+                    }
+                })
+            })
+            .collect();
+        for w in writers {
+            w.join().unwrap();
+        }
+        sender.flush(&node, Writer::Timer);
+        drop(sender);
+        let got = slow.join().unwrap();
+        let want: Vec<u32> = (0..got.len() as u32).collect();
+        assert_eq!(got.len() as u32, 2 * (PER_THREAD / 3) * 3);
+        assert!(got == want, "written out of queue order");
+    }
+
+    /// A umad file that reports POLLHUP/POLLERR without POLLIN (ib_umad_poll once the
+    /// device is gone) ends the receive thread with a fault, where it used to retry at
+    /// once, for ever, at full CPU.
+    #[test]
+    fn a_gone_device_stops_the_receive_thread_with_a_fault() {
+        let (reader, writer) = std::io::pipe().expect("pipe");
+        drop(writer);
+        let file = File::from(std::os::fd::OwnedFd::from(reader));
+        let node = Node::new(
+            CmConfig::new(1, [0; 32]),
+            roce_address(Ipv4Addr::new(10, 77, 0, 3), DEFAULT_PKEY),
+            Arc::new(Clock::real()),
+            Arc::new(Wake::default()),
+        );
+        let stats = Arc::new(Stats::default());
+        let sender = Sender {
+            file: Arc::new(File::open("/dev/null").expect("/dev/null")),
+            agent: 9,
+            gid_index: 1,
+            pkeys: Arc::from([DEFAULT_PKEY].as_slice()),
+            stats: Arc::clone(&stats),
+            order: Mutex::new(()),
+        };
+        let (tx, rx) = std::sync::mpsc::channel();
+        let s = Arc::clone(&stats);
+        std::thread::spawn(move || {
+            receive_loop(
+                &node,
+                &file,
+                &[DEFAULT_PKEY],
+                &sender,
+                &s,
+                &AtomicBool::new(false),
+            );
+            let _ = tx.send(());
+        });
+        rx.recv_timeout(Duration::from_secs(5))
+            .expect("the receive thread still runs on a gone device");
+        let faults = stats.faults.lock().unwrap().clone();
+        assert_eq!(faults.len(), 1, "{faults:?}");
+    }
+
+    /// The timer thread runs the PASSIVE_LEVEL work the device asks for (as KMDF's work
+    /// item and the simulated fabric do): before, the request stayed pending for ever on
+    /// a umad port.
+    #[test]
+    fn the_timer_thread_runs_passive_work() {
+        use ibcm_endpoint::Platform;
+        let wake = Arc::new(Wake::default());
+        let node = Arc::new(Node::new(
+            CmConfig::new(1, [0; 32]),
+            roce_address(Ipv4Addr::new(10, 77, 0, 3), DEFAULT_PKEY),
+            Arc::new(Clock::real()),
+            Arc::clone(&wake),
+        ));
+        let stats = Arc::new(Stats::default());
+        let sender = Arc::new(Sender {
+            file: Arc::new(File::open("/dev/null").expect("/dev/null")),
+            agent: 9,
+            gid_index: 1,
+            pkeys: Arc::from([DEFAULT_PKEY].as_slice()),
+            stats: Arc::clone(&stats),
+            order: Mutex::new(()),
+        });
+        let stop = Arc::new(AtomicBool::new(false));
+        let timer = {
+            let (node, sender, stats, stop, wake) = (
+                Arc::clone(&node),
+                Arc::clone(&sender),
+                Arc::clone(&stats),
+                Arc::clone(&stop),
+                Arc::clone(&wake),
+            );
+            std::thread::spawn(move || timer_loop(&node, &sender, &stats, &stop, &wake))
+        };
+        // The request wakes the thread, which takes it at once; a request still
+        // pending half a second later (its longest wait is 50 ms) was never run.
+        node.platform.request_passive_work();
+        std::thread::sleep(Duration::from_millis(500));
+        let pending = node.platform.take_passive_work();
+        stop.store(true, Ordering::Release);
+        wake.notify();
+        timer.join().unwrap();
+        assert!(!pending, "the passive work asked for was never run");
+        assert!(stats.faults.lock().unwrap().is_empty());
+    }
+
+    /// The P_Key index of a send is the partition's place in the port's table, a full
+    /// member first (ib_find_cached_pkey); a partition the port is not in is refused.
+    #[test]
+    fn the_pkey_index_is_the_partitions() {
+        let table = [0xffff, 0x0001, 0x8002, 0x0002];
+        assert_eq!(pkey_index(&table, 0xffff), Some(0));
+        assert_eq!(pkey_index(&table, 0x7fff), Some(0));
+        assert_eq!(pkey_index(&table, 0x8002), Some(2));
+        assert_eq!(pkey_index(&table, 0x0002), Some(2));
+        assert_eq!(pkey_index(&table, 0x8001), Some(1));
+        assert_eq!(pkey_index(&table, 0x8003), None);
+        assert_eq!(pkey_index(&[], 0x8003), Some(0));
     }
 
     #[test]

@@ -197,21 +197,34 @@ impl Context {
                 "the path's source GID is not a RoCEv2 (IPv4-mapped) GID",
             ));
         }
-        let mut table: Vec<ibv_gid_entry> = (0..GID_TABLE_MAX).map(|_| empty_gid_entry()).collect();
-        // SAFETY: `ctx` is open; `table` holds GID_TABLE_MAX entries of the size given.
-        let n = unsafe {
-            _ibv_query_gid_table(
-                self.ctx.as_ptr(),
-                table.as_mut_ptr(),
-                table.len(),
-                0,
-                std::mem::size_of::<ibv_gid_entry>(),
-            )
+        // The kernel fails the query with EINVAL when the device's valid GIDs, over all
+        // its ports, outnumber the entries given (rdma_query_gid_table): ask again with
+        // a larger table.
+        let mut size = GID_TABLE_MAX;
+        let (table, n) = loop {
+            let mut table: Vec<ibv_gid_entry> = (0..size).map(|_| empty_gid_entry()).collect();
+            // SAFETY: `ctx` is open; `table` holds `size` entries of the size given.
+            let n = unsafe {
+                _ibv_query_gid_table(
+                    self.ctx.as_ptr(),
+                    table.as_mut_ptr(),
+                    table.len(),
+                    0,
+                    std::mem::size_of::<ibv_gid_entry>(),
+                )
+            };
+            match usize::try_from(n) {
+                Ok(n) => break (table, n),
+                Err(_) if -n == libc::EINVAL as isize && size < GID_TABLE_LIMIT => size *= 4,
+                Err(_) => {
+                    let e = io::Error::from_raw_os_error(i32::try_from(-n).unwrap_or(libc::EIO));
+                    return Err(io::Error::new(
+                        e.kind(),
+                        format!("ibv_query_gid_table: {e}"),
+                    ));
+                }
+            }
         };
-        let n = usize::try_from(n).map_err(|_| {
-            let e = io::Error::from_raw_os_error(i32::try_from(-n).unwrap_or(libc::EIO));
-            io::Error::new(e.kind(), format!("ibv_query_gid_table: {e}"))
-        })?;
         table
             .iter()
             .take(n)
@@ -236,9 +249,11 @@ fn empty_gid_entry() -> ibv_gid_entry {
     unsafe { std::mem::zeroed() }
 }
 
-/// Entries asked of `ibv_query_gid_table`: more than any port's table holds (rxe: 32,
-/// mlx5: 255).
+/// Entries first asked of `ibv_query_gid_table`: more than any port's table holds (rxe:
+/// 32, mlx5: 255).
 const GID_TABLE_MAX: usize = 256;
+/// The most asked for when a device's ports together hold more.
+const GID_TABLE_LIMIT: usize = 65_536;
 
 // verbs.h's `ibv_query_gid_table` is an inline wrapper of this export (libibverbs
 // IBVERBS_1.11, rdma-core 30 and later), which rdma-sys does not bind.
@@ -469,6 +484,22 @@ impl RcQp {
         // SAFETY: `ctx` is open.
         let channel = unsafe { ibv_create_comp_channel(ctx.ctx.as_ptr()) };
         let channel = NonNull::new(channel).ok_or_else(|| os_error("ibv_create_comp_channel"))?;
+        // Non-blocking, as ibv_get_cq_event(3) allows: `next` takes `&self`, so two
+        // threads may both see the file readable, and the one that finds the event taken
+        // must get EAGAIN and go back to its deadline, not block without one.
+        // SAFETY: the channel is alive; its fd is open.
+        let fd = unsafe { channel.as_ref() }.fd;
+        // SAFETY: F_GETFL on an open fd.
+        let flags = unsafe { libc::fcntl(fd, libc::F_GETFL) };
+        // SAFETY: F_SETFL on an open fd, its own flags plus O_NONBLOCK.
+        let nonblock =
+            flags >= 0 && unsafe { libc::fcntl(fd, libc::F_SETFL, flags | libc::O_NONBLOCK) } == 0;
+        if !nonblock {
+            let e = os_error("fcntl(O_NONBLOCK) on the completion channel");
+            // SAFETY: created above, no CQ uses it.
+            unsafe { ibv_destroy_comp_channel(channel.as_ptr()) };
+            return Err(e);
+        }
         // SAFETY: `ctx` is open; the channel is this context's; no CQ context, vector 0.
         let cq = unsafe {
             ibv_create_cq(
@@ -875,10 +906,18 @@ impl RcQp {
         }
         let mut cq: *mut ibv_cq = std::ptr::null_mut();
         let mut context: *mut libc::c_void = std::ptr::null_mut();
-        // SAFETY: `channel` is alive and readable (no wait); the out-pointers are valid.
+        // SAFETY: `channel` is alive and non-blocking; the out-pointers are valid.
         let rc = unsafe { ibv_get_cq_event(self.channel.as_ptr(), &mut cq, &mut context) };
         if rc != 0 {
-            return Err(os_error("ibv_get_cq_event"));
+            let e = io::Error::last_os_error();
+            // Another thread in `next` took the event first.
+            if matches!(
+                e.kind(),
+                io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted
+            ) {
+                return Ok(false);
+            }
+            return Err(io::Error::new(e.kind(), format!("ibv_get_cq_event: {e}")));
         }
         // SAFETY: the event is for our only CQ on this channel; acknowledged once.
         unsafe { ibv_ack_cq_events(self.cq.as_ptr(), 1) };

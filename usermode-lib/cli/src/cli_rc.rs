@@ -120,7 +120,9 @@ fn established(c: &RcCommon, conn: &Conn) -> Result<(), Failure> {
     Ok(())
 }
 
-fn print_counts(rc: &Rc) {
+/// The umad counts and CPU time; false if the port saw a fault (the driver panicked on
+/// one of its threads, the umad device went away).
+fn print_counts(rc: &Rc) -> bool {
     let c = rc.port().counts();
     println!(
         "rc: umad sent {}, received {}, send errors {}, dropped {}; writes took {:.3} ms, the slowest {:.3} ms",
@@ -137,6 +139,14 @@ fn print_counts(rc: &Rc) {
         user.as_secs_f64() * 1e3,
         system.as_secs_f64() * 1e3
     );
+    for w in rc.port().warnings() {
+        println!("rc: umad warning: {w}");
+    }
+    let faults = rc.port().faults();
+    for f in &faults {
+        println!("rc: umad FAULT: {f}");
+    }
+    faults.is_empty()
 }
 
 fn ended(r: ibcm::Result<()>) -> bool {
@@ -157,8 +167,8 @@ fn run_client<T>(rc: &Rc, conn: &Conn, run: impl FnOnce() -> T) -> (T, bool) {
     let v = run();
     let r = conn.ep.disconnect(&[]);
     let _ = conn.qp.to_error();
-    print_counts(rc);
-    (v, ended(r))
+    let clean = print_counts(rc);
+    (v, ended(r) && clean)
 }
 
 /// The server's data run, ended by the peer's DREQ: a watcher moves the QP to ERR when
@@ -194,8 +204,8 @@ fn run_server<T>(rc: &Rc, conn: &Conn, wait: Duration, run: impl FnOnce() -> T) 
         let _ = conn.qp.to_error();
     }
     let r = conn.ep.disconnect(&[]);
-    print_counts(rc);
-    (v, ended(r))
+    let clean = print_counts(rc);
+    (v, ended(r) && clean)
 }
 
 /// `ibcm rping`.

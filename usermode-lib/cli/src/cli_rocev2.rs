@@ -301,7 +301,18 @@ mod imp {
         }
         row("connect (REQ -> REP)", &r.connect);
         if r.establish.count > 0 && r.create_qp > Duration::ZERO {
+            // INIT is inside this span here, outside cmtime's (librdmacm applies it in
+            // rdma_create_qp): its own row, to take off for a like-for-like figure.
+            row("  of which INIT", &r.init);
             row("establish (REQ -> RTU)", &r.establish);
+            if let Some(first) = r.first_establish {
+                println!(
+                    "{:<22} {:>8} {:>10}   (this process's first: a fresh client's; the median above is a warm client's)",
+                    "establish, 1st",
+                    1,
+                    ms(first)
+                );
+            }
         }
         row("disconnect (DREQ -> DREP)", &r.disconnect);
         println!();
@@ -568,7 +579,7 @@ mod imp {
             }
 
             /// The umad counts, the driver's counters; false if the verifier saw a rule
-            /// broken.
+            /// broken or the port a fault (the driver panicked, the device went away).
             fn print_device(rc: &Rc) -> bool {
                 let c = rc.port().counts();
                 println!(
@@ -580,12 +591,23 @@ mod imp {
                     ms(c.write_time),
                     ms(c.slowest_write)
                 );
+                println!(
+                    "rdma:     MADs written by the caller {}, the receive thread {}, the timer thread {}",
+                    c.written_by_caller, c.written_by_receiver, c.written_by_timer
+                );
+                for w in rc.port().warnings() {
+                    println!("rdma: warning: {w}");
+                }
+                let faults = rc.port().faults();
+                for f in &faults {
+                    println!("rdma: FAULT: {f}");
+                }
                 print_counters(&[("this node (rdma)", &rc.provider)]);
                 let violations = rc.port().node().violations();
                 if !violations.is_empty() {
                     println!("verifier: {violations:?}");
                 }
-                violations.is_empty()
+                violations.is_empty() && faults.is_empty()
             }
 
             fn print_establish(what: &str, s: &StepTimes) {

@@ -191,6 +191,14 @@ pub struct ConnectReport {
     /// REQ sent -> RTU sent (with real QPs, their three transitions included): what
     /// rdma-core cmtime's "connect" step times, rdma_connect to ESTABLISHED.
     pub establish: StepTimes,
+    /// With real QPs: REQ sent -> the QP in INIT. Inside `establish`, where librdmacm
+    /// moves its QP to INIT in rdma_create_qp, before cmtime's "connect" step starts
+    /// (rdma-core v44 cma.c:1676 -> ucma_init_conn_qp :1367-1380; cmtime.c:567-583):
+    /// what to take off `establish` to compare like for like.
+    pub init: StepTimes,
+    /// The first connection's REQ -> RTU: this process's first, a fresh client's as in
+    /// each `cmtime -c 1` process, beside `establish`'s median of a warm client.
+    pub first_establish: Option<Duration>,
     /// DREQ sent -> DREP received.
     pub disconnect: StepTimes,
     /// Wall time of the setup phase.
@@ -267,6 +275,8 @@ pub fn connect_params<'a>(
 
 struct ConnectTimes {
     req: Instant,
+    /// The QP in INIT.
+    init: Option<Instant>,
     rep: Option<Instant>,
     /// RTU sent (the QP in RTS before it, with [`Qps`]).
     rtu: Option<Instant>,
@@ -359,26 +369,40 @@ pub fn connect_on(
             if let Some(slot) = lock(&times).get_mut(i) {
                 *slot = Some(ConnectTimes {
                     req: Instant::now(),
+                    init: None,
                     rep: None,
                     rtu: None,
                 });
             }
             let (times2, ep2, qp2) = (Arc::clone(&times), ep.clone(), qp.clone());
+            // The REQ leaves here (the IOCTL is issued when the future is made).
             let connect = ep.connect_async(&params);
-            // The QP's verbs run where the REP completes, as librdmacm moves its QP to
-            // RTR and RTS on the CONNECT_RESPONSE before rdma_establish sends the RTU.
+            // INIT as soon as the CM gives it (from REQ_SENT on), while the REQ travels:
+            // librdmacm's QP is in INIT before rdma_connect, which ibcm's engine cannot
+            // match (INIT needs the path the REQ gives). RTR and RTS where the REP
+            // completes, as librdmacm moves its QP on the CONNECT_RESPONSE before
+            // rdma_establish sends the RTU.
             spawn(
                 async move {
+                    if let Some(qp) = &qp2 {
+                        let init = ep2
+                            .qp_attributes_async(ibcm::QpState::Init)
+                            .await
+                            .map_err(Failed::Cm)?;
+                        if let Err(e) = qp.modify(&init) {
+                            ep2.cancel();
+                            return Err(Failed::Verbs(e));
+                        }
+                        if let Some(Some(t)) = lock(&times2).get_mut(i) {
+                            t.init = Some(Instant::now());
+                        }
+                    }
                     let reply = connect.await.map_err(Failed::Cm)?;
                     if let Some(Some(t)) = lock(&times2).get_mut(i) {
                         t.rep = Some(Instant::now());
                     }
                     if let Some(qp) = qp2 {
-                        let init = ep2
-                            .qp_attributes_async(ibcm::QpState::Init)
-                            .await
-                            .map_err(Failed::Cm)?;
-                        for a in [&init, &reply.rtr, &reply.rts] {
+                        for a in [&reply.rtr, &reply.rts] {
                             if let Err(e) = qp.modify(a) {
                                 // The connection goes no further: the peer's REP waits
                                 // for an RTU that does not come, and times out.
@@ -522,6 +546,16 @@ pub fn connect_on(
         .filter_map(|t| t.rtu.map(|r| (t.req, r)))
         .collect();
     report.establish = StepTimes::of(&establish_spans);
+    let init_spans: Vec<(Instant, Instant)> = lock(&times)
+        .iter()
+        .flatten()
+        .filter_map(|t| t.init.map(|r| (t.req, r)))
+        .collect();
+    report.init = StepTimes::of(&init_spans);
+    report.first_establish = lock(&times)
+        .first()
+        .and_then(Option::as_ref)
+        .and_then(|t| t.rtu.map(|r| r - t.req));
     // The QPs go once their connections are down (cmtime: rdma_destroy_qp after
     // rdma_disconnect).
     drop(qp_of);

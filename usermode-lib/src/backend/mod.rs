@@ -7,6 +7,8 @@ pub mod device;
 pub mod emulated;
 #[cfg(feature = "in-process")]
 pub mod inproc;
+#[cfg(feature = "in-process")]
+pub mod local;
 #[cfg(all(feature = "rdma", target_os = "linux"))]
 pub mod rdma;
 #[cfg(windows)]

@@ -8,8 +8,9 @@
 //! (`ibcm_linux::verbs`), as a WinVerbs or ND application makes them through its verbs
 //! provider on Windows. [`Provider::open_rdma`](crate::Provider::open_rdma) opens a handle
 //! on it (IRP_MJ_CREATE); every operation is the same IOCTL record as on Windows, handed
-//! to the dispatch code, and completes on whatever thread the driver completes it (the
-//! umad receive thread, the timer thread, or the caller's own for an immediate answer).
+//! to the dispatch code; its completion runs on the handle's own completion thread, as
+//! the I/O completion port hands it to a user thread on Windows (`backend::local`), never
+//! on the umad receive or timer thread that ran the driver.
 //! The MADs an IOCTL makes the driver send are written to the umad file before the call
 //! returns, from the caller's thread, as a driver posts them from its dispatch routine.
 //! The QP transition records the library returns (`QpAttributes`) go to
@@ -25,7 +26,7 @@ use ibcm_linux::port_events::PortEvents;
 use ibcm_linux::umad::{UmadConfig, UmadPort};
 use ibcm_linux::verbs::Context;
 
-use super::inproc::InProcess;
+use super::local::Local;
 use super::{Backend, OnComplete};
 
 /// A real RDMA port with the driver on its QP1, the device's verbs context, and its port
@@ -82,20 +83,22 @@ impl Device {
 }
 
 /// One open handle of a [`Device`]: the device stays up while a handle is open, as a
-/// driver stays loaded while a handle to its device is.
+/// driver stays loaded while a handle to its device is. Its completions run on a thread
+/// of its own (`backend::local`), not on the port's receive or timer thread.
 pub struct Handle {
-    // Dropped first: the handle's cleanup runs while the driver still runs.
-    file: InProcess,
-    device: Arc<Device>,
+    // Its flush holds the device: the handle's cleanup runs, and its MADs leave, while
+    // the driver still runs.
+    file: Local,
 }
 
 impl Handle {
-    /// Opens `device` (IRP_MJ_CREATE).
-    pub fn open(device: &Arc<Device>) -> Self {
-        Self {
-            file: InProcess::open(device.port.node()),
-            device: Arc::clone(device),
-        }
+    /// Opens `device` (IRP_MJ_CREATE); fails with STATUS_INSUFFICIENT_RESOURCES when the
+    /// handle's completion thread cannot start.
+    pub fn open(device: &Arc<Device>) -> Result<Self, i32> {
+        let device = Arc::clone(device);
+        let node = device.port.node();
+        let file = Local::open(node, Box::new(move || device.port.flush()))?;
+        Ok(Self { file })
     }
 }
 
@@ -108,23 +111,16 @@ impl Backend for Handle {
         buffer: Vec<u8>,
         on_complete: OnComplete,
     ) -> u64 {
-        let key = self
-            .file
-            .submit(code, input, output_len, buffer, on_complete);
-        // What the IOCTL made the driver send leaves now, from this thread.
-        self.device.port.flush();
-        key
+        self.file
+            .submit(code, input, output_len, buffer, on_complete)
     }
 
     fn cancel(&self, key: u64) {
         self.file.cancel(key);
-        self.device.port.flush();
     }
 
     fn close(&self) {
-        // Cleanup may send (a DREQ for each connection, a REJ for each REQ held).
         self.file.close();
-        self.device.port.flush();
     }
 
     fn is_closed(&self) -> bool {
