@@ -48,6 +48,7 @@
 set -euo pipefail
 
 here="$(cd "$(dirname "$0")" && pwd)"
+source "$here/guest-ctl.sh"
 repo="$(cd "$here/../.." && pwd)"
 PROFILE="${IBCM_PROFILE:-release}"
 OUT="${IBCM_DP_OUT:-$repo/target/interop/data-plane}"
@@ -177,16 +178,8 @@ note "guests ready: $(grep -a 'guest: eth0' "$WORK/console.A" | tail -1); $(grep
 
 # guest NAME TIMEOUT COMMAND: runs COMMAND in guest NAME's shell, prints its output,
 # returns its status (124 if no answer within TIMEOUT seconds of silence).
-guest() {
-    printf '%s\n' "$3" >&"${CTL_W[$1]}"
-    local line rc=""
-    while IFS= read -r -t "$2" line <&"${CTL_R[$1]}"; do
-        case "$line" in *@@RC\ *) rc="${line##*@@RC }"; break ;; esac
-        [ -n "$line" ] && printf '%s\n' "$line"
-    done
-    [ -n "$rc" ] || { echo "data-plane: no answer from guest $1 within $2 s to: $3" >&2; return 124; }
-    return "$rc"
-}
+# The control line's protocol is tests/interop/guest-ctl.sh's.
+guest() { ctl_run "${CTL_W[$1]}" "${CTL_R[$1]}" "$2" "$3" "guest $1"; }
 # bg NAME TAG COMMAND: starts COMMAND in guest NAME in the background (bounded by
 # `timeout 150`), output to /tmp/TAG.log, exit status appended as "exit=N".
 bg() { guest "$1" 10 "(timeout 150 $3; echo exit=\$?) > /tmp/$2.log 2>&1 & echo \$! > /tmp/$2.pid" >/dev/null; }

@@ -55,7 +55,19 @@ stty -F /dev/ttyS1 raw -echo clocal -hupcl 2>/dev/null
 exec 3<>/dev/ttyS1
 echo "@@READY" >&3
 while true; do
-    while IFS= read -r line <&3; do
+    while IFS= read -r msg <&3; do
+        # Each command comes as "@@CMD LENGTH COMMAND": a line whose head the serial line
+        # lost (seen after a background job is killed on a loaded host) no longer matches
+        # its length and is refused unrun, and the harness sends it again.
+        case "$msg" in
+            "@@CMD "*) rest="${msg#@@CMD }"; want="${rest%% *}"; line="${rest#* }" ;;
+            *) want=-1; line="" ;;
+        esac
+        if [ "${#line}" != "$want" ]; then
+            echo "guest: garbled, not run: $msg" > /dev/console
+            printf '\n@@GARBLED\n' >&3
+            continue
+        fi
         echo "guest: run: $line" > /dev/console
         ( eval "$line" ) >&3 2>&1 </dev/null
         rc=$?

@@ -28,6 +28,7 @@
 set -euo pipefail
 
 here="$(cd "$(dirname "$0")" && pwd)"
+source "$here/guest-ctl.sh"
 repo="$(cd "$here/../.." && pwd)"
 N="${IBCM_INTEROP_N:-50}"
 PROFILE="${IBCM_PROFILE:-debug}"
@@ -148,16 +149,8 @@ note "guest ready: $(grep -a 'guest: eth0' "$WORK/console.log" | tail -1)"
 
 # guest TIMEOUT COMMAND: runs COMMAND in the guest's shell, prints its output, returns its
 # status (124 if no answer within TIMEOUT seconds of silence).
-guest() {
-    printf '%s\n' "$2" >&"$CTL_W"
-    local line rc=""
-    while IFS= read -r -t "$1" line <&"$CTL_R"; do
-        case "$line" in *@@RC\ *) rc="${line##*@@RC }"; break ;; esac
-        [ -n "$line" ] && printf '%s\n' "$line"
-    done
-    [ -n "$rc" ] || { echo "interop: no answer from the guest within $1 s to: $2" >&2; return 124; }
-    return "$rc"
-}
+# The control line's protocol is tests/interop/guest-ctl.sh's.
+guest() { ctl_run "$CTL_W" "$CTL_R" "$1" "$2" "the guest"; }
 
 # The guest's cmtime server, fresh for each scenario (rdma-core 44's cmtime -b keeps the
 # first connection's CQ in a shared attribute block: once that connection is destroyed,
