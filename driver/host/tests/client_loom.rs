@@ -29,6 +29,9 @@
 //! --test client_loom --release`; `LOOM_MAX_PREEMPTIONS` overrides the preemption bound.
 #![cfg(loom)]
 
+mod loom_model;
+use loom_model::model;
+
 use std::cell::Cell;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::SeqCst};
 
@@ -314,26 +317,6 @@ impl World {
     fn from_b() -> MadAddress {
         node_address(1)
     }
-}
-
-/// Runs `f` in every interleaving loom explores (at most 3 preemptions unless
-/// `LOOM_MAX_PREEMPTIONS` says otherwise) and reports how many there were.
-fn model(name: &str, f: impl Fn() + Sync + Send + 'static) {
-    let mut builder = loom::model::Builder::new();
-    if builder.preemption_bound.is_none() {
-        builder.preemption_bound = Some(3);
-    }
-    let runs = std::sync::Arc::new(AtomicU64::new(0));
-    let counter = std::sync::Arc::clone(&runs);
-    builder.check(move || {
-        counter.fetch_add(1, SeqCst);
-        f();
-    });
-    println!(
-        "{name}: {} interleavings (preemption bound {:?})",
-        runs.load(SeqCst),
-        builder.preemption_bound
-    );
 }
 
 /// The events `x` got must be a strictly ordered subset of MRA, REP (checked in the

@@ -18,6 +18,9 @@
 //! --test loom --release`; `LOOM_MAX_PREEMPTIONS` overrides the preemption bound.
 #![cfg(loom)]
 
+mod loom_model;
+use loom_model::model;
+
 use std::cell::Cell;
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -485,26 +488,6 @@ impl World {
             assert!(delivered <= 1, "event delivered twice: {entries:#?}");
         }
     }
-}
-
-/// Runs `f` in every interleaving loom explores (at most 3 preemptions unless
-/// `LOOM_MAX_PREEMPTIONS` says otherwise) and reports how many there were.
-fn model(name: &str, f: impl Fn() + Sync + Send + 'static) {
-    let mut builder = loom::model::Builder::new();
-    if builder.preemption_bound.is_none() {
-        builder.preemption_bound = Some(3);
-    }
-    let runs = std::sync::Arc::new(AtomicU64::new(0));
-    let counter = std::sync::Arc::clone(&runs);
-    builder.check(move || {
-        counter.fetch_add(1, Ordering::Relaxed);
-        f();
-    });
-    println!(
-        "{name}: {} interleavings (preemption bound {:?})",
-        runs.load(Ordering::Relaxed),
-        builder.preemption_bound
-    );
 }
 
 /// A GET_EVENT is pending when a REJ arrives on the receive path while the user cancels
