@@ -5,14 +5,20 @@
 //! seen through verbs:
 //!
 //! - `IBV_EVENT_PORT_ERR` (the port left ACTIVE; rdma_rxe raises it when its netdev goes
-//!   down, rxe_net.c `rxe_port_down`) is [`Device::port_down`]: the engine ends the
-//!   connections on the port with events their owners handle, keeps the listens, and
-//!   sends nothing from the port until it is back;
+//!   down, rxe_net.c `rxe_port_down`) is [`Device::port_down`]: the engine sends nothing
+//!   from the port until it is back, keeps the listens and the handshakes' own retries,
+//!   and tells an established connection's owner only if the port is still down at its
+//!   QP's give-up time (the engine's link.rs);
 //! - `IBV_EVENT_PORT_ACTIVE` (rxe_net.c `rxe_port_up`) is [`Device::port_up`]. rxe raises
 //!   either event again on NETDEV_CHANGE (`rxe_set_port_state`); a repeat is harmless to
 //!   the engine (a port already down or up stays so);
 //! - `IBV_EVENT_DEVICE_FATAL` (the device is lost: rxe on NETDEV_UNREGISTER) is
 //!   [`Device::remove`], as the KMDF binding's device removal.
+//!
+//! - `IBV_EVENT_PKEY_CHANGE` on the node's port drops the port's cached P_Key indices
+//!   ([`Context::forget_pkeys`]), as the KMDF binding takes the port's new attributes on
+//!   `IB_PNP_PKEY_CHANGE`; `IBV_EVENT_GID_CHANGE` needs nothing: the GID index is read
+//!   from the kernel's table at every transition ([`Context::gid_index`]).
 //!
 //! A port that is not ACTIVE when the thread starts (`ibv_query_port`) is told down at
 //! once. The events are read from the context's async fd (`ibv_get_async_event`, each
@@ -22,6 +28,8 @@
 //! [`Device::port_down`]: ibcm_endpoint::Device::port_down
 //! [`Device::port_up`]: ibcm_endpoint::Device::port_up
 //! [`Device::remove`]: ibcm_endpoint::Device::remove
+//! [`Context::forget_pkeys`]: crate::verbs::Context::forget_pkeys
+//! [`Context::gid_index`]: crate::verbs::Context::gid_index
 
 use std::io;
 use std::sync::Arc;
@@ -39,6 +47,7 @@ struct Counts {
     port_err: AtomicU64,
     port_active: AtomicU64,
     device_fatal: AtomicU64,
+    pkey_change: AtomicU64,
     other: AtomicU64,
 }
 
@@ -51,6 +60,8 @@ pub struct PortEventCounts {
     pub port_active: u64,
     /// `IBV_EVENT_DEVICE_FATAL`: `Device::remove`.
     pub device_fatal: u64,
+    /// `IBV_EVENT_PKEY_CHANGE` on the node's port: its cached P_Key indices dropped.
+    pub pkey_change: u64,
     /// The port was not ACTIVE at start (`ibv_query_port`): told down then.
     pub down_at_start: bool,
     /// Every other event (other ports, QP and CQ events).
@@ -96,6 +107,7 @@ impl PortEvents {
             port_err: self.counts.port_err.load(Ordering::Relaxed),
             port_active: self.counts.port_active.load(Ordering::Relaxed),
             device_fatal: self.counts.device_fatal.load(Ordering::Relaxed),
+            pkey_change: self.counts.pkey_change.load(Ordering::Relaxed),
             down_at_start: self.down_at_start,
             other: self.counts.other.load(Ordering::Relaxed),
         }
@@ -145,6 +157,10 @@ fn event_loop(ctx: &Context, node: &Node, counts: &Counts, stop: &AtomicBool) {
             ibv_event_type::IBV_EVENT_PORT_ACTIVE if on_port(&ev) => {
                 counts.port_active.fetch_add(1, Ordering::Relaxed);
                 node.device.port_up(port);
+            }
+            ibv_event_type::IBV_EVENT_PKEY_CHANGE if on_port(&ev) => {
+                counts.pkey_change.fetch_add(1, Ordering::Relaxed);
+                ctx.forget_pkeys(port);
             }
             ibv_event_type::IBV_EVENT_DEVICE_FATAL => {
                 counts.device_fatal.fetch_add(1, Ordering::Relaxed);

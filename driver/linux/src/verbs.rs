@@ -187,6 +187,15 @@ impl Context {
         ))
     }
 
+    /// Forgets the P_Key indices found on `port`: its table changed
+    /// (`IBV_EVENT_PKEY_CHANGE`), as the kernel refreshes its P_Key cache on the same
+    /// event (drivers/infiniband/core/cache.c, ib_cache_event_task). The next transition
+    /// reads the table again.
+    pub fn forget_pkeys(&self, port: u8) {
+        let mut cache = self.pkeys.lock().unwrap_or_else(PoisonError::into_inner);
+        cache.retain(|((p, _), _)| *p != port);
+    }
+
     /// The index of the RoCEv2 GID `gid` (IPv4-mapped) in the port's GID table, from the
     /// kernel's GID cache in one call (`ibv_query_gid_table`, an ioctl; the table as it is
     /// now, not a copy of ours).

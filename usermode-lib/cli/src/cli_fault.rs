@@ -193,10 +193,7 @@ pub fn port_fault(a: &FaultArgs) -> Result<bool, Failure> {
         std::thread::sleep(Duration::from_millis(100));
     }
     let c = rc.events().counts();
-    println!(
-        "fault: port events: PORT_ERR {}, PORT_ACTIVE {}, DEVICE_FATAL {}, other {}, down at start {}",
-        c.port_err, c.port_active, c.device_fatal, c.other, c.down_at_start
-    );
+    print_port_events(&c);
     if c.port_active == 0 {
         println!("fault: FAILED: the port did not come back");
         return Ok(false);
@@ -286,10 +283,7 @@ fn flap(rc: &Rc, a: &FaultArgs, conn: rc::Conn, recv: &Region) -> Result<bool, F
         std::thread::sleep(Duration::from_millis(20));
     }
     let c = rc.events().counts();
-    println!(
-        "fault: port events: PORT_ERR {}, PORT_ACTIVE {}, DEVICE_FATAL {}, other {}, down at start {}",
-        c.port_err, c.port_active, c.device_fatal, c.other, c.down_at_start
-    );
+    print_port_events(&c);
     // A CM event that ended the connection is pending by now, or there is none.
     let ev = ibcm_cli::exchange::bounded(
         Duration::from_secs(1),
@@ -324,4 +318,12 @@ fn flap(rc: &Rc, a: &FaultArgs, conn: rc::Conn, recv: &Region) -> Result<bool, F
         && after
         && disconnected
         && at_end.starts_with("live_ceps=0 "))
+}
+
+/// The port events the platform told the engine, as the harness greps them.
+fn print_port_events(c: &ibcm_linux::port_events::PortEventCounts) {
+    println!(
+        "fault: port events: PORT_ERR {}, PORT_ACTIVE {}, DEVICE_FATAL {}, PKEY_CHANGE {}, other {}, down at start {}",
+        c.port_err, c.port_active, c.device_fatal, c.pkey_change, c.other, c.down_at_start
+    );
 }
