@@ -540,7 +540,7 @@ impl CmManager {
         if !allowed {
             return Err(CmError::InvalidState { state: name });
         }
-        Ok(qp_attributes_of(c, state))
+        Ok(qp_attributes_of(c, state, self.alternate_port(c)))
     }
 
     // ---- poll ----------------------------------------------------------------------

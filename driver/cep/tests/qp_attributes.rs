@@ -817,3 +817,118 @@ fn ack_timeout_lies_between_linux_and_al_over_the_whole_range() {
         }
     }
 }
+
+/// APM across ports: the alternate address vector names the port the alternate path
+/// leaves from, on both sides and after a LAP, not the primary's. AL places each path by
+/// its source GID (`__format_path_av` -> `__find_port_cep`, al_cm_cep.c:4570-4579; a
+/// REQ's alternate 4815, a received REQ's 735-752, a LAP's 5766) and Linux takes
+/// `alt_port_num` from the alternate AV's own port (cm.c `cm_init_qp_rtr_attr`,
+/// `cm_id_priv->alt_av.port`, which `cm_init_av_by_path` finds from the path's SGID).
+#[test]
+fn the_alternate_av_leaves_from_the_alternate_paths_own_port() {
+    let mut p = Pair::new(41);
+    // A: port 1 (LID 1), port 2 (LID 3); B: port 1 (LID 2), port 2 (LID 4).
+    p.a.set_port(1, 1, 0, &[gid(1)]).unwrap();
+    p.a.set_port(2, 3, 0, &[gid(3)]).unwrap();
+    p.b.set_port(1, 2, 0, &[gid(2)]).unwrap();
+    p.b.set_port(2, 4, 0, &[gid(4)]).unwrap();
+    let listen = p.b.create().unwrap();
+    p.b.listen(listen, Pair::listen_params(SID, 4)).unwrap();
+    let a = p.a.create().unwrap();
+    let alt_path = |slid: u16, dlid: u16| PathRecord {
+        slid,
+        dlid,
+        sgid: gid(slid),
+        dgid: gid(dlid),
+        ..Pair::path(Side::A)
+    };
+    let mut params = Pair::connect_params(SID, 0x11);
+    params.alternate_path = Some(alt_path(3, 4));
+    let now = p.now;
+    p.a.connect(now, a, &params).unwrap();
+    p.drive_for(MS);
+    let b = p.last_request().unwrap();
+    p.b.take_request(b).unwrap();
+    let mut rep = Pair::rep_params(0x22);
+    rep.failover_accepted = Failover::Accepted;
+    let now = p.now;
+    let prepared = p.b.prepare_rep(b, &rep).unwrap();
+    let ports = |a: &QpAttributes| (a.primary.map(|av| av.port), a.alternate.map(|av| av.port));
+    assert_eq!(ports(&prepared.rtr), (Some(1), Some(2)), "B's REP: RTR");
+    assert_eq!(ports(&prepared.rts), (None, Some(2)), "B's REP: RTS");
+    p.b.send_rep(now, b).unwrap();
+    p.drive_for(MS);
+    let rtr = p.a.qp_attributes(a, QpState::Rtr).unwrap();
+    assert_eq!(ports(&rtr), (Some(1), Some(2)), "A's RTR");
+    p.a.rtu(a, b"").unwrap();
+    p.drive();
+    let rtr = p.b.qp_attributes(b, QpState::Rtr).unwrap();
+    assert_eq!(ports(&rtr), (Some(1), Some(2)), "B's RTR, queried");
+
+    // A LAP loads a new alternate from A's port 2 again; B's APR attributes place it on
+    // B's port 2.
+    let now = p.now;
+    p.a.lap(now, a, &alt_path(3, 4), b"").unwrap();
+    p.drive_for(MS);
+    let apr =
+        p.b.prepare_apr(b, ibcm_mad::AprStatus::Success, b"", b"")
+            .unwrap()
+            .expect("a successful APR loads the alternate");
+    assert_eq!(ports(&apr), (None, Some(2)), "B's APR: RTS");
+}
+
+/// An alternate path no local port has, or one on another CA's port, is refused before
+/// anything is sent (CONNECT and LAP): AL's `__format_path_av` finds no port
+/// (al_cm_cep.c:4815, 5766-5772: IB_INVALID_SETTING), and a QP cannot migrate to another
+/// CA (4816-4821, 5779-5784). One on another port of the same CA is loaded.
+#[test]
+fn an_alternate_path_off_the_connections_ca_is_refused() {
+    let mut p = Pair::new(42);
+    p.a.set_port(1, 1, 0, &[gid(1)]).unwrap();
+    p.a.set_port(2, 3, 0, &[gid(3)]).unwrap();
+    p.a.set_port(3, 5, 0, &[gid(5)]).unwrap();
+    p.a.set_port_ca_guid(3, GUID_A ^ 1);
+    let listen = p.b.create().unwrap();
+    p.b.listen(listen, Pair::listen_params(SID, 4)).unwrap();
+    let alt_path = |slid: u16| PathRecord {
+        slid,
+        dlid: 4,
+        sgid: gid(slid),
+        dgid: gid(4),
+        ..Pair::path(Side::A)
+    };
+    let not_local = Err(ibcm_cep::CmError::NotLocal {
+        field: "alternate path source",
+    });
+    let a = p.a.create().unwrap();
+    let now = p.now;
+    for (slid, what) in [(7, "no local port"), (5, "another CA's port")] {
+        let mut params = Pair::connect_params(SID, 0x11);
+        params.alternate_path = Some(alt_path(slid));
+        assert_eq!(p.a.connect(now, a, &params), not_local, "CONNECT: {what}");
+    }
+    assert_eq!(p.a.state(a), Ok(ibcm_cep::StateName::Idle));
+    let mut params = Pair::connect_params(SID, 0x11);
+    params.alternate_path = Some(alt_path(3));
+    p.a.connect(now, a, &params).unwrap();
+    p.drive_for(MS);
+    let b = p.last_request().unwrap();
+    p.b.take_request(b).unwrap();
+    let mut rep = Pair::rep_params(0x22);
+    rep.failover_accepted = Failover::Accepted;
+    let now = p.now;
+    p.b.accept(now, b, &rep).unwrap();
+    p.drive_for(MS);
+    p.a.rtu(a, b"").unwrap();
+    p.drive();
+    for (slid, what) in [(7, "no local port"), (5, "another CA's port")] {
+        let now = p.now;
+        assert_eq!(
+            p.a.lap(now, a, &alt_path(slid), b""),
+            not_local,
+            "LAP: {what}"
+        );
+    }
+    let now = p.now;
+    p.a.lap(now, a, &alt_path(3), b"").unwrap();
+}

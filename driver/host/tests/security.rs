@@ -20,8 +20,8 @@ use ibcm_host::records::{connect_in, format_rep_in, path};
 use ibcm_host::verifier::Completion;
 use ibcm_host::{Fabric, Node};
 use ibcm_ioctl::{
-    ABI_VERSION, ANY_ENDPOINT, CreateIn, CreateOut, EventRecord, HandleIn, ListenIn, PrivateDataIn,
-    QpTransitionsOut, QueryOut, VersionIn, code, ep_state, event_type, status,
+    ABI_VERSION, ANY_ENDPOINT, CreateIn, CreateOut, EventRecord, HandleIn, LapIn, ListenIn,
+    PrivateDataIn, QpTransitionsOut, QueryOut, VersionIn, code, ep_state, event_type, status,
 };
 use zerocopy::{FromBytes, FromZeros, IntoBytes};
 
@@ -141,7 +141,11 @@ fn state(node: &Node, file: FileId, handle: u64) -> u32 {
 }
 
 fn reqs_sent(node: &Node) -> u64 {
-    let slot = ibcm_cep::counter_slot(ibcm_mad::AttributeId::Req).unwrap();
+    sent(node, ibcm_mad::AttributeId::Req)
+}
+
+fn sent(node: &Node, attribute: ibcm_mad::AttributeId) -> u64 {
+    let slot = ibcm_cep::counter_slot(attribute).unwrap();
     node.device.with_engine(|cm| cm.counters().sent[slot])
 }
 
@@ -229,20 +233,20 @@ fn a_listen_overlapping_anothers_is_refused() {
 /// before it reaches the wire, so the victim's connection stays established on both
 /// sides. Seen failing on the old code: the attacker's CONNECT completed with
 /// STATUS_SUCCESS, a second REQ went out, and the victim's endpoint got DREQ_RECEIVED.
-#[test]
-fn a_user_cannot_send_a_req_with_anothers_qpn() {
-    let mut fabric = Fabric::new(2, 7);
+/// A user's connection from node 0 (QPN `qpn`) to a user's listen on node 1 (QPN
+/// 0x456), established: (node 0's file, its endpoint, node 1's file, its endpoint).
+fn establish(fabric: &mut Fabric, qpn: u32) -> (FileId, u64, FileId, u64) {
     let n1 = &fabric.nodes[1];
     let server = open(n1, Caller::User);
     let _ = listen(n1, server, SERVICE);
     let n0 = &fabric.nodes[0];
-    let (victim, attacker) = (open(n0, Caller::User), open(n0, Caller::User));
-    let v = create(n0, victim);
+    let client = open(n0, Caller::User);
+    let c = create(n0, client);
     must(
         n0,
-        victim,
+        client,
         code::CONNECT,
-        connect_in(v, SERVICE, VICTIM_QPN).as_bytes(),
+        connect_in(c, SERVICE, qpn).as_bytes(),
         0,
     );
     fabric.run_for(100_000);
@@ -254,10 +258,19 @@ fn a_user_cannot_send_a_req_with_anothers_qpn() {
     must(n1, server, code::SEND_REP, handle_in(s).as_bytes(), 0);
     fabric.run_for(100_000);
     let n0 = &fabric.nodes[0];
-    must(n0, victim, code::RTU, private_data_in(v).as_bytes(), 0);
+    must(n0, client, code::RTU, private_data_in(c).as_bytes(), 0);
     fabric.run_for(100_000);
     let n0 = &fabric.nodes[0];
-    assert_eq!(state(n0, victim, v), ep_state::ESTABLISHED);
+    assert_eq!(state(n0, client, c), ep_state::ESTABLISHED);
+    (client, c, server, s)
+}
+
+#[test]
+fn a_user_cannot_send_a_req_with_anothers_qpn() {
+    let mut fabric = Fabric::new(2, 7);
+    let (victim, v, server, s) = establish(&mut fabric, VICTIM_QPN);
+    let n0 = &fabric.nodes[0];
+    let attacker = open(n0, Caller::User);
 
     let sent = reqs_sent(n0);
     let m = create(n0, attacker);
@@ -349,6 +362,35 @@ fn a_connect_from_an_address_that_is_not_the_ports_is_refused() {
         connect_in(h, SERVICE, 0x321).as_bytes(),
         0,
     );
+}
+
+/// LAP (review-30 B1): the alternate path a user loads must leave from a local port of
+/// the connection's CA, as every path AL sends on (`__format_path_av`, al_cm_cep.c:5766:
+/// IB_INVALID_SETTING for a LAP's alternate that no port has). Seen failing on the old
+/// code: the LAP with another node's SGID completed with STATUS_SUCCESS and went out.
+#[test]
+fn a_lap_from_an_address_that_is_not_the_cas_is_refused() {
+    let mut fabric = Fabric::new(2, 11);
+    let (file, c, _, _) = establish(&mut fabric, 0x321);
+    let n0 = &fabric.nodes[0];
+    let laps_sent = || sent(n0, ibcm_mad::AttributeId::Lap);
+    let before = laps_sent();
+    let lap = |alternate| {
+        let mut l = LapIn::new_zeroed();
+        l.size = LapIn::SIZE;
+        l.handle = c;
+        l.alternate = alternate;
+        n0.ioctl_now(file, code::LAP, l.as_bytes(), 0)
+    };
+    // Another node's address (node 2 is not on this fabric's node 0).
+    assert_eq!(lap(path(2, 1)).status, status::INVALID_PARAMETER);
+    let mut wrong_lid = path(0, 1);
+    wrong_lid.slid = 0x77;
+    assert_eq!(lap(wrong_lid).status, status::INVALID_PARAMETER);
+    assert_eq!(laps_sent(), before, "nothing reached the wire");
+    // The port's own address is fine.
+    assert_eq!(lap(path(0, 1)).status, status::SUCCESS);
+    assert_eq!(laps_sent(), before + 1);
 }
 
 /// Per-handle quotas of a user's handle; an administrator's has none. Seen failing on

@@ -44,6 +44,7 @@ impl CmManager {
         check_max("sl", alternate.sl, 15)?;
         check_max("packet_life_time", alternate.packet_life_time, 31)?;
         check_width("rate", u8::from(alternate.rate).into(), 6)?;
+        self.check_alternate_source(c.dest.port, alternate)?;
         check_len(
             "private_data",
             private_data.len(),
@@ -169,7 +170,8 @@ impl CmManager {
         }
         let mut with_alt = c.clone();
         with_alt.alternate = c.pending_alternate;
-        Ok(Some(super::qp_attributes_of(&with_alt, QpState::Rts)))
+        let port = self.alternate_port(&with_alt);
+        Ok(Some(super::qp_attributes_of(&with_alt, QpState::Rts, port)))
     }
 
     /// Sends the APR formatted by [`prepare_apr`](Self::prepare_apr); on Success the
@@ -237,10 +239,7 @@ impl CmManager {
         // The alternate path may leave from another port of the CA (APM across ports):
         // CM MADs then go out of that port, and its going down is what counts (link.rs).
         let (from, to) = match self.cep_any(id) {
-            Some(c) => {
-                let to = c.alternate.and_then(|alt| self.port_of_path(&alt));
-                (c.dest.port, to.unwrap_or(c.dest.port))
-            }
+            Some(c) => (c.dest.port, self.alternate_port(c)),
             None => return Err(CmError::UnknownCep),
         };
         if from != to {

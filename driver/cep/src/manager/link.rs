@@ -251,6 +251,15 @@ impl CmManager {
             .find(|&port| self.check_source(port, path).is_ok())
     }
 
+    /// The local port a CEP's alternate path leaves from ([`Self::port_of_path`]); the
+    /// primary's when no port placed it (no port told, or no alternate).
+    pub(super) fn alternate_port(&self, c: &Cep) -> u8 {
+        c.alternate
+            .filter(|p| p.is_present())
+            .and_then(|alt| self.port_of_path(&alt))
+            .unwrap_or(c.dest.port)
+    }
+
     /// Whether an established connection's QP can migrate off `port` when it is down:
     /// its loaded alternate path leaves from another port that is up.
     fn migrates_off(&self, c: &Cep) -> bool {

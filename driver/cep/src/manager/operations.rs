@@ -124,6 +124,9 @@ impl CmManager {
             check_max("packet_life_time", path.packet_life_time, 31)?;
             check_width("rate", u8::from(path.rate).into(), 6)?;
         }
+        if let Some(alternate) = &p.alternate_path {
+            self.check_alternate_source(p.port, alternate)?;
+        }
         check_width("path_mtu", u8::from(p.path_mtu).into(), 4)?;
         check_len(
             "private_data",
@@ -380,10 +383,11 @@ impl CmManager {
             self.move_local_qpn(port, old, p.qpn, owner);
         }
         let c = self.cep_any(id).ok_or(CmError::UnknownCep)?;
+        let alternate_port = self.alternate_port(c);
         Ok(PreparedRep {
-            init: qp_attributes_of(c, QpState::Init),
-            rtr: qp_attributes_of(c, QpState::Rtr),
-            rts: qp_attributes_of(c, QpState::Rts),
+            init: qp_attributes_of(c, QpState::Init, alternate_port),
+            rtr: qp_attributes_of(c, QpState::Rtr, alternate_port),
+            rts: qp_attributes_of(c, QpState::Rts, alternate_port),
         })
     }
 

@@ -215,7 +215,7 @@ impl CmManager {
 }
 
 impl CmManager {
-    /// Whether a path this side sends on (a CONNECT's, LAP's or SIDR_REQ's) starts at
+    /// Whether a path this side sends on (a CONNECT's primary or a SIDR_REQ's) starts at
     /// local port `port`: its source GID in that port's GID table and, on a subnet-local
     /// path with a LID, its source LID in the port's range. WinOF AL places every path it
     /// sends on by its source the same way (`__format_path_av` -> `__find_port_cep`,
@@ -240,5 +240,28 @@ impl CmManager {
             return refused;
         }
         Ok(())
+    }
+
+    /// Whether an alternate path this side would load on a connection from `port` (a
+    /// CONNECT's or a LAP's) leaves from a local port of the same CA, which may be another
+    /// port than `port` (APM across ports; the QP's alternate AV names it, qp.rs). WinOF AL
+    /// places the alternate by its source as any path (`__format_path_av`, al_cm_cep.c:
+    /// 4815, 5766: IB_INVALID_SETTING if no port has it) and refuses one on another CA
+    /// (4816-4821, 5779-5784): a QP cannot migrate across CAs. A manager told of no port
+    /// checks nothing, as [`Self::check_source`].
+    pub fn check_alternate_source(
+        &self,
+        port: u8,
+        path: &crate::types::PathRecord,
+    ) -> Result<(), CmError> {
+        if self.ports.is_empty() {
+            return Ok(());
+        }
+        match self.port_of_path(path) {
+            Some(p) if self.ca_guid_of(p) == self.ca_guid_of(port) => Ok(()),
+            _ => Err(CmError::NotLocal {
+                field: "alternate path source",
+            }),
+        }
     }
 }

@@ -2,21 +2,30 @@
 //! `ib_cm_init_qp_attr` and WinOF `al_cep_get_rtr/rts_attr` fill in).
 
 use crate::cep::Cep;
-use crate::types::PathRecord;
 use ibcm_iba::{AddressVector, MigrationState, QpAttributes, QpState, access};
 
 /// INIT, RTR and RTS attributes as Linux `cm_init_qp_{init,rtr,rts}_attr` computes them.
-pub(super) fn qp_attributes_of(c: &Cep, state: QpState) -> QpAttributes {
+/// `alternate_port` is the local port the alternate path leaves from: its own, which may
+/// be another port of the CA than the primary's (APM across ports). AL places each path
+/// by its source GID (`__format_path_av` -> `__find_port_cep`, al_cm_cep.c:4570-4579, for
+/// a REQ's alternate 4815 and a LAP's 5766), and Linux sets `alt_port_num` from the
+/// alternate AV's own port (cm.c `cm_init_qp_rtr_attr`: `cm_id_priv->alt_av.port`, found
+/// by `cm_init_av_by_path` from the path's SGID).
+pub(super) fn qp_attributes_of(c: &Cep, state: QpState, alternate_port: u8) -> QpAttributes {
     let mut a = QpAttributes::empty(state);
-    let av = |path: PathRecord, ack: u8| AddressVector {
-        path,
+    let primary = AddressVector {
+        path: c.primary,
         port: c.dest.port,
-        ack_timeout: ack,
+        ack_timeout: c.ack_timeout,
     };
     let alternate = c
         .alternate
         .filter(|p| p.is_present())
-        .map(|p| av(p, c.path_ack_timeout(p.packet_life_time)));
+        .map(|p| AddressVector {
+            path: p,
+            port: alternate_port,
+            ack_timeout: c.path_ack_timeout(p.packet_life_time),
+        });
     match state {
         QpState::Init => {
             let mut flags = access::LOCAL_WRITE | access::REMOTE_WRITE;
@@ -35,7 +44,7 @@ pub(super) fn qp_attributes_of(c: &Cep, state: QpState) -> QpAttributes {
             // `rq_psn` from their own message).
             a.rq_psn = Some(c.local_psn);
             a.max_dest_rd_atomic = Some(c.responder_resources);
-            a.primary = Some(av(c.primary, c.ack_timeout));
+            a.primary = Some(primary);
             a.alternate = alternate;
         }
         QpState::Rts => {

@@ -510,10 +510,10 @@ pub(super) fn operation<P: Platform>(
             f.may_name_qpn(&i.cm, file.0, (c.port, c.qpn))?;
             let cep = i.touch(file, c.handle)?;
             // An endpoint that cannot connect says so first (the engine's state check).
+            // The alternate path may leave from another port of the CA: the engine's
+            // `connect` places it (`check_alternate_source`).
             if i.cm.state(cep).map_err(status_of)? == ibcm_cep::StateName::Idle {
-                for path in core::iter::once(&primary).chain(alternate.as_ref()) {
-                    i.cm.check_source(c.port, path).map_err(status_of)?;
-                }
+                i.cm.check_source(c.port, &primary).map_err(status_of)?;
             }
             // The REP (or REJ, or timeout) comes at DISPATCH_LEVEL: room for it now.
             i.prepare_for_requests(file, 0);
