@@ -818,6 +818,41 @@ fn ack_timeout_lies_between_linux_and_al_over_the_whole_range() {
     }
 }
 
+/// Two managers with two ports each, same CA (A: LIDs 1 and 3, B: LIDs 2 and 4, GIDs
+/// after them), B listening on [`SID`].
+fn two_port_pair(seed: u8) -> Pair {
+    let mut p = Pair::new(seed);
+    p.a.set_port(1, 1, 0, &[gid(1)]).unwrap();
+    p.a.set_port(2, 3, 0, &[gid(3)]).unwrap();
+    p.b.set_port(1, 2, 0, &[gid(2)]).unwrap();
+    p.b.set_port(2, 4, 0, &[gid(4)]).unwrap();
+    let listen = p.b.create().unwrap();
+    p.b.listen(listen, Pair::listen_params(SID, 4)).unwrap();
+    p
+}
+
+/// A's alternate path from LID `slid` to B's port 2.
+fn alt_path(slid: u16) -> PathRecord {
+    PathRecord {
+        slid,
+        dlid: 4,
+        sgid: gid(slid),
+        dgid: gid(4),
+        ..Pair::path(Side::A)
+    }
+}
+
+/// The REP for A's REQ in flight, failover accepted: (B's request CEP, its prepared
+/// attributes); not yet sent.
+fn prepare_failover_rep(p: &mut Pair) -> (ibcm_cep::CepId, ibcm_cep::PreparedRep) {
+    p.drive_for(MS);
+    let b = p.last_request().unwrap();
+    p.b.take_request(b).unwrap();
+    let mut rep = Pair::rep_params(0x22);
+    rep.failover_accepted = Failover::Accepted;
+    (b, p.b.prepare_rep(b, &rep).unwrap())
+}
+
 /// APM across ports: the alternate address vector names the port the alternate path
 /// leaves from, on both sides and after a LAP, not the primary's. AL places each path by
 /// its source GID (`__format_path_av` -> `__find_port_cep`, al_cm_cep.c:4570-4579; a
@@ -826,36 +861,17 @@ fn ack_timeout_lies_between_linux_and_al_over_the_whole_range() {
 /// `cm_id_priv->alt_av.port`, which `cm_init_av_by_path` finds from the path's SGID).
 #[test]
 fn the_alternate_av_leaves_from_the_alternate_paths_own_port() {
-    let mut p = Pair::new(41);
-    // A: port 1 (LID 1), port 2 (LID 3); B: port 1 (LID 2), port 2 (LID 4).
-    p.a.set_port(1, 1, 0, &[gid(1)]).unwrap();
-    p.a.set_port(2, 3, 0, &[gid(3)]).unwrap();
-    p.b.set_port(1, 2, 0, &[gid(2)]).unwrap();
-    p.b.set_port(2, 4, 0, &[gid(4)]).unwrap();
-    let listen = p.b.create().unwrap();
-    p.b.listen(listen, Pair::listen_params(SID, 4)).unwrap();
+    let mut p = two_port_pair(41);
     let a = p.a.create().unwrap();
-    let alt_path = |slid: u16, dlid: u16| PathRecord {
-        slid,
-        dlid,
-        sgid: gid(slid),
-        dgid: gid(dlid),
-        ..Pair::path(Side::A)
-    };
     let mut params = Pair::connect_params(SID, 0x11);
-    params.alternate_path = Some(alt_path(3, 4));
+    params.alternate_path = Some(alt_path(3));
     let now = p.now;
     p.a.connect(now, a, &params).unwrap();
-    p.drive_for(MS);
-    let b = p.last_request().unwrap();
-    p.b.take_request(b).unwrap();
-    let mut rep = Pair::rep_params(0x22);
-    rep.failover_accepted = Failover::Accepted;
-    let now = p.now;
-    let prepared = p.b.prepare_rep(b, &rep).unwrap();
+    let (b, prepared) = prepare_failover_rep(&mut p);
     let ports = |a: &QpAttributes| (a.primary.map(|av| av.port), a.alternate.map(|av| av.port));
     assert_eq!(ports(&prepared.rtr), (Some(1), Some(2)), "B's REP: RTR");
     assert_eq!(ports(&prepared.rts), (None, Some(2)), "B's REP: RTS");
+    let now = p.now;
     p.b.send_rep(now, b).unwrap();
     p.drive_for(MS);
     let rtr = p.a.qp_attributes(a, QpState::Rtr).unwrap();
@@ -868,7 +884,7 @@ fn the_alternate_av_leaves_from_the_alternate_paths_own_port() {
     // A LAP loads a new alternate from A's port 2 again; B's APR attributes place it on
     // B's port 2.
     let now = p.now;
-    p.a.lap(now, a, &alt_path(3, 4), b"").unwrap();
+    p.a.lap(now, a, &alt_path(3), b"").unwrap();
     p.drive_for(MS);
     let apr =
         p.b.prepare_apr(b, ibcm_mad::AprStatus::Success, b"", b"")
@@ -883,20 +899,9 @@ fn the_alternate_av_leaves_from_the_alternate_paths_own_port() {
 /// CA (4816-4821, 5779-5784). One on another port of the same CA is loaded.
 #[test]
 fn an_alternate_path_off_the_connections_ca_is_refused() {
-    let mut p = Pair::new(42);
-    p.a.set_port(1, 1, 0, &[gid(1)]).unwrap();
-    p.a.set_port(2, 3, 0, &[gid(3)]).unwrap();
+    let mut p = two_port_pair(42);
     p.a.set_port(3, 5, 0, &[gid(5)]).unwrap();
     p.a.set_port_ca_guid(3, GUID_A ^ 1);
-    let listen = p.b.create().unwrap();
-    p.b.listen(listen, Pair::listen_params(SID, 4)).unwrap();
-    let alt_path = |slid: u16| PathRecord {
-        slid,
-        dlid: 4,
-        sgid: gid(slid),
-        dgid: gid(4),
-        ..Pair::path(Side::A)
-    };
     let not_local = Err(ibcm_cep::CmError::NotLocal {
         field: "alternate path source",
     });
@@ -911,13 +916,9 @@ fn an_alternate_path_off_the_connections_ca_is_refused() {
     let mut params = Pair::connect_params(SID, 0x11);
     params.alternate_path = Some(alt_path(3));
     p.a.connect(now, a, &params).unwrap();
-    p.drive_for(MS);
-    let b = p.last_request().unwrap();
-    p.b.take_request(b).unwrap();
-    let mut rep = Pair::rep_params(0x22);
-    rep.failover_accepted = Failover::Accepted;
+    let (b, _) = prepare_failover_rep(&mut p);
     let now = p.now;
-    p.b.accept(now, b, &rep).unwrap();
+    p.b.send_rep(now, b).unwrap();
     p.drive_for(MS);
     p.a.rtu(a, b"").unwrap();
     p.drive();
