@@ -22,14 +22,17 @@ use core::ptr::NonNull;
 use core::sync::atomic::{AtomicBool, AtomicI32, AtomicUsize, Ordering};
 
 use ibcm_endpoint::{Caller, FileId, oversized_input};
-use wdk_sys::ntddk::{SeCaptureSubjectContext, SeReleaseSubjectContext, SeTokenIsAdmin};
+use wdk_sys::ntddk::{
+    SeLockSubjectContext, SeTokenIsAdmin, SeTokenIsRestricted, SeUnlockSubjectContext,
+};
 use wdk_sys::{
-    _MODE, _WDF_FILEOBJECT_CLASS, _WDF_IO_QUEUE_DISPATCH_TYPE, _WDF_TRI_STATE,
-    FILE_DEVICE_SECURE_OPEN, NT_SUCCESS, NTSTATUS, PVOID, PWDFDEVICE_INIT,
-    SECURITY_SUBJECT_CONTEXT, STATUS_DEVICE_NOT_READY, STATUS_INSUFFICIENT_RESOURCES,
-    STATUS_INVALID_DEVICE_REQUEST, STATUS_SUCCESS, ULONG, WDF_DPC_CONFIG, WDF_FILEOBJECT_CONFIG,
-    WDF_IO_QUEUE_CONFIG, WDF_NO_OBJECT_ATTRIBUTES, WDF_TIMER_CONFIG, WDF_WORKITEM_CONFIG,
-    WDFDEVICE, WDFDRIVER, WDFFILEOBJECT, WDFOBJECT, WDFQUEUE, WDFREQUEST, WDFTIMER,
+    _MODE, _SECURITY_IMPERSONATION_LEVEL, _WDF_FILEOBJECT_CLASS, _WDF_IO_QUEUE_DISPATCH_TYPE,
+    _WDF_TRI_STATE, FILE_DEVICE_SECURE_OPEN, IRP_MJ_CREATE, NT_SUCCESS, NTSTATUS, PVOID,
+    PWDFDEVICE_INIT, SECURITY_SUBJECT_CONTEXT, SL_FORCE_ACCESS_CHECK, STATUS_DEVICE_NOT_READY,
+    STATUS_INSUFFICIENT_RESOURCES, STATUS_INVALID_DEVICE_REQUEST, STATUS_SUCCESS, ULONG,
+    WDF_DPC_CONFIG, WDF_FILEOBJECT_CONFIG, WDF_IO_QUEUE_CONFIG, WDF_NO_OBJECT_ATTRIBUTES,
+    WDF_TIMER_CONFIG, WDF_WORKITEM_CONFIG, WDFDEVICE, WDFDRIVER, WDFFILEOBJECT, WDFOBJECT,
+    WDFQUEUE, WDFREQUEST, WDFTIMER,
 };
 
 use crate::host::{self, HOST, Host, Upcalls};
@@ -380,31 +383,91 @@ unsafe extern "C" fn evt_file_create(
 }
 
 /// Who opens the handle (policy of the dispatch layer, issue #30): an administrator if
-/// the create came from kernel mode or the opener's token is an elevated member of
-/// Administrators (`SeTokenIsAdmin`), else a user. EvtDeviceFileCreate runs at
-/// PASSIVE_LEVEL in the opener's thread: the control device has no queue for creates, so
-/// the framework calls it from the IRP_MJ_CREATE dispatch routine.
+/// the create came from kernel mode on a component's own behalf, or if the subject the
+/// I/O manager captured for the open holds a token that is an elevated member of
+/// Administrators (`SeTokenIsAdmin`); else a user.
+///
+/// - A kernel-mode create with `SL_FORCE_ACCESS_CHECK` in its stack location (a component
+///   opening the name for a user, `IoCreateFile` with `IO_FORCE_ACCESS_CHECK` or
+///   `OBJ_FORCE_ACCESS_CHECK`) is judged as a user-mode one, as the IRP_MJ_CREATE
+///   contract asks (review-30 A6).
+/// - The token is the one of `Parameters.Create.SecurityContext->AccessState`'s subject
+///   context, which the I/O manager captured for this open, not the current thread's.
+/// - An impersonation token below `SecurityImpersonation` (identification or anonymous),
+///   and a restricted token (`SeTokenIsRestricted`), never count as an administrator's.
+///
+/// EvtDeviceFileCreate runs at PASSIVE_LEVEL in the opener's thread: the control device
+/// has no queue for creates, so the framework calls it from the IRP_MJ_CREATE dispatch
+/// routine.
 fn caller_of(request: WDFREQUEST) -> Caller {
     // SAFETY: (D58) the create request is presented to this callback and not completed.
     let mode =
         unsafe { wdk_sys::call_unsafe_wdf_function_binding!(WdfRequestGetRequestorMode, request) };
-    if i32::from(mode) == _MODE::KernelMode {
+    // SAFETY: (D62) as D58: the request's IRP, live until the request is completed.
+    let irp = unsafe { wdk_sys::call_unsafe_wdf_function_binding!(WdfRequestWdmGetIrp, request) };
+    if irp.is_null() {
+        return Caller::User;
+    }
+    // SAFETY: (D63) the IRP is live; KMDF calls EvtDeviceFileCreate from its
+    // IRP_MJ_CREATE dispatch with the IRP as it arrived (fxpkggeneral.cpp:1164-1173, 1301;
+    // it copies the stack location only on paths that pass the create down, :1391), so
+    // the current location is this device's.
+    let stack = unsafe { crate::filter::current_stack_location(irp) };
+    if stack.is_null() {
+        return Caller::User;
+    }
+    // SAFETY: (D64) the stack location of a live IRP.
+    let major = unsafe { (*stack).MajorFunction };
+    if u32::from(major) != IRP_MJ_CREATE {
+        return Caller::User;
+    }
+    // SAFETY: (D71) as D64.
+    let flags = u32::from(unsafe { (*stack).Flags });
+    if i32::from(mode) == _MODE::KernelMode && flags & SL_FORCE_ACCESS_CHECK == 0 {
         return Caller::Administrator;
     }
-    let mut subject = SECURITY_SUBJECT_CONTEXT::default();
-    // SAFETY: (D59) PASSIVE_LEVEL; a valid out structure, released below.
-    unsafe { SeCaptureSubjectContext(&raw mut subject) };
+    // SAFETY: (D65) as D64; a copy of the `Parameters` union.
+    let parameters = unsafe { (*stack).Parameters };
+    // SAFETY: (D70) an IRP_MJ_CREATE's stack location holds the `Create` arm (wdm.h).
+    let security = unsafe { parameters.Create }.SecurityContext;
+    if security.is_null() {
+        return Caller::User;
+    }
+    // SAFETY: (D66) the I/O manager's security context of this create, valid for the
+    // create's dispatch.
+    let access = unsafe { (*security).AccessState };
+    if access.is_null() {
+        return Caller::User;
+    }
+    // SAFETY: (D67) the access state's captured subject context, a place in the access
+    // state, which lives as long as the create's dispatch.
+    let subject = unsafe { &raw mut (*access).SubjectSecurityContext };
+    // SAFETY: (D68) PASSIVE_LEVEL; a captured subject context; unlocked below.
+    unsafe { SeLockSubjectContext(subject) };
+    // SAFETY: (D69) the subject context is locked: its tokens stay as they are.
+    let captured: SECURITY_SUBJECT_CONTEXT = unsafe { *subject };
+    let (client, level, primary) = (
+        captured.ClientToken,
+        captured.ImpersonationLevel,
+        captured.PrimaryToken,
+    );
     // SeQuerySubjectContextToken (ntifs.h, a macro): the impersonation token if there is
-    // one, else the process's.
-    let token = if subject.ClientToken.is_null() {
-        subject.PrimaryToken
+    // one, else the process's; an identification-level one cannot act for its owner.
+    let token = if client.is_null() {
+        Some(primary)
     } else {
-        subject.ClientToken
+        (level >= _SECURITY_IMPERSONATION_LEVEL::SecurityImpersonation).then_some(client)
     };
-    // SAFETY: (D60) a token of the captured context, referenced until it is released.
-    let admin = unsafe { SeTokenIsAdmin(token) } != 0;
-    // SAFETY: (D61) releases what SeCaptureSubjectContext captured, once.
-    unsafe { SeReleaseSubjectContext(&raw mut subject) };
+    // A restricted token (a sandbox made from an administrator's) is not the
+    // administrator's own, though SeTokenIsAdmin alone would count it.
+    let admin = token.filter(|t| !t.is_null()).is_some_and(|t| {
+        // SAFETY: (D60) a token of the locked subject context, referenced by it.
+        let restricted = unsafe { SeTokenIsRestricted(t) } != 0;
+        // SAFETY: (D72) as D60.
+        !restricted && unsafe { SeTokenIsAdmin(t) } != 0
+    });
+    // SAFETY: (D61) unlocks what D68 locked, once.
+    unsafe { SeUnlockSubjectContext(subject) };
     if admin {
         Caller::Administrator
     } else {

@@ -333,7 +333,7 @@ unsafe extern "C" fn evt_filter_cleanup(object: WDFOBJECT) {
 /// # Safety
 ///
 /// `irp` is a live IRP owned by the caller.
-unsafe fn current_stack_location(irp: PIRP) -> PIO_STACK_LOCATION {
+pub(crate) unsafe fn current_stack_location(irp: PIRP) -> PIO_STACK_LOCATION {
     // SAFETY: (F16) per the contract the IRP is live; a copy of its `Tail` union.
     let tail = unsafe { (*irp).Tail };
     // SAFETY: (F27) an IRP being dispatched uses the `Overlay` arm of `Tail` (wdm.h).

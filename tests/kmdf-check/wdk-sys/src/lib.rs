@@ -35,6 +35,7 @@ pub type PKSPIN_LOCK = *mut KSPIN_LOCK;
 pub const PASSIVE_LEVEL: u32 = 0;
 pub const APC_LEVEL: u32 = 1;
 pub const DISPATCH_LEVEL: u32 = 2;
+pub const IRP_MJ_CREATE: u32 = 0;
 pub const IRP_MJ_PNP: u32 = 27;
 pub const IRP_MN_QUERY_INTERFACE: u32 = 8;
 pub const IO_NO_INCREMENT: u32 = 0;
@@ -184,6 +185,7 @@ pub mod _MODE {
 pub mod _SECURITY_IMPERSONATION_LEVEL {
     pub type Type = i32;
     pub const SecurityAnonymous: Type = 0;
+    pub const SecurityImpersonation: Type = 2;
 }
 pub use self::_SECURITY_IMPERSONATION_LEVEL::Type as SECURITY_IMPERSONATION_LEVEL;
 pub type PACCESS_TOKEN = PVOID;
@@ -202,6 +204,48 @@ pub struct _SECURITY_SUBJECT_CONTEXT {
 }
 pub type SECURITY_SUBJECT_CONTEXT = _SECURITY_SUBJECT_CONTEXT;
 pub type PSECURITY_SUBJECT_CONTEXT = *mut _SECURITY_SUBJECT_CONTEXT;
+/// wdm.h `LUID`.
+#[repr(C)]
+#[derive(Debug, Copy, Clone)]
+pub struct _LUID {
+    pub LowPart: ULONG,
+    pub HighPart: LONG,
+}
+pub type LUID = _LUID;
+/// wdm.h `ACCESS_STATE`: its fields in wdm.h's order up to the one the binding names.
+#[repr(C)]
+#[derive(Copy, Clone)]
+pub struct _ACCESS_STATE {
+    pub OperationID: LUID,
+    pub SecurityEvaluated: BOOLEAN,
+    pub GenerateAudit: BOOLEAN,
+    pub GenerateOnClose: BOOLEAN,
+    pub PrivilegesAllocated: BOOLEAN,
+    pub Flags: ULONG,
+    pub RemainingDesiredAccess: ACCESS_MASK,
+    pub PreviouslyGrantedAccess: ACCESS_MASK,
+    pub OriginalDesiredAccess: ACCESS_MASK,
+    pub SubjectSecurityContext: SECURITY_SUBJECT_CONTEXT,
+}
+pub type PACCESS_STATE = *mut _ACCESS_STATE;
+/// wdm.h `SECURITY_QUALITY_OF_SERVICE` (opaque here).
+#[repr(C)]
+pub struct _SECURITY_QUALITY_OF_SERVICE {
+    _unused: [u8; 0],
+}
+pub type PSECURITY_QUALITY_OF_SERVICE = *mut _SECURITY_QUALITY_OF_SERVICE;
+/// wdm.h `IO_SECURITY_CONTEXT`.
+#[repr(C)]
+#[derive(Debug, Copy, Clone)]
+pub struct _IO_SECURITY_CONTEXT {
+    pub SecurityQos: PSECURITY_QUALITY_OF_SERVICE,
+    pub AccessState: PACCESS_STATE,
+    pub DesiredAccess: ACCESS_MASK,
+    pub FullCreateOptions: ULONG,
+}
+pub type PIO_SECURITY_CONTEXT = *mut _IO_SECURITY_CONTEXT;
+/// wdm.h `SL_FORCE_ACCESS_CHECK`: an IRP_MJ_CREATE's stack location flag.
+pub const SL_FORCE_ACCESS_CHECK: u32 = 1;
 
 /// wdm.h `IO_STATUS_BLOCK`.
 #[repr(C)]
@@ -218,8 +262,20 @@ pub struct _IO_STATUS_BLOCK {
 }
 pub type IO_STATUS_BLOCK = _IO_STATUS_BLOCK;
 
-/// wdm.h `IO_STACK_LOCATION`: `Parameters.QueryInterface` only (bindgen names its struct
-/// `_IO_STACK_LOCATION__bindgen_ty_1__bindgen_ty_26`, the 26th anonymous arm).
+/// wdm.h `IO_STACK_LOCATION`: `Parameters.Create` and `Parameters.QueryInterface` only
+/// (bindgen names their structs `_IO_STACK_LOCATION__bindgen_ty_1__bindgen_ty_1` and
+/// `_IO_STACK_LOCATION__bindgen_ty_1__bindgen_ty_26`, the 1st and 26th anonymous arms).
+#[repr(C)]
+#[derive(Debug, Copy, Clone)]
+pub struct _IO_STACK_LOCATION__bindgen_ty_1__bindgen_ty_1 {
+    pub SecurityContext: PIO_SECURITY_CONTEXT,
+    pub Options: ULONG,
+    pub __bindgen_padding_0: [u8; 4usize],
+    pub FileAttributes: USHORT,
+    pub ShareAccess: USHORT,
+    pub __bindgen_padding_1: [u8; 4usize],
+    pub EaLength: ULONG,
+}
 #[repr(C)]
 #[derive(Debug, Copy, Clone)]
 pub struct _IO_STACK_LOCATION__bindgen_ty_1__bindgen_ty_26 {
@@ -232,6 +288,7 @@ pub struct _IO_STACK_LOCATION__bindgen_ty_1__bindgen_ty_26 {
 #[repr(C)]
 #[derive(Copy, Clone)]
 pub union _IO_STACK_LOCATION__bindgen_ty_1 {
+    pub Create: _IO_STACK_LOCATION__bindgen_ty_1__bindgen_ty_1,
     pub QueryInterface: _IO_STACK_LOCATION__bindgen_ty_1__bindgen_ty_26,
     pub Others: [PVOID; 4],
 }
@@ -581,7 +638,7 @@ pub struct _WDF_PNPPOWER_EVENT_CALLBACKS {
     pub EvtDeviceUsageNotificationEx: PVOID,
 }
 pub type WDF_PNPPOWER_EVENT_CALLBACKS = _WDF_PNPPOWER_EVENT_CALLBACKS;
-zeroed_default!(_SECURITY_SUBJECT_CONTEXT, _WDF_DRIVER_CONFIG, _WDF_IO_QUEUE_CONFIG, _WDF_TIMER_CONFIG, _WDF_PNPPOWER_EVENT_CALLBACKS);
+zeroed_default!(_WDF_DRIVER_CONFIG, _WDF_IO_QUEUE_CONFIG, _WDF_TIMER_CONFIG, _WDF_PNPPOWER_EVENT_CALLBACKS);
 
 // ---- wdm.h / ntddk.h routines ----
 pub mod ntddk {
@@ -625,8 +682,9 @@ pub mod ntddk {
             BugCheckParameter3: ULONG_PTR,
             BugCheckParameter4: ULONG_PTR,
         ) -> !;
-        pub fn SeCaptureSubjectContext(SubjectContext: PSECURITY_SUBJECT_CONTEXT);
-        pub fn SeReleaseSubjectContext(SubjectContext: PSECURITY_SUBJECT_CONTEXT);
+        pub fn SeLockSubjectContext(SubjectContext: PSECURITY_SUBJECT_CONTEXT);
+        pub fn SeUnlockSubjectContext(SubjectContext: PSECURITY_SUBJECT_CONTEXT);
+        pub fn SeTokenIsRestricted(Token: PACCESS_TOKEN) -> BOOLEAN;
         pub fn SeTokenIsAdmin(Token: PACCESS_TOKEN) -> BOOLEAN;
         pub fn IoAllocateErrorLogEntry(IoObject: PVOID, EntrySize: UCHAR) -> PVOID;
         pub fn IoWriteErrorLogEntry(ElEntry: PVOID);
@@ -730,6 +788,7 @@ pub mod wdf_fns {
         pub fn WdfRequestGetFileObject(Request: WDFREQUEST) -> WDFFILEOBJECT;
         pub fn WdfRequestGetIoQueue(Request: WDFREQUEST) -> WDFQUEUE;
         pub fn WdfRequestGetRequestorMode(Request: WDFREQUEST) -> KPROCESSOR_MODE;
+        pub fn WdfRequestWdmGetIrp(Request: WDFREQUEST) -> PIRP;
         pub fn WdfDriverOpenParametersRegistryKey(
             Driver: WDFDRIVER,
             DesiredAccess: ACCESS_MASK,
