@@ -20,13 +20,14 @@ use crate::event::Event;
 use crate::grow::{ChunkedVec, reserve_queue};
 use crate::pdata_pool::PdataPool;
 use crate::trace::{TraceHook, TracePoint, Tracer};
-use crate::types::{CepId, Instant, ListenParams, MadAddress, PathRecord, PrivateData};
+use crate::types::{CepId, Instant, MadAddress, PathRecord, PrivateData};
 use ibcm_iba::{QpAttributes, QpState};
 
 mod establish;
 mod lap;
 mod link;
 mod listen;
+mod listen_table;
 mod local_qpn;
 mod lookup;
 mod memory;
@@ -110,28 +111,6 @@ pub struct PreparedRep {
     pub rts: QpAttributes,
 }
 
-#[derive(Debug, Clone)]
-struct ListenEntry {
-    cep: CepId,
-    params: ListenParams,
-    /// CEPs created by this listen that the user has not taken yet.
-    pending: u32,
-}
-
-impl ListenEntry {
-    /// Whether this listen takes a REQ (or SIDR_REQ) for `service_id` arriving on `port`
-    /// with `private_data`: the service ID under the mask, the port, the compare.
-    fn takes(&self, port: u8, service_id: u64, private_data: &[u8]) -> bool {
-        let p = &self.params;
-        (service_id & p.service_mask) == (p.service_id & p.service_mask)
-            && p.port.is_none_or(|x| x == port)
-            && p.compare.as_ref().is_none_or(|(offset, bytes)| {
-                let start = usize::from(*offset);
-                private_data.get(start..start + bytes.len()) == Some(bytes.as_slice())
-            })
-    }
-}
-
 /// `repr(C)`: the generation, checked first, shares the slot's first 64 bytes with the
 /// CEP's hot fields (see [`Cep`]); as wide as the comm ID layout's generation (u32 sits in
 /// the padding before the CEP, as the u8 did).
@@ -199,7 +178,8 @@ pub struct CmManager {
     remote_qpns: PeerMap,
     /// Local QPNs bound to live connections, and their holders (local_qpn.rs).
     local_qpns: local_qpn::LocalQpns,
-    listens: Vec<ListenEntry>,
+    /// Every listen, indexed by service ID (listen_table.rs).
+    listens: listen_table::ListenTable,
     /// This CA's ports, as [`Self::set_port`] told them (empty: REQ paths unchecked).
     ports: Vec<ports::PortAddress>,
     /// The CA each port belongs to, as [`Self::set_port_ca_guid`] told it.
@@ -254,7 +234,7 @@ impl CmManager {
             remote_ids: PeerMap::with_hasher(hash),
             remote_qpns: PeerMap::with_hasher(hash),
             local_qpns: HashMap::with_hasher(hash),
-            listens: Vec::new(),
+            listens: listen_table::ListenTable::new(hash),
             ports: Vec::new(),
             port_cas: ports::PortCas::new(),
             down: link::DownPorts::default(),
@@ -358,14 +338,12 @@ impl CmManager {
     /// Makes room (PASSIVE_LEVEL) for `n` listens more than are live, so that `listen`
     /// allocates nothing for them.
     pub fn reserve_listens(&mut self, n: usize) -> Result<(), CmError> {
-        self.listens
-            .try_reserve(n)
-            .map_err(|_| CmError::NoResources)
+        self.listens.try_reserve(n)
     }
 
     /// Listens `listen` adds without allocating.
     pub fn listen_room(&self) -> usize {
-        self.listens.capacity() - self.listens.len()
+        self.listens.room()
     }
 
     /// The CEP slot indices the slab holds without growing: every CEP made before it grows

@@ -73,7 +73,7 @@ impl CmManager {
             self.reply_rej_ari(src, tid, req.local_comm_id, MessageKind::Req, r.reason, ari);
             return;
         }
-        let Some(listen_index) = self.listen_for(src.port, req) else {
+        let Some(listen_id) = self.listen_for(src.port, req) else {
             self.reply_rej(
                 src,
                 tid,
@@ -83,10 +83,9 @@ impl CmManager {
             );
             return;
         };
-        let Some(listen) = self.listens.get(listen_index) else {
+        let Some(listen) = self.listens.get(listen_id) else {
             return;
         };
-        let listen_id = listen.cep;
         if listen.pending >= listen.params.backlog {
             // Silent drop: the peer's retry may find room (never a REJ storm).
             self.backlog_drop(AttributeId::Req);
@@ -107,7 +106,7 @@ impl CmManager {
             self.backlog_drop(AttributeId::Req);
             return;
         };
-        if let Some(l) = self.listens.get_mut(listen_index) {
+        if let Some(l) = self.listens.get_mut(listen_id) {
             l.pending += 1;
         }
         if let Some(c) = self.cep_mut(id) {

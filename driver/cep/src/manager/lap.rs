@@ -275,16 +275,17 @@ impl CmManager {
             .enumerate()
             .filter_map(|(i, s)| {
                 let c = s.cep.as_ref()?;
+                let id = CepId::new(i as u32, s.generation);
                 let listen_on_port = c.state == State::Listen
                     && self
                         .listens
-                        .iter()
-                        .any(|l| l.params.port == Some(port) && l.cep.index() == i);
+                        .get(id)
+                        .is_some_and(|l| l.params.port == Some(port));
                 let bound = c.state != State::Listen
                     && c.state != State::Idle
                     && c.state != State::Removed
                     && c.dest.port == port;
-                (bound || listen_on_port).then(|| CepId::new(i as u32, s.generation))
+                (bound || listen_on_port).then_some(id)
             })
             .collect();
         for id in hit {
@@ -295,7 +296,7 @@ impl CmManager {
             self.forget_peer(id);
             self.forget_sidr(id);
             self.leave_backlog(id);
-            self.listens.retain(|l| l.cep != id);
+            self.listens.remove(id);
             self.set_state(id, State::Removed);
             if self.cep_any(id).is_some_and(|c| c.detached) {
                 self.release(id);

@@ -1,7 +1,7 @@
 //! Which listens may exist side by side: none two that could both take one REQ.
 //!
 //! A REQ (or SIDR_REQ) is taken by the listen whose service ID under its mask, port and
-//! private-data compare match it ([`ListenEntry::takes`](super::ListenEntry)). If two
+//! private-data compare match it ([`takes`]). If two
 //! listens could match the same REQ, the one found first would take REQs meant for the
 //! other: a listen made later, by another process, with a wider mask, a port or a compare
 //! prefix, would steal a service (issue #30). So a listen is refused when an existing
@@ -26,22 +26,34 @@
 
 use crate::types::ListenParams;
 
-/// Whether some REQ could be taken by both `a` and `b` (module docs).
+/// Whether the listen `p` takes a REQ (or SIDR_REQ) for `service_id` arriving on `port`
+/// with `private_data`: the service ID under the mask, the port, the compare.
+pub(super) fn takes(p: &ListenParams, port: u8, service_id: u64, private_data: &[u8]) -> bool {
+    (service_id & p.service_mask) == (p.service_id & p.service_mask)
+        && p.port.is_none_or(|x| x == port)
+        && p.compare.as_ref().is_none_or(|(offset, bytes)| {
+            let start = usize::from(*offset);
+            private_data.get(start..start + bytes.len()) == Some(bytes.as_slice())
+        })
+}
+
+/// Whether some REQ could be taken by both `a` and `b` (module docs). The IDs and ports,
+/// two compares of words, are looked at before the compare buffers (up to 92 bytes).
 pub(super) fn overlaps(a: &ListenParams, b: &ListenParams) -> bool {
     // IDs s with s & ma == ia & ma and s & mb == ib & mb exist iff ia and ib agree on
     // every bit both masks compare.
     let ids = (a.service_id ^ b.service_id) & a.service_mask & b.service_mask == 0;
     // No port: every port (AL's IB_ALL_PORTS).
-    let ports = match (a.port, b.port) {
+    let ports = || match (a.port, b.port) {
         (Some(x), Some(y)) => x == y,
         _ => true,
     };
-    let compares = match (&a.compare, &b.compare) {
+    let compares = || match (&a.compare, &b.compare) {
         (Some((oa, da)), Some((ob, db))) => agree(usize::from(*oa), da, usize::from(*ob), db),
         // No compare: any private data.
         _ => true,
     };
-    ids && ports && compares
+    ids && ports() && compares()
 }
 
 /// Whether `a` at `oa` and `b` at `ob` hold the same byte wherever both cover the REQ's

@@ -198,12 +198,7 @@ impl CmManager {
     pub fn memory(&self) -> EngineMemory {
         // The private-data pool: its blocks, in use or free, and its tables.
         let mut private_data = self.pdata.bytes();
-        private_data += self
-            .listens
-            .iter()
-            .filter_map(|l| l.params.compare.as_ref())
-            .map(|(_, bytes)| bytes.capacity())
-            .sum::<usize>();
+        private_data += self.listens.compare_bytes();
         EngineMemory {
             slab: self.slots.heap_bytes() + self.free.heap_bytes() + retired_bytes(&self.retired),
             lookups: self.remote_ids.heap_bytes()

@@ -11,7 +11,7 @@ use crate::types::{
 };
 use ibcm_iba::{QpState, ack_timeout};
 
-use super::{CmManager, ListenEntry, PreparedRep, qp_attributes_of, transport_supported};
+use super::{CmManager, PreparedRep, qp_attributes_of, transport_supported};
 
 impl CmManager {
     pub(super) fn state_of(&self, id: CepId) -> Result<State, CmError> {
@@ -44,21 +44,10 @@ impl CmManager {
             )?;
         }
         // No two listens may take the same REQ (listen.rs).
-        if self
-            .listens
-            .iter()
-            .any(|l| super::listen::overlaps(&l.params, &params))
-        {
+        if self.listens.overlapping(&params) {
             return Err(CmError::DuplicateListen);
         }
-        self.listens
-            .try_reserve(1)
-            .map_err(|_| CmError::NoResources)?;
-        self.listens.push(ListenEntry {
-            cep: id,
-            params,
-            pending: 0,
-        });
+        self.listens.insert(id, params)?;
         self.set_state(id, State::Listen);
         Ok(())
     }

@@ -164,11 +164,8 @@ impl CmManager {
         self.push_mad(*src, reply, CmMessage::ClassPortInfo(cpi));
     }
 
-    /// The listen that takes `req`: at most one does, since no two listens overlap
-    /// (`listen::overlaps`), so the order they were made in decides nothing.
-    pub(super) fn listen_for(&self, port: u8, req: &Req<'_>) -> Option<usize> {
-        self.listens
-            .iter()
-            .position(|l| l.takes(port, req.service_id, req.private_data))
+    /// The listen that takes `req` (listen_table.rs).
+    pub(super) fn listen_for(&self, port: u8, req: &Req<'_>) -> Option<CepId> {
+        self.listens.taker(port, req.service_id, req.private_data)
     }
 }

@@ -153,12 +153,7 @@ impl CmManager {
                 self.release(id);
             }
             State::Listen => {
-                let mut left = self
-                    .listens
-                    .iter()
-                    .find(|l| l.cep == id)
-                    .map_or(0, |l| l.pending);
-                self.listens.retain(|l| l.cep != id);
+                let mut left = self.listens.remove(id).map_or(0, |l| l.pending);
                 // Requests nobody took from this listen can never be answered: refuse
                 // them now rather than let the peers time out. The slab is walked by
                 // index (no list of them is allocated: this runs under the dispatch

@@ -187,11 +187,10 @@ impl CmManager {
                 return;
             }
         }
-        let listen_index = self
+        let taker = self
             .listens
-            .iter()
-            .position(|l| l.takes(src.port, req.service_id, req.private_data));
-        let Some(listen) = listen_index.and_then(|i| self.listens.get(i)) else {
+            .taker(src.port, req.service_id, req.private_data);
+        let Some(listen) = taker.and_then(|id| self.listens.get(id)) else {
             let rep = SidrRep {
                 request_id: req.request_id,
                 status: SidrStatus::Unsupported,
@@ -218,7 +217,7 @@ impl CmManager {
             self.backlog_drop(AttributeId::SidrReq);
             return;
         };
-        if let Some(l) = self.listens.iter_mut().find(|l| l.cep == listen_id) {
+        if let Some(l) = self.listens.get_mut(listen_id) {
             l.pending += 1;
         }
         let Some(c) = self.cep_mut(id) else { return };

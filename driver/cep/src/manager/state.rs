@@ -59,7 +59,7 @@ impl CmManager {
         let Some(listen) = self.cep_mut(id).and_then(|c| c.backlog_of.take()) else {
             return;
         };
-        if let Some(l) = self.listens.iter_mut().find(|l| l.cep == listen) {
+        if let Some(l) = self.listens.get_mut(listen) {
             l.pending = l.pending.saturating_sub(1);
         }
     }

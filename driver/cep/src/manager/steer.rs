@@ -66,9 +66,7 @@ impl CmManager {
 
     /// Whether a listen of ours takes a REQ (or SIDR_REQ), as `handle_mad` matches it.
     fn listens_take(&self, port: u8, service_id: u64, private_data: &[u8]) -> bool {
-        self.listens
-            .iter()
-            .any(|l| l.takes(port, service_id, private_data))
+        self.listens.taker(port, service_id, private_data).is_some()
     }
 
     /// Whether a peer-to-peer REQ of ours for `service_id` waits for the peer's.
