@@ -86,11 +86,10 @@ pub(super) fn destroy_endpoint<P: Platform>(
     if i.done.try_reserve(requests).is_err() || i.tx.try_reserve(2 * (1 + queued)).is_err() {
         return Err(status::INSUFFICIENT_RESOURCES);
     }
-    let ep = i
-        .file(file)?
-        .endpoints
-        .remove(handle)
-        .ok_or(status::INVALID_HANDLE)?;
+    let f = i.file(file)?;
+    let ep = f.endpoints.remove(handle).ok_or(status::INVALID_HANDLE)?;
+    let caller = f.caller;
+    i.users.endpoint_removed(caller, ep.backlog);
     {
         let f = i.file(file)?;
         f.queued = f.queued.saturating_sub(ep.events.len());
@@ -343,9 +342,9 @@ pub(super) fn operation<P: Platform>(
             if request.output_len() < CreateOut::SIZE as usize {
                 return Err(status::BUFFER_TOO_SMALL);
             }
-            let quotas = i.quotas;
+            let (quotas, users) = (i.quotas, i.users);
             let f = i.file(file)?;
-            f.quota_endpoint(&quotas)?;
+            f.quota_endpoint(&quotas, &users)?;
             let no_memory = |_| status::INSUFFICIENT_RESOURCES;
             f.reserve_ready(1).map_err(no_memory)?;
             // A retired chunk's slot before a fresh one (the table's end stays put).
@@ -353,17 +352,16 @@ pub(super) fn operation<P: Platform>(
             let mut events = VecDeque::new();
             events.try_reserve_exact(FIFO_DEPTH).map_err(no_memory)?;
             let cep = i.cm.create().map_err(status_of)?;
-            let handle = match i
-                .file(file)?
-                .endpoints
-                .try_insert(Endpoint::new(cep, events))
-            {
+            let f = i.file(file)?;
+            let caller = f.caller;
+            let handle = match f.endpoints.try_insert(Endpoint::new(cep, events)) {
                 Ok(handle) => handle,
                 Err(_) => {
                     let _ = i.cm.destroy(now, cep);
                     return Err(status::INSUFFICIENT_RESOURCES);
                 }
             };
+            i.users.endpoint_added(caller);
             i.set_owner(
                 cep,
                 Owner {
@@ -390,10 +388,10 @@ pub(super) fn operation<P: Platform>(
             let compare = used(&l.compare, l.compare_len, limits::REQ_PRIVATE_DATA)?;
             require(usize::from(l.compare_offset) + compare.len() <= limits::REQ_PRIVATE_DATA)?;
             let old = i.endpoint(file, l.handle)?.backlog;
-            let quotas = i.quotas;
+            let (quotas, users) = (i.quotas, i.users);
             let f = i.file(file)?;
             f.may_listen(l.service_mask)?;
-            f.quota_listen(&quotas, l.backlog, old)?;
+            f.quota_listen(&quotas, &users, l.backlog, old)?;
             let cep = i.touch(file, l.handle)?;
             // Room for the backlog's REQs in its FIFO before the engine listens.
             let depth = l.backlog as usize;
@@ -415,6 +413,8 @@ pub(super) fn operation<P: Platform>(
             let f = i.file(file)?;
             f.backlog = f.backlog.saturating_sub(old as usize) + depth;
             f.listens += u32::from(old == 0);
+            let caller = f.caller;
+            i.users.listen(caller, old, l.backlog);
             i.prepare_for_requests(file, 0);
             Ok(0)
         }
@@ -430,10 +430,12 @@ pub(super) fn operation<P: Platform>(
             i.clear_owner(cep);
             let ep = i.endpoint(file, h)?;
             ep.cep = fresh;
-            let old = core::mem::replace(&mut ep.backlog, 0) as usize;
+            let old = core::mem::replace(&mut ep.backlog, 0);
             let f = i.file(file)?;
-            f.backlog = f.backlog.saturating_sub(old);
+            f.backlog = f.backlog.saturating_sub(old as usize);
             f.listens = f.listens.saturating_sub(u32::from(old != 0));
+            let caller = f.caller;
+            i.users.listen(caller, old, 0);
             // REQs and SIDR_REQs nobody retrieved go with the listen (one at a time: no
             // list of them is allocated).
             let mut k = 0;

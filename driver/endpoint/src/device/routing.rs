@@ -197,16 +197,17 @@ impl<P: Platform> Inner<P> {
         // listen's FIFO, all made at PASSIVE_LEVEL. Without them it is refused (the engine
         // rejects it) rather than allocated for: a peer cycling REQs and REJs cannot grow
         // the file while its owner does not read its events.
-        let quotas = self.quotas;
-        let Ok(file) = self.file(FileId(lo.file)) else {
+        let (quotas, users) = (self.quotas, self.users);
+        let Some(file) = self.files.get_mut(lo.file) else {
             return;
         };
         let listen_room = file
             .endpoints
             .get(lo.endpoint)
             .is_some_and(|l| l.events.len() < l.events.capacity());
-        // A user's handle at its endpoint quota takes no more (policy.rs).
-        let room = listen_room && file.has_endpoint_room(&quotas);
+        // A user's handle at its endpoint quota, or all users' at their budget, takes no
+        // more (policy.rs).
+        let room = listen_room && file.has_endpoint_room(&quotas, &users);
         let spare = if room && file.endpoints.can_insert() {
             file.spares.pop()
         } else {
@@ -238,6 +239,8 @@ impl<P: Platform> Inner<P> {
                 return;
             }
         };
+        let caller = file.caller;
+        self.users.endpoint_added(caller);
         self.set_owner(
             cep,
             Owner {
