@@ -27,6 +27,7 @@ static MAX_QUEUED: [u16; 24] = wdf::utf16("MaxQueuedEventsPerHandle");
 static MAX_ENDPOINTS_ALL: [u16; 20] = wdf::utf16("MaxEndpointsAllUsers");
 static MAX_LISTENS_ALL: [u16; 18] = wdf::utf16("MaxListensAllUsers");
 static MAX_BACKLOG_ALL: [u16; 18] = wdf::utf16("MaxBacklogAllUsers");
+static MAX_QUEUED_ALL: [u16; 23] = wdf::utf16("MaxQueuedEventsAllUsers");
 static MAX_REQUEST_WAIT: [u16; 16] = wdf::utf16("MaxRequestWaitMs");
 
 /// What the registry sets.
@@ -64,7 +65,7 @@ pub fn read() -> Parameters {
     if !NT_SUCCESS(opened) {
         return parameters(quotas, 0);
     }
-    let values: [(&'static [u16], &mut u32); 8] = [
+    let values: [(&'static [u16], &mut u32); 9] = [
         (&MAX_ENDPOINTS, &mut quotas.endpoints),
         (&MAX_LISTENS, &mut quotas.listens),
         (&MAX_BACKLOG, &mut quotas.backlog),
@@ -72,6 +73,7 @@ pub fn read() -> Parameters {
         (&MAX_ENDPOINTS_ALL, &mut quotas.all_users_endpoints),
         (&MAX_LISTENS_ALL, &mut quotas.all_users_listens),
         (&MAX_BACKLOG_ALL, &mut quotas.all_users_backlog),
+        (&MAX_QUEUED_ALL, &mut quotas.all_users_queued_events),
         (&MAX_REQUEST_WAIT, &mut max_request_wait_ms),
     ];
     for (name, field) in values {

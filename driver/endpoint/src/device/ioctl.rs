@@ -90,6 +90,7 @@ pub(super) fn destroy_endpoint<P: Platform>(
     let ep = f.endpoints.remove(handle).ok_or(status::INVALID_HANDLE)?;
     let caller = f.caller;
     i.users.endpoint_removed(caller, ep.backlog);
+    i.users.events_read(caller, ep.events.len());
     {
         let f = i.file(file)?;
         f.queued = f.queued.saturating_sub(ep.events.len());
@@ -440,7 +441,12 @@ pub(super) fn operation<P: Platform>(
             // list of them is allocated).
             let mut k = 0;
             loop {
-                let Inner { files, records, .. } = &mut *i;
+                let Inner {
+                    files,
+                    records,
+                    users,
+                    ..
+                } = &mut *i;
                 let Some(f) = files.get_mut(file.0) else {
                     break;
                 };
@@ -458,6 +464,7 @@ pub(super) fn operation<P: Platform>(
                 let _ = ep.events.remove(k);
                 let _ = records.take(index);
                 f.queued = f.queued.saturating_sub(1);
+                users.events_read(f.caller, 1);
                 let _ = destroy_endpoint(i, now, file, child);
             }
             i.set_owner(
@@ -506,9 +513,9 @@ pub(super) fn operation<P: Platform>(
                 flow_control: c.flags & flags::FLOW_CONTROL != 0,
                 private_data,
             };
-            let quotas = i.quotas;
+            let (quotas, users) = (i.quotas, i.users);
             let f = i.files.get(file.0).ok_or(status::INVALID_HANDLE)?;
-            f.quota_events(&quotas)?;
+            f.quota_events(&quotas, &users)?;
             f.may_name_qpn(&i.cm, file.0, (c.port, c.qpn))?;
             let cep = i.touch(file, c.handle)?;
             // An endpoint that cannot connect says so first (the engine's state check).
@@ -709,8 +716,8 @@ pub(super) fn operation<P: Platform>(
                 max_retries: r.max_retries,
                 private_data: data,
             };
-            let quotas = i.quotas;
-            i.file(file)?.quota_events(&quotas)?;
+            let (quotas, users) = (i.quotas, i.users);
+            i.file(file)?.quota_events(&quotas, &users)?;
             i.cm.check_source(r.port, &params.path).map_err(status_of)?;
             let cep = i.touch(file, r.handle)?;
             i.cm.sidr_request(now, cep, &params).map_err(status_of)?;

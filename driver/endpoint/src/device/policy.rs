@@ -11,10 +11,10 @@
 //! - QPNs: a user's CONNECT or FORMAT_REP may not name a local QPN that a live connection
 //!   of another handle or a kernel client binds (the engine's `local_qpn.rs`).
 //! - Quotas: endpoints, listens, the sum of listen backlogs, and event records queued
-//!   unread, per handle; and endpoints, listens and backlogs of all users' handles
-//!   together ([`UserTotals`]), since a user may open any number of handles (review of
-//!   issue 30, A3). An administrator's handle has none and is not counted, nor is a
-//!   kernel client (the `iba_cm` interface).
+//!   unread, per handle; and the same of all users' handles together ([`UserTotals`]),
+//!   since a user may open any number of handles (review of issue 30, A3). An
+//!   administrator's handle has none and is not counted, nor is a kernel client (the
+//!   `iba_cm` interface).
 
 use ibcm_cep::CmManager;
 use ibcm_ioctl::status;
@@ -58,6 +58,10 @@ pub struct Quotas {
     /// The sum of the backlogs of all users' listens (`MaxBacklogAllUsers`): each unit
     /// is an endpoint made ahead, at PASSIVE_LEVEL, for a REQ to take at DISPATCH_LEVEL.
     pub all_users_backlog: u32,
+    /// Event records queued unread on all users' handles together
+    /// (`MaxQueuedEventsAllUsers`): past it, every user's operations that start new
+    /// events are refused until users read theirs.
+    pub all_users_queued_events: u32,
 }
 
 impl Default for Quotas {
@@ -69,10 +73,11 @@ impl Default for Quotas {
     /// each), a sixteenth of the engine's CEPs (`CmConfig::max_ceps`, 2^20): the other
     /// 983040 CEPs stay for kernel clients (WinVerbs, ND) and administrators; 65536 of
     /// backlog (endpoints made ahead for REQs, at most 1 KiB each: 64 MiB more); 4096
-    /// listens (64 handles at their 64). So users hold 128 MiB of pool at most for
-    /// endpoints, where 64 handles reached 1 GiB and the whole CEP space before. Each is
-    /// at least what one default handle may hold, so it never refuses a lone handle
-    /// anything its own quotas allow.
+    /// listens (64 handles at their 64); 65536 event records queued (464 bytes each:
+    /// 29 MiB). So users hold about 160 MiB of pool at most, where 64 handles reached
+    /// 1 GiB and the whole CEP space before, and records had no bound but the number of
+    /// handles. Each is at least what one default handle may hold, so it never refuses a
+    /// lone handle anything its own quotas allow.
     fn default() -> Self {
         Self {
             endpoints: 16384,
@@ -82,6 +87,7 @@ impl Default for Quotas {
             all_users_endpoints: 65536,
             all_users_listens: 4096,
             all_users_backlog: 65536,
+            all_users_queued_events: 65536,
         }
     }
 }
@@ -89,7 +95,7 @@ impl Default for Quotas {
 /// What all non-administrators' handles hold together, against the all-users budgets of
 /// [`Quotas`]. Kept under the device lock beside each handle's own counts and changed
 /// where they change: an endpoint inserted (CREATE, a REQ) or removed (DESTROY, cleanup),
-/// a LISTEN, and a file forgotten at close.
+/// a LISTEN or CANCEL_LISTEN, a record queued or read, and a file forgotten at close.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct UserTotals {
     /// Endpoints (each file's `endpoints.live`).
@@ -98,6 +104,8 @@ pub struct UserTotals {
     pub listens: u32,
     /// The sum of their backlogs (each file's `backlog`).
     pub backlog: usize,
+    /// Event records queued unread on them (each file's `queued`).
+    pub queued: usize,
 }
 
 impl UserTotals {
@@ -130,6 +138,20 @@ impl UserTotals {
         self.backlog = self.backlog.saturating_sub(old as usize) + new as usize;
     }
 
+    /// `n` records were queued on a handle of `caller`.
+    pub(super) fn events_queued(&mut self, caller: Caller, n: usize) {
+        if caller == Caller::User {
+            self.queued += n;
+        }
+    }
+
+    /// `n` records queued on a handle of `caller` left it (read, or their endpoint gone).
+    pub(super) fn events_read(&mut self, caller: Caller, n: usize) {
+        if caller == Caller::User {
+            self.queued = self.queued.saturating_sub(n);
+        }
+    }
+
     /// A file is forgotten (IRP_MJ_CLOSE): whatever it still counted leaves (after its
     /// cleanup nothing is left; this keeps the totals right should anything be).
     pub(super) fn file_closed<R>(&mut self, f: &File<R>) {
@@ -137,6 +159,7 @@ impl UserTotals {
             self.endpoints = self.endpoints.saturating_sub(f.endpoints.live);
             self.listens = self.listens.saturating_sub(f.listens);
             self.backlog = self.backlog.saturating_sub(f.backlog);
+            self.queued = self.queued.saturating_sub(f.queued);
         }
     }
 }
@@ -151,7 +174,7 @@ impl<R> File<R> {
     pub(super) fn quota_endpoint(&self, q: &Quotas, all: &UserTotals) -> Result<(), Status> {
         self.within(self.endpoints.live < q.endpoints as usize)?;
         self.within(all.endpoints < q.all_users_endpoints as usize)?;
-        self.quota_events(q)
+        self.quota_events(q, all)
     }
 
     /// Whether a REQ may add an endpoint to this handle (DISPATCH_LEVEL: over its quota
@@ -178,12 +201,14 @@ impl<R> File<R> {
         self.within(total <= q.backlog as usize)?;
         let all_total = (all.backlog.saturating_sub(old as usize)).saturating_add(backlog as usize);
         self.within(all_total <= q.all_users_backlog as usize)?;
-        self.quota_events(q)
+        self.quota_events(q, all)
     }
 
-    /// An operation that starts new events (CONNECT, SIDR_REQ, and the above).
-    pub(super) fn quota_events(&self, q: &Quotas) -> Result<(), Status> {
-        self.within(self.queued < q.queued_events as usize)
+    /// An operation that starts new events (CONNECT, SIDR_REQ, and the above), while this
+    /// handle and all users' (`all`) have room for their records.
+    pub(super) fn quota_events(&self, q: &Quotas, all: &UserTotals) -> Result<(), Status> {
+        self.within(self.queued < q.queued_events as usize)?;
+        self.within(all.queued < q.all_users_queued_events as usize)
     }
 
     fn within(&self, ok: bool) -> Result<(), Status> {

@@ -256,6 +256,7 @@ impl<P: Platform> Inner<P> {
     /// channel), or queues it (copied once, to where it goes).
     pub(super) fn deliver(&mut self, file: FileId, endpoint: u64, record: &EventRecord) {
         let Some(File {
+            caller,
             endpoints,
             channel,
             ready,
@@ -318,8 +319,10 @@ impl<P: Platform> Inner<P> {
             return;
         };
         ep.events.push_back(index);
-        // One more record queued unread on the file (policy.rs: the events quota).
+        // One more record queued unread on the file, and of all users' (policy.rs: the
+        // events quota).
         *queued += 1;
+        self.users.events_queued(*caller, 1);
         if let Some(request) = ep.pending.pop_front() {
             self.fill(file, endpoint, request);
             return;
@@ -365,6 +368,7 @@ impl<P: Platform> Inner<P> {
                 continue;
             };
             f.queued = f.queued.saturating_sub(1);
+            self.users.events_read(f.caller, 1);
             request.write_output(written * size, record.as_bytes());
             written += 1;
             self.handed_over(file, &record);
@@ -391,8 +395,9 @@ impl<P: Platform> Inner<P> {
             else {
                 break;
             };
-            if let Ok(f) = self.file(file) {
+            if let Some(f) = self.files.get_mut(file.0) {
                 f.queued = f.queued.saturating_sub(1);
+                self.users.events_read(f.caller, 1);
             }
             request.write_output(written * EventRecord::SIZE as usize, record.as_bytes());
             written += 1;
