@@ -458,8 +458,8 @@ fn closing_users_handles_gives_their_budget_back() {
 /// operations that start events fail as past the handle's own quota
 /// (STATUS_QUOTA_EXCEEDED), until records are read; an administrator's are not counted.
 /// Seen failing with the check taken out of `quota_events` (the third user's CREATE
-/// succeeded), and with the read not given back in `fill_channel` (the CREATE after the
-/// read still failed).
+/// succeeded), and with the read not given back in `fill_channel` (2 still counted after
+/// the channel's read) or in `fill` (1 still counted after the endpoint's).
 #[test]
 fn records_users_leave_unread_keep_to_the_budget() {
     let mut fabric = Fabric::new(2, 27);
@@ -471,7 +471,7 @@ fn records_users_leave_unread_keep_to_the_budget() {
     let users: Vec<FileId> = (0..3).map(|_| open(n1, Caller::User)).collect();
     let admin = open(n1, Caller::Administrator);
     let _ = listen(n1, users[0], SERVICE, 4);
-    let _ = listen(n1, users[1], SERVICE + 1, 4);
+    let l1 = listen(n1, users[1], SERVICE + 1, 4);
     let _ = listen(n1, admin, SERVICE + 2, 4);
     let n0 = &fabric.nodes[0];
     let peer = open(n0, Caller::Administrator);
@@ -489,6 +489,10 @@ fn records_users_leave_unread_keep_to_the_budget() {
     assert_eq!(channel_events(n1, users[0]).len(), 1);
     assert_eq!(n1.device.user_totals().queued, 1);
     create(n1, users[2]);
+    // Read on the endpoint itself (its own GET_EVENT) gives the record back too.
+    let own = must(n1, users[1], code::GET_EVENT, handle_in(l1).as_bytes(), EV);
+    assert_eq!(own.information, EV);
+    assert_eq!(n1.device.user_totals().queued, 0);
     for f in users.into_iter().chain([admin]) {
         n1.close(f);
     }
