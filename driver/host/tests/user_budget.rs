@@ -334,11 +334,13 @@ fn users_listens_and_backlogs_keep_to_the_budget() {
 /// Nothing leaks from the budgets: rounds of user handles that listen, get REQs (read or
 /// never taken), answer some (REP sent, no RTU: mid-handshake), connect others (REQ sent,
 /// unanswered), destroy endpoints one by one (a listen with its untaken REQs, a listen
-/// cancelled with them), and are closed with the rest, leave all users' counts at zero;
-/// then one handle can hold each whole budget again. Seen failing with the decrement
-/// taken out of `destroy_endpoint` (24 endpoints counted where the handles held 16 after
-/// the first round's destroys), and with CANCEL_LISTEN's (3 listens and 12 of backlog
-/// counted where 2 and 8 were left).
+/// cancelled with them), and are closed with the rest, leave all users' counts (queued
+/// records included) at zero; then one handle can hold the whole endpoint, listen and
+/// backlog budgets again. Seen failing with the decrement taken out of `destroy_endpoint`
+/// (24 endpoints counted where the handles held 16 after the first round's destroys),
+/// with CANCEL_LISTEN's (3 listens and 12 of backlog counted where 2 and 8 were left),
+/// and with the records' count taken out of DESTROY, CANCEL_LISTEN or the channel's read
+/// (6 queued counted where 3 were left).
 #[test]
 fn closing_users_handles_gives_their_budget_back() {
     const BUDGET: u32 = 32;
