@@ -25,8 +25,8 @@
 //!   and delivery DPCs; the driver's wait lock and filter count.
 //! - [`platform`]: kernel primitives: requests, the spin lock, the clock, the running
 //!   context's identity.
-//! - [`parameters`]: the service key's `Parameters` (the quotas of users' handles, the
-//!   longest wait the CM asks of a REQ's sender).
+//! - [`parameters`]: the service key's `Parameters` (the quotas of users' handles, each
+//!   and all together, the longest wait the CM asks of a REQ's sender).
 //! - `panic`: the panic handler (bug check `IBCM_BUGCHECK` instead of a spin).
 //! - [`event_log`]: System-log entries (source `ibcm`) for what an administrator must
 //!   see: a CM query left to AL's CM, an HCA skipped, removal waiting on clients.

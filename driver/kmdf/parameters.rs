@@ -1,5 +1,6 @@
 //! The service key's `Parameters` (`HKLM\SYSTEM\CurrentControlSet\Services\ibcm\Parameters`):
-//! the per-handle quotas of non-administrators (README, "Quotas") and the longest wait
+//! the quotas of non-administrators, per handle and for all of them together (README,
+//! "Quotas"), and the longest wait
 //! the CM asks of a REQ's sender (`MaxRequestWaitMs`, `CmConfig::max_request_wait_ns`).
 //! Each is a REG_DWORD read once, when the CM is made; a value missing, unreadable or 0
 //! keeps its default ([`Quotas::default`], `CmConfig::MAX_REQUEST_WAIT_NS`).
@@ -23,11 +24,15 @@ static MAX_ENDPOINTS: [u16; 21] = wdf::utf16("MaxEndpointsPerHandle");
 static MAX_LISTENS: [u16; 19] = wdf::utf16("MaxListensPerHandle");
 static MAX_BACKLOG: [u16; 19] = wdf::utf16("MaxBacklogPerHandle");
 static MAX_QUEUED: [u16; 24] = wdf::utf16("MaxQueuedEventsPerHandle");
+static MAX_ENDPOINTS_ALL: [u16; 20] = wdf::utf16("MaxEndpointsAllUsers");
+static MAX_LISTENS_ALL: [u16; 18] = wdf::utf16("MaxListensAllUsers");
+static MAX_BACKLOG_ALL: [u16; 18] = wdf::utf16("MaxBacklogAllUsers");
+static MAX_QUEUED_ALL: [u16; 23] = wdf::utf16("MaxQueuedEventsAllUsers");
 static MAX_REQUEST_WAIT: [u16; 16] = wdf::utf16("MaxRequestWaitMs");
 
 /// What the registry sets.
 pub struct Parameters {
-    /// The per-handle quotas of non-administrators.
+    /// The quotas of non-administrators (per handle, and all users' budgets).
     pub quotas: Quotas,
     /// `MaxRequestWaitMs`, when set.
     pub max_request_wait_ms: Option<u32>,
@@ -60,11 +65,15 @@ pub fn read() -> Parameters {
     if !NT_SUCCESS(opened) {
         return parameters(quotas, 0);
     }
-    let values: [(&'static [u16], &mut u32); 5] = [
+    let values: [(&'static [u16], &mut u32); 9] = [
         (&MAX_ENDPOINTS, &mut quotas.endpoints),
         (&MAX_LISTENS, &mut quotas.listens),
         (&MAX_BACKLOG, &mut quotas.backlog),
         (&MAX_QUEUED, &mut quotas.queued_events),
+        (&MAX_ENDPOINTS_ALL, &mut quotas.all_users_endpoints),
+        (&MAX_LISTENS_ALL, &mut quotas.all_users_listens),
+        (&MAX_BACKLOG_ALL, &mut quotas.all_users_backlog),
+        (&MAX_QUEUED_ALL, &mut quotas.all_users_queued_events),
         (&MAX_REQUEST_WAIT, &mut max_request_wait_ms),
     ];
     for (name, field) in values {

@@ -11,7 +11,8 @@ pub const STATUS_ACCESS_DENIED: i32 = status::ACCESS_DENIED;
 /// STATUS_OBJECT_NAME_NOT_FOUND: no `\\.\ibcm`: the driver is not installed or not
 /// started.
 pub const STATUS_OBJECT_NAME_NOT_FOUND: i32 = 0xC000_0034_u32 as i32;
-/// STATUS_QUOTA_EXCEEDED: a per-handle quota of the driver, or the process's quota.
+/// STATUS_QUOTA_EXCEEDED: a quota of the driver (per handle, or all users' handles
+/// together), or the process's quota.
 pub const STATUS_QUOTA_EXCEEDED: i32 = status::QUOTA_EXCEEDED;
 /// STATUS_INTERNAL_ERROR: a completion of the provider panicked; the provider failed.
 pub const STATUS_INTERNAL_ERROR: i32 = 0xC000_00E5_u32 as i32;

@@ -23,7 +23,7 @@ pub use client::{Callback, ClientEvent, ClientId};
 use endpoint::{Awaited, Endpoint, File, Owner};
 use ioctl::{batch, destroy_endpoint, ioctl, qp_transitions, room};
 pub use memory::DispatchMemory;
-pub use policy::{Caller, Quotas};
+pub use policy::{Caller, Quotas, UserTotals};
 use pool::{ROOM_RETRY_NS, RecordPool};
 use table::Table;
 
@@ -119,6 +119,9 @@ pub struct Inner<P: Platform> {
     shortfalls: RoomShortfalls,
     /// The quotas of non-administrators' handles.
     quotas: Quotas,
+    /// What non-administrators' handles hold together (against `quotas`' all-users
+    /// budgets).
+    users: UserTotals,
 }
 
 /// DISPATCH_LEVEL work held back because the event-record pool was short (see
@@ -180,6 +183,7 @@ impl<P: Platform> Device<P> {
             room_retry: None,
             shortfalls: RoomShortfalls::default(),
             quotas: Quotas::default(),
+            users: UserTotals::default(),
         };
         // Device add runs at PASSIVE_LEVEL: a node nobody has opened yet still answers
         // MADs (a REJ to a REQ for no listen) and runs timers without allocating.
@@ -321,6 +325,7 @@ impl<P: Platform> Device<P> {
         self.cleanup(file);
         self.inner.with(|i| match i.files.remove(file.0) {
             Some(f) => {
+                i.users.file_closed(&f);
                 for spare in &f.spares {
                     i.records.release(&spare.events);
                 }
@@ -328,6 +333,12 @@ impl<P: Platform> Device<P> {
             }
             None => false,
         })
+    }
+
+    /// What non-administrators' handles hold together now (the all-users budgets of
+    /// [`Quotas`] bound it).
+    pub fn user_totals(&self) -> UserTotals {
+        self.inner.with(|i| i.users)
     }
 
     /// Endpoints of a file, for accounting at close.

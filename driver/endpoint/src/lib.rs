@@ -28,7 +28,7 @@ mod trace;
 
 pub use device::{
     Callback, Caller, ClientEvent, ClientId, Device, DispatchMemory, FileId, Inner, MAX_BACKLOG,
-    Quotas, RECEIVE_BATCH, oversized_input,
+    Quotas, RECEIVE_BATCH, UserTotals, oversized_input,
 };
 pub use platform::{Lock, Platform, Request};
 pub use ports::{MAX_HOST_PORTS, PortNumbers};

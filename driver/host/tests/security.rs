@@ -404,6 +404,7 @@ fn a_users_handle_keeps_to_its_quotas() {
         listens: 1,
         backlog: 20,
         queued_events: 100,
+        ..Quotas::default()
     });
     let (user, admin) = (open(n, Caller::User), open(n, Caller::Administrator));
     let hs: Vec<u64> = (0..3).map(|_| create(n, user)).collect();

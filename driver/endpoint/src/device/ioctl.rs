@@ -86,11 +86,11 @@ pub(super) fn destroy_endpoint<P: Platform>(
     if i.done.try_reserve(requests).is_err() || i.tx.try_reserve(2 * (1 + queued)).is_err() {
         return Err(status::INSUFFICIENT_RESOURCES);
     }
-    let ep = i
-        .file(file)?
-        .endpoints
-        .remove(handle)
-        .ok_or(status::INVALID_HANDLE)?;
+    let f = i.file(file)?;
+    let ep = f.endpoints.remove(handle).ok_or(status::INVALID_HANDLE)?;
+    let caller = f.caller;
+    i.users.endpoint_removed(caller, ep.backlog);
+    i.users.events_read(caller, ep.events.len());
     {
         let f = i.file(file)?;
         f.queued = f.queued.saturating_sub(ep.events.len());
@@ -343,9 +343,9 @@ pub(super) fn operation<P: Platform>(
             if request.output_len() < CreateOut::SIZE as usize {
                 return Err(status::BUFFER_TOO_SMALL);
             }
-            let quotas = i.quotas;
+            let (quotas, users) = (i.quotas, i.users);
             let f = i.file(file)?;
-            f.quota_endpoint(&quotas)?;
+            f.quota_endpoint(&quotas, &users)?;
             let no_memory = |_| status::INSUFFICIENT_RESOURCES;
             f.reserve_ready(1).map_err(no_memory)?;
             // A retired chunk's slot before a fresh one (the table's end stays put).
@@ -353,17 +353,16 @@ pub(super) fn operation<P: Platform>(
             let mut events = VecDeque::new();
             events.try_reserve_exact(FIFO_DEPTH).map_err(no_memory)?;
             let cep = i.cm.create().map_err(status_of)?;
-            let handle = match i
-                .file(file)?
-                .endpoints
-                .try_insert(Endpoint::new(cep, events))
-            {
+            let f = i.file(file)?;
+            let caller = f.caller;
+            let handle = match f.endpoints.try_insert(Endpoint::new(cep, events)) {
                 Ok(handle) => handle,
                 Err(_) => {
                     let _ = i.cm.destroy(now, cep);
                     return Err(status::INSUFFICIENT_RESOURCES);
                 }
             };
+            i.users.endpoint_added(caller);
             i.set_owner(
                 cep,
                 Owner {
@@ -390,10 +389,10 @@ pub(super) fn operation<P: Platform>(
             let compare = used(&l.compare, l.compare_len, limits::REQ_PRIVATE_DATA)?;
             require(usize::from(l.compare_offset) + compare.len() <= limits::REQ_PRIVATE_DATA)?;
             let old = i.endpoint(file, l.handle)?.backlog;
-            let quotas = i.quotas;
+            let (quotas, users) = (i.quotas, i.users);
             let f = i.file(file)?;
             f.may_listen(l.service_mask)?;
-            f.quota_listen(&quotas, l.backlog, old)?;
+            f.quota_listen(&quotas, &users, l.backlog, old)?;
             let cep = i.touch(file, l.handle)?;
             // Room for the backlog's REQs in its FIFO before the engine listens.
             let depth = l.backlog as usize;
@@ -415,6 +414,8 @@ pub(super) fn operation<P: Platform>(
             let f = i.file(file)?;
             f.backlog = f.backlog.saturating_sub(old as usize) + depth;
             f.listens += u32::from(old == 0);
+            let caller = f.caller;
+            i.users.listen(caller, old, l.backlog);
             i.prepare_for_requests(file, 0);
             Ok(0)
         }
@@ -430,15 +431,22 @@ pub(super) fn operation<P: Platform>(
             i.clear_owner(cep);
             let ep = i.endpoint(file, h)?;
             ep.cep = fresh;
-            let old = core::mem::replace(&mut ep.backlog, 0) as usize;
+            let old = core::mem::replace(&mut ep.backlog, 0);
             let f = i.file(file)?;
-            f.backlog = f.backlog.saturating_sub(old);
+            f.backlog = f.backlog.saturating_sub(old as usize);
             f.listens = f.listens.saturating_sub(u32::from(old != 0));
+            let caller = f.caller;
+            i.users.listen(caller, old, 0);
             // REQs and SIDR_REQs nobody retrieved go with the listen (one at a time: no
             // list of them is allocated).
             let mut k = 0;
             loop {
-                let Inner { files, records, .. } = &mut *i;
+                let Inner {
+                    files,
+                    records,
+                    users,
+                    ..
+                } = &mut *i;
                 let Some(f) = files.get_mut(file.0) else {
                     break;
                 };
@@ -456,6 +464,7 @@ pub(super) fn operation<P: Platform>(
                 let _ = ep.events.remove(k);
                 let _ = records.take(index);
                 f.queued = f.queued.saturating_sub(1);
+                users.events_read(f.caller, 1);
                 let _ = destroy_endpoint(i, now, file, child);
             }
             i.set_owner(
@@ -504,9 +513,9 @@ pub(super) fn operation<P: Platform>(
                 flow_control: c.flags & flags::FLOW_CONTROL != 0,
                 private_data,
             };
-            let quotas = i.quotas;
+            let (quotas, users) = (i.quotas, i.users);
             let f = i.files.get(file.0).ok_or(status::INVALID_HANDLE)?;
-            f.quota_events(&quotas)?;
+            f.quota_events(&quotas, &users)?;
             f.may_name_qpn(&i.cm, file.0, (c.port, c.qpn))?;
             let cep = i.touch(file, c.handle)?;
             // An endpoint that cannot connect says so first (the engine's state check).
@@ -707,8 +716,8 @@ pub(super) fn operation<P: Platform>(
                 max_retries: r.max_retries,
                 private_data: data,
             };
-            let quotas = i.quotas;
-            i.file(file)?.quota_events(&quotas)?;
+            let (quotas, users) = (i.quotas, i.users);
+            i.file(file)?.quota_events(&quotas, &users)?;
             i.cm.check_source(r.port, &params.path).map_err(status_of)?;
             let cep = i.touch(file, r.handle)?;
             i.cm.sidr_request(now, cep, &params).map_err(status_of)?;

@@ -197,16 +197,17 @@ impl<P: Platform> Inner<P> {
         // listen's FIFO, all made at PASSIVE_LEVEL. Without them it is refused (the engine
         // rejects it) rather than allocated for: a peer cycling REQs and REJs cannot grow
         // the file while its owner does not read its events.
-        let quotas = self.quotas;
-        let Ok(file) = self.file(FileId(lo.file)) else {
+        let (quotas, users) = (self.quotas, self.users);
+        let Some(file) = self.files.get_mut(lo.file) else {
             return;
         };
         let listen_room = file
             .endpoints
             .get(lo.endpoint)
             .is_some_and(|l| l.events.len() < l.events.capacity());
-        // A user's handle at its endpoint quota takes no more (policy.rs).
-        let room = listen_room && file.has_endpoint_room(&quotas);
+        // A user's handle at its endpoint quota, or all users' at their budget, takes no
+        // more (policy.rs).
+        let room = listen_room && file.has_endpoint_room(&quotas, &users);
         let spare = if room && file.endpoints.can_insert() {
             file.spares.pop()
         } else {
@@ -238,6 +239,8 @@ impl<P: Platform> Inner<P> {
                 return;
             }
         };
+        let caller = file.caller;
+        self.users.endpoint_added(caller);
         self.set_owner(
             cep,
             Owner {
@@ -253,6 +256,7 @@ impl<P: Platform> Inner<P> {
     /// channel), or queues it (copied once, to where it goes).
     pub(super) fn deliver(&mut self, file: FileId, endpoint: u64, record: &EventRecord) {
         let Some(File {
+            caller,
             endpoints,
             channel,
             ready,
@@ -315,8 +319,10 @@ impl<P: Platform> Inner<P> {
             return;
         };
         ep.events.push_back(index);
-        // One more record queued unread on the file (policy.rs: the events quota).
+        // One more record queued unread on the file, and of all users' (policy.rs: the
+        // events quota).
         *queued += 1;
+        self.users.events_queued(*caller, 1);
         if let Some(request) = ep.pending.pop_front() {
             self.fill(file, endpoint, request);
             return;
@@ -362,6 +368,7 @@ impl<P: Platform> Inner<P> {
                 continue;
             };
             f.queued = f.queued.saturating_sub(1);
+            self.users.events_read(f.caller, 1);
             request.write_output(written * size, record.as_bytes());
             written += 1;
             self.handed_over(file, &record);
@@ -388,8 +395,9 @@ impl<P: Platform> Inner<P> {
             else {
                 break;
             };
-            if let Ok(f) = self.file(file) {
+            if let Some(f) = self.files.get_mut(file.0) {
                 f.queued = f.queued.saturating_sub(1);
+                self.users.events_read(f.caller, 1);
             }
             request.write_output(written * EventRecord::SIZE as usize, record.as_bytes());
             written += 1;
