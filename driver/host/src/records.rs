@@ -1,8 +1,8 @@
 //! IOCTL input records as a user-mode caller on the simulated fabric sends them, for the
 //! tests and benchmarks that drive the dispatch layer record by record: a path between
-//! two nodes, a CONNECT and a FORMAT_REP with ordinary RC values.
+//! two nodes, a CONNECT and a FORMAT_REP with ordinary RC values, an endpoint's handle.
 
-use ibcm_ioctl::{ConnectIn, FormatRepIn, PathAbi};
+use ibcm_ioctl::{ConnectIn, FormatRepIn, HandleIn, PathAbi};
 use zerocopy::FromZeros;
 
 use crate::node_address;
@@ -56,4 +56,13 @@ pub fn format_rep_in(handle: u64, qpn: u32) -> FormatRepIn {
     r.rnr_retry_count = 7;
     r.failover_accepted = 1;
     r
+}
+
+/// The input of the IOCTLs that name one endpoint (DESTROY, GET_EVENT, CANCEL_LISTEN, ...).
+pub fn handle_in(handle: u64) -> HandleIn {
+    HandleIn {
+        size: HandleIn::SIZE,
+        reserved: 0,
+        handle,
+    }
 }

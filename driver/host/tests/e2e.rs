@@ -1,13 +1,13 @@
 //! Connect, accept, RTU and disconnect between two host nodes, every step crossing the
 //! IOCTL byte records.
 
-use ibcm_host::records::path;
+use ibcm_host::records::{handle_in, path};
 use ibcm_host::verifier::Completion;
 use ibcm_host::{Fabric, Node, node_address};
 use ibcm_ioctl::{
-    ABI_VERSION, ConnectIn, CreateIn, CreateOut, EventRecord, FormatRepIn, GetQpAttrIn, HandleIn,
-    ListenIn, MraIn, PrivateDataIn, QpAttrOut, QpTransitionsOut, QueryOut, RejIn, VersionIn, code,
-    ep_state, event_type, qp_state, status,
+    ABI_VERSION, ConnectIn, CreateIn, CreateOut, EventRecord, FormatRepIn, GetQpAttrIn, ListenIn,
+    MraIn, PrivateDataIn, QpAttrOut, QpTransitionsOut, QueryOut, RejIn, VersionIn, code, ep_state,
+    event_type, qp_state, status,
 };
 use zerocopy::{FromBytes, FromZeros, IntoBytes};
 
@@ -30,14 +30,6 @@ fn create(node: &Node, file: ibcm_endpoint::FileId) -> u64 {
     let done = node.ioctl_now(file, code::CREATE, c.as_bytes(), 16);
     assert_eq!(done.status, status::SUCCESS);
     CreateOut::read_from_bytes(&done.output).unwrap().handle
-}
-
-fn handle_in(h: u64) -> HandleIn {
-    HandleIn {
-        size: HandleIn::SIZE,
-        reserved: 0,
-        handle: h,
-    }
 }
 
 fn events(done: &ibcm_host::verifier::Completion) -> Vec<EventRecord> {

@@ -17,7 +17,7 @@
 use std::mem::{offset_of, size_of_val};
 
 use ibcm_endpoint::{FileId, MAX_BACKLOG};
-use ibcm_host::records::{self, path};
+use ibcm_host::records::{self, handle_in, path};
 use ibcm_host::verifier::Completion;
 use ibcm_host::{Fabric, Node, file_key};
 use ibcm_ioctl::{
@@ -162,14 +162,6 @@ fn counters_in() -> CountersIn {
     CountersIn {
         size: CountersIn::SIZE,
         reserved: 0,
-    }
-}
-
-fn handle_in(handle: u64) -> HandleIn {
-    HandleIn {
-        size: HandleIn::SIZE,
-        reserved: 0,
-        handle,
     }
 }
 

@@ -16,44 +16,21 @@
 //! - Quotas per user handle, IOCTLs after cleanup, cleanup in bounded lock holds.
 
 use ibcm_endpoint::{Caller, FileId, Quotas};
-use ibcm_host::records::{connect_in, format_rep_in, path};
+mod user_handle;
+
+use ibcm_host::records::{connect_in, format_rep_in, handle_in, path};
 use ibcm_host::verifier::Completion;
 use ibcm_host::{Fabric, Node};
 use ibcm_ioctl::{
-    ABI_VERSION, ANY_ENDPOINT, CreateIn, CreateOut, EventRecord, HandleIn, LapIn, ListenIn,
-    PrivateDataIn, QpTransitionsOut, QueryOut, VersionIn, code, ep_state, event_type, status,
+    CreateIn, LapIn, ListenIn, PrivateDataIn, QpTransitionsOut, QueryOut, code, ep_state,
+    event_type, status,
 };
+use user_handle::{channel_events, create, must, open};
 use zerocopy::{FromBytes, FromZeros, IntoBytes};
 
 const SERVICE: u64 = 0x1234;
-const EV: usize = EventRecord::SIZE as usize;
 /// The victim's QPN.
 const VICTIM_QPN: u32 = 0x123;
-
-fn must(node: &Node, file: FileId, code: u32, input: &[u8], out: usize) -> Completion {
-    let done = node.ioctl_now(file, code, input, out);
-    assert_eq!(done.status, status::SUCCESS, "code {code:#x}");
-    done
-}
-
-fn open(node: &Node, caller: Caller) -> FileId {
-    let file = node.open_as(caller);
-    let v = VersionIn {
-        size: VersionIn::SIZE,
-        abi_version: ABI_VERSION,
-    };
-    must(node, file, code::VERSION, v.as_bytes(), 16);
-    file
-}
-
-fn create(node: &Node, file: FileId) -> u64 {
-    let c = CreateIn {
-        size: CreateIn::SIZE,
-        reserved: 0,
-    };
-    let done = must(node, file, code::CREATE, c.as_bytes(), 16);
-    CreateOut::read_from_bytes(&done.output).unwrap().handle
-}
 
 /// A listen of `file` on `service` (exact ID): its handle.
 fn listen(node: &Node, file: FileId, service: u64) -> u64 {
@@ -80,14 +57,6 @@ fn format_rep(node: &Node, file: FileId, handle: u64, qpn: u32) -> Completion {
     )
 }
 
-fn handle_in(handle: u64) -> HandleIn {
-    HandleIn {
-        size: HandleIn::SIZE,
-        reserved: 0,
-        handle,
-    }
-}
-
 fn listen_in(handle: u64, service_id: u64, mask: u64) -> ListenIn {
     let mut l = ListenIn::new_zeroed();
     l.size = ListenIn::SIZE;
@@ -103,30 +72,6 @@ fn private_data_in(handle: u64) -> PrivateDataIn {
     p.size = PrivateDataIn::SIZE;
     p.handle = handle;
     p
-}
-
-fn events(done: &Completion) -> Vec<EventRecord> {
-    done.output[..done.information]
-        .chunks(EV)
-        .map(|c| EventRecord::read_from_bytes(c).unwrap())
-        .collect()
-}
-
-/// Every event queued on `file`'s channel now (nothing: an empty list).
-fn channel_events(node: &Node, file: FileId) -> Vec<EventRecord> {
-    let key = node.ioctl(
-        file,
-        code::GET_EVENT,
-        handle_in(ANY_ENDPOINT).as_bytes(),
-        16 * EV,
-    );
-    match node.completion(key) {
-        Some(done) => events(&done),
-        None => {
-            node.cancel(file, key);
-            Vec::new()
-        }
-    }
 }
 
 fn state(node: &Node, file: FileId, handle: u64) -> u32 {

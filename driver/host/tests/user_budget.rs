@@ -13,52 +13,18 @@ use std::sync::Arc;
 
 use ibcm_cep::CmConfig;
 use ibcm_endpoint::{Caller, ClientEvent, ClientId, Device, FileId, Quotas, UserTotals};
-use ibcm_host::records::{connect_in, format_rep_in};
-use ibcm_host::verifier::Completion;
+mod user_handle;
+
+use ibcm_host::records::{connect_in, format_rep_in, handle_in};
 use ibcm_host::{Clock, Fabric, HostPlatform, Node, Wake, node_address, node_guid};
-use ibcm_ioctl::{
-    ABI_VERSION, ANY_ENDPOINT, CreateIn, CreateOut, EventRecord, HandleIn, ListenIn,
-    QpTransitionsOut, VersionIn, code, event_type, status,
-};
-use zerocopy::{FromBytes, FromZeros, IntoBytes};
+use ibcm_ioctl::{EventRecord, ListenIn, QpTransitionsOut, code, event_type, status};
+use user_handle::{EV, channel_events, create, must, open, try_create};
+use zerocopy::{FromZeros, IntoBytes};
 
 const SERVICE: u64 = 0x4321;
-const EV: usize = EventRecord::SIZE as usize;
 /// REJ reason "consumer defined" (IBA 12.6.7.2, Table 109): what a REQ refused for want
 /// of room gets (the engine's `destroy` of a CEP in REQ_RCVD).
 const CONSUMER_DEFINED: u16 = 28;
-
-fn must(node: &Node, file: FileId, code: u32, input: &[u8], out: usize) -> Completion {
-    let done = node.ioctl_now(file, code, input, out);
-    assert_eq!(done.status, status::SUCCESS, "code {code:#x}");
-    done
-}
-
-fn open(node: &Node, caller: Caller) -> FileId {
-    let file = node.open_as(caller);
-    let v = VersionIn {
-        size: VersionIn::SIZE,
-        abi_version: ABI_VERSION,
-    };
-    must(node, file, code::VERSION, v.as_bytes(), 16);
-    file
-}
-
-fn try_create(node: &Node, file: FileId) -> Result<u64, i32> {
-    let c = CreateIn {
-        size: CreateIn::SIZE,
-        reserved: 0,
-    };
-    let done = node.ioctl_now(file, code::CREATE, c.as_bytes(), 16);
-    if done.status != status::SUCCESS {
-        return Err(done.status);
-    }
-    Ok(CreateOut::read_from_bytes(&done.output).unwrap().handle)
-}
-
-fn create(node: &Node, file: FileId) -> u64 {
-    try_create(node, file).expect("CREATE")
-}
 
 fn listen_in(handle: u64, service_id: u64, backlog: u32) -> ListenIn {
     let mut l = ListenIn::new_zeroed();
@@ -76,34 +42,6 @@ fn listen(node: &Node, file: FileId, service: u64, backlog: u32) -> u64 {
     let l_in = listen_in(l, service, backlog);
     must(node, file, code::LISTEN, l_in.as_bytes(), 0);
     l
-}
-
-fn handle_in(handle: u64) -> HandleIn {
-    HandleIn {
-        size: HandleIn::SIZE,
-        reserved: 0,
-        handle,
-    }
-}
-
-/// Every event queued on `file`'s channel now (taking REQs hands them to the user).
-fn channel_events(node: &Node, file: FileId) -> Vec<EventRecord> {
-    let key = node.ioctl(
-        file,
-        code::GET_EVENT,
-        handle_in(ANY_ENDPOINT).as_bytes(),
-        16 * EV,
-    );
-    match node.completion(key) {
-        Some(done) => done.output[..done.information]
-            .chunks(EV)
-            .map(|c| EventRecord::read_from_bytes(c).unwrap())
-            .collect(),
-        None => {
-            node.cancel(file, key);
-            Vec::new()
-        }
-    }
 }
 
 /// A kernel client's callback that does nothing (none of its endpoints connects here).
