@@ -199,16 +199,8 @@ impl CmManager {
             State::ReqRcvd { mra_sent: true } | State::RepPrepared { mra_sent: true }
         ) && self.user_cep(id)?.mra_by_manager
         {
-            check_max("service_timeout", service_timeout, 31)?;
-            check_len(
-                "private_data",
-                private_data.len(),
-                ibcm_mad::MRA_PRIVATE_DATA_SIZE,
-            )?;
-            let held = self.store(private_data)?;
-            self.keep_mra(id, held);
+            self.hold_mra(id, service_timeout, private_data)?;
             let c = self.cep_mut(id).ok_or(CmError::UnknownCep)?;
-            c.mra_service_timeout = service_timeout;
             c.mra_by_manager = false;
             return Ok(());
         }
@@ -225,16 +217,8 @@ impl CmManager {
                     }
                     _ => return Err(self.invalid(id)),
                 };
-                check_max("service_timeout", service_timeout, 31)?;
-                check_len(
-                    "private_data",
-                    private_data.len(),
-                    ibcm_mad::MRA_PRIVATE_DATA_SIZE,
-                )?;
-                let held = self.store(private_data)?;
-                self.keep_mra(id, held);
+                self.hold_mra(id, service_timeout, private_data)?;
                 if let Some(c) = self.cep_mut(id) {
-                    c.mra_service_timeout = service_timeout;
                     c.lap = next;
                 }
                 self.resend(id, AttributeId::Mra);
@@ -243,20 +227,32 @@ impl CmManager {
             }
             _ => return Err(self.invalid(id)),
         };
+        self.hold_mra(id, service_timeout, private_data)?;
+        self.resend(id, AttributeId::Mra);
+        Counters::bump(&mut self.counters.sent, AttributeId::Mra);
+        self.set_state(id, next);
+        Ok(())
+    }
+
+    /// The MRA's checked service timeout and private data, kept for its sends and
+    /// repeats. Not through `send_cached`: after the pre-REP that cache holds the REP's
+    /// data.
+    fn hold_mra(
+        &mut self,
+        id: CepId,
+        service_timeout: u8,
+        private_data: &[u8],
+    ) -> Result<(), CmError> {
         check_max("service_timeout", service_timeout, 31)?;
         check_len(
             "private_data",
             private_data.len(),
             ibcm_mad::MRA_PRIVATE_DATA_SIZE,
         )?;
-        // Not through `send_cached`: after the pre-REP that cache holds the REP's data.
         let held = self.store(private_data)?;
         self.keep_mra(id, held);
         let c = self.cep_mut(id).ok_or(CmError::UnknownCep)?;
         c.mra_service_timeout = service_timeout;
-        self.resend(id, AttributeId::Mra);
-        Counters::bump(&mut self.counters.sent, AttributeId::Mra);
-        self.set_state(id, next);
         Ok(())
     }
 
