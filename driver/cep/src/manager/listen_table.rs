@@ -268,13 +268,16 @@ mod tests {
     /// A REQ on the wire for `service_id`, from another manager.
     fn req_for(service_id: u64) -> [u8; ibcm_mad::MAD_SIZE] {
         let mut a = CmManager::new(CmConfig::new(GUID_A, [1; 32]));
+        // ok: a unit test (cfg(test)), not driver code: a failure here fails the test.
         let cep = a.create().unwrap();
         a.connect(
             Instant::default(),
             cep,
             &Pair::connect_params(service_id, 0x11),
         )
+        // ok: a unit test (cfg(test)), not driver code: a failure here fails the test.
         .unwrap();
+        // ok: a unit test (cfg(test)), not driver code: a failure here fails the test.
         a.poll_transmit().unwrap().mad
     }
 
@@ -289,7 +292,9 @@ mod tests {
         const S: u64 = 0x5000;
         let mut cm = CmManager::new(CmConfig::new(GUID_B, [2; 32]));
         let listen = |cm: &mut CmManager, params| {
+            // ok: a unit test (cfg(test)), not driver code: a failure here fails the test.
             let cep = cm.create().unwrap();
+            // ok: a unit test (cfg(test)), not driver code: a failure here fails the test.
             cm.listen(cep, params).unwrap();
             cep
         };
@@ -311,6 +316,7 @@ mod tests {
         let on_s = listen(&mut cm, exact(S, Some(3)));
         assert_eq!(evaluations(&cm), 2 + 3, "LISTEN");
         // An overlapping one is still refused.
+        // ok: a unit test (cfg(test)), not driver code: a failure here fails the test.
         let dup = cm.create().unwrap();
         assert_eq!(
             cm.listen(dup, exact(S, None)),
@@ -413,6 +419,7 @@ mod tests {
                         if !refused {
                             generation += 1;
                             let id = CepId::new(slot, generation);
+                            // ok: a unit test (cfg(test)), not driver code: a failure here fails the test.
                             table.insert(id, params.clone()).unwrap();
                             model.push((id, params));
                         }
