@@ -62,8 +62,7 @@ impl Provider {
     /// ([`backend::rdma`](crate::backend::rdma)).
     #[cfg(all(feature = "rdma", target_os = "linux"))]
     pub fn open_rdma(device: &Arc<crate::backend::rdma::Device>) -> Result<Self> {
-        let handle =
-            crate::backend::rdma::Handle::open(device).map_err(|st| Error::new("open", st))?;
+        let handle = crate::backend::rdma::open(device).map_err(|st| Error::new("open", st))?;
         Self::with_backend(Arc::new(handle))
     }
 

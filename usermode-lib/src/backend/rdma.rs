@@ -27,7 +27,6 @@ use ibcm_linux::umad::{UmadConfig, UmadPort};
 use ibcm_linux::verbs::Context;
 
 use super::local::Local;
-use super::{Backend, OnComplete};
 
 /// A real RDMA port with the driver on its QP1, the device's verbs context, and its port
 /// events told to the driver (a port going down ends its connections, as the KMDF
@@ -82,48 +81,14 @@ impl Device {
     }
 }
 
-/// One open handle of a [`Device`]: the device stays up while a handle is open, as a
-/// driver stays loaded while a handle to its device is. Its completions run on a thread
-/// of its own (`backend::local`), not on the port's receive or timer thread.
-pub struct Handle {
-    // Its flush holds the device: the handle's cleanup runs, and its MADs leave, while
-    // the driver still runs.
-    file: Local,
-}
-
-impl Handle {
-    /// Opens `device` (IRP_MJ_CREATE); fails with STATUS_INSUFFICIENT_RESOURCES when the
-    /// handle's completion thread cannot start.
-    pub fn open(device: &Arc<Device>) -> Result<Self, i32> {
-        let device = Arc::clone(device);
-        let node = device.port.node();
-        let file = Local::open(node, Box::new(move || device.port.flush()))?;
-        Ok(Self { file })
-    }
-}
-
-impl Backend for Handle {
-    fn submit(
-        &self,
-        code: u32,
-        input: &[u8],
-        output_len: usize,
-        buffer: Vec<u8>,
-        on_complete: OnComplete,
-    ) -> u64 {
-        self.file
-            .submit(code, input, output_len, buffer, on_complete)
-    }
-
-    fn cancel(&self, key: u64) {
-        self.file.cancel(key);
-    }
-
-    fn close(&self) {
-        self.file.close();
-    }
-
-    fn is_closed(&self) -> bool {
-        self.file.is_closed()
-    }
+/// Opens a handle of `device` (IRP_MJ_CREATE): the device stays up while a handle is
+/// open, as a driver stays loaded while a handle to its device is, because the handle's
+/// flush holds it (the handle's cleanup runs, and its MADs leave, while the driver still
+/// runs). Its completions run on a thread of its own (`backend::local`), not on the
+/// port's receive or timer thread. Fails with STATUS_INSUFFICIENT_RESOURCES when that
+/// thread cannot start.
+pub fn open(device: &Arc<Device>) -> Result<Local, i32> {
+    let device = Arc::clone(device);
+    let node = device.port.node();
+    Local::open(node, Box::new(move || device.port.flush()))
 }
