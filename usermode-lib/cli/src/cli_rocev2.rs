@@ -145,6 +145,32 @@ mod imp {
     use super::super::{ATTRIBUTES, CmtimeArgs, ExchangeArgs, FabricArgs, Failure};
     use super::{CMTIME_PORT, RoceArgs, attribute_name};
 
+    /// The service `listen`/`connect --rocev2` use: `--port` (an RDMA-CM port), else
+    /// `--service-id`, else cmtime's port.
+    fn exchange_service(a: &ExchangeArgs) -> Service {
+        match (a.port, a.service_id) {
+            (Some(p), _) => Service::Port(p),
+            (None, Some(id)) => Service::Id(id),
+            (None, None) => Service::Port(CMTIME_PORT),
+        }
+    }
+
+    /// What `listen --rocev2` serves: `--count` connections on `service`, each ended by our
+    /// DREQ with `--disconnect`, else by the peer's; QPNs from `qpn_base`.
+    fn serve_config(a: &ExchangeArgs, service: &Service, qpn_base: u32) -> ServeConfig {
+        ServeConfig {
+            service_id: service.service_id(),
+            count: a.count,
+            wait: Duration::from_secs(a.wait as u64),
+            ending: if a.roce.disconnect {
+                Ending::Us
+            } else {
+                Ending::Peer
+            },
+            qpn_base,
+        }
+    }
+
     impl RoceArgs {
         fn start(&self, fabric: &FabricArgs) -> Result<Option<Roce>, Failure> {
             let Some(local) = self.rocev2 else {
@@ -438,11 +464,7 @@ mod imp {
         let Some(roce) = a.roce.start(&a.fabric)? else {
             return Ok(None);
         };
-        let service = match (a.port, a.service_id) {
-            (Some(p), _) => Service::Port(p),
-            (None, Some(id)) => Service::Id(id),
-            (None, None) => Service::Port(CMTIME_PORT),
-        };
+        let service = exchange_service(a);
         let side = if listen { "listen" } else { "connect" };
         let start = std::time::Instant::now();
         let log_as = move |side: &'static str| {
@@ -453,17 +475,7 @@ mod imp {
         let log = log_as(side);
         let wait = Duration::from_secs(a.wait as u64);
         let ok = if listen {
-            let cfg = ServeConfig {
-                service_id: service.service_id(),
-                count: a.count,
-                wait,
-                ending: if a.roce.disconnect {
-                    Ending::Us
-                } else {
-                    Ending::Peer
-                },
-                qpn_base: 0x2000,
-            };
+            let cfg = serve_config(a, &service, 0x2000);
             let local = roce.port.local();
             match (a.roce.beside_al, &roce.al) {
                 (Some(al_port), Some(al)) => {
@@ -555,9 +567,8 @@ mod imp {
             use std::sync::Arc;
             use std::time::Duration;
 
-            use ibcm_cli::exchange::Service;
             use ibcm_cli::rc::{Rc, VerbsQps};
-            use ibcm_cli::rocev2::{self, ConnectConfig, Ending, ServeConfig, StepTimes, Timing};
+            use ibcm_cli::rocev2::{self, ConnectConfig, StepTimes, Timing};
 
             use super::super::super::super::{CmtimeArgs, ExchangeArgs, Failure, print_counters};
             use super::super::{CMTIME_PORT, ms, print_served, print_steps};
@@ -657,11 +668,7 @@ mod imp {
 
             pub fn exchange(a: &ExchangeArgs, listen: bool, dev: &str) -> Result<bool, Failure> {
                 check(&a.roce, &a.fabric)?;
-                let service = match (a.port, a.service_id) {
-                    (Some(p), _) => Service::Port(p),
-                    (None, Some(id)) => Service::Id(id),
-                    (None, None) => Service::Port(CMTIME_PORT),
-                };
+                let service = super::super::exchange_service(a);
                 let (rc, qps) = start(&a.roce, dev)?;
                 let local = rc.port().local();
                 let side = if listen { "listen" } else { "connect" };
@@ -671,17 +678,7 @@ mod imp {
                 };
                 let wait = Duration::from_secs(a.wait as u64);
                 let ok = if listen {
-                    let cfg = ServeConfig {
-                        service_id: service.service_id(),
-                        count: a.count,
-                        wait,
-                        ending: if a.roce.disconnect {
-                            Ending::Us
-                        } else {
-                            Ending::Peer
-                        },
-                        qpn_base: 0,
-                    };
+                    let cfg = super::super::serve_config(a, &service, 0);
                     let r = rocev2::serve_on(&rc.provider, local, Some(&qps), &cfg, &log)?;
                     let ok = print_served("listen", &r, &cfg, local, a.count);
                     print_establish("establish (REQ -> RTU)", &r.establish);
