@@ -41,10 +41,12 @@
 
 extern crate alloc;
 
-#[cfg(not(test))]
+// Both belong to the image; built for the host against the simulated kernel
+// (tests/kmdf-check/binding-sim), the test binary brings its own.
+#[cfg(not(ibcm_kernel_sim))]
 mod panic;
 
-#[cfg(not(test))]
+#[cfg(not(ibcm_kernel_sim))]
 #[global_allocator]
 static GLOBAL_ALLOCATOR: wdk_alloc::WdkAllocator = wdk_alloc::WdkAllocator;
 

@@ -1,0 +1,818 @@
+//! ibbus's access layer (AL) as the filter reaches it: `WdfFdoQueryForInterface`
+//! (`GUID_IB_AL_INTERFACE`, version 19, a reference taken whether or not the CA is
+//! registered, bus_pnp.c:1211-1250), and the AL entries the binding calls: open/close,
+//! the CA and its alias PD, port PnP with `IB_PNP_FLAG_REG_SYNC` (callbacks on AL's own
+//! PnP thread), the QP1 alias, the CM MAD service, MAD elements, sends and receives.
+//!
+//! QP1 traffic: a MAD sent to a LID of one of the simulation's ports arrives on that port
+//! (two ports, or one port to itself, carry a connection); anything else is captured in
+//! [`sent`]. Completions run on the processor thread at DISPATCH_LEVEL, as AL's do.
+//!
+//! The declarations mirror the WinOF headers (lucasz93/WinOFED `inc/kernel/iba/ib_al_ifc.h`,
+//! `inc/iba/ib_al.h`, `inc/iba/ib_types.h`), as the binding's own do.
+
+use std::collections::HashMap;
+use std::ffi::c_void;
+
+use crate::sched::run_at_dispatch;
+use crate::state::{self, changed};
+use crate::thread::{DISPATCH, KernelCode, PASSIVE, call_driver, require_irql};
+use crate::verifier::{Rule, bugcheck};
+use crate::*;
+
+type Handle = *mut c_void;
+const IB_SUCCESS: i32 = 0;
+const IB_INVALID_PARAMETER: i32 = 3;
+const IB_INSUFFICIENT_RESOURCES: i32 = 2;
+const AL_INTERFACE_VERSION: u16 = 19;
+/// `GUID_IB_AL_INTERFACE` {96234E89-496F-4dfb-AA90-FCE82BCEC8A8}.
+const GUID_IB_AL_INTERFACE: (u32, u16, u16, [u8; 8]) = (
+    0x9623_4e89,
+    0x496f,
+    0x4dfb,
+    [0xaa, 0x90, 0xfc, 0xe8, 0x2b, 0xce, 0xc8, 0xa8],
+);
+const IB_PNP_PORT_ADD: u32 = 0x0000_0002 | 0x0000_1000;
+const CM_CLASS: u8 = 0x07;
+const MAD_SIZE: usize = 256;
+
+#[repr(C, packed)]
+#[derive(Clone, Copy)]
+pub struct IbGrh {
+    ver_class_flow: u32,
+    resv1: u16,
+    resv2: u8,
+    hop_limit: u8,
+    src_gid: [u8; 16],
+    dest_gid: [u8; 16],
+}
+
+#[repr(C)]
+pub struct IbMadElement {
+    p_next: *mut IbMadElement,
+    context1: *const c_void,
+    context2: *const c_void,
+    p_mad_buf: *mut c_void,
+    size: u32,
+    immediate_data: u32,
+    remote_qp: u32,
+    h_av: Handle,
+    send_opt: u32,
+    remote_qkey: u32,
+    resp_expected: i32,
+    timeout_ms: u32,
+    retry_cnt: u32,
+    rmpp_version: u8,
+    status: i32,
+    grh_valid: i32,
+    p_grh: *mut IbGrh,
+    recv_opt: u32,
+    remote_lid: u16,
+    remote_sl: u8,
+    pkey_index: u16,
+    path_bits: u8,
+    send_context1: *mut c_void,
+    send_context2: *mut c_void,
+}
+
+type MadCompletion = Option<unsafe extern "C" fn(Handle, *mut c_void, *mut IbMadElement)>;
+
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct IbMadSvc {
+    mad_svc_context: *mut c_void,
+    pfn_mad_send_cb: MadCompletion,
+    pfn_mad_recv_cb: MadCompletion,
+    support_unsol: i32,
+    mgmt_class: u8,
+    mgmt_version: u8,
+    method_array: [i32; 128],
+    svc_type: i32,
+}
+
+#[repr(C)]
+struct IbPnpRec {
+    pnp_event: u32,
+    h_pnp: Handle,
+    h_ioc_event: Handle,
+    pnp_context: *mut c_void,
+    context: *mut c_void,
+    guid: u64,
+    ca_guid: u64,
+}
+
+#[repr(C)]
+struct IbPnpPortRec {
+    pnp_rec: IbPnpRec,
+    p_ca_attr: *const IbCaAttr,
+    p_port_attr: *const IbPortAttr,
+}
+
+type PnpCallback = Option<unsafe extern "C" fn(*mut IbPnpRec) -> i32>;
+
+#[repr(C)]
+struct IbPnpReq {
+    pnp_class: u32,
+    pnp_context: *const c_void,
+    pfn_pnp_cb: PnpCallback,
+}
+
+#[repr(C)]
+struct IbPortAttr {
+    port_guid: u64,
+    port_num: u8,
+    mtu: u8,
+    transport: i32,
+    max_msg_size: u64,
+    lid: u16,
+    lmc: u8,
+    active_width: u8,
+    max_vls: u16,
+    sm_lid: u16,
+    sm_sl: u8,
+    link_state: u8,
+    init_type_reply: u8,
+    subnet_timeout: u8,
+    active_speed: u8,
+    phys_state: u8,
+    ext_active_speed: u8,
+    link_encoding: u8,
+    cap: [i32; 26],
+    pkey_ctr: u16,
+    qkey_ctr: u16,
+    num_gids: u16,
+    num_pkeys: u16,
+    p_gid_table: *const [u8; 16],
+    p_pkey_table: *const u16,
+}
+
+/// `ib_ca_attr_t`'s leading fields up to `local_ack_delay` (what a CA attribute record
+/// carries before its port array), plus room.
+#[repr(C)]
+#[derive(Default)]
+struct IbCaAttr {
+    ca_guid: u64,
+    vend_id: u32,
+    dev_id: u16,
+    revision: u16,
+    fw_ver: u64,
+    size: u32,
+    words: [u32; 8],
+    init_region_size: u64,
+    init_windows: u32,
+    max_addr_handles: u64,
+    max_partitions: u32,
+    atomicity: i32,
+    max_qp_resp_res: u8,
+    max_resp_res: u8,
+    max_qp_init_depth: u8,
+    more: [u32; 14],
+    local_ack_delay: u8,
+    tail: [u64; 32],
+}
+
+#[repr(C)]
+struct IbAlIfc {
+    wdm: INTERFACE,
+    sync_destroy: *const c_void,
+    open_ca: *const c_void,
+    query_ca_to_close_ca: [*const c_void; 4],
+    alloc_pd: *const c_void,
+    dealloc_pd_to_create_qp: [*const c_void; 6],
+    get_spl_qp: *const c_void,
+    query_qp_modify_qp: [*const c_void; 2],
+    destroy_qp: *const c_void,
+    create_cq_to_post_recv: [*const c_void; 17],
+    send_mad: *const c_void,
+    cancel_mad_to_dereg_mad_pool: [*const c_void; 32],
+    get_mad: *const c_void,
+    put_mad: *const c_void,
+    init_dgrm_svc: *const c_void,
+    reg_mad_svc: *const c_void,
+    reg_svc_to_cancel_query: [*const c_void; 4],
+    reg_pnp: *const c_void,
+    dereg_pnp_to_ci_call: [*const c_void; 5],
+    open_al: *const c_void,
+    close_al: *const c_void,
+    get_err_str_to_post_srq_recv: [*const c_void; 16],
+    ca_guid: u64,
+    to_ntstatus_to_open_al_trk: [*const c_void; 16],
+}
+const _: () = assert!(size_of::<IbAlIfc>() == 960);
+const _: () = assert!(size_of::<IbMadElement>() == 128);
+const _: () = assert!(size_of::<IbPortAttr>() == 168);
+
+/// One simulated port.
+#[derive(Clone, Debug)]
+pub struct PortConfig {
+    pub port_num: u8,
+    pub lid: u16,
+    pub gid: [u8; 16],
+    pub pkeys: Vec<u16>,
+}
+
+/// One simulated CA (an HCA ibbus registered).
+#[derive(Clone, Debug)]
+pub struct CaConfig {
+    /// Host order.
+    pub ca_guid: u64,
+    pub ports: Vec<PortConfig>,
+}
+
+/// A MAD on the simulated wire.
+#[derive(Clone, Debug)]
+pub struct Wire {
+    pub from_lid: u16,
+    pub to_lid: u16,
+    pub mad: Vec<u8>,
+}
+
+/// A MAD service description moved to the processor thread.
+#[derive(Clone, Copy)]
+struct SendSvc(IbMadSvc);
+// SAFETY: the service's context is the driver's port, valid while the service lives; the
+// callbacks are plain functions.
+unsafe impl Send for SendSvc {}
+impl SendSvc {
+    fn get(self) -> IbMadSvc {
+        self.0
+    }
+}
+
+struct Service {
+    port_lid: u16,
+    svc: IbMadSvc,
+    destroyed: bool,
+}
+
+#[derive(Default)]
+pub struct Al {
+    pub cas: Vec<CaConfig>,
+    /// References on each CA's interface (`InterfaceReference` / `Dereference`).
+    pub references: HashMap<usize, i64>,
+    next: usize,
+    /// Open AL instances: their MAD services.
+    services: HashMap<usize, Service>,
+    instances: HashMap<usize, Vec<usize>>,
+    /// MAD elements the driver holds.
+    elements: HashMap<usize, Box<(IbMadElement, [u8; MAD_SIZE], IbGrh)>>,
+    /// QPs: (service handles, destroyed).
+    qps: HashMap<usize, (usize, bool)>,
+    pub sent: Vec<Wire>,
+}
+
+// SAFETY: the raw pointers are the driver's contexts and the simulation's own boxes,
+// reached only under the simulation's lock.
+unsafe impl Send for Al {}
+
+/// Registers the CAs ibbus will answer for (before the filters start).
+pub fn set_cas(cas: Vec<CaConfig>) {
+    state::lock().al.cas = cas;
+}
+
+/// The MADs sent to no simulated port.
+pub fn sent() -> Vec<Wire> {
+    state::lock().al.sent.clone()
+}
+
+/// References held on CA `index`'s interface.
+pub fn references(index: usize) -> i64 {
+    state::lock()
+        .al
+        .references
+        .get(&index)
+        .copied()
+        .unwrap_or(0)
+}
+
+fn new_handle(al: &mut Al) -> usize {
+    al.next += 1;
+    0xA1_0000_0000 + al.next * 0x40
+}
+
+unsafe extern "C" fn interface_reference(context: PVOID) {
+    *state::lock()
+        .al
+        .references
+        .entry(context as usize)
+        .or_default() += 1;
+}
+
+unsafe extern "C" fn interface_dereference(context: PVOID) {
+    let mut guard = state::lock();
+    let r = guard.al.references.entry(context as usize).or_default();
+    *r -= 1;
+    if *r < 0 {
+        drop(guard);
+        bugcheck(
+            Rule::InterfaceReference,
+            format_args!("the AL interface of CA {context:p} released more often than taken"),
+        );
+    }
+    drop(guard);
+    changed();
+}
+
+/// `WdfFdoQueryForInterface` on filter `device` of CA `ca`: ibbus's `__query_al_ifc`.
+pub fn query(
+    ca: usize,
+    interface_type: &GUID,
+    interface: PINTERFACE,
+    size: u16,
+    version: u16,
+) -> NTSTATUS {
+    let g = (
+        interface_type.Data1,
+        interface_type.Data2,
+        interface_type.Data3,
+        interface_type.Data4,
+    );
+    if g != GUID_IB_AL_INTERFACE {
+        return STATUS_NOT_SUPPORTED;
+    }
+    if version != AL_INTERFACE_VERSION || usize::from(size) < size_of::<IbAlIfc>() {
+        return STATUS_NOT_SUPPORTED;
+    }
+    let ca_guid = state::lock().al.cas.get(ca).map(|c| c.ca_guid);
+    let Some(ca_guid) = ca_guid else {
+        return STATUS_NOT_SUPPORTED;
+    };
+    let null = core::ptr::null();
+    let ifc = IbAlIfc {
+        wdm: INTERFACE {
+            Size: size_of::<IbAlIfc>() as u16,
+            Version: AL_INTERFACE_VERSION,
+            Context: ca as PVOID,
+            InterfaceReference: Some(interface_reference),
+            InterfaceDereference: Some(interface_dereference),
+        },
+        sync_destroy: null,
+        open_ca: open_ca as *const c_void,
+        query_ca_to_close_ca: [null; 4],
+        alloc_pd: alloc_pd as *const c_void,
+        dealloc_pd_to_create_qp: [null; 6],
+        get_spl_qp: get_spl_qp as *const c_void,
+        query_qp_modify_qp: [null; 2],
+        destroy_qp: destroy_qp as *const c_void,
+        create_cq_to_post_recv: [null; 17],
+        send_mad: send_mad as *const c_void,
+        cancel_mad_to_dereg_mad_pool: [null; 32],
+        get_mad: get_mad as *const c_void,
+        put_mad: put_mad as *const c_void,
+        init_dgrm_svc: null,
+        reg_mad_svc: reg_mad_svc as *const c_void,
+        reg_svc_to_cancel_query: [null; 4],
+        reg_pnp: reg_pnp as *const c_void,
+        dereg_pnp_to_ci_call: [null; 5],
+        open_al: open_al as *const c_void,
+        close_al: close_al as *const c_void,
+        get_err_str_to_post_srq_recv: [null; 16],
+        ca_guid: ca_guid.to_be(),
+        to_ntstatus_to_open_al_trk: [null; 16],
+    };
+    // SAFETY: the caller's buffer holds a whole ib_al_ifc_t (checked above).
+    unsafe { interface.cast::<IbAlIfc>().write(ifc) };
+    *state::lock().al.references.entry(ca).or_default() += 1;
+    STATUS_SUCCESS
+}
+
+unsafe extern "C" fn open_al(ph_al: *mut Handle) -> i32 {
+    let _k = KernelCode::enter();
+    require_irql("ib_open_al", PASSIVE);
+    let mut guard = state::lock();
+    let h = new_handle(&mut guard.al);
+    guard.al.instances.insert(h, Vec::new());
+    // SAFETY: the caller's out pointer.
+    unsafe { *ph_al = h as Handle };
+    IB_SUCCESS
+}
+
+unsafe extern "C" fn open_ca(
+    h_al: Handle,
+    _ca_guid: u64,
+    _cb: *const c_void,
+    _ctx: *const c_void,
+    ph_ca: *mut Handle,
+) -> i32 {
+    // SAFETY: the caller's out pointer; the CA handle is the AL instance's.
+    unsafe { *ph_ca = h_al };
+    IB_SUCCESS
+}
+
+unsafe extern "C" fn alloc_pd(
+    h_ca: Handle,
+    _t: i32,
+    _ctx: *const c_void,
+    ph_pd: *mut Handle,
+) -> i32 {
+    // SAFETY: as above.
+    unsafe { *ph_pd = h_ca };
+    IB_SUCCESS
+}
+
+/// The PnP registration: every port of the CA the instance serves, on AL's PnP thread,
+/// before `ib_reg_pnp` returns (IB_PNP_FLAG_REG_SYNC).
+unsafe extern "C" fn reg_pnp(h_al: Handle, p_pnp_req: *const IbPnpReq, ph_pnp: *mut Handle) -> i32 {
+    let _k = KernelCode::enter();
+    require_irql("ib_reg_pnp", PASSIVE);
+    // SAFETY: the caller's request, read now.
+    let request = unsafe { &*p_pnp_req };
+    let (context, callback) = (request.pnp_context as usize, request.pfn_pnp_cb);
+    // SAFETY: the caller's out pointer.
+    unsafe { *ph_pnp = h_al };
+    let cas = state::lock().al.cas.clone();
+    // The interface names the CA; the binding passes the CA's GUID to the callback checks.
+    let h_al = h_al as usize;
+    let thread = std::thread::Builder::new()
+        .name("al-pnp".into())
+        .spawn(move || {
+            for (index, ca) in cas.iter().enumerate() {
+                let _ = index;
+                for port in &ca.ports {
+                    report_port(h_al, context, callback, ca, port);
+                }
+            }
+        });
+    match thread {
+        Ok(t) => {
+            let _ = t.join();
+            IB_SUCCESS
+        }
+        Err(_) => IB_INSUFFICIENT_RESOURCES,
+    }
+}
+
+fn report_port(
+    _h_al: usize,
+    context: usize,
+    callback: PnpCallback,
+    ca: &CaConfig,
+    port: &PortConfig,
+) {
+    let ca_attr = Box::new(IbCaAttr {
+        ca_guid: ca.ca_guid.to_be(),
+        max_qp_resp_res: 16,
+        max_resp_res: 16,
+        max_qp_init_depth: 16,
+        local_ack_delay: 15,
+        ..IbCaAttr::default()
+    });
+    let pkeys: Vec<u16> = port.pkeys.iter().map(|p| p.to_be()).collect();
+    let gids = [port.gid];
+    // SAFETY: plain C structure, all-zero is valid.
+    let mut attr: IbPortAttr = unsafe { core::mem::zeroed() };
+    attr.port_guid = (ca.ca_guid + u64::from(port.port_num)).to_be();
+    attr.port_num = port.port_num;
+    attr.lid = port.lid.to_be();
+    attr.link_state = 4;
+    attr.num_gids = 1;
+    attr.num_pkeys = pkeys.len() as u16;
+    attr.p_gid_table = gids.as_ptr();
+    attr.p_pkey_table = pkeys.as_ptr();
+    let mut record = IbPnpPortRec {
+        pnp_rec: IbPnpRec {
+            pnp_event: IB_PNP_PORT_ADD,
+            h_pnp: core::ptr::null_mut(),
+            h_ioc_event: core::ptr::null_mut(),
+            pnp_context: context as *mut c_void,
+            context: core::ptr::null_mut(),
+            guid: attr.port_guid,
+            ca_guid: ca.ca_guid.to_be(),
+        },
+        p_ca_attr: &*ca_attr,
+        p_port_attr: &attr,
+    };
+    if let Some(cb) = callback {
+        call_driver("ib_pfn_pnp_cb_t (IB_PNP_PORT_ADD)", PASSIVE, || {
+            // SAFETY: the driver's PnP callback with a port record valid for the call.
+            unsafe { cb((&raw mut record).cast()) }
+        });
+    }
+}
+
+unsafe extern "C" fn get_spl_qp(
+    h_pd: Handle,
+    port_guid: u64,
+    _create: *mut c_void,
+    qp_context: *const c_void,
+    _cb: *const c_void,
+    p_pool_key: *mut Handle,
+    ph_qp: *mut Handle,
+) -> i32 {
+    let _k = KernelCode::enter();
+    require_irql("ib_get_spl_qp", PASSIVE);
+    let mut guard = state::lock();
+    let cas = guard.al.cas.clone();
+    let lid = cas
+        .iter()
+        .flat_map(|c| {
+            c.ports
+                .iter()
+                .map(move |p| (c.ca_guid + u64::from(p.port_num), p.lid))
+        })
+        .find(|(g, _)| g.to_be() == port_guid)
+        .map(|(_, lid)| lid);
+    let Some(lid) = lid else {
+        return IB_INVALID_PARAMETER;
+    };
+    let qp = new_handle(&mut guard.al);
+    guard.al.qps.insert(qp, (0, false));
+    guard.al.services.insert(
+        qp,
+        Service {
+            port_lid: lid,
+            // SAFETY: all-zero is a valid (empty) service until ib_reg_mad_svc fills it.
+            svc: unsafe { core::mem::zeroed() },
+            destroyed: true,
+        },
+    );
+    let _ = qp_context;
+    if let Some(v) = guard.al.instances.get_mut(&(h_pd as usize)) {
+        v.push(qp);
+    }
+    // SAFETY: the caller's out pointers.
+    unsafe { *p_pool_key = qp as Handle };
+    // SAFETY: as above.
+    unsafe { *ph_qp = qp as Handle };
+    IB_SUCCESS
+}
+
+unsafe extern "C" fn reg_mad_svc(
+    h_qp: Handle,
+    p_mad_svc: *const IbMadSvc,
+    ph_mad_svc: *mut Handle,
+) -> i32 {
+    let _k = KernelCode::enter();
+    require_irql("ib_reg_mad_svc", PASSIVE);
+    // SAFETY: the caller's service description, copied.
+    let svc = unsafe { *p_mad_svc };
+    if svc.mgmt_class != CM_CLASS || svc.mgmt_version != 2 {
+        return IB_INVALID_PARAMETER;
+    }
+    let mut guard = state::lock();
+    let Some(s) = guard.al.services.get_mut(&(h_qp as usize)) else {
+        return IB_INVALID_PARAMETER;
+    };
+    s.svc = svc;
+    s.destroyed = false;
+    // SAFETY: the caller's out pointer.
+    unsafe { *ph_mad_svc = h_qp };
+    IB_SUCCESS
+}
+
+unsafe extern "C" fn destroy_qp(
+    h_qp: Handle,
+    destroy_cb: Option<unsafe extern "C" fn(*mut c_void)>,
+) -> i32 {
+    let _k = KernelCode::enter();
+    let context = {
+        let mut guard = state::lock();
+        let Some(s) = guard.al.services.get_mut(&(h_qp as usize)) else {
+            return IB_INVALID_PARAMETER;
+        };
+        s.destroyed = true;
+        s.svc.mad_svc_context
+    } as usize;
+    if let Some(cb) = destroy_cb {
+        // AL calls the destroy callback once the QP's callbacks are over, asynchronously.
+        run_at_dispatch(move || {
+            call_driver("ib_pfn_destroy_cb_t", crate::thread::irql(), || {
+                // SAFETY: the driver's destroy callback with its QP context.
+                unsafe { cb(context as *mut c_void) }
+            });
+        });
+    }
+    IB_SUCCESS
+}
+
+/// `ib_close_al`: every MAD service of the instance goes; callbacks are over when it
+/// returns; no element of the driver's may be left out.
+unsafe extern "C" fn close_al(h_al: Handle) -> i32 {
+    let _k = KernelCode::enter();
+    require_irql("ib_close_al", PASSIVE);
+    // Let the processor thread finish what it queued (completions of this instance).
+    let guard = state::lock();
+    let what = || "AL's completions to drain before ib_close_al returns".to_string();
+    let (mut guard, _) = state::wait_until(guard, None, &what, |s| s.sched.dispatch.is_empty());
+    let qps = guard
+        .al
+        .instances
+        .remove(&(h_al as usize))
+        .unwrap_or_default();
+    for qp in qps {
+        if let Some(s) = guard.al.services.get_mut(&qp) {
+            s.destroyed = true;
+        }
+    }
+    let held = guard.al.elements.len();
+    if held > 0 {
+        drop(guard);
+        bugcheck(
+            Rule::MadElement,
+            format_args!("ib_close_al with {held} MAD element(s) still held by the driver"),
+        );
+    }
+    IB_SUCCESS
+}
+
+unsafe extern "C" fn get_mad(
+    _file: *mut i8,
+    _line: i32,
+    pool_key: Handle,
+    buf_size: usize,
+    pp: *mut *mut IbMadElement,
+) -> i32 {
+    let _k = KernelCode::enter();
+    require_irql("ib_get_mad", DISPATCH);
+    if buf_size > MAD_SIZE {
+        return IB_INVALID_PARAMETER;
+    }
+    let element = new_element(pool_key as usize);
+    // SAFETY: the caller's out pointer.
+    unsafe { *pp = element };
+    IB_SUCCESS
+}
+
+fn new_element(pool: usize) -> *mut IbMadElement {
+    let mut guard = state::lock();
+    // SAFETY: plain C structures; all-zero is valid.
+    let mut b: Box<(IbMadElement, [u8; MAD_SIZE], IbGrh)> =
+        Box::new(unsafe { core::mem::zeroed() });
+    b.0.p_mad_buf = b.1.as_mut_ptr().cast();
+    b.0.p_grh = &raw mut b.2;
+    b.0.size = MAD_SIZE as u32;
+    b.0.context1 = pool as *const c_void;
+    let p = &raw mut b.0;
+    guard.al.elements.insert(p as usize, b);
+    p
+}
+
+unsafe extern "C" fn put_mad(_file: *mut i8, _line: i32, p: *const IbMadElement) -> i32 {
+    let _k = KernelCode::enter();
+    require_irql("ib_put_mad", DISPATCH);
+    let removed = state::lock().al.elements.remove(&(p as usize));
+    if removed.is_none() {
+        bugcheck(
+            Rule::MadElement,
+            format_args!("ib_put_mad of {p:p}, not an element the driver holds"),
+        );
+    }
+    IB_SUCCESS
+}
+
+unsafe extern "C" fn send_mad(
+    h_mad_svc: Handle,
+    p: *mut IbMadElement,
+    _failure: *mut *mut IbMadElement,
+) -> i32 {
+    let _k = KernelCode::enter();
+    require_irql("ib_send_mad", DISPATCH);
+    let mut guard = state::lock();
+    let Some(element) = guard.al.elements.remove(&(p as usize)) else {
+        drop(guard);
+        bugcheck(
+            Rule::MadElement,
+            format_args!("ib_send_mad of {p:p}, not an element the driver holds"),
+        );
+    };
+    let Some(service) = guard.al.services.get(&(h_mad_svc as usize)) else {
+        return IB_INVALID_PARAMETER;
+    };
+    if service.destroyed {
+        return IB_INVALID_PARAMETER;
+    }
+    let from = service.port_lid;
+    let sender = service.svc;
+    let to = u16::from_be(element.0.remote_lid);
+    let mad = element.1.to_vec();
+    // Back to the driver as a completed send.
+    let ptr = Box::into_raw(element);
+    let element_ptr = ptr as usize;
+    // SAFETY: reboxed at once: the element goes back into the driver's holdings.
+    guard
+        .al
+        .elements
+        .insert(element_ptr, unsafe { Box::from_raw(ptr) });
+    let target = guard
+        .al
+        .services
+        .iter()
+        .find(|(_, s)| !s.destroyed && s.port_lid == to)
+        .map(|(h, s)| (*h, s.svc, s.port_lid));
+    if target.is_none() {
+        guard.al.sent.push(Wire {
+            from_lid: from,
+            to_lid: to,
+            mad: mad.clone(),
+        });
+    }
+    drop(guard);
+    let svc_handle = h_mad_svc as usize;
+    let sender = SendSvc(sender);
+    run_at_dispatch(move || {
+        let sender = sender.get();
+        if let Some(cb) = sender.pfn_mad_send_cb {
+            call_driver("pfn_mad_send_cb", DISPATCH, || {
+                // SAFETY: the driver's send completion with its element.
+                unsafe {
+                    cb(
+                        svc_handle as Handle,
+                        sender.mad_svc_context,
+                        element_ptr as *mut IbMadElement,
+                    )
+                }
+            });
+        }
+    });
+    if let Some((h, svc, _)) = target {
+        deliver(h, svc, from, &mad);
+    }
+    IB_SUCCESS
+}
+
+/// A received MAD for the service `h` (on the processor thread).
+fn deliver(h: usize, svc: IbMadSvc, from_lid: u16, mad: &[u8]) {
+    let element = new_element(h) as usize;
+    {
+        let mut guard = state::lock();
+        if let Some(e) = guard.al.elements.get_mut(&element) {
+            e.1[..mad.len().min(MAD_SIZE)].copy_from_slice(&mad[..mad.len().min(MAD_SIZE)]);
+            e.0.remote_lid = from_lid.to_be();
+            e.0.remote_qp = 1u32.to_be();
+            e.0.pkey_index = 0;
+        }
+    }
+    let svc = SendSvc(svc);
+    run_at_dispatch(move || {
+        let svc = svc.get();
+        if let Some(cb) = svc.pfn_mad_recv_cb {
+            call_driver("pfn_mad_recv_cb", DISPATCH, || {
+                // SAFETY: the driver's receive completion with a received element.
+                unsafe {
+                    cb(
+                        h as Handle,
+                        svc.mad_svc_context,
+                        element as *mut IbMadElement,
+                    )
+                }
+            });
+        }
+    });
+}
+
+/// Delivers `mad` from `from_lid` to the service on the port with LID `to_lid` (a peer
+/// outside the simulation's ports).
+pub fn receive(to_lid: u16, from_lid: u16, mad: &[u8]) -> bool {
+    let target = {
+        let guard = state::lock();
+        guard
+            .al
+            .services
+            .iter()
+            .find(|(_, s)| !s.destroyed && s.port_lid == to_lid)
+            .map(|(h, s)| (*h, s.svc))
+    };
+    match target {
+        Some((h, svc)) => {
+            deliver(h, svc, from_lid, mad);
+            true
+        }
+        None => false,
+    }
+}
+
+/// The number of MAD elements the driver holds now.
+pub fn elements_held() -> usize {
+    state::lock().al.elements.len()
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn WdfFdoQueryForInterface(
+    Fdo: WDFDEVICE,
+    InterfaceType: *const GUID,
+    Interface: PINTERFACE,
+    Size: USHORT,
+    Version: USHORT,
+    _InterfaceSpecificData: PVOID,
+) -> NTSTATUS {
+    let _k = KernelCode::enter();
+    require_irql("WdfFdoQueryForInterface", PASSIVE);
+    let ca = {
+        let mut guard = state::lock();
+        guard.objects.get_kind(
+            Fdo as usize,
+            crate::objects::Kind::Device,
+            "WdfFdoQueryForInterface",
+        );
+        guard
+            .devices
+            .devices
+            .get(&(Fdo as usize))
+            .map(|d| d.init.hca)
+    };
+    let Some(ca) = ca else {
+        return STATUS_NOT_SUPPORTED;
+    };
+    // SAFETY: the caller's GUID.
+    query(ca, unsafe { &*InterfaceType }, Interface, Size, Version)
+}

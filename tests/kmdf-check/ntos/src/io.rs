@@ -1,0 +1,538 @@
+//! The I/O manager as user mode and kernel components reach the control device: opens
+//! with a token (the SDDL access check, the create IRP with its security context), IOCTLs
+//! (METHOD_BUFFERED: one system buffer), cancellation from any thread, cleanup and close,
+//! and the System log the driver writes with IoWriteErrorLogEntry.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use crate::objects::Kind;
+use crate::security::{GENERIC_READ, GENERIC_WRITE, Token, granted};
+use crate::state::{self, changed};
+use crate::thread::{DISPATCH, KernelCode, PASSIVE, call_driver, require_irql};
+use crate::verifier::{Rule, bugcheck};
+use crate::wdf_device::{delete, dereference};
+use crate::*;
+
+/// An IRP as the binding reads it: the IRP, its one stack location, the create's security
+/// context and access state (`Parameters.Create.SecurityContext->AccessState`).
+#[repr(C)]
+pub struct IrpBlock {
+    pub irp: _IRP,
+    pub stack: _IO_STACK_LOCATION,
+    pub security: _IO_SECURITY_CONTEXT,
+    pub access: _ACCESS_STATE,
+}
+
+pub struct RequestInfo {
+    pub irp: Box<IrpBlock>,
+    pub buffer: Vec<u8>,
+    pub input_len: usize,
+    pub output_len: usize,
+    pub file: usize,
+    pub queue: usize,
+    pub marked: Option<PFN_WDF_REQUEST_CANCEL>,
+    pub cancel_requested: bool,
+    pub cancel_taken: bool,
+    pub completed: bool,
+    pub result: Option<(NTSTATUS, Vec<u8>)>,
+}
+
+pub struct FileInfo {
+    pub device: usize,
+    /// Requests of this file not completed (each keeps the file object referenced, so
+    /// IRP_MJ_CLOSE comes after the last).
+    pub outstanding: usize,
+    pub cleaned_up: bool,
+}
+
+#[derive(Default)]
+pub struct Io {
+    pub requests: HashMap<usize, RequestInfo>,
+    pub files: HashMap<usize, FileInfo>,
+    pub tokens: HashMap<usize, Box<Token>>,
+    pub subject_locks: HashMap<usize, i32>,
+    pub error_log: Vec<(NTSTATUS, Vec<String>)>,
+    pub error_log_entries: HashMap<usize, Vec<u8>>,
+}
+
+/// Who opens, and how.
+#[derive(Clone, Copy, Debug)]
+pub struct Open {
+    /// UserMode (1) or KernelMode (0).
+    pub user_mode: bool,
+    /// A kernel component opening for a user (`SL_FORCE_ACCESS_CHECK`).
+    pub force_access_check: bool,
+    /// The process's token.
+    pub primary: Token,
+    /// An impersonation token and its level (`SECURITY_IMPERSONATION_LEVEL`).
+    pub client: Option<(Token, i32)>,
+    /// The access asked for (generic rights).
+    pub desired: u32,
+}
+
+impl Open {
+    /// A process of `token` opening for read and write, as the user library does.
+    pub fn user(token: Token) -> Self {
+        Self {
+            user_mode: true,
+            force_access_check: false,
+            primary: token,
+            client: None,
+            desired: GENERIC_READ | GENERIC_WRITE,
+        }
+    }
+
+    /// A kernel component opening on its own behalf (SYSTEM's thread).
+    pub fn kernel() -> Self {
+        Self {
+            user_mode: false,
+            force_access_check: false,
+            primary: Token::SYSTEM,
+            client: None,
+            desired: GENERIC_READ | GENERIC_WRITE,
+        }
+    }
+}
+
+fn new_request(
+    device: usize,
+    file: usize,
+    queue: usize,
+    user_mode: bool,
+    input: &[u8],
+    output_len: usize,
+) -> usize {
+    let attributes = state::lock()
+        .devices
+        .devices
+        .get(&device)
+        .and_then(|d| d.init.request_attributes);
+    let mut attributes = attributes;
+    let pointer = attributes
+        .as_mut()
+        .map_or(core::ptr::null_mut(), |a| a as *mut _);
+    let mut guard = state::lock();
+    let handle = guard
+        .objects
+        .create(Kind::Request, pointer, device, "the I/O manager");
+    // SAFETY: plain C structures: all-zero is their initial state.
+    let mut irp: Box<IrpBlock> = Box::new(unsafe { core::mem::zeroed() });
+    irp.irp.RequestorMode = if user_mode { 1 } else { 0 };
+    let stack = &raw mut irp.stack;
+    irp.irp
+        .Tail
+        .Overlay
+        .__bindgen_anon_2
+        .__bindgen_anon_1
+        .CurrentStackLocation = stack;
+    let mut buffer = vec![0u8; input.len().max(output_len)];
+    buffer[..input.len()].copy_from_slice(input);
+    guard.io.requests.insert(
+        handle,
+        RequestInfo {
+            irp,
+            buffer,
+            input_len: input.len(),
+            output_len,
+            file,
+            queue,
+            marked: None,
+            cancel_requested: false,
+            cancel_taken: false,
+            completed: false,
+            result: None,
+        },
+    );
+    if let Some(f) = guard.io.files.get_mut(&file) {
+        f.outstanding += 1;
+    }
+    handle
+}
+
+/// The device behind `\DosDevices\Global\ibcm` (or any name).
+pub fn device_named(name: &str) -> Option<usize> {
+    state::lock().devices.names.get(name).copied()
+}
+
+/// CreateFile on `name` (a device name or a symbolic link): the I/O manager's access
+/// check, then the driver's EvtDeviceFileCreate. The file handle on success.
+pub fn open(name: &str, who: Open) -> Result<usize, NTSTATUS> {
+    let _k = KernelCode::enter();
+    let Some(device) = device_named(name) else {
+        return Err(STATUS_OBJECT_NAME_NOT_FOUND);
+    };
+    let (sddl, finished, exclusive, file_attributes, create) = {
+        let guard = state::lock();
+        let Some(d) = guard.devices.devices.get(&device) else {
+            return Err(STATUS_NO_SUCH_DEVICE);
+        };
+        (
+            d.init.sddl.clone(),
+            d.finished_initializing,
+            d.init.exclusive,
+            d.init.file_attributes,
+            d.init.file_config.and_then(|c| c.EvtDeviceFileCreate),
+        )
+    };
+    if !finished {
+        // DO_DEVICE_INITIALIZING: the I/O manager refuses opens.
+        return Err(STATUS_NO_SUCH_DEVICE);
+    }
+    if who.user_mode || who.force_access_check {
+        let token = who.client.map_or(who.primary, |(t, _)| t);
+        let allowed = sddl.as_deref().map_or(0, |s| granted(s, token));
+        if who.desired & !allowed != 0 {
+            return Err(STATUS_ACCESS_DENIED);
+        }
+    }
+    if exclusive && state::lock().io.files.values().any(|f| f.device == device) {
+        return Err(STATUS_ACCESS_DENIED);
+    }
+    let mut attributes = file_attributes;
+    let pointer = attributes
+        .as_mut()
+        .map_or(core::ptr::null_mut(), |a| a as *mut _);
+    let file = {
+        let mut guard = state::lock();
+        let file = guard
+            .objects
+            .create(Kind::File, pointer, device, "the I/O manager (create)");
+        // The file object holds its device (~FxDevice waits for the last one).
+        guard.objects.get(device, "create").references += 1;
+        guard.io.files.insert(
+            file,
+            FileInfo {
+                device,
+                outstanding: 0,
+                cleaned_up: false,
+            },
+        );
+        file
+    };
+    let request = new_request(device, file, 0, who.user_mode, &[], 0);
+    let primary = who.primary.leak();
+    let client = who.client.map(|(t, level)| (t.leak(), level));
+    {
+        let mut guard = state::lock();
+        let Some(r) = guard.io.requests.get_mut(&request) else {
+            unreachable!("made above")
+        };
+        let block = &mut *r.irp;
+        block.stack.MajorFunction = IRP_MJ_CREATE as u8;
+        block.stack.Flags = if who.force_access_check {
+            SL_FORCE_ACCESS_CHECK as u8
+        } else {
+            0
+        };
+        block.access.SubjectSecurityContext = SECURITY_SUBJECT_CONTEXT {
+            ClientToken: client.map_or(core::ptr::null_mut(), |c| c.0),
+            ImpersonationLevel: client.map_or(0, |c| c.1),
+            PrimaryToken: primary,
+            ProcessAuditId: core::ptr::null_mut(),
+        };
+        block.security.AccessState = &raw mut block.access;
+        block.security.DesiredAccess = who.desired;
+        block.stack.Parameters.Create = _IO_STACK_LOCATION__bindgen_ty_1__bindgen_ty_1 {
+            SecurityContext: &raw mut block.security,
+            Options: 0,
+            __bindgen_padding_0: [0; 4],
+            FileAttributes: 0,
+            ShareAccess: 0,
+            __bindgen_padding_1: [0; 4],
+            EaLength: 0,
+        };
+    }
+    let Some(create) = create else {
+        bugcheck(
+            Rule::Simulation,
+            format_args!("the control device has no EvtDeviceFileCreate"),
+        );
+    };
+    call_driver("EvtDeviceFileCreate", PASSIVE, || {
+        // SAFETY: the driver's create callback with its device, the request and the file.
+        unsafe {
+            create(
+                device as WDFDEVICE,
+                request as WDFREQUEST,
+                file as WDFFILEOBJECT,
+            )
+        }
+    });
+    let (status, _) = wait(request);
+    let locked = state::lock().io.subject_locks.values().any(|c| *c != 0);
+    if locked {
+        bugcheck(
+            Rule::SubjectContext,
+            format_args!("the create returned with its subject context locked"),
+        );
+    }
+    if NT_SUCCESS(status) {
+        Ok(file)
+    } else {
+        // A failed create: no cleanup or close reaches the driver.
+        state::lock().io.files.remove(&file);
+        delete(file, "the I/O manager (failed create)");
+        dereference(device, "the I/O manager (failed create)");
+        Err(status)
+    }
+}
+
+/// DeviceIoControl on `file` (METHOD_BUFFERED): the request, presented to the driver's
+/// EvtIoDeviceControl in the caller's thread. Returns the request (an IRP the caller may
+/// wait for or cancel).
+pub fn ioctl(file: usize, code: u32, input: &[u8], output_len: usize) -> usize {
+    let _k = KernelCode::enter();
+    let (device, cleaned) = {
+        let guard = state::lock();
+        match guard.io.files.get(&file) {
+            Some(f) => (f.device, f.cleaned_up),
+            None => bugcheck(
+                Rule::Simulation,
+                format_args!("ioctl on a file that is not open"),
+            ),
+        }
+    };
+    if cleaned {
+        bugcheck(
+            Rule::Simulation,
+            format_args!("ioctl on a handle already closed"),
+        );
+    }
+    let queue = state::lock()
+        .devices
+        .devices
+        .get(&device)
+        .and_then(|d| d.default_queue);
+    let Some((queue, Some(callback))) = queue else {
+        bugcheck(
+            Rule::Simulation,
+            format_args!("the device has no default queue for IOCTLs"),
+        );
+    };
+    let request = new_request(device, file, queue, true, input, output_len);
+    call_driver("EvtIoDeviceControl", PASSIVE, || {
+        // SAFETY: the driver's queue callback with its queue and a presented request.
+        unsafe {
+            callback(
+                queue as WDFQUEUE,
+                request as WDFREQUEST,
+                output_len,
+                input.len(),
+                code,
+            )
+        }
+    });
+    request
+}
+
+/// The request's completion, if it completed.
+pub fn result(request: usize) -> Option<(NTSTATUS, Vec<u8>)> {
+    state::lock()
+        .io
+        .requests
+        .get(&request)
+        .and_then(|r| r.result.clone())
+}
+
+/// Waits for the request's completion (a request never completed fails the run).
+pub fn wait(request: usize) -> (NTSTATUS, Vec<u8>) {
+    let what = || format!("request {request:#x} to complete");
+    let guard = state::lock();
+    let (guard, _) = state::wait_until(guard, None, &what, |s| {
+        s.io.requests.get(&request).is_some_and(|r| r.completed)
+    });
+    guard
+        .io
+        .requests
+        .get(&request)
+        .and_then(|r| r.result.clone())
+        .unwrap_or((STATUS_SUCCESS, Vec::new()))
+}
+
+/// Waits at most `limit` for the request's completion.
+pub fn wait_for(request: usize, limit: Duration) -> Option<(NTSTATUS, Vec<u8>)> {
+    let what = || format!("request {request:#x} to complete");
+    let guard = state::lock();
+    let (guard, done) = state::wait_until(guard, Some(limit), &what, |s| {
+        s.io.requests.get(&request).is_some_and(|r| r.completed)
+    });
+    if !done {
+        return None;
+    }
+    guard
+        .io
+        .requests
+        .get(&request)
+        .and_then(|r| r.result.clone())
+}
+
+/// IoCancelIrp from this thread: the driver's cancel routine runs (at DISPATCH_LEVEL)
+/// if the request is cancelable; otherwise the IRP is marked and a later
+/// WdfRequestMarkCancelableEx returns STATUS_CANCELLED.
+pub fn cancel(request: usize) {
+    let routine = {
+        let _k = KernelCode::enter();
+        let mut guard = state::lock();
+        let Some(r) = guard.io.requests.get_mut(&request) else {
+            return;
+        };
+        if r.completed {
+            return;
+        }
+        r.cancel_requested = true;
+        r.irp.irp.Cancel = 1;
+        match r.marked {
+            Some(routine) if !r.cancel_taken => {
+                r.cancel_taken = true;
+                routine
+            }
+            _ => None,
+        }
+    };
+    if let Some(routine) = routine {
+        call_driver("EvtRequestCancel", DISPATCH, || {
+            // SAFETY: the driver's cancel routine with its cancelable request.
+            unsafe { routine(request as WDFREQUEST) }
+        });
+    }
+}
+
+/// CloseHandle: IRP_MJ_CLEANUP (EvtFileCleanup) at once; IRP_MJ_CLOSE (EvtFileClose) once
+/// every request of the file completed; then the file object goes.
+pub fn close(file: usize) {
+    let _k = KernelCode::enter();
+    let device = state::lock().io.files.get(&file).map(|f| f.device);
+    let Some(device) = device else {
+        bugcheck(
+            Rule::Simulation,
+            format_args!("close of a file that is not open"),
+        );
+    };
+    let config = state::lock()
+        .devices
+        .devices
+        .get(&device)
+        .and_then(|d| d.init.file_config);
+    let config = config.unwrap_or_else(|| {
+        bugcheck(
+            Rule::Simulation,
+            format_args!("no file object configuration"),
+        )
+    });
+    if let Some(cleanup) = config.EvtFileCleanup {
+        call_driver("EvtFileCleanup", PASSIVE, || {
+            // SAFETY: the driver's cleanup callback with its open file object.
+            unsafe { cleanup(file as WDFFILEOBJECT) }
+        });
+    }
+    let guard = state::lock();
+    let what =
+        || format!("IRP_MJ_CLOSE: every request of file {file:#x} to complete after its cleanup");
+    let (mut guard, _) = state::wait_until(guard, None, &what, |s| {
+        s.io.files.get(&file).is_none_or(|f| f.outstanding == 0)
+    });
+    if let Some(f) = guard.io.files.get_mut(&file) {
+        f.cleaned_up = true;
+    }
+    drop(guard);
+    if let Some(close) = config.EvtFileClose {
+        call_driver("EvtFileClose", PASSIVE, || {
+            // SAFETY: the driver's close callback with the file object.
+            unsafe { close(file as WDFFILEOBJECT) }
+        });
+    }
+    state::lock().io.files.remove(&file);
+    delete(file, "the I/O manager (close)");
+    dereference(device, "the I/O manager (close)");
+}
+
+/// The System log entries the driver wrote: (ErrorCode, insertion strings).
+pub fn system_log() -> Vec<(NTSTATUS, Vec<String>)> {
+    state::lock().io.error_log.clone()
+}
+
+/// `ERROR_LOG_MAXIMUM_SIZE` (wdm.h).
+const ERROR_LOG_MAXIMUM_SIZE: usize = 240;
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn IoAllocateErrorLogEntry(_IoObject: PVOID, EntrySize: UCHAR) -> PVOID {
+    let _k = KernelCode::enter();
+    require_irql("IoAllocateErrorLogEntry", DISPATCH);
+    let size = usize::from(EntrySize);
+    if size > ERROR_LOG_MAXIMUM_SIZE || size < size_of::<IO_ERROR_LOG_PACKET>() {
+        return core::ptr::null_mut();
+    }
+    let mut entry = vec![0u8; size];
+    let p = entry.as_mut_ptr();
+    state::lock().io.error_log_entries.insert(p as usize, entry);
+    p.cast()
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn IoWriteErrorLogEntry(ElEntry: PVOID) {
+    let _k = KernelCode::enter();
+    require_irql("IoWriteErrorLogEntry", DISPATCH);
+    let mut guard = state::lock();
+    let Some(entry) = guard.io.error_log_entries.remove(&(ElEntry as usize)) else {
+        drop(guard);
+        bugcheck(
+            Rule::Simulation,
+            format_args!("IoWriteErrorLogEntry of an entry IoAllocateErrorLogEntry did not give"),
+        );
+    };
+    // SAFETY: the entry starts with the packet the driver filled in.
+    let packet: IO_ERROR_LOG_PACKET = unsafe { core::ptr::read_unaligned(entry.as_ptr().cast()) };
+    let mut strings = Vec::new();
+    let mut offset = usize::from(packet.StringOffset);
+    for _ in 0..packet.NumberOfStrings {
+        let mut units = Vec::new();
+        while offset + 1 < entry.len() {
+            let u = u16::from_le_bytes([entry[offset], entry[offset + 1]]);
+            offset += 2;
+            if u == 0 {
+                break;
+            }
+            units.push(u);
+        }
+        strings.push(String::from_utf16_lossy(&units));
+    }
+    guard.io.error_log.push((packet.ErrorCode, strings));
+    drop(guard);
+    changed();
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn IofCompleteRequest(_Irp: PIRP, _PriorityBoost: CCHAR) {
+    bugcheck(
+        Rule::Simulation,
+        format_args!(
+            "IofCompleteRequest (the filter's IRP_MN_QUERY_INTERFACE preprocess) is not simulated yet"
+        ),
+    )
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn WdfDeviceWdmDispatchPreprocessedIrp(
+    _Device: WDFDEVICE,
+    _Irp: PIRP,
+) -> NTSTATUS {
+    bugcheck(
+        Rule::Simulation,
+        format_args!(
+            "WdfDeviceWdmDispatchPreprocessedIrp (the filter's IRP_MN_QUERY_INTERFACE preprocess) is not simulated yet"
+        ),
+    )
+}
+
+/// A device's security as the I/O manager holds it: (SDDL, characteristics, exclusive).
+pub fn device_security(name: &str) -> Option<(Option<String>, u32, bool)> {
+    let device = device_named(name)?;
+    let guard = state::lock();
+    let d = guard.devices.devices.get(&device)?;
+    Some((
+        d.init.sddl.clone(),
+        d.init.characteristics,
+        d.init.exclusive,
+    ))
+}

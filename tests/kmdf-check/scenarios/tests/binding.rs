@@ -1,0 +1,564 @@
+//! driver/kmdf, the KMDF binding of ibcm.sys, run on the simulated Windows kernel
+//! (`ibcm-ntos`) under its Driver Verifier and KMDF Verifier rules.
+//!
+//! Each scenario runs in its own process (this binary re-executed with
+//! `IBCM_SIM_SCENARIO=<name>`): the binding keeps process globals as a driver image does,
+//! and a verifier failure aborts its process (it happens inside `extern "C"` frames), so
+//! one failure names its scenario and the others still run. Scenarios that show a rule
+//! firing expect their process to stop with that rule. `cargo test -- NAME` runs the
+//! scenarios whose name contains NAME; `IBCM_SIM_DBGPRINT=1` prints the driver's DbgPrint.
+
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use ibcm_ioctl::{CreateIn, CreateOut, HandleIn, ListenIn, VersionIn, code, status};
+use ibcm_ntos::al::{self, CaConfig, PortConfig};
+use ibcm_ntos::io::{self, Open};
+use ibcm_ntos::security::{GENERIC_READ, Token};
+use ibcm_ntos::{pnp, registry, thread};
+use zerocopy::{FromBytes, FromZeros, IntoBytes};
+
+#[global_allocator]
+static POOL: ibcm_ntos::pool::TrackingAllocator = ibcm_ntos::pool::TrackingAllocator;
+
+/// `\DosDevices\Global\ibcm` (`\\.\ibcm`).
+const LINK: &str = r"\DosDevices\Global\ibcm";
+/// The SDDL the README promises: SYSTEM all, Administrators RWX, everyone RW, restricted
+/// code R (control.rs, wdmsec.h SDDL_DEVOBJ_SYS_ALL_ADM_RWX_WORLD_RW_RES_R).
+const SDDL: &str = "D:P(A;;GA;;;SY)(A;;GRGWGX;;;BA)(A;;GRGW;;;WD)(A;;GR;;;RC)";
+/// wdm.h FILE_DEVICE_SECURE_OPEN.
+const FILE_DEVICE_SECURE_OPEN: u32 = 0x100;
+/// SECURITY_IMPERSONATION_LEVEL SecurityIdentification.
+const SECURITY_IDENTIFICATION: i32 = 1;
+
+fn port(port_num: u8, lid: u16) -> PortConfig {
+    let mut gid = [0u8; 16];
+    gid[0] = 0xfe;
+    gid[1] = 0x80;
+    gid[8..].copy_from_slice(&(0x0002_c903_0000_1000u64 + u64::from(port_num)).to_be_bytes());
+    PortConfig {
+        port_num,
+        lid,
+        gid,
+        pkeys: vec![0xffff],
+    }
+}
+
+/// DriverEntry, one HCA with two ports (LIDs 0x10 and 0x11) added and started.
+fn boot(registry_values: &[(&str, u32)]) -> usize {
+    for (name, value) in registry_values {
+        registry::set(name, *value);
+    }
+    al::set_cas(vec![CaConfig {
+        ca_guid: 0x0002_c903_0000_1000,
+        ports: vec![port(1, 0x10), port(2, 0x11)],
+    }]);
+    assert_eq!(pnp::load(ibcm_driver::driver_entry), 0, "DriverEntry");
+    let device = pnp::add_device(0).expect("the filter attaches");
+    assert_eq!(
+        pnp::start(device),
+        0,
+        "EvtDeviceD0Entry never fails the HCA"
+    );
+    device
+}
+
+/// Orderly removal and unload; the leak report runs at unload.
+fn shutdown(device: usize) {
+    pnp::remove(device);
+    assert!(
+        io::device_named(LINK).is_none(),
+        "the control device goes with the last filter"
+    );
+    pnp::unload();
+}
+
+fn ioctl<I: IntoBytes + zerocopy::Immutable>(
+    file: usize,
+    code: u32,
+    input: &I,
+    output_len: usize,
+) -> usize {
+    io::ioctl(file, code, input.as_bytes(), output_len)
+}
+
+fn complete(request: usize) -> (i32, Vec<u8>) {
+    io::wait_for(request, Duration::from_secs(10)).expect("the request completes")
+}
+
+fn version(file: usize) -> i32 {
+    let v = VersionIn {
+        size: VersionIn::SIZE,
+        abi_version: ibcm_ioctl::ABI_VERSION,
+    };
+    complete(ioctl(file, code::VERSION, &v, 16)).0
+}
+
+fn create(file: usize) -> Result<u64, i32> {
+    let c = CreateIn {
+        size: CreateIn::SIZE,
+        reserved: 0,
+    };
+    let (s, out) = complete(ioctl(file, code::CREATE, &c, size_of::<CreateOut>()));
+    if s != status::SUCCESS {
+        return Err(s);
+    }
+    Ok(CreateOut::read_from_bytes(&out)
+        .expect("a CreateOut")
+        .handle)
+}
+
+/// Opens `\\.\ibcm` as `who` and does the VERSION handshake.
+fn open(who: Open) -> usize {
+    let file = io::open(LINK, who).expect("the open succeeds");
+    assert_eq!(version(file), status::SUCCESS);
+    file
+}
+
+fn handle_in(handle: u64) -> HandleIn {
+    HandleIn {
+        size: HandleIn::SIZE,
+        reserved: 0,
+        handle,
+    }
+}
+
+/// Opens `\\.\ibcm` as `who` and creates endpoints until the handle's quota (2, from
+/// the registry) stops it: how many it got.
+fn endpoints_allowed(who: Open) -> usize {
+    let file = open(who);
+    let mut made = 0;
+    for _ in 0..3 {
+        match create(file) {
+            Ok(_) => made += 1,
+            Err(s) => {
+                assert_eq!(s, status::QUOTA_EXCEEDED);
+                break;
+            }
+        }
+    }
+    io::close(file);
+    made
+}
+
+// ------------------------------------------------------------------------------------
+// Scenarios
+// ------------------------------------------------------------------------------------
+
+/// DriverEntry, device add, start, removal and unload, with nothing left.
+fn load_start_remove_unload() {
+    let device = boot(&[]);
+    assert!(
+        io::device_named(LINK).is_some(),
+        "\\\\.\\ibcm exists once a filter is added"
+    );
+    shutdown(device);
+}
+
+/// The control device: its name, link, SDDL and FILE_DEVICE_SECURE_OPEN, and the I/O
+/// manager's check of who may open it for what.
+fn control_device_security() {
+    let device = boot(&[]);
+    let (sddl, characteristics, exclusive) =
+        io::device_security(r"\Device\ibcm").expect("\\Device\\ibcm");
+    assert_eq!(sddl.as_deref(), Some(SDDL));
+    assert_ne!(characteristics & FILE_DEVICE_SECURE_OPEN, 0);
+    assert!(!exclusive, "several processes open the CM at once");
+    assert_eq!(io::device_named(LINK), io::device_named(r"\Device\ibcm"));
+    // A restricted token gets read access only: the I/O manager refuses read/write.
+    assert_eq!(
+        io::open(LINK, Open::user(Token::RESTRICTED_ADMIN)),
+        Err(ibcm_ntos::STATUS_ACCESS_DENIED)
+    );
+    for who in [
+        Open::user(Token::USER),
+        Open::user(Token::ADMIN),
+        Open::kernel(),
+    ] {
+        let file = io::open(LINK, who).expect("opens");
+        assert_eq!(version(file), status::SUCCESS);
+        io::close(file);
+    }
+    shutdown(device);
+}
+
+/// Who the driver takes the caller for, seen through the per-handle quota read from the
+/// registry (administrators and kernel components are not limited).
+fn callers_and_registry_quotas() {
+    let device = boot(&[("MaxEndpointsPerHandle", 2)]);
+    assert!(
+        registry::read()
+            .iter()
+            .any(|n| n == "MaxEndpointsPerHandle"),
+        "the quota is read from Parameters"
+    );
+    assert_eq!(
+        endpoints_allowed(Open::user(Token::USER)),
+        2,
+        "a user is held to the quota"
+    );
+    assert_eq!(
+        endpoints_allowed(Open::user(Token::ADMIN)),
+        3,
+        "an elevated administrator is not"
+    );
+    assert_eq!(
+        endpoints_allowed(Open::kernel()),
+        3,
+        "a kernel component on its own behalf is not"
+    );
+    let forced = Open {
+        force_access_check: true,
+        primary: Token::USER,
+        ..Open::kernel()
+    };
+    assert_eq!(
+        endpoints_allowed(forced),
+        2,
+        "a kernel open for a user (SL_FORCE_ACCESS_CHECK) is the user's"
+    );
+    let identification = Open {
+        client: Some((Token::ADMIN, SECURITY_IDENTIFICATION)),
+        ..Open::user(Token::USER)
+    };
+    assert_eq!(
+        endpoints_allowed(identification),
+        2,
+        "an identification-level administrator's token acts for no one"
+    );
+    let restricted = Open {
+        desired: GENERIC_READ,
+        ..Open::user(Token::RESTRICTED_ADMIN)
+    };
+    assert_eq!(
+        endpoints_allowed(restricted),
+        2,
+        "a restricted administrator's token is not an administrator's"
+    );
+    shutdown(device);
+}
+
+/// Every IOCTL with no input, with garbage, and bad records: each completes with an
+/// error and changes nothing; the handle still works after.
+fn ioctls_with_bad_records() {
+    let device = boot(&[]);
+    let file = open(Open::user(Token::USER));
+    for c in code::ALL {
+        for input in [&[][..], &[0xffu8; 7][..], &[0x5au8; 64][..]] {
+            let (s, _) = complete(io::ioctl(file, c, input, 64));
+            assert_ne!(s, status::SUCCESS, "IOCTL {c:#x} with input {input:?}");
+        }
+    }
+    let (s, _) = complete(io::ioctl(file, code::VERSION + (0x7f << 2), &[], 0));
+    assert_eq!(s, status::INVALID_DEVICE_REQUEST, "an unknown code");
+    let bad_size = VersionIn {
+        size: 7,
+        abi_version: ibcm_ioctl::ABI_VERSION,
+    };
+    assert_ne!(
+        complete(ioctl(file, code::VERSION, &bad_size, 16)).0,
+        status::SUCCESS
+    );
+    assert_eq!(
+        complete(ioctl(file, code::DESTROY, &handle_in(0x1234_5678), 0)).0,
+        status::INVALID_HANDLE
+    );
+    let (s, _) = complete(io::ioctl(file, code::CREATE, &[0u8; 1 << 16], 16));
+    assert_ne!(s, status::SUCCESS, "an oversized input");
+    assert_eq!(version(file), status::SUCCESS);
+    let handle = create(file).expect("an endpoint");
+    assert_eq!(
+        complete(ioctl(file, code::DESTROY, &handle_in(handle), 0)).0,
+        status::SUCCESS
+    );
+    io::close(file);
+    shutdown(device);
+}
+
+/// A GET_EVENT pends, and is cancelled from another thread (IoCancelIrp runs the cancel
+/// routine there, at DISPATCH_LEVEL).
+fn get_event_cancelled_from_another_thread() {
+    let device = boot(&[]);
+    let file = open(Open::user(Token::USER));
+    let handle = create(file).expect("an endpoint");
+    let request = ioctl(file, code::GET_EVENT, &handle_in(handle), 4096);
+    assert!(
+        io::wait_for(request, Duration::from_millis(200)).is_none(),
+        "GET_EVENT pends"
+    );
+    std::thread::spawn(move || io::cancel(request))
+        .join()
+        .expect("the cancelling thread");
+    assert_eq!(complete(request).0, status::CANCELLED);
+    io::close(file);
+    shutdown(device);
+}
+
+/// A handle closed with requests pending: cleanup completes them, then close comes.
+fn cleanup_and_close_with_requests_pending() {
+    let device = boot(&[]);
+    let file = open(Open::user(Token::USER));
+    let mut pending = Vec::new();
+    for _ in 0..4 {
+        let handle = create(file).expect("an endpoint");
+        pending.push(ioctl(file, code::GET_EVENT, &handle_in(handle), 4096));
+    }
+    io::close(file);
+    for request in pending {
+        assert!(
+            io::result(request).is_some(),
+            "cleanup completed every pending request"
+        );
+    }
+    shutdown(device);
+}
+
+/// A REQ through the binding's QP1 path: a CONNECT from port 1 leaves through AL's MAD
+/// service, arrives on port 2's, goes through the receive ring and DPC to the listen,
+/// whose pending GET_EVENT completes with the REQ.
+fn req_through_qp1() {
+    let device = boot(&[]);
+    let file = open(Open::user(Token::ADMIN));
+    let listener = create(file).expect("an endpoint");
+    let mut listen = ListenIn::new_zeroed();
+    listen.size = ListenIn::SIZE;
+    listen.handle = listener;
+    listen.service_id = 0x1000_0000_0000_1234;
+    listen.service_mask = u64::MAX;
+    listen.backlog = 8;
+    assert_eq!(
+        complete(ioctl(file, code::LISTEN, &listen, 0)).0,
+        status::SUCCESS
+    );
+    let event = ioctl(file, code::GET_EVENT, &handle_in(listener), 4096);
+    let client = create(file).expect("an endpoint");
+    let mut connect = ibcm_ioctl::ConnectIn::new_zeroed();
+    connect.size = ibcm_ioctl::ConnectIn::SIZE;
+    connect.handle = client;
+    connect.service_id = listen.service_id;
+    connect.qpn = 0x123;
+    connect.pkey = 0xffff;
+    connect.port = 1;
+    connect.path_mtu = 5;
+    connect.responder_resources = 2;
+    connect.initiator_depth = 2;
+    connect.remote_cm_response_timeout = 16;
+    connect.local_cm_response_timeout = 16;
+    connect.retry_count = 7;
+    connect.rnr_retry_count = 7;
+    connect.max_cm_retries = 3;
+    let (a, b) = (port(1, 0x10), port(2, 0x11));
+    connect.primary.slid = a.lid;
+    connect.primary.dlid = b.lid;
+    connect.primary.sgid = a.gid;
+    connect.primary.dgid = b.gid;
+    connect.primary.rate = 16;
+    connect.primary.packet_life_time = 14;
+    connect.primary.subnet_local = 1;
+    let (s, _) = complete(ioctl(file, code::CONNECT, &connect, 0));
+    assert!(
+        s == status::SUCCESS || s == status::PENDING,
+        "CONNECT: {s:#x}"
+    );
+    let (s, out) = complete(event);
+    assert_eq!(
+        s,
+        status::SUCCESS,
+        "the listen's GET_EVENT completes with the REQ"
+    );
+    assert!(
+        out.len() >= size_of::<ibcm_ioctl::EventRecord>(),
+        "an event record"
+    );
+    assert!(al::sent().is_empty(), "every MAD went to a simulated port");
+    io::close(file);
+    // The sends the close made (REJ, DREQ) complete on the processor thread.
+    let until = Instant::now() + Duration::from_secs(5);
+    while al::elements_held() > 0 && Instant::now() < until {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert_eq!(al::elements_held(), 0, "every MAD element went back to AL");
+    shutdown(device);
+}
+
+// ---- the verifier's own rules, shown firing ----
+
+fn in_driver(f: impl FnOnce()) {
+    thread::call_driver("a test routine", thread::PASSIVE, f);
+}
+
+fn rule_spin_lock_recursive() {
+    let mut lock: u64 = 0;
+    in_driver(|| {
+        // SAFETY: a KSPIN_LOCK on this stack; the second acquire is the fault under test.
+        let old = unsafe { ibcm_ntos::ntddk::KeAcquireSpinLockRaiseToDpc(&raw mut lock) };
+        // SAFETY: as above.
+        let _ = unsafe { ibcm_ntos::ntddk::KeAcquireSpinLockRaiseToDpc(&raw mut lock) };
+        // SAFETY: not reached.
+        unsafe { ibcm_ntos::ntddk::KeReleaseSpinLock(&raw mut lock, old) };
+    });
+}
+
+fn rule_spin_lock_release_irql() {
+    let mut lock: u64 = 0;
+    in_driver(|| {
+        // SAFETY: a KSPIN_LOCK on this stack.
+        let _old = unsafe { ibcm_ntos::ntddk::KeAcquireSpinLockRaiseToDpc(&raw mut lock) };
+        // SAFETY: released to DISPATCH_LEVEL instead of PASSIVE_LEVEL: the fault.
+        unsafe { ibcm_ntos::ntddk::KeReleaseSpinLock(&raw mut lock, 2) };
+    });
+}
+
+fn rule_wait_at_dispatch() {
+    let mut lock: u64 = 0;
+    let mut event = ibcm_ntos::KEVENT::default();
+    in_driver(|| {
+        // SAFETY: an event on this stack.
+        unsafe { ibcm_ntos::ntddk::KeInitializeEvent(&raw mut event, 0, 0) };
+        // SAFETY: a KSPIN_LOCK on this stack.
+        let old = unsafe { ibcm_ntos::ntddk::KeAcquireSpinLockRaiseToDpc(&raw mut lock) };
+        let mut timeout = ibcm_ntos::LARGE_INTEGER { QuadPart: -10_000 };
+        // SAFETY: a wait at DISPATCH_LEVEL: the fault.
+        let _ = unsafe {
+            ibcm_ntos::ntddk::KeWaitForSingleObject(
+                (&raw mut event).cast(),
+                0,
+                0,
+                0,
+                &raw mut timeout,
+            )
+        };
+        // SAFETY: not reached.
+        unsafe { ibcm_ntos::ntddk::KeReleaseSpinLock(&raw mut lock, old) };
+    });
+}
+
+fn rule_lock_held_on_return() {
+    let lock: &'static mut u64 = Box::leak(Box::new(0));
+    in_driver(|| {
+        // SAFETY: a KSPIN_LOCK that outlives the call; never released: the fault.
+        let _ = unsafe { ibcm_ntos::ntddk::KeAcquireSpinLockRaiseToDpc(lock) };
+    });
+}
+
+fn rule_leak_at_unload() {
+    let device = boot(&[]);
+    in_driver(|| {
+        // Pool the driver allocates and never frees.
+        std::mem::forget(vec![0u8; 100]);
+    });
+    shutdown(device);
+}
+
+// ------------------------------------------------------------------------------------
+// Runner
+// ------------------------------------------------------------------------------------
+
+type Scenario = (&'static str, fn(), Option<&'static str>);
+
+const SCENARIOS: &[Scenario] = &[
+    ("load_start_remove_unload", load_start_remove_unload, None),
+    ("control_device_security", control_device_security, None),
+    (
+        "callers_and_registry_quotas",
+        callers_and_registry_quotas,
+        None,
+    ),
+    ("ioctls_with_bad_records", ioctls_with_bad_records, None),
+    (
+        "get_event_cancelled_from_another_thread",
+        get_event_cancelled_from_another_thread,
+        None,
+    ),
+    (
+        "cleanup_and_close_with_requests_pending",
+        cleanup_and_close_with_requests_pending,
+        None,
+    ),
+    ("req_through_qp1", req_through_qp1, None),
+    (
+        "verifier_spin_lock_recursive",
+        rule_spin_lock_recursive,
+        Some("SPIN_LOCK_RECURSIVE"),
+    ),
+    (
+        "verifier_spin_lock_release_irql",
+        rule_spin_lock_release_irql,
+        Some("SPIN_LOCK_RELEASE_IRQL"),
+    ),
+    (
+        "verifier_wait_at_dispatch",
+        rule_wait_at_dispatch,
+        Some("WAIT_AT_DISPATCH"),
+    ),
+    (
+        "verifier_lock_held_on_return",
+        rule_lock_held_on_return,
+        Some("IRQL_NOT_RESTORED"),
+    ),
+    (
+        "verifier_leak_at_unload",
+        rule_leak_at_unload,
+        Some("LEAK_AT_UNLOAD"),
+    ),
+];
+
+fn main() {
+    if let Ok(name) = std::env::var("IBCM_SIM_SCENARIO") {
+        let Some((_, run, _)) = SCENARIOS.iter().find(|(n, _, _)| *n == name) else {
+            eprintln!("no scenario {name}");
+            std::process::exit(2);
+        };
+        run();
+        std::process::exit(0);
+    }
+    let filter: Vec<String> = std::env::args()
+        .skip(1)
+        .filter(|a| !a.starts_with('-'))
+        .collect();
+    let me = std::env::current_exe().expect("the test binary's path");
+    let (mut passed, mut failed) = (0, 0);
+    let start = Instant::now();
+    for (name, _, expected) in SCENARIOS {
+        if !filter.is_empty() && !filter.iter().any(|f| name.contains(f.as_str())) {
+            continue;
+        }
+        let t = Instant::now();
+        let output = Command::new(&me)
+            .env("IBCM_SIM_SCENARIO", name)
+            .output()
+            .expect("re-exec");
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        let ok = match expected {
+            None => output.status.success(),
+            Some(rule) => {
+                !output.status.success() && stderr.contains(&format!("*** VERIFIER {rule}:"))
+            }
+        };
+        let how = match expected {
+            None => String::new(),
+            Some(rule) => format!(" (expects {rule})"),
+        };
+        if ok {
+            passed += 1;
+            println!(
+                "scenario {name}{how} ... ok ({:.1} s)",
+                t.elapsed().as_secs_f64()
+            );
+        } else {
+            failed += 1;
+            println!(
+                "scenario {name}{how} ... FAILED ({:.1} s)\n{stderr}",
+                t.elapsed().as_secs_f64()
+            );
+        }
+    }
+    println!(
+        "\nkmdf binding on the simulated kernel: {:.1} s",
+        start.elapsed().as_secs_f64()
+    );
+    println!("{passed} passed, {failed} failed");
+    if failed > 0 {
+        std::process::exit(1);
+    }
+}
