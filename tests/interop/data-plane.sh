@@ -25,7 +25,7 @@
 #   again with a new QP and verifies 10 pings; Linux's side of the old connection ends.
 #
 # What it does, all of it self-contained and undone on exit (trap):
-# - builds `ibcm` (feature `verbs`: driver/linux, ib_umad + libibverbs) and the guest
+# - builds `ibcm` (feature `devices`: driver/linux, ib_umad + libibverbs) and the guest
 #   (tests/interop/build-guest.sh with IBCM_GUEST_BIN: a Debian kernel, rdma-core's tools
 #   and the ibcm binary in one initramfs, cached under target/interop/);
 # - creates a network namespace holding a bridge and two tap devices, no address on the
@@ -82,7 +82,6 @@ command -v readelf >/dev/null || need+=(binutils)
 command -v bc >/dev/null || need+=(bc)
 command -v gcc >/dev/null || need+=(gcc libc6-dev)
 [ -f /usr/include/infiniband/verbs.h ] || need+=(libibverbs-dev)
-[ -f /usr/lib/llvm-14/lib/libclang.so.1 ] || [ -f /usr/lib/llvm-14/lib/libclang-14.so.1 ] || need+=(libclang-14-dev)
 if [ ${#need[@]} -gt 0 ]; then
     note "installing host packages: ${need[*]}"
     export DEBIAN_FRONTEND=noninteractive
@@ -95,10 +94,10 @@ fi
 [ -c /dev/net/tun ] || die "/dev/net/tun is missing: no tap devices here"
 
 # ---- binaries and guest -------------------------------------------------------------------
-note "building ibcm ($PROFILE, feature verbs)"
+note "building ibcm ($PROFILE, feature devices)"
 cargo_flags=()
 [ "$PROFILE" = release ] && cargo_flags+=(--release)
-(cd "$repo" && nice cargo build -q "${cargo_flags[@]}" -p ibcm-cli --features verbs --bin ibcm) || die "cargo build failed"
+(cd "$repo" && nice cargo build -q "${cargo_flags[@]}" -p ibcm-cli --features devices --bin ibcm) || die "cargo build failed"
 IBCM_BIN="$repo/target/$PROFILE/ibcm"
 
 note "guest: building (cached under target/interop)"

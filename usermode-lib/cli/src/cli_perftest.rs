@@ -1,5 +1,5 @@
 //! `ibcm perftest`: a peer for Linux perftest's `ib_send_bw -R` / `ib_read_bw -R` in
-//! either role (`ibcm_cli::perftest`), Linux with the `verbs` feature.
+//! either role (`ibcm_cli::perftest`), Linux with the `devices` feature.
 //!
 //! The supported subset: one size (`-s`), one data QP, the bandwidth test half duplex,
 //! `-n` iterations. perftest modes with more exchanges or connections (`-b`, `-a`, `-q N`,

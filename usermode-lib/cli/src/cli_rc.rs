@@ -1,5 +1,5 @@
 //! `ibcm rping` and `ibcm rc-bw`: connections that carry data on a real RDMA device
-//! (`ibcm_cli::rc`), Linux with the `verbs` feature.
+//! (`ibcm_cli::rc`), Linux with the `devices` feature.
 
 use std::net::Ipv4Addr;
 use std::time::Duration;

@@ -119,7 +119,7 @@ pub struct RoceArgs {
     /// Run on this RDMA device (`rxe0`) instead of a raw socket: ibcm's driver on the
     /// device's QP1 through ib_umad (the kernel's `ib_cm` must not be loaded), every
     /// connection with a real RC QP of rdma-core cmtime's size, moved to INIT, RTR and RTS
-    /// with the engine's transitions (Linux, feature `verbs`). LOCAL_ADDR is the device's
+    /// with the engine's transitions (Linux, feature `devices`). LOCAL_ADDR is the device's
     /// IPv4 address.
     #[arg(
         long,
@@ -533,13 +533,13 @@ mod imp {
     /// library's `rdma` backend: the driver on the device's QP1 through ib_umad), every
     /// connection with a real RC QP: what rdma-core `cmtime` does on either side.
     mod on_device {
-        #[cfg(not(feature = "verbs"))]
+        #[cfg(not(feature = "devices"))]
         use super::super::super::{CmtimeArgs, ExchangeArgs};
         use super::super::super::{FabricArgs, Failure};
         use super::RoceArgs;
 
         /// Refuses what belongs to the raw-socket link or the simulated fabric.
-        #[cfg_attr(not(feature = "verbs"), allow(dead_code))]
+        #[cfg_attr(not(feature = "devices"), allow(dead_code))]
         fn check(r: &RoceArgs, fabric: &FabricArgs) -> Result<(), Failure> {
             let raw_only = [
                 (r.beside_al.is_some(), "--beside-al"),
@@ -562,7 +562,7 @@ mod imp {
             }
         }
 
-        #[cfg(feature = "verbs")]
+        #[cfg(feature = "devices")]
         mod imp {
             use std::sync::Arc;
             use std::time::Duration;
@@ -705,17 +705,17 @@ mod imp {
             }
         }
 
-        #[cfg(feature = "verbs")]
+        #[cfg(feature = "devices")]
         pub use imp::{cmtime, exchange};
 
-        #[cfg(not(feature = "verbs"))]
+        #[cfg(not(feature = "devices"))]
         pub fn cmtime(_: &CmtimeArgs, _: &str) -> Result<bool, Failure> {
-            Err(Failure("--rdma-dev needs the `verbs` feature".into()))
+            Err(Failure("--rdma-dev needs the `devices` feature (cargo build -p ibcm-cli --features devices)".into()))
         }
 
-        #[cfg(not(feature = "verbs"))]
+        #[cfg(not(feature = "devices"))]
         pub fn exchange(_: &ExchangeArgs, _: bool, _: &str) -> Result<bool, Failure> {
-            Err(Failure("--rdma-dev needs the `verbs` feature".into()))
+            Err(Failure("--rdma-dev needs the `devices` feature (cargo build -p ibcm-cli --features devices)".into()))
         }
     }
 }

@@ -25,12 +25,12 @@ use ibcm_cli::status::{self, ATTRIBUTES};
 use ibcm_ioctl::CountersOut;
 use indicatif::{ProgressBar, ProgressStyle};
 
-#[cfg(all(target_os = "linux", feature = "verbs"))]
+#[cfg(all(target_os = "linux", feature = "devices"))]
 mod cli_fault;
 mod cli_install;
-#[cfg(all(target_os = "linux", feature = "verbs"))]
+#[cfg(all(target_os = "linux", feature = "devices"))]
 mod cli_perftest;
-#[cfg(all(target_os = "linux", feature = "verbs"))]
+#[cfg(all(target_os = "linux", feature = "devices"))]
 mod cli_rc;
 mod cli_rocev2;
 
@@ -80,23 +80,23 @@ enum Command {
     Uninstall(cli_install::FilterArgs),
     /// rdma-core rping's exchange on a real RDMA device (RDMA READ, RDMA WRITE, SEND),
     /// every ping verified; a peer for Linux `rping -v -V` in either role.
-    #[cfg(all(target_os = "linux", feature = "verbs"))]
+    #[cfg(all(target_os = "linux", feature = "devices"))]
     Rping(cli_rc::RpingArgs),
     /// rdma-core ucmatose's exchange on a real RDMA device: -C messages of -S bytes each
     /// way, then both sides disconnect; a peer for Linux `ucmatose` in either role.
-    #[cfg(all(target_os = "linux", feature = "verbs"))]
+    #[cfg(all(target_os = "linux", feature = "devices"))]
     Ucmatose(cli_rc::RpingArgs),
     /// RDMA READ and SEND bandwidth between two ibcm nodes on real RDMA devices, every
     /// byte verified.
-    #[cfg(all(target_os = "linux", feature = "verbs"))]
+    #[cfg(all(target_os = "linux", feature = "devices"))]
     RcBw(cli_rc::BwArgs),
     /// A peer for Linux perftest's `ib_send_bw -R` / `ib_read_bw -R` (rdma_cm mode) in
     /// either role: its control connection, parameter exchange and report.
-    #[cfg(all(target_os = "linux", feature = "verbs"))]
+    #[cfg(all(target_os = "linux", feature = "devices"))]
     Perftest(cli_perftest::PerftestArgs),
     /// rping's client while the port goes down under it: the CM event, the QP in ERR,
     /// nothing left in the engine; then, the port back, a new connection's pings verified.
-    #[cfg(all(target_os = "linux", feature = "verbs"))]
+    #[cfg(all(target_os = "linux", feature = "devices"))]
     PortFault(cli_fault::FaultArgs),
 }
 
@@ -368,15 +368,15 @@ fn main() -> ExitCode {
         Command::Status(a) => status_command(&a),
         Command::Install(a) => cli_install::command(cli_install::Action::Install, &a),
         Command::Uninstall(a) => cli_install::command(cli_install::Action::Uninstall, &a),
-        #[cfg(all(target_os = "linux", feature = "verbs"))]
+        #[cfg(all(target_os = "linux", feature = "devices"))]
         Command::Rping(a) => cli_rc::rping(&a),
-        #[cfg(all(target_os = "linux", feature = "verbs"))]
+        #[cfg(all(target_os = "linux", feature = "devices"))]
         Command::RcBw(a) => cli_rc::bw(&a),
-        #[cfg(all(target_os = "linux", feature = "verbs"))]
+        #[cfg(all(target_os = "linux", feature = "devices"))]
         Command::Ucmatose(a) => cli_rc::ucmatose(&a),
-        #[cfg(all(target_os = "linux", feature = "verbs"))]
+        #[cfg(all(target_os = "linux", feature = "devices"))]
         Command::Perftest(a) => cli_perftest::perftest(&a),
-        #[cfg(all(target_os = "linux", feature = "verbs"))]
+        #[cfg(all(target_os = "linux", feature = "devices"))]
         Command::PortFault(a) => cli_fault::port_fault(&a),
     };
     match result {
