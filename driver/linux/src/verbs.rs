@@ -48,6 +48,37 @@ fn check(rc: i32, what: &str) -> io::Result<()> {
     }
 }
 
+/// The names of the RDMA devices libibverbs lists, in its order (`ibv_get_device_list`).
+pub fn device_names() -> io::Result<Vec<String>> {
+    let v = ibv::verbs()?;
+    let mut n = 0i32;
+    // SAFETY: `n` is a valid out-pointer; the list is freed below.
+    let list = unsafe { (v.ibv_get_device_list)(&mut n) };
+    if list.is_null() {
+        return Err(os_error("ibv_get_device_list"));
+    }
+    let mut names = Vec::new();
+    for i in 0..usize::try_from(n).unwrap_or(0) {
+        // SAFETY: `list` holds `n` device pointers (ibv_get_device_list): `i` is in it.
+        let slot = unsafe { list.add(i) };
+        // SAFETY: `slot` points to one of the list's entries.
+        let dev = unsafe { *slot };
+        // SAFETY: `dev` is a device of the list, alive until the list is freed.
+        let name = unsafe { (v.ibv_get_device_name)(dev) };
+        if !name.is_null() {
+            // SAFETY: ibv_get_device_name returns a NUL-terminated string owned by `dev`.
+            names.push(
+                unsafe { CStr::from_ptr(name) }
+                    .to_string_lossy()
+                    .into_owned(),
+            );
+        }
+    }
+    // SAFETY: `list` came from ibv_get_device_list and is freed once.
+    unsafe { (v.ibv_free_device_list)(list) };
+    Ok(names)
+}
+
 /// An open RDMA device and a protection domain on it.
 pub struct Context {
     /// libibverbs' functions (loaded by the first `open`).
