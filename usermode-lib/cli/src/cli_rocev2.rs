@@ -86,7 +86,7 @@ pub struct RoceArgs {
     /// Prefix length of the local subnet; MADs to any address outside it are refused.
     #[arg(long, value_name = "BITS", default_value_t = 24, value_parser = clap::value_parser!(u8).range(8..=32), help_heading = "RoCEv2 link")]
     pub prefix_len: u8,
-    /// The CA GUID (default: the EUI-64 of the MAC of the interface holding LOCAL_ADDR).
+    /// The CA GUID (default: the EUI-64 of the MAC of the interface holding --bind).
     #[arg(long, value_name = "GUID", value_parser = super::number, requires = "bind", help_heading = "RoCEv2 link")]
     pub guid: Option<u64>,
     /// Fault injection: drop the first K outgoing MADs of an attribute (ATTR:K, e.g.
