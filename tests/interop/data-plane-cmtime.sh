@@ -37,17 +37,18 @@ ibcm_establish() {
         all) sed -n 's/^establish (REQ -> RTU): .* all in \([0-9.]*\) ms.*/\1/p' "$1" | head -1 ;;
     esac
 }
-# ibcm_init FILE: the median ms of ibcm's "  of which INIT" step row (count, total, min,
-# median, max): REQ sent to the QP in INIT, inside ibcm's span and outside Linux's.
-ibcm_init() { awk '$1=="of" && $2=="which" && $3=="INIT" {print $7; exit}' "$1"; }
-# ibcm_first FILE: ibcm's "establish, 1st" row: the process's first connection.
+# ibcm_init FILE: the median ms of ibcm's "  of which INIT" step row (count, total ms,
+# min us, median us, p99 us, max us, us/conn): REQ sent to the QP in INIT, inside ibcm's
+# span and outside Linux's.
+ibcm_init() { awk '$1=="of" && $2=="which" && $3=="INIT" {printf "%.2f\n", $7 / 1000; exit}' "$1"; }
+# ibcm_first FILE: ibcm's "establish, 1st" row (its total ms): the process's first connection.
 ibcm_first() { awk '$1=="establish," && $2=="1st" {print $4; exit}' "$1"; }
 # linux_connect FILE: the total ms of Linux cmtime's connect step.
 linux_connect() { awk '$1=="connect" && $2==":" {print $3; exit}' "$1"; }
 
 # cm_ibcm_listen NAME ADDR TAG COUNT: ibcm serving COUNT connections in the background.
 cm_ibcm_listen() {
-    bg "$1" "$3" "ibcm listen $CM_VV --rocev2 $2 --rdma-dev rxe0 -p $RDMA_PORT -C $4 --wait 60"
+    bg "$1" "$3" "ibcm listen $CM_VV --bind $2 --ib-dev rxe0 -p $RDMA_PORT -c $4 --wait 60"
     wait_listening "$1" "$3" || fail "ibcm listen on $1 did not listen"
 }
 # cm_linux_server NAME ADDR: Linux `cmtime -b` in the background (it serves until killed).
@@ -59,7 +60,7 @@ cm_linux_server_stop() { guest "$1" 10 "kill \$(cat /tmp/cmb.pid); true" >/dev/n
 # cm_ibcm_client FILE COUNT WINDOW: ibcm cmtime on A against B's listener, WINDOW
 # connections in flight at once.
 cm_ibcm_client() {
-    guest A 120 "timeout 100 ibcm cmtime $CM_VV --rocev2 $A_IP --rdma-dev rxe0 --peer $B_IP --rdma-port $RDMA_PORT -c $2 --window $3 --packet-life-time 12 --response-timeout 18 2>/tmp/cm.trace; echo exit=\$?; cat /tmp/cm.trace" >"$1" 2>&1 || true
+    guest A 120 "timeout 100 ibcm cmtime $CM_VV --bind $A_IP --ib-dev rxe0 --server $B_IP --port $RDMA_PORT -c $2 --window $3 --packet-life-time 12 --response-timeout 18 2>/tmp/cm.trace; echo exit=\$?; cat /tmp/cm.trace" >"$1" 2>&1 || true
 }
 # cm_server_log NAME TAG FILE: the background ibcm server's output; once more if the
 # control line garbled the first request (the output has no exit status then).

@@ -25,7 +25,7 @@
 #   again with a new QP and verifies 10 pings; Linux's side of the old connection ends.
 #
 # What it does, all of it self-contained and undone on exit (trap):
-# - builds `ibcm` (feature `verbs`: driver/linux, ib_umad + libibverbs) and the guest
+# - builds `ibcm` (feature `devices`: driver/linux, ib_umad + libibverbs) and the guest
 #   (tests/interop/build-guest.sh with IBCM_GUEST_BIN: a Debian kernel, rdma-core's tools
 #   and the ibcm binary in one initramfs, cached under target/interop/);
 # - creates a network namespace holding a bridge and two tap devices, no address on the
@@ -82,7 +82,6 @@ command -v readelf >/dev/null || need+=(binutils)
 command -v bc >/dev/null || need+=(bc)
 command -v gcc >/dev/null || need+=(gcc libc6-dev)
 [ -f /usr/include/infiniband/verbs.h ] || need+=(libibverbs-dev)
-[ -f /usr/lib/llvm-14/lib/libclang.so.1 ] || [ -f /usr/lib/llvm-14/lib/libclang-14.so.1 ] || need+=(libclang-14-dev)
 if [ ${#need[@]} -gt 0 ]; then
     note "installing host packages: ${need[*]}"
     export DEBIAN_FRONTEND=noninteractive
@@ -95,10 +94,10 @@ fi
 [ -c /dev/net/tun ] || die "/dev/net/tun is missing: no tap devices here"
 
 # ---- binaries and guest -------------------------------------------------------------------
-note "building ibcm ($PROFILE, feature verbs)"
+note "building ibcm ($PROFILE, feature devices)"
 cargo_flags=()
 [ "$PROFILE" = release ] && cargo_flags+=(--release)
-(cd "$repo" && nice cargo build -q "${cargo_flags[@]}" -p ibcm-cli --features verbs --bin ibcm) || die "cargo build failed"
+(cd "$repo" && nice cargo build -q "${cargo_flags[@]}" -p ibcm-cli --features devices --bin ibcm) || die "cargo build failed"
 IBCM_BIN="$repo/target/$PROFILE/ibcm"
 
 note "guest: building (cached under target/interop)"
@@ -313,9 +312,9 @@ uptime_ms() { sed -n 's/^uptime=\([0-9.]*\),\([0-9.]*\).*/(\2 - \1) * 1000/p' "$
 scenario_ibcm-ibcm() {
     # ibcm on both guests: the whole stack on each side, the QPs compared field by field.
     next_port
-    bg B srv "ibcm rping --local $B_IP -p $RDMA_PORT -S $SIZE --responder-resources 4 --initiator-depth 2 --wait 60"
+    bg B srv "ibcm rping -I $B_IP -p $RDMA_PORT -S $SIZE --responder-resources 4 --initiator-depth 2 --wait 60"
     wait_listening B srv || fail "ibcm server on B did not listen"
-    guest A 120 "timeout 100 ibcm rping --local $A_IP --peer $B_IP -p $RDMA_PORT -C $PINGS -S $SIZE --responder-resources 3 --initiator-depth 4 --hold 1; echo exit=\$?" >"$OUT/ibcm-ibcm.A.txt" 2>&1 || true
+    guest A 120 "timeout 100 ibcm rping -I $A_IP -a $B_IP -p $RDMA_PORT -C $PINGS -S $SIZE --responder-resources 3 --initiator-depth 4 --hold 1; echo exit=\$?" >"$OUT/ibcm-ibcm.A.txt" 2>&1 || true
     bg_wait B srv "$OUT/ibcm-ibcm.B.txt"
     check "A: $PINGS/$PINGS pings verified" eq "$(pings "$OUT/ibcm-ibcm.A.txt")" "$PINGS/$PINGS"
     check "B: $PINGS/$PINGS RDMA READs verified" eq "$(pings "$OUT/ibcm-ibcm.B.txt")" "$PINGS/$PINGS"
@@ -332,9 +331,9 @@ scenario_ibcm-ibcm-bw() {
     next_port
     # B holds a second before its first SEND (its buffer's advertisement): A reads its QP
     # in that quiet second, B after it, before anything has moved.
-    bg B bw "ibcm rc-bw --local $B_IP -p $RDMA_PORT -S 65536 --depth 8 --responder-resources 8 --initiator-depth 8 --hold 1 --wait 90"
+    bg B bw "ibcm rc-bw --bind $B_IP -p $RDMA_PORT -S 65536 --depth 8 --responder-resources 8 --initiator-depth 8 --hold 1 --wait 90"
     wait_listening B bw || fail "ibcm bw server on B did not listen"
-    guest A 150 "timeout 140 ibcm rc-bw --local $A_IP --peer $B_IP -p $RDMA_PORT -S 65536 -n 100 --depth 8 --responder-resources 8 --initiator-depth 8; echo exit=\$?" >"$OUT/ibcm-ibcm-bw.A.txt" 2>&1 || true
+    guest A 150 "timeout 140 ibcm rc-bw --bind $A_IP --server $B_IP -p $RDMA_PORT -S 65536 -n 100 --depth 8 --responder-resources 8 --initiator-depth 8; echo exit=\$?" >"$OUT/ibcm-ibcm-bw.A.txt" 2>&1 || true
     bg_wait B bw "$OUT/ibcm-ibcm-bw.B.txt"
     check "A: RDMA READs verified" has "$OUT/ibcm-ibcm-bw.A.txt" "bw: RDMA READ 100 x 65536 B verified"
     check "B: SENDs verified" has "$OUT/ibcm-ibcm-bw.B.txt" "bw: received 100 SENDs x 65536 B, every byte verified"
@@ -357,7 +356,7 @@ scenario_linux-server() {
     obs_reset
     bg B rping "$OBS rping -s -a $B_IP -p $RDMA_PORT -v -V -C $PINGS -S $SIZE"
     sleep 1
-    guest A 120 "timeout 100 ibcm rping --local $A_IP --peer $B_IP -p $RDMA_PORT -C $PINGS -S $SIZE --responder-resources 4 --initiator-depth 2 --hold 2; echo exit=\$?" >"$OUT/linux-server.ibcm.txt" 2>&1 || true
+    guest A 120 "timeout 100 ibcm rping -I $A_IP -a $B_IP -p $RDMA_PORT -C $PINGS -S $SIZE --responder-resources 4 --initiator-depth 2 --hold 2; echo exit=\$?" >"$OUT/linux-server.ibcm.txt" 2>&1 || true
     bg_wait B rping "$OUT/linux-server.linux.txt"
     qp_snapshots_get B ls "$OUT/linux-server.qp.txt"
     check "ibcm: $PINGS/$PINGS pings verified" eq "$(pings "$OUT/linux-server.ibcm.txt")" "$PINGS/$PINGS"
@@ -376,7 +375,7 @@ scenario_linux-server() {
     next_port
     bg B rping "rping -s -a $B_IP -p $RDMA_PORT -v -V -C $PINGS -S $SIZE"
     sleep 1
-    guest A 120 "t0=\$(cut -d' ' -f1 /proc/uptime); timeout 100 ibcm rping --local $A_IP --peer $B_IP -p $RDMA_PORT -C $PINGS -S $SIZE > /tmp/ls.log 2>&1; echo exit=\$?; echo uptime=\$t0,\$(cut -d' ' -f1 /proc/uptime); grep '^rping:' /tmp/ls.log" >"$OUT/linux-server.timing.txt" 2>&1 || true
+    guest A 120 "t0=\$(cut -d' ' -f1 /proc/uptime); timeout 100 ibcm rping -I $A_IP -a $B_IP -p $RDMA_PORT -C $PINGS -S $SIZE > /tmp/ls.log 2>&1; echo exit=\$?; echo uptime=\$t0,\$(cut -d' ' -f1 /proc/uptime); grep '^rping:' /tmp/ls.log" >"$OUT/linux-server.timing.txt" 2>&1 || true
     bg_wait B rping "$OUT/linux-server.linux2.txt"
     check "timing run: $PINGS/$PINGS pings verified" eq "$(pings "$OUT/linux-server.timing.txt")" "$PINGS/$PINGS"
     local ms
@@ -387,7 +386,7 @@ scenario_linux-server() {
 scenario_linux-client() {
     # ibcm serves; Linux `rping -c -v -V` is the client and validates what we wrote back.
     next_port
-    bg A srv "ibcm rping --local $A_IP -p $RDMA_PORT -S $SIZE --responder-resources 2 --initiator-depth 4 --hold 2 --wait 60"
+    bg A srv "ibcm rping -I $A_IP -p $RDMA_PORT -S $SIZE --responder-resources 2 --initiator-depth 4 --hold 2 --wait 60"
     wait_listening A srv || fail "ibcm server on A did not listen"
     qp_snapshots B lc
     obs_reset
@@ -406,7 +405,7 @@ scenario_linux-client() {
     # Timing: the same Linux client against ibcm again, without the hold (compared with
     # Linux against Linux in the baseline).
     next_port
-    bg A srv "ibcm rping --local $A_IP -p $RDMA_PORT -S $SIZE --wait 60"
+    bg A srv "ibcm rping -I $A_IP -p $RDMA_PORT -S $SIZE --wait 60"
     wait_listening A srv || fail "ibcm server on A did not listen"
     guest B 120 "t0=\$(cut -d' ' -f1 /proc/uptime); timeout 100 rping -c -a $A_IP -p $RDMA_PORT -v -V -C $PINGS -S $SIZE > /tmp/lc.log 2>&1; echo exit=\$?; echo uptime=\$t0,\$(cut -d' ' -f1 /proc/uptime); echo verified=\$(grep -c '^ping data: rdma-ping-' /tmp/lc.log)" >"$OUT/linux-client.timing.txt" 2>&1 || true
     bg_wait A srv "$OUT/linux-client.ibcm2.txt"
@@ -423,7 +422,7 @@ scenario_ucmatose-server() {
     obs_reset
     bg B uc "$OBS ucmatose -b $B_IP -p $RDMA_PORT -C 10 -S 100"
     sleep 1
-    guest A 90 "timeout 80 ibcm ucmatose --local $A_IP --peer $B_IP -p $RDMA_PORT -C 10 -S 100; echo exit=\$?" >"$OUT/ucmatose-server.ibcm.txt" 2>&1 || true
+    guest A 90 "timeout 80 ibcm ucmatose --bind $A_IP --server $B_IP -p $RDMA_PORT -C 10 -S 100; echo exit=\$?" >"$OUT/ucmatose-server.ibcm.txt" 2>&1 || true
     bg_wait B uc "$OUT/ucmatose-server.linux.txt"
     check "ibcm: 10 sends and 10 receives" has "$OUT/ucmatose-server.ibcm.txt" "ucmatose: 10 sends and 10 receives of 100 bytes"
     check "ibcm exited 0" has "$OUT/ucmatose-server.ibcm.txt" "exit=0"
@@ -435,7 +434,7 @@ scenario_ucmatose-server() {
 
 scenario_ucmatose-client() {
     next_port
-    bg A uc "ibcm ucmatose --local $A_IP -p $RDMA_PORT -C 10 -S 100 --wait 60"
+    bg A uc "ibcm ucmatose --bind $A_IP -p $RDMA_PORT -C 10 -S 100 --wait 60"
     wait_listening A uc || fail "ibcm ucmatose on A did not listen"
     obs_reset
     guest B 90 "timeout 80 $OBS ucmatose -s $A_IP -p $RDMA_PORT -C 10 -S 100; echo exit=\$?" >"$OUT/ucmatose-client.linux.txt" 2>&1 || true
@@ -473,7 +472,7 @@ scenario_perftest-server() {
         local lim="--responder-resources 2 --initiator-depth 4"
         local o="-o 8"
         [ "$t" = send ] && { lim=""; o=""; }
-        bg A pt "ibcm perftest --test $t --local $A_IP -p $RDMA_PORT -s $sz -n $PT_ITERS $lim --hold 1 --wait 60"
+        bg A pt "ibcm perftest --test $t --bind $A_IP -p $RDMA_PORT -s $sz -n $PT_ITERS $lim --hold 1 --wait 60"
         wait_listening A pt || fail "ibcm perftest on A did not listen"
         qp_snapshots B ps
         obs_reset
@@ -527,7 +526,7 @@ scenario_perftest-client() {
         obs_reset
         bg B pt "$OBS ib_${t}_bw -R -F -p $RDMA_PORT -s $PT_SIZE -n $n $o"
         sleep 2
-        guest A 150 "t0=\$(cut -d' ' -f1 /proc/uptime); timeout 120 ibcm perftest --test $t --local $A_IP --peer $B_IP -p $RDMA_PORT -s $PT_SIZE -n $n $lim --hold 1 --wait 60; echo exit=\$?; echo uptime=\$t0,\$(cut -d' ' -f1 /proc/uptime)" >"$OUT/perftest-client.$run.ibcm.txt" 2>&1 || true
+        guest A 150 "t0=\$(cut -d' ' -f1 /proc/uptime); timeout 120 ibcm perftest --test $t --bind $A_IP --server $B_IP -p $RDMA_PORT -s $PT_SIZE -n $n $lim --hold 1 --wait 60; echo exit=\$?; echo uptime=\$t0,\$(cut -d' ' -f1 /proc/uptime)" >"$OUT/perftest-client.$run.ibcm.txt" 2>&1 || true
         bg_wait B pt "$OUT/perftest-client.$run.linux.txt"
         qp_snapshots_get B pc "$OUT/perftest-client.$run.qp.txt"
         local f="$OUT/perftest-client.$run.ibcm.txt" l="$OUT/perftest-client.$run.linux.txt"
@@ -575,7 +574,7 @@ scenario_port-down() {
     next_port
     guest B 10 "rping -s -P -a $B_IP -p $RDMA_PORT -V -S 4096 > /tmp/rp.log 2>&1 & echo \$! > /tmp/rp.pid" >/dev/null
     sleep 1
-    bg A pf "ibcm port-fault --local $A_IP --peer $B_IP -p $RDMA_PORT -C 10 -S 4096 --wait 60"
+    bg A pf "ibcm port-fault -I $A_IP -a $B_IP -p $RDMA_PORT -C 10 -S 4096 --wait 60"
     guest A 60 "i=0; until grep -q '^ping data' /tmp/pf.log 2>/dev/null || [ \$i -ge 300 ]; do sleep 0.1; i=\$((i+1)); done; sleep 2; ip link set eth0 down; echo link down; sleep 5; ip link set eth0 up; echo link up" >"$OUT/port-down.link.txt" 2>&1 || true
     bg_wait A pf "$OUT/port-down.ibcm.txt"
     # rping prints "server DISCONNECT EVENT..." (rping.c:223-226, rdma-core v44.0) or "cq
@@ -618,7 +617,7 @@ scenario_port-flap() {
     next_port
     guest B 10 "rping -s -P -a $B_IP -p $RDMA_PORT -V -S 4096 > /tmp/rf.log 2>&1 & echo \$! > /tmp/rf.pid" >/dev/null
     sleep 1
-    bg A pff "ibcm port-fault --flap --local $A_IP --peer $B_IP -p $RDMA_PORT -C 10 -S 4096 --wait 60"
+    bg A pff "ibcm port-fault --flap -I $A_IP -a $B_IP -p $RDMA_PORT -C 10 -S 4096 --wait 60"
     guest A 60 "i=0; until grep -q '^flap: idle' /tmp/pff.log 2>/dev/null || [ \$i -ge 300 ]; do sleep 0.1; i=\$((i+1)); done; ip link set eth0 down; echo link down; sleep 0.3; ip link set eth0 up; echo link up" >"$OUT/port-flap.link.txt" 2>&1 || true
     bg_wait A pff "$OUT/port-flap.ibcm.txt"
     guest B 10 "kill \$(cat /tmp/rf.pid)" >/dev/null 2>&1 || true
@@ -636,7 +635,7 @@ scenario_port-flap() {
 
 scenario_reject-linux() {
     # ibcm connects to a port nobody listens on: Linux's CM rejects (reason 8).
-    guest A 60 "timeout 50 ibcm rping --local $A_IP --peer $B_IP -p 7999 -C 1 --wait 30; echo exit=\$?" >"$OUT/reject-linux.ibcm.txt" 2>&1 || true
+    guest A 60 "timeout 50 ibcm rping -I $A_IP -a $B_IP -p 7999 -C 1 --wait 30; echo exit=\$?" >"$OUT/reject-linux.ibcm.txt" 2>&1 || true
     check "ibcm reports the REJ" eval "grep -qi 'rejected' '$OUT/reject-linux.ibcm.txt'"
     check "ibcm exited non-zero" eval "! grep -q 'exit=0' '$OUT/reject-linux.ibcm.txt'"
 }
@@ -644,7 +643,7 @@ scenario_reject-linux() {
 scenario_reject-ibcm() {
     # Linux connects to a port ibcm does not serve: ibcm's CM rejects, rping sees it.
     next_port
-    bg A srv "ibcm rping --local $A_IP -p $RDMA_PORT -S $SIZE --wait 8"
+    bg A srv "ibcm rping -I $A_IP -p $RDMA_PORT -S $SIZE --wait 8"
     wait_listening A srv || fail "ibcm server on A did not listen"
     guest B 60 "timeout 50 rping -c -a $A_IP -p 7998 -C 1 -v; echo exit=\$?" >"$OUT/reject-ibcm.linux.txt" 2>&1 || true
     bg_wait A srv "$OUT/reject-ibcm.ibcm.txt"
@@ -656,7 +655,7 @@ scenario_req-timeout() {
     # Nobody answers at $DEAD_IP: the REQ is retried 2 times, then the connect times out.
     local t0 t1
     t0=$(date +%s)
-    guest A 90 "timeout 80 ibcm rping --local $A_IP --peer $DEAD_IP -p 7471 -C 1 --max-cm-retries 2 --wait 60; echo exit=\$?" >"$OUT/req-timeout.ibcm.txt" 2>&1 || true
+    guest A 90 "timeout 80 ibcm rping -I $A_IP -a $DEAD_IP -p 7471 -C 1 --max-cm-retries 2 --wait 60; echo exit=\$?" >"$OUT/req-timeout.ibcm.txt" 2>&1 || true
     t1=$(date +%s)
     check "ibcm reports the REQ unanswered" has "$OUT/req-timeout.ibcm.txt" "no answer to the Req"
     check "ibcm exited non-zero (not killed by timeout 80)" eval "grep -q 'exit=' '$OUT/req-timeout.ibcm.txt' && ! grep -q 'exit=0\|exit=124' '$OUT/req-timeout.ibcm.txt'"
@@ -668,7 +667,7 @@ scenario_disconnect-in-flight() {
     # its kernel sends the DREQ with work in flight; ibcm's server sees the DREQ, its QP
     # flushes, and it answers and exits cleanly.
     next_port
-    bg A srv "ibcm rping --local $A_IP -p $RDMA_PORT -S 32768 --wait 60"
+    bg A srv "ibcm rping -I $A_IP -p $RDMA_PORT -S 32768 --wait 60"
     wait_listening A srv || fail "ibcm server on A did not listen"
     guest B 60 "rping -c -a $A_IP -p $RDMA_PORT -C 0 -S 32768 -V > /tmp/dif.log 2>&1 & p=\$!; sleep 6; kill \$p; wait \$p; echo killed; cat /tmp/dif.log" >"$OUT/disconnect-in-flight.linux.txt" 2>&1 || true
     bg_wait A srv "$OUT/disconnect-in-flight.ibcm.txt"

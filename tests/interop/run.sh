@@ -221,7 +221,7 @@ linux_cmtime_ms() { awk -v s="$2" '$1==s && $2==":" {print $3}' "$1" | head -1; 
 scenario_active() {
     linux_server_start >/dev/null || fail "cmtime -b did not start"
     capture_start active
-    ibcm_fg active cmtime --rocev2 "$HOST_IP" --peer "$GUEST_IP" -c "$N" \
+    ibcm_fg active cmtime --bind "$HOST_IP" --server "$GUEST_IP" -c "$N" \
         --packet-life-time 12 --response-timeout 18 || fail "ibcm cmtime exited $?"
     capture_stop active || fail "pcap check"
     local f="$OUT/active.ibcm.txt"
@@ -242,7 +242,7 @@ scenario_active() {
 passive_common() { # passive_common NAME [ibcm listen flags...]
     local name="$1"; shift
     capture_start "$name"
-    ibcm_bg "$name" listen --rocev2 "$HOST_IP" -p "$PORT" -C "$N" --wait 60 "$@" || fail "ibcm listen did not start"
+    ibcm_bg "$name" listen --bind "$HOST_IP" -p "$PORT" -c "$N" --wait 60 "$@" || fail "ibcm listen did not start"
     guest 120 "timeout 100 cmtime -s $HOST_IP -p $PORT -c $N; echo cmtime-exit=\$?" >"$OUT/$name.linux.txt" 2>&1 ||
         fail "guest command failed"
     ibcm_wait || fail "ibcm listen exited $?"
@@ -277,7 +277,7 @@ scenario_beside-al() {
     # AL's (port $AL_PORT), every received CM MAD steered by ibcm's owner_of; Linux connects
     # to both services at once.
     capture_start beside-al
-    ibcm_bg beside-al listen --rocev2 "$HOST_IP" -p "$PORT" --beside-al "$AL_PORT" -C "$N" --wait 60 ||
+    ibcm_bg beside-al listen --bind "$HOST_IP" -p "$PORT" --beside-al "$AL_PORT" -c "$N" --wait 60 ||
         fail "ibcm listen --beside-al did not start"
     # Both CMs listen before Linux connects (ibcm_bg waits for the first).
     for _ in $(seq 100); do
@@ -320,7 +320,7 @@ scenario_beside-al() {
 scenario_retransmit-ours() {
     linux_server_start >/dev/null || fail "cmtime -b did not start"
     capture_start retransmit-ours
-    ibcm_fg retransmit-ours connect --rocev2 "$HOST_IP" --peer "$GUEST_IP" -p "$PORT" -C 1 --drop-tx REQ:3 --wait 30 ||
+    ibcm_fg retransmit-ours connect --bind "$HOST_IP" --server "$GUEST_IP" -p "$PORT" -c 1 --drop-tx REQ:3 --wait 30 ||
         fail "ibcm connect exited $?"
     capture_stop retransmit-ours || fail "pcap check"
     linux_server_stop >"$OUT/retransmit-ours.linux.txt" 2>&1
@@ -340,7 +340,7 @@ scenario_retransmit-ours() {
 
 scenario_retransmit-linux() {
     capture_start retransmit-linux
-    ibcm_bg retransmit-linux listen --rocev2 "$HOST_IP" -p "$PORT" -C 1 --wait 30 --drop-tx REP:1 || fail "ibcm listen did not start"
+    ibcm_bg retransmit-linux listen --bind "$HOST_IP" -p "$PORT" -c 1 --wait 30 --drop-tx REP:1 || fail "ibcm listen did not start"
     guest 60 "timeout 40 cmtime -s $HOST_IP -p $PORT -c 1; echo cmtime-exit=\$?" >"$OUT/retransmit-linux.linux.txt" 2>&1 ||
         fail "guest command failed"
     ibcm_wait || fail "ibcm listen exited $?"
@@ -359,7 +359,7 @@ scenario_retransmit-linux() {
 scenario_reject-ours() {
     capture_start reject-ours
     # A listener on another service: the REQ for port $PORT finds none.
-    ibcm_bg reject-ours listen --rocev2 "$HOST_IP" -p 7000 -C 1 --wait 4 || fail "ibcm listen did not start"
+    ibcm_bg reject-ours listen --bind "$HOST_IP" -p 7000 -c 1 --wait 4 || fail "ibcm listen did not start"
     guest 60 "timeout 30 cmtime -s $HOST_IP -p $PORT -c 1; echo cmtime-exit=\$?" >"$OUT/reject-ours.linux.txt" 2>&1 ||
         fail "guest command failed"
     ibcm_wait || true
@@ -372,7 +372,7 @@ scenario_reject-ours() {
 scenario_reject-linux() {
     capture_start reject-linux
     local rc=0
-    ibcm_fg reject-linux connect --rocev2 "$HOST_IP" --peer "$GUEST_IP" -p "$PORT" -C 1 --wait 30 || rc=$?
+    ibcm_fg reject-linux connect --bind "$HOST_IP" --server "$GUEST_IP" -p "$PORT" -c 1 --wait 30 || rc=$?
     capture_stop reject-linux || fail "pcap check"
     check "ibcm connect exits 1 (rejected)" eq "$rc" 1
     check "ibcm reports Linux's REJ reason 8" has "$OUT/reject-linux.ibcm.txt" "rejected by the peer, reason InvalidServiceId (8)"
@@ -384,7 +384,7 @@ scenario_stale() {
     linux_server_start >/dev/null || fail "cmtime -b did not start"
     capture_start stale
     local rc=0
-    ibcm_fg stale connect --rocev2 "$HOST_IP" --peer "$GUEST_IP" -p "$PORT" -C 2 --reuse-qpn --wait 30 || rc=$?
+    ibcm_fg stale connect --bind "$HOST_IP" --server "$GUEST_IP" -p "$PORT" -c 2 --reuse-qpn --wait 30 || rc=$?
     capture_stop stale || fail "pcap check"
     linux_server_stop >"$OUT/stale.linux.txt" 2>&1
     local f="$OUT/stale.ibcm.txt"

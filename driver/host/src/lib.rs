@@ -7,7 +7,9 @@
 //! - [`verifier`] enforces what Driver Verifier would: every request completed exactly
 //!   once, never after its cancellation, never under a lock, never past its output
 //!   buffer; every request and endpoint accounted for at close; no allocation at
-//!   DISPATCH_LEVEL (the receive path and the timer run "at DISPATCH").
+//!   DISPATCH_LEVEL (the receive path and the timer run "at DISPATCH"; counted with the
+//!   feature `count-allocations`, which the project's tests and CLI turn on and the user
+//!   library never does: its counter replaces the program's global allocator).
 //! - [`Fabric`] joins host nodes in virtual time.
 //! - [`wire`] builds and takes apart the RoCEv2 packet of a QP1 MAD (IPv4 / UDP / BTH /
 //!   DETH / MAD / ICRC).
@@ -19,6 +21,7 @@
 #![warn(missing_docs)]
 
 mod clock;
+mod counting;
 mod fabric;
 mod node;
 pub mod pcap;

@@ -108,7 +108,7 @@ impl Node {
         let ns = (start.elapsed().as_nanos() as u64)
             .saturating_sub(crate::platform::harness_ns().saturating_sub(hooks));
         // The measuring is the harness's, not the driver's (a histogram may grow).
-        allocation_counter::opt_out(|| {
+        crate::counting::opt_out(|| {
             let mut t = self
                 .dpc_times
                 .lock()
@@ -125,17 +125,19 @@ impl Node {
             return f();
         }
         let mut value = None;
-        let info = allocation_counter::measure(|| value = Some(f()));
+        let info = crate::counting::measure(|| value = Some(f()));
         self.driver_bytes
             .fetch_add(info.bytes_current, Ordering::Relaxed);
         match value {
             Some(v) => v,
-            None => unreachable!("allocation_counter::measure did not run the closure"),
+            None => unreachable!("counting::measure did not run the closure"),
         }
     }
 
     /// Starts counting, with the allocator, what every entry point of this node leaves
-    /// allocated (off by default: it costs each entry point a measure).
+    /// allocated (off by default: it costs each entry point a measure). Counts only with
+    /// the feature `count-allocations`; without it [`driver_bytes`](Self::driver_bytes)
+    /// stays 0.
     pub fn count_driver_bytes(&self) {
         self.counting.store(true, Ordering::Relaxed);
     }

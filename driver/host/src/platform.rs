@@ -307,7 +307,7 @@ impl Platform for HostPlatform {
         // allocation of the driver's at DISPATCH_LEVEL.
         if outbox.len() == outbox.capacity() {
             let more = outbox.len().max(OUTBOX_ROOM);
-            harness(|| allocation_counter::opt_out(|| outbox.reserve(more)));
+            harness(|| crate::counting::opt_out(|| outbox.reserve(more)));
         }
         outbox.push(transmit.clone());
         drop(outbox);
@@ -324,7 +324,7 @@ impl Platform for HostPlatform {
                 // The caller takes the output; the ledger keeps only the fact. The ledger
                 // is the verifier's, not the driver's: what it holds is not the driver's.
                 harness(|| {
-                    allocation_counter::opt_out(|| {
+                    crate::counting::opt_out(|| {
                         self.ledger
                             .complete_and_forget(key, status, information, output.len())
                     })
@@ -335,10 +335,10 @@ impl Platform for HostPlatform {
                 // event): on Windows that runs later, in the caller's thread, not at the
                 // completing driver's IRQL, so what it allocates is not counted against
                 // a DISPATCH_LEVEL path that completed the request.
-                harness(|| allocation_counter::opt_out(|| hook.completed(status, output)));
+                harness(|| crate::counting::opt_out(|| hook.completed(status, output)));
             }
             None => harness(|| {
-                allocation_counter::opt_out(|| {
+                crate::counting::opt_out(|| {
                     self.ledger.complete(
                         key,
                         Completion {

@@ -318,7 +318,8 @@ impl RocePort {
                 return Err(io::Error::new(
                     io::ErrorKind::NotFound,
                     format!(
-                        "no interface routes {}; give the CA GUID or the MAC",
+                        "no interface holds {}, so no MAC to make the CA GUID from; give the \
+                         GUID (RoceConfig::guid, the CLI's --guid)",
                         config.local
                     ),
                 ));

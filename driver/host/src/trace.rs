@@ -40,13 +40,13 @@ impl Tracer for TracingSink {
     }
 
     fn trace(&self, ca_guid: u64, point: &TracePoint<'_>) {
-        allocation_counter::opt_out(|| engine_point(ca_guid, point));
+        crate::counting::opt_out(|| engine_point(ca_guid, point));
     }
 }
 
 impl DispatchTracer for TracingSink {
     fn dispatch(&self, point: &DispatchPoint) {
-        allocation_counter::opt_out(|| dispatch_point(point));
+        crate::counting::opt_out(|| dispatch_point(point));
     }
 }
 

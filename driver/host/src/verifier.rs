@@ -105,7 +105,7 @@ pub fn locks_held() -> usize {
 pub fn at_dispatch<T>(ledger: &Ledger, f: impl FnOnce() -> T) -> T {
     let mut value = None;
     DISPATCH_DEPTH.with(|d| d.set(d.get() + 1));
-    let info = allocation_counter::measure(|| value = Some(f()));
+    let info = crate::counting::measure(|| value = Some(f()));
     DISPATCH_DEPTH.with(|d| d.set(d.get().saturating_sub(1)));
     if info.count_total > 0 {
         ledger.violate(Violation::DispatchAllocation {
@@ -115,7 +115,7 @@ pub fn at_dispatch<T>(ledger: &Ledger, f: impl FnOnce() -> T) -> T {
     match value {
         Some(v) => v,
         // `measure` runs its closure exactly once.
-        None => unreachable!("allocation_counter::measure did not run the closure"),
+        None => unreachable!("counting::measure did not run the closure"),
     }
 }
 
@@ -194,7 +194,7 @@ impl Book {
             return Self::key(index as usize, slot.generation);
         }
         // The verifier's own bookkeeping, not the driver's: not counted.
-        allocation_counter::opt_out(|| {
+        crate::counting::opt_out(|| {
             self.slots.push(Slot {
                 generation: 0,
                 entry: Some(entry),

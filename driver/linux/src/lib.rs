@@ -6,7 +6,8 @@
 //!   agent for the CM class (0x07, version 2), a GRH on every MAD (RoCE), the node's
 //!   timer on the real clock. The kernel's own `ib_cm` must not be loaded: it holds the
 //!   class.
-//! - [`verbs`]: RC QPs, CQs and memory regions through libibverbs; a QP is moved to
+//! - [`verbs`]: RC QPs, CQs and memory regions through libibverbs (loaded at run time:
+//!   nothing of rdma-core is needed to build); a QP is moved to
 //!   INIT, RTR and RTS with exactly the attributes the engine returned (the user
 //!   library's QP transition records), as a Windows verbs provider would apply them.
 //! - [`port_events`]: the device's asynchronous events; the port leaving or becoming
@@ -19,6 +20,8 @@
 #![warn(missing_docs)]
 #![cfg_attr(not(target_os = "linux"), forbid(unsafe_code))]
 
+#[cfg(target_os = "linux")]
+mod ibv;
 #[cfg(target_os = "linux")]
 pub mod port_events;
 #[cfg(target_os = "linux")]

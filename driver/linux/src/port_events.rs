@@ -36,8 +36,11 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::thread::JoinHandle;
 
+use crate::ibv::{
+    self, IBV_EVENT_DEVICE_FATAL, IBV_EVENT_PKEY_CHANGE, IBV_EVENT_PORT_ACTIVE, IBV_EVENT_PORT_ERR,
+    ibv_async_event,
+};
 use ibcm_host::Node;
-use rdma_sys::{ibv_ack_async_event, ibv_async_event, ibv_event_type, ibv_get_async_event};
 
 use crate::verbs::Context;
 
@@ -139,30 +142,29 @@ fn event_loop(ctx: &Context, node: &Node, counts: &Counts, stop: &AtomicBool) {
         if n <= 0 || fds.revents & libc::POLLIN == 0 {
             continue;
         }
-        // SAFETY: plain data, all-zero is valid; filled by the call.
-        let mut ev: ibv_async_event = unsafe { std::mem::zeroed() };
+        let mut ev: ibv_async_event = ibv::zeroed();
         // SAFETY: the context is open (the Arc keeps it); the fd is readable, so the call
         // does not block.
-        if unsafe { ibv_get_async_event(ctx.raw(), &mut ev) } != 0 {
+        if unsafe { (ctx.verbs().ibv_get_async_event)(ctx.raw(), &mut ev) } != 0 {
             continue;
         }
         let kind = ev.event_type;
         // SAFETY: port events carry the port number in the union (verbs.h).
         let on_port = |ev: &ibv_async_event| unsafe { ev.element.port_num } == i32::from(port);
         match kind {
-            ibv_event_type::IBV_EVENT_PORT_ERR if on_port(&ev) => {
+            IBV_EVENT_PORT_ERR if on_port(&ev) => {
                 counts.port_err.fetch_add(1, Ordering::Relaxed);
                 node.device.port_down(port);
             }
-            ibv_event_type::IBV_EVENT_PORT_ACTIVE if on_port(&ev) => {
+            IBV_EVENT_PORT_ACTIVE if on_port(&ev) => {
                 counts.port_active.fetch_add(1, Ordering::Relaxed);
                 node.device.port_up(port);
             }
-            ibv_event_type::IBV_EVENT_PKEY_CHANGE if on_port(&ev) => {
+            IBV_EVENT_PKEY_CHANGE if on_port(&ev) => {
                 counts.pkey_change.fetch_add(1, Ordering::Relaxed);
                 ctx.forget_pkeys(port);
             }
-            ibv_event_type::IBV_EVENT_DEVICE_FATAL => {
+            IBV_EVENT_DEVICE_FATAL => {
                 counts.device_fatal.fetch_add(1, Ordering::Relaxed);
                 node.device.remove();
             }
@@ -171,6 +173,6 @@ fn event_loop(ctx: &Context, node: &Node, counts: &Counts, stop: &AtomicBool) {
             }
         }
         // SAFETY: `ev` came from ibv_get_async_event and is acknowledged once.
-        unsafe { ibv_ack_async_event(&mut ev) };
+        unsafe { (ctx.verbs().ibv_ack_async_event)(&mut ev) };
     }
 }

@@ -19,19 +19,19 @@ use std::ptr::NonNull;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
+use crate::ibv::{
+    self, IBV_ACCESS_LOCAL_WRITE, IBV_ACCESS_REMOTE_READ, IBV_ACCESS_REMOTE_WRITE,
+    IBV_GID_TYPE_ROCE_V2, IBV_MIG_MIGRATED, IBV_MIG_REARM, IBV_PORT_ACTIVE, IBV_QP_ACCESS_FLAGS,
+    IBV_QP_AV, IBV_QP_CAP, IBV_QP_DEST_QPN, IBV_QP_MAX_DEST_RD_ATOMIC, IBV_QP_MAX_QP_RD_ATOMIC,
+    IBV_QP_MIN_RNR_TIMER, IBV_QP_PATH_MIG_STATE, IBV_QP_PATH_MTU, IBV_QP_PKEY_INDEX, IBV_QP_PORT,
+    IBV_QP_RETRY_CNT, IBV_QP_RNR_RETRY, IBV_QP_RQ_PSN, IBV_QP_SQ_PSN, IBV_QP_STATE, IBV_QP_TIMEOUT,
+    IBV_QPS_ERR, IBV_QPS_INIT, IBV_QPS_RESET, IBV_QPS_RTR, IBV_QPS_RTS, IBV_QPT_RC,
+    IBV_SEND_SIGNALED, IBV_WR_RDMA_READ, IBV_WR_RDMA_WRITE, IBV_WR_SEND, Verbs, ibv_ah_attr,
+    ibv_comp_channel, ibv_context, ibv_cq, ibv_gid, ibv_gid_entry, ibv_global_route, ibv_mr,
+    ibv_pd, ibv_qp, ibv_qp_attr, ibv_qp_init_attr, ibv_recv_wr, ibv_send_wr, ibv_sge, ibv_wc,
+};
 use ibcm_host::rocev2::gid_ipv4;
 use ibcm_ioctl::iba::{AddressVector, MigrationState, QpAttributes, QpState};
-use rdma_sys::{
-    IBV_GID_TYPE_ROCE_V2, ibv_access_flags, ibv_ack_cq_events, ibv_ah_attr, ibv_alloc_pd,
-    ibv_close_device, ibv_comp_channel, ibv_context, ibv_cq, ibv_create_comp_channel,
-    ibv_create_cq, ibv_create_qp, ibv_dealloc_pd, ibv_dereg_mr, ibv_destroy_comp_channel,
-    ibv_destroy_cq, ibv_destroy_qp, ibv_free_device_list, ibv_get_cq_event, ibv_get_device_list,
-    ibv_get_device_name, ibv_gid, ibv_gid_entry, ibv_global_route, ibv_mig_state, ibv_modify_qp,
-    ibv_mr, ibv_open_device, ibv_pd, ibv_poll_cq, ibv_post_recv, ibv_post_send, ibv_qp,
-    ibv_qp_attr, ibv_qp_attr_mask, ibv_qp_init_attr, ibv_qp_state, ibv_qp_type, ibv_query_device,
-    ibv_query_pkey, ibv_query_qp, ibv_recv_wr, ibv_reg_mr, ibv_req_notify_cq, ibv_send_flags,
-    ibv_send_wr, ibv_sge, ibv_wc, ibv_wc_status_str, ibv_wr_opcode,
-};
 
 fn os_error(what: &str) -> io::Error {
     let e = io::Error::last_os_error();
@@ -48,8 +48,41 @@ fn check(rc: i32, what: &str) -> io::Result<()> {
     }
 }
 
+/// The names of the RDMA devices libibverbs lists, in its order (`ibv_get_device_list`).
+pub fn device_names() -> io::Result<Vec<String>> {
+    let v = ibv::verbs()?;
+    let mut n = 0i32;
+    // SAFETY: `n` is a valid out-pointer; the list is freed below.
+    let list = unsafe { (v.ibv_get_device_list)(&mut n) };
+    if list.is_null() {
+        return Err(os_error("ibv_get_device_list"));
+    }
+    let mut names = Vec::new();
+    for i in 0..usize::try_from(n).unwrap_or(0) {
+        // SAFETY: `list` holds `n` device pointers (ibv_get_device_list): `i` is in it.
+        let slot = unsafe { list.add(i) };
+        // SAFETY: `slot` points to one of the list's entries.
+        let dev = unsafe { *slot };
+        // SAFETY: `dev` is a device of the list, alive until the list is freed.
+        let name = unsafe { (v.ibv_get_device_name)(dev) };
+        if !name.is_null() {
+            // SAFETY: ibv_get_device_name returns a NUL-terminated string owned by `dev`.
+            names.push(
+                unsafe { CStr::from_ptr(name) }
+                    .to_string_lossy()
+                    .into_owned(),
+            );
+        }
+    }
+    // SAFETY: `list` came from ibv_get_device_list and is freed once.
+    unsafe { (v.ibv_free_device_list)(list) };
+    Ok(names)
+}
+
 /// An open RDMA device and a protection domain on it.
 pub struct Context {
+    /// libibverbs' functions (loaded by the first `open`).
+    v: &'static Verbs,
     ctx: NonNull<ibv_context>,
     pd: NonNull<ibv_pd>,
     device: String,
@@ -76,9 +109,10 @@ impl core::fmt::Debug for Context {
 impl Context {
     /// Opens `device` (`rxe0`) and allocates a protection domain.
     pub fn open(device: &str, port: u8) -> io::Result<Arc<Self>> {
+        let v = ibv::verbs()?;
         let mut n = 0i32;
         // SAFETY: `n` is a valid out-pointer; the list is freed below.
-        let list = unsafe { ibv_get_device_list(&mut n) };
+        let list = unsafe { (v.ibv_get_device_list)(&mut n) };
         if list.is_null() {
             return Err(os_error("ibv_get_device_list"));
         }
@@ -89,7 +123,7 @@ impl Context {
             // SAFETY: `slot` points to one of the list's entries.
             let dev = unsafe { *slot };
             // SAFETY: `dev` is a device of the list, alive until the list is freed.
-            let name = unsafe { ibv_get_device_name(dev) };
+            let name = unsafe { (v.ibv_get_device_name)(dev) };
             if name.is_null() {
                 continue;
             }
@@ -97,12 +131,12 @@ impl Context {
             let name = unsafe { CStr::from_ptr(name) };
             if name.to_bytes() == device.as_bytes() {
                 // SAFETY: `dev` is alive; the context outlives the list by design.
-                ctx = unsafe { ibv_open_device(dev) };
+                ctx = unsafe { (v.ibv_open_device)(dev) };
                 break;
             }
         }
         // SAFETY: `list` came from ibv_get_device_list and is freed once.
-        unsafe { ibv_free_device_list(list) };
+        unsafe { (v.ibv_free_device_list)(list) };
         let ctx = NonNull::new(ctx).ok_or_else(|| {
             io::Error::new(
                 io::ErrorKind::NotFound,
@@ -110,14 +144,15 @@ impl Context {
             )
         })?;
         // SAFETY: `ctx` is an open context.
-        let pd = unsafe { ibv_alloc_pd(ctx.as_ptr()) };
+        let pd = unsafe { (v.ibv_alloc_pd)(ctx.as_ptr()) };
         let Some(pd) = NonNull::new(pd) else {
             let e = os_error("ibv_alloc_pd");
             // SAFETY: `ctx` is open and owned here.
-            unsafe { ibv_close_device(ctx.as_ptr()) };
+            unsafe { (v.ibv_close_device)(ctx.as_ptr()) };
             return Err(e);
         };
         Ok(Arc::new(Self {
+            v,
             ctx,
             pd,
             device: device.to_string(),
@@ -129,10 +164,9 @@ impl Context {
     /// `max_qp_init_rd_atom` of `ibv_query_device`: the most RDMA READs a QP of this
     /// device may have in flight as initiator (rxe: `RXE_MAX_QP_INIT_RD_ATOM`, 128).
     pub fn max_qp_init_rd_atom(&self) -> io::Result<u32> {
-        // SAFETY: ibv_device_attr is plain data; all-zero is a valid starting value.
-        let mut attr: rdma_sys::ibv_device_attr = unsafe { std::mem::zeroed() };
+        let mut attr: ibv::ibv_device_attr = ibv::zeroed();
         // SAFETY: the context is open; `attr` is valid for the call.
-        let rc = unsafe { ibv_query_device(self.ctx.as_ptr(), &mut attr) };
+        let rc = unsafe { (self.v.ibv_query_device)(self.ctx.as_ptr(), &mut attr) };
         check(rc, "ibv_query_device")?;
         Ok(u32::try_from(attr.max_qp_init_rd_atom).unwrap_or(0))
     }
@@ -140,14 +174,14 @@ impl Context {
     /// `ibv_query_port` on `port`: whether it is ACTIVE, and its active MTU code
     /// (`ibv_mtu`, IBA's MTU numbering: 3 = 1024).
     pub fn port_state(&self, port: u8) -> io::Result<PortState> {
-        // SAFETY: ibv_port_attr is plain data; all-zero is a valid starting value.
-        let mut attr: rdma_sys::ibv_port_attr = unsafe { std::mem::zeroed() };
-        // SAFETY: the context is open; `attr` is valid for the call (the inline wrapper
-        // passes its size to the provider).
-        let rc = unsafe { rdma_sys::___ibv_query_port(self.ctx.as_ptr(), port, &mut attr) };
+        let mut attr: ibv::ibv_port_attr = ibv::zeroed();
+        // SAFETY: the context is open; `attr` is valid for the call and at least as large
+        // as the older structure the exported function fills (verbs.h's inline
+        // ___ibv_query_port calls it with the same buffer).
+        let rc = unsafe { (self.v.ibv_query_port)(self.ctx.as_ptr(), port, &mut attr) };
         check(rc, "ibv_query_port")?;
         Ok(PortState {
-            active: attr.state == rdma_sys::ibv_port_state::IBV_PORT_ACTIVE,
+            active: attr.state == IBV_PORT_ACTIVE,
             active_mtu: attr.active_mtu,
         })
     }
@@ -171,8 +205,9 @@ impl Context {
         for index in 0..128u16 {
             let mut value: u16 = 0;
             // SAFETY: `ctx` is open; `value` is a valid out-pointer (a __be16).
-            let rc =
-                unsafe { ibv_query_pkey(self.ctx.as_ptr(), port, i32::from(index), &mut value) };
+            let rc = unsafe {
+                (self.v.ibv_query_pkey)(self.ctx.as_ptr(), port, i32::from(index), &mut value)
+            };
             if rc != 0 {
                 break;
             }
@@ -211,10 +246,10 @@ impl Context {
         // a larger table.
         let mut size = GID_TABLE_MAX;
         let (table, n) = loop {
-            let mut table: Vec<ibv_gid_entry> = (0..size).map(|_| empty_gid_entry()).collect();
+            let mut table: Vec<ibv_gid_entry> = (0..size).map(|_| ibv::zeroed()).collect();
             // SAFETY: `ctx` is open; `table` holds `size` entries of the size given.
             let n = unsafe {
-                _ibv_query_gid_table(
+                (self.v._ibv_query_gid_table)(
                     self.ctx.as_ptr(),
                     table.as_mut_ptr(),
                     table.len(),
@@ -253,35 +288,18 @@ impl Context {
     }
 }
 
-fn empty_gid_entry() -> ibv_gid_entry {
-    // SAFETY: ibv_gid_entry is plain data; all-zero is a valid value.
-    unsafe { std::mem::zeroed() }
-}
-
 /// Entries first asked of `ibv_query_gid_table`: more than any port's table holds (rxe:
 /// 32, mlx5: 255).
 const GID_TABLE_MAX: usize = 256;
 /// The most asked for when a device's ports together hold more.
 const GID_TABLE_LIMIT: usize = 65_536;
 
-// verbs.h's `ibv_query_gid_table` is an inline wrapper of this export (libibverbs
-// IBVERBS_1.11, rdma-core 30 and later), which rdma-sys does not bind.
-unsafe extern "C" {
-    fn _ibv_query_gid_table(
-        context: *mut ibv_context,
-        entries: *mut ibv_gid_entry,
-        max_entries: usize,
-        flags: u32,
-        entry_size: usize,
-    ) -> isize;
-}
-
 impl Drop for Context {
     fn drop(&mut self) {
         // SAFETY: every QP, CQ and MR holds an Arc of this context, so none is left.
-        unsafe { ibv_dealloc_pd(self.pd.as_ptr()) };
+        unsafe { (self.v.ibv_dealloc_pd)(self.pd.as_ptr()) };
         // SAFETY: the PD is gone; the context is closed once.
-        unsafe { ibv_close_device(self.ctx.as_ptr()) };
+        unsafe { (self.v.ibv_close_device)(self.ctx.as_ptr()) };
     }
 }
 
@@ -307,12 +325,10 @@ impl Region {
         // SAFETY: `layout` has a non-zero size.
         let buf = unsafe { std::alloc::alloc_zeroed(layout) };
         let buf = NonNull::new(buf).ok_or_else(|| io::Error::from(io::ErrorKind::OutOfMemory))?;
-        let access = ibv_access_flags::IBV_ACCESS_LOCAL_WRITE
-            | ibv_access_flags::IBV_ACCESS_REMOTE_WRITE
-            | ibv_access_flags::IBV_ACCESS_REMOTE_READ;
+        let access = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ;
         // SAFETY: `pd` is alive; `buf` points to `len` bytes owned by the region until
         // after the MR is deregistered (Drop).
-        let mr = unsafe { ibv_reg_mr(ctx.pd.as_ptr(), buf.as_ptr().cast(), len, access.0 as i32) };
+        let mr = unsafe { (ctx.v.ibv_reg_mr)(ctx.pd.as_ptr(), buf.as_ptr().cast(), len, access) };
         let Some(mr) = NonNull::new(mr) else {
             let e = os_error("ibv_reg_mr");
             // SAFETY: allocated above with `layout`, never registered.
@@ -383,7 +399,7 @@ impl Region {
 impl Drop for Region {
     fn drop(&mut self) {
         // SAFETY: registered in `new`, deregistered once.
-        unsafe { ibv_dereg_mr(self.mr.as_ptr()) };
+        unsafe { (self.ctx.v.ibv_dereg_mr)(self.mr.as_ptr()) };
         if let Ok(layout) = std::alloc::Layout::from_size_align(self.len, 4096) {
             // SAFETY: allocated in `new` with this layout; no MR refers to it any more.
             unsafe { std::alloc::dealloc(self.buf.as_ptr(), layout) };
@@ -413,8 +429,11 @@ impl Completion {
 
     /// libibverbs' name of the status.
     pub fn status_text(&self) -> String {
+        let Ok(v) = ibv::verbs() else {
+            return format!("status {}", self.status);
+        };
         // SAFETY: ibv_wc_status_str returns a static string for any value.
-        let s = unsafe { ibv_wc_status_str(self.status) };
+        let s = unsafe { (v.ibv_wc_status_str)(self.status) };
         if s.is_null() {
             return format!("status {}", self.status);
         }
@@ -491,7 +510,7 @@ impl RcQp {
     /// completion channel of its own.
     pub fn create(ctx: &Arc<Context>, depth: u32) -> io::Result<Self> {
         // SAFETY: `ctx` is open.
-        let channel = unsafe { ibv_create_comp_channel(ctx.ctx.as_ptr()) };
+        let channel = unsafe { (ctx.v.ibv_create_comp_channel)(ctx.ctx.as_ptr()) };
         let channel = NonNull::new(channel).ok_or_else(|| os_error("ibv_create_comp_channel"))?;
         // Non-blocking, as ibv_get_cq_event(3) allows: `next` takes `&self`, so two
         // threads may both see the file readable, and the one that finds the event taken
@@ -506,12 +525,12 @@ impl RcQp {
         if !nonblock {
             let e = os_error("fcntl(O_NONBLOCK) on the completion channel");
             // SAFETY: created above, no CQ uses it.
-            unsafe { ibv_destroy_comp_channel(channel.as_ptr()) };
+            unsafe { (ctx.v.ibv_destroy_comp_channel)(channel.as_ptr()) };
             return Err(e);
         }
         // SAFETY: `ctx` is open; the channel is this context's; no CQ context, vector 0.
         let cq = unsafe {
-            ibv_create_cq(
+            (ctx.v.ibv_create_cq)(
                 ctx.ctx.as_ptr(),
                 (2 * depth) as i32,
                 std::ptr::null_mut(),
@@ -522,26 +541,25 @@ impl RcQp {
         let Some(cq) = NonNull::new(cq) else {
             let e = os_error("ibv_create_cq");
             // SAFETY: created above, no CQ uses it.
-            unsafe { ibv_destroy_comp_channel(channel.as_ptr()) };
+            unsafe { (ctx.v.ibv_destroy_comp_channel)(channel.as_ptr()) };
             return Err(e);
         };
-        // SAFETY: ibv_qp_init_attr is plain data; all-zero is a valid starting value.
-        let mut init: ibv_qp_init_attr = unsafe { std::mem::zeroed() };
+        let mut init: ibv_qp_init_attr = ibv::zeroed();
         init.send_cq = cq.as_ptr();
         init.recv_cq = cq.as_ptr();
         init.cap.max_send_wr = depth;
         init.cap.max_recv_wr = depth;
         init.cap.max_send_sge = 1;
         init.cap.max_recv_sge = 1;
-        init.qp_type = ibv_qp_type::IBV_QPT_RC;
+        init.qp_type = IBV_QPT_RC;
         // SAFETY: `pd` is alive; `init` is valid for the call.
-        let qp = unsafe { ibv_create_qp(ctx.pd.as_ptr(), &mut init) };
+        let qp = unsafe { (ctx.v.ibv_create_qp)(ctx.pd.as_ptr(), &mut init) };
         let Some(qp) = NonNull::new(qp) else {
             let e = os_error("ibv_create_qp");
             // SAFETY: created above, no QP uses it.
-            unsafe { ibv_destroy_cq(cq.as_ptr()) };
+            unsafe { (ctx.v.ibv_destroy_cq)(cq.as_ptr()) };
             // SAFETY: its only CQ is gone.
-            unsafe { ibv_destroy_comp_channel(channel.as_ptr()) };
+            unsafe { (ctx.v.ibv_destroy_comp_channel)(channel.as_ptr()) };
             return Err(e);
         };
         Ok(Self {
@@ -582,47 +600,45 @@ impl RcQp {
 
     /// Applies one transition record of the engine: exactly the attributes it holds.
     pub fn modify(&self, a: &QpAttributes) -> io::Result<()> {
-        type M = ibv_qp_attr_mask;
-        // SAFETY: ibv_qp_attr is plain data; all-zero is a valid starting value.
-        let mut attr: ibv_qp_attr = unsafe { std::mem::zeroed() };
-        let mut mask = M::IBV_QP_STATE;
+        let mut attr: ibv_qp_attr = ibv::zeroed();
+        let mut mask = IBV_QP_STATE;
         attr.qp_state = match a.state {
-            QpState::Init => ibv_qp_state::IBV_QPS_INIT,
-            QpState::Rtr => ibv_qp_state::IBV_QPS_RTR,
-            QpState::Rts => ibv_qp_state::IBV_QPS_RTS,
+            QpState::Init => IBV_QPS_INIT,
+            QpState::Rtr => IBV_QPS_RTR,
+            QpState::Rts => IBV_QPS_RTS,
         };
         if let Some(port) = a.port {
             attr.port_num = port;
-            mask |= M::IBV_QP_PORT;
+            mask |= IBV_QP_PORT;
         }
         if let Some(pkey) = a.pkey {
             attr.pkey_index = self.ctx.pkey_index(a.port.unwrap_or(self.ctx.port), pkey)?;
-            mask |= M::IBV_QP_PKEY_INDEX;
+            mask |= IBV_QP_PKEY_INDEX;
         }
         if let Some(flags) = a.access_flags {
             // IB_ACCESS_* and IBV_ACCESS_* share their bits (LOCAL_WRITE 1 .. ATOMIC 8).
             attr.qp_access_flags = flags;
-            mask |= M::IBV_QP_ACCESS_FLAGS;
+            mask |= IBV_QP_ACCESS_FLAGS;
         }
         if let Some(mtu) = a.path_mtu {
             attr.path_mtu = mtu_code(mtu);
-            mask |= M::IBV_QP_PATH_MTU;
+            mask |= IBV_QP_PATH_MTU;
         }
         if let Some(qpn) = a.dest_qpn {
             attr.dest_qp_num = qpn;
-            mask |= M::IBV_QP_DEST_QPN;
+            mask |= IBV_QP_DEST_QPN;
         }
         if let Some(psn) = a.rq_psn {
             attr.rq_psn = psn;
-            mask |= M::IBV_QP_RQ_PSN;
+            mask |= IBV_QP_RQ_PSN;
         }
         if let Some(n) = a.max_dest_rd_atomic {
             attr.max_dest_rd_atomic = n;
-            mask |= M::IBV_QP_MAX_DEST_RD_ATOMIC;
+            mask |= IBV_QP_MAX_DEST_RD_ATOMIC;
         }
         if let Some(av) = &a.primary {
             attr.ah_attr = self.ah_attr(av)?;
-            mask |= M::IBV_QP_AV;
+            mask |= IBV_QP_AV;
         }
         if a.alternate.is_some() {
             return Err(io::Error::new(
@@ -632,38 +648,38 @@ impl RcQp {
         }
         if let Some(psn) = a.sq_psn {
             attr.sq_psn = psn;
-            mask |= M::IBV_QP_SQ_PSN;
+            mask |= IBV_QP_SQ_PSN;
         }
         if let Some(t) = a.timeout {
             attr.timeout = t;
-            mask |= M::IBV_QP_TIMEOUT;
+            mask |= IBV_QP_TIMEOUT;
         }
         if let Some(n) = a.retry_count {
             attr.retry_cnt = n;
-            mask |= M::IBV_QP_RETRY_CNT;
+            mask |= IBV_QP_RETRY_CNT;
         }
         if let Some(n) = a.rnr_retry {
             attr.rnr_retry = n;
-            mask |= M::IBV_QP_RNR_RETRY;
+            mask |= IBV_QP_RNR_RETRY;
         }
         if let Some(n) = a.max_rd_atomic {
             attr.max_rd_atomic = n;
-            mask |= M::IBV_QP_MAX_QP_RD_ATOMIC;
+            mask |= IBV_QP_MAX_QP_RD_ATOMIC;
         }
         if let Some(m) = a.path_mig_state {
             attr.path_mig_state = match m {
-                MigrationState::Rearm => ibv_mig_state::IBV_MIG_REARM,
-                MigrationState::Migrated => ibv_mig_state::IBV_MIG_MIGRATED,
+                MigrationState::Rearm => IBV_MIG_REARM,
+                MigrationState::Migrated => IBV_MIG_MIGRATED,
             };
-            mask |= M::IBV_QP_PATH_MIG_STATE;
+            mask |= IBV_QP_PATH_MIG_STATE;
         }
         if a.state == QpState::Rtr {
             // cm.c cm_init_qp_rtr_attr: min_rnr_timer = 0 (no CM message carries it).
             attr.min_rnr_timer = 0;
-            mask |= M::IBV_QP_MIN_RNR_TIMER;
+            mask |= IBV_QP_MIN_RNR_TIMER;
         }
         // SAFETY: `qp` is alive; `attr` is valid for the call.
-        let rc = unsafe { ibv_modify_qp(self.qp.as_ptr(), &mut attr, mask.0 as i32) };
+        let rc = unsafe { (self.ctx.v.ibv_modify_qp)(self.qp.as_ptr(), &mut attr, mask) };
         check(rc, &format!("ibv_modify_qp to {:?}", a.state))
     }
 
@@ -671,56 +687,42 @@ impl RcQp {
     /// application's own choice after the CM's transitions, as perftest's server makes it
     /// (perftest_communication.c:2324-2326); RTS->RTS allows it (IBA 11.2.4.2, Table 94).
     pub fn set_min_rnr_timer(&self, code: u8) -> io::Result<()> {
-        // SAFETY: plain data, all-zero is valid.
-        let mut attr: ibv_qp_attr = unsafe { std::mem::zeroed() };
+        let mut attr: ibv_qp_attr = ibv::zeroed();
         attr.min_rnr_timer = code;
         // SAFETY: `qp` is alive; `attr` is valid for the call.
         let rc = unsafe {
-            ibv_modify_qp(
-                self.qp.as_ptr(),
-                &mut attr,
-                ibv_qp_attr_mask::IBV_QP_MIN_RNR_TIMER.0 as i32,
-            )
+            (self.ctx.v.ibv_modify_qp)(self.qp.as_ptr(), &mut attr, IBV_QP_MIN_RNR_TIMER)
         };
         check(rc, "ibv_modify_qp min_rnr_timer")
     }
 
     /// Moves the QP to the error state: posted work requests flush.
     pub fn to_error(&self) -> io::Result<()> {
-        // SAFETY: plain data, all-zero is valid.
-        let mut attr: ibv_qp_attr = unsafe { std::mem::zeroed() };
-        attr.qp_state = ibv_qp_state::IBV_QPS_ERR;
+        let mut attr: ibv_qp_attr = ibv::zeroed();
+        attr.qp_state = IBV_QPS_ERR;
         // SAFETY: `qp` is alive; `attr` is valid for the call.
-        let rc = unsafe {
-            ibv_modify_qp(
-                self.qp.as_ptr(),
-                &mut attr,
-                ibv_qp_attr_mask::IBV_QP_STATE.0 as i32,
-            )
-        };
+        let rc = unsafe { (self.ctx.v.ibv_modify_qp)(self.qp.as_ptr(), &mut attr, IBV_QP_STATE) };
         check(rc, "ibv_modify_qp to ERR")
     }
 
     /// The QP's attributes as the device holds them.
     pub fn query(&self) -> io::Result<QpQuery> {
-        // SAFETY: plain data, all-zero is valid.
-        let mut attr: ibv_qp_attr = unsafe { std::mem::zeroed() };
-        // SAFETY: plain data, all-zero is valid.
-        let mut init: ibv_qp_init_attr = unsafe { std::mem::zeroed() };
-        let mask = ibv_qp_attr_mask::IBV_QP_STATE
-            | ibv_qp_attr_mask::IBV_QP_PATH_MTU
-            | ibv_qp_attr_mask::IBV_QP_DEST_QPN
-            | ibv_qp_attr_mask::IBV_QP_RQ_PSN
-            | ibv_qp_attr_mask::IBV_QP_SQ_PSN
-            | ibv_qp_attr_mask::IBV_QP_MAX_QP_RD_ATOMIC
-            | ibv_qp_attr_mask::IBV_QP_MAX_DEST_RD_ATOMIC
-            | ibv_qp_attr_mask::IBV_QP_TIMEOUT
-            | ibv_qp_attr_mask::IBV_QP_RETRY_CNT
-            | ibv_qp_attr_mask::IBV_QP_RNR_RETRY
-            | ibv_qp_attr_mask::IBV_QP_MIN_RNR_TIMER
-            | ibv_qp_attr_mask::IBV_QP_CAP;
+        let mut attr: ibv_qp_attr = ibv::zeroed();
+        let mut init: ibv_qp_init_attr = ibv::zeroed();
+        let mask = IBV_QP_STATE
+            | IBV_QP_PATH_MTU
+            | IBV_QP_DEST_QPN
+            | IBV_QP_RQ_PSN
+            | IBV_QP_SQ_PSN
+            | IBV_QP_MAX_QP_RD_ATOMIC
+            | IBV_QP_MAX_DEST_RD_ATOMIC
+            | IBV_QP_TIMEOUT
+            | IBV_QP_RETRY_CNT
+            | IBV_QP_RNR_RETRY
+            | IBV_QP_MIN_RNR_TIMER
+            | IBV_QP_CAP;
         // SAFETY: `qp` is alive; both out-structures are valid for the call.
-        let rc = unsafe { ibv_query_qp(self.qp.as_ptr(), &mut attr, mask.0 as i32, &mut init) };
+        let rc = unsafe { (self.ctx.v.ibv_query_qp)(self.qp.as_ptr(), &mut attr, mask, &mut init) };
         check(rc, "ibv_query_qp")?;
         Ok(QpQuery {
             state: attr.qp_state,
@@ -748,32 +750,30 @@ impl RcQp {
         wr_id: u64,
     ) -> io::Result<()> {
         let mut sge = region.sge(offset, len)?;
-        // SAFETY: plain data, all-zero is valid.
-        let mut wr: ibv_recv_wr = unsafe { std::mem::zeroed() };
+        let mut wr: ibv_recv_wr = ibv::zeroed();
         wr.wr_id = wr_id;
         wr.sg_list = &mut sge;
         wr.num_sge = 1;
         let mut bad = std::ptr::null_mut();
         // SAFETY: `qp` is alive; `wr` and its SGE are valid for the call; the region
         // outlives the receive (the caller keeps it until the completion).
-        let rc = unsafe { ibv_post_recv(self.qp.as_ptr(), &mut wr, &mut bad) };
+        let rc = unsafe { ibv::post_recv(self.qp.as_ptr(), &mut wr, &mut bad) };
         check(rc, "ibv_post_recv")
     }
 
     fn post(&self, mut wr: ibv_send_wr, mut sge: ibv_sge) -> io::Result<()> {
         wr.sg_list = &mut sge;
         wr.num_sge = 1;
-        wr.send_flags = ibv_send_flags::IBV_SEND_SIGNALED.0;
+        wr.send_flags = IBV_SEND_SIGNALED;
         let mut bad = std::ptr::null_mut();
         // SAFETY: `qp` is alive; `wr` and its SGE are valid for the call; the region
         // outlives the request (the caller keeps it until the completion).
-        let rc = unsafe { ibv_post_send(self.qp.as_ptr(), &mut wr, &mut bad) };
+        let rc = unsafe { ibv::post_send(self.qp.as_ptr(), &mut wr, &mut bad) };
         check(rc, "ibv_post_send")
     }
 
     fn send_wr(wr_id: u64, opcode: u32) -> ibv_send_wr {
-        // SAFETY: plain data, all-zero is valid.
-        let mut wr: ibv_send_wr = unsafe { std::mem::zeroed() };
+        let mut wr: ibv_send_wr = ibv::zeroed();
         wr.wr_id = wr_id;
         wr.opcode = opcode;
         wr
@@ -787,10 +787,7 @@ impl RcQp {
         len: usize,
         wr_id: u64,
     ) -> io::Result<()> {
-        self.post(
-            Self::send_wr(wr_id, ibv_wr_opcode::IBV_WR_SEND),
-            region.sge(offset, len)?,
-        )
+        self.post(Self::send_wr(wr_id, IBV_WR_SEND), region.sge(offset, len)?)
     }
 
     /// Posts a signalled RDMA READ of `len` bytes from the peer's `remote_addr` (key
@@ -804,7 +801,7 @@ impl RcQp {
         rkey: u32,
         wr_id: u64,
     ) -> io::Result<()> {
-        let mut wr = Self::send_wr(wr_id, ibv_wr_opcode::IBV_WR_RDMA_READ);
+        let mut wr = Self::send_wr(wr_id, IBV_WR_RDMA_READ);
         wr.wr.rdma.remote_addr = remote_addr;
         wr.wr.rdma.rkey = rkey;
         self.post(wr, region.sge(offset, len)?)
@@ -821,7 +818,7 @@ impl RcQp {
         rkey: u32,
         wr_id: u64,
     ) -> io::Result<()> {
-        let mut wr = Self::send_wr(wr_id, ibv_wr_opcode::IBV_WR_RDMA_WRITE);
+        let mut wr = Self::send_wr(wr_id, IBV_WR_RDMA_WRITE);
         wr.wr.rdma.remote_addr = remote_addr;
         wr.wr.rdma.rkey = rkey;
         self.post(wr, region.sge(offset, len)?)
@@ -829,11 +826,10 @@ impl RcQp {
 
     /// Polls the CQ once: up to `out.len()` completions.
     pub fn poll(&self, out: &mut Vec<Completion>, max: usize) -> io::Result<usize> {
-        // SAFETY: plain data, all-zero is valid.
-        let mut wc: [ibv_wc; 16] = unsafe { std::mem::zeroed() };
+        let mut wc: [ibv_wc; 16] = ibv::zeroed();
         let want = max.min(wc.len()) as i32;
         // SAFETY: `cq` is alive; `wc` holds `want` entries.
-        let n = unsafe { ibv_poll_cq(self.cq.as_ptr(), want, wc.as_mut_ptr()) };
+        let n = unsafe { ibv::poll_cq(self.cq.as_ptr(), want, wc.as_mut_ptr()) };
         if n < 0 {
             return Err(io::Error::other(format!("ibv_poll_cq: {n}")));
         }
@@ -877,7 +873,7 @@ impl RcQp {
             }
             if !self.armed.swap(true, Ordering::AcqRel) {
                 // SAFETY: `cq` is alive; 0: every completion, not only solicited ones.
-                let rc = unsafe { ibv_req_notify_cq(self.cq.as_ptr(), 0) };
+                let rc = unsafe { ibv::req_notify_cq(self.cq.as_ptr(), 0) };
                 check(rc, "ibv_req_notify_cq")?;
                 continue;
             }
@@ -916,7 +912,8 @@ impl RcQp {
         let mut cq: *mut ibv_cq = std::ptr::null_mut();
         let mut context: *mut libc::c_void = std::ptr::null_mut();
         // SAFETY: `channel` is alive and non-blocking; the out-pointers are valid.
-        let rc = unsafe { ibv_get_cq_event(self.channel.as_ptr(), &mut cq, &mut context) };
+        let rc =
+            unsafe { (self.ctx.v.ibv_get_cq_event)(self.channel.as_ptr(), &mut cq, &mut context) };
         if rc != 0 {
             let e = io::Error::last_os_error();
             // Another thread in `next` took the event first.
@@ -929,7 +926,7 @@ impl RcQp {
             return Err(io::Error::new(e.kind(), format!("ibv_get_cq_event: {e}")));
         }
         // SAFETY: the event is for our only CQ on this channel; acknowledged once.
-        unsafe { ibv_ack_cq_events(self.cq.as_ptr(), 1) };
+        unsafe { (self.ctx.v.ibv_ack_cq_events)(self.cq.as_ptr(), 1) };
         Ok(true)
     }
 }
@@ -942,15 +939,20 @@ const RECHECK: Duration = Duration::from_millis(50);
 impl Drop for RcQp {
     fn drop(&mut self) {
         // SAFETY: created in `create`, destroyed once, before its CQ.
-        unsafe { ibv_destroy_qp(self.qp.as_ptr()) };
+        unsafe { (self.ctx.v.ibv_destroy_qp)(self.qp.as_ptr()) };
         // SAFETY: no QP uses the CQ any more; every event taken was acknowledged.
-        unsafe { ibv_destroy_cq(self.cq.as_ptr()) };
+        unsafe { (self.ctx.v.ibv_destroy_cq)(self.cq.as_ptr()) };
         // SAFETY: its only CQ is gone.
-        unsafe { ibv_destroy_comp_channel(self.channel.as_ptr()) };
+        unsafe { (self.ctx.v.ibv_destroy_comp_channel)(self.channel.as_ptr()) };
     }
 }
 
 impl Context {
+    /// libibverbs' functions, for the asynchronous event reader (`port_events`).
+    pub(crate) fn verbs(&self) -> &'static Verbs {
+        self.v
+    }
+
     /// The context, for the asynchronous event reader (`port_events`).
     pub(crate) fn raw(&self) -> *mut ibv_context {
         self.ctx.as_ptr()
@@ -967,17 +969,10 @@ impl RcQp {
     /// Moves the QP to RESET (from any state): its work is gone and it may be connected
     /// again, with the same QPN.
     pub fn to_reset(&self) -> io::Result<()> {
-        // SAFETY: plain data, all-zero is valid.
-        let mut attr: ibv_qp_attr = unsafe { std::mem::zeroed() };
-        attr.qp_state = ibv_qp_state::IBV_QPS_RESET;
+        let mut attr: ibv_qp_attr = ibv::zeroed();
+        attr.qp_state = IBV_QPS_RESET;
         // SAFETY: `qp` is alive; `attr` is valid for the call.
-        let rc = unsafe {
-            ibv_modify_qp(
-                self.qp.as_ptr(),
-                &mut attr,
-                ibv_qp_attr_mask::IBV_QP_STATE.0 as i32,
-            )
-        };
+        let rc = unsafe { (self.ctx.v.ibv_modify_qp)(self.qp.as_ptr(), &mut attr, IBV_QP_STATE) };
         check(rc, "ibv_modify_qp to RESET")
     }
 }

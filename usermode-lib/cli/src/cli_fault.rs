@@ -33,15 +33,16 @@ const WR_PROBE: u64 = 99;
 /// `ibcm port-fault`.
 #[derive(Args, Debug)]
 pub struct FaultArgs {
-    /// The RDMA device (its port 1 carries ibcm's CM through ib_umad).
-    #[arg(long, default_value = "rxe0")]
-    dev: String,
-    /// The local IPv4 address.
-    #[arg(long)]
-    local: Ipv4Addr,
-    /// The rping server (`rping -s -P`).
-    #[arg(long)]
-    peer: Ipv4Addr,
+    /// The RDMA device (its port 1 carries ibcm's CM through ib_umad) [default: the first
+    /// one].
+    #[arg(long, value_name = "DEV")]
+    ib_dev: Option<String>,
+    /// This node's IPv4 address (rping's -I).
+    #[arg(short = 'I', long, value_name = "ADDR")]
+    bind: Ipv4Addr,
+    /// The rping server's IPv4 address (rping's -a; a `rping -s -P`).
+    #[arg(short = 'a', long, value_name = "ADDR")]
+    server: Ipv4Addr,
     /// RDMA-CM TCP port.
     #[arg(short = 'p', long, default_value = "7471")]
     port: u16,
@@ -88,12 +89,12 @@ fn connect(rc: &Rc, a: &FaultArgs, qp: RcQp, recv: &Region) -> Result<rc::Conn, 
         qp.post_recv(recv, 0, RPING_INFO_LEN, 1)
             .map_err(|e| e.to_string())
     };
-    rc::connect_qp(rc, qp, a.peer, a.port, &limits, post)
+    rc::connect_qp(rc, qp, a.server, a.port, &limits, post)
 }
 
 /// `ibcm port-fault`.
 pub fn port_fault(a: &FaultArgs) -> Result<bool, Failure> {
-    let rc = Rc::start(&a.dev, a.local)?;
+    let rc = Rc::start(&super::cli_rc::ib_dev(a.ib_dev.as_deref())?, a.bind)?;
     let wait = Duration::from_secs(a.wait as u64);
     let log = |s: String| println!("{s}");
     println!("fault: engine at start: {}", held(&rc));

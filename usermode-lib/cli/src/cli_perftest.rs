@@ -1,5 +1,5 @@
 //! `ibcm perftest`: a peer for Linux perftest's `ib_send_bw -R` / `ib_read_bw -R` in
-//! either role (`ibcm_cli::perftest`), Linux with the `verbs` feature.
+//! either role (`ibcm_cli::perftest`), Linux with the `devices` feature.
 //!
 //! The supported subset: one size (`-s`), one data QP, the bandwidth test half duplex,
 //! `-n` iterations. perftest modes with more exchanges or connections (`-b`, `-a`, `-q N`,
@@ -31,15 +31,18 @@ pub struct PerftestArgs {
     /// The test.
     #[arg(long, value_enum)]
     test: Test,
-    /// The RDMA device (its port 1 carries ibcm's CM through ib_umad).
-    #[arg(long, default_value = "rxe0")]
-    dev: String,
-    /// The local IPv4 address.
-    #[arg(long)]
-    local: std::net::Ipv4Addr,
-    /// The perftest server to connect to (the client); without it, serve one client.
-    #[arg(long)]
-    peer: Option<std::net::Ipv4Addr>,
+    /// The RDMA device (perftest's -d; its port 1 carries ibcm's CM through ib_umad)
+    /// [default: the first one, as perftest's].
+    #[arg(short = 'd', long, value_name = "DEV")]
+    ib_dev: Option<String>,
+    /// This node's IPv4 address (perftest's --bind_source_ip): its RoCEv2 GID is the
+    /// source of every packet, and a server listens on it.
+    #[arg(long, value_name = "ADDR")]
+    bind: std::net::Ipv4Addr,
+    /// The perftest server to connect to (perftest's server argument; the client);
+    /// without it, serve one client.
+    #[arg(long, value_name = "ADDR")]
+    server: Option<std::net::Ipv4Addr>,
     /// RDMA-CM TCP port (perftest's -p).
     #[arg(short = 'p', long, default_value = "18515")]
     port: u16,
@@ -73,7 +76,7 @@ fn log(s: String) {
 
 /// `ibcm perftest`.
 pub fn perftest(a: &PerftestArgs) -> Result<bool, Failure> {
-    let rc = Rc::start(&a.dev, a.local)?;
+    let rc = Rc::start(&super::cli_rc::ib_dev(a.ib_dev.as_deref())?, a.bind)?;
     let wait = Duration::from_secs(a.wait as u64);
     let verb = match a.test {
         Test::Send => Verb::Send,
@@ -91,8 +94,8 @@ pub fn perftest(a: &PerftestArgs) -> Result<bool, Failure> {
         depth: a.depth as u32,
         wait,
     };
-    let client = a.peer.is_some();
-    let mut ctl = match a.peer {
+    let client = a.server.is_some();
+    let mut ctl = match a.server {
         Some(peer) => perftest::control_connect(&rc, peer, a.port, wait)?,
         None => perftest::control_accept(&rc, a.port, wait, &log)?,
     };
@@ -105,7 +108,7 @@ pub fn perftest(a: &PerftestArgs) -> Result<bool, Failure> {
         "perftest: peer version {}, cycle buffer {}, MTU code {}",
         agreed.peer_version, agreed.cycle_buffer, agreed.mtu
     );
-    let data = match a.peer {
+    let data = match a.server {
         Some(peer) => perftest::data_connect(&rc, &mut ctl, peer, a.port, &o, &agreed, &log)?,
         None => perftest::data_accept(&rc, &mut ctl, a.port, &o, &agreed, &log)?,
     };

@@ -1,5 +1,5 @@
 //! `ibcm rping` and `ibcm rc-bw`: connections that carry data on a real RDMA device
-//! (`ibcm_cli::rc`), Linux with the `verbs` feature.
+//! (`ibcm_cli::rc`), Linux with the `devices` feature.
 
 use std::net::Ipv4Addr;
 use std::time::Duration;
@@ -11,18 +11,51 @@ use ibcm_linux::verbs::Region;
 
 use super::{Failure, positive};
 
-/// Where the connection comes from.
+/// This node's address and the server's, with rping's options (-I, -a).
+#[derive(Args, Debug)]
+pub struct RpingAddrs {
+    /// This node's IPv4 address (rping's -I): its RoCEv2 GID is the source of every
+    /// packet, and a server listens on it.
+    #[arg(short = 'I', long, value_name = "ADDR")]
+    bind: Ipv4Addr,
+    /// The server's IPv4 address (rping's -a): connect to it (the client); without it,
+    /// accept one connection.
+    #[arg(short = 'a', long, value_name = "ADDR")]
+    server: Option<Ipv4Addr>,
+}
+
+/// This node's address and the server's, with cmtime's and ucmatose's options (-b, -s).
+#[derive(Args, Debug)]
+pub struct CmAddrs {
+    /// This node's IPv4 address (ucmatose's -b): its RoCEv2 GID is the source of every
+    /// packet, and a server listens on it.
+    #[arg(short = 'b', long, value_name = "ADDR")]
+    bind: Ipv4Addr,
+    /// The server's IPv4 address (ucmatose's -s): connect to it (the client); without
+    /// it, accept one connection.
+    #[arg(short = 's', long, value_name = "ADDR")]
+    server: Option<Ipv4Addr>,
+}
+
+/// The RDMA device: the one named, else the first libibverbs lists (as perftest picks).
+pub(crate) fn ib_dev(named: Option<&str>) -> Result<String, Failure> {
+    if let Some(dev) = named {
+        return Ok(dev.to_string());
+    }
+    let devices = ibcm_linux::verbs::device_names().map_err(|e| e.to_string())?;
+    devices
+        .into_iter()
+        .next()
+        .ok_or_else(|| Failure("no RDMA device (rdma link add rxe0 type rxe netdev IFACE)".into()))
+}
+
+/// What the connection runs on and how it is set up.
 #[derive(Args, Debug)]
 pub struct RcCommon {
-    /// The RDMA device (its port 1 carries ibcm's CM through ib_umad).
-    #[arg(long, default_value = "rxe0")]
-    dev: String,
-    /// The local IPv4 address (its RoCEv2 GID is the source of every packet).
-    #[arg(long)]
-    local: Ipv4Addr,
-    /// Connect to this address (the client); without it, accept one connection.
-    #[arg(long)]
-    peer: Option<Ipv4Addr>,
+    /// The RDMA device (its port 1 carries ibcm's CM through ib_umad) [default: the first
+    /// one].
+    #[arg(long, value_name = "DEV")]
+    ib_dev: Option<String>,
     /// RDMA-CM TCP port.
     #[arg(short = 'p', long, default_value = "7471")]
     port: u16,
@@ -47,6 +80,8 @@ pub struct RcCommon {
 #[derive(Args, Debug)]
 pub struct RpingArgs {
     #[command(flatten)]
+    addrs: RpingAddrs,
+    #[command(flatten)]
     common: RcCommon,
     /// Pings (client).
     #[arg(short = 'C', long, default_value = "1", value_parser = positive)]
@@ -56,9 +91,26 @@ pub struct RpingArgs {
     size: usize,
 }
 
+/// `ibcm ucmatose`.
+#[derive(Args, Debug)]
+pub struct UcmatoseArgs {
+    #[command(flatten)]
+    addrs: CmAddrs,
+    #[command(flatten)]
+    common: RcCommon,
+    /// Messages each way (ucmatose's -C).
+    #[arg(short = 'C', long, default_value = "10", value_parser = positive)]
+    count: usize,
+    /// Bytes per message (ucmatose's -S).
+    #[arg(short = 'S', long, default_value = "100", value_parser = positive)]
+    size: usize,
+}
+
 /// `ibcm rc-bw`.
 #[derive(Args, Debug)]
 pub struct BwArgs {
+    #[command(flatten)]
+    addrs: CmAddrs,
     #[command(flatten)]
     common: RcCommon,
     /// Bytes per message.
@@ -76,11 +128,12 @@ fn log(s: String) {
     println!("{s}");
 }
 
-fn start(c: &RcCommon) -> Result<(Rc, Limits, Duration), Failure> {
-    let rc = Rc::start(&c.dev, c.local)?;
+fn start(c: &RcCommon, bind: Ipv4Addr) -> Result<(Rc, Limits, Duration), Failure> {
+    let dev = ib_dev(c.ib_dev.as_deref())?;
+    let rc = Rc::start(&dev, bind)?;
     println!(
         "rc: ibcm on {} port 1 ({:?}), CA GUID {:#018x}, GID index {}",
-        c.dev,
+        dev,
         rc.port(),
         rc.port().guid(),
         rc.port().gid_index()
@@ -96,15 +149,11 @@ fn start(c: &RcCommon) -> Result<(Rc, Limits, Duration), Failure> {
     Ok((rc, limits, Duration::from_secs(c.wait as u64)))
 }
 
-fn established(c: &RcCommon, conn: &Conn) -> Result<(), Failure> {
+fn established(c: &RcCommon, client: bool, conn: &Conn) -> Result<(), Failure> {
     println!(
         "rc: established in {:.3} ms ({} after {:.3} ms)",
         conn.setup.as_secs_f64() * 1e3,
-        if c.peer.is_some() {
-            "REP received"
-        } else {
-            "REP sent"
-        },
+        if client { "REP received" } else { "REP sent" },
         conn.answer.as_secs_f64() * 1e3
     );
     println!("rc: steps, ms: {}", conn.steps.line());
@@ -210,19 +259,19 @@ fn run_server<T>(rc: &Rc, conn: &Conn, wait: Duration, run: impl FnOnce() -> T) 
 
 /// `ibcm rping`.
 pub fn rping(a: &RpingArgs) -> Result<bool, Failure> {
-    let c = &a.common;
-    let (rc, limits, wait) = start(c)?;
+    let (c, server) = (&a.common, a.addrs.server);
+    let (rc, limits, wait) = start(c, a.addrs.bind)?;
     let recv = Region::new(&rc.ctx, RPING_INFO_LEN).map_err(|e| e.to_string())?;
     let post = |qp: &ibcm_linux::verbs::RcQp| {
         qp.post_recv(&recv, 0, RPING_INFO_LEN, 1)
             .map_err(|e| e.to_string())
     };
-    let client = c.peer.is_some();
-    let conn = match c.peer {
+    let client = server.is_some();
+    let conn = match server {
         Some(peer) => rc::connect(&rc, peer, c.port, &limits, post)?,
         None => rc::accept(&rc, c.port, &limits, wait, post, &log)?,
     };
-    established(c, &conn)?;
+    established(c, server.is_some(), &conn)?;
     let (report, disconnected) = if client {
         run_client(&rc, &conn, || {
             rc::rping_client(&rc, &conn, &recv, a.count as u32, a.size, wait, &log)
@@ -261,9 +310,9 @@ pub fn rping(a: &RpingArgs) -> Result<bool, Failure> {
 
 /// `ibcm rc-bw`.
 pub fn bw(a: &BwArgs) -> Result<bool, Failure> {
-    let c = &a.common;
-    let (rc, limits, wait) = start(c)?;
-    let client = c.peer.is_some();
+    let (c, server) = (&a.common, a.addrs.server);
+    let (rc, limits, wait) = start(c, a.addrs.bind)?;
+    let client = server.is_some();
     // The server keeps twice the client's depth posted: a SEND finds a receive even while
     // the server checks and reposts the previous ones (no RNR NAK, whose timer is 655 ms).
     let slots = if client { 1 } else { 2 * a.depth };
@@ -276,11 +325,11 @@ pub fn bw(a: &BwArgs) -> Result<bool, Failure> {
         }
         Ok(())
     };
-    let conn = match c.peer {
+    let conn = match server {
         Some(peer) => rc::connect(&rc, peer, c.port, &limits, post)?,
         None => rc::accept(&rc, c.port, &limits, wait, post, &log)?,
     };
-    established(c, &conn)?;
+    established(c, server.is_some(), &conn)?;
     let (ok, disconnected) = if client {
         run_client(&rc, &conn, || {
             match rc::bw_client(&rc, &conn, &recv, a.depth, a.size, a.iters as u64, wait) {
@@ -328,9 +377,9 @@ pub fn bw(a: &BwArgs) -> Result<bool, Failure> {
 }
 
 /// `ibcm ucmatose`: rdma-core ucmatose's exchange (`count` messages each way).
-pub fn ucmatose(a: &RpingArgs) -> Result<bool, Failure> {
-    let c = &a.common;
-    let (rc, limits, wait) = start(c)?;
+pub fn ucmatose(a: &UcmatoseArgs) -> Result<bool, Failure> {
+    let (c, server) = (&a.common, a.addrs.server);
+    let (rc, limits, wait) = start(c, a.addrs.bind)?;
     let recv = Region::new(&rc.ctx, a.count * a.size).map_err(|e| e.to_string())?;
     let post = |qp: &ibcm_linux::verbs::RcQp| {
         for i in 0..a.count {
@@ -339,11 +388,11 @@ pub fn ucmatose(a: &RpingArgs) -> Result<bool, Failure> {
         }
         Ok(())
     };
-    let conn = match c.peer {
+    let conn = match server {
         Some(peer) => rc::connect(&rc, peer, c.port, &limits, post)?,
         None => rc::accept(&rc, c.port, &limits, wait, post, &log)?,
     };
-    established(c, &conn)?;
+    established(c, server.is_some(), &conn)?;
     // Both ucmatose sides disconnect when their transfers are done (cmatose.c run_server
     // and run_client): so does ibcm, in either role.
     let (r, disconnected) = run_client(&rc, &conn, || {

@@ -1,11 +1,11 @@
-//! `--rocev2 LOCAL_ADDR`: `ibcm cmtime`, `ibcm listen` and `ibcm connect` on a real
+//! `--bind LOCAL_ADDR`: `ibcm cmtime`, `ibcm listen` and `ibcm connect` on a real
 //! RoCEv2 link (Linux), against a real CM such as Linux `rdma_cm` over soft-RoCE:
 //!
-//! - `ibcm cmtime --rocev2 A --peer B -c N`: the client of a Linux `cmtime -b B` server;
-//! - `ibcm listen --rocev2 A -p 7471 -C N`: the server of a Linux `cmtime -s A -c N`;
-//! - `ibcm connect --rocev2 A --peer B -p PORT -C N`: N connections one after the other,
+//! - `ibcm cmtime -b A -s B -c N`: the client of a Linux `cmtime -b B` server;
+//! - `ibcm listen -b A -p 7471 -c N`: the server of a Linux `cmtime -s A -c N`;
+//! - `ibcm connect -b A -s B -p PORT -c N`: N connections one after the other,
 //!   each held until all were tried, then all disconnected;
-//! - `ibcm listen --rocev2 A -p 7471 --beside-al 7472 -C N`: two CMs on the node, ibcm's
+//! - `ibcm listen -b A -p 7471 --beside-al 7472 -c N`: two CMs on the node, ibcm's
 //!   serving port 7471 and a stand-in for WinOF AL's serving port 7472, every received MAD
 //!   steered by ibcm's engine (issue #19); each serves N connections, and the steering
 //!   counts say which CM got which MADs.
@@ -21,7 +21,7 @@ use clap::Args;
 pub use imp::{cmtime, exchange};
 
 /// rdma-core cmtime's TCP port.
-const CMTIME_PORT: u16 = 7471;
+pub(crate) const CMTIME_PORT: u16 = 7471;
 
 /// The CM attributes by name.
 const ATTRIBUTES: [(&str, u16); 11] = [
@@ -67,42 +67,42 @@ fn attribute_name(id: u16) -> String {
 /// Options of a RoCEv2 link (flattened into cmtime, listen and connect).
 #[derive(Args, Debug, Clone)]
 pub struct RoceArgs {
-    /// Run on a real RoCEv2 link instead of the simulated fabric: QP1 over UDP 4791 on the
-    /// local IPv4 address LOCAL_ADDR (Linux; a raw socket: root or CAP_NET_RAW). The peer
-    /// is an RDMA-CM one (TCP port-space service IDs, IP header in the REQ).
-    #[arg(long, value_name = "LOCAL_ADDR", help_heading = "RoCEv2 link")]
-    pub rocev2: Option<Ipv4Addr>,
-    /// The peer's IPv4 address (cmtime, connect).
+    /// Run on a real RoCEv2 link instead of the simulated fabric, bound to this local IPv4
+    /// address (cmtime's and ucmatose's -b): QP1 over UDP 4791 (Linux; a raw socket: root
+    /// or CAP_NET_RAW), or on --ib-dev. The peer is an RDMA-CM one (TCP port-space service
+    /// IDs, IP header in the REQ).
+    #[arg(short = 'b', long, value_name = "ADDR", help_heading = "RoCEv2 link")]
+    pub bind: Option<Ipv4Addr>,
+    /// The server's IPv4 address (cmtime's and ucmatose's -s): cmtime and connect connect
+    /// to it.
     #[arg(
+        short = 's',
         long,
-        value_name = "PEER_ADDR",
-        requires = "rocev2",
+        value_name = "ADDR",
+        requires = "bind",
         help_heading = "RoCEv2 link"
     )]
-    pub peer: Option<Ipv4Addr>,
-    /// cmtime: the peer's RDMA-CM TCP port (rdma-core cmtime's by default).
-    #[arg(long, value_name = "PORT", default_value_t = CMTIME_PORT, help_heading = "RoCEv2 link")]
-    pub rdma_port: u16,
+    pub server: Option<Ipv4Addr>,
     /// Prefix length of the local subnet; MADs to any address outside it are refused.
     #[arg(long, value_name = "BITS", default_value_t = 24, value_parser = clap::value_parser!(u8).range(8..=32), help_heading = "RoCEv2 link")]
     pub prefix_len: u8,
-    /// The CA GUID (default: the EUI-64 of the MAC of the interface holding LOCAL_ADDR).
-    #[arg(long, value_name = "GUID", value_parser = super::number, requires = "rocev2", help_heading = "RoCEv2 link")]
+    /// The CA GUID (default: the EUI-64 of the MAC of the interface holding --bind).
+    #[arg(long, value_name = "GUID", value_parser = super::number, requires = "bind", help_heading = "RoCEv2 link")]
     pub guid: Option<u64>,
     /// Fault injection: drop the first K outgoing MADs of an attribute (ATTR:K, e.g.
     /// REQ:2; repeatable).
-    #[arg(long = "drop-tx", value_name = "ATTR:K", value_parser = parse_drop, requires = "rocev2", help_heading = "RoCEv2 link")]
+    #[arg(long = "drop-tx", value_name = "ATTR:K", value_parser = parse_drop, requires = "bind", help_heading = "RoCEv2 link")]
     pub drop_tx: Vec<(u16, u32)>,
     /// Fault injection: drop the first K incoming MADs of an attribute (ATTR:K).
-    #[arg(long = "drop-rx", value_name = "ATTR:K", value_parser = parse_drop, requires = "rocev2", help_heading = "RoCEv2 link")]
+    #[arg(long = "drop-rx", value_name = "ATTR:K", value_parser = parse_drop, requires = "bind", help_heading = "RoCEv2 link")]
     pub drop_rx: Vec<(u16, u32)>,
     /// cmtime, connect: give every connection the same QPN (a CM must reject the reuse
     /// while the first connection is up: REJ reason 10, stale connection).
-    #[arg(long, requires = "rocev2", help_heading = "RoCEv2 link")]
+    #[arg(long, requires = "bind", help_heading = "RoCEv2 link")]
     pub reuse_qpn: bool,
     /// listen: end each connection with our DREQ once it is established (by default the
     /// peer's DREQ is awaited and answered).
-    #[arg(long, requires = "rocev2", help_heading = "RoCEv2 link")]
+    #[arg(long, requires = "bind", help_heading = "RoCEv2 link")]
     pub disconnect: bool,
     /// listen: carry a second CM on this node beside ibcm's, standing in for WinOF AL's,
     /// serving RDMA-CM TCP port AL_PORT (as many connections, ended the same way); every
@@ -112,22 +112,22 @@ pub struct RoceArgs {
     #[arg(
         long,
         value_name = "AL_PORT",
-        requires = "rocev2",
+        requires = "bind",
         help_heading = "RoCEv2 link"
     )]
     pub beside_al: Option<u16>,
     /// Run on this RDMA device (`rxe0`) instead of a raw socket: ibcm's driver on the
     /// device's QP1 through ib_umad (the kernel's `ib_cm` must not be loaded), every
     /// connection with a real RC QP of rdma-core cmtime's size, moved to INIT, RTR and RTS
-    /// with the engine's transitions (Linux, feature `verbs`). LOCAL_ADDR is the device's
+    /// with the engine's transitions (Linux, feature `devices`). --bind is the device's
     /// IPv4 address.
     #[arg(
         long,
         value_name = "DEV",
-        requires = "rocev2",
+        requires = "bind",
         help_heading = "RoCEv2 link"
     )]
-    pub rdma_dev: Option<String>,
+    pub ib_dev: Option<String>,
 }
 
 #[cfg(target_os = "linux")]
@@ -135,6 +135,7 @@ mod imp {
     use std::net::Ipv4Addr;
     use std::time::Duration;
 
+    use ibcm_cli::cmtime::{StepRow, step_table};
     use ibcm_cli::exchange::Service;
     use ibcm_cli::rocev2::{
         self, ConnectConfig, ConnectReport, Ending, Roce, RoceConfig, RoceFaults, ServeConfig,
@@ -145,7 +146,7 @@ mod imp {
     use super::super::{ATTRIBUTES, CmtimeArgs, ExchangeArgs, FabricArgs, Failure};
     use super::{CMTIME_PORT, RoceArgs, attribute_name};
 
-    /// The service `listen`/`connect --rocev2` use: `--port` (an RDMA-CM port), else
+    /// The service `listen`/`connect --bind` use: `--port` (an RDMA-CM port), else
     /// `--service-id`, else cmtime's port.
     fn exchange_service(a: &ExchangeArgs) -> Service {
         match (a.port, a.service_id) {
@@ -155,12 +156,12 @@ mod imp {
         }
     }
 
-    /// What `listen --rocev2` serves: `--count` connections on `service`, each ended by our
+    /// What `listen --bind` serves: `--connections` connections on `service`, each ended by our
     /// DREQ with `--disconnect`, else by the peer's; QPNs from `qpn_base`.
     fn serve_config(a: &ExchangeArgs, service: &Service, qpn_base: u32) -> ServeConfig {
         ServeConfig {
             service_id: service.service_id(),
-            count: a.count,
+            count: a.connections,
             wait: Duration::from_secs(a.wait as u64),
             ending: if a.roce.disconnect {
                 Ending::Us
@@ -173,15 +174,15 @@ mod imp {
 
     impl RoceArgs {
         fn start(&self, fabric: &FabricArgs) -> Result<Option<Roce>, Failure> {
-            let Some(local) = self.rocev2 else {
+            let Some(local) = self.bind else {
                 return Ok(None);
             };
             if fabric.device {
-                return Err(Failure("--rocev2 and --device exclude each other".into()));
+                return Err(Failure("--bind and --device exclude each other".into()));
             }
             if fabric.pcap.is_some() {
                 return Err(Failure(
-                    "--pcap records the simulated fabric; on --rocev2 capture the link itself \
+                    "--pcap records the simulated fabric; on a link capture the link itself \
                  (tcpdump -i IFACE -w FILE udp port 4791)"
                         .into(),
                 ));
@@ -189,7 +190,7 @@ mod imp {
             if fabric.faults() != ibcm::Faults::default() {
                 return Err(Failure(
                     "--loss/--dup/--reorder/--corrupt/--delay are the simulated fabric's; on \
-                 --rocev2 use --drop-tx/--drop-rx"
+                 a link use --drop-tx/--drop-rx"
                         .into(),
                 ));
             }
@@ -222,8 +223,8 @@ mod imp {
         }
 
         fn peer(&self) -> Result<Ipv4Addr, Failure> {
-            self.peer
-                .ok_or_else(|| Failure("--rocev2 needs --peer PEER_ADDR here".into()))
+            self.server
+                .ok_or_else(|| Failure("--bind needs --server ADDR here".into()))
         }
     }
 
@@ -301,47 +302,38 @@ mod imp {
         format!("{:.2}", d.as_secs_f64() * 1e3)
     }
 
-    fn print_steps(r: &ConnectReport) {
-        println!();
-        println!(
-            "{:<22} {:>8} {:>10} {:>10} {:>10} {:>10}",
-            "step", "count", "total ms", "min ms", "median ms", "max ms"
-        );
-        let row = |name: &str, s: &StepTimes| {
-            println!(
-                "{name:<22} {:>8} {:>10} {:>10} {:>10} {:>10}",
-                s.count,
-                ms(s.total),
-                ms(s.min),
-                ms(s.median),
-                ms(s.max)
-            );
-        };
-        if r.create_qp > Duration::ZERO {
-            println!(
-                "{:<22} {:>8} {:>10}",
-                "create qp",
-                r.attempted,
-                ms(r.create_qp)
-            );
+    /// The step rows of a connect run, in rdma-core cmtime's order.
+    fn step_rows(r: &ConnectReport) -> Vec<StepRow> {
+        let mut rows = Vec::new();
+        if r.create_qp.count > 0 {
+            rows.push(r.create_qp.row("create qp"));
         }
-        row("connect (REQ -> REP)", &r.connect);
-        if r.establish.count > 0 && r.create_qp > Duration::ZERO {
+        rows.push(r.connect.row("connect (REQ -> REP)"));
+        if r.establish.count > 0 && r.create_qp.count > 0 {
             // INIT is inside this span here, outside cmtime's (librdmacm applies it in
             // rdma_create_qp): its own row, to take off for a like-for-like figure.
-            row("  of which INIT", &r.init);
-            row("establish (REQ -> RTU)", &r.establish);
+            rows.push(r.init.row("  of which INIT"));
+            rows.push(r.establish.row("establish (REQ -> RTU)"));
             if let Some(first) = r.first_establish {
-                println!(
-                    "{:<22} {:>8} {:>10}   (this process's first: a fresh client's; the median above is a warm client's)",
-                    "establish, 1st",
-                    1,
-                    ms(first)
-                );
+                // This process's first: a fresh client's; the median above is a warm one's.
+                let once = StepTimes {
+                    count: 1,
+                    total: first,
+                    min: first,
+                    median: first,
+                    p99: first,
+                    max: first,
+                };
+                rows.push(once.row("establish, 1st"));
             }
         }
-        row("disconnect (DREQ -> DREP)", &r.disconnect);
+        rows.push(r.disconnect.row("disconnect (DREQ -> DREP)"));
+        rows
+    }
+
+    fn print_steps(r: &ConnectReport) {
         println!();
+        print!("{}", step_table(&step_rows(r)));
         println!(
             "setup:    {}/{} established in {:.3} s",
             r.established,
@@ -378,11 +370,18 @@ mod imp {
         }
     }
 
-    /// `ibcm cmtime --rocev2`: the client of an RDMA-CM server (Linux `cmtime -b`).
+    /// `ibcm cmtime --bind`: the client of an RDMA-CM server (Linux `cmtime -b`).
     pub fn cmtime(a: &CmtimeArgs) -> Result<Option<bool>, Failure> {
         a.roce.only_listen_beside_al()?;
-        if a.roce.rocev2.is_some()
-            && let Some(dev) = &a.roce.rdma_dev
+        if a.roce.bind.is_some() && a.json {
+            return Err(Failure(
+                "--json reports simulated and --device runs; on a link (--bind) the report is \
+                 text"
+                    .into(),
+            ));
+        }
+        if a.roce.bind.is_some()
+            && let Some(dev) = &a.roce.ib_dev
         {
             return on_device::cmtime(a, dev).map(Some);
         }
@@ -390,20 +389,21 @@ mod imp {
             return Ok(None);
         };
         let peer = a.roce.peer()?;
+        let connections = a.connections.unwrap_or(super::super::CMTIME_CONNECTIONS);
         let cfg = ConnectConfig {
             window: a.window,
             timing: Timing {
                 packet_life_time: a.packet_life_time,
                 cm_response_timeout: a.response_timeout,
-                max_cm_retries: a.retries,
+                max_cm_retries: a.max_cm_retries,
             },
             reuse_qpn: a.roce.reuse_qpn,
-            ..ConnectConfig::new(peer, a.roce.rdma_port, a.connections)
+            ..ConnectConfig::new(peer, a.port, connections)
         };
         println!(
             "ibcm cmtime: {} connections to {peer} RDMA-CM TCP port {} (service ID {:#018x}), window {}; a REQ is re-sent after {} ms, {} retries",
             cfg.count,
-            a.roce.rdma_port,
+            a.port,
             cfg.service_id,
             cfg.window,
             ms(cfg.timing.retry_interval()),
@@ -451,13 +451,13 @@ mod imp {
         r.requests == count && r.completed == count
     }
 
-    /// `ibcm listen --rocev2` / `ibcm connect --rocev2`.
+    /// `ibcm listen --bind` / `ibcm connect --bind`.
     pub fn exchange(a: &ExchangeArgs, listen: bool) -> Result<Option<bool>, Failure> {
         if !listen {
             a.roce.only_listen_beside_al()?;
         }
-        if a.roce.rocev2.is_some()
-            && let Some(dev) = &a.roce.rdma_dev
+        if a.roce.bind.is_some()
+            && let Some(dev) = &a.roce.ib_dev
         {
             return on_device::exchange(a, listen, dev).map(Some);
         }
@@ -499,13 +499,14 @@ mod imp {
                     });
                     let theirs =
                         theirs.map_err(|_| Failure("the AL stand-in's server panicked".into()))?;
-                    let ours_ok = print_served("listen [ibcm]", &ours?, &cfg, local, a.count);
-                    let theirs_ok = print_served("listen [AL]", &theirs?, &al_cfg, local, a.count);
+                    let ours_ok = print_served("listen [ibcm]", &ours?, &cfg, local, a.connections);
+                    let theirs_ok =
+                        print_served("listen [AL]", &theirs?, &al_cfg, local, a.connections);
                     ours_ok && theirs_ok
                 }
                 _ => {
                     let r = rocev2::serve(&roce.provider, local, &cfg, &log)?;
-                    print_served("listen", &r, &cfg, local, a.count)
+                    print_served("listen", &r, &cfg, local, a.connections)
                 }
             }
         } else {
@@ -515,11 +516,11 @@ mod imp {
                 window: 1,
                 reuse_qpn: a.roce.reuse_qpn,
                 deadline: wait,
-                ..ConnectConfig::new(peer, CMTIME_PORT, a.count)
+                ..ConnectConfig::new(peer, CMTIME_PORT, a.connections)
             };
             log(format!(
                 "{} connection(s) to {peer}, {service}, one after the other",
-                a.count
+                a.connections
             ));
             let r = rocev2::connect(&roce, &cfg, &log);
             print_steps(&r);
@@ -529,17 +530,17 @@ mod imp {
         Ok(Some(ok && clean))
     }
 
-    /// `--rdma-dev DEV`: cmtime, listen and connect on a real RDMA device (the user
+    /// `--ib-dev DEV`: cmtime, listen and connect on a real RDMA device (the user
     /// library's `rdma` backend: the driver on the device's QP1 through ib_umad), every
     /// connection with a real RC QP: what rdma-core `cmtime` does on either side.
     mod on_device {
-        #[cfg(not(feature = "verbs"))]
+        #[cfg(not(feature = "devices"))]
         use super::super::super::{CmtimeArgs, ExchangeArgs};
         use super::super::super::{FabricArgs, Failure};
         use super::RoceArgs;
 
         /// Refuses what belongs to the raw-socket link or the simulated fabric.
-        #[cfg_attr(not(feature = "verbs"), allow(dead_code))]
+        #[cfg_attr(not(feature = "devices"), allow(dead_code))]
         fn check(r: &RoceArgs, fabric: &FabricArgs) -> Result<(), Failure> {
             let raw_only = [
                 (r.beside_al.is_some(), "--beside-al"),
@@ -557,12 +558,12 @@ mod imp {
                 ),
             ];
             match raw_only.iter().find(|(set, _)| *set) {
-                Some((_, what)) => Err(Failure(format!("{what} does not go with --rdma-dev"))),
+                Some((_, what)) => Err(Failure(format!("{what} does not go with --ib-dev"))),
                 None => Ok(()),
             }
         }
 
-        #[cfg(feature = "verbs")]
+        #[cfg(feature = "devices")]
         mod imp {
             use std::sync::Arc;
             use std::time::Duration;
@@ -576,8 +577,8 @@ mod imp {
 
             fn start(a: &super::RoceArgs, dev: &str) -> Result<(Rc, VerbsQps), Failure> {
                 let local = a
-                    .rocev2
-                    .ok_or_else(|| Failure("--rdma-dev needs --rocev2 LOCAL_ADDR".into()))?;
+                    .bind
+                    .ok_or_else(|| Failure("--ib-dev needs --bind ADDR".into()))?;
                 let rc = Rc::start(dev, local).map_err(Failure)?;
                 println!(
                     "rdma: ibcm on {dev} port 1 through ib_umad ({}), CA GUID {:#018x}, GID index {}, real RC QPs",
@@ -635,20 +636,23 @@ mod imp {
             pub fn cmtime(a: &CmtimeArgs, dev: &str) -> Result<bool, Failure> {
                 check(&a.roce, &a.fabric)?;
                 let peer = a.roce.peer()?;
+                let connections = a
+                    .connections
+                    .unwrap_or(super::super::super::super::CMTIME_CONNECTIONS);
                 let (rc, qps) = start(&a.roce, dev)?;
                 let cfg = ConnectConfig {
                     window: a.window,
                     timing: Timing {
                         packet_life_time: a.packet_life_time,
                         cm_response_timeout: a.response_timeout,
-                        max_cm_retries: a.retries,
+                        max_cm_retries: a.max_cm_retries,
                     },
-                    ..ConnectConfig::new(peer, a.roce.rdma_port, a.connections)
+                    ..ConnectConfig::new(peer, a.port, connections)
                 };
                 println!(
                     "ibcm cmtime: {} connections to {peer} RDMA-CM TCP port {} (service ID {:#018x}), window {}; a REQ is re-sent after {} ms, {} retries",
                     cfg.count,
-                    a.roce.rdma_port,
+                    a.port,
                     cfg.service_id,
                     cfg.window,
                     ms(cfg.timing.retry_interval()),
@@ -680,7 +684,7 @@ mod imp {
                 let ok = if listen {
                     let cfg = super::super::serve_config(a, &service, 0);
                     let r = rocev2::serve_on(&rc.provider, local, Some(&qps), &cfg, &log)?;
-                    let ok = print_served("listen", &r, &cfg, local, a.count);
+                    let ok = print_served("listen", &r, &cfg, local, a.connections);
                     print_establish("establish (REQ -> RTU)", &r.establish);
                     ok && r.failures.is_empty()
                 } else {
@@ -689,11 +693,11 @@ mod imp {
                         service_id: service.service_id(),
                         window: 1,
                         deadline: wait,
-                        ..ConnectConfig::new(peer, CMTIME_PORT, a.count)
+                        ..ConnectConfig::new(peer, CMTIME_PORT, a.connections)
                     };
                     log(format!(
                         "{} connection(s) to {peer}, {service}, one after the other",
-                        a.count
+                        a.connections
                     ));
                     let r = rocev2::connect_on(&rc.provider, local, Some(&qps), &cfg, &log);
                     print_steps(&r);
@@ -705,17 +709,23 @@ mod imp {
             }
         }
 
-        #[cfg(feature = "verbs")]
+        #[cfg(feature = "devices")]
         pub use imp::{cmtime, exchange};
 
-        #[cfg(not(feature = "verbs"))]
+        #[cfg(not(feature = "devices"))]
         pub fn cmtime(_: &CmtimeArgs, _: &str) -> Result<bool, Failure> {
-            Err(Failure("--rdma-dev needs the `verbs` feature".into()))
+            Err(Failure(
+                "--ib-dev needs the `devices` feature (cargo build -p ibcm-cli --features devices)"
+                    .into(),
+            ))
         }
 
-        #[cfg(not(feature = "verbs"))]
+        #[cfg(not(feature = "devices"))]
         pub fn exchange(_: &ExchangeArgs, _: bool, _: &str) -> Result<bool, Failure> {
-            Err(Failure("--rdma-dev needs the `verbs` feature".into()))
+            Err(Failure(
+                "--ib-dev needs the `devices` feature (cargo build -p ibcm-cli --features devices)"
+                    .into(),
+            ))
         }
     }
 }
@@ -734,8 +744,10 @@ pub fn exchange(a: &super::ExchangeArgs, _listen: bool) -> Result<Option<bool>, 
 
 #[cfg(not(target_os = "linux"))]
 fn off_linux(r: &RoceArgs) -> Result<Option<bool>, super::Failure> {
-    match r.rocev2 {
-        Some(_) => Err(super::Failure("--rocev2 runs on Linux".into())),
+    match r.bind {
+        Some(_) => Err(super::Failure(
+            "--bind (a RoCEv2 link) runs on Linux".into(),
+        )),
         None => Ok(None),
     }
 }

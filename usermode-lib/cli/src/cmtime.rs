@@ -1406,3 +1406,151 @@ fn process_cpu() -> Option<Duration> {
         (utime + stime) * 1000 / TICKS_PER_SECOND,
     ))
 }
+
+/// One row of the cmtime step table, the same on every fabric (simulated, RoCEv2 link,
+/// RDMA device): what rdma-core cmtime prints per step (total, min, max, per connection)
+/// plus the median and 99th percentile, every duration in ns.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StepRow {
+    /// The step's name.
+    pub name: String,
+    /// Connections that completed it.
+    pub count: usize,
+    /// From the first start to the last end (cmtime's "total").
+    pub total_ns: u64,
+    /// Shortest.
+    pub min_ns: u64,
+    /// Median.
+    pub median_ns: u64,
+    /// 99th percentile.
+    pub p99_ns: u64,
+    /// Longest.
+    pub max_ns: u64,
+}
+
+impl From<&StepStats> for StepRow {
+    fn from(s: &StepStats) -> Self {
+        Self {
+            name: s.step.name().to_string(),
+            count: s.count,
+            total_ns: s.span_ns,
+            min_ns: s.min_ns,
+            median_ns: s.median_ns,
+            p99_ns: s.p99_ns,
+            max_ns: s.max_ns,
+        }
+    }
+}
+
+impl StepRow {
+    /// The total over the connections (cmtime's "us / conn"), ns.
+    pub fn per_connection_ns(&self) -> u64 {
+        self.total_ns / self.count.max(1) as u64
+    }
+
+    /// The row as JSON: durations in us.
+    pub fn json(&self) -> serde_json::Value {
+        let us = |ns: u64| ns as f64 / 1e3;
+        serde_json::json!({
+            "step": self.name,
+            "count": self.count,
+            "total_us": us(self.total_ns),
+            "min_us": us(self.min_ns),
+            "median_us": us(self.median_ns),
+            "p99_us": us(self.p99_ns),
+            "max_us": us(self.max_ns),
+            "us_per_connection": us(self.per_connection_ns()),
+        })
+    }
+}
+
+/// The step table: one header and one line per row, every column as wide as its widest
+/// cell (a long step name or a slow step never runs into the next column). Total in ms,
+/// the rest in us, as rdma-core cmtime prints them.
+pub fn step_table(rows: &[StepRow]) -> String {
+    const HEAD: [&str; 8] = [
+        "step",
+        "count",
+        "total ms",
+        "min us",
+        "median us",
+        "p99 us",
+        "max us",
+        "us/conn",
+    ];
+    let us = |ns: u64| format!("{:.1}", ns as f64 / 1e3);
+    let cells: Vec<[String; 8]> = rows
+        .iter()
+        .map(|r| {
+            [
+                r.name.clone(),
+                r.count.to_string(),
+                format!("{:.2}", r.total_ns as f64 / 1e6),
+                us(r.min_ns),
+                us(r.median_ns),
+                us(r.p99_ns),
+                us(r.max_ns),
+                us(r.per_connection_ns()),
+            ]
+        })
+        .collect();
+    let mut width = HEAD.map(str::len);
+    for row in &cells {
+        for (w, c) in width.iter_mut().zip(row) {
+            *w = (*w).max(c.len());
+        }
+    }
+    let line = |row: [&str; 8]| {
+        let mut out = format!("{:<w$}", row[0], w = width[0]);
+        for (c, w) in row.iter().zip(width).skip(1) {
+            out.push_str(&format!("  {c:>w$}"));
+        }
+        out.push('\n');
+        out
+    };
+    let mut out = line(HEAD);
+    for row in &cells {
+        out.push_str(&line(row.each_ref().map(String::as_str)));
+    }
+    out
+}
+
+#[cfg(test)]
+mod step_table_tests {
+    use super::*;
+
+    #[test]
+    fn columns_fit_their_widest_cell() {
+        let rows = [
+            StepRow {
+                name: "disconnect (DREQ -> DREP)".into(),
+                count: 100,
+                total_ns: 123_456_789_000,
+                min_ns: 1_000,
+                median_ns: 2_000,
+                p99_ns: 3_000,
+                max_ns: 98_765_432_100,
+            },
+            StepRow {
+                name: "REQ -> REP".into(),
+                count: 1,
+                total_ns: 5,
+                min_ns: 5,
+                median_ns: 5,
+                p99_ns: 5,
+                max_ns: 5,
+            },
+        ];
+        let table = step_table(&rows);
+        let lines: Vec<&str> = table.lines().collect();
+        assert_eq!(lines.len(), 3);
+        // Every line as long as the header, and each column's right edge in one place.
+        assert!(lines.iter().all(|l| l.len() == lines[0].len()), "{table}");
+        assert!(
+            lines[1].starts_with("disconnect (DREQ -> DREP)  "),
+            "{table}"
+        );
+        assert!(lines[1].contains("98765432.1"), "{table}");
+        assert!(lines[1].ends_with("1234567.9"), "{table}");
+    }
+}

@@ -11,8 +11,8 @@
 //! - [`upper_filters`]: the HCA's `UpperFilters` with ibcm directly above ibbus, or
 //!   without it (`ibcm install` / `ibcm uninstall`); `install_windows` edits the
 //!   devnodes with it.
-//! - [`rc`] (feature `verbs`, Linux): connections that carry data, on a real RDMA device.
-//! - [`perftest`] (feature `verbs`, Linux): perftest's rdma_cm mode on such connections.
+//! - [`rc`] (feature `devices`, Linux): connections that carry data, on a real RDMA device.
+//! - [`perftest`] (feature `devices`, Linux): perftest's rdma_cm mode on such connections.
 #![deny(unsafe_code)]
 #![warn(missing_docs)]
 
@@ -20,9 +20,9 @@ pub mod cmtime;
 pub mod exchange;
 #[cfg(windows)]
 pub mod install_windows;
-#[cfg(all(target_os = "linux", feature = "verbs"))]
+#[cfg(all(target_os = "linux", feature = "devices"))]
 pub mod perftest;
-#[cfg(all(target_os = "linux", feature = "verbs"))]
+#[cfg(all(target_os = "linux", feature = "devices"))]
 pub mod rc;
 #[cfg(target_os = "linux")]
 pub mod rocev2;

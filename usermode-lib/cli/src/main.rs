@@ -25,12 +25,12 @@ use ibcm_cli::status::{self, ATTRIBUTES};
 use ibcm_ioctl::CountersOut;
 use indicatif::{ProgressBar, ProgressStyle};
 
-#[cfg(all(target_os = "linux", feature = "verbs"))]
+#[cfg(all(target_os = "linux", feature = "devices"))]
 mod cli_fault;
 mod cli_install;
-#[cfg(all(target_os = "linux", feature = "verbs"))]
+#[cfg(all(target_os = "linux", feature = "devices"))]
 mod cli_perftest;
-#[cfg(all(target_os = "linux", feature = "verbs"))]
+#[cfg(all(target_os = "linux", feature = "devices"))]
 mod cli_rc;
 mod cli_rocev2;
 
@@ -38,10 +38,16 @@ mod cli_rocev2;
 #[command(
     name = "ibcm",
     version,
-    about = "InfiniBand connection manager tools: cmtime, listen/connect, stats",
-    long_about = "InfiniBand connection manager tools. By default every command runs on a \
-                  simulated two-node fabric in this process (node 0: client, node 1: server), \
-                  in real time; on Windows, --device uses the installed ibcm driver."
+    about = "ibcm, an InfiniBand connection manager: cmtime, listen/connect (ucmatose), stats, \
+             status, install; rping, ucmatose, rc-bw, perftest, port-fault on RDMA devices",
+    long_about = "ibcm, an InfiniBand connection manager, and tools that exercise it. cmtime, \
+                  listen, connect, stats and status run on a simulated two-node fabric in this \
+                  process by default (node 0: client, node 1: server), in real time; on Linux, \
+                  with --bind ADDR they run on a real RoCEv2 link, peers of rdma-core's tools \
+                  (and with --ib-dev on an RDMA device); on Windows, --device uses the \
+                  installed ibcm driver. rping, ucmatose, rc-bw, perftest and port-fault run \
+                  on an RDMA device (Linux, built with the feature `devices`). Short options \
+                  follow the rdma-core tool each command mirrors."
 )]
 struct Cli {
     /// Trace what the driver does on stderr: -v connection milestones and failures with
@@ -80,23 +86,23 @@ enum Command {
     Uninstall(cli_install::FilterArgs),
     /// rdma-core rping's exchange on a real RDMA device (RDMA READ, RDMA WRITE, SEND),
     /// every ping verified; a peer for Linux `rping -v -V` in either role.
-    #[cfg(all(target_os = "linux", feature = "verbs"))]
+    #[cfg(all(target_os = "linux", feature = "devices"))]
     Rping(cli_rc::RpingArgs),
     /// rdma-core ucmatose's exchange on a real RDMA device: -C messages of -S bytes each
     /// way, then both sides disconnect; a peer for Linux `ucmatose` in either role.
-    #[cfg(all(target_os = "linux", feature = "verbs"))]
-    Ucmatose(cli_rc::RpingArgs),
+    #[cfg(all(target_os = "linux", feature = "devices"))]
+    Ucmatose(cli_rc::UcmatoseArgs),
     /// RDMA READ and SEND bandwidth between two ibcm nodes on real RDMA devices, every
     /// byte verified.
-    #[cfg(all(target_os = "linux", feature = "verbs"))]
+    #[cfg(all(target_os = "linux", feature = "devices"))]
     RcBw(cli_rc::BwArgs),
     /// A peer for Linux perftest's `ib_send_bw -R` / `ib_read_bw -R` (rdma_cm mode) in
     /// either role: its control connection, parameter exchange and report.
-    #[cfg(all(target_os = "linux", feature = "verbs"))]
+    #[cfg(all(target_os = "linux", feature = "devices"))]
     Perftest(cli_perftest::PerftestArgs),
     /// rping's client while the port goes down under it: the CM event, the QP in ERR,
     /// nothing left in the engine; then, the port back, a new connection's pings verified.
-    #[cfg(all(target_os = "linux", feature = "verbs"))]
+    #[cfg(all(target_os = "linux", feature = "devices"))]
     PortFault(cli_fault::FaultArgs),
 }
 
@@ -218,33 +224,50 @@ impl FabricArgs {
     }
 }
 
+/// Connections of a simulated cmtime run when `-c` is not given.
+const SIM_CONNECTIONS: usize = 10_000;
+/// Connections of a cmtime run on a link or device when `-c` is not given (rdma-core
+/// cmtime's default).
+const CMTIME_CONNECTIONS: usize = 100;
+
 #[derive(Args, Debug)]
 struct CmtimeArgs {
-    /// Connections to open.
-    #[arg(short = 'c', long, default_value = "10000", value_parser = positive)]
-    connections: usize,
+    /// Connections to open [default: 10000 on the simulated fabric, 100 (rdma-core
+    /// cmtime's) on a RoCEv2 link or device]. The simulated main job opens 10 000: at
+    /// cmtime's 100 the run lasts a few milliseconds, too short for a rate, percentiles
+    /// or the driver's memory per connection to mean anything.
+    #[arg(short = 'c', long, value_parser = positive)]
+    connections: Option<usize>,
     /// Client threads starting connections (each with its own completion port).
-    #[arg(short = 't', long, default_value = "1", value_parser = positive)]
+    #[arg(long, default_value = "1", value_parser = positive)]
     threads: usize,
     /// Most connections in flight at once.
-    #[arg(short = 'w', long, default_value = "256", value_parser = positive)]
+    #[arg(long, default_value = "256", value_parser = positive)]
     window: usize,
-    /// Service ID to listen on and connect to.
+    /// Service ID to listen on and connect to (simulated fabric; a link uses --port).
     #[arg(long, default_value = "0x1c0de", value_parser = number)]
     service_id: u64,
+    /// The server's RDMA-CM TCP port (rdma-core cmtime's -p; a RoCEv2 link or device).
+    #[arg(short = 'p', long, default_value_t = cli_rocev2::CMTIME_PORT)]
+    port: u16,
     /// PacketLifeTime (IB time exponent: 4.096 us x 2^t).
     #[arg(long, default_value = "10", value_parser = ib_time)]
     packet_life_time: u8,
     /// CM response timeout (IB time exponent).
     #[arg(long, default_value = "15", value_parser = ib_time)]
     response_timeout: u8,
-    /// MaxCMRetries.
+    /// MaxCMRetries: REQs re-sent before the connection times out (Linux rdma_cm's is
+    /// 15).
     #[arg(long, default_value = "15", value_parser = retries)]
-    retries: u8,
+    max_cm_retries: u8,
     /// Run the simulated fabric in virtual time on this thread (deterministic; the whole
     /// stack on one core).
     #[arg(long)]
     virtual_time: bool,
+    /// Print the report as one JSON object (steps, setup, teardown, storm, driver
+    /// memory, failures, faults, counters) instead of text.
+    #[arg(long)]
+    json: bool,
     /// The server's listen backlog: REQs its driver holds for the application before
     /// the application takes them (ListenParams.backlog).
     #[arg(long, value_name = "B", default_value = "4096", value_parser = positive)]
@@ -277,7 +300,7 @@ struct CmtimeArgs {
     /// drivers' memory at the baseline (after a first run of the same N the ordinary
     /// way), with all established, after the flap and after the reconnect. Combine with
     /// --loss, --dup and --reorder for faults.
-    #[arg(long, conflicts_with_all = ["waves", "accept_rate"])]
+    #[arg(long, conflicts_with_all = ["waves", "accept_rate", "json"])]
     port_flap: bool,
     #[command(flatten)]
     fabric: FabricArgs,
@@ -290,15 +313,16 @@ struct CmtimeArgs {
 #[derive(Args, Debug)]
 #[command(group(clap::ArgGroup::new("service").args(["port", "service_id"])))]
 struct ExchangeArgs {
-    /// RDMA-CM TCP port: its port-space service ID, and an RDMA-CM IP header in the REQ.
+    /// RDMA-CM TCP port: its port-space service ID, and an RDMA-CM IP header in the REQ
+    /// (ucmatose's -p) [default on a RoCEv2 link: 7471].
     #[arg(short = 'p', long)]
     port: Option<u16>,
     /// Service ID (decimal or 0x-hex) when not using --port.
-    #[arg(short = 's', long, value_parser = number)]
+    #[arg(long, value_parser = number)]
     service_id: Option<u64>,
-    /// Connections, one after the other.
-    #[arg(short = 'C', long, default_value = "1", value_parser = positive)]
-    count: usize,
+    /// Connections, one after the other (ucmatose's -c).
+    #[arg(short = 'c', long, default_value = "1", value_parser = positive)]
+    connections: usize,
     /// Longest wait for a peer's REQ or DREQ, seconds.
     #[arg(long, default_value = "30", value_parser = positive)]
     wait: usize,
@@ -332,6 +356,10 @@ struct StatsArgs {
     /// Connections of the exchange run first on the simulated fabric.
     #[arg(short = 'c', long, default_value = "100", value_parser = positive)]
     connections: usize,
+    /// Print one JSON object (the run, the fabric's faults, each node's counters) instead
+    /// of text.
+    #[arg(long)]
+    json: bool,
     #[command(flatten)]
     fabric: FabricArgs,
 }
@@ -368,15 +396,15 @@ fn main() -> ExitCode {
         Command::Status(a) => status_command(&a),
         Command::Install(a) => cli_install::command(cli_install::Action::Install, &a),
         Command::Uninstall(a) => cli_install::command(cli_install::Action::Uninstall, &a),
-        #[cfg(all(target_os = "linux", feature = "verbs"))]
+        #[cfg(all(target_os = "linux", feature = "devices"))]
         Command::Rping(a) => cli_rc::rping(&a),
-        #[cfg(all(target_os = "linux", feature = "verbs"))]
+        #[cfg(all(target_os = "linux", feature = "devices"))]
         Command::RcBw(a) => cli_rc::bw(&a),
-        #[cfg(all(target_os = "linux", feature = "verbs"))]
+        #[cfg(all(target_os = "linux", feature = "devices"))]
         Command::Ucmatose(a) => cli_rc::ucmatose(&a),
-        #[cfg(all(target_os = "linux", feature = "verbs"))]
+        #[cfg(all(target_os = "linux", feature = "devices"))]
         Command::Perftest(a) => cli_perftest::perftest(&a),
-        #[cfg(all(target_os = "linux", feature = "verbs"))]
+        #[cfg(all(target_os = "linux", feature = "devices"))]
         Command::PortFault(a) => cli_fault::port_fault(&a),
     };
     match result {
@@ -463,15 +491,20 @@ fn cmtime_command(a: &CmtimeArgs) -> Result<bool, Failure> {
     if let Some(ok) = cli_rocev2::cmtime(a)? {
         return Ok(ok);
     }
+    let connections = a.connections.unwrap_or(if a.fabric.device {
+        CMTIME_CONNECTIONS
+    } else {
+        SIM_CONNECTIONS
+    });
     let mut cfg = cmtime::Config {
-        connections: a.connections,
+        connections,
         window: a.window,
         threads: a.threads,
         service_id: a.service_id,
         timing: Timing {
             packet_life_time: a.packet_life_time,
             cm_response_timeout: a.response_timeout,
-            max_cm_retries: a.retries,
+            max_cm_retries: a.max_cm_retries,
         },
         backlog: u32::try_from(a.backlog).unwrap_or(u32::MAX),
         accept_rate: a.accept_rate.map(|r| u32::try_from(r).unwrap_or(u32::MAX)),
@@ -505,11 +538,13 @@ fn cmtime_command(a: &CmtimeArgs) -> Result<bool, Failure> {
             lid(a.lids.local_lid, "local-lid")?,
             lid(a.lids.remote_lid, "remote-lid")?,
         );
-        println!(
-            "ibcm cmtime: {} connections on the ibcm device, LID {local} -> LID {remote}",
-            cfg.connections
-        );
-        println!("timing: {timing}");
+        if !a.json {
+            println!(
+                "ibcm cmtime: {} connections on the ibcm device, LID {local} -> LID {remote}",
+                cfg.connections
+            );
+            println!("timing: {timing}");
+        }
         cfg.client = PathEnd::lid(local);
         cfg.server = PathEnd::lid(remote);
         let pump = ibcm_cli::sim::RealTimePump::default();
@@ -517,20 +552,27 @@ fn cmtime_command(a: &CmtimeArgs) -> Result<bool, Failure> {
         if let Some(b) = &bar {
             b.finish_and_clear();
         }
-        print_report(&report, &cfg);
-        print_counters(&[("device", &provider)]);
+        if a.json {
+            let j = report_json(&report, &cfg, &[("device", &provider)], None);
+            println!("{}", serde_json::to_string_pretty(&j)?);
+        } else {
+            print_report(&report, &cfg);
+            print_counters(&[("device", &provider)]);
+        }
         return Ok(report.established == report.connections);
     }
     let sim = a.fabric.sim(!a.virtual_time);
     let (client, server) = (sim.provider(0)?, sim.provider(1)?);
-    println!(
-        "ibcm cmtime: {} connections, window {}, {} client thread(s); {}",
-        cfg.connections,
-        cfg.window,
-        if sim.is_virtual() { 1 } else { cfg.threads },
-        a.fabric.describe(&sim)
-    );
-    println!("timing: {timing}");
+    if !a.json {
+        println!(
+            "ibcm cmtime: {} connections, window {}, {} client thread(s); {}",
+            cfg.connections,
+            cfg.window,
+            if sim.is_virtual() { 1 } else { cfg.threads },
+            a.fabric.describe(&sim)
+        );
+        println!("timing: {timing}");
+    }
     if a.dpc_times {
         sim.time_dpcs();
     }
@@ -551,18 +593,39 @@ fn cmtime_command(a: &CmtimeArgs) -> Result<bool, Failure> {
     }
     let mut report = cmtime::run(&client, &server, &sim, &cfg, &on_progress)?;
     let mut all_established = report.established == report.connections;
+    let mut waves = Vec::new();
     if a.waves > 1 {
         let start = std::time::Instant::now();
-        print_wave(1, a.waves, &report, &sim, start);
+        waves.push(print_wave(1, a.waves, &report, &sim, start, a.json));
         for wave in 2..=a.waves {
             report = cmtime::run(&client, &server, &sim, &cfg, &on_progress)?;
             all_established &= report.established == report.connections;
-            print_wave(wave, a.waves, &report, &sim, start);
+            waves.push(print_wave(wave, a.waves, &report, &sim, start, a.json));
         }
-        println!("last wave:");
+        if !a.json {
+            println!("last wave:");
+        }
     }
     if let Some(b) = &bar {
         b.finish_and_clear();
+    }
+    if a.json {
+        let nodes = [("client (node 0)", &client), ("server (node 1)", &server)];
+        let mut j = report_json(&report, &cfg, &nodes, Some(&sim));
+        j["fabric"] = serde_json::json!(a.fabric.describe(&sim));
+        j["timing"] = serde_json::json!(timing);
+        if a.waves > 1 {
+            j["waves"] = serde_json::json!(waves);
+        }
+        if a.dpc_times {
+            j["dpc_times"] = dpc_times_json(&sim);
+        }
+        drop((client, server));
+        write_capture(&a.fabric, &sim)?;
+        let (clean, driver) = driver_check(&sim);
+        j["driver"] = driver;
+        println!("{}", serde_json::to_string_pretty(&j)?);
+        return Ok(clean && all_established);
     }
     print_report(&report, &cfg);
     if a.dpc_times {
@@ -600,9 +663,29 @@ fn print_dpc_times(sim: &Sim) {
 }
 
 /// One line per churn wave: what was set up, and what the drivers and the process hold
-/// once it is torn down.
-fn print_wave(wave: usize, waves: usize, r: &Report, sim: &Sim, start: std::time::Instant) {
+/// once it is torn down (printed, or only returned as JSON with `json`).
+fn print_wave(
+    wave: usize,
+    waves: usize,
+    r: &Report,
+    sim: &Sim,
+    start: std::time::Instant,
+    json: bool,
+) -> serde_json::Value {
     let m = DriverMemory::sum(&sim.driver_memory());
+    let rss = process_rss();
+    let j = serde_json::json!({
+        "wave": wave,
+        "established": r.established,
+        "connections": r.connections,
+        "setups_per_s": r.setup_rate(),
+        "driver_bytes_after_teardown": memory_json(&m),
+        "rss_bytes": rss,
+        "elapsed_s": start.elapsed().as_secs_f64(),
+    });
+    if json {
+        return j;
+    }
     println!(
         "wave {wave:>4}/{waves}: {}/{} established, {:.0} setups/s; after the teardown the \
          drivers hold {} KB (engine {} KB, endpoints {} KB, event records {} KB), RSS {}, \
@@ -614,9 +697,10 @@ fn print_wave(wave: usize, waves: usize, r: &Report, sim: &Sim, start: std::time
         m.engine / 1024,
         m.endpoints / 1024,
         m.records / 1024,
-        process_rss().map_or("?".to_string(), |b| format!("{} MB", b >> 20)),
+        rss.map_or("?".to_string(), |b| format!("{} MB", b >> 20)),
         start.elapsed().as_secs_f64(),
     );
+    j
 }
 
 /// The process's resident set, bytes (Linux: /proc/self/statm, in pages of 4 KiB).
@@ -628,6 +712,22 @@ fn process_rss() -> Option<u64> {
 
 /// After the handles closed: CEPs left in the engines, and what the host verifier saw.
 fn check_driver(sim: &Sim) -> bool {
+    let (clean, j) = driver_check(sim);
+    println!(
+        "driver:   {} CEPs left once both sides were out of timewait; verifier: {}",
+        j["ceps_left"],
+        if clean || j["violations"].as_object().is_none_or(|v| v.is_empty()) {
+            "clean".to_string()
+        } else {
+            j["violations"].to_string()
+        }
+    );
+    clean
+}
+
+/// Whether the drivers ended clean (no CEP left, no verifier violation), and what they
+/// left, as JSON.
+fn driver_check(sim: &Sim) -> (bool, serde_json::Value) {
     let leaks = sim.live_ceps(0) + sim.live_ceps(1);
     let violations = sim.violations();
     let mut kinds: std::collections::BTreeMap<String, usize> = std::collections::BTreeMap::new();
@@ -636,15 +736,10 @@ fn check_driver(sim: &Sim) -> bool {
         let kind = name.split([' ', '{']).next().unwrap_or("?").to_string();
         *kinds.entry(format!("node {node}: {kind}")).or_default() += 1;
     }
-    println!(
-        "driver:   {leaks} CEPs left once both sides were out of timewait; verifier: {}",
-        if kinds.is_empty() {
-            "clean".to_string()
-        } else {
-            format!("{kinds:?}")
-        }
-    );
-    leaks == 0 && violations.is_empty()
+    (
+        leaks == 0 && violations.is_empty(),
+        serde_json::json!({ "ceps_left": leaks, "violations": kinds }),
+    )
 }
 
 fn ib_ns(t: u8) -> u64 {
@@ -818,24 +913,13 @@ fn print_flap(f: &cmtime::FlapReport) -> bool {
         && f.reconnect.failures.is_empty()
 }
 
+fn step_rows(r: &Report) -> Vec<cmtime::StepRow> {
+    r.steps.iter().map(cmtime::StepRow::from).collect()
+}
+
 fn print_report(r: &Report, cfg: &cmtime::Config) {
     println!();
-    println!(
-        "{:<22} {:>8} {:>10} {:>10} {:>10} {:>10} {:>10}",
-        "step", "count", "span ms", "min us", "median us", "p99 us", "max us"
-    );
-    for s in &r.steps {
-        println!(
-            "{:<22} {:>8} {:>10.1} {:>10} {:>10} {:>10} {:>10}",
-            s.step.name(),
-            s.count,
-            s.span_ns as f64 / 1e6,
-            us(s.min_ns),
-            us(s.median_ns),
-            us(s.p99_ns),
-            us(s.max_ns)
-        );
-    }
+    print!("{}", cmtime::step_table(&step_rows(r)));
     println!();
     println!(
         "setup:    {}/{} connections established on both sides in {:.3} s: {:.0} connections/s",
@@ -930,6 +1014,135 @@ fn print_report(r: &Report, cfg: &cmtime::Config) {
     }
 }
 
+/// A driver's memory by part, bytes.
+fn memory_json(m: &DriverMemory) -> serde_json::Value {
+    serde_json::json!({
+        "total": m.total(),
+        "engine": m.engine,
+        "endpoints": m.endpoints,
+        "records": m.records,
+        "batches": m.batches,
+        "clients": m.clients,
+        "private_data": m.private_data,
+    })
+}
+
+/// Each node's counters (or the error reading them), by name.
+fn counters_json(providers: &[(&str, &Provider)]) -> serde_json::Value {
+    providers
+        .iter()
+        .map(|(name, p)| {
+            let v = match p.counters() {
+                Ok(c) => status::counters_json(&c),
+                Err(e) => serde_json::json!({ "error": e.to_string() }),
+            };
+            ((*name).to_string(), v)
+        })
+        .collect::<serde_json::Map<_, _>>()
+        .into()
+}
+
+/// The fabric's deliveries and injected faults.
+fn faults_json(sim: &Sim) -> serde_json::Value {
+    let f = sim.fault_counts();
+    serde_json::json!({
+        "delivered": sim.delivered(),
+        "lost": f.lost,
+        "duplicated": f.duplicated,
+        "reordered": f.reordered,
+        "corrupted": f.corrupted,
+    })
+}
+
+/// The percentiles of the DISPATCH_LEVEL entry points, per node, us.
+fn dpc_times_json(sim: &Sim) -> serde_json::Value {
+    let us = |ns: u64| ns as f64 / 1e3;
+    sim.dpc_times()
+        .iter()
+        .map(|t| {
+            [
+                ("receive_16_mads", &t.full_receive_batches),
+                ("receive_1_15_mads", &t.other_receive_batches),
+                ("timer_pass", &t.timer_passes),
+            ]
+            .into_iter()
+            .map(|(what, h)| {
+                let v = serde_json::json!({
+                    "count": h.len(),
+                    "p50_us": us(h.value_at_quantile(0.5)),
+                    "p99_us": us(h.value_at_quantile(0.99)),
+                    "p99_9_us": us(h.value_at_quantile(0.999)),
+                    "max_us": us(h.max()),
+                });
+                (what.to_string(), v)
+            })
+            .collect::<serde_json::Map<_, _>>()
+            .into()
+        })
+        .collect::<Vec<serde_json::Value>>()
+        .into()
+}
+
+/// A cmtime run as one JSON object: what `print_report` prints, plus the counters and
+/// (simulated fabric) the faults. With `--accept-rate` it holds the storm's figures.
+fn report_json(
+    r: &Report,
+    cfg: &cmtime::Config,
+    nodes: &[(&str, &Provider)],
+    sim: Option<&Sim>,
+) -> serde_json::Value {
+    let mut j = serde_json::json!({
+        "connections": r.connections,
+        "established": r.established,
+        "window": cfg.window,
+        "steps": step_rows(r).iter().map(cmtime::StepRow::json).collect::<Vec<_>>(),
+        "setup": {
+            "wall_s": r.setup_wall.as_secs_f64(),
+            "connections_per_s": r.setup_rate(),
+            "cpu_s": r.setup_cpu.map(|c| c.as_secs_f64()),
+            "connections_per_cpu_s": r.setup_rate_per_cpu(),
+        },
+        "teardown_wall_s": r.teardown_wall.as_secs_f64(),
+        "failures": r.failures,
+        "unexpected_requests": r.unexpected_requests,
+        "stalls": r.stalls,
+        "counters": counters_json(nodes),
+    });
+    if let Some(rate) = cfg.accept_rate {
+        let ideal = r.connections as f64 / f64::from(rate.max(1));
+        let took = r.time_to_all_ns as f64 / 1e9;
+        j["storm"] = serde_json::json!({
+            "backlog": cfg.backlog,
+            "accept_rate_per_s": rate,
+            "time_to_all_s": took,
+            "ideal_s": ideal,
+            "ratio": if ideal > 0.0 { took / ideal } else { 0.0 },
+            "server_driver_peak": r.server_memory_peak.as_ref().map(memory_json),
+        });
+    }
+    if let Some([before, established, after]) = &r.driver_memory {
+        let nodes: Vec<serde_json::Value> = before
+            .iter()
+            .zip(established)
+            .zip(after)
+            .map(|((b, e), a)| {
+                serde_json::json!({
+                    "before": memory_json(b),
+                    "established": memory_json(e),
+                    "after_teardown": memory_json(a),
+                    "bytes_per_connection": e.total().saturating_sub(b.total()) as f64
+                        / r.established.max(1) as f64,
+                })
+            })
+            .collect();
+        j["driver_memory"] = nodes.into();
+    }
+    if let Some(sim) = sim {
+        j["faults"] = faults_json(sim);
+    }
+    j
+}
+
 fn print_faults(sim: &Sim) {
     let f = sim.fault_counts();
     println!(
@@ -991,7 +1204,7 @@ fn exchange_command(a: &ExchangeArgs, listen: bool) -> Result<bool, Failure> {
         let local = PathEnd::lid(lid(a.lids.local_lid, "local-lid")?);
         let cfg = exchange::Config {
             service,
-            count: a.count,
+            count: a.connections,
             local,
             remote: if listen {
                 local
@@ -1017,7 +1230,7 @@ fn exchange_command(a: &ExchangeArgs, listen: bool) -> Result<bool, Failure> {
     let (client, server) = (sim.provider(0)?, sim.provider(1)?);
     let cfg = exchange::Config {
         service,
-        count: a.count,
+        count: a.connections,
         local: PathEnd::sim_node(0),
         remote: PathEnd::sim_node(1),
         wait,
@@ -1063,7 +1276,12 @@ fn exchange_command(a: &ExchangeArgs, listen: bool) -> Result<bool, Failure> {
 fn stats_command(a: &StatsArgs) -> Result<bool, Failure> {
     if a.fabric.device {
         let provider = device()?;
-        print_counters(&[("device", &provider)]);
+        if a.json {
+            let j = serde_json::json!({ "counters": counters_json(&[("device", &provider)]) });
+            println!("{}", serde_json::to_string_pretty(&j)?);
+        } else {
+            print_counters(&[("device", &provider)]);
+        }
         return Ok(true);
     }
     let sim = Arc::new(a.fabric.sim(true));
@@ -1073,14 +1291,26 @@ fn stats_command(a: &StatsArgs) -> Result<bool, Failure> {
         ..cmtime::Config::default()
     };
     let report = cmtime::run(&client, &server, &*sim, &cfg, &|_| {})?;
-    println!(
-        "stats: after {} connections set up and torn down ({} established) on the {}",
-        report.connections,
-        report.established,
-        a.fabric.describe(&sim)
-    );
-    print_faults(&sim);
-    print_counters(&[("node 0 (client)", &client), ("node 1 (server)", &server)]);
+    let nodes = [("node 0 (client)", &client), ("node 1 (server)", &server)];
+    if a.json {
+        let j = serde_json::json!({
+            "fabric": a.fabric.describe(&sim),
+            "connections": report.connections,
+            "established": report.established,
+            "faults": faults_json(&sim),
+            "counters": counters_json(&nodes),
+        });
+        println!("{}", serde_json::to_string_pretty(&j)?);
+    } else {
+        println!(
+            "stats: after {} connections set up and torn down ({} established) on the {}",
+            report.connections,
+            report.established,
+            a.fabric.describe(&sim)
+        );
+        print_faults(&sim);
+        print_counters(&nodes);
+    }
     drop((client, server));
     write_capture(&a.fabric, &sim)?;
     Ok(report.established == report.connections)

@@ -140,11 +140,27 @@ pub struct StepTimes {
     pub min: Duration,
     /// Median.
     pub median: Duration,
+    /// 99th percentile (nearest rank).
+    pub p99: Duration,
     /// Longest.
     pub max: Duration,
 }
 
 impl StepTimes {
+    /// The row of the cmtime step table.
+    pub fn row(&self, name: &str) -> crate::cmtime::StepRow {
+        let ns = |d: Duration| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX);
+        crate::cmtime::StepRow {
+            name: name.to_string(),
+            count: self.count,
+            total_ns: ns(self.total),
+            min_ns: ns(self.min),
+            median_ns: ns(self.median),
+            p99_ns: ns(self.p99),
+            max_ns: ns(self.max),
+        }
+    }
+
     fn of(spans: &[(Instant, Instant)]) -> Self {
         if spans.is_empty() {
             return Self::default();
@@ -164,6 +180,10 @@ impl StepTimes {
             },
             min: d.first().copied().unwrap_or_default(),
             median: d.get(d.len() / 2).copied().unwrap_or_default(),
+            p99: d
+                .get((d.len() * 99).div_ceil(100).saturating_sub(1))
+                .copied()
+                .unwrap_or_default(),
             max: d.last().copied().unwrap_or_default(),
         }
     }
@@ -184,8 +204,8 @@ pub struct ConnectReport {
     pub failures: BTreeMap<String, usize>,
     /// The peer's REJ reasons.
     pub rejections: BTreeMap<u16, usize>,
-    /// With real QPs: making them all, before the first REQ.
-    pub create_qp: Duration,
+    /// With real QPs: making each, all before the first REQ (cmtime's "create qp").
+    pub create_qp: StepTimes,
     /// REQ sent -> REP received.
     pub connect: StepTimes,
     /// REQ sent -> RTU sent (with real QPs, their three transitions included): what
@@ -317,11 +337,14 @@ pub fn connect_on(
     };
 
     // Real QPs: all made first, as rdma-core cmtime's client does (its "create qp" step).
-    let start = Instant::now();
     let mut made: Vec<Option<Arc<dyn Qp>>> = Vec::with_capacity(n);
     if let Some(qps) = qps {
+        let mut spans = Vec::with_capacity(n);
         for _ in 0..n {
-            match qps.create() {
+            let start = Instant::now();
+            let qp = qps.create();
+            spans.push((start, Instant::now()));
+            match qp {
                 Ok(qp) => made.push(Some(Arc::from(qp))),
                 Err(e) => {
                     *report
@@ -332,7 +355,7 @@ pub fn connect_on(
                 }
             }
         }
-        report.create_qp = start.elapsed();
+        report.create_qp = StepTimes::of(&spans);
     }
     // Setup: up to `window` connections in flight, each an overlapped connect + RTU.
     let port = CompletionPort::new();

@@ -175,6 +175,19 @@ pub fn json(name: &str, s: &StatusOut, c: &CountersOut) -> Value {
             })
         })
         .collect();
+    json!({
+        "device": name,
+        "hca_count": s.hca_count,
+        "port_count": s.port_count,
+        "hcas": hcas,
+        "ports": ports,
+        "counters": counters_json(c),
+    })
+}
+
+/// The message counters as JSON: per attribute (sent, retries, received, duplicates),
+/// then the malformed, unmatched and backlog-dropped MADs.
+pub fn counters_json(c: &CountersOut) -> Value {
     let attributes: serde_json::Map<String, Value> = ATTRIBUTES
         .iter()
         .enumerate()
@@ -189,17 +202,10 @@ pub fn json(name: &str, s: &StatusOut, c: &CountersOut) -> Value {
         })
         .collect();
     json!({
-        "device": name,
-        "hca_count": s.hca_count,
-        "port_count": s.port_count,
-        "hcas": hcas,
-        "ports": ports,
-        "counters": {
-            "attributes": attributes,
-            "malformed": c.malformed,
-            "unmatched": c.unmatched,
-            "backlog_drops": c.backlog_drops,
-        },
+        "attributes": attributes,
+        "malformed": c.malformed,
+        "unmatched": c.unmatched,
+        "backlog_drops": c.backlog_drops,
     })
 }
 
