@@ -275,6 +275,11 @@ pub fn sent() -> Vec<Wire> {
     state::lock().al.sent.clone()
 }
 
+/// Takes the MADs sent to no simulated port (a peer outside the simulation delivers them).
+pub fn take_sent() -> Vec<Wire> {
+    std::mem::take(&mut state::lock().al.sent)
+}
+
 /// References held on CA `index`'s interface.
 pub fn references(index: usize) -> i64 {
     state::lock()

@@ -382,19 +382,28 @@ pub fn cancel(request: usize) {
         }
         r.cancel_requested = true;
         r.irp.irp.Cancel = 1;
-        match r.marked {
+        let routine = match r.marked {
             Some(routine) if !r.cancel_taken => {
                 r.cancel_taken = true;
                 routine
             }
             _ => None,
+        };
+        // KMDF holds the queue's reference on the request until the cancel routine
+        // returns ("we are responsible for this final dereference after calling into the
+        // driver", fxioqueue.cpp CancelForDriver): a request completed inside the routine
+        // stays valid until it returns.
+        if routine.is_some() {
+            guard.objects.get(request, "IoCancelIrp").references += 1;
         }
+        routine
     };
     if let Some(routine) = routine {
         call_driver("EvtRequestCancel", DISPATCH, || {
             // SAFETY: the driver's cancel routine with its cancelable request.
             unsafe { routine(request as WDFREQUEST) }
         });
+        dereference(request, "IoCancelIrp");
     }
 }
 

@@ -1,1 +1,3 @@
+//! What the binding's scenarios share: a peer on the simulated fabric.
 
+pub mod peer;

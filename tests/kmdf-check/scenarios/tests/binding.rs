@@ -11,7 +11,12 @@
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use ibcm_ioctl::{CreateIn, CreateOut, HandleIn, ListenIn, VersionIn, code, status};
+use ibcm_host::records;
+use ibcm_ioctl::{
+    ConnectIn, CreateIn, CreateOut, EventRecord, HandleIn, ListenIn, PrivateDataIn, VersionIn,
+    code, event_type, status,
+};
+use ibcm_kmdf_scenarios::peer::Peer;
 use ibcm_ntos::al::{self, CaConfig, PortConfig};
 use ibcm_ntos::io::{self, Open};
 use ibcm_ntos::security::{GENERIC_READ, Token};
@@ -113,6 +118,17 @@ fn open(who: Open) -> usize {
     let file = io::open(LINK, who).expect("the open succeeds");
     assert_eq!(version(file), status::SUCCESS);
     file
+}
+
+/// CONNECT of `handle` from `from` to `to` (records::connect_in's RC values, QPN 0x123).
+fn connect_between(handle: u64, service_id: u64, from: &PortConfig, to: &PortConfig) -> ConnectIn {
+    let mut c = records::connect_in(handle, service_id, 0x123);
+    c.port = from.port_num;
+    c.primary.slid = from.lid;
+    c.primary.dlid = to.lid;
+    c.primary.sgid = from.gid;
+    c.primary.dgid = to.gid;
+    c
 }
 
 fn handle_in(handle: u64) -> HandleIn {
@@ -332,29 +348,8 @@ fn req_through_qp1() {
     );
     let event = ioctl(file, code::GET_EVENT, &handle_in(listener), 4096);
     let client = create(file).expect("an endpoint");
-    let mut connect = ibcm_ioctl::ConnectIn::new_zeroed();
-    connect.size = ibcm_ioctl::ConnectIn::SIZE;
-    connect.handle = client;
-    connect.service_id = listen.service_id;
-    connect.qpn = 0x123;
-    connect.pkey = 0xffff;
-    connect.port = 1;
-    connect.path_mtu = 5;
-    connect.responder_resources = 2;
-    connect.initiator_depth = 2;
-    connect.remote_cm_response_timeout = 16;
-    connect.local_cm_response_timeout = 16;
-    connect.retry_count = 7;
-    connect.rnr_retry_count = 7;
-    connect.max_cm_retries = 3;
     let (a, b) = (port(1, 0x10), port(2, 0x11));
-    connect.primary.slid = a.lid;
-    connect.primary.dlid = b.lid;
-    connect.primary.sgid = a.gid;
-    connect.primary.dgid = b.gid;
-    connect.primary.rate = 16;
-    connect.primary.packet_life_time = 14;
-    connect.primary.subnet_local = 1;
+    let connect = connect_between(client, listen.service_id, &a, &b);
     let (s, _) = complete(ioctl(file, code::CONNECT, &connect, 0));
     assert!(
         s == status::SUCCESS || s == status::PENDING,
@@ -378,6 +373,240 @@ fn req_through_qp1() {
         std::thread::sleep(Duration::from_millis(10));
     }
     assert_eq!(al::elements_held(), 0, "every MAD element went back to AL");
+    shutdown(device);
+}
+
+/// One side of a connection: the binding (IOCTLs through the simulated I/O manager) or
+/// the host peer (its node's IOCTL records).
+trait Side {
+    /// Sends an IOCTL; its key.
+    fn call(&self, code: u32, input: &[u8], output_len: usize) -> u64;
+    /// The IOCTL's completion, waited for at most 10 s.
+    fn done(&self, key: u64) -> (i32, Vec<u8>);
+    /// A new endpoint (after the VERSION handshake the side did at open).
+    fn endpoint(&self) -> u64 {
+        let c = CreateIn {
+            size: CreateIn::SIZE,
+            reserved: 0,
+        };
+        let (s, out) = self.done(self.call(code::CREATE, c.as_bytes(), size_of::<CreateOut>()));
+        assert_eq!(s, status::SUCCESS, "CREATE");
+        CreateOut::read_from_bytes(&out)
+            .expect("a CreateOut")
+            .handle
+    }
+    fn ok(&self, code: u32, input: &[u8], output_len: usize) {
+        let (s, _) = self.done(self.call(code, input, output_len));
+        assert_eq!(s, status::SUCCESS, "IOCTL {code:#x}");
+    }
+}
+
+struct Binding(usize);
+
+impl Side for Binding {
+    fn call(&self, code: u32, input: &[u8], output_len: usize) -> u64 {
+        io::ioctl(self.0, code, input, output_len) as u64
+    }
+    fn done(&self, key: u64) -> (i32, Vec<u8>) {
+        complete(key as usize)
+    }
+}
+
+struct Host<'a>(&'a ibcm_host::Node, ibcm_endpoint::FileId);
+
+impl Side for Host<'_> {
+    fn call(&self, code: u32, input: &[u8], output_len: usize) -> u64 {
+        self.0.ioctl(self.1, code, input, output_len)
+    }
+    fn done(&self, key: u64) -> (i32, Vec<u8>) {
+        let until = Instant::now() + Duration::from_secs(10);
+        loop {
+            if let Some(c) = self.0.completion(key) {
+                return (c.status, c.output[..c.information].to_vec());
+            }
+            assert!(
+                Instant::now() < until,
+                "the peer's request {key:#x} completes"
+            );
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+}
+
+/// The first event of a completed GET_EVENT.
+fn event(side: &dyn Side, key: u64) -> EventRecord {
+    let (s, out) = side.done(key);
+    assert_eq!(s, status::SUCCESS, "GET_EVENT");
+    EventRecord::read_from_bytes(&out[..size_of::<EventRecord>()]).expect("an event record")
+}
+
+fn get_event(side: &dyn Side, handle: u64) -> u64 {
+    side.call(
+        code::GET_EVENT,
+        handle_in(handle).as_bytes(),
+        size_of::<EventRecord>(),
+    )
+}
+
+fn private_data_in(handle: u64) -> PrivateDataIn {
+    let mut p = PrivateDataIn::new_zeroed();
+    p.size = PrivateDataIn::SIZE;
+    p.handle = handle;
+    p
+}
+
+/// A whole connection between `active` (at `a`) and `passive` (at `b`): LISTEN, CONNECT,
+/// the REQ event, FORMAT_REP and SEND_REP, the REP event, RTU, the RTU event; then a DREQ
+/// from the passive side, the DREQ event, DREP, the DREP event and timewait's end.
+fn connection(active: &dyn Side, a: &PortConfig, passive: &dyn Side, b: &PortConfig) {
+    let service_id = 0x1000_0000_0000_0077;
+    let listener = passive.endpoint();
+    let mut listen = ListenIn::new_zeroed();
+    listen.size = ListenIn::SIZE;
+    listen.handle = listener;
+    listen.service_id = service_id;
+    listen.service_mask = u64::MAX;
+    listen.backlog = 8;
+    passive.ok(code::LISTEN, listen.as_bytes(), 0);
+    let req_wait = get_event(passive, listener);
+    let ep = active.endpoint();
+    let mut connect = connect_between(ep, service_id, a, b);
+    connect.private_data_len = 5;
+    connect.private_data[..5].copy_from_slice(b"hello");
+    let rep_wait = get_event(active, ep);
+    active.ok(code::CONNECT, connect.as_bytes(), 0);
+    let req = event(passive, req_wait);
+    assert_eq!(req.event_type, event_type::REQ_RECEIVED);
+    assert_eq!(&req.private_data[..5], b"hello");
+    assert_eq!(req.service_id, service_id);
+    let child = req.new_handle;
+    let rep = records::format_rep_in(child, 0x202);
+    passive.ok(code::FORMAT_REP, rep.as_bytes(), size_of::<EventRecord>());
+    let rtu_wait = get_event(passive, child);
+    passive.ok(code::SEND_REP, handle_in(child).as_bytes(), 0);
+    let rep = event(active, rep_wait);
+    assert_eq!(rep.event_type, event_type::REP_RECEIVED);
+    assert_eq!(rep.remote_qpn, 0x202);
+    active.ok(code::RTU, private_data_in(ep).as_bytes(), 0);
+    assert_eq!(
+        event(passive, rtu_wait).event_type,
+        event_type::RTU_RECEIVED
+    );
+
+    let dreq_wait = get_event(active, ep);
+    let drep_wait = get_event(passive, child);
+    passive.ok(code::DREQ, private_data_in(child).as_bytes(), 0);
+    assert_eq!(
+        event(active, dreq_wait).event_type,
+        event_type::DREQ_RECEIVED
+    );
+    let exit_wait = get_event(active, ep);
+    active.ok(code::DREP, private_data_in(ep).as_bytes(), 0);
+    assert_eq!(
+        event(passive, drep_wait).event_type,
+        event_type::DREP_RECEIVED
+    );
+    let passive_exit = get_event(passive, child);
+    assert_eq!(
+        event(passive, passive_exit).event_type,
+        event_type::TIMEWAIT_EXIT
+    );
+    assert_eq!(
+        event(active, exit_wait).event_type,
+        event_type::TIMEWAIT_EXIT
+    );
+    for (side, handle) in [(active, ep), (passive, child), (passive, listener)] {
+        side.ok(code::DESTROY, handle_in(handle).as_bytes(), 0);
+    }
+}
+
+/// The host peer's port (LID 0x20 on its own CA).
+fn peer_port() -> PortConfig {
+    let mut p = port(1, 0x20);
+    p.gid[15] ^= 0x80;
+    p
+}
+
+fn address(p: &PortConfig) -> ibcm_cep::MadAddress {
+    ibcm_cep::MadAddress {
+        port: 1,
+        lid: p.lid,
+        gid: p.gid,
+        grh: false,
+        sl: 0,
+        pkey: 0xffff,
+    }
+}
+
+/// A connection with a driver/host node on the simulated fabric, each side active once:
+/// every MAD of the binding goes through AL's MAD service, the receive ring, its DPCs and
+/// its timer.
+fn connection_with_a_host_peer() {
+    let device = boot(&[]);
+    let file = open(Open::user(Token::USER));
+    let ours = port(1, 0x10);
+    let theirs = peer_port();
+    let peer = Peer::start(0x0002_c903_00ab_0001, address(&theirs), address(&ours));
+    let node_file = peer.node.open();
+    let node = Host(&peer.node, node_file);
+    let v = VersionIn {
+        size: VersionIn::SIZE,
+        abi_version: ibcm_ioctl::ABI_VERSION,
+    };
+    node.ok(code::VERSION, v.as_bytes(), 16);
+    connection(&Binding(file), &ours, &node, &theirs);
+    connection(&node, &theirs, &Binding(file), &ours);
+    peer.node.close(node_file);
+    io::close(file);
+    peer.stop();
+    shutdown(device);
+}
+
+/// GET_EVENTs cancelled from another thread while the REQs they wait for arrive, on
+/// endpoints and on the file's channel: each request completes exactly once, with an event
+/// or STATUS_CANCELLED (the cancel routine and the dispatch layer's completion hand the
+/// request over through RequestContext::parties; the verifier stops a second completion,
+/// a completion while still cancelable, and a touch after completion).
+fn cancel_races_event_delivery() {
+    let device = boot(&[]);
+    let file = open(Open::user(Token::ADMIN));
+    let side = Binding(file);
+    let (a, b) = (port(1, 0x10), port(2, 0x11));
+    let listener = side.endpoint();
+    let mut listen = ListenIn::new_zeroed();
+    listen.size = ListenIn::SIZE;
+    listen.handle = listener;
+    listen.service_id = 0x99;
+    listen.service_mask = u64::MAX;
+    listen.backlog = 64;
+    side.ok(code::LISTEN, listen.as_bytes(), 0);
+    let (mut events, mut cancelled) = (0, 0);
+    for round in 0..40 {
+        let target = if round % 2 == 0 {
+            listener
+        } else {
+            ibcm_ioctl::ANY_ENDPOINT
+        };
+        let wait = get_event(&side, target) as usize;
+        let client = side.endpoint();
+        let canceller = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_micros(50 * (round % 7)));
+            io::cancel(wait);
+        });
+        side.ok(
+            code::CONNECT,
+            connect_between(client, 0x99, &a, &b).as_bytes(),
+            0,
+        );
+        canceller.join().expect("the cancelling thread");
+        match complete(wait).0 {
+            status::SUCCESS => events += 1,
+            status::CANCELLED => cancelled += 1,
+            s => panic!("GET_EVENT ended with {s:#x}"),
+        }
+    }
+    assert_eq!(events + cancelled, 40);
+    io::close(file);
     shutdown(device);
 }
 
@@ -476,6 +705,16 @@ const SCENARIOS: &[Scenario] = &[
         None,
     ),
     ("req_through_qp1", req_through_qp1, None),
+    (
+        "connection_with_a_host_peer",
+        connection_with_a_host_peer,
+        None,
+    ),
+    (
+        "cancel_races_event_delivery",
+        cancel_races_event_delivery,
+        None,
+    ),
     (
         "verifier_spin_lock_recursive",
         rule_spin_lock_recursive,
