@@ -151,6 +151,14 @@ impl Objects {
     pub fn get(&mut self, handle: usize, function: &str) -> &mut Object {
         if let Some(kind) = self.dead.get(&handle) {
             let kind = *kind;
+            if kind == Kind::Request {
+                bugcheck(
+                    Rule::RequestCompleted,
+                    format_args!(
+                        "{function}: WDFREQUEST {handle:#x} used after its completion (no reference kept it)"
+                    ),
+                );
+            }
             bugcheck(
                 Rule::InvalidHandle,
                 format_args!(

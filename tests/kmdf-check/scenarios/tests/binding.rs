@@ -8,6 +8,8 @@
 //! firing expect their process to stop with that rule. `cargo test -- NAME` runs the
 //! scenarios whose name contains NAME; `IBCM_SIM_DBGPRINT=1` prints the driver's DbgPrint.
 
+mod bad_driver;
+
 use std::process::Command;
 use std::time::{Duration, Instant};
 
@@ -26,6 +28,8 @@ use zerocopy::{FromBytes, FromZeros, IntoBytes};
 #[global_allocator]
 static POOL: ibcm_ntos::pool::TrackingAllocator = ibcm_ntos::pool::TrackingAllocator;
 
+/// The simulated HCA's CA GUID (host order).
+const CA_GUID: u64 = 0x0002_c903_0000_1000;
 /// `\DosDevices\Global\ibcm` (`\\.\ibcm`).
 const LINK: &str = r"\DosDevices\Global\ibcm";
 /// The SDDL the README promises: SYSTEM all, Administrators RWX, everyone RW, restricted
@@ -40,7 +44,7 @@ fn port(port_num: u8, lid: u16) -> PortConfig {
     let mut gid = [0u8; 16];
     gid[0] = 0xfe;
     gid[1] = 0x80;
-    gid[8..].copy_from_slice(&(0x0002_c903_0000_1000u64 + u64::from(port_num)).to_be_bytes());
+    gid[8..].copy_from_slice(&(CA_GUID + u64::from(port_num)).to_be_bytes());
     PortConfig {
         port_num,
         lid,
@@ -610,13 +614,131 @@ fn cancel_races_event_delivery() {
     shutdown(device);
 }
 
+/// STATUS (the binding's own `status.rs` fills the fabric part) and COUNTERS after a REQ
+/// went through: one HCA, its two ports on the ordinary CM MAD service, ibcm's CM.
+fn status_and_counters_through_the_binding() {
+    let device = boot(&[]);
+    let file = open(Open::user(Token::USER));
+    let side = Binding(file);
+    let s = ibcm_ioctl::StatusIn {
+        size: ibcm_ioctl::StatusIn::SIZE,
+        reserved: 0,
+    };
+    let (st, out) = side.done(side.call(
+        code::STATUS,
+        s.as_bytes(),
+        size_of::<ibcm_ioctl::StatusOut>(),
+    ));
+    assert_eq!(st, status::SUCCESS, "STATUS");
+    let report = ibcm_ioctl::StatusOut::read_from_bytes(&out).expect("a StatusOut");
+    assert_eq!((report.hca_count, report.port_count), (1, 2));
+    assert_eq!(report.hcas[0].ca_guid, CA_GUID);
+    assert_eq!(report.hcas[0].cm, ibcm_ioctl::status_report::CM_IBCM);
+    assert_eq!(
+        report.hcas[0].route,
+        ibcm_ioctl::status_report::ROUTE_ORDINARY
+    );
+    let mut ports: Vec<(u8, u8, u8)> = report.ports[..2]
+        .iter()
+        .map(|p| {
+            assert_eq!(p.ca_guid, CA_GUID);
+            (p.ca_port, p.host_port, p.route)
+        })
+        .collect();
+    ports.sort_unstable();
+    assert_eq!(
+        ports,
+        vec![(1, 1, 1), (2, 2, 1)],
+        "(CA port, host port, ordinary route)"
+    );
+    let c = ibcm_ioctl::CountersIn {
+        size: ibcm_ioctl::CountersIn::SIZE,
+        reserved: 0,
+    };
+    let (st, _) = side.done(side.call(
+        code::COUNTERS,
+        c.as_bytes(),
+        size_of::<ibcm_ioctl::CountersOut>(),
+    ));
+    assert_eq!(st, status::SUCCESS, "COUNTERS");
+    io::close(file);
+    shutdown(device);
+}
+
+/// An HCA whose stack answers no access-layer query (ibbus without the CA): the filter
+/// attaches, binds nothing, writes the System log entry an administrator reads, and the
+/// control device refuses opens until a port exists (no dispatch layer to ask).
+fn hca_without_access_layer_is_logged() {
+    al::set_cas(Vec::new());
+    assert_eq!(pnp::load(ibcm_driver::driver_entry), 0);
+    let device = pnp::add_device(0).expect("the filter attaches");
+    assert_eq!(
+        pnp::start(device),
+        0,
+        "the HCA's start never fails for ibcm"
+    );
+    let log = io::system_log();
+    assert_eq!(log.len(), 1, "one entry: {log:?}");
+    assert!(
+        log[0]
+            .1
+            .iter()
+            .any(|s| s.contains("access-layer interface failed")),
+        "the entry says why: {log:?}"
+    );
+    assert_eq!(
+        io::open(LINK, Open::user(Token::USER)),
+        Err(ibcm_ioctl::status::DEVICE_NOT_READY)
+    );
+    shutdown(device);
+}
+
+/// Every value of the service's Parameters key is read when the CM is made (the quotas
+/// of each handle and of all users, MaxRequestWaitMs), and the all-users budget holds
+/// across handles of different users while an administrator is not counted.
+fn every_parameter_is_read_and_all_users_budget_holds() {
+    let names = [
+        "MaxEndpointsPerHandle",
+        "MaxListensPerHandle",
+        "MaxBacklogPerHandle",
+        "MaxQueuedEventsPerHandle",
+        "MaxEndpointsAllUsers",
+        "MaxListensAllUsers",
+        "MaxBacklogAllUsers",
+        "MaxQueuedEventsAllUsers",
+        "MaxRequestWaitMs",
+    ];
+    let values: Vec<(&str, u32)> = names
+        .iter()
+        .map(|n| (*n, if *n == "MaxEndpointsAllUsers" { 3 } else { 100 }))
+        .collect();
+    let device = boot(&values);
+    let read = registry::read();
+    for n in names {
+        assert!(read.iter().any(|r| r == n), "{n} is read: {read:?}");
+    }
+    let (one, two) = (open(Open::user(Token::USER)), open(Open::user(Token::USER)));
+    assert!(create(one).is_ok() && create(one).is_ok() && create(two).is_ok());
+    assert_eq!(
+        create(two),
+        Err(status::QUOTA_EXCEEDED),
+        "all users' three endpoints are taken"
+    );
+    let admin = open(Open::user(Token::ADMIN));
+    assert!(create(admin).is_ok(), "an administrator is not counted");
+    for f in [one, two, admin] {
+        io::close(f);
+    }
+    shutdown(device);
+}
+
 // ---- the verifier's own rules, shown firing ----
 
 fn in_driver(f: impl FnOnce()) {
     thread::call_driver("a test routine", thread::PASSIVE, f);
 }
 
-fn rule_spin_lock_recursive() {
+fn verifier_spin_lock_recursive() {
     let mut lock: u64 = 0;
     in_driver(|| {
         // SAFETY: a KSPIN_LOCK on this stack; the second acquire is the fault under test.
@@ -628,7 +750,7 @@ fn rule_spin_lock_recursive() {
     });
 }
 
-fn rule_spin_lock_release_irql() {
+fn verifier_spin_lock_release_irql() {
     let mut lock: u64 = 0;
     in_driver(|| {
         // SAFETY: a KSPIN_LOCK on this stack.
@@ -638,7 +760,7 @@ fn rule_spin_lock_release_irql() {
     });
 }
 
-fn rule_wait_at_dispatch() {
+fn verifier_wait_at_dispatch() {
     let mut lock: u64 = 0;
     let mut event = ibcm_ntos::KEVENT::default();
     in_driver(|| {
@@ -662,7 +784,7 @@ fn rule_wait_at_dispatch() {
     });
 }
 
-fn rule_lock_held_on_return() {
+fn verifier_lock_held_on_return() {
     let lock: &'static mut u64 = Box::leak(Box::new(0));
     in_driver(|| {
         // SAFETY: a KSPIN_LOCK that outlives the call; never released: the fault.
@@ -670,7 +792,7 @@ fn rule_lock_held_on_return() {
     });
 }
 
-fn rule_leak_at_unload() {
+fn verifier_leak_at_unload() {
     let device = boot(&[]);
     in_driver(|| {
         // Pool the driver allocates and never frees.
@@ -679,67 +801,104 @@ fn rule_leak_at_unload() {
     shutdown(device);
 }
 
+// ---- each WDF rule on a small driver that breaks it (bad_driver) ----
+
+use bad_driver::{Fault, provoke};
+
+fn verifier_request_completed_twice() {
+    provoke(Fault::CompleteTwice);
+}
+fn verifier_request_completed_while_cancelable() {
+    provoke(Fault::CompleteWhileCancelable);
+}
+fn verifier_request_unmarked_not_cancelable() {
+    provoke(Fault::UnmarkNotCancelable);
+}
+fn verifier_request_marked_twice() {
+    provoke(Fault::MarkTwice);
+}
+fn verifier_request_information_past_buffer() {
+    provoke(Fault::InformationPastBuffer);
+}
+fn verifier_request_touched_after_completion() {
+    provoke(Fault::TouchAfterCompletion);
+}
+fn verifier_request_deleted_by_driver() {
+    provoke(Fault::DeleteRequest);
+}
+fn verifier_reference_underflow() {
+    provoke(Fault::DereferenceTooOften);
+}
+fn verifier_completed_under_spin_lock() {
+    provoke(Fault::CompleteUnderSpinLock);
+}
+fn verifier_wrong_context_type() {
+    provoke(Fault::WrongContextType);
+}
+fn verifier_registry_at_dispatch() {
+    provoke(Fault::RegistryAtDispatch);
+}
+fn verifier_wait_lock_released_by_non_owner() {
+    provoke(Fault::WaitLockReleasedByNonOwner);
+}
+fn verifier_rundown_released_too_often() {
+    provoke(Fault::RundownReleasedTooOften);
+}
+fn verifier_irql_lowered_upwards() {
+    provoke(Fault::LowerIrqlUpwards);
+}
+fn verifier_deleted_handle_used() {
+    provoke(Fault::TimerDeletedTwice);
+}
+
 // ------------------------------------------------------------------------------------
 // Runner
 // ------------------------------------------------------------------------------------
 
 type Scenario = (&'static str, fn(), Option<&'static str>);
 
-const SCENARIOS: &[Scenario] = &[
-    ("load_start_remove_unload", load_start_remove_unload, None),
-    ("control_device_security", control_device_security, None),
-    (
-        "callers_and_registry_quotas",
-        callers_and_registry_quotas,
-        None,
-    ),
-    ("ioctls_with_bad_records", ioctls_with_bad_records, None),
-    (
-        "get_event_cancelled_from_another_thread",
-        get_event_cancelled_from_another_thread,
-        None,
-    ),
-    (
-        "cleanup_and_close_with_requests_pending",
-        cleanup_and_close_with_requests_pending,
-        None,
-    ),
-    ("req_through_qp1", req_through_qp1, None),
-    (
-        "connection_with_a_host_peer",
-        connection_with_a_host_peer,
-        None,
-    ),
-    (
-        "cancel_races_event_delivery",
-        cancel_races_event_delivery,
-        None,
-    ),
-    (
-        "verifier_spin_lock_recursive",
-        rule_spin_lock_recursive,
-        Some("SPIN_LOCK_RECURSIVE"),
-    ),
-    (
-        "verifier_spin_lock_release_irql",
-        rule_spin_lock_release_irql,
-        Some("SPIN_LOCK_RELEASE_IRQL"),
-    ),
-    (
-        "verifier_wait_at_dispatch",
-        rule_wait_at_dispatch,
-        Some("WAIT_AT_DISPATCH"),
-    ),
-    (
-        "verifier_lock_held_on_return",
-        rule_lock_held_on_return,
-        Some("IRQL_NOT_RESTORED"),
-    ),
-    (
-        "verifier_leak_at_unload",
-        rule_leak_at_unload,
-        Some("LEAK_AT_UNLOAD"),
-    ),
+/// The scenarios by function name; `=> "RULE"` for one that must stop with that rule.
+macro_rules! scenarios {
+    (@rule) => { None };
+    (@rule $rule:literal) => { Some($rule) };
+    ($($f:ident $(=> $rule:literal)?),* $(,)?) => {
+        &[$((stringify!($f), $f as fn(), scenarios!(@rule $($rule)?))),*]
+    };
+}
+
+const SCENARIOS: &[Scenario] = scenarios![
+    load_start_remove_unload,
+    control_device_security,
+    callers_and_registry_quotas,
+    every_parameter_is_read_and_all_users_budget_holds,
+    ioctls_with_bad_records,
+    get_event_cancelled_from_another_thread,
+    cleanup_and_close_with_requests_pending,
+    cancel_races_event_delivery,
+    status_and_counters_through_the_binding,
+    hca_without_access_layer_is_logged,
+    req_through_qp1,
+    connection_with_a_host_peer,
+    verifier_spin_lock_recursive => "SPIN_LOCK_RECURSIVE",
+    verifier_spin_lock_release_irql => "SPIN_LOCK_RELEASE_IRQL",
+    verifier_wait_at_dispatch => "WAIT_AT_DISPATCH",
+    verifier_lock_held_on_return => "IRQL_NOT_RESTORED",
+    verifier_leak_at_unload => "LEAK_AT_UNLOAD",
+    verifier_request_completed_twice => "REQUEST_COMPLETED",
+    verifier_request_completed_while_cancelable => "REQUEST_COMPLETED_CANCELABLE",
+    verifier_request_unmarked_not_cancelable => "REQUEST_NOT_CANCELABLE",
+    verifier_request_marked_twice => "REQUEST_MARKED_TWICE",
+    verifier_request_information_past_buffer => "REQUEST_INFORMATION",
+    verifier_request_touched_after_completion => "REQUEST_COMPLETED",
+    verifier_request_deleted_by_driver => "OBJECT_DELETE",
+    verifier_reference_underflow => "REFERENCE_UNDERFLOW",
+    verifier_completed_under_spin_lock => "COMPLETE_UNDER_LOCK",
+    verifier_wrong_context_type => "CONTEXT_TYPE",
+    verifier_registry_at_dispatch => "IRQL_TOO_HIGH",
+    verifier_wait_lock_released_by_non_owner => "WAIT_LOCK",
+    verifier_rundown_released_too_often => "RUNDOWN",
+    verifier_irql_lowered_upwards => "IRQL_CHANGE",
+    verifier_deleted_handle_used => "INVALID_HANDLE",
 ];
 
 fn main() {
