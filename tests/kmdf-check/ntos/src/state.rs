@@ -14,11 +14,22 @@ use crate::verifier::{Rule, bugcheck};
 /// power IRP held; the simulation's scenarios finish in seconds). `IBCM_SIM_HANG_S`
 /// overrides it.
 pub fn hang_limit() -> Duration {
+    let set = HANG_LIMIT_S.load(std::sync::atomic::Ordering::Relaxed);
+    if set != 0 {
+        return Duration::from_secs(set);
+    }
     let seconds = std::env::var("IBCM_SIM_HANG_S")
         .ok()
         .and_then(|s| s.parse().ok())
         .unwrap_or(30);
     Duration::from_secs(seconds)
+}
+
+static HANG_LIMIT_S: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// Sets the hang limit for this process (a scenario that shows a wait never returning).
+pub fn set_hang_limit(limit: Duration) {
+    HANG_LIMIT_S.store(limit.as_secs().max(1), std::sync::atomic::Ordering::Relaxed);
 }
 
 /// Everything the kernel keeps, under one lock.

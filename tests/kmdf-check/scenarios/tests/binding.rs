@@ -850,6 +850,10 @@ fn verifier_irql_lowered_upwards() {
 fn verifier_deleted_handle_used() {
     provoke(Fault::TimerDeletedTwice);
 }
+fn verifier_wait_never_returns() {
+    ibcm_ntos::state::set_hang_limit(Duration::from_secs(2));
+    provoke(Fault::RundownNeverReleased);
+}
 
 // ------------------------------------------------------------------------------------
 // Runner
@@ -899,6 +903,7 @@ const SCENARIOS: &[Scenario] = scenarios![
     verifier_rundown_released_too_often => "RUNDOWN",
     verifier_irql_lowered_upwards => "IRQL_CHANGE",
     verifier_deleted_handle_used => "INVALID_HANDLE",
+    verifier_wait_never_returns => "WAIT_NEVER_RETURNS",
 ];
 
 fn main() {

@@ -26,6 +26,7 @@ pub enum Fault {
     RundownReleasedTooOften,
     LowerIrqlUpwards,
     TimerDeletedTwice,
+    RundownNeverReleased,
 }
 
 /// A context type the driver declares but gives no object.
@@ -312,6 +313,15 @@ unsafe extern "C" fn device_control(
                 // SAFETY: the second delete is the fault: a deleted handle.
                 unsafe { call_unsafe_wdf_function_binding!(WdfObjectDelete, t as WDFOBJECT) };
             }
+        }
+        c if c == Fault::RundownNeverReleased as u32 => {
+            let mut rundown = EX_RUNDOWN_REF::default();
+            // SAFETY: a rundown reference on this stack.
+            unsafe { ntddk::ExInitializeRundownProtection(&raw mut rundown) };
+            // SAFETY: acquired and never released: the wait below never ends.
+            let _ = unsafe { ntddk::ExAcquireRundownProtection(&raw mut rundown) };
+            // SAFETY: PASSIVE_LEVEL; the fault.
+            unsafe { ntddk::ExWaitForRundownProtectionRelease(&raw mut rundown) };
         }
         _ => complete(request),
     }
