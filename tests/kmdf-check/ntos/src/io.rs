@@ -54,6 +54,7 @@ pub struct Io {
     pub subject_locks: HashMap<usize, i32>,
     pub error_log: Vec<(NTSTATUS, Vec<String>)>,
     pub error_log_entries: HashMap<usize, Vec<u8>>,
+    pub pnp_irps: PnpIrps,
 }
 
 /// Who opens, and how.
@@ -511,27 +512,216 @@ pub unsafe extern "C" fn IoWriteErrorLogEntry(ElEntry: PVOID) {
     changed();
 }
 
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn IofCompleteRequest(_Irp: PIRP, _PriorityBoost: CCHAR) {
-    bugcheck(
-        Rule::Simulation,
-        format_args!(
-            "IofCompleteRequest (the filter's IRP_MN_QUERY_INTERFACE preprocess) is not simulated yet"
-        ),
-    )
+/// An `IRP_MJ_PNP` / `IRP_MN_QUERY_INTERFACE` IRP on its way down a two-location stack:
+/// `locations[1]` the filter's (where it enters), `locations[0]` ibbus's below it (wdm.h:
+/// `IoGetNextIrpStackLocation` is `CurrentStackLocation - 1`).
+#[repr(C)]
+struct PnpIrp {
+    irp: _IRP,
+    locations: [_IO_STACK_LOCATION; 2],
+    completed: bool,
+}
+
+/// Live PnP IRPs by address.
+#[derive(Default)]
+pub struct PnpIrps(HashMap<usize, Box<PnpIrp>>);
+
+// SAFETY: the IRPs' pointers point into their own boxes, reached under the lock.
+unsafe impl Send for PnpIrps {}
+
+/// What answered a query below the filter (ibbus's `__query_cm_ifc` answers the CM GUID
+/// with AL's CM; the simulation marks the interface it writes with this version).
+pub const AL_CM_MARK: u16 = 0xA1A1;
+
+/// `IRP_MN_QUERY_INTERFACE` sent to the filter device `device` from above (a client's
+/// `WdfFdoQueryForInterface`, which starts at the top of the stack): the filter's
+/// preprocess routine answers it or passes it down, where ibbus answers the CM GUID with
+/// AL's CM (marked [`AL_CM_MARK`]) and nothing else. Returns the IRP's status.
+pub fn query_interface(
+    device: usize,
+    guid: &GUID,
+    interface: PINTERFACE,
+    size: u16,
+    version: u16,
+) -> NTSTATUS {
+    let preprocess = state::lock()
+        .devices
+        .devices
+        .get(&device)
+        .and_then(|d| d.init.preprocess);
+    let Some(preprocess) = preprocess else {
+        bugcheck(
+            Rule::Simulation,
+            format_args!("the device has no IRP_MN_QUERY_INTERFACE preprocess"),
+        );
+    };
+    // SAFETY: plain C structures: all-zero is their initial state.
+    let mut block: Box<PnpIrp> = Box::new(unsafe { core::mem::zeroed() });
+    block.irp.StackCount = 2;
+    block.irp.CurrentLocation = 2;
+    block.irp.IoStatus.__bindgen_anon_1.Status = STATUS_NOT_SUPPORTED;
+    for l in &mut block.locations {
+        l.MajorFunction = IRP_MJ_PNP as u8;
+        l.MinorFunction = IRP_MN_QUERY_INTERFACE as u8;
+    }
+    block.locations[1].Parameters.QueryInterface =
+        _IO_STACK_LOCATION__bindgen_ty_1__bindgen_ty_26 {
+            InterfaceType: guid,
+            Size: size,
+            Version: version,
+            Interface: interface,
+            InterfaceSpecificData: core::ptr::null_mut(),
+        };
+    let current = &raw mut block.locations[1];
+    block
+        .irp
+        .Tail
+        .Overlay
+        .__bindgen_anon_2
+        .__bindgen_anon_1
+        .CurrentStackLocation = current;
+    let irp = &raw mut block.irp;
+    state::lock().io.pnp_irps.0.insert(irp as usize, block);
+    let status = call_driver("EvtDeviceWdmIrpPreprocess", PASSIVE, || {
+        // SAFETY: the driver's preprocess routine with its device and a live IRP.
+        unsafe { preprocess(device as WDFDEVICE, irp) }
+    });
+    let block = state::lock().io.pnp_irps.0.remove(&(irp as usize));
+    let Some(block) = block else {
+        unreachable!("inserted above")
+    };
+    if !block.completed {
+        bugcheck(
+            Rule::RequestCompleted,
+            format_args!("the query-interface IRP was neither completed nor passed down"),
+        );
+    }
+    // SAFETY: the status arm of the IO_STATUS_BLOCK union, set at completion.
+    let irp_status = unsafe { block.irp.IoStatus.__bindgen_anon_1.Status };
+    if irp_status != status {
+        bugcheck(
+            Rule::Simulation,
+            format_args!(
+                "the preprocess routine returned {status:#x}, the IRP completed with {irp_status:#x}"
+            ),
+        );
+    }
+    status
+}
+
+/// Completes a PnP IRP of the simulation once.
+fn complete_pnp(irp: PIRP, function: &str) {
+    let mut guard = state::lock();
+    let Some(block) = guard.io.pnp_irps.0.get_mut(&(irp as usize)) else {
+        drop(guard);
+        bugcheck(
+            Rule::Simulation,
+            format_args!("{function} on an IRP the simulation did not send"),
+        );
+    };
+    if block.completed {
+        drop(guard);
+        bugcheck(
+            Rule::RequestCompleted,
+            format_args!("{function}: the IRP is already completed (DoubleCompletion)"),
+        );
+    }
+    block.completed = true;
 }
 
 #[unsafe(no_mangle)]
+pub unsafe extern "C" fn IofCompleteRequest(Irp: PIRP, _PriorityBoost: CCHAR) {
+    let _k = KernelCode::enter();
+    require_irql("IofCompleteRequest", DISPATCH);
+    if crate::thread::held_locks() > 0 {
+        bugcheck(
+            Rule::CompleteUnderLock,
+            format_args!("IofCompleteRequest with a spin lock held"),
+        );
+    }
+    complete_pnp(Irp, "IofCompleteRequest");
+}
+
+/// The framework sends the preprocessed IRP to the next lower driver (`IoCallDriver`:
+/// the lower driver's location is `CurrentStackLocation - 1`, what the filter skipped
+/// back to or copied into). ibbus answers the CM GUID with AL's CM and completes the rest
+/// unanswered; a completion routine the filter set in ibbus's location runs then.
+#[unsafe(no_mangle)]
 pub unsafe extern "C" fn WdfDeviceWdmDispatchPreprocessedIrp(
-    _Device: WDFDEVICE,
-    _Irp: PIRP,
+    Device: WDFDEVICE,
+    Irp: PIRP,
 ) -> NTSTATUS {
-    bugcheck(
-        Rule::Simulation,
-        format_args!(
-            "WdfDeviceWdmDispatchPreprocessedIrp (the filter's IRP_MN_QUERY_INTERFACE preprocess) is not simulated yet"
-        ),
-    )
+    let _k = KernelCode::enter();
+    require_irql("WdfDeviceWdmDispatchPreprocessedIrp", DISPATCH);
+    state::lock().objects.get_kind(
+        Device as usize,
+        Kind::Device,
+        "WdfDeviceWdmDispatchPreprocessedIrp",
+    );
+    let (lower, top) = {
+        let mut guard = state::lock();
+        let Some(block) = guard.io.pnp_irps.0.get_mut(&(Irp as usize)) else {
+            drop(guard);
+            bugcheck(
+                Rule::Simulation,
+                format_args!(
+                    "WdfDeviceWdmDispatchPreprocessedIrp on an IRP the simulation did not send"
+                ),
+            );
+        };
+        (&raw mut block.locations[0], &raw mut block.locations[1])
+    };
+    // SAFETY: the live IRP the simulation sent (checked above), handed back by the
+    // preprocess routine.
+    let irp = unsafe { &mut *Irp };
+    let tail = irp.Tail;
+    // SAFETY: a dispatched IRP uses the `Overlay` arm of `Tail` (wdm.h).
+    let overlay = unsafe { tail.Overlay };
+    // SAFETY: ... and its `CurrentStackLocation` arm.
+    let current = unsafe {
+        overlay
+            .__bindgen_anon_2
+            .__bindgen_anon_1
+            .CurrentStackLocation
+    };
+    // IoCallDriver: the lower driver gets `CurrentStackLocation - 1`: the filter's own
+    // location after IoSkipCurrentIrpStackLocation, the next one after
+    // IoCopyCurrentIrpStackLocationToNext; anything else was not prepared for it.
+    let below = current.wrapping_sub(1);
+    if below != lower && below != top {
+        bugcheck(
+            Rule::Simulation,
+            format_args!(
+                "the IRP handed back has no stack location for the lower driver (IoSkipCurrentIrpStackLocation or IoCopyCurrentIrpStackLocationToNext first)"
+            ),
+        );
+    }
+    // SAFETY: the lower driver's location of the live IRP (checked above).
+    let location = unsafe { *below };
+    // SAFETY: an IRP_MN_QUERY_INTERFACE location carries `Parameters.QueryInterface`.
+    let query = unsafe { location.Parameters.QueryInterface };
+    // SAFETY: the sender's GUID.
+    let guid = unsafe { *query.InterfaceType };
+    let cm = (guid.Data1, guid.Data2, guid.Data3) == (0x6A11_D060, 0x8957, 0x49E6);
+    let status = if cm && !query.Interface.is_null() {
+        // SAFETY: the sender's INTERFACE buffer; only the header is written, marked.
+        unsafe {
+            (*query.Interface).Version = AL_CM_MARK;
+        }
+        STATUS_SUCCESS
+    } else {
+        STATUS_NOT_SUPPORTED
+    };
+    irp.IoStatus.__bindgen_anon_1 = _IO_STATUS_BLOCK__bindgen_ty_1 { Status: status };
+    complete_pnp(Irp, "the lower driver's completion");
+    if let Some(routine) = location.CompletionRoutine {
+        call_driver("IO_COMPLETION_ROUTINE", PASSIVE, || {
+            // SAFETY: the filter's completion routine with its context, as the I/O
+            // manager calls it while the IRP completes upwards.
+            let _ = unsafe { routine(Device.cast(), Irp, location.Context) };
+        });
+    }
+    status
 }
 
 /// A device's security as the I/O manager holds it: (SDDL, characteristics, exclusive).

@@ -732,6 +732,67 @@ fn every_parameter_is_read_and_all_users_budget_holds() {
     shutdown(device);
 }
 
+/// A kernel client's query for `GUID_INFINIBAND_INTERFACE_CM` 1.1 (WinVerbs', ndfltr's),
+/// sent from above to the filter: ibcm answers with its `iba_cm` table (not passed down
+/// to ibbus, whose answer is AL's CM) and a reference the client drops.
+fn query_cm_interface(device: usize, size: u16) -> (i32, ibcm_iba_cm::abi::InfinibandInterfaceCm) {
+    let g = ibcm_iba_cm::abi::GUID_INFINIBAND_INTERFACE_CM;
+    let guid = ibcm_ntos::GUID {
+        Data1: g.data1,
+        Data2: g.data2,
+        Data3: g.data3,
+        Data4: g.data4,
+    };
+    // SAFETY: all-zero is an empty interface (no functions, null context).
+    let mut ifc: ibcm_iba_cm::abi::InfinibandInterfaceCm = unsafe { std::mem::zeroed() };
+    let status = io::query_interface(
+        device,
+        &guid,
+        (&raw mut ifc).cast(),
+        size,
+        ibcm_iba_cm::abi::INFINIBAND_INTERFACE_CM_VERSION,
+    );
+    (status, ifc)
+}
+
+fn cm_interface_answered_and_released() {
+    let device = boot(&[]);
+    let size = size_of::<ibcm_iba_cm::abi::InfinibandInterfaceCm>() as u16;
+    let (status, ifc) = query_cm_interface(device, size);
+    assert_eq!(status, 0, "answered");
+    assert_eq!(
+        ifc.interface_header.version,
+        ibcm_iba_cm::abi::INFINIBAND_INTERFACE_CM_VERSION,
+        "ibcm's table, not AL's"
+    );
+    let release = ifc
+        .interface_header
+        .interface_dereference
+        .expect("a dereference routine");
+    // SAFETY: the interface's own context, released once as the client does.
+    unsafe { release(ifc.interface_header.context) };
+    // A buffer too small for the table goes down to ibbus (AL's CM answers it).
+    let (status, small) = query_cm_interface(device, size - 1);
+    assert_eq!(status, 0);
+    assert_eq!(
+        small.interface_header.version,
+        io::AL_CM_MARK,
+        "passed down to ibbus"
+    );
+    shutdown(device);
+}
+
+/// A client that never drops its reference: the last filter's removal waits for it
+/// (after writing the System log entry), a wait that never returns.
+fn cm_interface_reference_kept_blocks_removal() {
+    ibcm_ntos::state::set_hang_limit(Duration::from_secs(3));
+    let device = boot(&[]);
+    let size = size_of::<ibcm_iba_cm::abi::InfinibandInterfaceCm>() as u16;
+    let (status, _kept) = query_cm_interface(device, size);
+    assert_eq!(status, 0);
+    shutdown(device);
+}
+
 // ---- the verifier's own rules, shown firing ----
 
 fn in_driver(f: impl FnOnce()) {
@@ -883,6 +944,8 @@ const SCENARIOS: &[Scenario] = scenarios![
     hca_without_access_layer_is_logged,
     req_through_qp1,
     connection_with_a_host_peer,
+    cm_interface_answered_and_released,
+    cm_interface_reference_kept_blocks_removal => "WAIT_NEVER_RETURNS",
     verifier_spin_lock_recursive => "SPIN_LOCK_RECURSIVE",
     verifier_spin_lock_release_irql => "SPIN_LOCK_RELEASE_IRQL",
     verifier_wait_at_dispatch => "WAIT_AT_DISPATCH",
