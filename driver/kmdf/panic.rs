@@ -9,7 +9,7 @@
 use wdk_sys::ULONG_PTR;
 use wdk_sys::ntddk::KeBugCheckEx;
 
-/// ibcm's bug check code (README, "Security"). Parameters: 1 the panic's source line,
+/// ibcm's bug check code (docs/security.md). Parameters: 1 the panic's source line,
 /// 2 its column, 3 the address of the source file's name (in ibcm.sys's image), 4 the
 /// name's length.
 pub const IBCM_BUGCHECK: u32 = 0xE1BC_0001;

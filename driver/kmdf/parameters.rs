@@ -1,5 +1,5 @@
 //! The service key's `Parameters` (`HKLM\SYSTEM\CurrentControlSet\Services\ibcm\Parameters`):
-//! the quotas of non-administrators, per handle and for all of them together (README,
+//! the quotas of non-administrators, per handle and for all of them together (docs/security.md,
 //! "Quotas"), and the longest wait
 //! the CM asks of a REQ's sender (`MaxRequestWaitMs`, `CmConfig::max_request_wait_ns`).
 //! Each is a REG_DWORD read once, when the CM is made; a value missing, unreadable or 0

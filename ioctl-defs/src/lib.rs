@@ -210,7 +210,7 @@ pub mod status {
     pub const ACCESS_DENIED: i32 = 0xC000_0022_u32 as i32;
     /// STATUS_QUOTA_EXCEEDED: the handle holds its quota of endpoints, listens, backlog
     /// or queued event records, or all users' handles together hold their budget of
-    /// endpoints, listens or backlog (README, "Quotas").
+    /// endpoints, listens or backlog (docs/security.md, "Quotas").
     pub const QUOTA_EXCEEDED: i32 = 0xC000_0044_u32 as i32;
     /// STATUS_FILE_CLOSED: the handle's cleanup ran (IRP_MJ_CLEANUP); it takes no more
     /// IOCTLs.

@@ -50,7 +50,7 @@ pub fn unregister() {
 /// (network order as AL reports it; 0 before IBAL is bound): answered by ibcm, or passed
 /// down to ibbus (AL's CM serves the client) for `reason`. Event `CmInterfaceQuery`,
 /// keyword 0x8, level Informational when answered, Warning when passed down: the line a
-/// user looks for to learn which CM WinVerbs and ndfltr got (README "Windows").
+/// user looks for to learn which CM WinVerbs and ndfltr got (docs/windows.md).
 pub fn cm_interface_query(ca_guid: u64, version: u16, size: u16, answered: bool, reason: &str) {
     let ca_guid = u64::from_be(ca_guid);
     if answered {
@@ -84,7 +84,7 @@ pub fn cm_interface_query(ca_guid: u64, version: u16, size: u16, answered: bool,
 /// bound) got once its ports were bound: ibcm's ordinary CM MAD service, QP1 steering by
 /// the verbs hook, or none (AL's CM serves the HCA's clients) for `reason`. Event
 /// `Qp1Route`, keyword 0x8, level Informational with a route, Warning without: the line
-/// an administrator looks for on a stock WinOF host (README "Windows").
+/// an administrator looks for on a stock WinOF host (docs/windows.md).
 pub fn qp1_route(ca_guid: u64, routed: bool, route: &str, reason: &str) {
     let ca_guid = u64::from_be(ca_guid);
     if routed {

@@ -268,7 +268,7 @@ fn a_user_cannot_send_a_req_with_anothers_qpn() {
         QpTransitionsOut::SIZE as usize,
     );
     assert_eq!(done.status, status::ACCESS_DENIED);
-    // An administrator names raw QPNs (trusted: README, "Security").
+    // An administrator names raw QPNs (trusted: docs/security.md).
     let admin = open(n1, Caller::Administrator);
     assert_eq!(
         n1.device.with_engine(|cm| cm.local_qpn_holder(1, 0x456)),

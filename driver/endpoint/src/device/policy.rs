@@ -1,5 +1,5 @@
 //! What a handle may do: who opened it, and the quotas of a non-administrator's handle
-//! (issue #30; README, "Security").
+//! (docs/security.md).
 //!
 //! `\\.\ibcm` is open to every user (the SDDL WinVerbs and ndfltr use), so one user's
 //! handle must not take another's REQs, name another's QP, or exhaust what the CM
@@ -35,7 +35,7 @@ pub enum Caller {
 }
 
 /// The quotas of each non-administrator's handle, and the budgets of all of them
-/// together. The binding reads them from the service key's `Parameters` (README,
+/// together. The binding reads them from the service key's `Parameters` (docs/security.md,
 /// "Quotas"); [`Default`] holds the defaults. Past any of them the operation fails with
 /// STATUS_QUOTA_EXCEEDED (a REQ is refused as over a full backlog).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
