@@ -22,8 +22,13 @@ use crate::*;
 
 type Handle = *mut c_void;
 const IB_SUCCESS: i32 = 0;
+const IB_INSUFFICIENT_RESOURCES: i32 = 1;
 const IB_INVALID_PARAMETER: i32 = 3;
-const IB_INSUFFICIENT_RESOURCES: i32 = 2;
+/// `IB_ERROR` (ib_types.h, as the binding's ibal.rs has it): what the simulation returns
+/// where AL returns a more precise failure (the binding only tells IB_SUCCESS apart).
+const IB_ERROR: i32 = 43;
+/// `IB_MAD_METHOD_SEND` (ib_types.h).
+const IB_MAD_METHOD_SEND: usize = 0x03;
 const AL_INTERFACE_VERSION: u16 = 19;
 /// `GUID_IB_AL_INTERFACE` {96234E89-496F-4dfb-AA90-FCE82BCEC8A8}.
 const GUID_IB_AL_INTERFACE: (u32, u16, u16, [u8; 8]) = (
@@ -217,6 +222,10 @@ pub struct CaConfig {
     /// Host order.
     pub ca_guid: u64,
     pub ports: Vec<PortConfig>,
+    /// AL's own CM holds the CM class's Send method on every port, as on a stock WinOF
+    /// host (al_cm_cep.c:2451-2456 registers it; al_mad.c:664-672 lets one client have an
+    /// unsolicited method): ibcm's ordinary registration fails there.
+    pub al_cm_holds_send: bool,
 }
 
 /// A MAD on the simulated wire.
@@ -241,8 +250,23 @@ impl SendSvc {
 
 struct Service {
     port_lid: u16,
+    /// The CA (index into `Al::cas`).
+    ca: usize,
+    /// The QP's context (`ib_get_spl_qp`'s `qp_context`): what its destroy callback gets
+    /// (al_common.c:799 `p_obj->context`, al_qp.c:638).
+    qp_context: usize,
     svc: IbMadSvc,
+    /// No service, or the QP is gone: nothing is delivered to it.
     destroyed: bool,
+    /// `ib_destroy_qp` was called (a second call is refused, al_qp.c:1045-1048).
+    destroy_called: bool,
+}
+
+/// A MAD element out of AL's pool: the driver's, or posted for a send (then AL's until
+/// the send completes: ib_al.h `ib_send_mad` notes).
+struct Element {
+    block: Box<(IbMadElement, [u8; MAD_SIZE], IbGrh)>,
+    in_flight: bool,
 }
 
 #[derive(Default)]
@@ -254,8 +278,10 @@ pub struct Al {
     /// Open AL instances: their MAD services.
     services: HashMap<usize, Service>,
     instances: HashMap<usize, Vec<usize>>,
-    /// MAD elements the driver holds.
-    elements: HashMap<usize, Box<(IbMadElement, [u8; MAD_SIZE], IbGrh)>>,
+    /// MAD elements the driver holds, or has posted.
+    elements: HashMap<usize, Element>,
+    /// QP destroy callbacks not yet run (`ib_close_al` waits for them).
+    destroys_pending: usize,
     /// QPs: (service handles, destroyed).
     qps: HashMap<usize, (usize, bool)>,
     pub sent: Vec<Wire>,
@@ -335,8 +361,12 @@ pub fn query(
     if g != GUID_IB_AL_INTERFACE {
         return STATUS_NOT_SUPPORTED;
     }
-    if version != AL_INTERFACE_VERSION || usize::from(size) < size_of::<IbAlIfc>() {
+    if version != AL_INTERFACE_VERSION {
         return STATUS_NOT_SUPPORTED;
+    }
+    if usize::from(size) < size_of::<IbAlIfc>() {
+        // bus_pnp.c:1225-1231.
+        return STATUS_BUFFER_TOO_SMALL;
     }
     let ca_guid = state::lock().al.cas.get(ca).map(|c| c.ca_guid);
     let Some(ca_guid) = ca_guid else {
@@ -508,16 +538,17 @@ unsafe extern "C" fn get_spl_qp(
     require_irql("ib_get_spl_qp", PASSIVE);
     let mut guard = state::lock();
     let cas = guard.al.cas.clone();
-    let lid = cas
+    let found = cas
         .iter()
-        .flat_map(|c| {
+        .enumerate()
+        .flat_map(|(i, c)| {
             c.ports
                 .iter()
-                .map(move |p| (c.ca_guid + u64::from(p.port_num), p.lid))
+                .map(move |p| (c.ca_guid + u64::from(p.port_num), p.lid, i))
         })
-        .find(|(g, _)| g.to_be() == port_guid)
-        .map(|(_, lid)| lid);
-    let Some(lid) = lid else {
+        .find(|(g, _, _)| g.to_be() == port_guid)
+        .map(|(_, lid, ca)| (lid, ca));
+    let Some((lid, ca)) = found else {
         return IB_INVALID_PARAMETER;
     };
     let qp = new_handle(&mut guard.al);
@@ -526,12 +557,14 @@ unsafe extern "C" fn get_spl_qp(
         qp,
         Service {
             port_lid: lid,
+            ca,
+            qp_context: qp_context as usize,
             // SAFETY: all-zero is a valid (empty) service until ib_reg_mad_svc fills it.
             svc: unsafe { core::mem::zeroed() },
             destroyed: true,
+            destroy_called: false,
         },
     );
-    let _ = qp_context;
     if let Some(v) = guard.al.instances.get_mut(&(h_pd as usize)) {
         v.push(qp);
     }
@@ -555,6 +588,17 @@ unsafe extern "C" fn reg_mad_svc(
         return IB_INVALID_PARAMETER;
     }
     let mut guard = state::lock();
+    let Some(ca) = guard.al.services.get(&(h_qp as usize)).map(|s| s.ca) else {
+        return IB_INVALID_PARAMETER;
+    };
+    let send = svc
+        .method_array
+        .get(IB_MAD_METHOD_SEND)
+        .is_some_and(|m| *m != 0);
+    if send && guard.al.cas.get(ca).is_some_and(|c| c.al_cm_holds_send) {
+        // "Other client already registered for Un-Solicited Method" (al_mad.c:664-672).
+        return IB_ERROR;
+    }
     let Some(s) = guard.al.services.get_mut(&(h_qp as usize)) else {
         return IB_INVALID_PARAMETER;
     };
@@ -575,17 +619,43 @@ unsafe extern "C" fn destroy_qp(
         let Some(s) = guard.al.services.get_mut(&(h_qp as usize)) else {
             return IB_INVALID_PARAMETER;
         };
+        if s.destroy_called {
+            return IB_ERROR;
+        }
         s.destroyed = true;
-        s.svc.mad_svc_context
-    } as usize;
+        s.destroy_called = true;
+        let context = s.qp_context;
+        if destroy_cb.is_some() {
+            guard.al.destroys_pending += 1;
+        }
+        context
+    };
     if let Some(cb) = destroy_cb {
-        // AL calls the destroy callback once the QP's callbacks are over, asynchronously.
-        run_at_dispatch(move || {
-            call_driver("ib_pfn_destroy_cb_t", crate::thread::irql(), || {
-                // SAFETY: the driver's destroy callback with its QP context.
-                unsafe { cb(context as *mut c_void) }
+        // AL destroys asynchronously and calls back from its worker thread at
+        // PASSIVE_LEVEL once the QP's callbacks are over (al_common.c:441-448, 764-800).
+        let worker = std::thread::Builder::new()
+            .name("al-destroy".into())
+            .spawn(move || {
+                let guard = state::lock();
+                let what =
+                    || "the QP's completions to finish before its destroy callback".to_string();
+                let (guard, _) = state::wait_until(guard, None, &what, |s| {
+                    s.sched.dispatch.is_empty() && s.sched.calls_running == 0
+                });
+                drop(guard);
+                call_driver("ib_pfn_destroy_cb_t", PASSIVE, || {
+                    // SAFETY: the driver's destroy callback with the QP's own context.
+                    unsafe { cb(context as *mut c_void) }
+                });
+                state::lock().al.destroys_pending -= 1;
+                changed();
             });
-        });
+        if worker.is_err() {
+            bugcheck(
+                Rule::Simulation,
+                format_args!("AL's destroy worker could not start"),
+            );
+        }
     }
     IB_SUCCESS
 }
@@ -598,7 +668,11 @@ unsafe extern "C" fn close_al(h_al: Handle) -> i32 {
     // Let the processor thread finish what it queued (completions of this instance).
     let guard = state::lock();
     let what = || "AL's completions to drain before ib_close_al returns".to_string();
-    let (mut guard, _) = state::wait_until(guard, None, &what, |s| s.sched.dispatch.is_empty());
+    // ... and what is running, and the destroy callbacks of QPs destroyed before: AL's
+    // synchronous destroy waits for every reference (al_common.c:543-600).
+    let (mut guard, _) = state::wait_until(guard, None, &what, |s| {
+        s.sched.dispatch.is_empty() && s.sched.calls_running == 0 && s.al.destroys_pending == 0
+    });
     let qps = guard
         .al
         .instances
@@ -648,19 +722,40 @@ fn new_element(pool: usize) -> *mut IbMadElement {
     b.0.size = MAD_SIZE as u32;
     b.0.context1 = pool as *const c_void;
     let p = &raw mut b.0;
-    guard.al.elements.insert(p as usize, b);
+    guard.al.elements.insert(
+        p as usize,
+        Element {
+            block: b,
+            in_flight: false,
+        },
+    );
     p
 }
 
 unsafe extern "C" fn put_mad(_file: *mut i8, _line: i32, p: *const IbMadElement) -> i32 {
     let _k = KernelCode::enter();
     require_irql("ib_put_mad", DISPATCH);
-    let removed = state::lock().al.elements.remove(&(p as usize));
-    if removed.is_none() {
-        bugcheck(
-            Rule::MadElement,
-            format_args!("ib_put_mad of {p:p}, not an element the driver holds"),
-        );
+    let mut guard = state::lock();
+    match guard.al.elements.get(&(p as usize)) {
+        None => {
+            drop(guard);
+            bugcheck(
+                Rule::MadElement,
+                format_args!("ib_put_mad of {p:p}, not an element the driver holds"),
+            );
+        }
+        Some(e) if e.in_flight => {
+            drop(guard);
+            bugcheck(
+                Rule::MadElement,
+                format_args!(
+                    "ib_put_mad of {p:p} while its send is in flight (AL's until the send completes)"
+                ),
+            );
+        }
+        Some(_) => {
+            guard.al.elements.remove(&(p as usize));
+        }
     }
     IB_SUCCESS
 }
@@ -668,36 +763,41 @@ unsafe extern "C" fn put_mad(_file: *mut i8, _line: i32, p: *const IbMadElement)
 unsafe extern "C" fn send_mad(
     h_mad_svc: Handle,
     p: *mut IbMadElement,
-    _failure: *mut *mut IbMadElement,
+    failure: *mut *mut IbMadElement,
 ) -> i32 {
     let _k = KernelCode::enter();
     require_irql("ib_send_mad", DISPATCH);
     let mut guard = state::lock();
-    let Some(element) = guard.al.elements.remove(&(p as usize)) else {
-        drop(guard);
-        bugcheck(
-            Rule::MadElement,
-            format_args!("ib_send_mad of {p:p}, not an element the driver holds"),
-        );
-    };
-    let Some(service) = guard.al.services.get(&(h_mad_svc as usize)) else {
-        return IB_INVALID_PARAMETER;
-    };
-    if service.destroyed {
-        return IB_INVALID_PARAMETER;
+    match guard.al.elements.get(&(p as usize)) {
+        Some(e) if !e.in_flight => {}
+        _ => {
+            drop(guard);
+            bugcheck(
+                Rule::MadElement,
+                format_args!(
+                    "ib_send_mad of {p:p}, not an element the driver holds (or already posted)"
+                ),
+            );
+        }
     }
+    let service = guard.al.services.get(&(h_mad_svc as usize));
+    let Some(service) = service.filter(|s| !s.destroyed) else {
+        // Not posted: the element stays the caller's, named as the failed one.
+        if !failure.is_null() {
+            // SAFETY: the caller's out pointer.
+            unsafe { *failure = p };
+        }
+        return IB_INVALID_PARAMETER;
+    };
     let from = service.port_lid;
     let sender = service.svc;
-    let to = u16::from_be(element.0.remote_lid);
-    let mad = element.1.to_vec();
-    // Back to the driver as a completed send.
-    let ptr = Box::into_raw(element);
-    let element_ptr = ptr as usize;
-    // SAFETY: reboxed at once: the element goes back into the driver's holdings.
-    guard
-        .al
-        .elements
-        .insert(element_ptr, unsafe { Box::from_raw(ptr) });
+    let element_ptr = p as usize;
+    let Some(element) = guard.al.elements.get_mut(&element_ptr) else {
+        unreachable!("checked above")
+    };
+    element.in_flight = true;
+    let to = u16::from_be(element.block.0.remote_lid);
+    let mad = element.block.1.to_vec();
     let target = guard
         .al
         .services
@@ -716,6 +816,10 @@ unsafe extern "C" fn send_mad(
     let sender = SendSvc(sender);
     run_at_dispatch(move || {
         let sender = sender.get();
+        // The send completed: the element is the driver's again.
+        if let Some(e) = state::lock().al.elements.get_mut(&element_ptr) {
+            e.in_flight = false;
+        }
         if let Some(cb) = sender.pfn_mad_send_cb {
             call_driver("pfn_mad_send_cb", DISPATCH, || {
                 // SAFETY: the driver's send completion with its element.
@@ -740,7 +844,7 @@ fn deliver(h: usize, svc: IbMadSvc, from_lid: u16, mad: &[u8]) {
     let element = new_element(h) as usize;
     {
         let mut guard = state::lock();
-        if let Some(e) = guard.al.elements.get_mut(&element) {
+        if let Some(e) = guard.al.elements.get_mut(&element).map(|e| &mut e.block) {
             e.1[..mad.len().min(MAD_SIZE)].copy_from_slice(&mad[..mad.len().min(MAD_SIZE)]);
             e.0.remote_lid = from_lid.to_be();
             e.0.remote_qp = 1u32.to_be();

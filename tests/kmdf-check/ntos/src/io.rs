@@ -34,6 +34,9 @@ pub struct RequestInfo {
     pub marked: Option<PFN_WDF_REQUEST_CANCEL>,
     pub cancel_requested: bool,
     pub cancel_taken: bool,
+    /// The cancel routine is about to run or has run (KMDF's FXREQUEST_FLAG_CANCELLED,
+    /// set just before the call, fxioqueue.cpp:4910).
+    pub cancel_invoked: bool,
     pub completed: bool,
     pub result: Option<(NTSTATUS, Vec<u8>)>,
 }
@@ -141,6 +144,7 @@ fn new_request(
             marked: None,
             cancel_requested: false,
             cancel_taken: false,
+            cancel_invoked: false,
             completed: false,
             result: None,
         },
@@ -176,8 +180,13 @@ pub fn open(name: &str, who: Open) -> Result<usize, NTSTATUS> {
             d.init.file_config.and_then(|c| c.EvtDeviceFileCreate),
         )
     };
-    if !finished {
-        // DO_DEVICE_INITIALIZING: the I/O manager refuses opens.
+    let deleted = state::lock()
+        .objects
+        .live
+        .get(&device)
+        .is_none_or(|o| o.delete_pending || o.deleting);
+    if !finished || deleted {
+        // DO_DEVICE_INITIALIZING, or the device object deleted: no create reaches it.
         return Err(STATUS_NO_SUCH_DEVICE);
     }
     if who.user_mode || who.force_access_check {
@@ -283,23 +292,32 @@ pub fn open(name: &str, who: Open) -> Result<usize, NTSTATUS> {
 /// EvtIoDeviceControl in the caller's thread. Returns the request (an IRP the caller may
 /// wait for or cancel).
 pub fn ioctl(file: usize, code: u32, input: &[u8], output_len: usize) -> usize {
+    ioctl_as(file, code, input, output_len, PASSIVE, true)
+}
+
+/// [`ioctl`] from a caller at `level` (a kernel component may send at DISPATCH_LEVEL; the
+/// parallel queue presents the request in the caller's context), in user or kernel mode.
+/// After IRP_MJ_CLEANUP an IRP may still come: a thread inside DeviceIoControl holds the
+/// file object, not the handle.
+pub fn ioctl_as(
+    file: usize,
+    code: u32,
+    input: &[u8],
+    output_len: usize,
+    level: u8,
+    user_mode: bool,
+) -> usize {
     let _k = KernelCode::enter();
-    let (device, cleaned) = {
+    let device = {
         let guard = state::lock();
         match guard.io.files.get(&file) {
-            Some(f) => (f.device, f.cleaned_up),
+            Some(f) => f.device,
             None => bugcheck(
                 Rule::Simulation,
                 format_args!("ioctl on a file that is not open"),
             ),
         }
     };
-    if cleaned {
-        bugcheck(
-            Rule::Simulation,
-            format_args!("ioctl on a handle already closed"),
-        );
-    }
     let queue = state::lock()
         .devices
         .devices
@@ -311,8 +329,8 @@ pub fn ioctl(file: usize, code: u32, input: &[u8], output_len: usize) -> usize {
             format_args!("the device has no default queue for IOCTLs"),
         );
     };
-    let request = new_request(device, file, queue, true, input, output_len);
-    call_driver("EvtIoDeviceControl", PASSIVE, || {
+    let request = new_request(device, file, queue, user_mode, input, output_len);
+    call_driver("EvtIoDeviceControl", level, || {
         // SAFETY: the driver's queue callback with its queue and a presented request.
         unsafe {
             callback(
@@ -368,6 +386,12 @@ pub fn wait_for(request: usize, limit: Duration) -> Option<(NTSTATUS, Vec<u8>)> 
         .and_then(|r| r.result.clone())
 }
 
+/// How long a claimed cancellation waits before its routine runs: KMDF hands it to the
+/// queue's dispatcher (CancelForDriver -> DispatchInternalEvents), and a completion from
+/// another thread in that window must not happen (the window is kept wide so a scenario
+/// that races cancellation with completion reaches it).
+const CANCEL_DISPATCH_DELAY: Duration = Duration::from_millis(2);
+
 /// IoCancelIrp from this thread: the driver's cancel routine runs (at DISPATCH_LEVEL)
 /// if the request is cancelable; otherwise the IRP is marked and a later
 /// WdfRequestMarkCancelableEx returns STATUS_CANCELLED.
@@ -400,6 +424,13 @@ pub fn cancel(request: usize) {
         routine
     };
     if let Some(routine) = routine {
+        // The window between the cancel being claimed and the routine being called is
+        // real on Windows (CancelForDriver queues it for the dispatcher): a completion in
+        // it is "Completing Cancelable WDFREQUEST" (fxrequest.cpp:399-427).
+        std::thread::sleep(CANCEL_DISPATCH_DELAY);
+        if let Some(r) = state::lock().io.requests.get_mut(&request) {
+            r.cancel_invoked = true;
+        }
         call_driver("EvtRequestCancel", DISPATCH, || {
             // SAFETY: the driver's cancel routine with its cancelable request.
             unsafe { routine(request as WDFREQUEST) }
@@ -411,13 +442,14 @@ pub fn cancel(request: usize) {
 /// CloseHandle: IRP_MJ_CLEANUP (EvtFileCleanup) at once; IRP_MJ_CLOSE (EvtFileClose) once
 /// every request of the file completed; then the file object goes.
 pub fn close(file: usize) {
-    let _k = KernelCode::enter();
+    cleanup(file);
+    close_after_cleanup(file);
+}
+
+fn file_config(file: usize) -> (usize, WDF_FILEOBJECT_CONFIG) {
     let device = state::lock().io.files.get(&file).map(|f| f.device);
     let Some(device) = device else {
-        bugcheck(
-            Rule::Simulation,
-            format_args!("close of a file that is not open"),
-        );
+        bugcheck(Rule::Simulation, format_args!("file {file:#x} is not open"));
     };
     let config = state::lock()
         .devices
@@ -430,21 +462,36 @@ pub fn close(file: usize) {
             format_args!("no file object configuration"),
         )
     });
+    (device, config)
+}
+
+/// The last handle of the file object closed: IRP_MJ_CLEANUP (EvtFileCleanup).
+pub fn cleanup(file: usize) {
+    let _k = KernelCode::enter();
+    let (_, config) = file_config(file);
     if let Some(cleanup) = config.EvtFileCleanup {
         call_driver("EvtFileCleanup", PASSIVE, || {
             // SAFETY: the driver's cleanup callback with its open file object.
             unsafe { cleanup(file as WDFFILEOBJECT) }
         });
     }
+    if let Some(f) = state::lock().io.files.get_mut(&file) {
+        f.cleaned_up = true;
+    }
+}
+
+/// The file object's last reference gone: IRP_MJ_CLOSE (EvtFileClose), which comes once
+/// every request of the file completed (a request left pending is a close that never
+/// comes); then the file object goes.
+pub fn close_after_cleanup(file: usize) {
+    let _k = KernelCode::enter();
+    let (device, config) = file_config(file);
     let guard = state::lock();
     let what =
         || format!("IRP_MJ_CLOSE: every request of file {file:#x} to complete after its cleanup");
-    let (mut guard, _) = state::wait_until(guard, None, &what, |s| {
+    let (guard, _) = state::wait_until(guard, None, &what, |s| {
         s.io.files.get(&file).is_none_or(|f| f.outstanding == 0)
     });
-    if let Some(f) = guard.io.files.get_mut(&file) {
-        f.cleaned_up = true;
-    }
     drop(guard);
     if let Some(close) = config.EvtFileClose {
         call_driver("EvtFileClose", PASSIVE, || {
@@ -455,6 +502,7 @@ pub fn close(file: usize) {
     state::lock().io.files.remove(&file);
     delete(file, "the I/O manager (close)");
     dereference(device, "the I/O manager (close)");
+    crate::wdf_device::after_last_close(device);
 }
 
 /// The System log entries the driver wrote: (ErrorCode, insertion strings).

@@ -33,6 +33,7 @@ pub unsafe extern "C" fn KeAcquireSpinLockRaiseToDpc(SpinLock: PKSPIN_LOCK) -> K
             format_args!("spin lock {address:#x} acquired again by the thread that holds it"),
         );
     }
+    crate::lockorder::acquiring(address, &thread::held());
     // SAFETY: a KSPIN_LOCK (ULONG_PTR) the driver keeps in nonpaged memory, aligned.
     let word = unsafe { AtomicU64::from_ptr(SpinLock) };
     let me = u64::from(thread::processor()) + 1;
@@ -89,6 +90,17 @@ pub unsafe extern "C" fn KeReleaseSpinLock(SpinLock: PKSPIN_LOCK, NewIrql: KIRQL
     // SAFETY: as in the acquire.
     let word = unsafe { AtomicU64::from_ptr(SpinLock) };
     word.store(0, Ordering::Release);
+    if NewIrql < DISPATCH && thread::held_locks() > 0 {
+        // Released out of order: the outer lock first, to below DISPATCH_LEVEL, with an
+        // inner one still held.
+        bugcheck(
+            Rule::IrqlChange,
+            format_args!(
+                "spin lock {address:#x} released to IRQL {NewIrql} with {} other spin lock(s) still held",
+                thread::held_locks()
+            ),
+        );
+    }
     thread::set_irql(NewIrql);
 }
 
@@ -262,6 +274,10 @@ pub unsafe extern "C" fn KeQueryInterruptTimePrecise(QpcTimeStamp: *mut ULONG64)
 
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn PsGetCurrentThreadId() -> HANDLE {
+    if thread::is_idle_thread() {
+        // DPCs that interrupted an idle processor run in its idle thread: ID 0 everywhere.
+        return core::ptr::null_mut();
+    }
     (u64::from(thread::processor()) * 4 + 4) as HANDLE
 }
 

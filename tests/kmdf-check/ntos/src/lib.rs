@@ -26,6 +26,7 @@ pub use wdk_sys_standin::*;
 pub mod al;
 pub mod io;
 mod ke;
+mod lockorder;
 mod objects;
 pub mod pnp;
 pub mod pool;

@@ -272,6 +272,7 @@ impl Finished {
             });
         }
         if let Some(layout) = self.layout {
+            crate::lockorder::forget(self.context as usize, layout.size());
             // Poisoned before it goes, so a stale pointer reads garbage even without ASan.
             // SAFETY: the context block allocated with this layout in `create`.
             unsafe { std::ptr::write_bytes(self.context, 0xDD, layout.size()) };

@@ -57,6 +57,7 @@ unsafe impl GlobalAlloc for TrackingAllocator {
                 .is_some()
         });
         if tracked == Some(true) {
+            untracked(|| crate::lockorder::forget(ptr as usize, layout.size()));
             // Special pool would fault on a later use; ASan reports it; poisoned either way.
             // SAFETY: the block is still the caller's, `layout.size()` bytes.
             unsafe { std::ptr::write_bytes(ptr, 0xDF, layout.size()) };

@@ -1,5 +1,7 @@
-//! What runs on the simulation's own threads: DPCs and timers at DISPATCH_LEVEL on one
-//! processor thread, in order (AL's completions too), and work items at PASSIVE_LEVEL on a
+//! What runs on the simulation's own threads: DPCs, timers and AL's completions at
+//! DISPATCH_LEVEL on [`PROCESSORS`] processor threads (each a CPU's DPC queue draining: a
+//! DPC queued again while it runs may run at once on another processor, as on Windows,
+//! where each processor has its own DPC queue), and work items at PASSIVE_LEVEL on a
 //! system worker thread.
 
 use std::collections::{HashMap, VecDeque};
@@ -12,7 +14,10 @@ use crate::thread::{self, DISPATCH, PASSIVE, call_driver, require_irql};
 use crate::verifier::{Rule, bugcheck};
 use crate::{PFN_WDF_DPC, PFN_WDF_TIMER, PFN_WDF_WORKITEM};
 
-/// A job for the processor thread.
+/// Processor threads running DPCs, timers and AL completions.
+pub const PROCESSORS: usize = 3;
+
+/// A job for a processor thread.
 pub enum Job {
     Dpc(usize),
     Timer(usize),
@@ -23,7 +28,18 @@ pub enum Job {
 pub struct Callback<F> {
     pub function: F,
     pub queued: bool,
-    pub running: Option<ThreadId>,
+    /// The threads running it now (a DPC queued again while it runs may run on two).
+    pub running: Vec<ThreadId>,
+}
+
+impl<F> Callback<F> {
+    pub fn new(function: F) -> Self {
+        Self {
+            function,
+            queued: false,
+            running: Vec::new(),
+        }
+    }
 }
 
 #[derive(Default)]
@@ -33,6 +49,8 @@ pub struct Sched {
     pub work_items: HashMap<usize, Callback<PFN_WDF_WORKITEM>>,
     pub dispatch: VecDeque<Job>,
     pub passive: VecDeque<usize>,
+    /// Jobs taken by a processor and not finished (AL's close waits for its own).
+    pub calls_running: usize,
 }
 
 static START: Once = Once::new();
@@ -40,18 +58,28 @@ static START: Once = Once::new();
 /// Starts the processor and worker threads (once).
 pub fn start() {
     START.call_once(|| {
-        std::thread::Builder::new()
-            .name("processor".into())
-            .spawn(processor_loop)
-            .unwrap_or_else(|e| bugcheck(Rule::Simulation, format_args!("spawn: {e}")));
-        std::thread::Builder::new()
-            .name("worker".into())
-            .spawn(worker_loop)
-            .unwrap_or_else(|e| bugcheck(Rule::Simulation, format_args!("spawn: {e}")));
+        for n in 0..PROCESSORS {
+            spawn(&format!("processor-{n}"), processor_loop);
+        }
+        spawn("worker", worker_loop);
     });
 }
 
+fn spawn(name: &str, f: fn()) {
+    std::thread::Builder::new()
+        .name(name.into())
+        .spawn(f)
+        .unwrap_or_else(|e| bugcheck(Rule::Simulation, format_args!("spawn: {e}")));
+}
+
+fn end_run(running: &mut Vec<ThreadId>, me: ThreadId) {
+    if let Some(i) = running.iter().position(|t| *t == me) {
+        running.swap_remove(i);
+    }
+}
+
 fn processor_loop() {
+    thread::set_idle_thread();
     let me = std::thread::current().id();
     loop {
         let mut guard = state::lock();
@@ -85,7 +113,7 @@ fn processor_loop() {
                     continue;
                 }
                 dpc.queued = false;
-                dpc.running = Some(me);
+                dpc.running.push(me);
                 let function = dpc.function;
                 drop(guard);
                 if let Some(f) = function {
@@ -96,7 +124,7 @@ fn processor_loop() {
                 }
                 let mut guard = state::lock();
                 if let Some(dpc) = guard.sched.dpcs.get_mut(&h) {
-                    dpc.running = None;
+                    end_run(&mut dpc.running, me);
                 }
             }
             Job::Timer(h) => {
@@ -104,7 +132,7 @@ fn processor_loop() {
                     continue;
                 };
                 *due = None;
-                timer.running = Some(me);
+                timer.running.push(me);
                 let function = timer.function;
                 drop(guard);
                 if let Some(f) = function {
@@ -115,14 +143,16 @@ fn processor_loop() {
                 }
                 let mut guard = state::lock();
                 if let Some((timer, _)) = guard.sched.timers.get_mut(&h) {
-                    timer.running = None;
+                    end_run(&mut timer.running, me);
                 }
             }
             Job::Call(f) => {
+                guard.sched.calls_running += 1;
                 drop(guard);
                 thread::set_irql(DISPATCH);
                 f();
                 thread::set_irql(PASSIVE);
+                state::lock().sched.calls_running -= 1;
             }
         }
         changed();
@@ -141,7 +171,7 @@ fn worker_loop() {
             continue;
         };
         item.queued = false;
-        item.running = Some(me);
+        item.running.push(me);
         let function = item.function;
         drop(guard);
         if let Some(f) = function {
@@ -152,14 +182,14 @@ fn worker_loop() {
         }
         let mut guard = state::lock();
         if let Some(item) = guard.sched.work_items.get_mut(&h) {
-            item.running = None;
+            end_run(&mut item.running, me);
         }
         drop(guard);
         changed();
     }
 }
 
-/// Queues kernel code for the processor thread.
+/// Queues kernel code for a processor thread.
 pub fn run_at_dispatch(f: impl FnOnce() + Send + 'static) {
     state::lock()
         .sched
@@ -168,18 +198,19 @@ pub fn run_at_dispatch(f: impl FnOnce() + Send + 'static) {
     changed();
 }
 
-/// Waits (PASSIVE_LEVEL) until the callback of `handle` in `table` is not running, for
-/// `function`; a wait from that callback itself is a deadlock.
+/// Waits (PASSIVE_LEVEL) until `handle`'s callback runs nowhere and (`queued`) is not
+/// queued; a wait from that callback itself is a deadlock (fxtimer.cpp:678-686,
+/// fxworkitem.cpp:508-531).
 fn wait_not_running(
     function: &str,
     handle: usize,
-    running: impl Fn(&mut state::State) -> Option<ThreadId>,
-    queued: impl Fn(&mut state::State) -> bool,
+    running: impl Fn(&state::State) -> Vec<ThreadId>,
+    queued: impl Fn(&state::State) -> bool,
 ) {
     require_irql(function, PASSIVE);
     let me = std::thread::current().id();
-    let mut guard = state::lock();
-    if running(&mut guard) == Some(me) {
+    let guard = state::lock();
+    if running(&guard).contains(&me) {
         drop(guard);
         bugcheck(
             Rule::WaitNeverReturns,
@@ -189,7 +220,18 @@ fn wait_not_running(
         );
     }
     let what = || format!("{function}: the callback of {handle:#x} to finish");
-    let (_guard, _) = state::wait_until(guard, None, &what, |s| running(s).is_none() && !queued(s));
+    let (_guard, _) =
+        state::wait_until(guard, None, &what, |s| running(s).is_empty() && !queued(s));
+}
+
+/// An enqueue on an object being deleted (fxworkitem.cpp:307-311: "already deleted").
+fn check_not_deleting(guard: &state::State, handle: usize, function: &str) {
+    if guard.objects.live.get(&handle).is_some_and(|o| o.deleting) {
+        bugcheck(
+            Rule::CallbackOutlivesObject,
+            format_args!("{function} on {handle:#x}, whose deletion has begun"),
+        );
+    }
 }
 
 pub fn dpc_cancel(dpc: usize, wait: bool) -> bool {
@@ -205,7 +247,13 @@ pub fn dpc_cancel(dpc: usize, wait: bool) -> bool {
         wait_not_running(
             "WdfDpcCancel",
             dpc,
-            |s| s.sched.dpcs.get(&dpc).and_then(|d| d.running),
+            |s| {
+                s.sched
+                    .dpcs
+                    .get(&dpc)
+                    .map(|d| d.running.clone())
+                    .unwrap_or_default()
+            },
             |_| false,
         );
     }
@@ -214,6 +262,7 @@ pub fn dpc_cancel(dpc: usize, wait: bool) -> bool {
 
 pub fn dpc_enqueue(dpc: usize) -> bool {
     let mut guard = state::lock();
+    check_not_deleting(&guard, dpc, "WdfDpcEnqueue");
     let Some(entry) = guard.sched.dpcs.get_mut(&dpc) else {
         return false;
     };
@@ -251,7 +300,13 @@ pub fn timer_stop(timer: usize, wait: bool) -> bool {
         wait_not_running(
             "WdfTimerStop",
             timer,
-            |s| s.sched.timers.get(&timer).and_then(|(t, _)| t.running),
+            |s| {
+                s.sched
+                    .timers
+                    .get(&timer)
+                    .map(|(t, _)| t.running.clone())
+                    .unwrap_or_default()
+            },
             |_| false,
         );
     }
@@ -260,6 +315,7 @@ pub fn timer_stop(timer: usize, wait: bool) -> bool {
 
 pub fn work_item_enqueue(item: usize) {
     let mut guard = state::lock();
+    check_not_deleting(&guard, item, "WdfWorkItemEnqueue");
     let Some(entry) = guard.sched.work_items.get_mut(&item) else {
         return;
     };
@@ -276,25 +332,28 @@ pub fn work_item_flush(item: usize) {
     wait_not_running(
         "WdfWorkItemFlush",
         item,
-        |s| s.sched.work_items.get(&item).and_then(|w| w.running),
+        |s| {
+            s.sched
+                .work_items
+                .get(&item)
+                .map(|w| w.running.clone())
+                .unwrap_or_default()
+        },
         |s| s.sched.work_items.get(&item).is_some_and(|w| w.queued),
     );
 }
 
-/// An object of the scheduler's is being deleted: as KMDF's dispose does, it is taken off
-/// the queue and its running callback is waited for (fxtimer.cpp:501-554, fxdpc.cpp:387-412,
-/// fxworkitem.cpp:448-505); a timer deleted from its own callback would deadlock
-/// (fxtimer.cpp:518-525).
+/// A timer, DPC or work item is being deleted. As KMDF's dispose: a timer is stopped
+/// (fxtimer.cpp:501-554), a queued DPC still runs (KeFlushQueuedDpcs, fxdpc.cpp:387-412)
+/// and a queued work item too (fxworkitem.cpp:448-505), and every running callback is
+/// waited for; a timer deleted from its own callback would deadlock (fxtimer.cpp:518-525),
+/// a work item deleting itself is not waited for.
 pub fn dispose(handle: usize) {
     let me = std::thread::current().id();
     let mut guard = state::lock();
-    let s = &mut guard.sched;
-    if let Some(d) = s.dpcs.get_mut(&handle) {
-        d.queued = false;
-    }
-    if let Some((t, due)) = s.timers.get_mut(&handle) {
+    if let Some((t, due)) = guard.sched.timers.get_mut(&handle) {
         *due = None;
-        if t.running == Some(me) {
+        if t.running.contains(&me) {
             drop(guard);
             bugcheck(
                 Rule::CallbackOutlivesObject,
@@ -302,19 +361,24 @@ pub fn dispose(handle: usize) {
             );
         }
     }
-    if let Some(w) = s.work_items.get_mut(&handle) {
-        w.queued = false;
-    }
-    let what = || format!("the callback of {handle:#x} to finish before its deletion");
+    let what = || format!("the callback of {handle:#x} to run and finish before its deletion");
     let (mut guard, _) = state::wait_until(guard, None, &what, |s| {
         let sc = &s.sched;
-        let running = sc
+        let busy =
+            |running: &Vec<ThreadId>, queued: bool| queued || running.iter().any(|t| *t != me);
+        let dpc = sc
             .dpcs
             .get(&handle)
-            .and_then(|d| d.running)
-            .or(sc.timers.get(&handle).and_then(|(t, _)| t.running))
-            .or(sc.work_items.get(&handle).and_then(|w| w.running));
-        running.is_none() || running == Some(me)
+            .is_some_and(|d| busy(&d.running, d.queued));
+        let timer = sc
+            .timers
+            .get(&handle)
+            .is_some_and(|(t, _)| busy(&t.running, false));
+        let work = sc
+            .work_items
+            .get(&handle)
+            .is_some_and(|w| busy(&w.running, w.queued) && !w.running.contains(&me));
+        !(dpc || timer || work)
     });
     guard.sched.dpcs.remove(&handle);
     guard.sched.timers.remove(&handle);

@@ -20,6 +20,9 @@ static NEXT_PROCESSOR: AtomicU32 = AtomicU32::new(0);
 thread_local! {
     static IRQL: Cell<u8> = const { Cell::new(PASSIVE) };
     static IN_DRIVER: Cell<bool> = const { Cell::new(false) };
+    /// A processor thread: DPCs on it run in the idle thread, whose ID is 0 on every
+    /// processor (why the binding names a DISPATCH_LEVEL caller by its processor).
+    static IDLE_THREAD: Cell<bool> = const { Cell::new(false) };
     static PROCESSOR: Cell<u32> = const { Cell::new(u32::MAX) };
     /// Spin locks this thread holds: (address, the IRQL it was acquired from).
     static HELD: RefCell<Vec<(usize, u8)>> = const { RefCell::new(Vec::new()) };
@@ -50,6 +53,16 @@ pub fn processor() -> u32 {
     })
 }
 
+/// Marks this thread as a processor's idle thread (see `IDLE_THREAD`).
+pub fn set_idle_thread() {
+    IDLE_THREAD.with(|c| c.set(true));
+}
+
+/// Whether this thread is a processor's idle thread.
+pub fn is_idle_thread() -> bool {
+    IDLE_THREAD.with(Cell::get)
+}
+
 /// Whether the driver's code is running on this thread now (its allocations are pool).
 pub fn in_driver() -> bool {
     IN_DRIVER.with(Cell::get)
@@ -71,6 +84,11 @@ pub fn pop_held(lock: usize) -> Option<u8> {
         let i = h.iter().position(|(l, _)| *l == lock)?;
         Some(h.remove(i).1)
     })
+}
+
+/// The spin locks this thread holds, outermost first.
+pub fn held() -> Vec<usize> {
+    HELD.with(|h| h.borrow().iter().map(|(l, _)| *l).collect())
 }
 
 pub fn holds(lock: usize) -> bool {

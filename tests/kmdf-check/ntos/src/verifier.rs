@@ -24,6 +24,8 @@ pub enum Rule {
     SpinLockRecursive,
     /// A spin lock released by a thread that does not hold it.
     SpinLockNotHeld,
+    /// Two spin locks nested in both orders (a potential deadlock).
+    SpinLockOrder,
     /// A spin lock held so long that another processor spun on it past the watchdog.
     SpinLockWatchdog,
     /// A wait at DISPATCH_LEVEL or above.
@@ -83,6 +85,7 @@ impl Rule {
             Rule::SpinLockRecursive => "SPIN_LOCK_RECURSIVE",
             Rule::SpinLockNotHeld => "SPIN_LOCK_NOT_HELD",
             Rule::SpinLockWatchdog => "SPIN_LOCK_WATCHDOG",
+            Rule::SpinLockOrder => "SPIN_LOCK_ORDER",
             Rule::WaitAtDispatch => "WAIT_AT_DISPATCH",
             Rule::WaitNeverReturns => "WAIT_NEVER_RETURNS",
             Rule::IrqlChange => "IRQL_CHANGE",

@@ -12,7 +12,7 @@ pub fn source(rule: Rule) -> &'static str {
             "KMDF enhanced verifier VerifyIrqlExit (shared/enhancedverif/km/vfprivkm.hpp:44-62: 'Irql at entry of event is not same as at exit', WDF_VERIFIER_IRQL_MISMATCH)"
         }
         Rule::SpinLockHeldOnReturn => {
-            "SpinLock rule (wdm): every lock acquired in a dispatch or cancel routine is released before it returns (0xC4/0x00040009); vfprivkm.hpp:44-62"
+            "SpinLock rule (wdm): every lock acquired in a dispatch or cancel routine is released before it returns (0xC4/0x00040009)"
         }
         Rule::SpinLockReleaseIrql => {
             "KeReleaseSpinLock macro (wdm.h): 'NewIrql must be the OldIrql returned by KeAcquireSpinLock'; rule IrqlKeReleaseSpinLock"
@@ -21,7 +21,10 @@ pub fn source(rule: Rule) -> &'static str {
             "SpinLock rule (wdm): 'nested calls to acquire locks for the same resources violate this rule' (0xC4/0x00040009); Driver Verifier Deadlock Detection"
         }
         Rule::SpinLockNotHeld => {
-            "SpinlockRelease rule (wdm): release in strict alternation with acquire (0xC4/0x0004000B)"
+            "KeReleaseSpinLock macro (wdm.h): releases a spin lock the caller acquired; Driver Verifier's spin lock checks (bug check 0xC4) on a release by a non-owner"
+        }
+        Rule::SpinLockOrder => {
+            "Driver Verifier Deadlock Detection: a lock hierarchy violation (two locks taken in both orders) is bug check 0xC4 with P1 = 0x1001, reported without the deadlock happening"
         }
         Rule::SpinLockWatchdog => {
             "Bug Check 0x133: DPC_WATCHDOG_VIOLATION (time at DISPATCH_LEVEL or above)"
@@ -54,7 +57,7 @@ pub fn source(rule: Rule) -> &'static str {
             "KMDF FxObjectHandleGetPtr/FxObjectHandleGetPtrQI (fxhandle.h:300-358, handleapi.cpp:407-453, WDF_INVALID_HANDLE); a deleted handle is only an ASSERT there (fxhandle.h:344): the simulation checks it always, as special pool would catch the freed object"
         }
         Rule::ContextType => {
-            "KMDF WdfObjectGetTypedContextWorker (handleapi.cpp:685-740): the context of that type must exist"
+            "stricter than KMDF: WdfObjectGetTypedContextWorker returns NULL for a type the object lacks (handleapi.cpp:592-605, 'not a failure'); the driver would dereference it, so the simulation stops there"
         }
         Rule::ReferenceUnderflow => {
             "KMDF tag tracker (shared/object/fxtagtracker.cpp:253-275 'releasing … that was not acquired'; fxobject.cpp:124-150 'freed using WdfObjectDereference, not WdfObjectDelete')"

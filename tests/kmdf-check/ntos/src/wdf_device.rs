@@ -554,11 +554,12 @@ pub fn finish(mut handle: usize) {
 fn on_destroyed(handle: usize) {
     let mut guard = state::lock();
     if let Some(d) = guard.devices.devices.remove(&handle) {
-        if let Some(name) = d.init.name {
-            guard.devices.names.remove(&name);
-        }
-        if let Some(link) = d.symbolic_link {
-            guard.devices.names.remove(&link);
+        // Only this device's: a deferred deletion let go of its name early, and another
+        // device may hold it now.
+        for name in [d.init.name, d.symbolic_link].into_iter().flatten() {
+            if guard.devices.names.get(&name) == Some(&handle) {
+                guard.devices.names.remove(&name);
+            }
         }
     }
     guard.devices.wait_locks.remove(&handle);
@@ -596,7 +597,52 @@ pub unsafe extern "C" fn WdfObjectDelete(Object: WDFOBJECT) {
         }
         _ => {}
     }
+    if kind == Kind::Device && defer_control_delete(handle) {
+        return;
+    }
     delete(handle, "WdfObjectDelete");
+}
+
+/// WdfObjectDelete on a control device with open handles (fxdevice.cpp:1262-1279): the
+/// WDM device object is deleted now, so no new create reaches it and its name goes
+/// (IoDeleteDevice makes a named device object temporary), but "the actual destruction of
+/// the device [waits] until the last open handle has been closed": the queue, timers,
+/// DPCs, work items, the symbolic link (deleted only at destruction, fxdevicekm.cpp:363)
+/// and the cleanup callback wait for the last IRP_MJ_CLOSE
+/// (fxpkggeneral.cpp:1790-1836, 1979-1980 ControlDeviceDelete). True if deferred.
+fn defer_control_delete(device: usize) -> bool {
+    let mut guard = state::lock();
+    if !guard.io.files.values().any(|f| f.device == device) {
+        return false;
+    }
+    guard.objects.get(device, "WdfObjectDelete").delete_pending = true;
+    let name = guard
+        .devices
+        .devices
+        .get(&device)
+        .and_then(|d| d.init.name.clone());
+    if let Some(name) = name {
+        guard.devices.names.remove(&name);
+    }
+    true
+}
+
+/// The last handle of a control device whose deletion was deferred closed: its
+/// destruction happens now.
+pub fn after_last_close(device: usize) {
+    let pending = {
+        let guard = state::lock();
+        let open = guard.io.files.values().any(|f| f.device == device);
+        !open
+            && guard
+                .objects
+                .live
+                .get(&device)
+                .is_some_and(|o| o.delete_pending)
+    };
+    if pending {
+        delete(device, "ControlDeviceDelete");
+    }
 }
 
 /// Deletes `handle` and its children, children first: each one's cleanup callback, a
@@ -663,17 +709,10 @@ pub unsafe extern "C" fn WdfTimerCreate(
     let handle = guard
         .objects
         .create(Kind::Timer, Attributes, parent, "WdfTimerCreate");
-    guard.sched.timers.insert(
-        handle,
-        (
-            sched::Callback {
-                function: config.EvtTimerFunc,
-                queued: false,
-                running: None,
-            },
-            None,
-        ),
-    );
+    guard
+        .sched
+        .timers
+        .insert(handle, (sched::Callback::new(config.EvtTimerFunc), None));
     // SAFETY: the caller's out pointer.
     unsafe { *Timer = handle as WDFTIMER };
     STATUS_SUCCESS
@@ -731,14 +770,10 @@ pub unsafe extern "C" fn WdfDpcCreate(
     let handle = guard
         .objects
         .create(Kind::Dpc, Attributes, parent, "WdfDpcCreate");
-    guard.sched.dpcs.insert(
-        handle,
-        sched::Callback {
-            function: config.EvtDpcFunc,
-            queued: false,
-            running: None,
-        },
-    );
+    guard
+        .sched
+        .dpcs
+        .insert(handle, sched::Callback::new(config.EvtDpcFunc));
     // SAFETY: the caller's out pointer.
     unsafe { *Dpc = handle as WDFDPC };
     STATUS_SUCCESS
@@ -785,14 +820,10 @@ pub unsafe extern "C" fn WdfWorkItemCreate(
     let handle = guard
         .objects
         .create(Kind::WorkItem, Attributes, parent, "WdfWorkItemCreate");
-    guard.sched.work_items.insert(
-        handle,
-        sched::Callback {
-            function: config.EvtWorkItemFunc,
-            queued: false,
-            running: None,
-        },
-    );
+    guard
+        .sched
+        .work_items
+        .insert(handle, sched::Callback::new(config.EvtWorkItemFunc));
     // SAFETY: the caller's out pointer.
     unsafe { *WorkItem = handle as WDFWORKITEM };
     STATUS_SUCCESS

@@ -50,7 +50,7 @@ pub unsafe extern "C" fn WdfRequestCompleteWithInformation(
     }
     let handle = Request as usize;
     with_request(Request, "WdfRequestCompleteWithInformation", |r| {
-        if r.marked.is_some() && !r.cancel_taken {
+        if r.marked.is_some() && !r.cancel_invoked {
             bugcheck(
                 Rule::RequestCompletedCancelable,
                 format_args!("WDFREQUEST {handle:#x} completed while still cancelable"),
@@ -69,6 +69,15 @@ pub unsafe extern "C" fn WdfRequestCompleteWithInformation(
         r.completed = true;
         r.marked = None;
         r.result = Some((Status, r.buffer[..information].to_vec()));
+        // The I/O manager frees the system buffer and the IRP as the request completes
+        // (fxrequest.cpp:742-743: completing "can cause any associated buffers ... to be
+        // invalidated"): a pointer the driver kept into either now points at freed heap,
+        // which AddressSanitizer reports at its first use.
+        r.buffer = Vec::new();
+        // SAFETY: plain C structures: all-zero is valid.
+        let fresh = Box::new(unsafe { core::mem::zeroed() });
+        // A new allocation, so the old block's memory is freed, not reused in place.
+        drop(std::mem::replace(&mut r.irp, fresh));
     });
     let mut guard = state::lock();
     let file = guard.io.requests.get(&handle).map_or(0, |r| r.file);
@@ -210,12 +219,13 @@ pub unsafe extern "C" fn WdfRequestUnmarkCancelable(Request: WDFREQUEST) -> NTST
                 format_args!("WDFREQUEST {handle:#x} is not cancelable"),
             );
         }
-        r.marked = None;
-        // The cancel routine won the race (fxrequest.cpp:1977-2008).
+        // The cancel routine won the race (fxrequest.cpp:1977-2008): the request stays
+        // cancelable until the routine runs (fxioqueue.cpp:2258-2261 clears the flag only
+        // on success).
         if r.cancel_taken {
-            STATUS_CANCELLED
-        } else {
-            STATUS_SUCCESS
+            return STATUS_CANCELLED;
         }
+        r.marked = None;
+        STATUS_SUCCESS
     })
 }

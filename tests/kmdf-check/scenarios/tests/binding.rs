@@ -53,15 +53,27 @@ fn port(port_num: u8, lid: u16) -> PortConfig {
     }
 }
 
-/// DriverEntry, one HCA with two ports (LIDs 0x10 and 0x11) added and started.
+/// The simulated HCA: two ports (LIDs 0x10 and 0x11); `al_cm_holds_send` as on a stock
+/// WinOF host.
+fn hca(al_cm_holds_send: bool) -> CaConfig {
+    CaConfig {
+        ca_guid: CA_GUID,
+        ports: vec![port(1, 0x10), port(2, 0x11)],
+        al_cm_holds_send,
+    }
+}
+
+/// DriverEntry, one HCA whose ports take ibcm's CM MAD service, added and started.
 fn boot(registry_values: &[(&str, u32)]) -> usize {
+    boot_on(hca(false), registry_values)
+}
+
+/// DriverEntry, `ca` added and started.
+fn boot_on(ca: CaConfig, registry_values: &[(&str, u32)]) -> usize {
     for (name, value) in registry_values {
         registry::set(name, *value);
     }
-    al::set_cas(vec![CaConfig {
-        ca_guid: 0x0002_c903_0000_1000,
-        ports: vec![port(1, 0x10), port(2, 0x11)],
-    }]);
+    al::set_cas(vec![ca]);
     assert_eq!(pnp::load(ibcm_driver::driver_entry), 0, "DriverEntry");
     let device = pnp::add_device(0).expect("the filter attaches");
     assert_eq!(
@@ -793,6 +805,161 @@ fn cm_interface_reference_kept_blocks_removal() {
     shutdown(device);
 }
 
+/// A `\\.\ibcm` handle kept open while the last HCA goes: the control device's deletion
+/// waits for the handle (KMDF ControlDeviceDelete), its pending GET_EVENT completes with
+/// a DEVICE_REMOVAL event at the removal, an IOCTL on the stale handle still completes,
+/// no new open reaches the device, and the CM is freed when the handle closes.
+fn handle_kept_across_removal() {
+    let device = boot(&[]);
+    let file = open(Open::user(Token::USER));
+    let handle = create(file).expect("an endpoint");
+    let pending = get_event(&Binding(file), handle);
+    pnp::remove(device);
+    let removal = event(&Binding(file), pending);
+    assert_eq!(
+        removal.event_type,
+        event_type::DEVICE_REMOVAL,
+        "the endpoint hears of the removal"
+    );
+    assert!(
+        io::device_named(LINK).is_some(),
+        "the link lives until the last handle closes"
+    );
+    assert_eq!(
+        io::open(LINK, Open::user(Token::USER)),
+        Err(ibcm_ntos::STATUS_NO_SUCH_DEVICE)
+    );
+    let (s, _) = complete(io::ioctl(
+        file,
+        code::DESTROY,
+        handle_in(handle).as_bytes(),
+        0,
+    ));
+    assert_ne!(s, status::PENDING, "an IOCTL on the stale handle completes");
+    io::close(file);
+    assert!(
+        io::device_named(LINK).is_none(),
+        "the control device went with its last handle"
+    );
+    pnp::unload();
+}
+
+/// A stock WinOF host, where AL's CM holds the CM class's Send method on every port: the
+/// ordinary registration fails; without the verbs hook's steering (not simulated) the HCA
+/// has no QP1 route, so CM queries go down to AL's CM, STATUS says so, the System log says
+/// why, and the ports' QP1 aliases are destroyed with their own contexts.
+fn al_cm_holding_send_leaves_clients_to_it() {
+    let device = boot_on(hca(true), &[]);
+    let size = size_of::<ibcm_iba_cm::abi::InfinibandInterfaceCm>() as u16;
+    let (status, ifc) = query_cm_interface(device, size);
+    assert_eq!(status, 0);
+    assert_eq!(
+        ifc.interface_header.version,
+        io::AL_CM_MARK,
+        "AL's CM answers"
+    );
+    let log = io::system_log();
+    assert!(
+        !log.is_empty(),
+        "the System log says why the query went down"
+    );
+    let file = open(Open::user(Token::USER));
+    let side = Binding(file);
+    let s = ibcm_ioctl::StatusIn {
+        size: ibcm_ioctl::StatusIn::SIZE,
+        reserved: 0,
+    };
+    let (st, out) = side.done(side.call(
+        code::STATUS,
+        s.as_bytes(),
+        size_of::<ibcm_ioctl::StatusOut>(),
+    ));
+    assert_eq!(st, status::SUCCESS);
+    let report = ibcm_ioctl::StatusOut::read_from_bytes(&out).expect("a StatusOut");
+    assert_eq!(report.hcas[0].route, ibcm_ioctl::status_report::ROUTE_NONE);
+    assert_eq!(report.hcas[0].cm, ibcm_ioctl::status_report::CM_AL_NO_ROUTE);
+    io::close(file);
+    shutdown(device);
+}
+
+/// An IOCTL that arrives after IRP_MJ_CLEANUP (a thread inside DeviceIoControl holds the
+/// file object, not the handle): it must complete, not pend, or IRP_MJ_CLOSE never comes.
+fn ioctl_after_cleanup() {
+    let device = boot(&[]);
+    let file = open(Open::user(Token::USER));
+    let handle = create(file).expect("an endpoint");
+    io::cleanup(file);
+    for (code, input) in [
+        (code::GET_EVENT, handle_in(handle)),
+        (code::GET_EVENT, handle_in(ibcm_ioctl::ANY_ENDPOINT)),
+    ] {
+        let request = io::ioctl(file, code, input.as_bytes(), size_of::<EventRecord>());
+        let (s, _) = complete(request);
+        assert_eq!(s, status::FILE_CLOSED, "refused after cleanup");
+    }
+    io::close_after_cleanup(file);
+    shutdown(device);
+}
+
+/// A kernel component's IOCTLs sent at DISPATCH_LEVEL (the parallel queue presents them
+/// in the caller's context): the binding copies, dispatches and completes them there.
+fn kernel_ioctls_at_dispatch() {
+    let device = boot(&[]);
+    let file = io::open(LINK, Open::kernel()).expect("opens");
+    let at_dispatch = |code: u32, input: &[u8], out: usize| {
+        complete(io::ioctl_as(
+            file,
+            code,
+            input,
+            out,
+            thread::DISPATCH,
+            false,
+        ))
+    };
+    let v = VersionIn {
+        size: VersionIn::SIZE,
+        abi_version: ibcm_ioctl::ABI_VERSION,
+    };
+    assert_eq!(
+        at_dispatch(code::VERSION, v.as_bytes(), 16).0,
+        status::SUCCESS
+    );
+    let c = CreateIn {
+        size: CreateIn::SIZE,
+        reserved: 0,
+    };
+    let (s, out) = at_dispatch(code::CREATE, c.as_bytes(), size_of::<CreateOut>());
+    assert_eq!(s, status::SUCCESS);
+    let handle = CreateOut::read_from_bytes(&out)
+        .expect("a CreateOut")
+        .handle;
+    let mut listen = ListenIn::new_zeroed();
+    listen.size = ListenIn::SIZE;
+    listen.handle = handle;
+    listen.service_id = 0x42;
+    listen.service_mask = u64::MAX;
+    listen.backlog = 4;
+    assert_eq!(
+        at_dispatch(code::LISTEN, listen.as_bytes(), 0).0,
+        status::SUCCESS
+    );
+    let counters = ibcm_ioctl::CountersIn {
+        size: ibcm_ioctl::CountersIn::SIZE,
+        reserved: 0,
+    };
+    let out = size_of::<ibcm_ioctl::CountersOut>();
+    assert_eq!(
+        at_dispatch(code::COUNTERS, counters.as_bytes(), out).0,
+        status::SUCCESS
+    );
+    assert_eq!(
+        at_dispatch(code::DESTROY, handle_in(handle).as_bytes(), 0).0,
+        status::SUCCESS
+    );
+    io::close(file);
+    shutdown(device);
+}
+
 // ---- the verifier's own rules, shown firing ----
 
 fn in_driver(f: impl FnOnce()) {
@@ -911,6 +1078,12 @@ fn verifier_irql_lowered_upwards() {
 fn verifier_deleted_handle_used() {
     provoke(Fault::TimerDeletedTwice);
 }
+fn verifier_locks_in_both_orders() {
+    provoke(Fault::LocksInBothOrders);
+}
+fn verifier_outer_lock_released_first() {
+    provoke(Fault::OuterLockReleasedFirst);
+}
 fn verifier_wait_never_returns() {
     ibcm_ntos::state::set_hang_limit(Duration::from_secs(2));
     provoke(Fault::RundownNeverReleased);
@@ -940,11 +1113,15 @@ const SCENARIOS: &[Scenario] = scenarios![
     get_event_cancelled_from_another_thread,
     cleanup_and_close_with_requests_pending,
     cancel_races_event_delivery,
+    ioctl_after_cleanup,
+    kernel_ioctls_at_dispatch,
     status_and_counters_through_the_binding,
     hca_without_access_layer_is_logged,
     req_through_qp1,
     connection_with_a_host_peer,
+    handle_kept_across_removal,
     cm_interface_answered_and_released,
+    al_cm_holding_send_leaves_clients_to_it,
     cm_interface_reference_kept_blocks_removal => "WAIT_NEVER_RETURNS",
     verifier_spin_lock_recursive => "SPIN_LOCK_RECURSIVE",
     verifier_spin_lock_release_irql => "SPIN_LOCK_RELEASE_IRQL",
@@ -967,6 +1144,8 @@ const SCENARIOS: &[Scenario] = scenarios![
     verifier_irql_lowered_upwards => "IRQL_CHANGE",
     verifier_deleted_handle_used => "INVALID_HANDLE",
     verifier_wait_never_returns => "WAIT_NEVER_RETURNS",
+    verifier_locks_in_both_orders => "SPIN_LOCK_ORDER",
+    verifier_outer_lock_released_first => "IRQL_CHANGE",
 ];
 
 fn main() {

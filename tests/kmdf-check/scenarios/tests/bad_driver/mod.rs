@@ -27,6 +27,8 @@ pub enum Fault {
     LowerIrqlUpwards,
     TimerDeletedTwice,
     RundownNeverReleased,
+    LocksInBothOrders,
+    OuterLockReleasedFirst,
 }
 
 /// A context type the driver declares but gives no object.
@@ -322,6 +324,29 @@ unsafe extern "C" fn device_control(
             let _ = unsafe { ntddk::ExAcquireRundownProtection(&raw mut rundown) };
             // SAFETY: PASSIVE_LEVEL; the fault.
             unsafe { ntddk::ExWaitForRundownProtectionRelease(&raw mut rundown) };
+        }
+        c if c == Fault::LocksInBothOrders as u32 => {
+            let (mut a, mut b): (KSPIN_LOCK, KSPIN_LOCK) = (0, 0);
+            for (first, second) in [(&raw mut a, &raw mut b), (&raw mut b, &raw mut a)] {
+                // SAFETY: spin locks on this stack; the second round's order is the fault.
+                let old = unsafe { ntddk::KeAcquireSpinLockRaiseToDpc(first) };
+                // SAFETY: as above.
+                let inner = unsafe { ntddk::KeAcquireSpinLockRaiseToDpc(second) };
+                // SAFETY: released in reverse order at the IRQLs they were taken from.
+                unsafe { ntddk::KeReleaseSpinLock(second, inner) };
+                // SAFETY: as above.
+                unsafe { ntddk::KeReleaseSpinLock(first, old) };
+            }
+            complete(request);
+        }
+        c if c == Fault::OuterLockReleasedFirst as u32 => {
+            let (mut a, mut b): (KSPIN_LOCK, KSPIN_LOCK) = (0, 0);
+            // SAFETY: spin locks on this stack.
+            let old = unsafe { ntddk::KeAcquireSpinLockRaiseToDpc(&raw mut a) };
+            // SAFETY: as above.
+            let _inner = unsafe { ntddk::KeAcquireSpinLockRaiseToDpc(&raw mut b) };
+            // SAFETY: the fault: the outer lock released to PASSIVE_LEVEL first.
+            unsafe { ntddk::KeReleaseSpinLock(&raw mut a, old) };
         }
         _ => complete(request),
     }
