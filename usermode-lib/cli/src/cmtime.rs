@@ -221,7 +221,7 @@ impl Times {
 }
 
 /// Statistics of one step over the connections that completed it.
-#[derive(Debug, Clone, Copy, PartialEq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct StepStats {
     /// The step.
     pub step: Step,
@@ -237,7 +237,48 @@ pub struct StepStats {
     pub p99_ns: u64,
     /// Longest, ns.
     pub max_ns: u64,
+    /// The distribution, for a figure: (duration ns, fraction of the connections that
+    /// took at most that) every half percent up to 99.5 %, then at 99.9 %, 99.99 % and
+    /// the longest (where a slow minority shows), shortest first; empty if no connection
+    /// completed the step. As many points whatever the connections.
+    pub cdf: Vec<(u64, f64)>,
 }
+
+/// The quantiles of [`StepStats::cdf`].
+fn cdf_quantiles() -> impl Iterator<Item = f64> {
+    (0..200)
+        .map(|k| f64::from(k) / 200.0)
+        .chain([0.999, 0.9999, 1.0])
+}
+
+/// A count over a run, sampled at evenly spaced instants of the fabric's clock (as many
+/// samples whatever the connections: a figure's line, in bounded memory).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Series {
+    /// The fabric's clock at the first sample, ns.
+    pub start_ns: u64,
+    /// Between two samples, ns.
+    pub interval_ns: u64,
+    /// The count at each sample.
+    pub counts: Vec<usize>,
+}
+
+impl Series {
+    /// Each sample: (ns since the first, count).
+    pub fn points(&self) -> impl Iterator<Item = (u64, usize)> + '_ {
+        (0u64..)
+            .zip(&self.counts)
+            .map(|(k, &c)| (k.saturating_mul(self.interval_ns), c))
+    }
+
+    /// From the first sample to the last, ns.
+    pub fn span_ns(&self) -> u64 {
+        (self.counts.len().saturating_sub(1) as u64).saturating_mul(self.interval_ns)
+    }
+}
+
+/// Intervals a [`Series`] divides its run into.
+const SERIES_INTERVALS: u64 = 200;
 
 /// How one side of one connection ended.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -314,8 +355,13 @@ pub struct Report {
     /// From the first REQ to the last connection established on the server, ns of the
     /// fabric's clock.
     pub time_to_all_ns: u64,
-    /// With [`Config::port_flap`]: what the flap did.
+    /// With [`Config::port_flap`] or [`Config::short_flap`]: what the flap did.
     pub flap: Option<FlapFigures>,
+    /// Server sides established, from the first REQ to the last connection established.
+    pub established_over_time: Series,
+    /// Server sides up (established and not yet told of the end: the peer's DREQ, or the
+    /// driver's event after a port flap), from the first REQ to the last side told.
+    pub up_over_time: Series,
 }
 
 /// The teardown by port flap, as [`run`] saw it.
@@ -334,6 +380,8 @@ pub struct FlapFigures {
     pub deadline_ns: u64,
     /// How long the ports were down, ns of the fabric's clock.
     pub down_ns: u64,
+    /// When the ports went down, ns of the fabric's clock.
+    pub down_at_ns: u64,
 }
 
 impl Report {
@@ -549,6 +597,7 @@ pub fn run(
             sent_while_down,
             deadline_ns,
             down_ns,
+            down_at_ns: down_at,
         });
     }
 
@@ -643,6 +692,7 @@ pub fn run(
         .iter()
         .map(|&step| step_stats(&sh.times, step))
         .collect();
+    let (established_over_time, up_over_time) = over_time(&sh.times);
     Ok(Report {
         connections: n,
         established,
@@ -662,7 +712,63 @@ pub fn run(
         server_memory_peak,
         time_to_all_ns: time_to_all(&sh.times),
         flap,
+        established_over_time,
+        up_over_time,
     })
+}
+
+/// The server sides established, and up (established, not yet told of the end), over
+/// the run: from the first REQ to the last connection established, and to the last side
+/// told.
+fn over_time(times: &[Times]) -> (Series, Series) {
+    let marks = |m: Mark| times.iter().map(move |t| t.get(m)).filter(|&t| t != 0);
+    let Some(start) = marks(Mark::Req).min() else {
+        return (Series::default(), Series::default());
+    };
+    let last_established = marks(Mark::Established).max().unwrap_or(start);
+    let last_told = marks(Mark::ServerTold).max().unwrap_or(start);
+    let series = |end: u64, count: &dyn Fn(u64) -> Vec<usize>| {
+        let interval_ns = end.saturating_sub(start).div_ceil(SERIES_INTERVALS).max(1);
+        Series {
+            start_ns: start,
+            interval_ns,
+            counts: count(interval_ns),
+        }
+    };
+    let established = series(last_established, &|interval| {
+        cumulative(marks(Mark::Established), start, interval)
+    });
+    let up = series(last_established.max(last_told), &|interval| {
+        let told = cumulative(marks(Mark::ServerTold), start, interval);
+        cumulative(marks(Mark::Established), start, interval)
+            .into_iter()
+            .zip(told)
+            .map(|(e, t)| e.saturating_sub(t))
+            .collect()
+    });
+    (established, up)
+}
+
+/// How many of `marks` had happened by each of the [`SERIES_INTERVALS`] + 1 instants
+/// `start + k * interval` (one pass, and memory for the samples only).
+fn cumulative(marks: impl Iterator<Item = u64>, start: u64, interval: u64) -> Vec<usize> {
+    let mut counts = vec![0usize; SERIES_INTERVALS as usize + 1];
+    for t in marks {
+        // Sample k counts the marks in (start + (k-1) interval, start + k interval].
+        let k = t
+            .saturating_sub(start)
+            .div_ceil(interval)
+            .min(SERIES_INTERVALS) as usize;
+        if let Some(c) = counts.get_mut(k) {
+            *c += 1;
+        }
+    }
+    let mut sum = 0;
+    for c in &mut counts {
+        sum += *c;
+        *c = sum;
+    }
+    counts
 }
 
 /// MADs a driver has sent, all attributes.
@@ -1371,14 +1477,17 @@ fn step_stats(times: &[Times], step: Step) -> StepStats {
         }
     }
     let count = h.as_ref().map_or(0, |h| h.len());
-    let (min_ns, median_ns, p99_ns, max_ns) = match h {
+    let (min_ns, median_ns, p99_ns, max_ns, cdf) = match h {
         Some(h) if count > 0 => (
             h.min(),
             h.value_at_quantile(0.5),
             h.value_at_quantile(0.99),
             h.max(),
+            cdf_quantiles()
+                .map(|q| (h.value_at_quantile(q), q))
+                .collect(),
         ),
-        _ => (0, 0, 0, 0),
+        _ => (0, 0, 0, 0, Vec::new()),
     };
     StepStats {
         step,
@@ -1388,6 +1497,7 @@ fn step_stats(times: &[Times], step: Step) -> StepStats {
         median_ns,
         p99_ns,
         max_ns,
+        cdf,
     }
 }
 
@@ -1405,6 +1515,53 @@ fn process_cpu() -> Option<Duration> {
     Some(Duration::from_millis(
         (utime + stime) * 1000 / TICKS_PER_SECOND,
     ))
+}
+
+/// The process's resident set, bytes (Linux: `/proc/self/statm`, in pages of 4 KiB);
+/// `None` elsewhere.
+pub fn process_rss() -> Option<u64> {
+    let statm = std::fs::read_to_string("/proc/self/statm").ok()?;
+    let pages: u64 = statm.split_whitespace().nth(1)?.parse().ok()?;
+    Some(pages * 4096)
+}
+
+/// What one wave of a churn run (`ibcm cmtime --waves`) cost and left behind.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Wave {
+    /// Its number, from 1.
+    pub wave: usize,
+    /// Each node's driver memory per established connection with all of them up (less
+    /// what it held before the wave), bytes; empty when the pump cannot tell.
+    pub bytes_per_connection: Vec<f64>,
+    /// Both drivers' memory after the teardown, bytes (when the pump can tell).
+    pub driver_after: Option<u64>,
+    /// The process's resident set after the teardown, bytes (Linux).
+    pub rss: Option<u64>,
+}
+
+impl Wave {
+    /// The wave `wave` whose run `r` just ended (the process's RSS is read now).
+    pub fn of(wave: usize, r: &Report) -> Self {
+        let (bytes_per_connection, driver_after) = match &r.driver_memory {
+            Some([before, established, after]) => (
+                before
+                    .iter()
+                    .zip(established)
+                    .map(|(b, e)| {
+                        e.total().saturating_sub(b.total()) as f64 / r.established.max(1) as f64
+                    })
+                    .collect(),
+                Some(DriverMemory::sum(after).total()),
+            ),
+            None => (Vec::new(), None),
+        };
+        Self {
+            wave,
+            bytes_per_connection,
+            driver_after,
+            rss: process_rss(),
+        }
+    }
 }
 
 /// One row of the cmtime step table, the same on every fabric (simulated, RoCEv2 link,

@@ -4,6 +4,7 @@
 //! - [`sim`]: the simulated fabric the commands run on (real or virtual time), and the
 //!   [`sim::Pump`] they wait through (the fabric, or the real device on Windows).
 //! - [`cmtime`]: connection setup and teardown timed step by step (rdma-core `cmtime`).
+//! - [`plot`]: cmtime's figures as SVG (`--plot`).
 //! - [`exchange`]: ucmatose-style `listen` / `connect` exchanges.
 //! - [`rocev2`]: the same over RoCEv2 on a real interface, as a peer for Linux `rdma_cm`.
 //! - [`status`]: `ibcm status`'s report (text and JSON) of the driver's STATUS and
@@ -22,6 +23,7 @@ pub mod exchange;
 pub mod install_windows;
 #[cfg(all(target_os = "linux", feature = "devices"))]
 pub mod perftest;
+pub mod plot;
 #[cfg(all(target_os = "linux", feature = "devices"))]
 pub mod rc;
 #[cfg(target_os = "linux")]

@@ -11,15 +11,16 @@
 //! - `ibcm install` / `ibcm uninstall`: ibcm into or out of the HCAs' `UpperFilters`.
 
 use std::io::IsTerminal;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
 use ibcm::{Faults, Provider};
-use ibcm_cli::cmtime::{self, Progress, Report, Timing};
+use ibcm_cli::cmtime::{self, Progress, Report, Timing, Wave};
 use ibcm_cli::exchange::{self, PathEnd, Service};
+use ibcm_cli::plot;
 use ibcm_cli::sim::{DriverMemory, Pump, Sim, SimOptions};
 use ibcm_cli::status::{self, ATTRIBUTES};
 use ibcm_ioctl::CountersOut;
@@ -302,6 +303,13 @@ struct CmtimeArgs {
     /// --loss, --dup and --reorder for faults.
     #[arg(long, conflicts_with_all = ["waves", "accept_rate", "json"])]
     port_flap: bool,
+    /// Draw the run as an SVG figure: each step's latency distribution (CDF), the
+    /// connections established over time (with --accept-rate against the ideal N/R), and
+    /// with --waves the drivers' bytes per connection and the process's RSS wave by wave;
+    /// with --port-flap, the connections up over time through its runs, the ports' down
+    /// times shaded. Simulated fabric and --device.
+    #[arg(long, value_name = "FILE.svg", conflicts_with = "bind")]
+    plot: Option<PathBuf>,
     #[command(flatten)]
     fabric: FabricArgs,
     #[command(flatten)]
@@ -559,6 +567,11 @@ fn cmtime_command(a: &CmtimeArgs) -> Result<bool, Failure> {
             print_report(&report, &cfg);
             print_counters(&[("device", &provider)]);
         }
+        let heading = format!(
+            "ibcm cmtime: {} connections on the ibcm device, window {}",
+            cfg.connections, cfg.window
+        );
+        write_plot(a, |path| plot::cmtime(path, &heading, &report, &cfg, &[]))?;
         return Ok(report.established == report.connections);
     }
     let sim = a.fabric.sim(!a.virtual_time);
@@ -582,6 +595,12 @@ fn cmtime_command(a: &CmtimeArgs) -> Result<bool, Failure> {
             b.finish_and_clear();
         }
         let ok = print_flap(&flap);
+        let heading = format!(
+            "ibcm cmtime --port-flap: {} connections; {}",
+            cfg.connections,
+            a.fabric.describe(&sim)
+        );
+        write_plot(a, |path| plot::port_flap(path, &heading, &flap))?;
         if a.dpc_times {
             print_dpc_times(&sim);
         }
@@ -594,13 +613,17 @@ fn cmtime_command(a: &CmtimeArgs) -> Result<bool, Failure> {
     let mut report = cmtime::run(&client, &server, &sim, &cfg, &on_progress)?;
     let mut all_established = report.established == report.connections;
     let mut waves = Vec::new();
+    let mut wave_figures = Vec::new();
     if a.waves > 1 {
         let start = std::time::Instant::now();
-        waves.push(print_wave(1, a.waves, &report, &sim, start, a.json));
-        for wave in 2..=a.waves {
-            report = cmtime::run(&client, &server, &sim, &cfg, &on_progress)?;
-            all_established &= report.established == report.connections;
-            waves.push(print_wave(wave, a.waves, &report, &sim, start, a.json));
+        for wave in 1..=a.waves {
+            if wave > 1 {
+                report = cmtime::run(&client, &server, &sim, &cfg, &on_progress)?;
+                all_established &= report.established == report.connections;
+            }
+            let w = Wave::of(wave, &report);
+            waves.push(print_wave(&w, a.waves, &report, &sim, start, a.json));
+            wave_figures.push(w);
         }
         if !a.json {
             println!("last wave:");
@@ -609,7 +632,24 @@ fn cmtime_command(a: &CmtimeArgs) -> Result<bool, Failure> {
     if let Some(b) = &bar {
         b.finish_and_clear();
     }
+    let heading = format!(
+        "ibcm cmtime: {} connections{}, window {}{}; {}",
+        cfg.connections,
+        if a.waves > 1 {
+            format!(" x {} waves (latency and setup: the last wave's)", a.waves)
+        } else {
+            String::new()
+        },
+        cfg.window,
+        cfg.accept_rate.map_or(String::new(), |r| format!(
+            ", backlog {}, accepting {r}/s",
+            cfg.backlog
+        )),
+        a.fabric.describe(&sim)
+    );
+    let draw = |path: &Path| plot::cmtime(path, &heading, &report, &cfg, &wave_figures);
     if a.json {
+        write_plot(a, draw)?;
         let nodes = [("client (node 0)", &client), ("server (node 1)", &server)];
         let mut j = report_json(&report, &cfg, &nodes, Some(&sim));
         j["fabric"] = serde_json::json!(a.fabric.describe(&sim));
@@ -628,6 +668,7 @@ fn cmtime_command(a: &CmtimeArgs) -> Result<bool, Failure> {
         return Ok(clean && all_established);
     }
     print_report(&report, &cfg);
+    write_plot(a, draw)?;
     if a.dpc_times {
         print_dpc_times(&sim);
     }
@@ -662,18 +703,34 @@ fn print_dpc_times(sim: &Sim) {
     }
 }
 
+/// Writes `--plot`'s figure, if asked for, and says where (unless stdout is for the
+/// JSON alone).
+fn write_plot(
+    a: &CmtimeArgs,
+    draw: impl FnOnce(&Path) -> std::io::Result<()>,
+) -> Result<(), Failure> {
+    if let Some(path) = &a.plot {
+        draw(path)
+            .map_err(|e| Failure(format!("cannot write the plot {}: {e}", path.display())))?;
+        if !a.json {
+            println!("plot:     {}", path.display());
+        }
+    }
+    Ok(())
+}
+
 /// One line per churn wave: what was set up, and what the drivers and the process hold
 /// once it is torn down (printed, or only returned as JSON with `json`).
 fn print_wave(
-    wave: usize,
+    w: &Wave,
     waves: usize,
     r: &Report,
     sim: &Sim,
     start: std::time::Instant,
     json: bool,
 ) -> serde_json::Value {
+    let (wave, rss) = (w.wave, w.rss);
     let m = DriverMemory::sum(&sim.driver_memory());
-    let rss = process_rss();
     let j = serde_json::json!({
         "wave": wave,
         "established": r.established,
@@ -701,13 +758,6 @@ fn print_wave(
         start.elapsed().as_secs_f64(),
     );
     j
-}
-
-/// The process's resident set, bytes (Linux: /proc/self/statm, in pages of 4 KiB).
-fn process_rss() -> Option<u64> {
-    let statm = std::fs::read_to_string("/proc/self/statm").ok()?;
-    let pages: u64 = statm.split_whitespace().nth(1)?.parse().ok()?;
-    Some(pages * 4096)
 }
 
 /// After the handles closed: CEPs left in the engines, and what the host verifier saw.
@@ -768,6 +818,7 @@ fn print_flap(f: &cmtime::FlapReport) -> bool {
         sent_while_down: 0,
         deadline_ns: 0,
         down_ns: 0,
+        down_at_ns: 0,
     };
     let figures = f.flap.flap.unwrap_or(none);
     let short = f.short.flap.unwrap_or(none);
