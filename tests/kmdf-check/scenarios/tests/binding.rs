@@ -147,6 +147,17 @@ fn connect_between(handle: u64, service_id: u64, from: &PortConfig, to: &PortCon
     c
 }
 
+/// LISTEN of `handle` on `service_id` (exact mask, any port) with `backlog`.
+fn listen_in(handle: u64, service_id: u64, backlog: u32) -> ListenIn {
+    let mut listen = ListenIn::new_zeroed();
+    listen.size = ListenIn::SIZE;
+    listen.handle = handle;
+    listen.service_id = service_id;
+    listen.service_mask = u64::MAX;
+    listen.backlog = backlog;
+    listen
+}
+
 fn handle_in(handle: u64) -> HandleIn {
     HandleIn {
         size: HandleIn::SIZE,
@@ -352,12 +363,7 @@ fn req_through_qp1() {
     let device = boot(&[]);
     let file = open(Open::user(Token::ADMIN));
     let listener = create(file).expect("an endpoint");
-    let mut listen = ListenIn::new_zeroed();
-    listen.size = ListenIn::SIZE;
-    listen.handle = listener;
-    listen.service_id = 0x1000_0000_0000_1234;
-    listen.service_mask = u64::MAX;
-    listen.backlog = 8;
+    let listen = listen_in(listener, 0x1000_0000_0000_1234, 8);
     assert_eq!(
         complete(ioctl(file, code::LISTEN, &listen, 0)).0,
         status::SUCCESS
@@ -477,12 +483,7 @@ fn private_data_in(handle: u64) -> PrivateDataIn {
 fn connection(active: &dyn Side, a: &PortConfig, passive: &dyn Side, b: &PortConfig) {
     let service_id = 0x1000_0000_0000_0077;
     let listener = passive.endpoint();
-    let mut listen = ListenIn::new_zeroed();
-    listen.size = ListenIn::SIZE;
-    listen.handle = listener;
-    listen.service_id = service_id;
-    listen.service_mask = u64::MAX;
-    listen.backlog = 8;
+    let listen = listen_in(listener, service_id, 8);
     passive.ok(code::LISTEN, listen.as_bytes(), 0);
     let req_wait = get_event(passive, listener);
     let ep = active.endpoint();
@@ -589,12 +590,7 @@ fn cancel_races_event_delivery() {
     let side = Binding(file);
     let (a, b) = (port(1, 0x10), port(2, 0x11));
     let listener = side.endpoint();
-    let mut listen = ListenIn::new_zeroed();
-    listen.size = ListenIn::SIZE;
-    listen.handle = listener;
-    listen.service_id = 0x99;
-    listen.service_mask = u64::MAX;
-    listen.backlog = 64;
+    let listen = listen_in(listener, 0x99, 64);
     side.ok(code::LISTEN, listen.as_bytes(), 0);
     let (mut events, mut cancelled) = (0, 0);
     for round in 0..40 {
@@ -933,12 +929,7 @@ fn kernel_ioctls_at_dispatch() {
     let handle = CreateOut::read_from_bytes(&out)
         .expect("a CreateOut")
         .handle;
-    let mut listen = ListenIn::new_zeroed();
-    listen.size = ListenIn::SIZE;
-    listen.handle = handle;
-    listen.service_id = 0x42;
-    listen.service_mask = u64::MAX;
-    listen.backlog = 4;
+    let listen = listen_in(handle, 0x42, 4);
     assert_eq!(
         at_dispatch(code::LISTEN, listen.as_bytes(), 0).0,
         status::SUCCESS
