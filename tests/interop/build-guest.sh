@@ -14,6 +14,9 @@
 #
 # Prints the paths of the kernel and the initramfs on its last two lines.
 set -euo pipefail
+# modinfo, ip and friends live in sbin, which a non-login root shell (a chroot, sudo -s)
+# may not have on its PATH.
+export PATH="$PATH:/usr/sbin:/sbin"
 
 here="$(cd "$(dirname "$0")" && pwd)"
 repo="$(cd "$here/../.." && pwd)"

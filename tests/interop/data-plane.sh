@@ -46,6 +46,9 @@
 # target/interop/data-plane), IBCM_DP_PINGS (pings per rping run, default 50),
 # IBCM_DP_SIZE (bytes per ping, default 4096).
 set -euo pipefail
+# modinfo, ip and friends live in sbin, which a non-login root shell (a chroot, sudo -s)
+# may not have on its PATH.
+export PATH="$PATH:/usr/sbin:/sbin"
 
 here="$(cd "$(dirname "$0")" && pwd)"
 source "$here/guest-ctl.sh"
@@ -102,6 +105,7 @@ IBCM_BIN="$repo/target/$PROFILE/ibcm"
 
 note "guest: building (cached under target/interop)"
 mapfile -t boot < <(IBCM_GUEST_BIN="$IBCM_BIN" "$here/build-guest.sh" "$repo/target/interop")
+[ "${#boot[@]}" -ge 2 ] || die "guest build failed (see above)"
 KERNEL="${boot[0]}"
 INITRD="${boot[1]}"
 [ -f "$KERNEL" ] && [ -f "$INITRD" ] || die "guest build produced no kernel/initramfs"

@@ -26,6 +26,9 @@
 # IBCM_PROFILE (debug|release), IBCM_INTEROP_OUT (results, default
 # target/interop/results). A missing qemu, tun device or namespace support fails loudly.
 set -euo pipefail
+# modinfo, ip and friends live in sbin, which a non-login root shell (a chroot, sudo -s)
+# may not have on its PATH.
+export PATH="$PATH:/usr/sbin:/sbin"
 
 here="$(cd "$(dirname "$0")" && pwd)"
 source "$here/guest-ctl.sh"
@@ -76,6 +79,7 @@ command -v qemu-system-x86_64 >/dev/null || die "qemu-system-x86_64 is missing a
 # ---- guest and binaries -------------------------------------------------------------------
 note "guest: building (cached under target/interop)"
 mapfile -t boot < <("$here/build-guest.sh" "$repo/target/interop")
+[ "${#boot[@]}" -ge 2 ] || die "guest build failed (see above)"
 KERNEL="${boot[0]}"
 INITRD="${boot[1]}"
 [ -f "$KERNEL" ] && [ -f "$INITRD" ] || die "guest build produced no kernel/initramfs"
