@@ -477,26 +477,39 @@ fn private_data_in(handle: u64) -> PrivateDataIn {
     p
 }
 
-/// A whole connection between `active` (at `a`) and `passive` (at `b`): LISTEN, CONNECT,
-/// the REQ event, FORMAT_REP and SEND_REP, the REP event, RTU, the RTU event; then a DREQ
-/// from the passive side, the DREQ event, DREP, the DREP event and timewait's end.
+/// A whole connection between `active` (at `a`) and `passive` (at `b`), with every IOCTL
+/// of the exchange on good records: LISTEN, CONNECT, the REQ event, MRA (the MRA event),
+/// FORMAT_REP and SEND_REP, the REP event, GET_QP_TRANSITIONS and GET_QP_ATTR, RTU, the
+/// RTU event, QUERY on both sides; then a second REQ answered with REJ, a SIDR_REQ
+/// answered with SIDR_REP; a DREQ from the passive side, DREP, timewait's end on both;
+/// CANCEL_LISTEN and DESTROY.
 fn connection(active: &dyn Side, a: &PortConfig, passive: &dyn Side, b: &PortConfig) {
     let service_id = 0x1000_0000_0000_0077;
     let listener = passive.endpoint();
-    let listen = listen_in(listener, service_id, 8);
-    passive.ok(code::LISTEN, listen.as_bytes(), 0);
+    passive.ok(
+        code::LISTEN,
+        listen_in(listener, service_id, 8).as_bytes(),
+        0,
+    );
     let req_wait = get_event(passive, listener);
     let ep = active.endpoint();
     let mut connect = connect_between(ep, service_id, a, b);
     connect.private_data_len = 5;
     connect.private_data[..5].copy_from_slice(b"hello");
-    let rep_wait = get_event(active, ep);
+    let mra_wait = get_event(active, ep);
     active.ok(code::CONNECT, connect.as_bytes(), 0);
     let req = event(passive, req_wait);
     assert_eq!(req.event_type, event_type::REQ_RECEIVED);
     assert_eq!(&req.private_data[..5], b"hello");
     assert_eq!(req.service_id, service_id);
     let child = req.new_handle;
+    let mut mra = ibcm_ioctl::MraIn::new_zeroed();
+    mra.size = ibcm_ioctl::MraIn::SIZE;
+    mra.handle = child;
+    mra.service_timeout = 14;
+    passive.ok(code::MRA, mra.as_bytes(), 0);
+    assert_eq!(event(active, mra_wait).event_type, event_type::MRA_RECEIVED);
+    let rep_wait = get_event(active, ep);
     let rep = records::format_rep_in(child, 0x202);
     passive.ok(code::FORMAT_REP, rep.as_bytes(), size_of::<EventRecord>());
     let rtu_wait = get_event(passive, child);
@@ -504,10 +517,89 @@ fn connection(active: &dyn Side, a: &PortConfig, passive: &dyn Side, b: &PortCon
     let rep = event(active, rep_wait);
     assert_eq!(rep.event_type, event_type::REP_RECEIVED);
     assert_eq!(rep.remote_qpn, 0x202);
+    let transitions = size_of::<ibcm_ioctl::QpTransitionsOut>();
+    active.ok(
+        code::GET_QP_TRANSITIONS,
+        handle_in(ep).as_bytes(),
+        transitions,
+    );
+    let attr = ibcm_ioctl::GetQpAttrIn {
+        size: ibcm_ioctl::GetQpAttrIn::SIZE,
+        reserved: 0,
+        handle: ep,
+        qp_state: ibcm_ioctl::qp_state::RTR,
+        reserved1: 0,
+    };
+    let (s, out) = active.done(active.call(
+        code::GET_QP_ATTR,
+        attr.as_bytes(),
+        size_of::<ibcm_ioctl::QpAttrOut>(),
+    ));
+    assert_eq!(s, status::SUCCESS);
+    let rtr = ibcm_ioctl::QpAttrOut::read_from_bytes(&out).expect("a QpAttrOut");
+    assert_eq!(rtr.attr.dest_qpn, 0x202, "RTR names the peer's QP");
     active.ok(code::RTU, private_data_in(ep).as_bytes(), 0);
     assert_eq!(
         event(passive, rtu_wait).event_type,
         event_type::RTU_RECEIVED
+    );
+    for (side, handle) in [(active, ep), (passive, child)] {
+        let (s, out) = side.done(side.call(
+            code::QUERY,
+            handle_in(handle).as_bytes(),
+            size_of::<ibcm_ioctl::QueryOut>(),
+        ));
+        assert_eq!(s, status::SUCCESS);
+        let q = ibcm_ioctl::QueryOut::read_from_bytes(&out[..size_of::<ibcm_ioctl::QueryOut>()])
+            .expect("a QueryOut");
+        assert_eq!(q.state, ibcm_ioctl::ep_state::ESTABLISHED);
+    }
+
+    // A second REQ, rejected by the consumer (IBA Table 112, reason 28).
+    let refused = active.endpoint();
+    let req_wait = get_event(passive, listener);
+    let rej_wait = get_event(active, refused);
+    let mut second = connect_between(refused, service_id, a, b);
+    second.qpn = 0x124;
+    active.ok(code::CONNECT, second.as_bytes(), 0);
+    let req = event(passive, req_wait);
+    let mut rej = ibcm_ioctl::RejIn::new_zeroed();
+    rej.size = ibcm_ioctl::RejIn::SIZE;
+    rej.handle = req.new_handle;
+    rej.reason = 28;
+    passive.ok(code::REJ, rej.as_bytes(), 0);
+    let rejected = event(active, rej_wait);
+    assert_eq!(
+        (rejected.event_type, rejected.reason),
+        (event_type::REJECTED, 28)
+    );
+
+    // SIDR: the listen resolves the service to a UD QPN and Q_Key.
+    let resolver = active.endpoint();
+    let sidr_wait = get_event(passive, listener);
+    let answer_wait = get_event(active, resolver);
+    let mut sidr = ibcm_ioctl::SidrReqIn::new_zeroed();
+    sidr.size = ibcm_ioctl::SidrReqIn::SIZE;
+    sidr.handle = resolver;
+    sidr.service_id = service_id;
+    sidr.pkey = 0xffff;
+    sidr.port = a.port_num;
+    sidr.timeout = 16;
+    sidr.max_retries = 3;
+    sidr.path = connect.primary;
+    active.ok(code::SIDR_REQ, sidr.as_bytes(), 0);
+    let asked = event(passive, sidr_wait);
+    assert_eq!(asked.event_type, event_type::SIDR_REQ_RECEIVED);
+    let mut reply = ibcm_ioctl::SidrRepIn::new_zeroed();
+    reply.size = ibcm_ioctl::SidrRepIn::SIZE;
+    reply.handle = asked.new_handle;
+    reply.qpn = 0x333;
+    reply.qkey = 0x1111_2222;
+    passive.ok(code::SIDR_REP, reply.as_bytes(), 0);
+    let resolved = event(active, answer_wait);
+    assert_eq!(
+        (resolved.event_type, resolved.remote_qpn),
+        (event_type::SIDR_REP_RECEIVED, 0x333)
     );
 
     let dreq_wait = get_event(active, ep);
@@ -532,7 +624,14 @@ fn connection(active: &dyn Side, a: &PortConfig, passive: &dyn Side, b: &PortCon
         event(active, exit_wait).event_type,
         event_type::TIMEWAIT_EXIT
     );
-    for (side, handle) in [(active, ep), (passive, child), (passive, listener)] {
+    passive.ok(code::CANCEL_LISTEN, handle_in(listener).as_bytes(), 0);
+    for (side, handle) in [
+        (active, ep),
+        (active, refused),
+        (active, resolver),
+        (passive, child),
+        (passive, listener),
+    ] {
         side.ok(code::DESTROY, handle_in(handle).as_bytes(), 0);
     }
 }
