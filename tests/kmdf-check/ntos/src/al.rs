@@ -282,8 +282,6 @@ pub struct Al {
     elements: HashMap<usize, Element>,
     /// QP destroy callbacks not yet run (`ib_close_al` waits for them).
     destroys_pending: usize,
-    /// QPs: (service handles, destroyed).
-    qps: HashMap<usize, (usize, bool)>,
     pub sent: Vec<Wire>,
 }
 
@@ -552,7 +550,6 @@ unsafe extern "C" fn get_spl_qp(
         return IB_INVALID_PARAMETER;
     };
     let qp = new_handle(&mut guard.al);
-    guard.al.qps.insert(qp, (0, false));
     guard.al.services.insert(
         qp,
         Service {

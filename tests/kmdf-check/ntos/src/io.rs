@@ -46,7 +46,6 @@ pub struct FileInfo {
     /// Requests of this file not completed (each keeps the file object referenced, so
     /// IRP_MJ_CLOSE comes after the last).
     pub outstanding: usize,
-    pub cleaned_up: bool,
 }
 
 #[derive(Default)]
@@ -215,7 +214,6 @@ pub fn open(name: &str, who: Open) -> Result<usize, NTSTATUS> {
             FileInfo {
                 device,
                 outstanding: 0,
-                cleaned_up: false,
             },
         );
         file
@@ -474,9 +472,6 @@ pub fn cleanup(file: usize) {
             // SAFETY: the driver's cleanup callback with its open file object.
             unsafe { cleanup(file as WDFFILEOBJECT) }
         });
-    }
-    if let Some(f) = state::lock().io.files.get_mut(&file) {
-        f.cleaned_up = true;
     }
 }
 

@@ -33,7 +33,10 @@ pub unsafe extern "C" fn KeAcquireSpinLockRaiseToDpc(SpinLock: PKSPIN_LOCK) -> K
             format_args!("spin lock {address:#x} acquired again by the thread that holds it"),
         );
     }
-    crate::lockorder::acquiring(address, &thread::held());
+    // Nesting order only matters (and the held list is only built) when nesting.
+    if thread::held_locks() > 0 {
+        crate::lockorder::acquiring(address, &thread::held());
+    }
     // SAFETY: a KSPIN_LOCK (ULONG_PTR) the driver keeps in nonpaged memory, aligned.
     let word = unsafe { AtomicU64::from_ptr(SpinLock) };
     let me = u64::from(thread::processor()) + 1;

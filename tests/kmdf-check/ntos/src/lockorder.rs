@@ -15,9 +15,6 @@ static GRAPH: Mutex<Option<HashMap<usize, HashSet<usize>>>> = Mutex::new(None);
 
 /// `lock` is about to be taken while `held` are held (outermost first).
 pub fn acquiring(lock: usize, held: &[usize]) {
-    if held.is_empty() {
-        return;
-    }
     let mut guard = GRAPH.lock().unwrap_or_else(|e| e.into_inner());
     let graph = guard.get_or_insert_with(HashMap::new);
     for h in held {

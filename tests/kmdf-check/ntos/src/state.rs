@@ -155,8 +155,3 @@ pub fn debug_log_tail(n: usize) -> Vec<String> {
         Err(_) => vec!["(the simulation's lock is held: log not available)".into()],
     }
 }
-
-/// The whole debugger log.
-pub fn debug_log() -> Vec<String> {
-    lock().log.clone()
-}

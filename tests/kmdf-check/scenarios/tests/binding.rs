@@ -116,17 +116,7 @@ fn version(file: usize) -> i32 {
 }
 
 fn create(file: usize) -> Result<u64, i32> {
-    let c = CreateIn {
-        size: CreateIn::SIZE,
-        reserved: 0,
-    };
-    let (s, out) = complete(ioctl(file, code::CREATE, &c, size_of::<CreateOut>()));
-    if s != status::SUCCESS {
-        return Err(s);
-    }
-    Ok(CreateOut::read_from_bytes(&out)
-        .expect("a CreateOut")
-        .handle)
+    Binding(file).try_endpoint()
 }
 
 /// Opens `\\.\ibcm` as `who` and does the VERSION handshake.
@@ -405,17 +395,24 @@ trait Side {
     fn call(&self, code: u32, input: &[u8], output_len: usize) -> u64;
     /// The IOCTL's completion, waited for at most 10 s.
     fn done(&self, key: u64) -> (i32, Vec<u8>);
-    /// A new endpoint (after the VERSION handshake the side did at open).
-    fn endpoint(&self) -> u64 {
+    /// CREATE (after the VERSION handshake the side did at open): the new endpoint, or
+    /// the status it failed with.
+    fn try_endpoint(&self) -> Result<u64, i32> {
         let c = CreateIn {
             size: CreateIn::SIZE,
             reserved: 0,
         };
         let (s, out) = self.done(self.call(code::CREATE, c.as_bytes(), size_of::<CreateOut>()));
-        assert_eq!(s, status::SUCCESS, "CREATE");
-        CreateOut::read_from_bytes(&out)
+        if s != status::SUCCESS {
+            return Err(s);
+        }
+        Ok(CreateOut::read_from_bytes(&out)
             .expect("a CreateOut")
-            .handle
+            .handle)
+    }
+    /// A new endpoint.
+    fn endpoint(&self) -> u64 {
+        self.try_endpoint().expect("CREATE")
     }
     fn ok(&self, code: u32, input: &[u8], output_len: usize) {
         let (s, _) = self.done(self.call(code, input, output_len));
