@@ -19,30 +19,75 @@
 
 use alloc::vec::Vec;
 use core::ptr::NonNull;
-use core::sync::atomic::{AtomicBool, AtomicI32, AtomicUsize, Ordering};
+use core::sync::atomic::{AtomicBool, AtomicI32, AtomicU32, AtomicUsize, Ordering};
 
 use ibcm_endpoint::{Caller, FileId, oversized_input};
 use wdk_sys::ntddk::{
-    SeLockSubjectContext, SeTokenIsAdmin, SeTokenIsRestricted, SeUnlockSubjectContext,
+    IoCreateSymbolicLink, IoDeleteSymbolicLink, SeLockSubjectContext, SeTokenIsAdmin,
+    SeTokenIsRestricted, SeUnlockSubjectContext,
 };
 use wdk_sys::{
     _MODE, _SECURITY_IMPERSONATION_LEVEL, _WDF_FILEOBJECT_CLASS, _WDF_IO_QUEUE_DISPATCH_TYPE,
     _WDF_TRI_STATE, FILE_DEVICE_SECURE_OPEN, IRP_MJ_CREATE, NT_SUCCESS, NTSTATUS, PVOID,
     PWDFDEVICE_INIT, SECURITY_SUBJECT_CONTEXT, SL_FORCE_ACCESS_CHECK, STATUS_DEVICE_NOT_READY,
     STATUS_INSUFFICIENT_RESOURCES, STATUS_INVALID_DEVICE_REQUEST, STATUS_SUCCESS, ULONG,
-    WDF_DPC_CONFIG, WDF_FILEOBJECT_CONFIG, WDF_IO_QUEUE_CONFIG, WDF_NO_OBJECT_ATTRIBUTES,
-    WDF_TIMER_CONFIG, WDF_WORKITEM_CONFIG, WDFDEVICE, WDFDRIVER, WDFFILEOBJECT, WDFOBJECT,
-    WDFQUEUE, WDFREQUEST, WDFTIMER,
+    UNICODE_STRING, WDF_DPC_CONFIG, WDF_FILEOBJECT_CONFIG, WDF_IO_QUEUE_CONFIG,
+    WDF_NO_OBJECT_ATTRIBUTES, WDF_TIMER_CONFIG, WDF_WORKITEM_CONFIG, WDFDEVICE, WDFDRIVER,
+    WDFFILEOBJECT, WDFOBJECT, WDFQUEUE, WDFREQUEST, WDFTIMER,
 };
 
-use crate::host::{self, HOST, Host, Upcalls};
+use crate::host::{self, HOST, HOST_CONTEXT, Host, Upcalls};
 use crate::platform::{KmdfRequest, REQUEST_CONTEXT, RequestContext, complete_request};
 use crate::wdf::{self, context_type};
 
-context_type!(HOST_CONTEXT, Host);
+/// The next control device's instance number (its name's suffix).
+static INSTANCE: AtomicU32 = AtomicU32::new(0);
+
+/// `\Device\ibcm<N>`, N the instance number (0 at the first creation after load). Each
+/// control device has a name of its own, so the next one can be made while the previous
+/// one still exists: while the last HCA's teardown waits for kernel clients to drop
+/// ibcm's `iba_cm` (a new HCA starting meanwhile gets a new host at once), and while a
+/// stale `\\.\ibcm` handle keeps it (KMDF destroys a control device deleted with handles
+/// open only at the last IRP_MJ_CLOSE, and its `WdfDeviceCreateSymbolicLink` link with
+/// it: fxdevice.cpp:1262-1279, fxpkggeneral.cpp `DecrementOpenHandleCount`; that link
+/// would keep the name `\\.\ibcm` from any new device until then). The link is this
+/// module's own and always names the newest device; user mode never sees the suffix.
+struct DeviceName {
+    units: [u16; DEVICE_NAME_PREFIX.len() + 10],
+    len: usize,
+}
 
 /// `\Device\ibcm`.
-static DEVICE_NAME: [u16; 12] = wdf::utf16("\\Device\\ibcm");
+static DEVICE_NAME_PREFIX: [u16; 12] = wdf::utf16("\\Device\\ibcm");
+
+impl DeviceName {
+    fn new(instance: u32) -> Self {
+        let mut units = [0u16; DEVICE_NAME_PREFIX.len() + 10];
+        units[..DEVICE_NAME_PREFIX.len()].copy_from_slice(&DEVICE_NAME_PREFIX);
+        let mut digits = [0u16; 10];
+        let (mut n, mut count) = (instance, 0);
+        loop {
+            digits[count] = u16::from(b'0') + (n % 10) as u16;
+            count += 1;
+            n /= 10;
+            if n == 0 {
+                break;
+            }
+        }
+        for (i, digit) in digits[..count].iter().rev().enumerate() {
+            units[DEVICE_NAME_PREFIX.len() + i] = *digit;
+        }
+        Self {
+            units,
+            len: DEVICE_NAME_PREFIX.len() + count,
+        }
+    }
+
+    fn units(&self) -> &[u16] {
+        &self.units[..self.len]
+    }
+}
+
 /// `\DosDevices\Global\ibcm` (user mode: `\\.\ibcm`, `ibcm_ioctl::DEVICE_PATH`).
 static SYMBOLIC_LINK: [u16; 23] = wdf::utf16("\\DosDevices\\Global\\ibcm");
 /// Who may open the control device: SYSTEM all, Administrators read/write/execute,
@@ -67,11 +112,8 @@ context_type!(FILE_CONTEXT, FileContext);
 /// `device` is the live control device made by [`create`] (its context is initialised);
 /// the reference is used only inside one of its callbacks.
 unsafe fn host_of<'a>(device: WDFDEVICE) -> &'a Host {
-    // SAFETY: (C5) per this function's contract, the device carries an initialised Host.
-    let host = unsafe { wdf::context::<Host>(device as WDFOBJECT, &HOST_CONTEXT) };
-    // SAFETY: (C6) written in `create` before the device could take a request, and dropped
-    // only in its cleanup callback.
-    unsafe { &*host }
+    // SAFETY: (C5) per this function's contract.
+    unsafe { host::host_of(device as WDFOBJECT) }
 }
 
 /// The host of the control device that owns a queue.
@@ -103,7 +145,8 @@ pub fn create(driver: WDFDRIVER, upcalls: Upcalls) -> Result<(), NTSTATUS> {
     if init.is_null() {
         return Err(STATUS_INSUFFICIENT_RESOURCES);
     }
-    match create_with(&mut init, upcalls) {
+    let name = DeviceName::new(INSTANCE.fetch_add(1, Ordering::Relaxed));
+    match create_with(&mut init, &name, upcalls) {
         Ok(()) => Ok(()),
         Err(status) => {
             if !init.is_null() {
@@ -116,7 +159,11 @@ pub fn create(driver: WDFDRIVER, upcalls: Upcalls) -> Result<(), NTSTATUS> {
     }
 }
 
-fn create_with(init: &mut PWDFDEVICE_INIT, upcalls: Upcalls) -> Result<(), NTSTATUS> {
+fn create_with(
+    init: &mut PWDFDEVICE_INIT,
+    name: &DeviceName,
+    upcalls: Upcalls,
+) -> Result<(), NTSTATUS> {
     let device_init = *init;
     // SAFETY: (C11) `device_init` is the allocated structure, valid until WdfDeviceCreate;
     // non-exclusive: several processes open the CM at once.
@@ -133,7 +180,7 @@ fn create_with(init: &mut PWDFDEVICE_INIT, upcalls: Upcalls) -> Result<(), NTSTA
             1
         );
     }
-    let name = wdf::unicode(&DEVICE_NAME);
+    let name = wdf::unicode(name.units());
     // SAFETY: (C13) as C11; the name is copied.
     check(unsafe {
         wdk_sys::call_unsafe_wdf_function_binding!(
@@ -194,7 +241,7 @@ fn create_with(init: &mut PWDFDEVICE_INIT, upcalls: Upcalls) -> Result<(), NTSTA
     // SAFETY: (C19) just initialised; nothing else can reach it before it is published
     // below (the device takes no request before WdfControlFinishInitializing).
     let host = unsafe { &mut *host };
-    let created = create_objects(device, host);
+    let created = create_objects(device, host).and_then(|()| create_link(&name));
     if let Err(status) = created {
         // SAFETY: (C20) our device, never published; deleting runs the cleanup callback,
         // which drops the host.
@@ -275,16 +322,6 @@ fn create_objects(device: WDFDEVICE, host: &mut Host) -> Result<(), NTSTATUS> {
         )
     })?;
 
-    let link = wdf::unicode(&SYMBOLIC_LINK);
-    // SAFETY: (C25) the device is live; the name is copied; the link goes with the device.
-    check(unsafe {
-        wdk_sys::call_unsafe_wdf_function_binding!(
-            WdfDeviceCreateSymbolicLink,
-            device,
-            &raw const link
-        )
-    })?;
-
     // WDF_IO_QUEUE_CONFIG_INIT_DEFAULT_QUEUE(parallel). A control device is not power
     // managed (its queues must not be: there is no power policy owner).
     let mut queue_config = WDF_IO_QUEUE_CONFIG {
@@ -308,6 +345,15 @@ fn create_objects(device: WDFDEVICE, host: &mut Host) -> Result<(), NTSTATUS> {
     })
 }
 
+/// `\DosDevices\Global\ibcm` to the new device's name (PASSIVE_LEVEL, the driver's wait
+/// lock held: the previous device's link was deleted when it was unpublished).
+fn create_link(name: &UNICODE_STRING) -> Result<(), NTSTATUS> {
+    let mut link = wdf::unicode(&SYMBOLIC_LINK);
+    let mut target = *name;
+    // SAFETY: (C25) PASSIVE_LEVEL; both strings outlive the call, which copies them.
+    check(unsafe { IoCreateSymbolicLink(&raw mut link, &raw mut target) })
+}
+
 fn check(status: NTSTATUS) -> Result<(), NTSTATUS> {
     if NT_SUCCESS(status) {
         Ok(())
@@ -316,17 +362,32 @@ fn check(status: NTSTATUS) -> Result<(), NTSTATUS> {
     }
 }
 
-/// Deletes the control device (PASSIVE_LEVEL, the driver's wait lock held, after
-/// `host::teardown`; from the last filter device's cleanup). The host goes with the
-/// device's context once no file of it is left.
-pub fn delete() {
+/// Unpublishes the host (PASSIVE_LEVEL, the driver's wait lock held, the last filter
+/// device is going): no filter binds to it and no new open reaches it (its link goes; a
+/// handle opened before stays), so the next filter makes a new control device at once.
+/// The host, for [`host::teardown`] and then [`delete`].
+pub fn unpublish<'a>() -> Option<&'a Host> {
     let host = HOST.swap(core::ptr::null_mut(), Ordering::AcqRel);
-    // SAFETY: (C27) a published host is the context of the live control device.
-    let Some(host) = (unsafe { host.as_ref() }) else {
-        return;
-    };
-    // SAFETY: (C28) the control device is live and ours; wm_driver.c `WmPowerD0Exit`
-    // deletes its control device the same way when its last HCA goes.
+    // SAFETY: (C27) a published host is the context of the live control device, which only
+    // [`delete`] deletes, after this.
+    let host = unsafe { host.as_ref() }?;
+    let mut link = wdf::unicode(&SYMBOLIC_LINK);
+    // SAFETY: (C34) PASSIVE_LEVEL; the link this module made for the published device
+    // (`create_link`), deleted once: the host is unpublished above.
+    let status = unsafe { IoDeleteSymbolicLink(&raw mut link) };
+    if !NT_SUCCESS(status) {
+        wdk::println!("ibcm: IoDeleteSymbolicLink: {status:#010x}");
+    }
+    Some(host)
+}
+
+/// Deletes an unpublished host's control device (PASSIVE_LEVEL, after
+/// `host::teardown`). The host goes with the device's context once no file of it is
+/// left (KMDF's ControlDeviceDelete).
+pub fn delete(host: &Host) {
+    // SAFETY: (C28) the control device is live and ours, deleted once (its host was
+    // unpublished once); wm_driver.c `WmPowerD0Exit` deletes its control device the same
+    // way when its last HCA goes.
     unsafe {
         wdk_sys::call_unsafe_wdf_function_binding!(WdfObjectDelete, host.control as WDFOBJECT);
     }

@@ -194,17 +194,13 @@ fn attach(
     Ok(())
 }
 
-/// Creates the control device (and the host with it) if it does not exist (PASSIVE_LEVEL,
-/// the driver's wait lock held). It can fail while a handle of the previous instance is
-/// still open (the name is taken): the filter then passes every CM query down, and the
-/// next D0Entry of any HCA tries again (`Step::EnsureControlDevice`).
+/// Creates the control device (and the host with it) if none is published (PASSIVE_LEVEL,
+/// the driver's wait lock held). Each control device has a name of its own, so this does
+/// not wait for a previous one that a teardown or a stale handle still keeps; should it
+/// fail (no memory), the filter passes every CM query down, and the next D0Entry of any
+/// HCA tries again (`Step::EnsureControlDevice`).
 fn ensure_control_device(driver: WDFDRIVER) {
-    if let Some(host) = host::host() {
-        if host.closing.load(Ordering::Acquire) {
-            // The last filter's cleanup is tearing this host down; it makes a new one
-            // for the filters that arrived meanwhile (`count_out`).
-            wdk::println!("ibcm: the host's CM is being torn down; a new one follows");
-        }
+    if host::host().is_some() {
         return;
     }
     let upcalls = Upcalls {
@@ -234,38 +230,29 @@ fn on(filter: &FilterState, callback: Callback) {
                     verbs_hook::release(slot);
                 }
             }
-            Step::CountOut => count_out(filter.driver),
+            Step::CountOut => count_out(),
         }
     }
 }
 
-/// The filter leaves the host; the last one tears the host's CM down and deletes the
-/// control device. The teardown (which waits for kernel clients' references) runs outside
-/// the driver's wait lock, so other HCAs' add and cleanup are not held up; the host is
-/// marked closing under the lock first, so a filter added meanwhile neither binds to it
-/// nor makes another, and gets a new host once the old one is deleted.
-fn count_out(driver: WDFDRIVER) {
-    let host = host::host();
-    let last = host::with_filters(|count| {
+/// The filter leaves the host; the last one unpublishes the host under the driver's wait
+/// lock (a filter added after that makes a new host at once, and none can bind to this
+/// one: a filter binds only while it is counted), then tears its CM down, which waits for
+/// kernel clients' references, outside the lock, so other HCAs' add and cleanup are not
+/// held up, and deletes its control device.
+fn count_out() {
+    let unpublished = host::with_filters(|count| {
         *count = count.saturating_sub(1);
-        let last = *count == 0;
-        if last && let Some(host) = host {
-            host.closing.store(true, Ordering::Release);
+        if *count == 0 {
+            control::unpublish()
+        } else {
+            None
         }
-        last
     });
-    if !last {
-        return;
-    }
-    if let Some(host) = host {
+    if let Some(host) = unpublished {
         host::teardown(host);
+        control::delete(host);
     }
-    host::with_filters(|count| {
-        control::delete();
-        if *count > 0 {
-            ensure_control_device(driver);
-        }
-    });
 }
 
 /// EvtDeviceD0Entry (PASSIVE_LEVEL: start, resume, restart after a stop; after the D0 IRP

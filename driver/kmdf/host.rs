@@ -37,13 +37,14 @@ use wdk_sys::ntddk::{
 use wdk_sys::{
     _EVENT_TYPE, _KWAIT_REASON, _MODE, ALL_PROCESSOR_GROUPS, DISPATCH_LEVEL, KEVENT, KIRQL,
     LARGE_INTEGER, NTSTATUS, PASSIVE_LEVEL, STATUS_INSUFFICIENT_RESOURCES, STATUS_TIMEOUT,
-    WDFDEVICE, WDFDPC, WDFTIMER, WDFWAITLOCK, WDFWORKITEM,
+    WDFDEVICE, WDFDPC, WDFOBJECT, WDFTIMER, WDFWAITLOCK, WDFWORKITEM,
 };
 
 use alloc::vec::Vec;
 
 use crate::event_log;
 use crate::platform::{self, KmdfLock, KmdfRequest, interrupt_time_100ns};
+use crate::wdf::context_type;
 
 /// Serialises filter-device add and cleanup (the filter count, the control device's
 /// creation and deletion). A WDFWAITLOCK whose parent is the driver (created in
@@ -82,6 +83,51 @@ pub fn with_filters<R>(f: impl FnOnce(&mut usize) -> R) -> R {
 /// driver's wait lock; read anywhere (the pointee outlives every filter device's binding,
 /// see [`Host`]).
 pub static HOST: AtomicPtr<Host> = AtomicPtr::new(core::ptr::null_mut());
+
+context_type!(HOST_CONTEXT, Host);
+
+/// The host of a control device.
+///
+/// # Safety
+///
+/// `device` is a live control device made by `control::create` (its context is
+/// initialised), or the parent of one of its timers, DPCs or work items during their
+/// callbacks; the reference is used only inside one of its callbacks.
+pub unsafe fn host_of<'a>(device: WDFOBJECT) -> &'a Host {
+    // SAFETY: (H34) per this function's contract, the device carries an initialised Host.
+    let host = unsafe { crate::wdf::context::<Host>(device, &HOST_CONTEXT) };
+    // SAFETY: (H35) written in `control::create` before the device could take a request or
+    // run a callback, and dropped only in its cleanup callback, after its children (timer,
+    // DPCs, work item) are gone.
+    unsafe { &*host }
+}
+
+/// The host whose control device is `dpc`'s parent: not [`host`], since an unpublished
+/// host's DPC may still run while a new host is published.
+///
+/// # Safety
+///
+/// `dpc` is one of a host's DPCs, during its callback.
+unsafe fn host_of_dpc<'a>(dpc: WDFDPC) -> &'a Host {
+    // SAFETY: (H40) the DPC is live during its callback (the contract); any IRQL.
+    let parent = unsafe { wdk_sys::call_unsafe_wdf_function_binding!(WdfDpcGetParentObject, dpc) };
+    // SAFETY: (H41) its parent is the control device that made it (`control.rs`).
+    unsafe { host_of(parent) }
+}
+
+/// The host whose control device is `work_item`'s parent (as [`host_of_dpc`]).
+///
+/// # Safety
+///
+/// `work_item` is a host's work item, during its callback.
+unsafe fn host_of_work_item<'a>(work_item: WDFWORKITEM) -> &'a Host {
+    // SAFETY: (H42) the work item is live during its callback (the contract).
+    let parent = unsafe {
+        wdk_sys::call_unsafe_wdf_function_binding!(WdfWorkItemGetParentObject, work_item)
+    };
+    // SAFETY: (H43) as H41.
+    unsafe { host_of(parent) }
+}
 
 /// The host, if it exists.
 pub fn host<'a>() -> Option<&'a Host> {
@@ -266,9 +312,6 @@ pub struct Host {
     pub ring: ReceiveRing<KmdfPlatform>,
     /// Being torn down: the DPCs do not requeue, the timer is not started again.
     pub retired: AtomicBool,
-    /// The last filter is going: no HCA binds to this host any more (set under the
-    /// driver's wait lock before the teardown starts).
-    pub closing: AtomicBool,
     /// Signalled by `Backend::released` once the last `iba_cm` reference is dropped after
     /// `begin_removal` (NotificationEvent).
     released: core::cell::UnsafeCell<KEVENT>,
@@ -310,7 +353,6 @@ impl Host {
             verdict: KmdfLock::new(HostCm::new()),
             ring: ReceiveRing::new(),
             retired: AtomicBool::new(false),
-            closing: AtomicBool::new(false),
             released: core::cell::UnsafeCell::new(KEVENT::default()),
             dropped_receives: AtomicU64::new(0),
             dropped_sends: AtomicU64::new(0),
@@ -789,7 +831,8 @@ impl Backend for KmdfBackend {
 /// EvtDpcFunc of the host's receive DPC: hands up to [`DPC_BATCH`] received MADs to the
 /// dispatch layer in batches (`Device::receive_batch`), then requeues itself if more wait.
 pub unsafe extern "C" fn evt_receive_dpc(dpc: WDFDPC) {
-    let Some(host) = host() else { return };
+    // SAFETY: (H36) the framework passes its live DPC.
+    let host = unsafe { host_of_dpc(dpc) };
     let Some(core) = host.core() else {
         // No dispatch layer: nothing can take the MADs.
         let dropped = host.ring.len() as u64;
@@ -806,8 +849,9 @@ pub unsafe extern "C" fn evt_receive_dpc(dpc: WDFDPC) {
 
 /// The timer DPC (EvtDpcFunc, DISPATCH_LEVEL): a timer pass queued at once because the
 /// last one left timers due; the pass re-arms (the timer, or this DPC again).
-pub unsafe extern "C" fn evt_timer_dpc(_dpc: WDFDPC) {
-    let Some(host) = host() else { return };
+pub unsafe extern "C" fn evt_timer_dpc(dpc: WDFDPC) {
+    // SAFETY: (H37) as H36.
+    let host = unsafe { host_of_dpc(dpc) };
     host.timer_fired();
     if let Some(core) = host.core() {
         core.timer_expired();
@@ -817,8 +861,9 @@ pub unsafe extern "C" fn evt_timer_dpc(_dpc: WDFDPC) {
 /// The delivery DPC (EvtDpcFunc, DISPATCH_LEVEL): the callbacks downcalls made ready;
 /// then the pools are topped up at PASSIVE_LEVEL from the work item (a no-op enqueue if it
 /// is already queued).
-pub unsafe extern "C" fn evt_delivery_dpc(_dpc: WDFDPC) {
-    let Some(host) = host() else { return };
+pub unsafe extern "C" fn evt_delivery_dpc(dpc: WDFDPC) {
+    // SAFETY: (H38) as H36.
+    let host = unsafe { host_of_dpc(dpc) };
     let Some(iba_cm) = host.cm().and_then(Cm::iba_cm) else {
         return;
     };
@@ -848,8 +893,10 @@ impl Host {
 /// DISPATCH_LEVEL (REVIEW.md §6, step 4), and does the dispatch layer's PASSIVE_LEVEL work
 /// a DISPATCH_LEVEL path asked for (`Platform::request_passive_work`: the event-record and
 /// private-data pools, the slab after a peak).
-pub unsafe extern "C" fn evt_replenish_work_item(_work_item: WDFWORKITEM) {
-    let Some(cm) = host().and_then(Host::cm) else {
+pub unsafe extern "C" fn evt_replenish_work_item(work_item: WDFWORKITEM) {
+    // SAFETY: (H39) the framework passes its live work item.
+    let host = unsafe { host_of_work_item(work_item) };
+    let Some(cm) = host.cm() else {
         return;
     };
     if let Some(iba_cm) = cm.iba_cm() {

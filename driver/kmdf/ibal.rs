@@ -680,7 +680,7 @@ pub fn bind(device: WDFDEVICE, filter: &FilterIbal) {
     // The host's CM verdict counts this HCA (`ibcm_lifecycle::HostCm`), bound or not: an
     // HCA whose binding failed has no QP1 route either, and WinVerbs would use the host's
     // one table on it too.
-    let Some(host) = host().filter(|h| !h.closing.load(Ordering::Acquire)) else {
+    let Some(host) = host() else {
         return;
     };
     let routed = filter.qp1_route();
@@ -720,10 +720,6 @@ fn bind_ca(device: WDFDEVICE, filter: &FilterIbal) {
         event_log::hca_skipped(0, "ibcm's control device could not be created", 0);
         return;
     };
-    if host.closing.load(Ordering::Acquire) {
-        wdk::println!("ibcm: the host's CM is being torn down: this HCA is not bound");
-        return;
-    }
     if !filter.binding.load(Ordering::Acquire).is_null() {
         return;
     }

@@ -119,8 +119,9 @@ pub const fn utf16<const N: usize>(s: &str) -> [u16; N] {
     out
 }
 
-/// A UNICODE_STRING over a static UTF-16 array (the framework only reads it).
-pub fn unicode(chars: &'static [u16]) -> UNICODE_STRING {
+/// A UNICODE_STRING over a UTF-16 array (the callee only reads it; the caller keeps the
+/// array alive for the call).
+pub fn unicode(chars: &[u16]) -> UNICODE_STRING {
     let bytes = u16::try_from(core::mem::size_of_val(chars)).unwrap_or(0);
     UNICODE_STRING {
         Length: bytes,

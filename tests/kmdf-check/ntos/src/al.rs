@@ -283,6 +283,10 @@ pub struct Al {
     /// QP destroy callbacks not yet run (`ib_close_al` waits for them).
     destroys_pending: usize,
     pub sent: Vec<Wire>,
+    /// CAs ibbus has deregistered (powered down, stopped, removed): their ports are not
+    /// reported to a PnP registration. ibbus still answers the interface query for them
+    /// and takes its reference (bus_pnp.c:1211-1250).
+    deregistered: std::collections::HashSet<usize>,
 }
 
 // SAFETY: the raw pointers are the driver's contexts and the simulation's own boxes,
@@ -302,6 +306,27 @@ pub fn sent() -> Vec<Wire> {
 /// Takes the MADs sent to no simulated port (a peer outside the simulation delivers them).
 pub fn take_sent() -> Vec<Wire> {
     std::mem::take(&mut state::lock().al.sent)
+}
+
+/// ibbus deregisters CA `index` (`__device_power_down_workItem`, `fdo_stop`,
+/// `fdo_query_remove`/`fdo_remove`): it first waits for every reference on its interfaces
+/// (bus_pnp.c:790-829); one the filter keeps is a wait that never ends.
+pub fn deregister_ca(index: usize, why: &str) {
+    let held = references(index);
+    if held != 0 {
+        bugcheck(
+            Rule::WaitNeverReturns,
+            format_args!(
+                "ibbus waits at the {why} of CA {index} for {held} AL interface reference(s) the filter keeps (bus_pnp.c:790-829)"
+            ),
+        );
+    }
+    state::lock().al.deregistered.insert(index);
+}
+
+/// ibbus registers CA `index` again (`fdo_start`, power-up: `__register_ca`).
+pub fn register_ca(index: usize) {
+    state::lock().al.deregistered.remove(&index);
 }
 
 /// References held on CA `index`'s interface.
@@ -453,14 +478,19 @@ unsafe extern "C" fn reg_pnp(h_al: Handle, p_pnp_req: *const IbPnpReq, ph_pnp: *
     let (context, callback) = (request.pnp_context as usize, request.pfn_pnp_cb);
     // SAFETY: the caller's out pointer.
     unsafe { *ph_pnp = h_al };
-    let cas = state::lock().al.cas.clone();
-    // The interface names the CA; the binding passes the CA's GUID to the callback checks.
+    let (cas, deregistered) = {
+        let guard = state::lock();
+        (guard.al.cas.clone(), guard.al.deregistered.clone())
+    };
+    // AL reports the ports of every registered CA; the binding keeps its own CA's.
     let h_al = h_al as usize;
     let thread = std::thread::Builder::new()
         .name("al-pnp".into())
         .spawn(move || {
             for (index, ca) in cas.iter().enumerate() {
-                let _ = index;
+                if deregistered.contains(&index) {
+                    continue;
+                }
                 for port in &ca.ports {
                     report_port(h_al, context, callback, ca, port);
                 }

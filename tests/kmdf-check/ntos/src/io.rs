@@ -156,7 +156,9 @@ fn new_request(
 
 /// The device behind `\DosDevices\Global\ibcm` (or any name).
 pub fn device_named(name: &str) -> Option<usize> {
-    state::lock().devices.names.get(name).copied()
+    let guard = state::lock();
+    let name = guard.devices.links.get(name).map_or(name, String::as_str);
+    guard.devices.names.get(name).copied()
 }
 
 /// CreateFile on `name` (a device name or a symbolic link): the I/O manager's access

@@ -1,8 +1,14 @@
 //! The PnP manager and KMDF's PnP/power state machine as the filter's stack lives through
-//! them (the order `ibcm_lifecycle`'s models cite): load, device add per HCA, start
-//! (EvtDeviceD0Entry after the D0 IRP completed below), orderly removal
-//! (EvtDeviceD0Exit to D3Final, the remove IRP down to ibbus, which waits for every
-//! interface reference, then the device's deletion), and unload with the leak report.
+//! them, for a filter that is not the power policy owner (the order
+//! `driver/lifecycle/tests/model/kmdf.rs` cites from microsoft/Windows-Driver-Frameworks):
+//! load, device add per HCA, start (EvtDeviceD0Entry after the D0 IRP completed below),
+//! sleep and hibernation (EvtDeviceD0Exit to D3, then the Dx IRP down to ibbus), wake,
+//! resource rebalance (stop and start again), surprise removal from D0 and from Dx,
+//! orderly removal (EvtDeviceD0Exit to D3Final, the remove IRP down to ibbus, then the
+//! device's deletion), and unload with the leak report. Wherever ibbus deregisters the CA
+//! it first waits for every reference on its interfaces (`al::deregister_ca`).
+
+use std::collections::HashMap;
 
 use crate::objects::Kind;
 use crate::state;
@@ -14,6 +20,9 @@ use crate::*;
 #[derive(Default)]
 pub struct Pnp {
     pub loaded: bool,
+    /// Filter devices in a low-power state (D1-D3 after a sleep, or stopped), and their
+    /// state: what the next D0Entry reports as the previous state.
+    in_dx: HashMap<usize, WDF_POWER_DEVICE_STATE>,
 }
 
 /// The image's `DriverEntry`.
@@ -85,56 +94,97 @@ fn callbacks(device: usize) -> WDF_PNPPOWER_EVENT_CALLBACKS {
 
 /// Start: the D0 IRP went down and ibbus registered the CA; EvtDeviceD0Entry.
 pub fn start(device: usize) -> NTSTATUS {
+    crate::al::register_ca(ca_of(device));
+    d0_entry(device, _WDF_POWER_DEVICE_STATE::WdfPowerDeviceD3Final)
+}
+
+fn ca_of(device: usize) -> usize {
+    state::lock()
+        .devices
+        .devices
+        .get(&device)
+        .map_or(0, |d| d.init.hca)
+}
+
+fn d0_entry(device: usize, previous: WDF_POWER_DEVICE_STATE) -> NTSTATUS {
+    state::lock().pnp.in_dx.remove(&device);
     let Some(d0_entry) = callbacks(device).EvtDeviceD0Entry else {
         return STATUS_SUCCESS;
     };
     call_driver("EvtDeviceD0Entry", PASSIVE, || {
-        // SAFETY: the driver's D0Entry with its device, from D3Final (a start).
-        unsafe {
-            d0_entry(
-                device as WDFDEVICE,
-                _WDF_POWER_DEVICE_STATE::WdfPowerDeviceD3Final,
-            )
-        }
+        // SAFETY: the driver's D0Entry with its device and the state it leaves.
+        unsafe { d0_entry(device as WDFDEVICE, previous) }
     })
 }
 
-/// Orderly removal: EvtDeviceD0Exit(D3Final), the IRP down to ibbus (which waits for every
-/// reference on its interfaces before it deregisters the CA: a reference left is a wait
-/// that never ends, bus_pnp.c:790-829), the remove IRP, then the device's deletion (its
-/// cleanup callback).
-pub fn remove(device: usize) {
-    let ca = state::lock()
-        .devices
-        .devices
-        .get(&device)
-        .map(|d| d.init.hca)
-        .unwrap_or(0);
+/// EvtDeviceD0Exit to `target`, unless the device is already out of D0.
+fn d0_exit(device: usize, target: WDF_POWER_DEVICE_STATE) {
+    if state::lock().pnp.in_dx.insert(device, target).is_some() {
+        return;
+    }
     if let Some(d0_exit) = callbacks(device).EvtDeviceD0Exit {
         call_driver("EvtDeviceD0Exit", PASSIVE, || {
-            // SAFETY: the driver's D0Exit with its device, to D3Final (a removal).
-            unsafe {
-                d0_exit(
-                    device as WDFDEVICE,
-                    _WDF_POWER_DEVICE_STATE::WdfPowerDeviceD3Final,
-                )
-            }
+            // SAFETY: the driver's D0Exit with its device and the state it goes to.
+            unsafe { d0_exit(device as WDFDEVICE, target) }
         });
     }
-    let held = crate::al::references(ca);
-    if held != 0 {
-        bugcheck(
-            Rule::WaitNeverReturns,
-            format_args!(
-                "ibbus waits at the removal of CA {ca} for {held} AL interface reference(s) the filter keeps (bus_pnp.c:790-829)"
-            ),
-        );
+}
+
+/// A system sleep (S3, device D3) or hibernation (S4, `hibernate`: the device IRP for D3
+/// too; KMDF reports WdfPowerDevicePrepareForHibernation only to a device on the
+/// hibernation path, which an HCA is not): EvtDeviceD0Exit, then the Dx IRP down to
+/// ibbus, which deregisters the CA (`__device_power_down_workItem`).
+pub fn sleep(device: usize, hibernate: bool) {
+    d0_exit(device, _WDF_POWER_DEVICE_STATE::WdfPowerDeviceD3);
+    let why = if hibernate { "hibernation" } else { "sleep" };
+    crate::al::deregister_ca(ca_of(device), why);
+}
+
+/// Resume: the D0 IRP down first, ibbus registers the CA, then EvtDeviceD0Entry from D3.
+pub fn wake(device: usize) -> NTSTATUS {
+    crate::al::register_ca(ca_of(device));
+    d0_entry(device, _WDF_POWER_DEVICE_STATE::WdfPowerDeviceD3)
+}
+
+/// Resource rebalance: IRP_MN_QUERY_STOP_DEVICE and IRP_MN_STOP_DEVICE (D3Final, then the
+/// stop down to ibbus, which deregisters the CA), then IRP_MN_START_DEVICE again (down
+/// first, then EvtDeviceD0Entry from D3Final).
+pub fn rebalance(device: usize) -> NTSTATUS {
+    d0_exit(device, _WDF_POWER_DEVICE_STATE::WdfPowerDeviceD3Final);
+    crate::al::deregister_ca(ca_of(device), "stop");
+    crate::al::register_ca(ca_of(device));
+    d0_entry(device, _WDF_POWER_DEVICE_STATE::WdfPowerDeviceD3Final)
+}
+
+/// IRP_MN_SURPRISE_REMOVAL: EvtDeviceSurpriseRemoval first, then (a device in D0) D3Final,
+/// then the IRP down to ibbus (which deregisters the CA). A device already in Dx (it
+/// never came back from a sleep) gets only the callback. The remove IRP follows
+/// ([`remove`]).
+pub fn surprise_remove(device: usize) {
+    if let Some(surprise) = callbacks(device).EvtDeviceSurpriseRemoval {
+        call_driver("EvtDeviceSurpriseRemoval", PASSIVE, || {
+            // SAFETY: the driver's surprise-removal callback with its device.
+            unsafe { surprise(device as WDFDEVICE) }
+        });
     }
+    d0_exit(device, _WDF_POWER_DEVICE_STATE::WdfPowerDeviceD3Final);
+    crate::al::deregister_ca(ca_of(device), "surprise removal");
+}
+
+/// Removal (orderly, or the remove IRP after a surprise removal): EvtDeviceD0Exit to
+/// D3Final if the device is in D0, the IRP down to ibbus (which waits for every
+/// reference on its interfaces before it deregisters the CA), then the device's deletion
+/// (its cleanup callback).
+pub fn remove(device: usize) {
+    let ca = ca_of(device);
+    d0_exit(device, _WDF_POWER_DEVICE_STATE::WdfPowerDeviceD3Final);
+    crate::al::deregister_ca(ca, "removal");
     {
         let mut guard = state::lock();
         guard
             .objects
             .get_kind(device, Kind::Device, "the PnP manager (remove)");
+        guard.pnp.in_dx.remove(&device);
     }
     delete(device, "the PnP manager (remove)");
 }
@@ -162,6 +212,15 @@ pub fn unload() {
             // SAFETY: the driver's unload routine.
             unsafe { unload(driver as WDFDRIVER) }
         });
+    }
+    let links: Vec<String> = state::lock().devices.links.keys().cloned().collect();
+    if !links.is_empty() {
+        bugcheck(
+            Rule::LeakAtUnload,
+            format_args!(
+                "symbolic link(s) left at unload: {links:?} (the next load's IoCreateSymbolicLink collides)"
+            ),
+        );
     }
     let keys = state::lock().devices.keys.len();
     if keys > 0 {

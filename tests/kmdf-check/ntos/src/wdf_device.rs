@@ -44,6 +44,9 @@ pub struct Devices {
     pub next_init: usize,
     pub devices: HashMap<usize, DeviceInfo>,
     pub names: HashMap<String, usize>,
+    /// Symbolic links made with `IoCreateSymbolicLink`: the link and the name it points
+    /// to, resolved at each open (the object manager's reparse).
+    pub links: HashMap<String, String>,
     pub driver: usize,
     pub device_add: PFN_WDF_DRIVER_DEVICE_ADD,
     pub unload: PFN_WDF_DRIVER_UNLOAD,
@@ -387,7 +390,7 @@ pub unsafe extern "C" fn WdfDeviceCreateSymbolicLink(
     guard
         .objects
         .get_kind(Device as usize, Kind::Device, "WdfDeviceCreateSymbolicLink");
-    if guard.devices.names.contains_key(&link) {
+    if guard.devices.names.contains_key(&link) || guard.devices.links.contains_key(&link) {
         return STATUS_OBJECT_NAME_COLLISION;
     }
     guard.devices.names.insert(link.clone(), Device as usize);
@@ -466,6 +469,30 @@ pub unsafe extern "C" fn WdfFileObjectGetDevice(FileObject: WDFFILEOBJECT) -> WD
         .objects
         .get_kind(FileObject as usize, Kind::File, "WdfFileObjectGetDevice")
         .parent as WDFDEVICE
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn WdfDpcGetParentObject(Dpc: WDFDPC) -> WDFOBJECT {
+    let _k = KernelCode::enter();
+    let mut guard = state::lock();
+    guard
+        .objects
+        .get_kind(Dpc as usize, Kind::Dpc, "WdfDpcGetParentObject")
+        .parent as WDFOBJECT
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn WdfWorkItemGetParentObject(WorkItem: WDFWORKITEM) -> WDFOBJECT {
+    let _k = KernelCode::enter();
+    let mut guard = state::lock();
+    guard
+        .objects
+        .get_kind(
+            WorkItem as usize,
+            Kind::WorkItem,
+            "WdfWorkItemGetParentObject",
+        )
+        .parent as WDFOBJECT
 }
 
 #[unsafe(no_mangle)]
@@ -1013,4 +1040,35 @@ pub unsafe extern "C" fn WdfRegistryClose(Key: WDFKEY) {
         .objects
         .get_kind(Key as usize, Kind::Key, "WdfRegistryClose");
     delete(Key as usize, "WdfRegistryClose");
+}
+
+/// `IoCreateSymbolicLink` (wdm.h; PASSIVE_LEVEL): a link to a name, which need not exist
+/// yet; a link that exists already is STATUS_OBJECT_NAME_COLLISION.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn IoCreateSymbolicLink(
+    SymbolicLinkName: PUNICODE_STRING,
+    DeviceName: PUNICODE_STRING,
+) -> NTSTATUS {
+    let _k = KernelCode::enter();
+    require_irql("IoCreateSymbolicLink", PASSIVE);
+    let (link, target) = (string(SymbolicLinkName), string(DeviceName));
+    let mut guard = state::lock();
+    if guard.devices.names.contains_key(&link) || guard.devices.links.contains_key(&link) {
+        return STATUS_OBJECT_NAME_COLLISION;
+    }
+    guard.devices.links.insert(link, target);
+    STATUS_SUCCESS
+}
+
+/// `IoDeleteSymbolicLink` (wdm.h; PASSIVE_LEVEL): removes a link `IoCreateSymbolicLink`
+/// made; handles opened through it stay open.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn IoDeleteSymbolicLink(SymbolicLinkName: PUNICODE_STRING) -> NTSTATUS {
+    let _k = KernelCode::enter();
+    require_irql("IoDeleteSymbolicLink", PASSIVE);
+    let link = string(SymbolicLinkName);
+    match state::lock().devices.links.remove(&link) {
+        Some(_) => STATUS_SUCCESS,
+        None => STATUS_OBJECT_NAME_NOT_FOUND,
+    }
 }

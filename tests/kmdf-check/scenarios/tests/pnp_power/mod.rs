@@ -1,0 +1,225 @@
+//! The filter through what Windows and ibbus do to an HCA's stack, in the order of
+//! `driver/lifecycle/tests/model/kmdf.rs` (the simulated PnP manager, `ibcm_ntos::pnp`):
+//! sleep, hibernation and resume; resource rebalance; surprise removal from D0 and from
+//! Dx; two HCAs; an HCA starting while the last one's teardown waits for a kernel client;
+//! a stale `\\.\ibcm` handle kept across a disable and enable. Wherever ibbus deregisters
+//! the CA it first waits for every reference of ibcm's on its interfaces
+//! (`al::deregister_ca`, bus_pnp.c:790-829): a reference left is a verifier stop.
+
+use super::*;
+
+/// The second simulated HCA (host order), one port with LID 0x20.
+const CA_GUID_2: u64 = 0x0002_c903_0000_2000;
+
+fn second_hca() -> CaConfig {
+    let mut gid = [0u8; 16];
+    gid[0] = 0xfe;
+    gid[1] = 0x80;
+    gid[8..].copy_from_slice(&(CA_GUID_2 + 1).to_be_bytes());
+    CaConfig {
+        ca_guid: CA_GUID_2,
+        ports: vec![PortConfig {
+            port_num: 1,
+            lid: 0x20,
+            gid,
+            pkeys: vec![0xffff],
+        }],
+        al_cm_holds_send: false,
+    }
+}
+
+/// STATUS through `file`: (HCAs, ports) ibcm serves.
+fn served(file: usize) -> (u32, u32) {
+    let side = Binding(file);
+    let s = ibcm_ioctl::StatusIn {
+        size: ibcm_ioctl::StatusIn::SIZE,
+        reserved: 0,
+    };
+    let (st, out) = side.done(side.call(
+        code::STATUS,
+        s.as_bytes(),
+        size_of::<ibcm_ioctl::StatusOut>(),
+    ));
+    assert_eq!(st, status::SUCCESS, "STATUS");
+    let report = ibcm_ioctl::StatusOut::read_from_bytes(&out).expect("a StatusOut");
+    (report.hca_count, report.port_count)
+}
+
+/// An endpoint whose REQ went to a LID no simulated port has (the MAD is captured, no
+/// answer comes), with a GET_EVENT pending on it.
+fn connecting(side: &Binding) -> u64 {
+    let ep = side.endpoint();
+    let nowhere = PortConfig {
+        port_num: 1,
+        lid: 0x77,
+        gid: [0; 16],
+        pkeys: vec![0xffff],
+    };
+    let wait = get_event(side, ep);
+    side.ok(
+        code::CONNECT,
+        connect_between(ep, 0x5151, &port(1, 0x10), &nowhere).as_bytes(),
+        0,
+    );
+    wait
+}
+
+/// The connection attempt ended with DEVICE_REMOVAL when its port went.
+fn ended_by_removal(side: &Binding, wait: u64) {
+    assert_eq!(
+        event(side, wait).event_type,
+        event_type::DEVICE_REMOVAL,
+        "the endpoint hears that its port went"
+    );
+}
+
+/// Sleep (S3) and hibernation (S4) with a connection attempt in flight, then resume: each
+/// D0Exit ends the HCA's connections (DEVICE_REMOVAL) and releases ibbus's interface
+/// before the Dx IRP reaches ibbus; the listen and the handle survive; after D0Entry the
+/// HCA is served again and a whole connection runs between its ports.
+pub fn sleep_hibernate_and_resume() {
+    let device = boot(&[]);
+    let file = open(Open::user(Token::ADMIN));
+    let side = Binding(file);
+    let (a, b) = (port(1, 0x10), port(2, 0x11));
+    for hibernate in [false, true] {
+        let wait = connecting(&side);
+        pnp::sleep(device, hibernate);
+        ended_by_removal(&side, wait);
+        assert_eq!(
+            served(file),
+            (1, 0),
+            "the HCA is listed, without ports, while it sleeps"
+        );
+        assert_eq!(pnp::wake(device), 0, "D0Entry never fails the HCA");
+        assert_eq!(served(file), (1, 2), "both ports again after resume");
+        connection(&side, &a, &side, &b);
+    }
+    io::close(file);
+    shutdown(device);
+}
+
+/// Resource rebalance (IRP_MN_STOP_DEVICE, then IRP_MN_START_DEVICE): D0Exit to D3Final
+/// before the stop reaches ibbus, D0Entry after the start; connections work again.
+pub fn rebalance_stop_and_start() {
+    let device = boot(&[]);
+    let file = open(Open::user(Token::ADMIN));
+    let side = Binding(file);
+    let wait = connecting(&side);
+    assert_eq!(pnp::rebalance(device), 0);
+    ended_by_removal(&side, wait);
+    assert_eq!(served(file), (1, 2));
+    connection(&side, &port(1, 0x10), &side, &port(2, 0x11));
+    io::close(file);
+    shutdown(device);
+}
+
+/// Surprise removal of an HCA in D0 with a REQ in flight: EvtDeviceSurpriseRemoval unbinds
+/// before ibbus sees the IRP, the endpoint hears DEVICE_REMOVAL, the remove IRP deletes
+/// the filter, and the control device goes with the last one.
+pub fn surprise_removal_from_d0() {
+    let device = boot(&[]);
+    let file = open(Open::user(Token::USER));
+    let side = Binding(file);
+    let wait = connecting(&side);
+    pnp::surprise_remove(device);
+    ended_by_removal(&side, wait);
+    io::close(file);
+    shutdown(device);
+}
+
+/// An HCA that never returns from a sleep: it is surprise-removed while in Dx (only the
+/// callback runs, nothing is bound), then removed; the host goes, nothing leaks.
+pub fn hca_never_returns_from_sleep() {
+    let device = boot(&[]);
+    let file = open(Open::user(Token::USER));
+    let side = Binding(file);
+    let wait = connecting(&side);
+    pnp::sleep(device, false);
+    ended_by_removal(&side, wait);
+    pnp::surprise_remove(device);
+    io::close(file);
+    shutdown(device);
+}
+
+/// Two HCAs under one host CM: a connection between them, then the first is removed (its
+/// ports go, the host and the other HCA stay), then the second (the host goes).
+pub fn two_hcas() {
+    al::set_cas(vec![hca(false), second_hca()]);
+    assert_eq!(pnp::load(ibcm_driver::driver_entry), 0, "DriverEntry");
+    let first = pnp::add_device(0).expect("the filter attaches to HCA 0");
+    let second = pnp::add_device(1).expect("the filter attaches to HCA 1");
+    assert_eq!(pnp::start(first), 0);
+    assert_eq!(pnp::start(second), 0);
+    let file = open(Open::user(Token::ADMIN));
+    let side = Binding(file);
+    assert_eq!(served(file), (2, 3));
+    // CONNECT names the host's port number: the first HCA's ports are 1 and 2, the
+    // second's port 1 is the host's 3 (assigned in the order the HCAs bound).
+    let mut other = second_hca().ports[0].clone();
+    other.port_num = 3;
+    connection(&side, &port(1, 0x10), &side, &other);
+    pnp::remove(first);
+    assert_eq!(served(file), (1, 1), "the second HCA is still served");
+    connection(&side, &other, &side, &other);
+    io::close(file);
+    shutdown(second);
+}
+
+/// A `\\.\ibcm` handle kept open while the only HCA is disabled and enabled again: the new
+/// control device takes opens at once (the stale one's name and link are gone), the
+/// stale handle still completes what it sends, and closing it frees the old host only.
+pub fn stale_handle_across_disable_enable() {
+    let device = boot(&[]);
+    let stale = open(Open::user(Token::USER));
+    let handle = create(stale).expect("an endpoint");
+    pnp::remove(device);
+    let device = pnp::add_device(0).expect("the filter attaches again");
+    assert_eq!(pnp::start(device), 0);
+    let fresh = io::open(LINK, Open::user(Token::USER))
+        .expect("a new handle reaches the new control device while the stale one is open");
+    assert_eq!(version(fresh), status::SUCCESS);
+    let (s, _) = complete(io::ioctl(
+        stale,
+        code::DESTROY,
+        handle_in(handle).as_bytes(),
+        0,
+    ));
+    assert_ne!(s, status::PENDING, "the stale handle's IOCTL completes");
+    io::close(stale);
+    assert_eq!(served(fresh), (1, 2), "the new host serves the HCA");
+    let side = Binding(fresh);
+    connection(&side, &port(1, 0x10), &side, &port(2, 0x11));
+    io::close(fresh);
+    shutdown(device);
+}
+
+/// An HCA that starts while the last filter's cleanup waits for a kernel client to drop
+/// its `iba_cm` reference: once the teardown ends, the new HCA is bound and served.
+pub fn hca_starting_during_last_teardown() {
+    let device = boot(&[]);
+    let size = size_of::<ibcm_iba_cm::abi::InfinibandInterfaceCm>() as u16;
+    let (st, client) = query_cm_interface(device, size);
+    assert_eq!(st, 0, "a kernel client holds ibcm's CM");
+    let removal = std::thread::spawn(move || pnp::remove(device));
+    // The removal's teardown is waiting for the client's reference.
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(!removal.is_finished(), "the teardown waits for the client");
+    let next = pnp::add_device(0).expect("the filter attaches");
+    assert_eq!(pnp::start(next), 0);
+    let release = client
+        .interface_header
+        .interface_dereference
+        .expect("a dereference routine");
+    // SAFETY: the interface's own context, released once as the client does.
+    unsafe { release(client.interface_header.context) };
+    removal.join().expect("the removal ends");
+    let file = open(Open::user(Token::USER));
+    assert_eq!(
+        served(file),
+        (1, 2),
+        "the HCA that started meanwhile is bound"
+    );
+    io::close(file);
+    shutdown(next);
+}
