@@ -802,6 +802,46 @@ fn port_down_is_bounded() {
     drop(idle);
 }
 
+/// One `remove_port_from` call looks at [`PORT_SCAN_SLOTS`] slots at most, as
+/// `port_down` (the removal runs at every D0Exit, under the dispatch layer's spinlock): a
+/// connection past the first slice hears nothing until the walk reaches it, then exactly
+/// one DeviceRemoval; `None` (the CA is gone) walks every port the same way.
+#[test]
+fn remove_port_is_bounded() {
+    let mut p = Pair::new(18);
+    let idle: Vec<CepId> = (0..2 * PORT_SCAN_SLOTS)
+        .map(|_| p.a.create().unwrap())
+        .collect();
+    let (a, _) = p.establish(SID);
+    p.drive();
+    let told = p.events(Side::A).len();
+    let mut from = 0;
+    let mut calls = 0;
+    while let Some(next) = p.a.remove_port_from(Some(PORT), from) {
+        assert!(
+            next > from && next - from <= PORT_SCAN_SLOTS,
+            "{from} -> {next}"
+        );
+        if next <= 2 * PORT_SCAN_SLOTS {
+            assert_eq!(p.a.state(a), Ok(StateName::Established), "not reached yet");
+        }
+        from = next;
+        calls += 1;
+    }
+    assert!(calls >= 2, "{calls}");
+    p.flush();
+    assert_eq!(events_since(&p, Side::A, told, a), [Event::DeviceRemoval]);
+    // Every port: the walk is as bounded, and a CEP already removed is not told again.
+    let mut from = 0;
+    while let Some(next) = p.a.remove_port_from(None, from) {
+        assert!(next - from <= PORT_SCAN_SLOTS);
+        from = next;
+    }
+    p.flush();
+    assert_eq!(events_since(&p, Side::A, told, a), [Event::DeviceRemoval]);
+    drop(idle);
+}
+
 /// A port removed while down and added again under its number starts up: AL reports the
 /// new port's state right after IB_PNP_PORT_ADD (ib_al.h, `IB_PNP_PORT_ADD`), and until
 /// then nothing may be refused for the old port's state.

@@ -547,9 +547,14 @@ impl<P: Platform> Device<P> {
     /// One port is gone: the engine reports DEVICE_REMOVAL on every CEP bound to it
     /// (user endpoints through their GET_EVENT queues, kernel clients through their
     /// callbacks), stops their timers and sends nothing more for them; the device and its
-    /// other ports keep working.
+    /// other ports keep working. The engine walks its slab in bounded slices, each under
+    /// the lock once, as [`Device::port_down`] does: an HCA's D0Exit (every sleep) runs
+    /// this per port.
     pub fn remove_port(&self, port: u8) {
-        self.run(|i| i.cm.remove_port(port));
+        let mut from = Some(0);
+        while let Some(at) = from {
+            from = self.run(|i| i.cm.remove_port_from(Some(port), at));
+        }
     }
 
     /// The port left the Active state (IBAL's `IB_PNP_PORT_DOWN`): nothing ends now
@@ -588,13 +593,15 @@ impl<P: Platform> Device<P> {
     /// STATUS_DEVICE_REMOVED. Later IOCTLs fail with STATUS_DEVICE_REMOVED; destroy and
     /// close still work and need no network.
     pub fn remove(&self) {
+        // The engine reports DEVICE_REMOVAL on every CEP bound to a port and forgets their
+        // timers, in bounded slices (each under the lock once); endpoints with no
+        // connection (idle, listening) get the record below, so each endpoint hears of
+        // the removal exactly once.
+        let mut from = Some(0);
+        while let Some(at) = from {
+            from = self.run(|i| i.cm.remove_port_from(None, at));
+        }
         self.run(|i| {
-            // The engine reports DEVICE_REMOVAL on every CEP bound to a port and forgets
-            // their timers; endpoints with no connection (idle, listening) get the record
-            // here, so each endpoint hears of the removal exactly once.
-            for port in 0..=u8::MAX {
-                i.cm.remove_port(port);
-            }
             i.drain();
             i.removed = true;
             i.remove_clients();

@@ -201,3 +201,25 @@ fn destroy_from_a_raised_callback_of_a_passive_delivery_is_deferred() {
     }
     fabric.run_for(60_000_000_000);
 }
+
+/// Identities inside callback-free downcalls past the room `reserve_clients` made (64):
+/// the list of them never grows under the lock (at DISPATCH_LEVEL a growth is an
+/// allocation that cannot fail gracefully); past the room they are counted instead.
+#[test]
+fn callback_free_downcalls_past_the_reserved_room_grow_nothing() {
+    let fabric = Fabric::new(2, 1);
+    let d = &fabric.nodes[0].device;
+    d.reserve_clients(8, 2, 4, 4).unwrap();
+    let before = d.memory().clients;
+    fn nest(d: &Device<HostPlatform>, depth: usize) {
+        if depth > 0 {
+            d.without_client_callbacks(|| nest(d, depth - 1));
+        }
+    }
+    nest(d, 100);
+    assert_eq!(
+        d.memory().clients,
+        before,
+        "the list of delivering identities grew under the lock"
+    );
+}

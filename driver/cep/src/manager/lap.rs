@@ -263,46 +263,76 @@ impl CmManager {
     /// The port went away (HCA or port removal): every CEP on it gets
     /// [`Event::DeviceRemoval`], its timers stop and nothing more is sent for it; its
     /// destroy needs no network. Listens bound to the port are removed too, and so are
-    /// the port's GIDs and LIDs if [`Self::set_port`] told them.
+    /// the port's GIDs and LIDs if [`Self::set_port`] told them. The whole walk at once:
+    /// [`Self::remove_port_from`] is the bounded form a DISPATCH_LEVEL caller uses.
     pub fn remove_port(&mut self, port: u8) {
-        self.forget_port_address(port);
-        // A port added again under this number starts up (AL reports its state right
-        // after IB_PNP_PORT_ADD, ib_al.h).
-        self.down.set(port, false);
-        let hit: alloc::vec::Vec<CepId> = self
-            .slots
-            .iter()
-            .enumerate()
-            .filter_map(|(i, s)| {
+        let mut from = Some(0);
+        while let Some(at) = from {
+            from = self.remove_port_from(Some(port), at);
+        }
+    }
+
+    /// [`Self::remove_port`] in slices, as [`Self::port_down`] is, for `port` or (None)
+    /// every port (the CA is gone): one call looks at [`super::PORT_SCAN_SLOTS`] slots
+    /// from slab index `from` (0 the first time, which also forgets the port's address
+    /// and its down state) and returns where to go on (None: all seen). It collects nothing, so it allocates nothing for the walk (the
+    /// removal holds the dispatch layer's spinlock at DISPATCH_LEVEL: one hold per call).
+    /// A CEP bound to the port between two calls, behind the walk, is not ended here:
+    /// its sends go nowhere (the caller unpublished the port first) and it ends by its
+    /// own timers.
+    #[must_use]
+    pub fn remove_port_from(&mut self, port: Option<u8>, from: usize) -> Option<usize> {
+        if from == 0 {
+            for p in port.map_or(0..=u8::MAX, |p| p..=p) {
+                self.forget_port_address(p);
+                // A port added again under this number starts up (AL reports its state
+                // right after IB_PNP_PORT_ADD, ib_al.h).
+                self.down.set(p, false);
+            }
+        }
+        let on_port = |p: u8| port.is_none_or(|port| port == p);
+        let end = from
+            .saturating_add(super::PORT_SCAN_SLOTS)
+            .min(self.slots.len());
+        for index in from..end {
+            let hit = self.slots.get(index).and_then(|s| {
                 let c = s.cep.as_ref()?;
-                let id = CepId::new(i as u32, s.generation);
+                let id = self.id_at(index, s);
                 let listen_on_port = c.state == State::Listen
                     && self
                         .listens
                         .get(id)
-                        .is_some_and(|l| l.params.port == Some(port));
+                        .and_then(|l| l.params.port)
+                        .is_some_and(on_port);
                 let bound = c.state != State::Listen
                     && c.state != State::Idle
                     && c.state != State::Removed
-                    && c.dest.port == port;
+                    && on_port(c.dest.port);
                 (bound || listen_on_port).then_some(id)
-            })
-            .collect();
-        for id in hit {
-            if let Some(c) = self.cep_mut(id) {
-                c.owes_dreq = false;
+            });
+            if let Some(id) = hit {
+                self.end_on_removed_port(id);
             }
-            self.cancel_timer(id);
-            self.forget_peer(id);
-            self.forget_sidr(id);
-            self.leave_backlog(id);
-            self.listens.remove(id);
-            self.set_state(id, State::Removed);
-            if self.cep_any(id).is_some_and(|c| c.detached) {
-                self.release(id);
-            } else {
-                self.emit(id, Event::DeviceRemoval);
-            }
+        }
+        (end < self.slots.len()).then_some(end)
+    }
+
+    /// One CEP of a removed port: its timers, peer entry, SIDR and backlog places go, and
+    /// it hears [`Event::DeviceRemoval`] (a detached one, with no owner to tell, is freed).
+    fn end_on_removed_port(&mut self, id: CepId) {
+        if let Some(c) = self.cep_mut(id) {
+            c.owes_dreq = false;
+        }
+        self.cancel_timer(id);
+        self.forget_peer(id);
+        self.forget_sidr(id);
+        self.leave_backlog(id);
+        self.listens.remove(id);
+        self.set_state(id, State::Removed);
+        if self.cep_any(id).is_some_and(|c| c.detached) {
+            self.release(id);
+        } else {
+            self.emit(id, Event::DeviceRemoval);
         }
     }
 }

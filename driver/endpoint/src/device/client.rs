@@ -84,8 +84,12 @@ pub(crate) struct Clients<P: Platform> {
     /// Endpoints that received events since the last delivery pass.
     pub ready: Vec<u64>,
     /// Threads inside a callback: a downcall made from a callback delivers nothing
-    /// itself (no nesting); the thread's outer delivery loop picks the events up.
+    /// itself (no nesting); the thread's outer delivery loop picks the events up. Never
+    /// grown under the lock ([`Clients::enter_delivery`]).
     delivering_threads: Vec<u64>,
+    /// Identities inside a callback or a callback-free downcall that found no room in
+    /// `delivering_threads`: while any is, no delivery starts anywhere.
+    unrecorded: usize,
     /// Event queues built ahead (at PASSIVE_LEVEL) for endpoints that REQs create at
     /// DISPATCH_LEVEL, so the receive path allocates nothing.
     spares: Vec<VecDeque<ClientEvent>>,
@@ -112,6 +116,36 @@ impl<P: Platform> ClientEp<P> {
 }
 
 impl<P: Platform> Clients<P> {
+    /// Records `me` as inside a callback or a callback-free downcall (under the lock, at
+    /// up to DISPATCH_LEVEL: nothing is allocated). Past the room `reserve_clients` made,
+    /// the identity is only counted, and while any such is, no delivery starts on any
+    /// thread: a callback never runs where it must not, it waits for the next delivery.
+    /// Whether `me` was recorded, for [`Self::leave_delivery`].
+    fn enter_delivery(&mut self, me: u64) -> bool {
+        if self.delivering_threads.len() < self.delivering_threads.capacity() {
+            self.delivering_threads.push(me);
+            true
+        } else {
+            self.unrecorded += 1;
+            false
+        }
+    }
+
+    /// Undoes [`Self::enter_delivery`].
+    fn leave_delivery(&mut self, me: u64, recorded: bool) {
+        if !recorded {
+            self.unrecorded = self.unrecorded.saturating_sub(1);
+        } else if let Some(pos) = self.delivering_threads.iter().position(|t| *t == me) {
+            self.delivering_threads.swap_remove(pos);
+        }
+    }
+
+    /// Whether `me` may not start a delivery: it is inside one (or a callback-free
+    /// downcall), or an identity that could not be recorded is.
+    fn delivery_blocked(&self, me: u64) -> bool {
+        self.unrecorded > 0 || self.delivering_threads.contains(&me)
+    }
+
     /// Heap bytes of the queues built ahead, and of the lists of threads and spares.
     pub(super) fn spare_bytes(&self) -> usize {
         self.spares
@@ -132,6 +166,7 @@ impl<P: Platform> Clients<P> {
             table: Table::new(),
             ready: Vec::new(),
             delivering_threads: Vec::new(),
+            unrecorded: 0,
             spares: Vec::new(),
             fixed: false,
             fixed_backlog: 0,
@@ -416,7 +451,7 @@ impl<P: Platform> Device<P> {
         self.run(|i| {
             // From a callback (the receive path: DISPATCH_LEVEL) grow nothing; the spare
             // queue this request used comes back when an endpoint is destroyed.
-            if !i.clients.fixed && !i.clients.delivering_threads.contains(&me) {
+            if !i.clients.fixed && !i.clients.delivery_blocked(me) {
                 let backlog = i
                     .clients
                     .table
@@ -716,16 +751,9 @@ impl<P: Platform> Device<P> {
     /// [`client_callbacks_pending`](Self::client_callbacks_pending) says whether any do.
     pub fn without_client_callbacks<T>(&self, f: impl FnOnce() -> T) -> T {
         let me = self.platform.current_thread();
-        self.inner.with(|i| {
-            // Room for 64 threads was made by `reserve_clients`.
-            i.clients.delivering_threads.push(me);
-        });
+        let recorded = self.inner.with(|i| i.clients.enter_delivery(me));
         let value = f();
-        self.inner.with(|i| {
-            if let Some(pos) = i.clients.delivering_threads.iter().position(|t| *t == me) {
-                i.clients.delivering_threads.swap_remove(pos);
-            }
-        });
+        self.inner.with(|i| i.clients.leave_delivery(me, recorded));
         value
     }
 
@@ -743,16 +771,12 @@ impl<P: Platform> Device<P> {
             let ep = i.clients.table.get_mut(id.0)?;
             let was = ep.delivering.filter(|t| *t != me)?;
             ep.delivering = Some(me);
-            // Room for 64 identities was made by `reserve_clients`.
-            i.clients.delivering_threads.push(me);
-            Some(was)
+            Some((was, i.clients.enter_delivery(me)))
         });
         let value = f();
-        if let Some(was) = was {
+        if let Some((was, recorded)) = was {
             self.inner.with(|i| {
-                if let Some(pos) = i.clients.delivering_threads.iter().position(|t| *t == me) {
-                    i.clients.delivering_threads.swap_remove(pos);
-                }
+                i.clients.leave_delivery(me, recorded);
                 if let Some(ep) = i.clients.table.get_mut(id.0)
                     && ep.delivering == Some(me)
                 {
@@ -780,7 +804,11 @@ impl<P: Platform> Device<P> {
         loop {
             // Claim one endpoint with an event to deliver.
             let claim = self.inner.with(|i| {
-                if i.clients.delivering_threads.contains(&me) {
+                if i.clients.delivery_blocked(me)
+                    || i.clients.delivering_threads.len() == i.clients.delivering_threads.capacity()
+                {
+                    // Inside a delivery, or no room to record this one (nothing grows
+                    // under the lock): the events stay ready for the next delivery.
                     return None;
                 }
                 while let Some(h) = i.clients.ready.pop() {
@@ -832,9 +860,7 @@ impl<P: Platform> Device<P> {
             }
             // A destroy asked for from inside the callback, or by its return value.
             let destroy = self.inner.with(|i| {
-                if let Some(pos) = i.clients.delivering_threads.iter().position(|t| *t == me) {
-                    i.clients.delivering_threads.swap_remove(pos);
-                }
+                i.clients.leave_delivery(me, true);
                 i.clients
                     .table
                     .get(h)
