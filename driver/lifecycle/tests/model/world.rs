@@ -180,23 +180,27 @@ impl World {
         }
     }
 
-    /// `ibal::bind`: no control device, no binding; `WdfFdoQueryForInterface` succeeds only
-    /// while ibbus has the CA registered (`__query_al_ifc` answers from the registered CA).
+    /// `ibal::bind`: no control device, no binding. `WdfFdoQueryForInterface` succeeds and
+    /// takes a reference on ibbus's interface whether or not the CA is registered
+    /// (`__query_al_ifc`, bus_pnp.c:1211-1250): a bind before the registration holds
+    /// ibbus as a bound HCA does (the AL handle, its CA, PD and PnP registration) but gets
+    /// no port, and is a violation (D0Entry comes after the D0 IRP completed below).
     fn bind(&mut self, hca: usize) {
         if self.control != Control::Live {
             return;
         }
         let stack = &mut self.stacks[hca];
+        stack.ibbus.ibcm_refs += 1;
+        stack.interface_held = true;
+        stack.al_open = true;
         if !stack.ibbus.ca_registered {
+            stack.ibbus.ibcm_al_objects += 3;
             self.violations
                 .push(format!("HCA {hca}: bound while its CA is not registered"));
             return;
         }
-        stack.ibbus.ibcm_refs += 1;
-        stack.interface_held = true;
         // AL handle's CA, PD, PnP registration, per port an alias and a MAD service.
         stack.ibbus.ibcm_al_objects += 3 + 2 * u32::from(PORTS);
-        stack.al_open = true;
         stack.published = true;
         stack.steering = stack.hook_slot.is_some();
         stack.in_verdict = true;
