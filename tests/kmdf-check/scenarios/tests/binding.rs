@@ -9,6 +9,7 @@
 //! scenarios whose name contains NAME; `IBCM_SIM_DBGPRINT=1` prints the driver's DbgPrint.
 
 mod bad_driver;
+mod kernel_clients;
 mod pnp_power;
 
 use std::process::Command;
@@ -24,6 +25,7 @@ use ibcm_ntos::al::{self, CaConfig, PortConfig};
 use ibcm_ntos::io::{self, Open};
 use ibcm_ntos::security::{GENERIC_READ, Token};
 use ibcm_ntos::{pnp, registry, thread};
+use kernel_clients::*;
 use pnp_power::*;
 use zerocopy::{FromBytes, FromZeros, IntoBytes};
 
@@ -1212,6 +1214,8 @@ const SCENARIOS: &[Scenario] = scenarios![
     two_hcas,
     stale_handle_across_disable_enable,
     hca_starting_during_last_teardown,
+    winverbs_through_the_binding,
+    ndfltr_through_the_binding,
     cm_interface_reference_kept_blocks_removal => "WAIT_NEVER_RETURNS",
     verifier_spin_lock_recursive => "SPIN_LOCK_RECURSIVE",
     verifier_spin_lock_release_irql => "SPIN_LOCK_RELEASE_IRQL",
