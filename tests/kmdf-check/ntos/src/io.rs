@@ -46,6 +46,8 @@ pub struct FileInfo {
     /// Requests of this file not completed (each keeps the file object referenced, so
     /// IRP_MJ_CLOSE comes after the last).
     pub outstanding: usize,
+    /// Bound to the completion port ([`bind_completion_port`]).
+    pub port_bound: bool,
 }
 
 #[derive(Default)]
@@ -57,6 +59,8 @@ pub struct Io {
     pub error_log: Vec<(NTSTATUS, Vec<String>)>,
     pub error_log_entries: HashMap<usize, Vec<u8>>,
     pub pnp_irps: PnpIrps,
+    /// The completion port: requests of bound files, completed, in completion order.
+    pub port: std::collections::VecDeque<usize>,
 }
 
 /// Who opens, and how.
@@ -216,6 +220,7 @@ pub fn open(name: &str, who: Open) -> Result<usize, NTSTATUS> {
             FileInfo {
                 device,
                 outstanding: 0,
+                port_bound: false,
             },
         );
         file
@@ -779,4 +784,33 @@ pub fn device_security(name: &str) -> Option<(Option<String>, u32, bool)> {
         d.init.characteristics,
         d.init.exclusive,
     ))
+}
+
+/// Binds `file` to the simulation's completion port (`CreateIoCompletionPort` on an
+/// overlapped handle): each of its requests, once completed, is queued for
+/// [`dequeue_completion`] and leaves the simulation's books there.
+pub fn bind_completion_port(file: usize) {
+    if let Some(f) = state::lock().io.files.get_mut(&file) {
+        f.port_bound = true;
+    }
+}
+
+/// `GetQueuedCompletionStatus`: the next completed request of a bound file, its status
+/// and output, waiting up to `limit`.
+pub fn dequeue_completion(limit: Duration) -> Option<(usize, NTSTATUS, Vec<u8>)> {
+    let what = || "a completion packet".to_string();
+    let guard = state::lock();
+    let (mut guard, queued) =
+        state::wait_until(guard, Some(limit), &what, |s| !s.io.port.is_empty());
+    if !queued {
+        return None;
+    }
+    let request = guard.io.port.pop_front()?;
+    let (status, output) = guard
+        .io
+        .requests
+        .remove(&request)
+        .and_then(|r| r.result)
+        .unwrap_or((STATUS_CANCELLED, Vec::new()));
+    Some((request, status, output))
 }

@@ -83,6 +83,9 @@ pub unsafe extern "C" fn WdfRequestCompleteWithInformation(
     let file = guard.io.requests.get(&handle).map_or(0, |r| r.file);
     if let Some(f) = guard.io.files.get_mut(&file) {
         f.outstanding = f.outstanding.saturating_sub(1);
+        if f.port_bound {
+            guard.io.port.push_back(handle);
+        }
     }
     guard.objects.begin_delete(handle);
     drop(guard);

@@ -11,6 +11,7 @@
 mod bad_driver;
 mod kernel_clients;
 mod pnp_power;
+mod user_library;
 
 use std::process::Command;
 use std::time::{Duration, Instant};
@@ -27,6 +28,7 @@ use ibcm_ntos::security::{GENERIC_READ, Token};
 use ibcm_ntos::{pnp, registry, thread};
 use kernel_clients::*;
 use pnp_power::*;
+use user_library::*;
 use zerocopy::{FromBytes, FromZeros, IntoBytes};
 
 #[global_allocator]
@@ -1216,6 +1218,7 @@ const SCENARIOS: &[Scenario] = scenarios![
     hca_starting_during_last_teardown,
     winverbs_through_the_binding,
     ndfltr_through_the_binding,
+    cmtime_with_a_host_peer,
     cm_interface_reference_kept_blocks_removal => "WAIT_NEVER_RETURNS",
     verifier_spin_lock_recursive => "SPIN_LOCK_RECURSIVE",
     verifier_spin_lock_release_irql => "SPIN_LOCK_RELEASE_IRQL",
@@ -1284,6 +1287,10 @@ fn main() {
                 "scenario {name}{how} ... ok ({:.1} s)",
                 t.elapsed().as_secs_f64()
             );
+            // What a scenario reports (figures) is on its stdout.
+            for line in String::from_utf8_lossy(&output.stdout).lines() {
+                println!("    {line}");
+            }
         } else {
             failed += 1;
             println!(
