@@ -473,7 +473,7 @@ fn caller_of(request: WDFREQUEST) -> Caller {
     // IRP_MJ_CREATE dispatch with the IRP as it arrived (fxpkggeneral.cpp:1164-1173, 1301;
     // it copies the stack location only on paths that pass the create down, :1391), so
     // the current location is this device's.
-    let stack = unsafe { crate::filter::current_stack_location(irp) };
+    let stack = unsafe { crate::irp::current_stack_location(irp) };
     if stack.is_null() {
         return Caller::User;
     }

@@ -56,6 +56,7 @@ mod event_log;
 mod filter;
 mod host;
 mod ibal;
+mod irp;
 mod parameters;
 mod platform;
 mod status;
