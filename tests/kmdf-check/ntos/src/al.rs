@@ -287,6 +287,12 @@ pub struct Al {
     /// reported to a PnP registration. ibbus still answers the interface query for them
     /// and takes its reference (bus_pnp.c:1211-1250).
     deregistered: std::collections::HashSet<usize>,
+    /// CAs whose hardware is gone (surprise removal of a card): a send posted on them is
+    /// never completed by the HCA; it completes (flushed) only when ibbus deregisters the
+    /// CA and QP1 is destroyed.
+    hardware_gone: std::collections::HashSet<usize>,
+    /// Those sends: (CA, element, MAD service).
+    stuck: Vec<(usize, usize, usize, SendSvc)>,
 }
 
 // SAFETY: the raw pointers are the driver's contexts and the simulation's own boxes,
@@ -321,13 +327,36 @@ pub fn deregister_ca(index: usize, why: &str) {
             ),
         );
     }
-    state::lock().al.deregistered.insert(index);
+    let stuck = {
+        let mut guard = state::lock();
+        guard.al.deregistered.insert(index);
+        let (flushed, kept) = std::mem::take(&mut guard.al.stuck)
+            .into_iter()
+            .partition(|(ca, ..)| *ca == index);
+        guard.al.stuck = kept;
+        flushed
+    };
+    for (_, element, svc, sender) in stuck {
+        complete_send(element, svc, sender);
+    }
+}
+
+/// The HCA behind CA `index` stops (a card pulled, a device failure): what it was sent is
+/// never completed (`deregister_ca` flushes it).
+pub fn hardware_gone(index: usize) {
+    state::lock().al.hardware_gone.insert(index);
 }
 
 /// ibbus registers CA `index` again (`fdo_start`, power-up: `__register_ca`).
 pub fn register_ca(index: usize) {
-    state::lock().al.deregistered.remove(&index);
+    let mut guard = state::lock();
+    guard.al.deregistered.remove(&index);
+    guard.al.hardware_gone.remove(&index);
 }
+
+/// AL's timeout for a synchronous destroy (al_common.c `sync_destroy_obj`), shortened:
+/// what matters is that it ends in a forced destruction.
+const AL_DESTROY_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// References held on CA `index`'s interface.
 pub fn references(index: usize) -> i64 {
@@ -697,9 +726,32 @@ unsafe extern "C" fn close_al(h_al: Handle) -> i32 {
     let what = || "AL's completions to drain before ib_close_al returns".to_string();
     // ... and what is running, and the destroy callbacks of QPs destroyed before: AL's
     // synchronous destroy waits for every reference (al_common.c:543-600).
-    let (mut guard, _) = state::wait_until(guard, None, &what, |s| {
+    let (guard, _) = state::wait_until(guard, None, &what, |s| {
         s.sched.dispatch.is_empty() && s.sched.calls_running == 0 && s.al.destroys_pending == 0
     });
+    // A send in flight holds a reference on its MAD service: the synchronous destroy
+    // waits for it, up to AL's timeout, then forces the destruction.
+    let mine = guard
+        .al
+        .instances
+        .get(&(h_al as usize))
+        .cloned()
+        .unwrap_or_default();
+    let what = || "the instance's sends in flight before ib_close_al destroys it".to_string();
+    let (guard_after, drained) = state::wait_until(guard, Some(AL_DESTROY_TIMEOUT), &what, |s| {
+        !s.al.stuck.iter().any(|(_, _, svc, _)| mine.contains(svc))
+    });
+    if !drained {
+        let stuck = guard_after.al.stuck.len();
+        drop(guard_after);
+        bugcheck(
+            Rule::AlForcedDestroy,
+            format_args!(
+                "ib_close_al with {stuck} send(s) in flight on a CA whose hardware is gone: they complete only when ibbus deregisters the CA, which waits for this filter's interface reference; AL forces the destruction after its timeout"
+            ),
+        );
+    }
+    let mut guard = guard_after;
     let qps = guard
         .al
         .instances
@@ -818,6 +870,7 @@ unsafe extern "C" fn send_mad(
     };
     let from = service.port_lid;
     let sender = service.svc;
+    let ca = service.ca;
     let element_ptr = p as usize;
     let Some(element) = guard.al.elements.get_mut(&element_ptr) else {
         unreachable!("checked above")
@@ -825,6 +878,14 @@ unsafe extern "C" fn send_mad(
     element.in_flight = true;
     let to = u16::from_be(element.block.0.remote_lid);
     let mad = element.block.1.to_vec();
+    let svc_handle = h_mad_svc as usize;
+    if guard.al.hardware_gone.contains(&ca) {
+        guard
+            .al
+            .stuck
+            .push((ca, element_ptr, svc_handle, SendSvc(sender)));
+        return IB_SUCCESS;
+    }
     let target = guard
         .al
         .services
@@ -839,11 +900,17 @@ unsafe extern "C" fn send_mad(
         });
     }
     drop(guard);
-    let svc_handle = h_mad_svc as usize;
-    let sender = SendSvc(sender);
+    complete_send(element_ptr, svc_handle, SendSvc(sender));
+    if let Some((h, svc, _)) = target {
+        deliver(h, svc, from, &mad);
+    }
+    IB_SUCCESS
+}
+
+/// A send's completion on the processor thread: the element is the driver's again.
+fn complete_send(element_ptr: usize, svc_handle: usize, sender: SendSvc) {
     run_at_dispatch(move || {
         let sender = sender.get();
-        // The send completed: the element is the driver's again.
         if let Some(e) = state::lock().al.elements.get_mut(&element_ptr) {
             e.in_flight = false;
         }
@@ -860,10 +927,6 @@ unsafe extern "C" fn send_mad(
             });
         }
     });
-    if let Some((h, svc, _)) = target {
-        deliver(h, svc, from, &mad);
-    }
-    IB_SUCCESS
 }
 
 /// A received MAD for the service `h` (on the processor thread).

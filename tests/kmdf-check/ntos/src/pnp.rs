@@ -171,6 +171,12 @@ pub fn surprise_remove(device: usize) {
     crate::al::deregister_ca(ca_of(device), "surprise removal");
 }
 
+/// The HCA's hardware stops (a card pulled, a device failure) before its surprise
+/// removal: the CA completes nothing it is sent until ibbus deregisters it.
+pub fn hardware_gone(device: usize) {
+    crate::al::hardware_gone(ca_of(device));
+}
+
 /// Removal (orderly, or the remove IRP after a surprise removal): EvtDeviceD0Exit to
 /// D3Final if the device is in D0, the IRP down to ibbus (which waits for every
 /// reference on its interfaces before it deregisters the CA), then the device's deletion

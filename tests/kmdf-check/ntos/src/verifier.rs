@@ -66,6 +66,10 @@ pub enum Rule {
     SubjectContext,
     /// A MAD element used against AL's rules (returned twice, leaked at close).
     MadElement,
+    /// `ib_close_al` found sends of the instance still in flight when AL's destroy timeout
+    /// ran out: AL forces the destruction, and their completions come later, on
+    /// destroyed objects.
+    AlForcedDestroy,
     /// ibcm's own rule (design.md, "Concurrency and IRQL"): never complete a request or
     /// call a client while holding a lock.
     CompleteUnderLock,
@@ -105,6 +109,7 @@ impl Rule {
             Rule::WaitLock => "WAIT_LOCK",
             Rule::SubjectContext => "SUBJECT_CONTEXT",
             Rule::MadElement => "MAD_ELEMENT",
+            Rule::AlForcedDestroy => "AL_FORCED_DESTROY",
             Rule::CompleteUnderLock => "COMPLETE_UNDER_LOCK",
             Rule::Simulation => "SIMULATION",
         }

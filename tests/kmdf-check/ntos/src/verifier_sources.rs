@@ -86,6 +86,9 @@ pub fn source(rule: Rule) -> &'static str {
         Rule::MadElement => {
             "WinOF AL ib_get_mad / ib_put_mad / ib_send_mad (ib_al.h): an element is the caller's from get (or a receive callback) until it is put back or sent, exactly once"
         }
+        Rule::AlForcedDestroy => {
+            "WinOF AL sync_destroy_obj (core/al/al_common.c): waits for the object's references with a timeout, then 'Forcing object destruction' (ref_cnt = 0); a send in flight holds a reference on its MAD service (al_mad.c)"
+        }
         Rule::CompleteUnderLock => {
             "IofCompleteRequest function (wdm.h): 'Never call IoCompleteRequest while holding a spin lock'; design.md 'Data flow'"
         }

@@ -1220,6 +1220,7 @@ const SCENARIOS: &[Scenario] = scenarios![
     ndfltr_through_the_binding,
     cmtime_with_a_host_peer,
     cm_interface_reference_kept_blocks_removal => "WAIT_NEVER_RETURNS",
+    surprise_removal_with_a_send_in_flight => "AL_FORCED_DESTROY",
     verifier_spin_lock_recursive => "SPIN_LOCK_RECURSIVE",
     verifier_spin_lock_release_irql => "SPIN_LOCK_RELEASE_IRQL",
     verifier_wait_at_dispatch => "WAIT_AT_DISPATCH",

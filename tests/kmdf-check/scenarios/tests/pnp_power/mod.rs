@@ -223,3 +223,24 @@ pub fn hca_starting_during_last_teardown() {
     io::close(file);
     shutdown(next);
 }
+
+/// Surprise removal of an HCA whose hardware stopped with a CM MAD in flight (the REQ
+/// posted after it stopped is never completed by the HCA): EvtDeviceSurpriseRemoval's
+/// `ib_close_al` waits for the send, which completes only when ibbus deregisters the CA,
+/// which ibbus does only after this filter released its interface reference
+/// (bus_pnp.c:896, 911), after `ib_close_al`. AL's synchronous destroy ends the wait with
+/// its timeout and forces the destruction (al_common.c `sync_destroy_obj`). ibcm cannot
+/// order this away: the reference must go before the IRP reaches ibbus, AL must be
+/// closed before the reference goes, and `ib_cancel_mad` leaves a posted send alone until
+/// its work completion (al_mad.c `__check_send_queue`: an active send, `retry_time ==
+/// MAX_TIME`, is skipped). The scenario expects that stop (docs/reliability.md).
+pub fn surprise_removal_with_a_send_in_flight() {
+    let device = boot(&[]);
+    let file = open(Open::user(Token::USER));
+    let side = Binding(file);
+    pnp::hardware_gone(device);
+    let _wait = connecting(&side);
+    pnp::surprise_remove(device);
+    io::close(file);
+    shutdown(device);
+}
