@@ -316,7 +316,9 @@ pub fn take_sent() -> Vec<Wire> {
 
 /// ibbus deregisters CA `index` (`__device_power_down_workItem`, `fdo_stop`,
 /// `fdo_query_remove`/`fdo_remove`): it first waits for every reference on its interfaces
-/// (bus_pnp.c:790-829); one the filter keeps is a wait that never ends.
+/// (bus_pnp.c:790-829); one the filter keeps is a wait that never ends. Then
+/// `ib_deregister_ca` destroys what is left on the CA: a QP1 alias of the filter's still
+/// open is destroyed by force (the lifecycle model's `forced`).
 pub fn deregister_ca(index: usize, why: &str) {
     let held = references(index);
     if held != 0 {
@@ -324,6 +326,20 @@ pub fn deregister_ca(index: usize, why: &str) {
             Rule::WaitNeverReturns,
             format_args!(
                 "ibbus waits at the {why} of CA {index} for {held} AL interface reference(s) the filter keeps (bus_pnp.c:790-829)"
+            ),
+        );
+    }
+    let open = state::lock()
+        .al
+        .services
+        .values()
+        .filter(|s| s.ca == index && !s.destroyed)
+        .count();
+    if open > 0 {
+        bugcheck(
+            Rule::AlForcedDestroy,
+            format_args!(
+                "ibbus deregisters CA {index} with {open} QP1 alias(es) of the filter's still open: ib_deregister_ca destroys them by force (al_common.c sync_destroy_obj)"
             ),
         );
     }
