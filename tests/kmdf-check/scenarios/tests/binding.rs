@@ -1218,6 +1218,7 @@ const SCENARIOS: &[Scenario] = scenarios![
     hca_starting_during_last_teardown,
     winverbs_through_the_binding,
     ndfltr_through_the_binding,
+    kernel_clients_with_a_peer_node,
     cmtime_with_a_host_peer,
     cm_interface_reference_kept_blocks_removal => "WAIT_NEVER_RETURNS",
     surprise_removal_with_a_send_in_flight => "AL_FORCED_DESTROY",

@@ -9,6 +9,7 @@
 use std::ffi::c_void;
 use std::sync::Arc;
 
+use ibcm_host::verifier::{Ledger, at_dispatch, is_at_dispatch};
 use ibcm_iba_cm::abi::{
     IbPathRec, IbQpMod, IbQpRtr, IbQpRts, IbaCmReqEvent, InfinibandInterfaceCm, NtStatus,
 };
@@ -40,6 +41,20 @@ unsafe impl Send for Host {}
 // SAFETY: as above.
 unsafe impl Sync for Host {}
 
+extern "C" fn ledger_is_dispatch(_: *const c_void) -> i32 {
+    i32::from(is_at_dispatch())
+}
+
+extern "C" fn ledger_at_dispatch(
+    ledger: *const c_void,
+    f: extern "C" fn(*mut c_void),
+    arg: *mut c_void,
+) {
+    // SAFETY: the ledger `Host::on_ledger` was given, kept alive by the host.
+    let ledger = unsafe { &*ledger.cast::<Ledger>() };
+    at_dispatch(ledger, || f(arg));
+}
+
 extern "C" fn run_boxed(arg: *mut c_void) {
     // SAFETY: `Host::at_dispatch` passes its closure slot, live for the call.
     let f = unsafe { &mut *arg.cast::<Option<Box<dyn FnOnce() + '_>>>() };
@@ -67,6 +82,19 @@ impl Host {
             _context: context,
             ifc,
         }
+    }
+
+    /// A host over `ifc` on a driver/host node: its verifier ledger says what IRQL a
+    /// thread runs at, and `at_dispatch` raises through it.
+    pub fn on_ledger(ifc: *const InfinibandInterfaceCm, ledger: Arc<Ledger>) -> Self {
+        let ctx: *const c_void = Arc::as_ptr(&ledger).cast();
+        Self::from_hooks(
+            ifc,
+            ctx,
+            ledger_is_dispatch,
+            ledger_at_dispatch,
+            Box::new(ledger),
+        )
     }
 
     fn ptr(&self) -> *const ReplayHost {

@@ -9,40 +9,15 @@
 
 mod endpoints;
 
-use std::ffi::c_void;
 use std::sync::Arc;
-
-use ibcm_host::verifier::{Ledger, at_dispatch, is_at_dispatch};
 
 pub use endpoints::*;
 
 use super::harness::Side;
 
-extern "C" fn host_is_dispatch(_: *const c_void) -> i32 {
-    i32::from(is_at_dispatch())
-}
-
-extern "C" fn host_at_dispatch(
-    ledger: *const c_void,
-    f: extern "C" fn(*mut c_void),
-    arg: *mut c_void,
-) {
-    // SAFETY: the ledger of the side the endpoint was made on, kept alive by `Host`.
-    let ledger = unsafe { &*ledger.cast::<Ledger>() };
-    at_dispatch(ledger, || f(arg));
-}
-
 impl Host {
     /// A host on `side`: its `iba_cm` table, and its verifier ledger for the IRQL.
     pub fn new(side: &Side) -> Self {
-        let ledger = Arc::clone(&side.node.platform.ledger);
-        let ctx: *const c_void = Arc::as_ptr(&ledger).cast();
-        Self::from_hooks(
-            &raw const *side.ifc,
-            ctx,
-            host_is_dispatch,
-            host_at_dispatch,
-            Box::new(ledger),
-        )
+        Self::on_ledger(&raw const *side.ifc, Arc::clone(&side.node.platform.ledger))
     }
 }

@@ -3,8 +3,10 @@
 //! for `GUID_INFINIBAND_INTERFACE_CM` with IRP_MN_QUERY_INTERFACE from the top of the HCA's
 //! stack, as `WdfFdoQueryForInterface` does (wv_driver.c:554, nd_driver.cpp NdPowerD0Entry),
 //! and calls the table the binding answered with: their queue spin lock held (DISPATCH_LEVEL
-//! on the calling thread) where theirs is, the binding's callbacks from its DPCs. The two
-//! sides are the HCA's two ports; every MAD goes through AL's MAD service.
+//! on the calling thread) where theirs is, the binding's callbacks from its DPCs. The other
+//! side is the HCA's second port, or the same driver on a driver/host node's `iba_cm`
+//! (`peer_cm.rs`) across the simulated fabric; every MAD of the binding goes through AL's
+//! MAD service.
 
 use std::ffi::c_void;
 use std::sync::Arc;
@@ -15,8 +17,10 @@ use super::*;
 
 #[path = "../../../../../driver/iba-cm/ctest/tests/replay/endpoints.rs"]
 mod endpoints;
+mod peer_cm;
 
 use endpoints::{FakeQp, Host as Client, NdEp, NdParam, WvEp, WvParam, nd, wv};
+use peer_cm::PeerCm;
 
 const A_IP: [u8; 4] = [10, 0, 0, 1];
 const B_IP: [u8; 4] = [10, 0, 0, 2];
@@ -77,10 +81,9 @@ impl KernelClient {
     }
 }
 
-/// The path from the HCA's port 1 to its port 2 (what a provider's route resolution gives).
-fn path_1_to_2() -> IbPathRec {
+/// The path from `a` to `b` (what a provider's route resolution gives).
+fn path(a: &PortConfig, b: &PortConfig) -> IbPathRec {
     use ibcm_iba_cm::abi::{Be16, Be32};
-    let (a, b) = (port(1, 0x10), port(2, 0x11));
     IbPathRec {
         sgid: a.gid,
         dgid: b.gid,
@@ -95,14 +98,25 @@ fn path_1_to_2() -> IbPathRec {
     }
 }
 
-/// Waits (10 s at most) for `what` to hold: the binding works on its own threads.
-fn until(what: &str, cond: impl Fn() -> bool) {
+/// Waits (10 s at most) for `what` to hold, running `pump` (a peer CM's deferred
+/// deliveries) meanwhile: the binding works on its own threads.
+fn until(pump: &dyn Fn(), what: &str, cond: impl Fn() -> bool) {
     let deadline = Instant::now() + Duration::from_secs(10);
-    while !cond() {
+    loop {
+        pump();
+        if cond() {
+            return;
+        }
         assert!(Instant::now() < deadline, "waited 10 s for {what}");
         std::thread::sleep(Duration::from_millis(2));
     }
 }
+
+/// No peer CM to pump.
+fn nothing() {}
+
+/// The peer node (LID 0x20) facing the binding's port 1, with its own `iba_cm`.
+const PEER_CA_GUID: u64 = 0x0002_c903_00ab_0001;
 
 /// Every callback ran at DISPATCH_LEVEL (AL's contract, al_cm_cep.c) and none under the
 /// client's own queue lock.
@@ -117,24 +131,22 @@ fn clean(recursions: i32, seen_at_dispatch: Vec<u8>) {
     );
 }
 
-/// WinVerbs on both ports (winverbs.rs `winverbs_accept_moves_the_qp_to_rts_before_the_rep`
-/// through the binding): listen, connect, the passive accept moving its QP to INIT, RTR
-/// and RTS before the REP (wv_ep.c:816-871), the active accept and RTU (789-803), both
-/// QPs agreeing on PSNs and QPNs, then the disconnect both ways (1044-1072).
-pub fn winverbs_through_the_binding() {
-    let device = boot(&[]);
-    let wv_client = KernelClient::query(device);
-    let c = &wv_client.client;
-    let (listen, passive, active) = (WvEp::new(c), WvEp::new(c), WvEp::new(c));
+/// WinVerbs' connection (winverbs.rs `winverbs_accept_moves_the_qp_to_rts_before_the_rep`):
+/// `a` listens nowhere and connects over `route`, `b` listens; the passive accept moves
+/// its QP to INIT, RTR and RTS before the REP (wv_ep.c:816-871), the active accept sends
+/// the RTU (789-803), both QPs agree on PSNs and QPNs, then the disconnect both ways
+/// (1044-1072). Every callback at DISPATCH_LEVEL and outside the queue lock.
+fn winverbs_connection(a: &Arc<Client>, b: &Arc<Client>, route: &IbPathRec, pump: &dyn Fn()) {
+    let (listen, passive, active) = (WvEp::new(b), WvEp::new(b), WvEp::new(a));
     assert_eq!(listen.bind(B_IP, IP_PORT), 0);
     assert_eq!(listen.listen(8), 0);
     assert_eq!(listen.get_request(&passive), PENDING);
     assert_eq!(active.bind(A_IP, 0x4000), 0);
-    assert_eq!(active.set_route(&path_1_to_2()), 0);
+    assert_eq!(active.set_route(route), 0);
     let mut qp_a = FakeQp::new(0x11);
     let param = WvParam::new(&[0xA1; 10], 3, 2, 5, 6);
     assert_eq!(active.connect(&qp_a, B_IP, IP_PORT, &param, A_PSN), 0);
-    until("the REQ at the listen", || {
+    until(pump, "the REQ at the listen", || {
         passive.state() == wv::PASSIVE_CONNECT
     });
     let r = passive.req_event();
@@ -150,7 +162,7 @@ pub fn winverbs_through_the_binding() {
     let all = qp_state::INIT | qp_state::RTR | qp_state::RTS;
     assert_eq!(qp_b.modified, all, "INIT, RTR and RTS before the REP");
     assert_eq!(qp_b.rtr().dest_qp.get(), 0x11);
-    until("the REP", || active.types() == [ev::REP_RECEIVED]);
+    until(pump, "the REP", || active.types() == [ev::REP_RECEIVED]);
     assert_eq!(
         active.accept(&mut qp_a, &WvParam::new(&[0xC3], 0, 0, 0, 0), 0),
         0
@@ -161,11 +173,13 @@ pub fn winverbs_through_the_binding() {
     assert_eq!(a_rtr.dest_qp.get(), 0x22);
     assert_eq!(a_rts.sq_psn.get(), b_rtr.rq_psn.get() & 0x00FF_FFFF);
     assert_eq!(b_rts.sq_psn.get(), a_rtr.rq_psn.get());
-    until("the RTU", || passive.state() == wv::CONNECTED);
+    until(pump, "the RTU", || passive.state() == wv::CONNECTED);
     assert_eq!(active.disconnect(), 0);
-    until("the DREQ", || passive.state() == wv::PASSIVE_DISCONNECT);
+    until(pump, "the DREQ", || {
+        passive.state() == wv::PASSIVE_DISCONNECT
+    });
     assert_eq!(passive.disconnect(), 0);
-    until("the DREP", || active.state() == wv::DISCONNECTED);
+    until(pump, "the DREP", || active.state() == wv::DISCONNECTED);
     assert_eq!(active.types(), [ev::REP_RECEIVED, ev::DREP_RECEIVED]);
     for e in [&listen, &passive, &active] {
         clean(
@@ -176,36 +190,30 @@ pub fn winverbs_through_the_binding() {
     for e in [&passive, &listen, &active] {
         e.free();
     }
-    drop((listen, passive, active));
-    wv_client.release();
-    shutdown(device);
 }
 
-/// ndfltr on both ports (ndfltr.rs `ndfltr_connects_accepts_and_disconnects` through the
-/// binding): the listener's callback takes the request under its queue lock
-/// (nd_ep.cpp:2033-2062), Accept is format_rep, RTR, RTS and send_formatted_rep
-/// (1319-1346), CompleteConnect moves the active QP and sends the RTU (1113-1162), then
-/// Disconnect both ways (1848-1894).
-pub fn ndfltr_through_the_binding() {
-    let device = boot(&[]);
-    let nd_client = KernelClient::query(device);
-    let c = &nd_client.client;
+/// ndfltr's connection (ndfltr.rs `ndfltr_connects_accepts_and_disconnects`): `b`'s
+/// listener callback takes the request under its queue lock (nd_ep.cpp:2033-2062),
+/// Accept is format_rep, RTR, RTS and send_formatted_rep (1319-1346), `a`'s
+/// CompleteConnect moves its QP and sends the RTU (1113-1162), then Disconnect both ways
+/// (1848-1894).
+fn ndfltr_connection(a: &Arc<Client>, b: &Arc<Client>, route: &IbPathRec, pump: &dyn Fn()) {
     let (listener, passive) = (
-        NdEp::new(c, nd::LISTENER, 0),
-        NdEp::new(c, nd::CONNECTOR, B_PSN),
+        NdEp::new(b, nd::LISTENER, 0),
+        NdEp::new(b, nd::CONNECTOR, B_PSN),
     );
     assert_eq!(listener.bind(B_IP, IP_PORT), 0);
     assert_eq!(listener.listen(), 0);
     assert_eq!(listener.get_connection_request(&passive), PENDING);
-    let active = NdEp::new(c, nd::CONNECTOR, A_PSN);
+    let active = NdEp::new(a, nd::CONNECTOR, A_PSN);
     assert_eq!(active.bind(A_IP, 0), 0);
     let mut qp_a = FakeQp::new(0x11);
     let param = NdParam::new(&[0xA1; 12], 4, 2, 6, 7);
     assert_eq!(
-        active.connect(&mut qp_a, B_IP, IP_PORT, &path_1_to_2(), &param),
+        active.connect(&mut qp_a, B_IP, IP_PORT, route, &param),
         PENDING
     );
-    until("the REQ at the listener", || {
+    until(pump, "the REQ at the listener", || {
         passive.state() == nd::REQ_RECEIVED
     });
     assert_eq!(passive.read_limits(), (4, 2), "nd_ep.cpp:2022-2023");
@@ -216,17 +224,19 @@ pub fn ndfltr_through_the_binding() {
     );
     let all = qp_state::INIT | qp_state::RTR | qp_state::RTS;
     assert_eq!(qp_b.modified, all);
-    until("the REP", || active.state() == nd::REP_RECEIVED);
+    until(pump, "the REP", || active.state() == nd::REP_RECEIVED);
     assert_eq!(active.read_limits(), (3, 2), "nd_ep.cpp:683, 686");
     assert_eq!(active.complete_connect(9), 0);
     assert_eq!(active.state(), nd::CONNECTED);
     assert_eq!(qp_a.rtr().dest_qp.get(), 0x22);
     assert_eq!(qp_b.rtr().dest_qp.get(), 0x11);
-    until("the RTU", || passive.state() == nd::CONNECTED);
+    until(pump, "the RTU", || passive.state() == nd::CONNECTED);
     assert_eq!(active.disconnect(), PENDING);
-    until("the DREQ", || passive.state() == nd::PASSIVE_DISCONNECT);
+    until(pump, "the DREQ", || {
+        passive.state() == nd::PASSIVE_DISCONNECT
+    });
     assert_eq!(passive.disconnect(), 0);
-    until("the DREP", || active.state() == nd::DISCONNECTED);
+    until(pump, "the DREP", || active.state() == nd::DISCONNECTED);
     for e in [&listener, &passive, &active] {
         clean(
             e.recursions(),
@@ -236,7 +246,53 @@ pub fn ndfltr_through_the_binding() {
     for e in [&passive, &listener, &active] {
         e.destructor();
     }
-    drop((listener, passive, active));
-    nd_client.release();
+}
+
+/// WinVerbs on both of the HCA's ports, through the binding's table.
+pub fn winverbs_through_the_binding() {
+    let device = boot(&[]);
+    let wv = KernelClient::query(device);
+    let route = path(&port(1, 0x10), &port(2, 0x11));
+    winverbs_connection(&wv.client, &wv.client, &route, &nothing);
+    wv.release();
+    shutdown(device);
+}
+
+/// ndfltr on both of the HCA's ports, through the binding's table.
+pub fn ndfltr_through_the_binding() {
+    let device = boot(&[]);
+    let nd = KernelClient::query(device);
+    let route = path(&port(1, 0x10), &port(2, 0x11));
+    ndfltr_connection(&nd.client, &nd.client, &route, &nothing);
+    nd.release();
+    shutdown(device);
+}
+
+/// WinVerbs on the binding connects to WinVerbs on a driver/host node (its own `iba_cm`)
+/// across the simulated fabric, and ndfltr on the node connects to ndfltr on the binding:
+/// each driver in both roles against a peer that is not itself.
+pub fn kernel_clients_with_a_peer_node() {
+    let device = boot(&[]);
+    let (ours, theirs) = (port(1, 0x10), peer_port());
+    let peer = Peer::start(PEER_CA_GUID, address(&theirs), address(&ours));
+    let peer_cm = PeerCm::new(&peer.node, PEER_CA_GUID);
+    let pump = || peer_cm.deliver();
+    let wv = KernelClient::query(device);
+    winverbs_connection(&wv.client, &peer_cm.client, &path(&ours, &theirs), &pump);
+    ndfltr_connection(&peer_cm.client, &wv.client, &path(&theirs, &ours), &pump);
+    // What crossed the fabric, as the peer's engine counted it (attributes from REQ,
+    // 0x10: REQ, REP 0x13, RTU 0x14, DREQ 0x15, DREP 0x16; IBA Table 106): one of each
+    // each way.
+    let c = peer.node.device.with_engine(|cm| *cm.counters());
+    for (name, i) in [("REQ", 0), ("REP", 3), ("RTU", 4), ("DREQ", 5), ("DREP", 6)] {
+        assert_eq!(
+            (c.sent[i], c.received[i]),
+            (1, 1),
+            "{name}s the peer sent and received"
+        );
+    }
+    wv.release();
+    peer_cm.remove();
+    peer.stop();
     shutdown(device);
 }
