@@ -6,12 +6,7 @@
 //! wdftimer.h, wdfdpc.h, wdfworkitem.h, wdfsync.h, wdfobject.h, wdffileobject.h) and
 //! wdm.h/ntddk.h. Layout-irrelevant fields are omitted where the binding never names them.
 #![no_std]
-#![allow(
-    non_camel_case_types,
-    non_snake_case,
-    non_upper_case_globals,
-    clippy::all
-)]
+#![allow(non_camel_case_types, non_snake_case, non_upper_case_globals, clippy::all)]
 
 use core::ffi::c_void;
 
@@ -148,9 +143,7 @@ pub struct _EX_RUNDOWN_REF {
 }
 impl Default for _EX_RUNDOWN_REF {
     fn default() -> Self {
-        Self {
-            __bindgen_anon_1: _EX_RUNDOWN_REF__bindgen_ty_1 { Count: 0 },
-        }
+        Self { __bindgen_anon_1: _EX_RUNDOWN_REF__bindgen_ty_1 { Count: 0 } }
     }
 }
 pub type EX_RUNDOWN_REF = _EX_RUNDOWN_REF;
@@ -171,6 +164,7 @@ pub struct _KEVENT {
 }
 pub type KEVENT = _KEVENT;
 pub type PRKEVENT = *mut KEVENT;
+
 
 pub mod _EVENT_TYPE {
     pub type Type = i32;
@@ -441,8 +435,9 @@ pub type PFN_WDF_OBJECT_CONTEXT_DESTROY = Option<unsafe extern "C" fn(Object: WD
 pub type PFN_WDF_DRIVER_DEVICE_ADD =
     Option<unsafe extern "C" fn(Driver: WDFDRIVER, DeviceInit: PWDFDEVICE_INIT) -> NTSTATUS>;
 pub type PFN_WDF_DRIVER_UNLOAD = Option<unsafe extern "C" fn(Driver: WDFDRIVER)>;
-pub type PFN_WDF_DEVICE_FILE_CREATE =
-    Option<unsafe extern "C" fn(Device: WDFDEVICE, Request: WDFREQUEST, FileObject: WDFFILEOBJECT)>;
+pub type PFN_WDF_DEVICE_FILE_CREATE = Option<
+    unsafe extern "C" fn(Device: WDFDEVICE, Request: WDFREQUEST, FileObject: WDFFILEOBJECT),
+>;
 pub type PFN_WDF_FILE_CLOSE = Option<unsafe extern "C" fn(FileObject: WDFFILEOBJECT)>;
 pub type PFN_WDF_FILE_CLEANUP = Option<unsafe extern "C" fn(FileObject: WDFFILEOBJECT)>;
 pub type PFN_WDF_IO_QUEUE_IO_DEVICE_CONTROL = Option<
@@ -488,8 +483,7 @@ pub type PFN_WDF_DEVICE_D0_EXIT = Option<
 pub type PFN_WDF_DEVICE_SURPRISE_REMOVAL = Option<unsafe extern "C" fn(Device: WDFDEVICE)>;
 pub type PFN_WDFDEVICE_WDM_IRP_PREPROCESS =
     Option<unsafe extern "C" fn(Device: WDFDEVICE, Irp: PIRP) -> NTSTATUS>;
-pub type PFN_GET_UNIQUE_CONTEXT_TYPE =
-    Option<unsafe extern "C" fn() -> PCWDF_OBJECT_CONTEXT_TYPE_INFO>;
+pub type PFN_GET_UNIQUE_CONTEXT_TYPE = Option<unsafe extern "C" fn() -> PCWDF_OBJECT_CONTEXT_TYPE_INFO>;
 
 // ---- structures ----
 #[repr(C)]
@@ -644,12 +638,7 @@ pub struct _WDF_PNPPOWER_EVENT_CALLBACKS {
     pub EvtDeviceUsageNotificationEx: PVOID,
 }
 pub type WDF_PNPPOWER_EVENT_CALLBACKS = _WDF_PNPPOWER_EVENT_CALLBACKS;
-zeroed_default!(
-    _WDF_DRIVER_CONFIG,
-    _WDF_IO_QUEUE_CONFIG,
-    _WDF_TIMER_CONFIG,
-    _WDF_PNPPOWER_EVENT_CALLBACKS
-);
+zeroed_default!(_WDF_DRIVER_CONFIG, _WDF_IO_QUEUE_CONFIG, _WDF_TIMER_CONFIG, _WDF_PNPPOWER_EVENT_CALLBACKS);
 
 // ---- wdm.h / ntddk.h routines ----
 pub mod ntddk {
