@@ -219,3 +219,14 @@ fn the_service_is_a_boot_start_filter_not_the_function_driver() {
     assert_eq!(service["dependencies"], "ibbus");
     assert_eq!(service["servicebinary"], "%13%\\ibcm_driver.sys");
 }
+
+#[test]
+fn the_cli_knows_the_same_hcas_as_the_inf() {
+    // `ibcm status` and `ibcm install --check` name an HCA of a supported ID without ibcm:
+    // the same IDs the INF installs on.
+    let mut cli: Vec<&str> = ibcm_cli::host_report::SUPPORTED_DEVICE_IDS.to_vec();
+    let mut inf: Vec<&str> = WINOF_MODELS.to_vec();
+    cli.sort_unstable();
+    inf.sort_unstable();
+    assert_eq!(cli, inf);
+}
