@@ -73,7 +73,7 @@ fn the_models_are_every_pci_id_winofs_base_inf_installs() {
     let manufacturer = entries(&s, "Manufacturer");
     assert_eq!(manufacturer.len(), 1);
     let decl = fields(manufacturer[0].1);
-    // "Standard,NT$ARCH$.10.0...19041": the models section is the name plus decoration.
+    // "Standard,NT$ARCH$.10.0...17134": the models section is the name plus decoration.
     let models_section = format!("{}.{}", decl[0], decl[1]);
     let mut ids: Vec<String> = entries(&s, &models_section)
         .iter()

@@ -10,7 +10,8 @@
 //!   "build on newer, run on older" itself starts at KMDF 1.25
 //!   (<https://learn.microsoft.com/en-us/windows-hardware/drivers/wdf/building-a-wdf-driver-for-multiple-versions-of-windows>:
 //!   "25 <= Minimum required <= Target version");
-//! - the kernel routines the image imports that are newer than that ([`KERNEL_IMPORTS`]).
+//! - the kernel routines the image imports: none newer than that
+//!   ([`NEWER_KERNEL_ROUTINES`] are looked up at run time, never imported).
 
 use std::collections::BTreeSet;
 
@@ -43,14 +44,21 @@ const RELEASES: [(&str, u32, u32); 9] = [
     ("Windows Server 2025", 26100, 33),
 ];
 
-/// Kernel routines the image imports that exist only from a later Windows than the WDF floor:
-/// (routine, first build, who imports it, source).
-const KERNEL_IMPORTS: [(&str, u32, &str, &str); 1] = [(
-    "ExAllocatePool2",
-    19041,
-    "wdk-alloc's WdkAllocator (the global allocator, driver/kmdf/lib.rs)",
-    "https://learn.microsoft.com/en-us/windows-hardware/drivers/kernel/updating-deprecated-exallocatepool-calls",
-)];
+/// Kernel routines newer than the WDF floor's Windows that the image must not import
+/// statically (a missing import keeps the image from loading at all): (routine, first build,
+/// source). `ExAllocatePool2` is looked up at DriverEntry instead (driver/kmdf/pool.rs).
+const NEWER_KERNEL_ROUTINES: [(&str, u32, &str); 2] = [
+    (
+        "ExAllocatePool2",
+        19041,
+        "https://learn.microsoft.com/en-us/windows-hardware/drivers/kernel/updating-deprecated-exallocatepool-calls",
+    ),
+    (
+        "ExAllocatePool3",
+        19041,
+        "https://learn.microsoft.com/en-us/windows-hardware/drivers/kernel/updating-deprecated-exallocatepool-calls",
+    ),
+];
 
 /// Where a WDF function's minimum KMDF version comes from.
 #[derive(Clone, Copy, Debug)]
@@ -283,15 +291,52 @@ fn wdf_structures_sized() -> BTreeSet<String> {
     out
 }
 
-/// The oldest build the image loads on: the WDF floor's build, raised by the kernel imports.
+/// The oldest build the image loads on: the WDF floor's build (no kernel import is newer,
+/// [`the_image_imports_no_kernel_routine_newer_than_the_floor`]).
 fn floor_build() -> u32 {
     let minimum = driver_model("minimum-kmdf-version-minor");
-    let wdf = KMDF_HISTORY
+    KMDF_HISTORY
         .iter()
         .find(|(m, _, _)| *m == minimum)
         .unwrap_or_else(|| panic!("KMDF 1.{minimum} is not in the history"))
-        .1;
-    KERNEL_IMPORTS.iter().map(|i| i.1).fold(wdf, u32::max)
+        .1
+}
+
+#[test]
+fn the_image_imports_no_kernel_routine_newer_than_the_floor() {
+    let floor = floor_build();
+    // wdk-alloc's allocator imports ExAllocatePool2 (Windows 10 2004).
+    assert!(
+        !MANIFEST.contains("wdk-alloc"),
+        "wdk-alloc imports ExAllocatePool2: the image would not load below build 19041"
+    );
+    for (routine, build, source) in NEWER_KERNEL_ROUTINES {
+        assert!(build > floor, "{routine} is not newer than the floor");
+        for entry in std::fs::read_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/driver/kmdf")).unwrap()
+        {
+            let path = entry.unwrap().path();
+            if path.extension().is_none_or(|e| e != "rs") {
+                continue;
+            }
+            let text = std::fs::read_to_string(&path).unwrap();
+            for line in text.lines().filter(|l| !l.trim_start().starts_with("//")) {
+                let imported = line.contains(&format!("ntddk::{routine}"))
+                    || (line.contains("ntddk::{") && line.contains(&format!("{routine},")))
+                    || line.contains(&format!("fn {routine}("));
+                assert!(
+                    !imported,
+                    "{}: imports {routine} (build {build}, {source}): look it up with \
+                     MmGetSystemRoutineAddress instead",
+                    path.display()
+                );
+            }
+        }
+    }
+    let pool = include_str!("../driver/kmdf/pool.rs");
+    assert!(
+        pool.contains("wdf::utf16(\"ExAllocatePool2\")"),
+        "looked up by name"
+    );
 }
 
 #[test]
