@@ -73,7 +73,7 @@ fn the_models_are_every_pci_id_winofs_base_inf_installs() {
     let manufacturer = entries(&s, "Manufacturer");
     assert_eq!(manufacturer.len(), 1);
     let decl = fields(manufacturer[0].1);
-    // "Standard,NT$ARCH$.10.0...16299": the models section is the name plus decoration.
+    // "Standard,NT$ARCH$.10.0...17134": the models section is the name plus decoration.
     let models_section = format!("{}.{}", decl[0], decl[1]);
     let mut ids: Vec<String> = entries(&s, &models_section)
         .iter()
@@ -218,4 +218,15 @@ fn the_service_is_a_boot_start_filter_not_the_function_driver() {
     assert_eq!(service["loadordergroup"], "PnP Filter");
     assert_eq!(service["dependencies"], "ibbus");
     assert_eq!(service["servicebinary"], "%13%\\ibcm_driver.sys");
+}
+
+#[test]
+fn the_cli_knows_the_same_hcas_as_the_inf() {
+    // `ibcm status` and `ibcm install --check` name an HCA of a supported ID without ibcm:
+    // the same IDs the INF installs on.
+    let mut cli: Vec<&str> = ibcm_cli::host_report::SUPPORTED_DEVICE_IDS.to_vec();
+    let mut inf: Vec<&str> = WINOF_MODELS.to_vec();
+    cli.sort_unstable();
+    inf.sort_unstable();
+    assert_eq!(cli, inf);
 }

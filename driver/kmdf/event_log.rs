@@ -7,10 +7,14 @@
 //!
 //! The packet's object is the driver object (saved by [`init`]): the I/O manager inserts
 //! the driver's name as %1; the insertion strings are %2 onwards.
+//!
+//! A condition that lasts is written once per boot, per HCA and reason
+//! ([`ibcm_eventlog::Logged`]): a CM query passed down comes at every start and resume of
+//! every client; the repeats are counted (DbgPrint and ETW keep a line for each).
 
 use core::sync::atomic::{AtomicPtr, Ordering};
 
-use ibcm_eventlog::{ERROR_LOG_MAXIMUM_SIZE, Message};
+use ibcm_eventlog::{ERROR_LOG_MAXIMUM_SIZE, Logged, Message};
 use ibcm_iba_cm::PassDown;
 use ibcm_qp1_hook::HcaRoute;
 use wdk_sys::ntddk::{IoAllocateErrorLogEntry, IoWriteErrorLogEntry};
@@ -19,6 +23,9 @@ use wdk_sys::{IO_ERROR_LOG_PACKET, NTSTATUS, PDRIVER_OBJECT, STATUS_SUCCESS};
 /// The driver object, for the entries' `IoObject` (set once in DriverEntry; it outlives
 /// every caller).
 static DRIVER: AtomicPtr<core::ffi::c_void> = AtomicPtr::new(core::ptr::null_mut());
+
+/// The entries written since the driver loaded (a boot-start driver loads once per boot).
+static LOGGED: Logged = Logged::new();
 
 /// Remembers the driver object (DriverEntry).
 pub fn init(driver: PDRIVER_OBJECT) {
@@ -30,7 +37,9 @@ pub fn init(driver: PDRIVER_OBJECT) {
 /// picks the message (no QP1 route, a verbs table ibcm does not recognise, the MAD
 /// service registrations refused). Nothing for other interfaces.
 pub fn cm_query_passed_down(ca_guid: u64, why: PassDown, route: HcaRoute) {
-    if let Some((message, reason)) = ibcm_eventlog::for_pass_down(why, route) {
+    if let Some((message, reason)) = ibcm_eventlog::for_pass_down(why, route)
+        && LOGGED.first(ca_guid, &message, reason)
+    {
         write(
             &message,
             &[&ibcm_eventlog::ca_guid(ca_guid), reason],
@@ -47,7 +56,17 @@ pub fn hca_skipped(ca_guid: u64, what: &str, status: NTSTATUS) {
     } else {
         ibcm_eventlog::ca_guid(ca_guid)
     };
-    write(&ibcm_eventlog::HCA_SKIPPED, &[&hca, what], status);
+    if LOGGED.first(ca_guid, &ibcm_eventlog::HCA_SKIPPED, what) {
+        write(&ibcm_eventlog::HCA_SKIPPED, &[&hca, what], status);
+    }
+}
+
+/// The kill switch was found on at an HCA's start (once per boot).
+pub fn switched_off() {
+    let message = &ibcm_eventlog::SWITCHED_OFF;
+    if LOGGED.first(0, message, "") {
+        write(message, &[ibcm_eventlog::SWITCH_VALUE], STATUS_SUCCESS);
+    }
 }
 
 /// Removal is about to wait for `references` client references to the `iba_cm`

@@ -35,10 +35,10 @@
 //!   out of the host; the last one tears the host's CM down and deletes the control
 //!   device.
 
-use core::sync::atomic::Ordering;
+use core::sync::atomic::{AtomicBool, Ordering};
 
 use ibcm_endpoint::Lock as _;
-use ibcm_iba_cm::abi::{Guid, InfinibandInterfaceCm};
+use ibcm_iba_cm::abi::{GUID_INFINIBAND_INTERFACE_CM, Guid, InfinibandInterfaceCm};
 use ibcm_iba_cm::{PassDown, QueryDecision, answer, decide_query};
 use ibcm_lifecycle::{Callback, Hca, Mapping, PowerTarget, Step};
 use ibcm_qp1_hook::{PrivateMethod, Table};
@@ -59,7 +59,7 @@ use crate::irp::{
 use crate::platform::KmdfLock;
 use crate::verbs_hook;
 use crate::wdf::{self, context_type};
-use crate::{event_log, status};
+use crate::{event_log, parameters, status};
 
 /// The filter device's context.
 pub struct FilterState {
@@ -222,6 +222,9 @@ fn on(filter: &FilterState, callback: Callback) {
             Step::EnsureControlDevice => {
                 host::with_filters(|_| ensure_control_device(filter.driver));
             }
+            Step::Bind if switched_off() => {
+                wdk::println!("ibcm: switched off: this HCA is not bound, AL's CM serves it");
+            }
             Step::Bind => ibal::bind(filter.device, &filter.ibal),
             Step::Unbind => ibal::unbind(&filter.ibal),
             Step::ReleaseHookSlot => {
@@ -266,6 +269,7 @@ unsafe extern "C" fn evt_d0_entry(
 ) -> NTSTATUS {
     // SAFETY: (F11) the framework passes one of this driver's filter devices.
     let filter = unsafe { filter_of(device) };
+    read_switch_at_start();
     on(filter, Callback::D0Entry);
     status::record(
         status::owner(filter),
@@ -376,6 +380,9 @@ unsafe extern "C" fn evt_preprocess_query_interface(device: WDFDEVICE, irp: PIRP
     let host = host::host();
     let iba_cm = host.and_then(Host::cm).and_then(Cm::iba_cm);
     let decision = match &interface_type {
+        Some(guid) if *guid == GUID_INFINIBAND_INTERFACE_CM && switched_off() => {
+            Err(PassDown::SwitchedOff)
+        }
         Some(guid) => {
             // The QP1 route is the host's verdict (`ibcm_lifecycle::HostCm`), asked only
             // for a query that would otherwise be answered: the first one decides for
@@ -449,4 +456,30 @@ unsafe extern "C" fn evt_preprocess_query_interface(device: WDFDEVICE, irp: PIRP
             }
         }
     }
+}
+
+// ------------------------------------------------------------------------------------
+// The kill switch (`Parameters\Disabled`, parameters.rs; docs/windows.md "Turning ibcm
+// off")
+// ------------------------------------------------------------------------------------
+
+/// The switch as read at the latest HCA start. One reading for the host: while it is on,
+/// no HCA that starts binds (no AL objects, no MAD service, no QP1 steering) and every CM
+/// query on every HCA goes down to AL's CM, since WinVerbs keeps one `iba_cm` table for
+/// all of them (`wv_driver.c:554-575`). A flip takes effect at the HCAs' next start; an
+/// HCA bound before keeps its binding until then (`ibcm off` restarts every HCA).
+static SWITCHED_OFF: AtomicBool = AtomicBool::new(false);
+
+/// EvtDeviceD0Entry, before the HCA binds (PASSIVE_LEVEL): reads `Disabled`.
+fn read_switch_at_start() {
+    let off = parameters::switched_off();
+    SWITCHED_OFF.store(off, Ordering::Release);
+    if off {
+        event_log::switched_off();
+    }
+}
+
+/// Whether ibcm is switched off (as read at the latest HCA start).
+fn switched_off() -> bool {
+    SWITCHED_OFF.load(Ordering::Acquire)
 }

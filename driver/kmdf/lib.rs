@@ -47,8 +47,11 @@ extern crate alloc;
 mod panic;
 
 #[cfg(not(ibcm_kernel_sim))]
+mod pool;
+
+#[cfg(not(ibcm_kernel_sim))]
 #[global_allocator]
-static GLOBAL_ALLOCATOR: wdk_alloc::WdkAllocator = wdk_alloc::WdkAllocator;
+static GLOBAL_ALLOCATOR: pool::KernelPool = pool::KernelPool;
 
 mod control;
 mod driver;
@@ -78,5 +81,7 @@ pub unsafe extern "system" fn driver_entry(
     driver: PDRIVER_OBJECT,
     registry_path: PCUNICODE_STRING,
 ) -> NTSTATUS {
+    #[cfg(not(ibcm_kernel_sim))]
+    pool::resolve();
     driver::entry(driver, registry_path)
 }

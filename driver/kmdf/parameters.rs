@@ -4,6 +4,11 @@
 //! the CM asks of a REQ's sender (`MaxRequestWaitMs`, `CmConfig::max_request_wait_ns`).
 //! Each is a REG_DWORD read once, when the CM is made; a value missing, unreadable or 0
 //! keeps its default ([`Quotas::default`], `CmConfig::MAX_REQUEST_WAIT_NS`).
+//!
+//! `Disabled` (REG_DWORD, non-zero = on) is the kill switch, read at each HCA start
+//! ([`switched_off`]): the filter stays in the HCA's stack but binds nothing, steers no
+//! QP1 traffic and passes every CM query down, so AL's CM serves every client
+//! (docs/windows.md, "Turning ibcm off"; `ibcm off`).
 
 use core::sync::atomic::{AtomicPtr, Ordering};
 
@@ -29,6 +34,7 @@ static MAX_LISTENS_ALL: [u16; 18] = wdf::utf16("MaxListensAllUsers");
 static MAX_BACKLOG_ALL: [u16; 18] = wdf::utf16("MaxBacklogAllUsers");
 static MAX_QUEUED_ALL: [u16; 23] = wdf::utf16("MaxQueuedEventsAllUsers");
 static MAX_REQUEST_WAIT: [u16; 16] = wdf::utf16("MaxRequestWaitMs");
+static DISABLED: [u16; 8] = wdf::utf16("Disabled");
 
 /// What the registry sets.
 pub struct Parameters {
@@ -42,13 +48,37 @@ pub struct Parameters {
 pub fn read() -> Parameters {
     let mut quotas = Quotas::default();
     let mut max_request_wait_ms = 0;
-    let driver: WDFDRIVER = DRIVER.load(Ordering::Acquire).cast();
-    let parameters = |quotas, wait: u32| Parameters {
+    query(&mut [
+        (&MAX_ENDPOINTS, &mut quotas.endpoints),
+        (&MAX_LISTENS, &mut quotas.listens),
+        (&MAX_BACKLOG, &mut quotas.backlog),
+        (&MAX_QUEUED, &mut quotas.queued_events),
+        (&MAX_ENDPOINTS_ALL, &mut quotas.all_users_endpoints),
+        (&MAX_LISTENS_ALL, &mut quotas.all_users_listens),
+        (&MAX_BACKLOG_ALL, &mut quotas.all_users_backlog),
+        (&MAX_QUEUED_ALL, &mut quotas.all_users_queued_events),
+        (&MAX_REQUEST_WAIT, &mut max_request_wait_ms),
+    ]);
+    Parameters {
         quotas,
-        max_request_wait_ms: (wait != 0).then_some(wait),
-    };
+        max_request_wait_ms: (max_request_wait_ms != 0).then_some(max_request_wait_ms),
+    }
+}
+
+/// The kill switch `Disabled` (PASSIVE_LEVEL): true when set and non-zero. A key or value
+/// that cannot be read leaves ibcm on.
+pub fn switched_off() -> bool {
+    let mut disabled = 0;
+    query(&mut [(&DISABLED, &mut disabled)]);
+    disabled != 0
+}
+
+/// Reads each named REG_DWORD of `Parameters` into its field; a value missing, unreadable
+/// or 0 leaves the field as it is (PASSIVE_LEVEL).
+fn query(values: &mut [(&'static [u16], &mut u32)]) {
+    let driver: WDFDRIVER = DRIVER.load(Ordering::Acquire).cast();
     if driver.is_null() {
-        return parameters(quotas, 0);
+        return;
     }
     let mut key: WDFKEY = core::ptr::null_mut();
     // SAFETY: (G2) PASSIVE_LEVEL; the driver object (made in DriverEntry) lives until unload; valid out pointer. The key is
@@ -63,20 +93,9 @@ pub fn read() -> Parameters {
         )
     };
     if !NT_SUCCESS(opened) {
-        return parameters(quotas, 0);
+        return;
     }
-    let values: [(&'static [u16], &mut u32); 9] = [
-        (&MAX_ENDPOINTS, &mut quotas.endpoints),
-        (&MAX_LISTENS, &mut quotas.listens),
-        (&MAX_BACKLOG, &mut quotas.backlog),
-        (&MAX_QUEUED, &mut quotas.queued_events),
-        (&MAX_ENDPOINTS_ALL, &mut quotas.all_users_endpoints),
-        (&MAX_LISTENS_ALL, &mut quotas.all_users_listens),
-        (&MAX_BACKLOG_ALL, &mut quotas.all_users_backlog),
-        (&MAX_QUEUED_ALL, &mut quotas.all_users_queued_events),
-        (&MAX_REQUEST_WAIT, &mut max_request_wait_ms),
-    ];
-    for (name, field) in values {
+    for (name, field) in values.iter_mut() {
         let name = unicode(name);
         let mut value: ULONG = 0;
         // SAFETY: (G3) PASSIVE_LEVEL; the key is open; the name and the out pointer are
@@ -90,10 +109,9 @@ pub fn read() -> Parameters {
             )
         };
         if NT_SUCCESS(read) && value != 0 {
-            *field = value;
+            **field = value;
         }
     }
     // SAFETY: (G4) the key opened above, closed once.
     unsafe { wdk_sys::call_unsafe_wdf_function_binding!(WdfRegistryClose, key) };
-    parameters(quotas, max_request_wait_ms)
 }

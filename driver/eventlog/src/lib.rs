@@ -15,6 +15,7 @@ extern crate alloc;
 
 use alloc::string::String;
 use alloc::vec::Vec;
+use core::sync::atomic::{AtomicU64, Ordering};
 
 use ibcm_iba_cm::PassDown;
 use ibcm_qp1_hook::{HcaRoute, NoRoute, NotInstalled};
@@ -117,15 +118,28 @@ pub const REMOVAL_WAITING: Message = Message {
     strings: 1,
 };
 
+/// The kill switch is on at an HCA's start (%2 the registry value's path).
+pub const SWITCHED_OFF: Message = Message {
+    symbol: "IBCM_SWITCHED_OFF",
+    id: 7,
+    severity: Severity::Warning,
+    text: "ibcm is switched off (%2 is set): it stays in each HCA's device stack but serves no connection, steers no QP1 traffic and answers no query for the InfiniBand CM interface on any HCA that starts while the value is set. WinVerbs, NetworkDirect (ndfltr) and every other client use WinOF's own CM, as without ibcm. The command ibcm on clears the value and restarts the HCAs.",
+    strings: 1,
+};
+
 /// Every message, in id order.
-pub const ALL: [Message; 6] = [
+pub const ALL: [Message; 7] = [
     CM_QUERY_NO_QP1_ROUTE,
     CM_QUERY_VERBS_UNKNOWN,
     CM_QUERY_MAD_SERVICE_REFUSED,
     CM_QUERY_PASSED_DOWN,
     HCA_SKIPPED,
     REMOVAL_WAITING,
+    SWITCHED_OFF,
 ];
+
+/// Where the kill switch lives, as the administrator types it (`reg query`).
+pub const SWITCH_VALUE: &str = r"HKLM\SYSTEM\CurrentControlSet\Services\ibcm\Parameters\Disabled";
 
 /// The message for a CM query passed down (`why`), given the HCA's route (`route`: the
 /// reason recorded for its ports). None for a query that is not the CM interface's
@@ -173,24 +187,118 @@ pub fn ca_guid(ca_guid_network_order: u64) -> String {
     alloc::format!("0x{:016x}", u64::from_be(ca_guid_network_order))
 }
 
+/// What a cut insertion string ends with: HORIZONTAL ELLIPSIS, so that a reader sees the
+/// text goes on (the entry's size is limited, [`ERROR_LOG_MAXIMUM_SIZE`]).
+pub const CUT_MARKER: u16 = 0x2026;
+
 /// The insertion strings of one entry as the packet carries them: UTF-16, each
-/// NUL-terminated, at most `budget` bytes in all. A string that does not fit is cut (its
-/// NUL kept) and the ones after it are dropped; with room for no string at all, none.
-/// Returns the units and how many strings they hold (`NumberOfStrings`).
+/// NUL-terminated, at most `budget` bytes in all. Every string is kept, so that no `%n` of
+/// the message is left unfilled: when they do not all fit, the longest are cut to share the
+/// room evenly (the short ones stay whole), each cut one ending with [`CUT_MARKER`]. Only
+/// when the budget cannot hold even a marker and a NUL per string are strings dropped (from
+/// the end). Returns the units and how many strings they hold (`NumberOfStrings`).
 pub fn insertion_strings(strings: &[&str], budget: usize) -> (Vec<u16>, u16) {
     let max_units = budget / 2;
-    let mut out = Vec::new();
-    let mut count = 0u16;
-    for s in strings {
-        if out.len() + 1 > max_units {
-            break;
+    let lengths: Vec<usize> = strings.iter().map(|s| s.encode_utf16().count()).collect();
+    // With less than two units (a marker and a NUL) per string, keep as many as fit so.
+    let kept = strings.len().min(max_units / 2);
+    let room = max_units - kept;
+    // The largest per-string length `cap` with sum(min(len, cap)) <= room (each string
+    // shorter than the cap stays whole; a longer one gets exactly `cap` units).
+    let total: usize = lengths[..kept].iter().sum();
+    let cap = if total <= room {
+        usize::MAX
+    } else {
+        let mut sorted: Vec<usize> = lengths[..kept].to_vec();
+        sorted.sort_unstable();
+        let mut left = room;
+        let mut cap = 0;
+        for (i, len) in sorted.iter().enumerate() {
+            let share = left / (kept - i);
+            if *len <= share {
+                left -= len;
+            } else {
+                cap = share;
+                break;
+            }
         }
-        let room = max_units - out.len() - 1;
-        out.extend(s.encode_utf16().take(room));
+        cap
+    };
+    let mut out = Vec::with_capacity(max_units.min(total + kept));
+    for (s, len) in strings[..kept].iter().zip(&lengths) {
+        if *len <= cap {
+            out.extend(s.encode_utf16());
+        } else {
+            out.extend(s.encode_utf16().take(cap.saturating_sub(1)));
+            out.push(CUT_MARKER);
+        }
         out.push(0);
-        count += 1;
     }
-    (out, count)
+    (out, kept as u16)
+}
+
+/// The entries written this boot, one per HCA, message and reason: a condition that lasts
+/// (a CM query passed down at every start and resume, on every port) is written once, and
+/// the entries after it are counted instead of written. Lock-free (≤ DISPATCH_LEVEL
+/// callers); at most [`Logged::SLOTS`] distinct entries are remembered, and once all are
+/// taken every further entry is counted, not written.
+pub struct Logged {
+    keys: [AtomicU64; Logged::SLOTS],
+    suppressed: AtomicU64,
+}
+
+impl Logged {
+    /// Distinct (HCA, message, reason) entries remembered per boot.
+    pub const SLOTS: usize = 64;
+
+    /// Nothing written yet.
+    pub const fn new() -> Self {
+        Self {
+            keys: [const { AtomicU64::new(0) }; Logged::SLOTS],
+            suppressed: AtomicU64::new(0),
+        }
+    }
+
+    /// Whether this entry (`ca_guid`, `message`, `reason`) is the first of its kind this
+    /// boot, and so is to be written; a repeat is counted in [`Logged::suppressed`].
+    pub fn first(&self, ca_guid: u64, message: &Message, reason: &str) -> bool {
+        let key = Self::key(ca_guid, message, reason);
+        for slot in &self.keys {
+            match slot.compare_exchange(0, key, Ordering::AcqRel, Ordering::Acquire) {
+                Ok(_) => return true,
+                Err(k) if k == key => break,
+                Err(_) => continue,
+            }
+        }
+        self.suppressed.fetch_add(1, Ordering::Relaxed);
+        false
+    }
+
+    /// Entries not written because they repeated one (or the slots were full).
+    pub fn suppressed(&self) -> u64 {
+        self.suppressed.load(Ordering::Relaxed)
+    }
+
+    /// FNV-1a over the three, never 0 (0 marks a free slot).
+    fn key(ca_guid: u64, message: &Message, reason: &str) -> u64 {
+        let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+        let bytes = ca_guid
+            .to_le_bytes()
+            .into_iter()
+            .chain(message.id.to_le_bytes())
+            .chain(reason.bytes());
+        for b in bytes {
+            h ^= u64::from(b);
+            h = h.wrapping_mul(0x0000_0100_0000_01b3);
+        }
+        h | 1
+    }
+}
+
+impl Default for Logged {
+    fn default() -> Self {
+        Self::new()
+    }
 }
 
 #[cfg(test)]

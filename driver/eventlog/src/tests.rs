@@ -173,6 +173,7 @@ fn a_query_passed_down_gets_the_message_of_the_hcas_reason() {
         PassDown::TooSmall(16),
         PassDown::NoCm,
         PassDown::Removing,
+        PassDown::SwitchedOff,
     ] {
         assert_eq!(
             for_pass_down(why, HcaRoute::Ordinary),
@@ -187,7 +188,7 @@ fn a_query_passed_down_gets_the_message_of_the_hcas_reason() {
 }
 
 #[test]
-fn insertion_strings_fit_the_entry_and_cut_the_last_one() {
+fn insertion_strings_fit_the_entry_and_fill_every_placeholder() {
     // x64 IO_ERROR_LOG_PACKET: DumpData at 40 (wdm.h `_IO_ERROR_LOG_PACKET`), no dump data.
     let budget = ERROR_LOG_MAXIMUM_SIZE - 40;
     let guid = ca_guid(0x0002_c903_00a1_b2c3_u64.to_be());
@@ -200,15 +201,72 @@ fn insertion_strings_fit_the_entry_and_cut_the_last_one() {
         assert_eq!(units.len(), guid.len() + reason.len() + 2, "{reason}");
         assert!(units.len() * 2 <= budget);
     }
-    let long = "x".repeat(500);
-    let (units, n) = insertion_strings(&[&guid, &long, "dropped"], budget);
-    assert_eq!(n, 2);
-    assert_eq!(units.len() * 2, budget);
-    assert_eq!(units.last(), Some(&0));
-    assert_eq!(units.iter().filter(|&&u| u == 0).count(), 2);
-    assert_eq!(insertion_strings(&["a"], 1), (Vec::new(), 0));
+    let (units, n) = insertion_strings(&[SWITCH_VALUE], budget);
     assert_eq!(
-        insertion_strings(&["ab"], 4),
-        (std::vec![u16::from(b'a'), 0], 1)
+        (n, units.len()),
+        (1, SWITCH_VALUE.len() + 1),
+        "the path fits whole"
     );
+    // Too long: every string is kept (no %4 left unfilled), the short ones whole, the
+    // long one cut with the marker, all inside the entry.
+    let long = "x".repeat(500);
+    let (units, n) = insertion_strings(&[&guid, &long, "kept"], budget);
+    assert_eq!(n, 3, "no string dropped");
+    assert!(units.len() * 2 <= budget);
+    let parts: Vec<&[u16]> = units.split(|&u| u == 0).collect();
+    assert_eq!(
+        parts.len(),
+        4,
+        "three strings and the tail after the last NUL"
+    );
+    assert_eq!(String::from_utf16(parts[0]).unwrap(), guid);
+    assert_eq!(String::from_utf16(parts[2]).unwrap(), "kept");
+    assert_eq!(parts[1].last(), Some(&CUT_MARKER), "the cut one says so");
+    assert_eq!(
+        units.len() * 2,
+        budget,
+        "the cut string takes all the room left"
+    );
+    // Two long strings share the room evenly.
+    let (units, n) = insertion_strings(&[&long, &long], budget);
+    assert_eq!(n, 2);
+    let parts: Vec<&[u16]> = units.split(|&u| u == 0).collect();
+    assert_eq!(parts[0].len(), parts[1].len());
+    assert!(parts[0].ends_with(&[CUT_MARKER]) && parts[1].ends_with(&[CUT_MARKER]));
+    // No room for even a marker and a NUL per string: the later ones go, never a
+    // string without its NUL.
+    assert_eq!(insertion_strings(&["a"], 1), (Vec::new(), 0));
+    assert_eq!(insertion_strings(&["ab"], 4), (std::vec![CUT_MARKER, 0], 1));
+    assert_eq!(
+        insertion_strings(&["ab", "c"], 6),
+        (std::vec![u16::from(b'a'), u16::from(b'b'), 0], 1)
+    );
+    assert_eq!(
+        insertion_strings(&["a", "c"], 8),
+        (std::vec![u16::from(b'a'), 0, u16::from(b'c'), 0], 2)
+    );
+}
+
+#[test]
+fn each_message_is_written_once_per_hca_and_reason() {
+    let logged = Logged::new();
+    let a = 0x0002_c903_0000_1000_u64.to_be();
+    let b = 0x0002_c903_0000_2000_u64.to_be();
+    let reason = NoRoute::NoQp1Seen.reason();
+    assert!(logged.first(a, &CM_QUERY_NO_QP1_ROUTE, reason));
+    // The same HCA, message and reason again (every resume, the other port): counted.
+    assert!(!logged.first(a, &CM_QUERY_NO_QP1_ROUTE, reason));
+    assert!(!logged.first(a, &CM_QUERY_NO_QP1_ROUTE, reason));
+    assert_eq!(logged.suppressed(), 2);
+    // Another HCA, another reason, another message: each written once.
+    assert!(logged.first(b, &CM_QUERY_NO_QP1_ROUTE, reason));
+    assert!(logged.first(a, &CM_QUERY_NO_QP1_ROUTE, NoRoute::PortSetup.reason()));
+    assert!(logged.first(a, &CM_QUERY_PASSED_DOWN, reason));
+    // Once every slot is taken, new entries are counted, not written.
+    let full = Logged::new();
+    for i in 0..Logged::SLOTS as u64 {
+        assert!(full.first(i, &HCA_SKIPPED, "x"));
+    }
+    assert!(!full.first(u64::MAX, &HCA_SKIPPED, "x"));
+    assert_eq!(full.suppressed(), 1);
 }

@@ -37,6 +37,9 @@ pub enum PassDown {
     NoQp1Route,
     /// ibcm's CM is being removed: no new reference is handed out.
     Removing,
+    /// The kill switch is on (the service's `Parameters\\Disabled`, read at the HCA's
+    /// start): ibcm answers no CM query, and AL's CM serves every client.
+    SwitchedOff,
 }
 
 impl PassDown {
@@ -57,6 +60,7 @@ impl PassDown {
                 "no QP1 route on this HCA (CM MAD service registration failed, no steering)"
             }
             Self::Removing => "ibcm's CM is being removed",
+            Self::SwitchedOff => "ibcm is switched off (Parameters\\Disabled)",
         }
     }
 }

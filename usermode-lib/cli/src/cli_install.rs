@@ -22,6 +22,13 @@ pub struct FilterArgs {
     /// next start or at reboot).
     #[arg(long)]
     no_restart: bool,
+    /// Restart the HCAs without asking (a restart interrupts their IPoIB and RDMA traffic).
+    #[arg(long, conflicts_with = "no_restart")]
+    yes: bool,
+    /// Report each HCA's UpperFilters and what would be written; write nothing, restart
+    /// nothing.
+    #[arg(long, conflicts_with_all = ["yes", "no_restart", "list"])]
+    check: bool,
 }
 
 /// Which way the list is edited.
@@ -71,8 +78,11 @@ pub fn command(action: Action, a: &FilterArgs) -> Result<bool, Failure> {
 
 #[cfg(windows)]
 fn devnodes(action: Action, a: &FilterArgs) -> Result<bool, Failure> {
+    use std::io::IsTerminal as _;
+
+    use ibcm_cli::admin::{RESTART_INTERRUPTS, confirm};
     use ibcm_cli::install_windows::{self, Restart};
-    if action == Action::Install && !install_windows::service_installed(IBCM) {
+    if action == Action::Install && !a.check && !install_windows::service_installed(IBCM) {
         return Err(Failure(format!(
             "the `{IBCM}` service is not installed: install the driver package first \
              (`pnputil /add-driver ibcm_driver.inf /install`); a filter whose service is \
@@ -86,43 +96,66 @@ fn devnodes(action: Action, a: &FilterArgs) -> Result<bool, Failure> {
             "no device has ibbus in its UpperFilters: is WinOF's mlx4_bus installed?".into(),
         ));
     }
+    // What each HCA gets, decided before anything is written.
     let mut ok = true;
-    for hca in hcas {
+    let mut edits = Vec::new();
+    for hca in &hcas {
         println!("{} ({})", hca.description, hca.instance_id);
         println!("  UpperFilters: {}", show(&hca.upper_filters));
-        let new = match action.edit(&hca.upper_filters) {
-            Ok(Some(new)) => new,
-            Ok(None) => {
+        match action.edit(&hca.upper_filters) {
+            Ok(Some(new)) => {
                 println!(
-                    "  unchanged: {}",
-                    upper_filters::placement(&hca.upper_filters)
+                    "  {}: {}",
+                    if a.check { "would write" } else { "to write" },
+                    show(&new)
                 );
-                continue;
+                edits.push((hca, new));
             }
+            Ok(None) => println!(
+                "  unchanged: {}",
+                upper_filters::placement(&hca.upper_filters)
+            ),
             Err(Failure(msg)) => {
                 println!("  skipped: {msg}");
                 ok = false;
-                continue;
             }
-        };
-        println!("  writing:      {}", show(&new));
-        if a.no_restart {
-            match install_windows::write(&hca.instance_id, &new) {
-                Ok(()) => println!("  written; applies when the HCA next starts"),
-                Err(e) => {
-                    println!("  failed: {e}");
-                    ok = false;
-                }
-            }
-            continue;
         }
-        match install_windows::write_and_restart(&hca.instance_id, &new) {
-            Ok(Restart::Done) => println!("  restarted with the new list"),
-            Ok(Restart::RebootNeeded) => {
-                println!("  written; the HCA could not be restarted now: reboot to apply")
-            }
+    }
+    if a.check {
+        // --check reports; an HCA that needs an edit is what it reports (exit status 1).
+        return Ok(ok && edits.is_empty());
+    }
+    if edits.is_empty() {
+        return Ok(ok);
+    }
+    if !a.no_restart {
+        println!("{RESTART_INTERRUPTS}");
+        println!("Write and restart {} HCA(s) now? [y/N]", edits.len());
+        let stdin = std::io::stdin();
+        if !confirm(a.yes, stdin.is_terminal(), &mut stdin.lock()) {
+            println!(
+                "nothing written (--yes to agree without a terminal; --no-restart to write \
+                 the lists for the next start)"
+            );
+            return Ok(false);
+        }
+    }
+    for (hca, new) in edits {
+        let done = if a.no_restart {
+            install_windows::write(&hca.instance_id, &new)
+                .map(|()| "written; applies when the HCA next starts")
+        } else {
+            install_windows::write_and_restart(&hca.instance_id, &new).map(|r| match r {
+                Restart::Done => "restarted with the new list",
+                Restart::RebootNeeded => {
+                    "written; the HCA could not be restarted now: reboot to apply"
+                }
+            })
+        };
+        match done {
+            Ok(what) => println!("{} ({}): {what}", hca.description, hca.instance_id),
             Err(e) => {
-                println!("  failed: {e}");
+                println!("{} ({}): failed: {e}", hca.description, hca.instance_id);
                 ok = false;
             }
         }

@@ -13,17 +13,25 @@ use std::io;
 use windows_sys::Win32::Devices::DeviceAndDriverInstallation::{
     DI_NEEDREBOOT, DI_NEEDRESTART, DICS_FLAG_CONFIGSPECIFIC, DICS_PROPCHANGE, DIF_PROPERTYCHANGE,
     DIGCF_ALLCLASSES, DIGCF_PRESENT, HDEVINFO, SP_CLASSINSTALL_HEADER, SP_DEVINFO_DATA,
-    SP_DEVINSTALL_PARAMS_W, SP_PROPCHANGE_PARAMS, SPDRP_DEVICEDESC, SPDRP_UPPERFILTERS,
-    SetupDiCallClassInstaller, SetupDiDestroyDeviceInfoList, SetupDiEnumDeviceInfo,
-    SetupDiGetClassDevsW, SetupDiGetDeviceInstallParamsW, SetupDiGetDeviceInstanceIdW,
-    SetupDiGetDeviceRegistryPropertyW, SetupDiSetClassInstallParamsW,
-    SetupDiSetDeviceRegistryPropertyW,
+    SP_DEVINSTALL_PARAMS_W, SP_PROPCHANGE_PARAMS, SPDRP_DEVICEDESC, SPDRP_HARDWAREID,
+    SPDRP_UPPERFILTERS, SetupDiCallClassInstaller, SetupDiDestroyDeviceInfoList,
+    SetupDiEnumDeviceInfo, SetupDiGetClassDevsW, SetupDiGetDeviceInstallParamsW,
+    SetupDiGetDeviceInstanceIdW, SetupDiGetDevicePropertyW, SetupDiGetDeviceRegistryPropertyW,
+    SetupDiSetClassInstallParamsW, SetupDiSetDeviceRegistryPropertyW,
 };
-use windows_sys::Win32::Foundation::{ERROR_NO_MORE_ITEMS, INVALID_HANDLE_VALUE};
+use windows_sys::Win32::Devices::Properties::{DEVPKEY_Device_Stack, DEVPROPTYPE};
+use windows_sys::Win32::Foundation::{
+    ERROR_FILE_NOT_FOUND, ERROR_NO_MORE_ITEMS, ERROR_SUCCESS, INVALID_HANDLE_VALUE,
+};
+use windows_sys::Win32::System::Registry::{
+    HKEY_LOCAL_MACHINE, REG_DWORD, RRF_RT_REG_DWORD, RegGetValueW, RegSetKeyValueW,
+};
 use windows_sys::Win32::System::Services::{
     CloseServiceHandle, OpenSCManagerW, OpenServiceW, SC_MANAGER_CONNECT, SERVICE_QUERY_STATUS,
 };
 
+use crate::admin::{PARAMETERS_KEY, SWITCH_VALUE};
+use crate::host_report::{self, Devnode};
 use crate::upper_filters::{self, IBBUS};
 
 /// One HCA devnode.
@@ -93,6 +101,36 @@ pub fn hcas() -> io::Result<Vec<Hca>> {
     Ok(out)
 }
 
+/// Every present HCA devnode for `ibcm status`, read-only: a supported hardware ID
+/// ([`host_report::supported_hca`]) or ibbus in its `UpperFilters`, with or without ibcm.
+pub fn devnodes() -> io::Result<Vec<Devnode>> {
+    let set = DeviceSet::present()?;
+    let mut out = Vec::new();
+    for data in set.devices() {
+        let data = data?;
+        let multi = |property| -> io::Result<Vec<String>> {
+            Ok(set
+                .property(&data, property)?
+                .map(|u| upper_filters::decode_multi_sz(&u))
+                .unwrap_or_default())
+        };
+        let hardware_ids = multi(SPDRP_HARDWAREID)?;
+        let filters = multi(SPDRP_UPPERFILTERS)?;
+        let has_ibbus = filters.iter().any(|e| e.eq_ignore_ascii_case(IBBUS));
+        if !has_ibbus && !host_report::supported_hca(&hardware_ids) {
+            continue;
+        }
+        out.push(Devnode {
+            instance_id: set.instance_id(&data)?,
+            description: multi(SPDRP_DEVICEDESC)?.join(" "),
+            hardware_ids,
+            upper_filters: filters,
+            stack: set.stack(&data),
+        });
+    }
+    Ok(out)
+}
+
 /// Writes `list` as the `UpperFilters` of the devnode `instance_id`; PnP reads it when
 /// it next builds the device's stack.
 pub fn write(instance_id: &str, list: &[String]) -> io::Result<()> {
@@ -105,6 +143,61 @@ pub fn write_and_restart(instance_id: &str, list: &[String]) -> io::Result<Resta
         set.set_upper_filters(data, list)?;
         set.restart(data)
     })
+}
+
+/// Restarts the devnode `instance_id` (its stack is rebuilt; its drivers' start routines
+/// run again).
+pub fn restart(instance_id: &str) -> io::Result<Restart> {
+    with_device(instance_id, |set, data| set.restart(data))
+}
+
+/// The kill switch's value (`None`: absent, or no Parameters key).
+pub fn switch_value() -> io::Result<Option<u32>> {
+    let key = wide(PARAMETERS_KEY);
+    let value = wide(SWITCH_VALUE);
+    let mut data = 0u32;
+    let mut size = size_of::<u32>() as u32;
+    // SAFETY: (W15) HKLM is a predefined key; the names are NUL-terminated and outlive the
+    // call; `data` holds `size` bytes.
+    let e = unsafe {
+        RegGetValueW(
+            HKEY_LOCAL_MACHINE,
+            key.as_ptr(),
+            value.as_ptr(),
+            RRF_RT_REG_DWORD,
+            std::ptr::null_mut(),
+            (&raw mut data).cast(),
+            &mut size,
+        )
+    };
+    match e {
+        ERROR_SUCCESS => Ok(Some(data)),
+        ERROR_FILE_NOT_FOUND => Ok(None),
+        e => Err(io::Error::from_raw_os_error(e as i32)),
+    }
+}
+
+/// Sets the kill switch's value (1: off, 0: on); the key is made if missing.
+pub fn set_switch(off: bool) -> io::Result<()> {
+    let key = wide(PARAMETERS_KEY);
+    let value = wide(SWITCH_VALUE);
+    let data = u32::from(off);
+    // SAFETY: (W16) as W15; `data` is the REG_DWORD's 4 bytes.
+    let e = unsafe {
+        RegSetKeyValueW(
+            HKEY_LOCAL_MACHINE,
+            key.as_ptr(),
+            value.as_ptr(),
+            REG_DWORD,
+            (&raw const data).cast(),
+            size_of::<u32>() as u32,
+        )
+    };
+    if e == ERROR_SUCCESS {
+        Ok(())
+    } else {
+        Err(io::Error::from_raw_os_error(e as i32))
+    }
 }
 
 fn with_device<R>(
@@ -213,6 +306,44 @@ impl DeviceSet {
         }
         units.truncate((needed as usize) / 2);
         Ok(Some(units))
+    }
+
+    /// The device's driver stack (`DEVPKEY_Device_Stack`, a string list, top down); None
+    /// when it cannot be read (a device that is not started has none).
+    fn stack(&self, data: &SP_DEVINFO_DATA) -> Option<Vec<String>> {
+        let mut kind: DEVPROPTYPE = 0;
+        let mut needed = 0u32;
+        // SAFETY: (W17) the set and `data` are live; a size query (null buffer, size 0).
+        unsafe {
+            SetupDiGetDevicePropertyW(
+                self.0,
+                data,
+                &DEVPKEY_Device_Stack,
+                &mut kind,
+                std::ptr::null_mut(),
+                0,
+                &mut needed,
+                0,
+            )
+        };
+        if needed == 0 {
+            return None;
+        }
+        let mut units = vec![0u16; (needed as usize).div_ceil(2)];
+        // SAFETY: (W18) as W17, into a buffer of at least `needed` bytes.
+        let ok = unsafe {
+            SetupDiGetDevicePropertyW(
+                self.0,
+                data,
+                &DEVPKEY_Device_Stack,
+                &mut kind,
+                units.as_mut_ptr().cast(),
+                (units.len() * 2) as u32,
+                &mut needed,
+                0,
+            )
+        };
+        (ok != 0).then(|| upper_filters::decode_multi_sz(&units))
     }
 
     fn instance_id(&self, data: &SP_DEVINFO_DATA) -> io::Result<String> {

@@ -1,14 +1,15 @@
 //! `ibcm`: the command line of the ibcm connection manager.
 //!
-//! By default (and always off Windows) every command runs on the simulated fabric in this
-//! process, in real time: the driver's own code on two nodes, node 0 the client and node 1
-//! the server. On Windows, `--device` opens the installed driver instead.
+//! On Windows every command uses the installed driver unless `--simulate` is given. Off
+//! Windows (or with `--simulate`) they run on the simulated fabric in this process, in real
+//! time: the driver's own code on two nodes, node 0 the client and node 1 the server.
 //!
 //! - `ibcm cmtime`: connection setup and teardown timed step by step (rdma-core cmtime).
 //! - `ibcm listen` / `ibcm connect`: ucmatose-style exchanges, printing each event.
 //! - `ibcm stats`: the driver's per-attribute message counters.
 //! - `ibcm status`: HCAs, ports, which CM serves them, QP1 routes, counters.
 //! - `ibcm install` / `ibcm uninstall`: ibcm into or out of the HCAs' `UpperFilters`.
+//! - `ibcm off` / `ibcm on`: the kill switch.
 
 use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
@@ -34,19 +35,21 @@ mod cli_perftest;
 #[cfg(all(target_os = "linux", feature = "devices"))]
 mod cli_rc;
 mod cli_rocev2;
+mod cli_switch;
 
 #[derive(Parser, Debug)]
 #[command(
     name = "ibcm",
     version,
     about = "ibcm, an InfiniBand connection manager: cmtime, listen/connect (ucmatose), stats, \
-             status, install; rping, ucmatose, rc-bw, perftest, port-fault on RDMA devices",
-    long_about = "ibcm, an InfiniBand connection manager, and tools that exercise it. cmtime, \
-                  listen, connect, stats and status run on a simulated two-node fabric in this \
-                  process by default (node 0: client, node 1: server), in real time; on Linux, \
-                  with --bind ADDR they run on a real RoCEv2 link, peers of rdma-core's tools \
-                  (and with --ib-dev on an RDMA device); on Windows, --device uses the \
-                  installed ibcm driver. rping, ucmatose, rc-bw, perftest and port-fault run \
+             status, install, off/on; rping, ucmatose, rc-bw, perftest, port-fault on RDMA devices",
+    long_about = "ibcm, an InfiniBand connection manager, and tools that exercise it. On \
+                  Windows every command uses the installed ibcm driver unless --simulate is \
+                  given. Elsewhere (or with --simulate) cmtime, listen, connect, stats and \
+                  status run on a simulated two-node fabric in this process (node 0: client, \
+                  node 1: server), in real time; on Linux, with --bind ADDR they run on a real \
+                  RoCEv2 link, peers of rdma-core's tools (and with --ib-dev on an RDMA \
+                  device). rping, ucmatose, rc-bw, perftest and port-fault run \
                   on an RDMA device (Linux, built with the feature `devices`). Short options \
                   follow the rdma-core tool each command mirrors."
 )]
@@ -73,10 +76,11 @@ enum Command {
     /// Show the driver's per-attribute message counters (sent, received, duplicates,
     /// retries); on the simulated fabric after a short exchange.
     Stats(StatsArgs),
-    /// Show the HCAs and ports ibcm serves, which CM answers WinVerbs and ndfltr on each
-    /// HCA, each port's QP1 route and why, and the message counters (--device: the
-    /// installed driver; otherwise the simulated fabric's two nodes after a short
-    /// exchange).
+    /// Show, read-only, every HCA devnode of this host with or without ibcm: its
+    /// UpperFilters, whether ibcm is loaded in its stack, its QP1 route and which CM serves
+    /// WinVerbs and ndfltr there; the kill switch; the driver's HCAs, ports and counters
+    /// (Windows). With --simulate (the only mode off Windows), the simulated fabric's two
+    /// nodes after a short exchange, marked as simulated.
     Status(StatusArgs),
     /// Put ibcm into each HCA's UpperFilters directly above ibbus, keeping every other
     /// filter in its order, and restart the HCA (Windows; --list shows the edit on a
@@ -85,6 +89,12 @@ enum Command {
     /// Take ibcm out of each HCA's UpperFilters, leaving the other filters as they were,
     /// and restart the HCA (Windows; --list shows the edit on a given list).
     Uninstall(cli_install::FilterArgs),
+    /// Switch ibcm off (the kill switch: the service's Parameters\Disabled = 1): it stays
+    /// in each HCA's stack but binds nothing and answers no CM query, so AL's CM serves
+    /// every client; applies at each HCA's start, so it offers to restart them (Windows).
+    Off(cli_switch::SwitchArgs),
+    /// Switch ibcm back on (Parameters\Disabled = 0); offers to restart the HCAs (Windows).
+    On(cli_switch::SwitchArgs),
     /// rdma-core rping's exchange on a real RDMA device (RDMA READ, RDMA WRITE, SEND),
     /// every ping verified; a peer for Linux `rping -v -V` in either role.
     #[cfg(all(target_os = "linux", feature = "devices"))]
@@ -177,12 +187,22 @@ struct FabricArgs {
     /// Capture every MAD and write it to FILE as RoCEv2 frames (pcap, Ethernet).
     #[arg(long, value_name = "FILE")]
     pcap: Option<PathBuf>,
-    /// Use the installed ibcm driver instead of the simulated fabric (Windows only).
+    /// Use the installed ibcm driver (Windows only; there it is the default).
     #[arg(long)]
     device: bool,
+    /// Run on the simulated fabric in this process: two nodes, each the whole driver (the
+    /// default off Windows; on Windows the installed driver is used unless this is given).
+    #[arg(long, conflicts_with = "device")]
+    simulate: bool,
 }
 
 impl FabricArgs {
+    /// Whether the command runs on the installed driver: on Windows unless `--simulate`
+    /// is given, elsewhere only with `--device` (which then fails: there is no driver).
+    fn use_device(&self) -> bool {
+        self.device || (cfg!(windows) && !self.simulate)
+    }
+
     fn faults(&self) -> Faults {
         Faults {
             loss: self.loss,
@@ -351,12 +371,26 @@ struct ExchangeArgs {
 #[derive(Args, Debug)]
 struct DeviceLids {
     /// Device mode: this node's LID (the client connects from it).
-    #[arg(long, value_name = "LID", value_parser = number, requires = "device")]
+    #[arg(long, value_name = "LID", value_parser = number)]
     local_lid: Option<u64>,
     /// Device mode: the peer's LID, the server's (connect and cmtime; may be the local
     /// one).
-    #[arg(long, value_name = "LID", value_parser = number, requires = "device")]
+    #[arg(long, value_name = "LID", value_parser = number)]
     remote_lid: Option<u64>,
+}
+
+impl DeviceLids {
+    /// The simulated fabric makes its own LIDs: none may be given for it.
+    fn none_for_the_simulation(&self) -> Result<(), Failure> {
+        if self.local_lid.is_some() || self.remote_lid.is_some() {
+            return Err(Failure(
+                "--local-lid and --remote-lid name the installed driver's path; the \
+                 simulated fabric makes its own"
+                    .into(),
+            ));
+        }
+        Ok(())
+    }
 }
 
 #[derive(Args, Debug)]
@@ -374,7 +408,8 @@ struct StatsArgs {
 
 #[derive(Args, Debug)]
 struct StatusArgs {
-    /// Print JSON (one object per device, in an array) instead of text.
+    /// Print JSON instead of text: an object whose `simulated` says which it describes
+    /// (this host's devnodes and driver, or the simulated nodes).
     #[arg(long)]
     json: bool,
     /// Connections of the exchange run first on the simulated fabric.
@@ -404,6 +439,8 @@ fn main() -> ExitCode {
         Command::Status(a) => status_command(&a),
         Command::Install(a) => cli_install::command(cli_install::Action::Install, &a),
         Command::Uninstall(a) => cli_install::command(cli_install::Action::Uninstall, &a),
+        Command::Off(a) => cli_switch::command(true, &a),
+        Command::On(a) => cli_switch::command(false, &a),
         #[cfg(all(target_os = "linux", feature = "devices"))]
         Command::Rping(a) => cli_rc::rping(&a),
         #[cfg(all(target_os = "linux", feature = "devices"))]
@@ -499,7 +536,7 @@ fn cmtime_command(a: &CmtimeArgs) -> Result<bool, Failure> {
     if let Some(ok) = cli_rocev2::cmtime(a)? {
         return Ok(ok);
     }
-    let connections = a.connections.unwrap_or(if a.fabric.device {
+    let connections = a.connections.unwrap_or(if a.fabric.use_device() {
         CMTIME_CONNECTIONS
     } else {
         SIM_CONNECTIONS
@@ -537,7 +574,7 @@ fn cmtime_command(a: &CmtimeArgs) -> Result<bool, Failure> {
         ms(t.retry_interval().as_nanos() as u64),
         t.max_cm_retries
     );
-    if a.fabric.device {
+    if a.fabric.use_device() {
         if a.virtual_time {
             return Err(Failure("--virtual-time is for the simulated fabric".into()));
         }
@@ -574,6 +611,7 @@ fn cmtime_command(a: &CmtimeArgs) -> Result<bool, Failure> {
         write_plot(a, |path| plot::cmtime(path, &heading, &report, &cfg, &[]))?;
         return Ok(report.established == report.connections);
     }
+    a.lids.none_for_the_simulation()?;
     let sim = a.fabric.sim(!a.virtual_time);
     let (client, server) = (sim.provider(0)?, sim.provider(1)?);
     if !a.json {
@@ -1250,7 +1288,12 @@ fn exchange_command(a: &ExchangeArgs, listen: bool) -> Result<bool, Failure> {
     let log = move |line: String| {
         println!("[{:>10.6}] {side}: {line}", start.elapsed().as_secs_f64());
     };
-    if a.fabric.device {
+    if a.fabric.use_device() {
+        if a.peer_service.is_some() {
+            return Err(Failure(
+                "--peer-service is for the simulated fabric (--simulate)".into(),
+            ));
+        }
         let provider = device()?;
         let local = PathEnd::lid(lid(a.lids.local_lid, "local-lid")?);
         let cfg = exchange::Config {
@@ -1276,6 +1319,7 @@ fn exchange_command(a: &ExchangeArgs, listen: bool) -> Result<bool, Failure> {
         );
         return Ok(summary.failed.is_empty());
     }
+    a.lids.none_for_the_simulation()?;
     let sim = a.fabric.sim(true);
     println!("{side}: {}", a.fabric.describe(&sim));
     let (client, server) = (sim.provider(0)?, sim.provider(1)?);
@@ -1325,7 +1369,7 @@ fn exchange_command(a: &ExchangeArgs, listen: bool) -> Result<bool, Failure> {
 }
 
 fn stats_command(a: &StatsArgs) -> Result<bool, Failure> {
-    if a.fabric.device {
+    if a.fabric.use_device() {
         let provider = device()?;
         if a.json {
             let j = serde_json::json!({ "counters": counters_json(&[("device", &provider)]) });
@@ -1368,40 +1412,75 @@ fn stats_command(a: &StatsArgs) -> Result<bool, Failure> {
 }
 
 fn status_command(a: &StatusArgs) -> Result<bool, Failure> {
-    let report = |name: &str, p: &Provider| -> Result<serde_json::Value, Failure> {
-        let s = p.status()?;
-        let c = p.counters()?;
+    if a.fabric.use_device() {
+        return host_status(a.json);
+    }
+    let sim = Arc::new(a.fabric.sim(true));
+    let (client, server) = (sim.provider(0)?, sim.provider(1)?);
+    let cfg = cmtime::Config {
+        connections: a.connections,
+        ..cmtime::Config::default()
+    };
+    let run = cmtime::run(&client, &server, &*sim, &cfg, &|_| {})?;
+    let fabric = a.fabric.describe(&sim);
+    let mut nodes = Vec::new();
+    if !a.json {
+        println!(
+            "status (SIMULATED, not this host): the two nodes of the {fabric}, after {} \
+             connections set up and torn down",
+            run.connections
+        );
+    }
+    for (name, p) in [("node 0 (client)", &client), ("node 1 (server)", &server)] {
+        let (s, c) = (p.status()?, p.counters()?);
         if a.json {
-            Ok(status::json(name, &s, &c))
+            nodes.push(status::json(name, &s, &c));
         } else {
             print!("{}", status::text(name, &s, &c));
-            Ok(serde_json::Value::Null)
         }
-    };
-    let reports = if a.fabric.device {
-        vec![report("device", &device()?)?]
-    } else {
-        let sim = Arc::new(a.fabric.sim(true));
-        let (client, server) = (sim.provider(0)?, sim.provider(1)?);
-        let cfg = cmtime::Config {
-            connections: a.connections,
-            ..cmtime::Config::default()
-        };
-        let run = cmtime::run(&client, &server, &*sim, &cfg, &|_| {})?;
-        if !a.json {
-            println!(
-                "status: the two nodes of the {}, after {} connections set up and torn down",
-                a.fabric.describe(&sim),
-                run.connections
-            );
-        }
-        vec![
-            report("node 0 (client)", &client)?,
-            report("node 1 (server)", &server)?,
-        ]
-    };
+    }
     if a.json {
-        println!("{}", serde_json::to_string_pretty(&reports)?);
+        let j = serde_json::json!({ "simulated": true, "fabric": fabric, "nodes": nodes });
+        println!("{}", serde_json::to_string_pretty(&j)?);
     }
     Ok(true)
+}
+
+/// `ibcm status` on this host (Windows): every HCA devnode with or without ibcm, the kill
+/// switch, and the installed driver's status when it is loaded. Read-only.
+#[cfg(windows)]
+fn host_status(json: bool) -> Result<bool, Failure> {
+    use ibcm_cli::host_report::{self, Host};
+    use ibcm_cli::install_windows;
+    let devnodes = install_windows::devnodes()
+        .map_err(|e| Failure(format!("cannot list the devices: {e}")))?;
+    let switch = install_windows::switch_value().unwrap_or(None);
+    let driver = Provider::open()
+        .map_err(|e| format!("cannot open \\\\.\\ibcm ({e}): ibcm is loaded in no HCA's stack"))
+        .and_then(|p| {
+            Ok((
+                p.status().map_err(|e| e.to_string())?,
+                p.counters().map_err(|e| e.to_string())?,
+            ))
+        });
+    let host = Host {
+        devnodes,
+        switch,
+        driver,
+    };
+    if json {
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&host_report::json(&host))?
+        );
+    } else {
+        print!("{}", host_report::text(&host));
+    }
+    Ok(true)
+}
+
+/// `ibcm status` on this host: only Windows has the driver.
+#[cfg(not(windows))]
+fn host_status(_json: bool) -> Result<bool, Failure> {
+    device().map(|_| true)
 }

@@ -1176,6 +1176,93 @@ fn verifier_wait_never_returns() {
     provoke(Fault::RundownNeverReleased);
 }
 
+/// The kill switch (`Parameters\Disabled` = 1, parameters.rs): the filter attaches and the
+/// HCA starts, but ibcm binds nothing on it (no AL interface reference, no MAD service on
+/// its ports: nothing is steered to ibcm) and the CM query goes down to ibbus, where AL's
+/// CM answers; the System log says ibcm is switched off, once. The value is read at each
+/// HCA start: cleared, the next start binds and ibcm answers; set again, the next HCA's
+/// start turns every HCA's CM query to AL's CM (WinVerbs keeps one table for all).
+fn kill_switch_leaves_every_client_to_al() {
+    let second = CaConfig {
+        ca_guid: CA_GUID + 0x100,
+        ports: vec![port(1, 0x20)],
+        al_cm_holds_send: false,
+    };
+    registry::set("Disabled", 1);
+    al::set_cas(vec![hca(false), second]);
+    assert_eq!(pnp::load(ibcm_driver::driver_entry), 0, "DriverEntry");
+    let device = pnp::add_device(0).expect("the filter attaches");
+    assert_eq!(pnp::start(device), 0, "the HCA starts");
+    assert!(
+        registry::read().iter().any(|n| n == "Disabled"),
+        "the switch is read at the start"
+    );
+    assert_eq!(al::references(0), 0, "no AL interface reference: not bound");
+    assert!(
+        !al::receive(0x10, 0x99, &[0u8; 256]),
+        "no MAD service of ibcm's on the port: QP1 traffic stays AL's"
+    );
+    let size = size_of::<ibcm_iba_cm::abi::InfinibandInterfaceCm>() as u16;
+    for _ in 0..3 {
+        let (status, ifc) = query_cm_interface(device, size);
+        assert_eq!(status, 0);
+        assert_eq!(
+            ifc.interface_header.version,
+            io::AL_CM_MARK,
+            "passed down to ibbus: AL's CM answers"
+        );
+    }
+    let log = io::system_log();
+    let off = ibcm_eventlog::SWITCHED_OFF.code() as i32;
+    let passed = ibcm_eventlog::CM_QUERY_PASSED_DOWN.code() as i32;
+    assert_eq!(
+        log.iter().filter(|(code, _)| *code == off).count(),
+        1,
+        "the System log says so once: {log:?}"
+    );
+    assert_eq!(
+        log.iter().filter(|(code, _)| *code == passed).count(),
+        1,
+        "three queries passed down, one entry for the HCA and reason: {log:?}"
+    );
+    pnp::remove(device);
+
+    // Cleared: the next HCA start reads it again and binds; ibcm answers.
+    registry::set("Disabled", 0);
+    let device = pnp::add_device(0).expect("the filter attaches");
+    assert_eq!(pnp::start(device), 0);
+    assert!(al::references(0) > 0, "bound at this start");
+    let (status, ifc) = query_cm_interface(device, size);
+    assert_eq!(status, 0);
+    assert_eq!(
+        ifc.interface_header.version,
+        ibcm_iba_cm::abi::INFINIBAND_INTERFACE_CM_VERSION,
+        "ibcm answers again"
+    );
+    let release = ifc
+        .interface_header
+        .interface_dereference
+        .expect("a dereference routine");
+    // SAFETY: the interface's own context, released once as the client does.
+    unsafe { release(ifc.interface_header.context) };
+
+    // Set again while that HCA runs: the next HCA's start reads it; that HCA binds
+    // nothing, and the CM query on the first, still bound, goes down too.
+    registry::set("Disabled", 1);
+    let other = pnp::add_device(1).expect("the filter attaches to the second HCA");
+    assert_eq!(pnp::start(other), 0);
+    assert_eq!(al::references(1), 0, "the second HCA is not bound");
+    let (status, ifc) = query_cm_interface(device, size);
+    assert_eq!(status, 0);
+    assert_eq!(
+        ifc.interface_header.version,
+        io::AL_CM_MARK,
+        "AL's CM answers on every HCA"
+    );
+    pnp::remove(other);
+    shutdown(device);
+}
+
 // ------------------------------------------------------------------------------------
 // Runner
 // ------------------------------------------------------------------------------------
@@ -1245,6 +1332,7 @@ const SCENARIOS: &[Scenario] = scenarios![
     verifier_wait_never_returns => "WAIT_NEVER_RETURNS",
     verifier_locks_in_both_orders => "SPIN_LOCK_ORDER",
     verifier_outer_lock_released_first => "IRQL_CHANGE",
+    kill_switch_leaves_every_client_to_al,
 ];
 
 fn main() {
