@@ -1,5 +1,6 @@
-//! Pool: the driver's allocations (through its global allocator, wdk-alloc's
-//! ExAllocatePool2/ExFreePool on Windows) tracked while the driver's code runs, freed
+//! Pool: the driver's allocations (through its global allocator, driver/kmdf/pool.rs's
+//! ExAllocatePool2 or ExAllocatePoolWithTag and ExFreePool on Windows) tracked while the
+//! driver's code runs, freed
 //! blocks poisoned, and a leak report at unload (Driver Verifier's Pool Tracking,
 //! bug check 0xC4 with P1 = 0x62).
 //!
@@ -75,4 +76,24 @@ pub fn outstanding() -> (usize, usize) {
             .map_or((0, 0), |p| (p.len(), p.values().sum()))
     })
     .unwrap_or((0, 0))
+}
+
+/// `MmGetSystemRoutineAddress` (wdm.h): the simulation exports no routine by name (the
+/// binding's own pool is the test binary's allocator here, `driver/kmdf/pool.rs` is not
+/// built), so every lookup finds nothing.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn MmGetSystemRoutineAddress(
+    _SystemRoutineName: crate::PUNICODE_STRING,
+) -> crate::PVOID {
+    core::ptr::null_mut()
+}
+
+/// `ExFreePool` (wdm.h): only `driver/kmdf/pool.rs` calls it, which the simulation does not
+/// build; a call is the simulation misused.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn ExFreePool(_P: crate::PVOID) {
+    crate::verifier::bugcheck(
+        crate::verifier::Rule::Simulation,
+        format_args!("ExFreePool: the simulated kernel's pool is the test binary's allocator"),
+    );
 }

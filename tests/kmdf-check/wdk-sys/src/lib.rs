@@ -26,6 +26,9 @@ pub type LONG = i32;
 pub type LONGLONG = i64;
 pub type ULONG64 = u64;
 pub type ULONG_PTR = u64;
+pub type SIZE_T = ULONG_PTR;
+pub type POOL_FLAGS = ULONG64;
+pub const POOL_FLAG_NON_PAGED: u64 = 0x40;
 pub type KIRQL = UCHAR;
 pub type KPRIORITY = LONG;
 pub type KPROCESSOR_MODE = CCHAR;
@@ -705,6 +708,8 @@ pub mod ntddk {
             DeviceName: PUNICODE_STRING,
         ) -> NTSTATUS;
         pub fn IoDeleteSymbolicLink(SymbolicLinkName: PUNICODE_STRING) -> NTSTATUS;
+        pub fn MmGetSystemRoutineAddress(SystemRoutineName: PUNICODE_STRING) -> PVOID;
+        pub fn ExFreePool(P: PVOID);
     }
 }
 
