@@ -598,7 +598,14 @@ struct Binding {
     /// This CA's ports with a MAD service. Ports are heap objects whose address is their
     /// AL context; freed by `port_destroyed` or after `ib_close_al`.
     ports: KmdfLock<Vec<NonNull<Port>>>,
+    /// Ports parked by `unbind` (sends the HCA never completed), and [`PARKED`] once
+    /// `unbind` is done with the binding: the last parked port's late completion frees it.
+    parked: AtomicUsize,
 }
+
+/// The mark on a counter of [`Port::posted`] or [`Binding::parked`]: its owner is closed and
+/// waits only for what the count says.
+const PARKED: usize = 1 << (usize::BITS - 1);
 
 impl Binding {
     fn host(&self) -> &Host {
@@ -632,6 +639,11 @@ pub struct Port {
     mad_svc: AtomicPtr<c_void>,
     /// Rundown protection of this port for the send path (unpublishing waits on it).
     sends: UnsafeCell<EX_RUNDOWN_REF>,
+    /// Sends posted to AL and not yet returned through `mad_sent`, with [`PARKED`] once
+    /// `unbind` closed AL while some were out: a card that stopped completes none until
+    /// ibbus deregisters the CA, after AL's forced destruction ended `ib_close_al`'s wait
+    /// (al_common.c `sync_destroy_obj`); the port (the send's context) must outlive them.
+    posted: AtomicUsize,
 }
 
 impl Port {
@@ -789,6 +801,7 @@ fn bind_ca(device: WDFDEVICE, filter: &FilterIbal) {
         h_pd,
         ca_guid,
         ports: KmdfLock::new(Vec::new()),
+        parked: AtomicUsize::new(0),
     }));
     filter.binding.store(binding, Ordering::Release);
     let request = IbPnpReq {
@@ -904,18 +917,39 @@ pub fn unbind(filter: &FilterIbal) {
                 // unpublished and the binding still alive).
                 let _closed = unsafe { (bound.al.close_al)(bound.h_al) };
                 filter.routed_ports.store(0, Ordering::Release);
+                let mut parked = 0u32;
                 for port in core::mem::take(&mut ports) {
-                    // SAFETY: (I38) the port came from Box::into_raw in `port_added`; its
-                    // QP is gone with the AL instance, so no callback refers to it.
-                    drop(unsafe { alloc::boxed::Box::from_raw(port.as_ptr()) });
+                    bound.parked.fetch_add(1, Ordering::AcqRel);
+                    // SAFETY: (I113) live until freed below or by its last send.
+                    let posted = unsafe { port.as_ref() }
+                        .posted
+                        .fetch_or(PARKED, Ordering::AcqRel);
+                    if posted == 0 {
+                        bound.parked.fetch_sub(1, Ordering::AcqRel);
+                        // SAFETY: (I38) the port came from Box::into_raw in `port_added`;
+                        // its QP is gone with the AL instance and no send of it is out, so
+                        // no callback refers to it.
+                        drop(unsafe { alloc::boxed::Box::from_raw(port.as_ptr()) });
+                    } else {
+                        parked += 1;
+                    }
+                }
+                if parked > 0 {
+                    // AL's wait ended without them: the HCA stopped completing sends.
+                    wdk::println!(
+                        "ibcm: CA {:#018x}: {parked} port(s) with sends the HCA never completed outlive ib_close_al; each is freed at its last late completion",
+                        u64::from_be(bound.ca_guid)
+                    );
                 }
             }
             Teardown::ReleaseInterface => release_interface(&bound.ifc),
         }
     }
-    // SAFETY: (I41) from Box::into_raw in `bind`; unpublished above, and every callback
-    // that could reach it has ended with ib_close_al.
-    drop(unsafe { alloc::boxed::Box::from_raw(binding) });
+    if bound.parked.fetch_or(PARKED, Ordering::AcqRel) == 0 {
+        // SAFETY: (I41) from Box::into_raw in `bind`; unpublished above, every callback
+        // that could reach it has ended with ib_close_al, and no port of it is parked.
+        drop(unsafe { alloc::boxed::Box::from_raw(binding) });
+    }
 }
 
 /// Takes a port out of the host's table, waits for the sends that found it, and tells
@@ -1039,6 +1073,7 @@ unsafe fn port_added(binding: &Binding, record: *mut IbPnpPortRec) -> IbApiStatu
         pool_key: core::ptr::null_mut(),
         mad_svc: AtomicPtr::new(core::ptr::null_mut()),
         sends: UnsafeCell::new(EX_RUNDOWN_REF::default()),
+        posted: AtomicUsize::new(0),
     }));
     // SAFETY: (I52) the port was just allocated; nothing else refers to it yet.
     let port_sends = unsafe { (*port).sends.get() };
@@ -1451,10 +1486,37 @@ unsafe extern "C" fn mad_sent(
     context: *mut c_void,
     element: *mut IbMadElement,
 ) {
-    // SAFETY: (I76) as I70.
+    // SAFETY: (I76) as I70; a parked port lives until this, its last send, returns.
     let port = unsafe { &*context.cast::<Port>() };
     // SAFETY: (I77) the completed send element is returned to this callback's owner.
     unsafe { port.binding().al.put_mad(element, line!()) };
+    if port.posted.fetch_sub(1, Ordering::AcqRel) == PARKED | 1 {
+        // SAFETY: (I109) the port's last send of a parked port: nothing else refers to it.
+        unsafe { free_parked(context.cast::<Port>()) };
+    }
+}
+
+/// Frees a parked port whose last send returned, then its binding if it was the last
+/// parked port of a binding `unbind` is done with.
+///
+/// # Safety
+///
+/// `port` came from `Box::into_raw` in `port_added`, was parked by `unbind`, and nothing
+/// refers to it any more.
+unsafe fn free_parked(port: *mut Port) {
+    // SAFETY: (I110) per the contract.
+    let port = unsafe { alloc::boxed::Box::from_raw(port) };
+    let binding = port.binding;
+    drop(port);
+    // SAFETY: (I111) a binding with a parked port is not freed before that port.
+    if unsafe { binding.as_ref() }
+        .parked
+        .fetch_sub(1, Ordering::AcqRel)
+        == PARKED | 1
+    {
+        // SAFETY: (I112) `unbind` is done with it and this was its last parked port.
+        drop(unsafe { alloc::boxed::Box::from_raw(binding.as_ptr()) });
+    }
 }
 
 /// `Platform::send`: one MAD on QP1 of the host port `transmit.dest.port`. Drops the MAD
@@ -1558,10 +1620,14 @@ fn post(binding: &Binding, port: &Port, transmit: &Transmit) -> bool {
         unsafe { core::ptr::write_unaligned(e.p_grh, grh) };
     }
     let mad_svc = port.mad_svc.load(Ordering::Acquire);
+    // Counted before the post: its completion may run before `send_mad` returns.
+    port.posted.fetch_add(1, Ordering::AcqRel);
     // SAFETY: (I94) the MAD service is the port's, live under its protection; the element
     // is filled in; callable at DISPATCH_LEVEL.
     let status = unsafe { (binding.al.send_mad)(mad_svc, element, core::ptr::null_mut()) };
     if status != IB_SUCCESS {
+        // Not parked: `unbind` waits for this send path (the port's rundown) first.
+        port.posted.fetch_sub(1, Ordering::AcqRel);
         // SAFETY: (I95) not sent, so still ours.
         unsafe { binding.al.put_mad(element, line!()) };
         return false;

@@ -293,6 +293,8 @@ pub struct Al {
     hardware_gone: std::collections::HashSet<usize>,
     /// Those sends: (CA, element, MAD service).
     stuck: Vec<(usize, usize, usize, SendSvc)>,
+    /// `ib_close_al`s that ended their wait by AL's forced destruction.
+    forced_destroys: usize,
 }
 
 // SAFETY: the raw pointers are the driver's contexts and the simulation's own boxes,
@@ -361,6 +363,12 @@ pub fn deregister_ca(index: usize, why: &str) {
 /// never completed (`deregister_ca` flushes it).
 pub fn hardware_gone(index: usize) {
     state::lock().al.hardware_gone.insert(index);
+}
+
+/// The `ib_close_al`s that AL ended by forcing the destruction (sends in flight on a CA
+/// whose hardware is gone).
+pub fn forced_destroys() -> usize {
+    state::lock().al.forced_destroys
 }
 
 /// ibbus registers CA `index` again (`fdo_start`, power-up: `__register_ca`).
@@ -754,18 +762,21 @@ unsafe extern "C" fn close_al(h_al: Handle) -> i32 {
         .cloned()
         .unwrap_or_default();
     let what = || "the instance's sends in flight before ib_close_al destroys it".to_string();
-    let (guard_after, drained) = state::wait_until(guard, Some(AL_DESTROY_TIMEOUT), &what, |s| {
-        !s.al.stuck.iter().any(|(_, _, svc, _)| mine.contains(svc))
-    });
+    let (mut guard_after, drained) =
+        state::wait_until(guard, Some(AL_DESTROY_TIMEOUT), &what, |s| {
+            !s.al.stuck.iter().any(|(_, _, svc, _)| mine.contains(svc))
+        });
     if !drained {
+        // "Forcing object destruction" (al_common.c sync_destroy_obj): the instance goes
+        // with its sends still out; their completions come later, when ibbus deregisters
+        // the CA and QP1 is flushed, to the services' contexts as given.
+        guard_after.al.forced_destroys += 1;
         let stuck = guard_after.al.stuck.len();
         drop(guard_after);
-        bugcheck(
-            Rule::AlForcedDestroy,
-            format_args!(
-                "ib_close_al with {stuck} send(s) in flight on a CA whose hardware is gone: they complete only when ibbus deregisters the CA, which waits for this filter's interface reference; AL forces the destruction after its timeout"
-            ),
-        );
+        crate::state::dbg_print(format_args!(
+            "AL: ib_close_al forced the destruction with {stuck} send(s) in flight"
+        ));
+        guard_after = state::lock();
     }
     let mut guard = guard_after;
     let qps = guard
@@ -778,7 +789,8 @@ unsafe extern "C" fn close_al(h_al: Handle) -> i32 {
             s.destroyed = true;
         }
     }
-    let held = guard.al.elements.len();
+    // In flight, an element is AL's (a forced destruction leaves some out).
+    let held = guard.al.elements.values().filter(|e| !e.in_flight).count();
     if held > 0 {
         drop(guard);
         bugcheck(

@@ -66,9 +66,8 @@ pub enum Rule {
     SubjectContext,
     /// A MAD element used against AL's rules (returned twice, leaked at close).
     MadElement,
-    /// `ib_close_al` found sends of the instance still in flight when AL's destroy timeout
-    /// ran out: AL forces the destruction, and their completions come later, on
-    /// destroyed objects.
+    /// ibbus deregistered a CA with a QP1 alias of the filter's still open on it:
+    /// `ib_deregister_ca` destroys it by force.
     AlForcedDestroy,
     /// ibcm's own rule (design.md, "Concurrency and IRQL"): never complete a request or
     /// call a client while holding a lock.

@@ -1303,12 +1303,12 @@ const SCENARIOS: &[Scenario] = scenarios![
     two_hcas,
     stale_handle_across_disable_enable,
     hca_starting_during_last_teardown,
+    surprise_removal_with_a_send_in_flight,
     winverbs_through_the_binding,
     ndfltr_through_the_binding,
     kernel_clients_with_a_peer_node,
     cmtime_with_a_host_peer,
     cm_interface_reference_kept_blocks_removal => "WAIT_NEVER_RETURNS",
-    surprise_removal_with_a_send_in_flight => "AL_FORCED_DESTROY",
     verifier_spin_lock_recursive => "SPIN_LOCK_RECURSIVE",
     verifier_spin_lock_release_irql => "SPIN_LOCK_RELEASE_IRQL",
     verifier_wait_at_dispatch => "WAIT_AT_DISPATCH",
@@ -1384,8 +1384,9 @@ fn main() {
         } else {
             failed += 1;
             println!(
-                "scenario {name}{how} ... FAILED ({:.1} s)\n{stderr}",
-                t.elapsed().as_secs_f64()
+                "scenario {name}{how} ... FAILED ({:.1} s, {})\n{stderr}",
+                t.elapsed().as_secs_f64(),
+                output.status
             );
         }
     }
