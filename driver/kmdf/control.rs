@@ -5,9 +5,10 @@
 //! Created with the first filter device and deleted when the last one goes
 //! (`filter.rs`), as WinOF's WinMad does (`wm_driver.c` `WmCreateControlDevice` /
 //! `WmPowerD0Exit`): `WdfControlDeviceInitAllocate` with an explicit SDDL,
-//! `FILE_DEVICE_SECURE_OPEN`, the name `\Device\ibcm` and the symbolic link
-//! `\DosDevices\Global\ibcm` (user mode opens `\\.\ibcm`: a control device cannot
-//! have a device interface), `WdfControlFinishInitializing`.
+//! `FILE_DEVICE_SECURE_OPEN`, a name of its own (`\Device\ibcm<N>`, [`DeviceName`]), the
+//! symbolic link `\DosDevices\Global\ibcm` to it (user mode opens `\\.\ibcm`: a control
+//! device cannot have a device interface), made and deleted here with
+//! `IoCreateSymbolicLink`/`IoDeleteSymbolicLink`, and `WdfControlFinishInitializing`.
 //!
 //! Every request goes to [`Device::dispatch`](ibcm_endpoint::Device::dispatch) unexamined: this module retrieves the buffers,
 //! makes the request cancelable and hands it over. The only statuses chosen here are the
@@ -45,13 +46,14 @@ static INSTANCE: AtomicU32 = AtomicU32::new(0);
 
 /// `\Device\ibcm<N>`, N the instance number (0 at the first creation after load). Each
 /// control device has a name of its own, so the next one can be made while the previous
-/// one still exists: while the last HCA's teardown waits for kernel clients to drop
-/// ibcm's `iba_cm` (a new HCA starting meanwhile gets a new host at once), and while a
-/// stale `\\.\ibcm` handle keeps it (KMDF destroys a control device deleted with handles
-/// open only at the last IRP_MJ_CLOSE, and its `WdfDeviceCreateSymbolicLink` link with
-/// it: fxdevice.cpp:1262-1279, fxpkggeneral.cpp `DecrementOpenHandleCount`; that link
-/// would keep the name `\\.\ibcm` from any new device until then). The link is this
-/// module's own and always names the newest device; user mode never sees the suffix.
+/// one still exists under its name: the last HCA's teardown, which waits for kernel
+/// clients to drop ibcm's `iba_cm`, runs before that device is deleted (a new HCA starting
+/// meanwhile gets a new host at once). A stale `\\.\ibcm` handle keeps only the WDF
+/// object: `WdfObjectDelete` deletes the WDM device, and with it the name, at once
+/// (fxdevice.cpp:1262-1279), but a `WdfDeviceCreateSymbolicLink` link would live until
+/// the last IRP_MJ_CLOSE (fxdevicekm.cpp:362-377) and keep `\\.\ibcm` from any new device;
+/// so the link is this module's own, deleted when the host is unpublished, and always
+/// names the newest device. User mode never sees the suffix.
 struct DeviceName {
     units: [u16; DEVICE_NAME_PREFIX.len() + 10],
     len: usize,

@@ -316,8 +316,8 @@ pub fn take_sent() -> Vec<Wire> {
     std::mem::take(&mut state::lock().al.sent)
 }
 
-/// ibbus deregisters CA `index` (`__device_power_down_workItem`, `fdo_stop`,
-/// `fdo_query_remove`/`fdo_remove`): it first waits for every reference on its interfaces
+/// ibbus deregisters CA `index` (`__device_power_down_workItem`, `fdo_stop_device` from
+/// a stop, a surprise removal or a removal): it first waits for every reference on its interfaces
 /// (bus_pnp.c:790-829); one the filter keeps is a wait that never ends. Then
 /// `ib_deregister_ca` destroys what is left on the CA: a QP1 alias of the filter's still
 /// open is destroyed by force (the lifecycle model's `forced`).

@@ -23,6 +23,8 @@ pub struct Pnp {
     /// Filter devices in a low-power state (D1-D3 after a sleep, or stopped), and their
     /// state: what the next D0Entry reports as the previous state.
     in_dx: HashMap<usize, WDF_POWER_DEVICE_STATE>,
+    /// Devices surprise-removed (ibbus released them then).
+    surprise_removed: std::collections::HashSet<usize>,
 }
 
 /// The image's `DriverEntry`.
@@ -161,6 +163,7 @@ pub fn rebalance(device: usize) -> NTSTATUS {
 /// never came back from a sleep) gets only the callback. The remove IRP follows
 /// ([`remove`]).
 pub fn surprise_remove(device: usize) {
+    state::lock().pnp.surprise_removed.insert(device);
     if let Some(surprise) = callbacks(device).EvtDeviceSurpriseRemoval {
         call_driver("EvtDeviceSurpriseRemoval", PASSIVE, || {
             // SAFETY: the driver's surprise-removal callback with its device.
@@ -184,13 +187,18 @@ pub fn hardware_gone(device: usize) {
 pub fn remove(device: usize) {
     let ca = ca_of(device);
     d0_exit(device, _WDF_POWER_DEVICE_STATE::WdfPowerDeviceD3Final);
-    crate::al::deregister_ca(ca, "removal");
+    // After a surprise removal ibbus's remove stops nothing again (bus_pnp.c:319-324
+    // `fdo_remove_device`, `last_pnp_state`): the CA was deregistered then.
+    if !state::lock().pnp.surprise_removed.contains(&device) {
+        crate::al::deregister_ca(ca, "removal");
+    }
     {
         let mut guard = state::lock();
         guard
             .objects
             .get_kind(device, Kind::Device, "the PnP manager (remove)");
         guard.pnp.in_dx.remove(&device);
+        guard.pnp.surprise_removed.remove(&device);
     }
     delete(device, "the PnP manager (remove)");
 }
