@@ -83,11 +83,10 @@ impl Since {
 /// `https://learn.microsoft.com/en-us/windows-hardware/drivers/ddi/{header}/nf-{header}-{name lower-cased}`),
 /// and since when it exists. The highest is WdfRequestMarkCancelableEx, KMDF 1.9 ("starting
 /// with KMDF version 1.9", its page); the rest are 1.0 on their pages where read.
-const WDF_CALLS: [(&str, &str, Since); 48] = [
+const WDF_CALLS: [(&str, &str, Since); 49] = [
     ("WdfControlDeviceInitAllocate", "wdfcontrol", Since::Kmdf115),
     ("WdfControlFinishInitializing", "wdfcontrol", Since::Kmdf115),
     ("WdfDeviceCreate", "wdfdevice", Since::Kmdf115),
-    ("WdfDeviceCreateSymbolicLink", "wdfdevice", Since::Kmdf115),
     ("WdfDeviceInitAssignName", "wdfdevice", Since::Kmdf115),
     (
         "WdfDeviceInitAssignWdmIrpPreprocessCallback",
@@ -124,6 +123,7 @@ const WDF_CALLS: [(&str, &str, Since); 48] = [
     ("WdfDpcCancel", "wdfdpc", Since::Kmdf115),
     ("WdfDpcCreate", "wdfdpc", Since::Kmdf115),
     ("WdfDpcEnqueue", "wdfdpc", Since::Kmdf115),
+    ("WdfDpcGetParentObject", "wdfdpc", Since::Kmdf115),
     ("WdfDriverCreate", "wdfdriver", Since::Kmdf115),
     (
         "WdfDriverOpenParametersRegistryKey",
@@ -176,6 +176,7 @@ const WDF_CALLS: [(&str, &str, Since); 48] = [
     ("WdfWorkItemCreate", "wdfworkitem", Since::Kmdf115),
     ("WdfWorkItemEnqueue", "wdfworkitem", Since::Kmdf115),
     ("WdfWorkItemFlush", "wdfworkitem", Since::Kmdf115),
+    ("WdfWorkItemGetParentObject", "wdfworkitem", Since::Kmdf115),
 ];
 
 /// WDF structures the binding passes with `Size = sizeof` (the 1.33 layout): each is the same
