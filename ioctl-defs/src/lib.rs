@@ -901,7 +901,13 @@ record! {
         pub unmatched: u64,
         /// REQs dropped over a listen's backlog.
         pub backlog_drops: u64,
-    } size 416
+        /// Messages naming a connection by its comm ID from an address the connection
+        /// does not use: dropped as forged (docs/security.md, "A node").
+        pub forged: u64,
+        /// Operations refused with STATUS_QUOTA_EXCEEDED, and REQs refused over a user's
+        /// quota or budget (docs/security.md, "Quotas").
+        pub quota_exceeded: u64,
+    } size 432
 }
 
 record! {

@@ -40,6 +40,7 @@ mod receive;
 mod release;
 mod send;
 mod sidr;
+mod source;
 mod state;
 mod steer;
 mod timers;
@@ -225,7 +226,7 @@ impl CmManager {
                 config.comm_id_mask,
                 config.comm_id_value,
                 config.max_ceps,
-                rng.next_u32(),
+                [rng.next_u64(), rng.next_u64()],
             ),
             fixed_room: false,
             tid_high: rng.next_u32(),

@@ -122,6 +122,8 @@ pub struct Inner<P: Platform> {
     /// What non-administrators' handles hold together (against `quotas`' all-users
     /// budgets).
     users: UserTotals,
+    /// IOCTLs failed with STATUS_QUOTA_EXCEEDED (COUNTERS).
+    quota_exceeded: u64,
 }
 
 /// DISPATCH_LEVEL work held back because the event-record pool was short (see
@@ -184,6 +186,7 @@ impl<P: Platform> Device<P> {
             shortfalls: RoomShortfalls::default(),
             quotas: Quotas::default(),
             users: UserTotals::default(),
+            quota_exceeded: 0,
         };
         // Device add runs at PASSIVE_LEVEL: a node nobody has opened yet still answers
         // MADs (a REJ to a REQ for no listen) and runs timers without allocating.

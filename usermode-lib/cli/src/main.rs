@@ -1230,8 +1230,8 @@ fn print_counter_table(name: &str, c: &CountersOut) {
         println!("  {attr:<14} {s:>10} {r:>10} {v:>10} {d:>10}");
     }
     println!(
-        "  malformed {}, unmatched {}, backlog drops {}",
-        c.malformed, c.unmatched, c.backlog_drops
+        "  malformed {}, unmatched {}, backlog drops {}, forged {}, quota exceeded {}",
+        c.malformed, c.unmatched, c.backlog_drops, c.forged, c.quota_exceeded
     );
 }
 

@@ -167,6 +167,9 @@ pub(super) fn ioctl<P: Platform>(
         }
     };
     if let Some((request, st)) = failed {
+        if st == status::QUOTA_EXCEEDED {
+            i.quota_exceeded += 1;
+        }
         i.trace.point(DispatchPoint::IoctlFailed {
             file,
             code,
@@ -754,6 +757,8 @@ pub(super) fn operation<P: Platform>(
                 malformed: k.malformed,
                 unmatched: k.unmatched,
                 backlog_drops: k.backlog_drops,
+                forged: k.forged,
+                quota_exceeded: i.quota_exceeded,
             };
             Ok(output(request, &out)?)
         }
