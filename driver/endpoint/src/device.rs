@@ -23,7 +23,7 @@ pub use client::{Callback, ClientEvent, ClientId};
 use endpoint::{Awaited, Endpoint, File, Owner};
 use ioctl::{batch, destroy_endpoint, ioctl, qp_transitions, room};
 pub use memory::DispatchMemory;
-pub use policy::{Caller, Quotas, UserTotals};
+pub use policy::{Caller, Held, Quotas, USER_MAX_PACKET_LIFE_TIME, UserTotals};
 use pool::{ROOM_RETRY_NS, RecordPool};
 use table::Table;
 
@@ -288,14 +288,19 @@ impl<P: Platform> Device<P> {
         });
     }
 
-    /// A new file handle (IRP_MJ_CREATE) opened by `caller` (policy.rs); fails with
+    /// A new file handle (IRP_MJ_CREATE) opened by `caller` (policy.rs: a user's account,
+    /// if told, is what the per-account budgets count by); fails with
     /// STATUS_INSUFFICIENT_RESOURCES when memory runs out.
     pub fn open(&self, caller: Caller) -> Result<FileId, crate::Status> {
         self.inner.with(|i| {
+            i.users.file_opened(caller)?;
             i.files
                 .try_insert(File::new(caller))
                 .map(FileId)
-                .map_err(|_| status::INSUFFICIENT_RESOURCES)
+                .map_err(|_| {
+                    i.users.file_gone(caller);
+                    status::INSUFFICIENT_RESOURCES
+                })
         })
     }
 
@@ -341,7 +346,7 @@ impl<P: Platform> Device<P> {
     /// What non-administrators' handles hold together now (the all-users budgets of
     /// [`Quotas`] bound it).
     pub fn user_totals(&self) -> UserTotals {
-        self.inner.with(|i| i.users)
+        self.inner.with(|i| i.users.clone())
     }
 
     /// Endpoints of a file, for accounting at close.

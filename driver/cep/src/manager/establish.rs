@@ -432,7 +432,7 @@ impl CmManager {
         };
         // Found by the sender's comm ID and CA GUID, which anyone may write: the source
         // decides (source.rs; by our comm ID, `handle_mad` checked it already).
-        if !self.from_peer(id, src) {
+        if !self.sent_by_peer(id, src) {
             self.forged(AttributeId::Rej);
             return;
         }

@@ -62,7 +62,7 @@ impl CmManager {
         let Some(id) = self.named_by(message) else {
             return false;
         };
-        if self.from_peer(id, src) {
+        if self.sent_by_peer(id, src) {
             return false;
         }
         self.forged(message.attribute_id());
@@ -71,7 +71,7 @@ impl CmManager {
 
     /// Whether `src` is an address the CEP's connection uses (module docs). A CEP with
     /// no peer yet (idle, listening) is no one's: its messages are unmatched, not forged.
-    pub(super) fn from_peer(&self, id: CepId, src: &MadAddress) -> bool {
+    pub(super) fn sent_by_peer(&self, id: CepId, src: &MadAddress) -> bool {
         let Some(c) = self.cep_any(id) else {
             return true;
         };

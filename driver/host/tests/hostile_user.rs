@@ -1,0 +1,168 @@
+//! What a hostile local user can do to others on the same host (docs/security.md, "A
+//! local user"): two handles opened as `Caller::User` are two users' processes; an
+//! administrator's handle stands for administrators and kernel clients.
+
+mod user_handle;
+
+use ibcm_endpoint::{Caller, USER_MAX_PACKET_LIFE_TIME};
+use ibcm_host::Fabric;
+use ibcm_host::records::{connect_in, path};
+use ibcm_ioctl::{LapIn, MAX_CHANNEL_GET_EVENTS, code, status};
+use user_handle::{create, must, open};
+use zerocopy::{FromZeros, IntoBytes};
+
+const SERVICE: u64 = 0x7e57;
+
+/// Timewait is 2 x packet life time + ACK delay (IBA 12.9.8.7): with 31, a user's closed
+/// handle left its CEP and QPN binding behind for 4.9 hours. A user's path carries at
+/// most [`USER_MAX_PACKET_LIFE_TIME`] (20: at or above Linux's
+/// `CMA_IBOE_PACKET_LIFETIME` = 18); an administrator's any. Seen failing on the old
+/// code: the user's CONNECT with packet life time 31 completed with STATUS_SUCCESS.
+#[test]
+fn a_users_packet_life_time_is_bounded_and_an_administrators_is_not() {
+    const { assert!(USER_MAX_PACKET_LIFE_TIME >= 18) };
+    let fabric = Fabric::new(2, 21);
+    let n0 = &fabric.nodes[0];
+    let (user, admin) = (open(n0, Caller::User), open(n0, Caller::Administrator));
+
+    let u = create(n0, user);
+    let mut c = connect_in(u, SERVICE, 0x501);
+    c.primary.packet_life_time = 31;
+    let done = n0.ioctl_now(user, code::CONNECT, c.as_bytes(), 0);
+    assert_eq!(done.status, status::INVALID_PARAMETER);
+    c.primary.packet_life_time = USER_MAX_PACKET_LIFE_TIME + 1;
+    let done = n0.ioctl_now(user, code::CONNECT, c.as_bytes(), 0);
+    assert_eq!(done.status, status::INVALID_PARAMETER);
+    // The alternate path likewise.
+    c.primary.packet_life_time = 18;
+    c.flags |= ibcm_ioctl::flags::ALTERNATE_PATH;
+    c.alternate = path(0, 1);
+    c.alternate.packet_life_time = 31;
+    let done = n0.ioctl_now(user, code::CONNECT, c.as_bytes(), 0);
+    assert_eq!(done.status, status::INVALID_PARAMETER);
+    c.alternate.packet_life_time = USER_MAX_PACKET_LIFE_TIME;
+    c.primary.packet_life_time = USER_MAX_PACKET_LIFE_TIME;
+    must(n0, user, code::CONNECT, c.as_bytes(), 0);
+
+    // A LAP's alternate path too (checked before the state).
+    let mut lap = LapIn::new_zeroed();
+    lap.size = LapIn::SIZE;
+    lap.handle = u;
+    lap.alternate = path(0, 1);
+    lap.alternate.packet_life_time = 31;
+    let done = n0.ioctl_now(user, code::LAP, lap.as_bytes(), 0);
+    assert_eq!(done.status, status::INVALID_PARAMETER);
+
+    let a = create(n0, admin);
+    let mut c = connect_in(a, SERVICE, 0x502);
+    c.primary.packet_life_time = 31;
+    must(n0, admin, code::CONNECT, c.as_bytes(), 0);
+}
+
+/// Each account has its own share of the all-users budgets: one account's handles, however
+/// many, cannot take every user's endpoints. Here (small budgets, for speed) a handle may
+/// hold 4, all users 16, an account 8: account 1's four handles get 8 and no more, and
+/// account 2's first CREATE still succeeds; an administrator is not counted. Seen failing
+/// with the per-account check removed (a mutant of `UserTotals::of` answering None, as the
+/// old code had no accounts): account 1 took all 16 and account 2's CREATE failed with
+/// STATUS_QUOTA_EXCEEDED.
+#[test]
+fn one_account_cannot_take_every_users_budget() {
+    let fabric = Fabric::new(1, 22);
+    let n = &fabric.nodes[0];
+    n.device.set_quotas(ibcm_endpoint::Quotas {
+        endpoints: 4,
+        all_users_endpoints: 16,
+        account_endpoints: 8,
+        ..ibcm_endpoint::Quotas::default()
+    });
+    let hog: Vec<_> = (0..4).map(|_| open(n, Caller::UserOf(1))).collect();
+    let mut got = 0;
+    for &h in &hog {
+        for _ in 0..4 {
+            match user_handle::try_create(n, h) {
+                Ok(_) => got += 1,
+                Err(st) => assert_eq!(st, status::QUOTA_EXCEEDED),
+            }
+        }
+    }
+    assert_eq!(got, 8);
+    assert_eq!(n.device.user_totals().account(1).endpoints, 8);
+    let other = open(n, Caller::UserOf(2));
+    create(n, other);
+    let admin = open(n, Caller::Administrator);
+    for _ in 0..20 {
+        create(n, admin);
+    }
+    assert_eq!(n.device.user_totals().endpoints, 9);
+    // Closing the account's handles gives its share back.
+    for h in hog {
+        n.close(h);
+    }
+    assert_eq!(n.device.user_totals().account(1).endpoints, 0);
+    let again = open(n, Caller::UserOf(1));
+    create(n, again);
+    assert!(n.violations().is_empty(), "{:?}", n.violations());
+}
+
+/// Pending GET_EVENTs are bounded: one per endpoint (as `code::GET_EVENT` says), and
+/// [`MAX_CHANNEL_GET_EVENTS`] on a handle's channel; each holds an IRP and its system
+/// buffer on Windows. The handle still closes with every pending one cancelled. Seen
+/// failing on the old code: the second GET_EVENT on the endpoint pended (no completion),
+/// as did all 100 000 on the channel.
+#[test]
+fn pending_get_events_are_bounded_per_endpoint_and_per_channel() {
+    let fabric = Fabric::new(1, 23);
+    let n = &fabric.nodes[0];
+    let user = open(n, Caller::User);
+    let e = create(n, user);
+    let get = |handle: u64| {
+        n.ioctl(
+            user,
+            code::GET_EVENT,
+            ibcm_host::records::handle_in(handle).as_bytes(),
+            user_handle::EV,
+        )
+    };
+    let first = get(e);
+    assert!(n.completion(first).is_none(), "the first one pends");
+    let second = get(e);
+    let done = n.completion(second).expect("a second is refused at once");
+    assert_eq!(done.status, status::INVALID_DEVICE_STATE);
+
+    let keys: Vec<u64> = (0..MAX_CHANNEL_GET_EVENTS)
+        .map(|_| get(ibcm_ioctl::ANY_ENDPOINT))
+        .collect();
+    assert!(keys.iter().all(|&k| n.completion(k).is_none()));
+    let over = get(ibcm_ioctl::ANY_ENDPOINT);
+    let done = n.completion(over).expect("past the cap, refused at once");
+    assert_eq!(done.status, status::QUOTA_EXCEEDED);
+    // Another handle has its own.
+    let other = open(n, Caller::User);
+    assert!(user_handle::channel_events(n, other).is_empty());
+
+    n.close(user);
+    for k in keys.into_iter().chain([first]) {
+        assert_eq!(n.completion(k).map(|d| d.status), Some(status::CANCELLED));
+    }
+    assert!(n.violations().is_empty(), "{:?}", n.violations());
+}
+
+/// STATUS is refused after IRP_MJ_CLEANUP like every other IOCTL. Seen failing on the
+/// old code: it completed with STATUS_SUCCESS (its check ran before the closed check).
+#[test]
+fn status_after_cleanup_is_refused() {
+    let fabric = Fabric::new(1, 24);
+    let n = &fabric.nodes[0];
+    let file = open(n, Caller::User);
+    let s = ibcm_ioctl::StatusIn {
+        size: ibcm_ioctl::StatusIn::SIZE,
+        reserved: 0,
+    };
+    let out = ibcm_ioctl::StatusOut::SIZE as usize;
+    must(n, file, code::STATUS, s.as_bytes(), out);
+    n.device.cleanup(file);
+    let done = n.ioctl_now(file, code::STATUS, s.as_bytes(), out);
+    assert_eq!(done.status, status::FILE_CLOSED);
+    n.close(file);
+}
