@@ -70,6 +70,12 @@ pub const RECEIVE_BATCH: usize = 16;
 /// holds, never one that keeps every CPU's CM waiting.
 const CLEANUP_BATCH: usize = 64;
 
+/// Lock holds of [`Device::cleanup`] in a row that may find memory short (each followed
+/// by [`Platform::relax`]) before it stops waiting for memory: then its requests complete
+/// without room (one per hold, straight to the platform) and the endpoints left are
+/// destroyed at IRP_MJ_CLOSE.
+const CLEANUP_RETRIES: u32 = 64;
+
 /// Completions one IOCTL queues at most, beyond those of the endpoints it destroys (which
 /// `destroy_endpoint` makes room for): its own, and a GET_EVENT for each event it causes.
 const IOCTL_COMPLETIONS: usize = 8;
@@ -316,21 +322,78 @@ impl<P: Platform> Device<P> {
     /// [`CLEANUP_BATCH`] endpoints at a time, each batch sent and completed before the next.
     pub fn cleanup(&self, file: FileId) {
         let now = self.platform.now();
-        let mut from = 0;
+        let (mut from, mut short) = (0, 0);
         loop {
             let step = self.run(|i| cleanup_step(i, now, file, from));
             match step {
-                Cleanup::More(next) => from = next,
-                // Memory for the completions ran out: let others run, then go on.
-                Cleanup::Short => self.platform.relax(),
+                Cleanup::More(next) => (from, short) = (next, 0),
+                // Memory for the completions ran out: let others run, then go on, a
+                // bounded number of times.
+                Cleanup::Short if short < CLEANUP_RETRIES => {
+                    short += 1;
+                    self.platform.relax();
+                }
+                Cleanup::Short => {
+                    self.cancel_without_room(file);
+                    break;
+                }
                 Cleanup::Done => break,
             }
+        }
+    }
+
+    /// Completes every request of the file with STATUS_CANCELLED, one per lock hold and
+    /// straight to the platform: no room is needed (cleanup when memory stays short).
+    fn cancel_without_room(&self, file: FileId) {
+        let mut from = 0;
+        loop {
+            let taken = self.inner.with(|i| {
+                let f = i.files.get_mut(file.0)?;
+                if let Some(r) = f.channel.pop_front() {
+                    return Some(r);
+                }
+                while let Some((h, next)) = f.endpoints.next_handle(from) {
+                    let ep = f.endpoints.get_mut(h)?;
+                    if let Some(r) = ep
+                        .pending
+                        .pop_front()
+                        .or_else(|| ep.answer.take().map(|(r, _)| r))
+                    {
+                        return Some(r);
+                    }
+                    from = next;
+                }
+                None
+            });
+            let Some(request) = taken else { break };
+            self.platform.complete(request, status::CANCELLED, 0);
         }
     }
 
     /// IRP_MJ_CLOSE: forgets the file. Call after [`cleanup`](Self::cleanup).
     pub fn close(&self, file: FileId) -> bool {
         self.cleanup(file);
+        // Endpoints a cleanup short of memory left (their requests completed): their
+        // CEPs go now, with nothing to complete.
+        self.run(|i| {
+            let now = i.now;
+            while let Some(f) = i.files.get_mut(file.0) {
+                let Some((h, _)) = f.endpoints.next_handle(0) else {
+                    break;
+                };
+                let Some(ep) = f.endpoints.remove(h) else {
+                    break;
+                };
+                let caller = f.caller;
+                f.queued = f.queued.saturating_sub(ep.events.len());
+                f.backlog = f.backlog.saturating_sub(ep.backlog as usize);
+                f.listens = f.listens.saturating_sub(u32::from(ep.backlog > 0));
+                i.users.endpoint_removed(caller, ep.backlog);
+                i.users.events_read(caller, ep.events.len());
+                i.records.release(&ep.events);
+                let _ = i.cm.destroy(now, ep.cep);
+            }
+        });
         self.inner.with(|i| match i.files.remove(file.0) {
             Some(f) => {
                 i.users.file_closed(&f);
@@ -606,35 +669,47 @@ impl<P: Platform> Device<P> {
             i.drain();
             i.removed = true;
             i.remove_clients();
-            let files: Vec<u64> = i.files.handles().collect();
             i.trace.point(DispatchPoint::Removed {
-                files: files.len() as u32,
+                files: i.files.live as u32,
             });
-            for f in files {
+            // Walked by slot, nothing collected (under the spin lock, memory may be short).
+            // A request whose completion finds no room stays where it is, to complete with
+            // STATUS_CANCELLED at its endpoint's destroy or the handle's cleanup.
+            let mut next_file = 0;
+            while let Some((f, after)) = i.files.next_handle(next_file) {
+                next_file = after;
                 let file = FileId(f);
-                let handles: Vec<u64> = match i.file(file) {
-                    Ok(fl) => fl.endpoints.handles().collect(),
-                    Err(_) => continue,
-                };
-                for h in handles {
+                let mut next_ep = 0;
+                loop {
+                    let Some((h, after)) = i
+                        .file(file)
+                        .ok()
+                        .and_then(|fl| fl.endpoints.next_handle(next_ep))
+                    else {
+                        break;
+                    };
+                    next_ep = after;
                     let told = i.cep_of(file, h).ok().and_then(|c| i.cm.state(c).ok())
                         == Some(ibcm_cep::StateName::Removed);
                     if !told {
                         i.deliver(file, h, &removal_record(h));
                     }
-                    if let Ok(ep) = i.endpoint(file, h) {
-                        let answer = ep.answer.take().map(|(r, _)| r);
-                        let rest: Vec<P::Request> = ep.pending.drain(..).chain(answer).collect();
-                        for r in rest {
-                            i.done.push((r, status::DEVICE_REMOVED, 0));
-                        }
+                    while i.done.try_reserve(1).is_ok() {
+                        let Ok(ep) = i.endpoint(file, h) else { break };
+                        let Some(r) = ep
+                            .pending
+                            .pop_front()
+                            .or_else(|| ep.answer.take().map(|(r, _)| r))
+                        else {
+                            break;
+                        };
+                        i.done.push((r, status::DEVICE_REMOVED, 0));
                     }
                 }
-                let channel = match i.file(file) {
-                    Ok(fl) => core::mem::take(&mut fl.channel),
-                    Err(_) => continue,
-                };
-                for r in channel {
+                while i.done.try_reserve(1).is_ok() {
+                    let Some(r) = i.file(file).ok().and_then(|fl| fl.channel.pop_front()) else {
+                        break;
+                    };
                     i.done.push((r, status::DEVICE_REMOVED, 0));
                 }
             }
