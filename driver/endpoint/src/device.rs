@@ -468,21 +468,19 @@ impl<P: Platform> Device<P> {
     pub fn cancel(&self, file: FileId, key: u64) {
         self.run(|i| {
             // DISPATCH_LEVEL (the I/O manager's cancel routine): nothing is allocated.
+            // The channel holds at most MAX_CHANNEL_GET_EVENTS; an endpoint's request is
+            // found through the file's index, not by walking its endpoints.
             let Ok(f) = i.file(file) else { return };
             let on_channel = f.channel.iter().position(|r| r.key() == key);
             let found = on_channel.and_then(|pos| f.channel.remove(pos));
             let found = found.or_else(|| {
-                f.endpoints
-                    .slots
-                    .iter_mut()
-                    .filter_map(|s| s.value.as_mut())
-                    .find_map(|ep| {
-                        if ep.answer.as_ref().is_some_and(|(r, _)| r.key() == key) {
-                            return ep.answer.take().map(|(r, _)| r);
-                        }
-                        let pos = ep.pending.iter().position(|r| r.key() == key)?;
-                        ep.pending.remove(pos)
-                    })
+                let h = f.waiting.remove(&key)?;
+                let ep = f.endpoints.get_mut(h)?;
+                if ep.answer.as_ref().is_some_and(|(r, _)| r.key() == key) {
+                    return ep.answer.take().map(|(r, _)| r);
+                }
+                let pos = ep.pending.iter().position(|r| r.key() == key)?;
+                ep.pending.remove(pos)
             });
             if let Some(request) = found {
                 i.trace.point(DispatchPoint::Cancelled { file });

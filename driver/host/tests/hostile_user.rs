@@ -166,3 +166,42 @@ fn status_after_cleanup_is_refused() {
     assert_eq!(done.status, status::FILE_CLOSED);
     n.close(file);
 }
+
+/// The cancel routine finds an endpoint's GET_EVENT through the handle's index of pending
+/// requests (by request key), not by walking every endpoint: a process exiting with many
+/// pending cancels each in one lookup. Every one of 2 000 completes with
+/// STATUS_CANCELLED, once, and a request completed before its cancel is not touched.
+#[test]
+fn cancel_finds_each_pending_get_event() {
+    let fabric = Fabric::new(1, 25);
+    let n = &fabric.nodes[0];
+    let user = open(n, Caller::Administrator);
+    let ends: Vec<u64> = (0..2000).map(|_| create(n, user)).collect();
+    let keys: Vec<u64> = ends
+        .iter()
+        .map(|&e| {
+            n.ioctl(
+                user,
+                code::GET_EVENT,
+                ibcm_host::records::handle_in(e).as_bytes(),
+                user_handle::EV,
+            )
+        })
+        .collect();
+    for &k in keys.iter().rev() {
+        assert!(n.completion(k).is_none());
+        n.cancel(user, k);
+        assert_eq!(n.completion(k).map(|d| d.status), Some(status::CANCELLED));
+    }
+    // A new GET_EVENT on an endpoint whose last one was cancelled pends and cancels too.
+    let again = n.ioctl(
+        user,
+        code::GET_EVENT,
+        ibcm_host::records::handle_in(ends[7]).as_bytes(),
+        user_handle::EV,
+    );
+    n.cancel(user, again);
+    assert_eq!(n.completion(again).map(|d| d.status), Some(status::CANCELLED));
+    n.close(user);
+    assert!(n.violations().is_empty(), "{:?}", n.violations());
+}

@@ -88,6 +88,7 @@ pub(super) fn destroy_endpoint<P: Platform>(
     }
     let f = i.file(file)?;
     let ep = f.endpoints.remove(handle).ok_or(status::INVALID_HANDLE)?;
+    f.leave_waiting(handle, ep.waiting_keys);
     let caller = f.caller;
     i.users.endpoint_removed(caller, ep.backlog);
     i.users.events_read(caller, ep.events.len());
@@ -209,19 +210,30 @@ pub(super) fn answered_operation<P: Platform>(
     } else {
         handle_in(bytes)
     };
-    // One answer awaited per endpoint: refused before anything is sent.
+    // One answer awaited per endpoint: refused before anything is sent, as is one there
+    // is no room to enter where the cancel routine finds it.
     if let Ok(h) = handle
         && i.endpoint(file, h).is_ok_and(|ep| ep.answer.is_some())
     {
         return Err((request, status::INVALID_DEVICE_STATE));
     }
+    if i.files
+        .get_mut(file.0)
+        .is_some_and(|f| f.waiting.try_reserve(1).is_err())
+    {
+        return Err((request, status::INSUFFICIENT_RESOURCES));
+    }
     if let Err(st) = operation(i, now, file, &mut request, code, bytes) {
         return Err((request, st));
     }
     // The operation succeeded, so the handle named an endpoint of this file.
-    match handle.and_then(|h| i.endpoint(file, h)) {
-        Ok(ep) => {
+    let key = request.key();
+    match handle.and_then(|h| i.endpoint(file, h).map(|ep| (h, ep))) {
+        Ok((h, ep)) => {
             ep.answer = Some((request, awaited));
+            if let Ok(f) = i.file(file) {
+                f.enter_waiting(h, 1, key);
+            }
             Ok(())
         }
         Err(st) => Err((request, st)),
@@ -273,7 +285,10 @@ pub(super) fn get_event<P: Platform>(
     if let Err(st) = i.grow_fifo(file, h, EVENT_HEADROOM) {
         return Err((request, st));
     }
-    let Ok(ep) = i.endpoint(file, h) else {
+    let Some(f) = i.files.get_mut(file.0) else {
+        return Err((request, status::INVALID_HANDLE));
+    };
+    let Some(ep) = f.endpoints.get_mut(h) else {
         return Err((request, status::INVALID_HANDLE));
     };
     // A connection has one GET_EVENT at a time (code::GET_EVENT): a second while one is
@@ -285,7 +300,15 @@ pub(super) fn get_event<P: Platform>(
         return Err((request, status::INSUFFICIENT_RESOURCES));
     }
     if ep.events.is_empty() {
-        ep.pending.push_back(request);
+        // Entered where the cancel routine finds it (room first: nothing changed yet).
+        if f.waiting.try_reserve(1).is_err() {
+            return Err((request, status::INSUFFICIENT_RESOURCES));
+        }
+        let key = request.key();
+        if let Some(ep) = f.endpoints.get_mut(h) {
+            ep.pending.push_back(request);
+        }
+        f.enter_waiting(h, 0, key);
     } else {
         i.fill(file, h, request);
     }
