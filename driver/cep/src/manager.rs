@@ -408,6 +408,14 @@ impl CmManager {
         self.cep(id).ok_or(CmError::UnknownCep)
     }
 
+    /// Whether a CEP its owner destroyed still lingers (sending its DREQ, in timewait):
+    /// the dispatch layer counts it against its owner's budgets until it ends.
+    pub fn lingers(&self, id: CepId) -> bool {
+        self.slot(id)
+            .and_then(|s| s.cep.as_ref())
+            .is_some_and(|c| c.detached)
+    }
+
     /// The state of a CEP.
     pub fn state(&self, id: CepId) -> Result<StateName, CmError> {
         Ok(self.user_cep(id)?.state.name())

@@ -7,6 +7,7 @@
 //! buffer). The lock is released, and only then are MADs posted, requests completed and
 //! the timer armed (design.md, "Data flow").
 
+use alloc::collections::VecDeque;
 use alloc::vec::Vec;
 
 mod client;
@@ -27,7 +28,7 @@ pub use policy::{Caller, Held, Quotas, USER_MAX_PACKET_LIFE_TIME, UserTotals};
 use pool::{ROOM_RETRY_NS, RecordPool};
 use table::Table;
 
-use ibcm_cep::{CmConfig, CmManager, Instant, MadAddress, MadOwner, Transmit};
+use ibcm_cep::{CepId, CmConfig, CmManager, Instant, MadAddress, MadOwner, Transmit};
 use ibcm_ioctl::status;
 
 use crate::platform::{Lock, Platform, Request};
@@ -69,6 +70,10 @@ pub const RECEIVE_BATCH: usize = 16;
 /// REQs queued unread count one each): a handle with 10^6 endpoints closes in many short
 /// holds, never one that keeps every CPU's CM waiting.
 const CLEANUP_BATCH: usize = 64;
+
+/// Lingering CEPs looked at per pass of [`Inner::prune_lingering`] (a timer pass, a
+/// CREATE refused over a budget): each pass holds the lock briefly however many linger.
+const LINGER_PRUNE: usize = 64;
 
 /// Lock holds of [`Device::cleanup`] in a row that may find memory short (each followed
 /// by [`Platform::relax`]) before it stops waiting for memory: then its requests complete
@@ -130,6 +135,11 @@ pub struct Inner<P: Platform> {
     users: UserTotals,
     /// IOCTLs failed with STATUS_QUOTA_EXCEEDED (COUNTERS).
     quota_exceeded: u64,
+    /// Users' CEPs whose endpoint was destroyed but which live on in the engine (DREQ,
+    /// timewait): each still counts as an endpoint of its owner's account and of all
+    /// users' until it ends ([`Inner::prune_lingering`]). Room for one is made before each
+    /// destroy.
+    lingering: VecDeque<(CepId, Caller)>,
 }
 
 /// DISPATCH_LEVEL work held back because the event-record pool was short (see
@@ -193,6 +203,7 @@ impl<P: Platform> Device<P> {
             quotas: Quotas::default(),
             users: UserTotals::default(),
             quota_exceeded: 0,
+            lingering: VecDeque::new(),
         };
         // Device add runs at PASSIVE_LEVEL: a node nobody has opened yet still answers
         // MADs (a REJ to a REQ for no listen) and runs timers without allocating.
@@ -392,6 +403,9 @@ impl<P: Platform> Device<P> {
                 i.users.events_read(caller, ep.events.len());
                 i.records.release(&ep.events);
                 let _ = i.cm.destroy(now, ep.cep);
+                if i.lingering.try_reserve(1).is_ok() {
+                    i.linger(caller, ep.cep);
+                }
             }
         });
         self.inner.with(|i| match i.files.remove(file.0) {
@@ -561,6 +575,8 @@ impl<P: Platform> Device<P> {
             }
             i.room_retry = None;
             i.cm.handle_timeout(now);
+            // Timewaits that ended give their owners' budgets back.
+            i.prune_lingering(LINGER_PRUNE);
             // Timewait exits free CEPs at DISPATCH_LEVEL; their memory goes back at PASSIVE.
             i.cm.trim_due(0) || i.records.running_low()
         });

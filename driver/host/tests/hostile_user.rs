@@ -201,7 +201,104 @@ fn cancel_finds_each_pending_get_event() {
         user_handle::EV,
     );
     n.cancel(user, again);
-    assert_eq!(n.completion(again).map(|d| d.status), Some(status::CANCELLED));
+    assert_eq!(
+        n.completion(again).map(|d| d.status),
+        Some(status::CANCELLED)
+    );
     n.close(user);
     assert!(n.violations().is_empty(), "{:?}", n.violations());
+}
+
+/// A user's CEPs in timewait count against its account (and all users') until they end:
+/// destroying established connections and connecting again cannot hold more CEPs than
+/// the budget. With an account budget of 4, four established connections destroyed
+/// leave four CEPs in timewait (2 x packet life time + ACK delay), and the fifth CREATE
+/// gets STATUS_QUOTA_EXCEEDED until they end; then it succeeds. Seen failing on the old
+/// code (timewait uncounted): the fifth CREATE succeeded at once, and 40 rounds left the
+/// user holding 40 CEPs under a budget of 4.
+#[test]
+fn a_users_timewaits_count_against_its_account_until_they_end() {
+    let mut fabric = Fabric::new(2, 26);
+    let quotas = ibcm_endpoint::Quotas {
+        account_endpoints: 4,
+        ..ibcm_endpoint::Quotas::default()
+    };
+    fabric.nodes[0].device.set_quotas(quotas);
+    let n1 = &fabric.nodes[1];
+    let server = open(n1, Caller::Administrator);
+    let l = create(n1, server);
+    let mut li = ibcm_ioctl::ListenIn::new_zeroed();
+    li.size = ibcm_ioctl::ListenIn::SIZE;
+    li.handle = l;
+    li.service_id = SERVICE;
+    li.service_mask = u64::MAX;
+    li.backlog = 16;
+    must(n1, server, code::LISTEN, li.as_bytes(), 0);
+    let user = open(&fabric.nodes[0], Caller::UserOf(7));
+    let ceps = |f: &Fabric| f.nodes[0].device.with_engine(|cm| cm.live_ceps());
+    for round in 0..4u32 {
+        let n0 = &fabric.nodes[0];
+        let e = create(n0, user);
+        must(
+            n0,
+            user,
+            code::CONNECT,
+            connect_in(e, SERVICE, 0x600 + round).as_bytes(),
+            0,
+        );
+        fabric.run_for(100_000);
+        let n1 = &fabric.nodes[1];
+        let s = user_handle::channel_events(n1, server)
+            .iter()
+            .find(|r| r.event_type == ibcm_ioctl::event_type::REQ_RECEIVED)
+            .unwrap()
+            .new_handle;
+        must(
+            n1,
+            server,
+            code::FORMAT_REP,
+            ibcm_host::records::format_rep_in(s, 0x700 + round).as_bytes(),
+            ibcm_ioctl::QpTransitionsOut::SIZE as usize,
+        );
+        must(
+            n1,
+            server,
+            code::SEND_REP,
+            ibcm_host::records::handle_in(s).as_bytes(),
+            0,
+        );
+        fabric.run_for(100_000);
+        let n0 = &fabric.nodes[0];
+        let mut rtu = ibcm_ioctl::PrivateDataIn::new_zeroed();
+        rtu.size = ibcm_ioctl::PrivateDataIn::SIZE;
+        rtu.handle = e;
+        must(n0, user, code::RTU, rtu.as_bytes(), 0);
+        fabric.run_for(100_000);
+        // Destroyed established: DREQ, DREP, then timewait.
+        let n0 = &fabric.nodes[0];
+        must(
+            n0,
+            user,
+            code::DESTROY,
+            ibcm_host::records::handle_in(e).as_bytes(),
+            0,
+        );
+        fabric.run_for(100_000);
+    }
+    assert_eq!(ceps(&fabric), 4, "four CEPs in timewait");
+    let n0 = &fabric.nodes[0];
+    assert_eq!(n0.device.user_totals().account(7).endpoints, 4);
+    assert_eq!(
+        user_handle::try_create(n0, user),
+        Err(status::QUOTA_EXCEEDED),
+        "while its timewaits drain"
+    );
+    // Timewait: 2 x 4.096 us x 2^14 + the ACK delay: well under a second here.
+    fabric.run_for(2_000_000_000);
+    assert_eq!(ceps(&fabric), 0);
+    let n0 = &fabric.nodes[0];
+    assert_eq!(n0.device.user_totals().account(7).endpoints, 0);
+    create(n0, user);
+    n0.close(user);
+    assert!(n0.violations().is_empty(), "{:?}", n0.violations());
 }

@@ -83,7 +83,10 @@ pub(super) fn destroy_endpoint<P: Platform>(
         let ep = i.endpoint(file, handle)?;
         (ep.pending.len() + 1, ep.events.len())
     };
-    if i.done.try_reserve(requests).is_err() || i.tx.try_reserve(2 * (1 + queued)).is_err() {
+    if i.done.try_reserve(requests).is_err()
+        || i.tx.try_reserve(2 * (1 + queued)).is_err()
+        || i.lingering.try_reserve(1).is_err()
+    {
         return Err(status::INSUFFICIENT_RESOURCES);
     }
     let f = i.file(file)?;
@@ -125,6 +128,7 @@ pub(super) fn destroy_endpoint<P: Platform>(
     }
     i.clear_owner(ep.cep);
     let _ = i.cm.destroy(now, ep.cep);
+    i.linger(caller, ep.cep);
     // PASSIVE_LEVEL (DESTROY, cleanup): private-data blocks nobody uses go back.
     i.cm.trim_private_data();
     Ok(())
@@ -373,9 +377,8 @@ pub(super) fn operation<P: Platform>(
             if request.output_len() < CreateOut::SIZE as usize {
                 return Err(status::BUFFER_TOO_SMALL);
             }
-            let (quotas, users) = (i.quotas, &i.users);
-            let f = i.files.get_mut(file.0).ok_or(status::INVALID_HANDLE)?;
-            f.quota_endpoint(&quotas, users)?;
+            i.quota_create(file)?;
+            let f = i.file(file)?;
             let no_memory = |_| status::INSUFFICIENT_RESOURCES;
             f.reserve_ready(1).map_err(no_memory)?;
             // A retired chunk's slot before a fresh one (the table's end stays put).

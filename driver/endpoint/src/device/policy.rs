@@ -18,12 +18,14 @@
 
 use alloc::vec::Vec;
 
-use ibcm_cep::CmManager;
+use ibcm_cep::{CepId, CmManager};
 use ibcm_ioctl::status;
 
 use crate::records::Status;
 
 use super::endpoint::File;
+use super::{Inner, LINGER_PRUNE};
+use crate::platform::Platform;
 
 /// The longest packet life time a user's path may carry: 20, 4.096 us x 2^20 = 4.3 s,
 /// so a user's connection lingers in timewait (2 x packet life time + the CA's ACK
@@ -257,6 +259,7 @@ impl UserTotals {
             h.endpoints = h.endpoints.saturating_sub(1);
             h.listen(backlog, 0);
         });
+        self.forget_idle(caller);
     }
 
     /// A listen of a handle of `caller` went from backlog `old` to `new` (0: none).
@@ -290,13 +293,23 @@ impl UserTotals {
     /// A file of `caller` is gone (closed, or never made): its account goes with its last.
     pub(super) fn file_gone(&mut self, caller: Caller) {
         if let Caller::UserOf(key) = caller
-            && let Some(at) = self.accounts.iter().position(|a| a.key == key)
-            && let Some(a) = self.accounts.get_mut(at)
+            && let Some(a) = self.accounts.iter_mut().find(|a| a.key == key)
         {
             a.files = a.files.saturating_sub(1);
-            if a.files == 0 {
-                self.accounts.swap_remove(at);
-            }
+        }
+        self.forget_idle(caller);
+    }
+
+    /// Forgets `caller`'s account once it has no file open and nothing counted (its
+    /// CEPs in timewait keep it until they end).
+    fn forget_idle(&mut self, caller: Caller) {
+        if let Caller::UserOf(key) = caller
+            && let Some(at) = self
+                .accounts
+                .iter()
+                .position(|a| a.key == key && a.files == 0 && a.held == Held::default())
+        {
+            self.accounts.swap_remove(at);
         }
     }
 
@@ -409,5 +422,53 @@ impl<R> File<R> {
             Some(holder) if holder != file && !self.privileged() => Err(status::ACCESS_DENIED),
             _ => Ok(()),
         }
+    }
+}
+
+impl<P: Platform> Inner<P> {
+    /// A user's endpoint was destroyed but its CEP lives on in the engine (DREQ,
+    /// timewait, up to 2 x packet life time + ACK delay: IBA 12.9.8.7): it still counts as
+    /// an endpoint of `caller`'s account and of all users' until it ends, so that
+    /// destroying and connecting again cannot hold more CEPs than the budgets. Room in
+    /// `lingering` was made before the destroy.
+    pub(super) fn linger(&mut self, caller: Caller, cep: CepId) {
+        if !caller.is_user() || !self.cm.lingers(cep) {
+            return;
+        }
+        if self.lingering.len() < self.lingering.capacity() {
+            self.lingering.push_back((cep, caller));
+            self.users.endpoint_added(caller);
+        }
+    }
+
+    /// Looks at up to `max` lingering CEPs, oldest first: those the engine has released
+    /// leave their owners' counts. Allocates nothing (a CEP still there goes to the back).
+    pub(super) fn prune_lingering(&mut self, max: usize) {
+        for _ in 0..max.min(self.lingering.len()) {
+            let Some((cep, caller)) = self.lingering.pop_front() else {
+                break;
+            };
+            if self.cm.lingers(cep) {
+                self.lingering.push_back((cep, caller));
+            } else {
+                self.users.endpoint_removed(caller, 0);
+            }
+        }
+    }
+
+    /// A CREATE's quota check; refused over a budget, the lingering CEPs are looked at
+    /// once (some may have ended since the last timer pass) and the check made again.
+    pub(super) fn quota_create(&mut self, file: super::FileId) -> Result<(), Status> {
+        let check = |i: &Self| {
+            i.files
+                .get(file.0)
+                .ok_or(status::INVALID_HANDLE)?
+                .quota_endpoint(&i.quotas, &i.users)
+        };
+        if check(self).is_ok() {
+            return Ok(());
+        }
+        self.prune_lingering(LINGER_PRUNE);
+        check(self)
     }
 }
