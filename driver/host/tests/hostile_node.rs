@@ -282,3 +282,230 @@ fn a_forged_dreq_from_a_third_node_ends_no_connection() {
     assert_eq!(forged_drops(n0), 1);
     assert_eq!(forged_drops(n1), 1);
 }
+
+/// A third node that knows both comm IDs of a connection (as if it could read them)
+/// replays every connection message an exchange carries (REP, RTU, MRA, REJ, DREQ, DREP,
+/// LAP, APR, as captured from a first connection, comm IDs rewritten for the victim's)
+/// at the victim's connection in each state it passes (REQ_SENT and REQ_RCVD, REP_SENT
+/// and REP_RCVD, ESTABLISHED on both sides), 100 000 MADs in all: nothing changes, and
+/// each is counted as forged. Seen failing with the source check taken out
+/// (`drop_if_forged` skipped, the comm IDs being known): the victim's active side went
+/// from REQ_SENT to IDLE (a forged REJ ended it).
+#[test]
+fn a_third_node_replaying_every_message_type_changes_no_state() {
+    let mut fabric = Fabric::new(3, 14);
+    let n1 = &fabric.nodes[1];
+    let server = open(n1, Caller::Administrator);
+    let _ = listen(n1, server, SERVICE);
+    // A first connection, with an MRA, a LAP and its APR, and a disconnect: the messages.
+    fabric.capture = Some(Vec::new());
+    let (c1, e1, s1) = connect_both(&mut fabric, server, 0x111, 0x222, true);
+    let n0 = &fabric.nodes[0];
+    let mut lap = ibcm_ioctl::LapIn::new_zeroed();
+    lap.size = ibcm_ioctl::LapIn::SIZE;
+    lap.handle = e1;
+    lap.alternate = path(0, 1);
+    must(n0, c1, code::LAP, lap.as_bytes(), 0);
+    fabric.run_for(100_000);
+    let n1 = &fabric.nodes[1];
+    let mut apr = ibcm_ioctl::AprIn::new_zeroed();
+    apr.size = ibcm_ioctl::AprIn::SIZE;
+    apr.handle = s1;
+    must(
+        n1,
+        server,
+        code::PREPARE_APR,
+        apr.as_bytes(),
+        ibcm_ioctl::QpAttrOut::SIZE as usize,
+    );
+    must(n1, server, code::SEND_APR, handle_in(s1).as_bytes(), 0);
+    fabric.run_for(100_000);
+    let n0 = &fabric.nodes[0];
+    must(n0, c1, code::DESTROY, handle_in(e1).as_bytes(), 0);
+    fabric.run_for(100_000);
+    let n1 = &fabric.nodes[1];
+    let mut drep = ibcm_ioctl::PrivateDataIn::new_zeroed();
+    drep.size = ibcm_ioctl::PrivateDataIn::SIZE;
+    drep.handle = s1;
+    must(n1, server, code::DREP, drep.as_bytes(), 0);
+    // And a REJ: a REQ for a service nobody listens on.
+    let n0 = &fabric.nodes[0];
+    let r = create(n0, c1);
+    must(
+        n0,
+        c1,
+        code::CONNECT,
+        connect_in(r, SERVICE + 9, 0x333).as_bytes(),
+        0,
+    );
+    fabric.run_for(100_000);
+    let captured = fabric.capture.take().unwrap();
+    let mut kinds: Vec<(bool, [u8; MAD_SIZE])> = Vec::new();
+    for c in &captured {
+        let attribute = u16::from_be_bytes([c.mad[16], c.mad[17]]);
+        let to_node0 = c.to.lid == node_address(0).lid;
+        if attribute != 0x10
+            && !kinds
+                .iter()
+                .any(|(t, m)| *t == to_node0 && m[16..18] == c.mad[16..18])
+        {
+            kinds.push((to_node0, c.mad));
+        }
+    }
+    let names: Vec<u16> = kinds
+        .iter()
+        .map(|(_, m)| u16::from_be_bytes([m[16], m[17]]))
+        .collect();
+    for want in [0x11u16, 0x12, 0x13, 0x14, 0x15, 0x16, 0x19, 0x1a] {
+        assert!(
+            names.contains(&want),
+            "attribute {want:#x} not captured: {names:x?}"
+        );
+    }
+
+    // The victim's connection, attacked in each state it passes.
+    let n0 = &fabric.nodes[0];
+    let victim = open(n0, Caller::User);
+    let v = create(n0, victim);
+    must(
+        n0,
+        victim,
+        code::CONNECT,
+        connect_in(v, SERVICE, 0x123).as_bytes(),
+        0,
+    );
+    let mut total = 0u64;
+    let mut attack = |fabric: &mut Fabric, ids: (u32, u32)| {
+        for (to_node0, mad) in &kinds {
+            let (node, local, remote) = if *to_node0 {
+                (0, ids.1, ids.0)
+            } else {
+                (1, ids.0, ids.1)
+            };
+            let mut forged = *mad;
+            forged[24..28].copy_from_slice(&local.to_be_bytes());
+            forged[28..32].copy_from_slice(&remote.to_be_bytes());
+            for _ in 0..3_200 {
+                fabric.nodes[node].receive(&node_address(2), &forged);
+                total += 1;
+            }
+        }
+    };
+    // REQ_SENT: node 0's comm ID from its REQ as it leaves (held back from the wire
+    // while node 0 is attacked; node 1 has no CEP for it yet).
+    let sent = fabric.nodes[0].platform.take_sent();
+    let n0_id = first_comm_id(&sent, 0x10).expect("the REQ");
+    attack(&mut fabric, (n0_id, 0));
+    assert_eq!(state(&fabric.nodes[0], victim, v), ep_state::REQ_SENT);
+    for t in &sent {
+        fabric.nodes[1].receive(&node_address(0), &t.mad);
+    }
+    // REQ_RCVD on node 1.
+    let s = channel_events(&fabric.nodes[1], server)
+        .iter()
+        .find(|e| e.event_type == event_type::REQ_RECEIVED)
+        .unwrap()
+        .new_handle;
+    must(
+        &fabric.nodes[1],
+        server,
+        code::FORMAT_REP,
+        format_rep_in(s, 0x456).as_bytes(),
+        QpTransitionsOut::SIZE as usize,
+    );
+    must(
+        &fabric.nodes[1],
+        server,
+        code::SEND_REP,
+        handle_in(s).as_bytes(),
+        0,
+    );
+    let sent = fabric.nodes[1].platform.take_sent();
+    let n1_id = first_comm_id(&sent, 0x13).expect("the REP");
+    // REQ_RCVD answered: REP_SENT on node 1, the REP held back.
+    attack(&mut fabric, (n0_id, n1_id));
+    assert_eq!(state(&fabric.nodes[1], server, s), ep_state::REP_SENT);
+    assert_eq!(state(&fabric.nodes[0], victim, v), ep_state::REQ_SENT);
+    for t in &sent {
+        fabric.nodes[0].receive(&node_address(1), &t.mad);
+    }
+    // REP_RCVD on node 0.
+    attack(&mut fabric, (n0_id, n1_id));
+    assert_eq!(state(&fabric.nodes[0], victim, v), ep_state::REP_RCVD);
+    let mut rtu = ibcm_ioctl::PrivateDataIn::new_zeroed();
+    rtu.size = ibcm_ioctl::PrivateDataIn::SIZE;
+    rtu.handle = v;
+    must(&fabric.nodes[0], victim, code::RTU, rtu.as_bytes(), 0);
+    fabric.run_for(100_000);
+    // ESTABLISHED on both.
+    attack(&mut fabric, (n0_id, n1_id));
+    assert_eq!(state(&fabric.nodes[0], victim, v), ep_state::ESTABLISHED);
+    assert_eq!(state(&fabric.nodes[1], server, s), ep_state::ESTABLISHED);
+    assert!(total >= 100_000, "{total}");
+    // All but those naming node 1's CEP before it existed named a live CEP.
+    let forged = forged_drops(&fabric.nodes[0]) + forged_drops(&fabric.nodes[1]);
+    assert!(forged >= total * 3 / 4, "{forged} of {total}");
+    let _ = (c1, s1);
+}
+
+/// A connection from node 0 to `server` on node 1 (an administrator's listen there):
+/// (client file, its endpoint, the server's endpoint), established; with `mra`, node 1
+/// sends an MRA first.
+fn connect_both(
+    fabric: &mut Fabric,
+    server: FileId,
+    qpn0: u32,
+    qpn1: u32,
+    mra: bool,
+) -> (FileId, u64, u64) {
+    let n0 = &fabric.nodes[0];
+    let client = open(n0, Caller::Administrator);
+    let c = create(n0, client);
+    must(
+        n0,
+        client,
+        code::CONNECT,
+        connect_in(c, SERVICE, qpn0).as_bytes(),
+        0,
+    );
+    fabric.run_for(100_000);
+    let n1 = &fabric.nodes[1];
+    let s = channel_events(n1, server)
+        .iter()
+        .find(|e| e.event_type == event_type::REQ_RECEIVED)
+        .unwrap()
+        .new_handle;
+    if mra {
+        let mut m = ibcm_ioctl::MraIn::new_zeroed();
+        m.size = ibcm_ioctl::MraIn::SIZE;
+        m.handle = s;
+        m.service_timeout = 20;
+        must(n1, server, code::MRA, m.as_bytes(), 0);
+        fabric.run_for(100_000);
+    }
+    let n1 = &fabric.nodes[1];
+    must(
+        n1,
+        server,
+        code::FORMAT_REP,
+        format_rep_in(s, qpn1).as_bytes(),
+        QpTransitionsOut::SIZE as usize,
+    );
+    must(n1, server, code::SEND_REP, handle_in(s).as_bytes(), 0);
+    fabric.run_for(100_000);
+    let n0 = &fabric.nodes[0];
+    let mut rtu = ibcm_ioctl::PrivateDataIn::new_zeroed();
+    rtu.size = ibcm_ioctl::PrivateDataIn::SIZE;
+    rtu.handle = c;
+    must(n0, client, code::RTU, rtu.as_bytes(), 0);
+    fabric.run_for(100_000);
+    assert_eq!(state(&fabric.nodes[0], client, c), ep_state::ESTABLISHED);
+    (client, c, s)
+}
+
+/// The LocalCommID of the first MAD of `attribute` among `sent`.
+fn first_comm_id(sent: &[ibcm_cep::Transmit], attribute: u16) -> Option<u32> {
+    sent.iter()
+        .find(|t| u16::from_be_bytes([t.mad[16], t.mad[17]]) == attribute)
+        .map(|t| u32::from_be_bytes([t.mad[24], t.mad[25], t.mad[26], t.mad[27]]))
+}

@@ -48,7 +48,11 @@ mod cli_rocev2;
                   (and with --ib-dev on an RDMA device); on Windows, --device uses the \
                   installed ibcm driver. rping, ucmatose, rc-bw, perftest and port-fault run \
                   on an RDMA device (Linux, built with the feature `devices`). Short options \
-                  follow the rdma-core tool each command mirrors."
+                  follow the rdma-core tool each command mirrors. On the simulated fabric \
+                  the CLI's handles are an administrator's (as a kernel client's would be): \
+                  no per-handle quota, per-account or all-users budget, or user limit on \
+                  packet life time applies, so cmtime at 10^6 connections and the storms \
+                  are not throttled; a user's handle on Windows is (docs/security.md)."
 )]
 struct Cli {
     /// Trace what the driver does on stderr: -v connection milestones and failures with
