@@ -694,14 +694,11 @@ impl<P: Platform> Device<P> {
                 next_file = after;
                 let file = FileId(f);
                 let mut next_ep = 0;
-                loop {
-                    let Some((h, after)) = i
-                        .file(file)
-                        .ok()
-                        .and_then(|fl| fl.endpoints.next_handle(next_ep))
-                    else {
-                        break;
-                    };
+                while let Some((h, after)) = i
+                    .file(file)
+                    .ok()
+                    .and_then(|fl| fl.endpoints.next_handle(next_ep))
+                {
                     next_ep = after;
                     let told = i.cep_of(file, h).ok().and_then(|c| i.cm.state(c).ok())
                         == Some(ibcm_cep::StateName::Removed);
