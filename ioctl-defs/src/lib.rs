@@ -912,8 +912,8 @@ record! {
         /// Messages naming a connection by its comm ID from an address the connection
         /// does not use: dropped as forged (docs/security.md, "A node").
         pub forged: u64,
-        /// Operations refused with STATUS_QUOTA_EXCEEDED, and REQs refused over a user's
-        /// quota or budget (docs/security.md, "Quotas").
+        /// IOCTLs refused with STATUS_QUOTA_EXCEEDED (docs/security.md, "Quotas"); REQs
+        /// refused over a user's quota or budget are not counted here.
         pub quota_exceeded: u64,
     } size 432
 }
