@@ -11,10 +11,14 @@
 //! - QPNs: a user's CONNECT or FORMAT_REP may not name a local QPN that a live connection
 //!   of another handle or a kernel client binds (the engine's `local_qpn.rs`).
 //! - Quotas: endpoints, listens, the sum of listen backlogs, and event records queued
-//!   unread, per handle; and the same of all users' handles together ([`UserTotals`]),
-//!   since a user may open any number of handles (review of issue 30, A3). An
+//!   unread, per handle; the same of one account's handles together, and of all users'
+//!   handles together ([`UserTotals`]), since a user may open any number of handles
+//!   (review of issue 30, A3) and one account must not take every user's share. A user's
+//!   CEP lingering in DREQ or timewait after its endpoint's destroy still counts. An
 //!   administrator's handle has none and is not counted, nor is a kernel client (the
 //!   `iba_cm` interface).
+//! - Paths: a user's packet life time is bounded ([`USER_MAX_PACKET_LIFE_TIME`]), and
+//!   with it how long its closed connections linger.
 
 use alloc::vec::Vec;
 
@@ -166,7 +170,8 @@ impl Held {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct Account {
     key: u64,
-    /// Its open files: the entry goes when the last one closes.
+    /// Its open files: the entry goes when the last one has closed and it holds nothing
+    /// (no CEP of its left in timewait).
     files: u32,
     held: Held,
 }
