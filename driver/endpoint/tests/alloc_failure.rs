@@ -842,8 +842,8 @@ fn cleanup_with_memory_short_throughout_is_bounded_and_loses_nothing() {
 /// endpoints collecting nothing (it collected Vecs of their handles under the spin lock),
 /// completes what it has room for with STATUS_DEVICE_REMOVED, and leaves the rest to
 /// complete at close. Nothing aborts, every request completes exactly once, nothing
-/// leaks. Seen failing with the old collect put back: the process aborted (`memory allocation of 32
-/// bytes failed`, the Vec of the files' handles).
+/// leaks. Seen failing with the old collect put back: the process aborted (`memory
+/// allocation of 32 bytes failed`, the Vec of the files' handles).
 #[test]
 fn removal_with_memory_short_throughout_collects_nothing_and_loses_nothing() {
     let base = LIVE.with(Cell::get);
