@@ -27,7 +27,8 @@ fn a_message_from_another_lid_of_the_peers_lmc_range_is_the_peers() {
         p.b.listen(l, Pair::listen_params(SID, 4)).unwrap();
         let a = p.a.create().unwrap();
         let now = p.now;
-        p.a.connect(now, a, &Pair::connect_params(SID, 0x11)).unwrap();
+        p.a.connect(now, a, &Pair::connect_params(SID, 0x11))
+            .unwrap();
         p.drive_for(MS);
         let b = p.last_request().expect("the REQ reached B");
         p.b.take_request(b).unwrap();
