@@ -33,12 +33,16 @@ static MAX_ENDPOINTS_ALL: [u16; 20] = wdf::utf16("MaxEndpointsAllUsers");
 static MAX_LISTENS_ALL: [u16; 18] = wdf::utf16("MaxListensAllUsers");
 static MAX_BACKLOG_ALL: [u16; 18] = wdf::utf16("MaxBacklogAllUsers");
 static MAX_QUEUED_ALL: [u16; 23] = wdf::utf16("MaxQueuedEventsAllUsers");
+static MAX_ENDPOINTS_ACCOUNT: [u16; 22] = wdf::utf16("MaxEndpointsPerAccount");
+static MAX_LISTENS_ACCOUNT: [u16; 20] = wdf::utf16("MaxListensPerAccount");
+static MAX_BACKLOG_ACCOUNT: [u16; 20] = wdf::utf16("MaxBacklogPerAccount");
+static MAX_QUEUED_ACCOUNT: [u16; 25] = wdf::utf16("MaxQueuedEventsPerAccount");
 static MAX_REQUEST_WAIT: [u16; 16] = wdf::utf16("MaxRequestWaitMs");
 static DISABLED: [u16; 8] = wdf::utf16("Disabled");
 
 /// What the registry sets.
 pub struct Parameters {
-    /// The quotas of non-administrators (per handle, and all users' budgets).
+    /// The quotas of non-administrators (per handle, per account, and all users' budgets).
     pub quotas: Quotas,
     /// `MaxRequestWaitMs`, when set.
     pub max_request_wait_ms: Option<u32>,
@@ -57,6 +61,10 @@ pub fn read() -> Parameters {
         (&MAX_LISTENS_ALL, &mut quotas.all_users_listens),
         (&MAX_BACKLOG_ALL, &mut quotas.all_users_backlog),
         (&MAX_QUEUED_ALL, &mut quotas.all_users_queued_events),
+        (&MAX_ENDPOINTS_ACCOUNT, &mut quotas.account_endpoints),
+        (&MAX_LISTENS_ACCOUNT, &mut quotas.account_listens),
+        (&MAX_BACKLOG_ACCOUNT, &mut quotas.account_backlog),
+        (&MAX_QUEUED_ACCOUNT, &mut quotas.account_queued_events),
         (&MAX_REQUEST_WAIT, &mut max_request_wait_ms),
     ]);
     Parameters {

@@ -208,6 +208,16 @@ enum Op {
         offset: u8,
         xor: u8,
     },
+    /// [`Op::Aim`], but sent by a third node (LID 3): a live CEP's comm ID from an address
+    /// its connection does not use. Nothing may change but the forged counter (or, for a
+    /// REQ or a message naming no live CEP, the other drop counters).
+    AimFromStranger {
+        side: Side,
+        which: u8,
+        cep: u8,
+        offset: u8,
+        xor: u8,
+    },
     /// A LAP proposing a path like the primary with other LIDs, life time and SL.
     Lap {
         side: Side,
@@ -986,6 +996,39 @@ impl World {
                 mad[28..32].copy_from_slice(&id.to_be_bytes());
                 mad[usize::from(offset)] ^= xor;
                 self.deliver(side, &mad);
+            }
+            Op::AimFromStranger {
+                side,
+                which,
+                cep,
+                offset,
+                xor,
+            } => {
+                if self.seen.is_empty() {
+                    return;
+                }
+                let Some(cep) = self.pick(side, cep) else {
+                    return;
+                };
+                let mut mad = self.seen[usize::from(which) % self.seen.len()];
+                let attribute = u16::from_be_bytes([mad[16], mad[17]]);
+                let id = self.nodes[side.index()].m.local_comm_id(cep);
+                mad[28..32].copy_from_slice(&id.to_be_bytes());
+                mad[usize::from(offset)] ^= xor;
+                let before = self.nodes[side.index()].m.state(cep);
+                let mut stranger = address_of(side.peer());
+                stranger.lid = 3;
+                stranger.gid[15] = 3;
+                let now = self.now;
+                let m = &mut self.node(side).m;
+                m.handle_mad(now, &stranger, &mad);
+                // A REQ and a SIDR_REQ name no CEP by comm ID (a listen answers anyone);
+                // ClassPortInfo is answered to anyone.
+                if !matches!(attribute, 0x0001 | 0x0010 | 0x0017) {
+                    assert_eq!(m.state(cep), before, "a stranger's MAD changed a CEP");
+                    assert!(m.poll_event().is_none(), "a stranger's MAD made an event");
+                    assert!(m.poll_transmit().is_none(), "a stranger's MAD was answered");
+                }
             }
             op => self.apply_more(op),
         }

@@ -37,6 +37,11 @@ pub use ibcm_iba as iba;
 /// The ABI version this crate describes; the VERSION handshake must name it.
 pub const ABI_VERSION: u32 = 2;
 
+/// GET_EVENTs one handle may have pending on its event channel (`ANY_ENDPOINT`) at once:
+/// each holds an IRP and its system buffer, so a handle's pending requests are bounded
+/// (one per endpoint, and these). A reader needs one; a pool of threads a few.
+pub const MAX_CHANNEL_GET_EVENTS: u32 = 64;
+
 /// The handle a GET_EVENT names to read the file's event channel (no endpoint has it:
 /// endpoint handles carry a generation >= 1).
 pub const ANY_ENDPOINT: u64 = 0;
@@ -120,7 +125,10 @@ pub mod code {
     /// in order, each record naming its endpoint in `handle`. An event goes to its
     /// endpoint's own pending GET_EVENT first; one already queued goes to whichever
     /// GET_EVENT asks first. The channel lets an idle connection hold no request (no IRP,
-    /// no system buffer) while it waits for its next event.
+    /// no system buffer) while it waits for its next event. An endpoint has one GET_EVENT
+    /// pending at a time (a second fails with STATUS_INVALID_DEVICE_STATE), a handle's
+    /// channel at most [`MAX_CHANNEL_GET_EVENTS`](super::MAX_CHANNEL_GET_EVENTS) (past
+    /// them, STATUS_QUOTA_EXCEEDED).
     pub const GET_EVENT: u32 = ibcm_ioctl(16);
     /// [`CountersIn`](super::CountersIn) -> [`CountersOut`](super::CountersOut).
     pub const COUNTERS: u32 = ibcm_ioctl(17);
@@ -901,7 +909,13 @@ record! {
         pub unmatched: u64,
         /// REQs dropped over a listen's backlog.
         pub backlog_drops: u64,
-    } size 416
+        /// Messages naming a connection by its comm ID from an address the connection
+        /// does not use: dropped as forged (docs/security.md, "A node").
+        pub forged: u64,
+        /// IOCTLs refused with STATUS_QUOTA_EXCEEDED (docs/security.md, "Quotas"); REQs
+        /// refused over a user's quota or budget are not counted here.
+        pub quota_exceeded: u64,
+    } size 432
 }
 
 record! {

@@ -26,6 +26,9 @@ pub struct Counters {
     /// REJ, APR and SIDR_REP MADs whose length field (RejectedInfoLength,
     /// AdditionalInfoLength) exceeded 72: handled with it clamped to 72, never dropped.
     pub clamped_lengths: u64,
+    /// Messages that named a connection by its comm IDs but came from an address the
+    /// connection does not use (src/manager/peer.rs): dropped as forged.
+    pub forged: u64,
 }
 
 /// The counter slot of an attribute.

@@ -40,6 +40,7 @@ mod receive;
 mod release;
 mod send;
 mod sidr;
+mod source;
 mod state;
 mod steer;
 mod timers;
@@ -225,7 +226,7 @@ impl CmManager {
                 config.comm_id_mask,
                 config.comm_id_value,
                 config.max_ceps,
-                rng.next_u32(),
+                [rng.next_u64(), rng.next_u64()],
             ),
             fixed_room: false,
             tid_high: rng.next_u32(),
@@ -405,6 +406,14 @@ impl CmManager {
 
     fn user_cep(&self, id: CepId) -> Result<&Cep, CmError> {
         self.cep(id).ok_or(CmError::UnknownCep)
+    }
+
+    /// Whether a CEP its owner destroyed still lingers (sending its DREQ, in timewait):
+    /// the dispatch layer counts it against its owner's budgets until it ends.
+    pub fn lingers(&self, id: CepId) -> bool {
+        self.slot(id)
+            .and_then(|s| s.cep.as_ref())
+            .is_some_and(|c| c.detached)
     }
 
     /// The state of a CEP.

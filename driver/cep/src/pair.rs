@@ -124,6 +124,8 @@ struct InFlight {
     at: Instant,
     seq: u64,
     to: Side,
+    /// The sender's address as the receiver sees it.
+    src: MadAddress,
     mad: [u8; MAD_SIZE],
 }
 
@@ -152,6 +154,10 @@ pub struct Pair {
     pub events_b: Vec<(CepId, Event)>,
     link: VecDeque<InFlight>,
     seq: u64,
+    /// Where each side's MADs come from (A's, B's), [`Pair::address_of`] unless a test
+    /// sets it ([`Pair::set_address`]): the manager takes a connection's messages only
+    /// from an address of its path (src/manager/source.rs).
+    addresses: [MadAddress; 2],
 }
 
 /// Node A's CA GUID.
@@ -192,6 +198,7 @@ impl Pair {
             events_b: Vec::new(),
             link: VecDeque::new(),
             seq: 0,
+            addresses: [Self::address_of(Side::A), Self::address_of(Side::B)],
         }
     }
 
@@ -310,7 +317,13 @@ impl Pair {
         }
     }
 
-    /// The address a MAD from `side` arrives from.
+    /// Makes `side`'s MADs come from `address` (a RoCE pair: its IPv4-mapped GID).
+    pub fn set_address(&mut self, side: Side, address: MadAddress) {
+        self.addresses[usize::from(side == Side::B)] = address;
+    }
+
+    /// The address a MAD from `side` arrives from, unless [`Self::set_address`] said
+    /// otherwise.
     pub fn address_of(side: Side) -> MadAddress {
         let lid = match side {
             Side::A => 1,
@@ -328,6 +341,7 @@ impl Pair {
 
     fn collect(&mut self, from: Side) {
         while let Some(t) = self.node(from).poll_transmit() {
+            let src = self.addresses[usize::from(from == Side::B)];
             let attribute = AttributeId::from(Mad::new_unchecked(&t.mad[..]).attribute_id());
             self.sent.push((from, attribute));
             if let Some(wire) = self.wire.as_mut() {
@@ -356,6 +370,7 @@ impl Pair {
                     at: self.now.add_nanos(self.latency_ns.saturating_add(extra)),
                     seq: self.seq,
                     to: from.peer(),
+                    src,
                     mad: t.mad,
                 });
             }
@@ -406,8 +421,7 @@ impl Pair {
         due.sort_by_key(|m| (m.at, m.seq));
         let now = self.now;
         for m in due {
-            let src = Self::address_of(m.to.peer());
-            self.node(m.to).handle_mad(now, &src, &m.mad);
+            self.node(m.to).handle_mad(now, &m.src, &m.mad);
             self.flush();
         }
         self.a.handle_timeout(now);

@@ -33,6 +33,9 @@ pub enum DropReason {
     Unmatched,
     /// A listen's backlog is full (or no CEP could be had): silent, so the peer retries.
     BacklogFull,
+    /// It names a connection by its comm ID but comes from an address the connection
+    /// does not use (src/manager/source.rs).
+    Forged,
 }
 
 /// One trace point.

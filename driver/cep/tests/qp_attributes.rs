@@ -16,7 +16,7 @@
 use std::collections::BTreeMap;
 
 use ibcm_cep::pair::{GUID_A, GUID_B, Pair, Side, gid};
-use ibcm_cep::{CmConfig, ConnectParams, PathRecord, QpAttributes, QpState, RepParams};
+use ibcm_cep::{CmConfig, ConnectParams, MadAddress, PathRecord, QpAttributes, QpState, RepParams};
 use ibcm_iba::{MigrationState, access, ack_timeout};
 use ibcm_mad::{CmMad, CmMessage, Failover, Mtu, Rate, Rep, Req, Transport};
 
@@ -149,6 +149,21 @@ fn run(s: &Scenario) -> Run {
     let mut b_config = CmConfig::new(GUID_B, [4; 32]);
     b_config.ca_ack_delay = s.ack_delay_b;
     let mut p = Pair::with_config(a_config, b_config);
+    // Each side's MADs come from its end of the path (on RoCE, its IPv4-mapped GID).
+    for (side, gid, lid) in [
+        (Side::A, s.cp.primary_path.sgid, s.cp.primary_path.slid),
+        (Side::B, s.cp.primary_path.dgid, s.cp.primary_path.dlid),
+    ] {
+        p.set_address(
+            side,
+            MadAddress {
+                lid,
+                gid,
+                grh: !s.cp.primary_path.subnet_local,
+                ..Pair::address_of(side)
+            },
+        );
+    }
     p.wire = Some(Vec::new());
     let l = p.b.create().unwrap();
     p.b.listen(l, Pair::listen_params(SID, 4)).unwrap();

@@ -7,6 +7,7 @@
 //! buffer). The lock is released, and only then are MADs posted, requests completed and
 //! the timer armed (design.md, "Data flow").
 
+use alloc::collections::VecDeque;
 use alloc::vec::Vec;
 
 mod client;
@@ -23,11 +24,11 @@ pub use client::{Callback, ClientEvent, ClientId};
 use endpoint::{Awaited, Endpoint, File, Owner};
 use ioctl::{batch, destroy_endpoint, ioctl, qp_transitions, room};
 pub use memory::DispatchMemory;
-pub use policy::{Caller, Quotas, UserTotals};
+pub use policy::{Caller, Held, Quotas, USER_MAX_PACKET_LIFE_TIME, UserTotals};
 use pool::{ROOM_RETRY_NS, RecordPool};
 use table::Table;
 
-use ibcm_cep::{CmConfig, CmManager, Instant, MadAddress, MadOwner, Transmit};
+use ibcm_cep::{CepId, CmConfig, CmManager, Instant, MadAddress, MadOwner, Transmit};
 use ibcm_ioctl::status;
 
 use crate::platform::{Lock, Platform, Request};
@@ -69,6 +70,16 @@ pub const RECEIVE_BATCH: usize = 16;
 /// REQs queued unread count one each): a handle with 10^6 endpoints closes in many short
 /// holds, never one that keeps every CPU's CM waiting.
 const CLEANUP_BATCH: usize = 64;
+
+/// Lingering CEPs looked at per pass of [`Inner::prune_lingering`] (a timer pass, a
+/// CREATE refused over a budget): each pass holds the lock briefly however many linger.
+const LINGER_PRUNE: usize = 64;
+
+/// Lock holds of [`Device::cleanup`] in a row that may find memory short (each followed
+/// by [`Platform::relax`]) before it stops waiting for memory: then its requests complete
+/// without room (one per hold, straight to the platform) and the endpoints left are
+/// destroyed at IRP_MJ_CLOSE.
+const CLEANUP_RETRIES: u32 = 64;
 
 /// Completions one IOCTL queues at most, beyond those of the endpoints it destroys (which
 /// `destroy_endpoint` makes room for): its own, and a GET_EVENT for each event it causes.
@@ -122,6 +133,13 @@ pub struct Inner<P: Platform> {
     /// What non-administrators' handles hold together (against `quotas`' all-users
     /// budgets).
     users: UserTotals,
+    /// IOCTLs failed with STATUS_QUOTA_EXCEEDED (COUNTERS).
+    quota_exceeded: u64,
+    /// Users' CEPs whose endpoint was destroyed but which live on in the engine (DREQ,
+    /// timewait): each still counts as an endpoint of its owner's account and of all
+    /// users' until it ends ([`Inner::prune_lingering`]). Room for one is made before each
+    /// destroy.
+    lingering: VecDeque<(CepId, Caller)>,
 }
 
 /// DISPATCH_LEVEL work held back because the event-record pool was short (see
@@ -184,6 +202,8 @@ impl<P: Platform> Device<P> {
             shortfalls: RoomShortfalls::default(),
             quotas: Quotas::default(),
             users: UserTotals::default(),
+            quota_exceeded: 0,
+            lingering: VecDeque::new(),
         };
         // Device add runs at PASSIVE_LEVEL: a node nobody has opened yet still answers
         // MADs (a REJ to a REQ for no listen) and runs timers without allocating.
@@ -285,14 +305,19 @@ impl<P: Platform> Device<P> {
         });
     }
 
-    /// A new file handle (IRP_MJ_CREATE) opened by `caller` (policy.rs); fails with
+    /// A new file handle (IRP_MJ_CREATE) opened by `caller` (policy.rs: a user's account,
+    /// if told, is what the per-account budgets count by); fails with
     /// STATUS_INSUFFICIENT_RESOURCES when memory runs out.
     pub fn open(&self, caller: Caller) -> Result<FileId, crate::Status> {
         self.inner.with(|i| {
+            i.users.file_opened(caller)?;
             i.files
                 .try_insert(File::new(caller))
                 .map(FileId)
-                .map_err(|_| status::INSUFFICIENT_RESOURCES)
+                .map_err(|_| {
+                    i.users.file_gone(caller);
+                    status::INSUFFICIENT_RESOURCES
+                })
         })
     }
 
@@ -308,21 +333,81 @@ impl<P: Platform> Device<P> {
     /// [`CLEANUP_BATCH`] endpoints at a time, each batch sent and completed before the next.
     pub fn cleanup(&self, file: FileId) {
         let now = self.platform.now();
-        let mut from = 0;
+        let (mut from, mut short) = (0, 0);
         loop {
             let step = self.run(|i| cleanup_step(i, now, file, from));
             match step {
-                Cleanup::More(next) => from = next,
-                // Memory for the completions ran out: let others run, then go on.
-                Cleanup::Short => self.platform.relax(),
+                Cleanup::More(next) => (from, short) = (next, 0),
+                // Memory for the completions ran out: let others run, then go on, a
+                // bounded number of times.
+                Cleanup::Short if short < CLEANUP_RETRIES => {
+                    short += 1;
+                    self.platform.relax();
+                }
+                Cleanup::Short => {
+                    self.cancel_without_room(file);
+                    break;
+                }
                 Cleanup::Done => break,
             }
+        }
+    }
+
+    /// Completes every request of the file with STATUS_CANCELLED, one per lock hold and
+    /// straight to the platform: no room is needed (cleanup when memory stays short).
+    fn cancel_without_room(&self, file: FileId) {
+        let mut from = 0;
+        loop {
+            let taken = self.inner.with(|i| {
+                let f = i.files.get_mut(file.0)?;
+                if let Some(r) = f.channel.pop_front() {
+                    return Some(r);
+                }
+                while let Some((h, next)) = f.endpoints.next_handle(from) {
+                    let ep = f.endpoints.get_mut(h)?;
+                    if let Some(r) = ep
+                        .pending
+                        .pop_front()
+                        .or_else(|| ep.answer.take().map(|(r, _)| r))
+                    {
+                        return Some(r);
+                    }
+                    from = next;
+                }
+                None
+            });
+            let Some(request) = taken else { break };
+            self.platform.complete(request, status::CANCELLED, 0);
         }
     }
 
     /// IRP_MJ_CLOSE: forgets the file. Call after [`cleanup`](Self::cleanup).
     pub fn close(&self, file: FileId) -> bool {
         self.cleanup(file);
+        // Endpoints a cleanup short of memory left (their requests completed): their
+        // CEPs go now, with nothing to complete.
+        self.run(|i| {
+            let now = i.now;
+            while let Some(f) = i.files.get_mut(file.0) {
+                let Some((h, _)) = f.endpoints.next_handle(0) else {
+                    break;
+                };
+                let Some(ep) = f.endpoints.remove(h) else {
+                    break;
+                };
+                let caller = f.caller;
+                f.queued = f.queued.saturating_sub(ep.events.len());
+                f.backlog = f.backlog.saturating_sub(ep.backlog as usize);
+                f.listens = f.listens.saturating_sub(u32::from(ep.backlog > 0));
+                i.users.endpoint_removed(caller, ep.backlog);
+                i.users.events_read(caller, ep.events.len());
+                i.records.release(&ep.events);
+                let _ = i.cm.destroy(now, ep.cep);
+                if i.lingering.try_reserve(1).is_ok() {
+                    i.linger(caller, ep.cep);
+                }
+            }
+        });
         self.inner.with(|i| match i.files.remove(file.0) {
             Some(f) => {
                 i.users.file_closed(&f);
@@ -338,7 +423,7 @@ impl<P: Platform> Device<P> {
     /// What non-administrators' handles hold together now (the all-users budgets of
     /// [`Quotas`] bound it).
     pub fn user_totals(&self) -> UserTotals {
-        self.inner.with(|i| i.users)
+        self.inner.with(|i| i.users.clone())
     }
 
     /// Endpoints of a file, for accounting at close.
@@ -397,21 +482,19 @@ impl<P: Platform> Device<P> {
     pub fn cancel(&self, file: FileId, key: u64) {
         self.run(|i| {
             // DISPATCH_LEVEL (the I/O manager's cancel routine): nothing is allocated.
+            // The channel holds at most MAX_CHANNEL_GET_EVENTS; an endpoint's request is
+            // found through the file's index, not by walking its endpoints.
             let Ok(f) = i.file(file) else { return };
             let on_channel = f.channel.iter().position(|r| r.key() == key);
             let found = on_channel.and_then(|pos| f.channel.remove(pos));
             let found = found.or_else(|| {
-                f.endpoints
-                    .slots
-                    .iter_mut()
-                    .filter_map(|s| s.value.as_mut())
-                    .find_map(|ep| {
-                        if ep.answer.as_ref().is_some_and(|(r, _)| r.key() == key) {
-                            return ep.answer.take().map(|(r, _)| r);
-                        }
-                        let pos = ep.pending.iter().position(|r| r.key() == key)?;
-                        ep.pending.remove(pos)
-                    })
+                let h = f.waiting.remove(&key)?;
+                let ep = f.endpoints.get_mut(h)?;
+                if ep.answer.as_ref().is_some_and(|(r, _)| r.key() == key) {
+                    return ep.answer.take().map(|(r, _)| r);
+                }
+                let pos = ep.pending.iter().position(|r| r.key() == key)?;
+                ep.pending.remove(pos)
             });
             if let Some(request) = found {
                 i.trace.point(DispatchPoint::Cancelled { file });
@@ -492,6 +575,8 @@ impl<P: Platform> Device<P> {
             }
             i.room_retry = None;
             i.cm.handle_timeout(now);
+            // Timewaits that ended give their owners' budgets back.
+            i.prune_lingering(LINGER_PRUNE);
             // Timewait exits free CEPs at DISPATCH_LEVEL; their memory goes back at PASSIVE.
             i.cm.trim_due(0) || i.records.running_low()
         });
@@ -605,35 +690,44 @@ impl<P: Platform> Device<P> {
             i.drain();
             i.removed = true;
             i.remove_clients();
-            let files: Vec<u64> = i.files.handles().collect();
             i.trace.point(DispatchPoint::Removed {
-                files: files.len() as u32,
+                files: i.files.live as u32,
             });
-            for f in files {
+            // Walked by slot, nothing collected (under the spin lock, memory may be short).
+            // A request whose completion finds no room stays where it is, to complete with
+            // STATUS_CANCELLED at its endpoint's destroy or the handle's cleanup.
+            let mut next_file = 0;
+            while let Some((f, after)) = i.files.next_handle(next_file) {
+                next_file = after;
                 let file = FileId(f);
-                let handles: Vec<u64> = match i.file(file) {
-                    Ok(fl) => fl.endpoints.handles().collect(),
-                    Err(_) => continue,
-                };
-                for h in handles {
+                let mut next_ep = 0;
+                while let Some((h, after)) = i
+                    .file(file)
+                    .ok()
+                    .and_then(|fl| fl.endpoints.next_handle(next_ep))
+                {
+                    next_ep = after;
                     let told = i.cep_of(file, h).ok().and_then(|c| i.cm.state(c).ok())
                         == Some(ibcm_cep::StateName::Removed);
                     if !told {
                         i.deliver(file, h, &removal_record(h));
                     }
-                    if let Ok(ep) = i.endpoint(file, h) {
-                        let answer = ep.answer.take().map(|(r, _)| r);
-                        let rest: Vec<P::Request> = ep.pending.drain(..).chain(answer).collect();
-                        for r in rest {
-                            i.done.push((r, status::DEVICE_REMOVED, 0));
-                        }
+                    while i.done.try_reserve(1).is_ok() {
+                        let Ok(ep) = i.endpoint(file, h) else { break };
+                        let Some(r) = ep
+                            .pending
+                            .pop_front()
+                            .or_else(|| ep.answer.take().map(|(r, _)| r))
+                        else {
+                            break;
+                        };
+                        i.done.push((r, status::DEVICE_REMOVED, 0));
                     }
                 }
-                let channel = match i.file(file) {
-                    Ok(fl) => core::mem::take(&mut fl.channel),
-                    Err(_) => continue,
-                };
-                for r in channel {
+                while i.done.try_reserve(1).is_ok() {
+                    let Some(r) = i.file(file).ok().and_then(|fl| fl.channel.pop_front()) else {
+                        break;
+                    };
                     i.done.push((r, status::DEVICE_REMOVED, 0));
                 }
             }

@@ -51,7 +51,11 @@ mod cli_switch;
                   RoCEv2 link, peers of rdma-core's tools (and with --ib-dev on an RDMA \
                   device). rping, ucmatose, rc-bw, perftest and port-fault run \
                   on an RDMA device (Linux, built with the feature `devices`). Short options \
-                  follow the rdma-core tool each command mirrors."
+                  follow the rdma-core tool each command mirrors. On the simulated fabric \
+                  the CLI's handles are an administrator's (as a kernel client's would be): \
+                  no per-handle quota, per-account or all-users budget, or user limit on \
+                  packet life time applies, so cmtime at 10^6 connections and the storms \
+                  are not throttled; a user's handle on Windows is (docs/security.md)."
 )]
 struct Cli {
     /// Trace what the driver does on stderr: -v connection milestones and failures with
@@ -1268,8 +1272,8 @@ fn print_counter_table(name: &str, c: &CountersOut) {
         println!("  {attr:<14} {s:>10} {r:>10} {v:>10} {d:>10}");
     }
     println!(
-        "  malformed {}, unmatched {}, backlog drops {}",
-        c.malformed, c.unmatched, c.backlog_drops
+        "  malformed {}, unmatched {}, backlog drops {}, forged {}, quota exceeded {}",
+        c.malformed, c.unmatched, c.backlog_drops, c.forged, c.quota_exceeded
     );
 }
 

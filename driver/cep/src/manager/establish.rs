@@ -415,7 +415,7 @@ impl CmManager {
         );
     }
 
-    pub(super) fn on_rej(&mut self, now: Instant, rej: &Rej<'_>) {
+    pub(super) fn on_rej(&mut self, now: Instant, src: &MadAddress, rej: &Rej<'_>) {
         self.received(AttributeId::Rej);
         let by_comm_id = (rej.remote_comm_id != 0)
             .then(|| self.addressed(rej.remote_comm_id, rej.local_comm_id))
@@ -430,6 +430,12 @@ impl CmManager {
             self.unmatched(AttributeId::Rej);
             return;
         };
+        // Found by the sender's comm ID and CA GUID, which anyone may write: the source
+        // decides (source.rs; by our comm ID, `handle_mad` checked it already).
+        if !self.sent_by_peer(id, src) {
+            self.forged(AttributeId::Rej);
+            return;
+        }
         let Some(state) = self.cep_any(id).map(|c| c.state) else {
             return;
         };

@@ -67,9 +67,21 @@ impl CmManager {
         self.local_qpns.get(&key).map(|h| h.holder)
     }
 
+    /// Room for one more binding: the operations that bind a QPN (`connect`, the pre-REP)
+    /// make it before they change anything, and fail with `NoResources` without it, so
+    /// that a binding is always recorded (an unrecorded one would leave the QPN open to
+    /// any user while its connection lives). Allocates only when the room is not there
+    /// yet ([`Self::prepare_for`] makes it ahead).
+    pub(super) fn reserve_local_qpn(&mut self) -> Result<(), crate::CmError> {
+        self.local_qpns
+            .try_reserve(1)
+            .map_err(|_| crate::CmError::NoResources)
+    }
+
     /// A CEP on `port` changed state from `from` to `to`: binds or unbinds its local QPN.
-    /// Never allocates: the table grows at PASSIVE_LEVEL ([`Self::prepare_for`]); a bind
-    /// that finds no room goes unrecorded (the QPN is then unprotected, not refused).
+    /// Never allocates: a bind comes from `connect` or a pre-REP, which made the room
+    /// ([`Self::reserve_local_qpn`]); the capacity check only keeps this path from ever
+    /// growing the table at DISPATCH_LEVEL.
     pub(super) fn rebind_local_qpn(
         &mut self,
         (port, qpn): (u8, u32),

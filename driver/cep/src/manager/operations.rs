@@ -78,6 +78,8 @@ impl CmManager {
                 value: 0,
             });
         }
+        // Room to record the QPN binding the REQ makes (local_qpn.rs).
+        self.reserve_local_qpn()?;
         if !transport_supported(p.transport) {
             let (service_type, extended) = p.transport.to_wire();
             return Err(CmError::Reserved {
@@ -340,6 +342,8 @@ impl CmManager {
         // Without a PSN of the caller's, the one chosen with the REQ: the RTR attributes
         // read before this pre-REP stay right.
         let psn = p.starting_psn.unwrap_or(c.local_psn);
+        // Room to record the QPN binding this pre-REP makes (local_qpn.rs).
+        self.reserve_local_qpn()?;
         let held = self.store(p.private_data)?;
         self.keep_cached(id, AttributeId::Rep, held);
         let Some(c) = self.cep_mut(id) else {

@@ -125,6 +125,14 @@ impl CmManager {
         }
     }
 
+    /// The LMC of a local port as [`Self::set_port`] told it (0 if not told).
+    pub(super) fn port_lmc(&self, port: u8) -> u8 {
+        self.ports
+            .iter()
+            .find(|p| p.port == port)
+            .map_or(0, |p| p.lmc)
+    }
+
     /// The GUID of the CA `port` belongs to.
     pub(super) fn ca_guid_of(&self, port: u8) -> u64 {
         match self.port_cas.guids.get(usize::from(port)) {

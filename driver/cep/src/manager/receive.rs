@@ -87,10 +87,13 @@ impl CmManager {
             // Handled with the length clamped to 72 (never dropped: see `Rej::parse`).
             self.counters.clamped_lengths += 1;
         }
+        if self.drop_if_forged(src, &parsed.message) {
+            return;
+        }
         match parsed.message {
             CmMessage::Req(m) => self.on_req(now, src, tid, &m),
             CmMessage::Mra(m) => self.on_mra(now, &m),
-            CmMessage::Rej(m) => self.on_rej(now, &m),
+            CmMessage::Rej(m) => self.on_rej(now, src, &m),
             CmMessage::Rep(m) => self.on_rep(now, src, tid, &m),
             CmMessage::Rtu(m) => self.on_rtu(&m),
             CmMessage::Dreq(m) => self.on_dreq(now, src, tid, &m),

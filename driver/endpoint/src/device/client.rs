@@ -247,10 +247,25 @@ impl<P: Platform> Inner<P> {
             }
         }
         let queue = self.clients.spares.pop().unwrap_or_default();
-        let child = self
+        // DISPATCH_LEVEL: a table that cannot take it (memory short) refuses the REQ.
+        let child = match self
             .clients
             .table
-            .insert(Clients::<P>::new_endpoint(cep, None, queue));
+            .try_insert(Clients::<P>::new_endpoint(cep, None, queue))
+        {
+            Ok(child) => child,
+            Err(ep) => {
+                // A spare's queue goes back where it came from (the room is still there).
+                if ep.queue.capacity() > 0
+                    && self.clients.spares.len() < self.clients.spares.capacity()
+                {
+                    self.clients.spares.push(ep.queue);
+                }
+                let now = self.now;
+                let _ = self.cm.destroy(now, cep);
+                return;
+            }
+        };
         self.set_owner(
             cep,
             Owner {
@@ -303,13 +318,24 @@ impl<P: Platform> Device<P> {
             if i.clients.fixed {
                 return create_fixed(i, callback);
             }
+            let mut queue = VecDeque::new();
+            queue
+                .try_reserve_exact(QUEUE_DEPTH)
+                .map_err(|_| CmError::NoResources)?;
             let cep = i.cm.create()?;
             i.clients.prepare(0);
-            let id = i.clients.table.insert(Clients::<P>::new_endpoint(
+            let id = match i.clients.table.try_insert(Clients::<P>::new_endpoint(
                 cep,
                 Some(callback),
-                VecDeque::with_capacity(QUEUE_DEPTH),
-            ));
+                queue,
+            )) {
+                Ok(id) => id,
+                Err(_) => {
+                    let now = i.now;
+                    let _ = i.cm.destroy(now, cep);
+                    return Err(CmError::NoResources);
+                }
+            };
             i.clients.prepare(1);
             i.set_owner(
                 cep,
@@ -890,10 +916,21 @@ fn create_fixed<P: Platform>(i: &mut Inner<P>, callback: Callback<P>) -> Result<
             return Err(e);
         }
     };
-    let id = i
-        .clients
-        .table
-        .insert(Clients::<P>::new_endpoint(cep, Some(callback), queue));
+    let id =
+        match i
+            .clients
+            .table
+            .try_insert(Clients::<P>::new_endpoint(cep, Some(callback), queue))
+        {
+            Ok(id) => id,
+            Err(ep) => {
+                // Its queue came off the spares, whose room stays.
+                i.clients.spares.push(ep.queue);
+                let now = i.now;
+                let _ = i.cm.destroy(now, cep);
+                return Err(CmError::NoResources);
+            }
+        };
     i.set_owner(
         cep,
         Owner {

@@ -51,6 +51,9 @@ pub(super) struct Endpoint<R> {
     pub(super) backlog: u32,
     /// On its file's `ready` list.
     pub(super) ready: bool,
+    /// The keys its GET_EVENT and its answered operation were last entered under in the
+    /// file's `waiting` index (0: none), so that an entry goes when the next one comes.
+    pub(super) waiting_keys: [u64; 2],
 }
 
 impl<R> Endpoint<R> {
@@ -64,9 +67,15 @@ impl<R> Endpoint<R> {
             private_data_len: 0,
             backlog: 0,
             ready: false,
+            waiting_keys: [0; 2],
         }
     }
 }
+
+/// Request key -> endpoint handle. The keys are the platform's (a WDFREQUEST in the
+/// driver, a counter on the host), never a caller's choice.
+pub(super) type Waiting =
+    hashbrown::HashMap<u64, u64, core::hash::BuildHasherDefault<siphasher::sip::SipHasher13>>;
 
 #[derive(Debug)]
 pub(super) struct File<R> {
@@ -87,6 +96,11 @@ pub(super) struct File<R> {
     pub(super) queued: usize,
     /// GET_EVENTs pending on the file's event channel (`ANY_ENDPOINT`).
     pub(super) channel: VecDeque<R>,
+    /// Which endpoint holds a pending request (its GET_EVENT or answered operation), by
+    /// the request's key: the cancel routine finds it without walking the endpoints. An
+    /// entry of a request completed since is found stale (its endpoint holds another key
+    /// or none) and goes when the endpoint's next request of that kind comes, or with it.
+    pub(super) waiting: Waiting,
     /// The channel's queue: endpoints with events queued and no GET_EVENT of their own,
     /// in the order their first queued event arrived, each once (`Endpoint::ready`). It
     /// has room for every endpoint and spare (made at PASSIVE_LEVEL), so queueing on it
@@ -95,6 +109,32 @@ pub(super) struct File<R> {
 }
 
 impl<R> File<R> {
+    /// Enters `key` as endpoint `handle`'s pending request of `kind` (0: GET_EVENT, 1: the
+    /// answered operation) in `waiting`, its last entry of that kind leaving. Room was
+    /// made (`waiting.try_reserve(1)`), so this allocates nothing.
+    pub(super) fn enter_waiting(&mut self, handle: u64, kind: usize, key: u64) {
+        let Some(ep) = self.endpoints.get_mut(handle) else {
+            return;
+        };
+        let Some(last) = ep.waiting_keys.get_mut(kind) else {
+            return;
+        };
+        if *last != 0 && self.waiting.get(last) == Some(&handle) {
+            self.waiting.remove(last);
+        }
+        *last = key;
+        self.waiting.insert(key, handle);
+    }
+
+    /// An endpoint left the file: its entries in `waiting` go.
+    pub(super) fn leave_waiting(&mut self, handle: u64, keys: [u64; 2]) {
+        for key in keys {
+            if key != 0 && self.waiting.get(&key) == Some(&handle) {
+                self.waiting.remove(&key);
+            }
+        }
+    }
+
     pub(super) fn new(caller: Caller) -> Self {
         Self {
             caller,
@@ -106,6 +146,7 @@ impl<R> File<R> {
             listens: 0,
             queued: 0,
             channel: VecDeque::new(),
+            waiting: Waiting::default(),
             ready: VecDeque::new(),
         }
     }

@@ -18,7 +18,12 @@ impl<P: Platform> Device<P> {
             if i.removed {
                 return Err(status::DEVICE_REMOVED);
             }
-            if !i.file(file)?.versioned {
+            let f = i.file(file)?;
+            // After IRP_MJ_CLEANUP, as every other IOCTL (Device::dispatch).
+            if f.closed {
+                return Err(status::FILE_CLOSED);
+            }
+            if !f.versioned {
                 return Err(status::INVALID_DEVICE_STATE);
             }
             let s: StatusIn = input(bytes, StatusIn::SIZE)?;

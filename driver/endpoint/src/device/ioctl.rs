@@ -7,9 +7,9 @@ use alloc::vec::Vec;
 use ibcm_cep::{CepId, CmManager, Instant, QpState};
 use ibcm_ioctl::{
     ABI_VERSION, ANY_ENDPOINT, AprIn, ConnectIn, CountersIn, CountersOut, CreateIn, CreateOut,
-    EventRecord, FormatRepIn, GetQpAttrIn, HandleIn, LapIn, ListenIn, MAX_EVENTS_PER_REQUEST,
-    MraIn, PrivateDataIn, QpAttrOut, QpTransitionsOut, RejIn, SidrRepIn, SidrReqIn, VersionIn,
-    VersionOut, code, event_type, flags, limits, status,
+    EventRecord, FormatRepIn, GetQpAttrIn, HandleIn, LapIn, ListenIn, MAX_CHANNEL_GET_EVENTS,
+    MAX_EVENTS_PER_REQUEST, MraIn, PrivateDataIn, QpAttrOut, QpTransitionsOut, RejIn, SidrRepIn,
+    SidrReqIn, VersionIn, VersionOut, code, event_type, flags, limits, status,
 };
 use zerocopy::{FromBytes, FromZeros, Immutable, IntoBytes, KnownLayout};
 
@@ -83,11 +83,15 @@ pub(super) fn destroy_endpoint<P: Platform>(
         let ep = i.endpoint(file, handle)?;
         (ep.pending.len() + 1, ep.events.len())
     };
-    if i.done.try_reserve(requests).is_err() || i.tx.try_reserve(2 * (1 + queued)).is_err() {
+    if i.done.try_reserve(requests).is_err()
+        || i.tx.try_reserve(2 * (1 + queued)).is_err()
+        || i.lingering.try_reserve(1).is_err()
+    {
         return Err(status::INSUFFICIENT_RESOURCES);
     }
     let f = i.file(file)?;
     let ep = f.endpoints.remove(handle).ok_or(status::INVALID_HANDLE)?;
+    f.leave_waiting(handle, ep.waiting_keys);
     let caller = f.caller;
     i.users.endpoint_removed(caller, ep.backlog);
     i.users.events_read(caller, ep.events.len());
@@ -124,6 +128,7 @@ pub(super) fn destroy_endpoint<P: Platform>(
     }
     i.clear_owner(ep.cep);
     let _ = i.cm.destroy(now, ep.cep);
+    i.linger(caller, ep.cep);
     // PASSIVE_LEVEL (DESTROY, cleanup): private-data blocks nobody uses go back.
     i.cm.trim_private_data();
     Ok(())
@@ -167,6 +172,9 @@ pub(super) fn ioctl<P: Platform>(
         }
     };
     if let Some((request, st)) = failed {
+        if st == status::QUOTA_EXCEEDED {
+            i.quota_exceeded += 1;
+        }
         i.trace.point(DispatchPoint::IoctlFailed {
             file,
             code,
@@ -206,19 +214,30 @@ pub(super) fn answered_operation<P: Platform>(
     } else {
         handle_in(bytes)
     };
-    // One answer awaited per endpoint: refused before anything is sent.
+    // One answer awaited per endpoint: refused before anything is sent, as is one there
+    // is no room to enter where the cancel routine finds it.
     if let Ok(h) = handle
         && i.endpoint(file, h).is_ok_and(|ep| ep.answer.is_some())
     {
         return Err((request, status::INVALID_DEVICE_STATE));
     }
+    if i.files
+        .get_mut(file.0)
+        .is_some_and(|f| f.waiting.try_reserve(1).is_err())
+    {
+        return Err((request, status::INSUFFICIENT_RESOURCES));
+    }
     if let Err(st) = operation(i, now, file, &mut request, code, bytes) {
         return Err((request, st));
     }
     // The operation succeeded, so the handle named an endpoint of this file.
-    match handle.and_then(|h| i.endpoint(file, h)) {
-        Ok(ep) => {
+    let key = request.key();
+    match handle.and_then(|h| i.endpoint(file, h).map(|ep| (h, ep))) {
+        Ok((h, ep)) => {
             ep.answer = Some((request, awaited));
+            if let Ok(f) = i.file(file) {
+                f.enter_waiting(h, 1, key);
+            }
             Ok(())
         }
         Err(st) => Err((request, st)),
@@ -256,6 +275,11 @@ pub(super) fn get_event<P: Platform>(
         let Ok(f) = i.file(file) else {
             return Err((request, status::INVALID_HANDLE));
         };
+        // Each pending one holds an IRP and its system buffer: a handle has at most
+        // MAX_CHANNEL_GET_EVENTS on its channel.
+        if f.channel.len() >= MAX_CHANNEL_GET_EVENTS as usize {
+            return Err((request, status::QUOTA_EXCEEDED));
+        }
         if f.channel.try_reserve(1).is_err() {
             return Err((request, status::INSUFFICIENT_RESOURCES));
         }
@@ -265,20 +289,30 @@ pub(super) fn get_event<P: Platform>(
     if let Err(st) = i.grow_fifo(file, h, EVENT_HEADROOM) {
         return Err((request, st));
     }
-    let Ok(ep) = i.endpoint(file, h) else {
+    let Some(f) = i.files.get_mut(file.0) else {
         return Err((request, status::INVALID_HANDLE));
     };
-    // A connection has one GET_EVENT at a time: room for exactly one, not a growth step.
-    let reserved = if ep.pending.is_empty() {
-        ep.pending.try_reserve_exact(1)
-    } else {
-        ep.pending.try_reserve(1)
+    let Some(ep) = f.endpoints.get_mut(h) else {
+        return Err((request, status::INVALID_HANDLE));
     };
-    if reserved.is_err() {
+    // A connection has one GET_EVENT at a time (code::GET_EVENT): a second while one is
+    // pending is refused, so an endpoint holds at most one request of each kind.
+    if !ep.pending.is_empty() {
+        return Err((request, status::INVALID_DEVICE_STATE));
+    }
+    if ep.pending.try_reserve_exact(1).is_err() {
         return Err((request, status::INSUFFICIENT_RESOURCES));
     }
     if ep.events.is_empty() {
-        ep.pending.push_back(request);
+        // Entered where the cancel routine finds it (room first: nothing changed yet).
+        if f.waiting.try_reserve(1).is_err() {
+            return Err((request, status::INSUFFICIENT_RESOURCES));
+        }
+        let key = request.key();
+        if let Some(ep) = f.endpoints.get_mut(h) {
+            ep.pending.push_back(request);
+        }
+        f.enter_waiting(h, 0, key);
     } else {
         i.fill(file, h, request);
     }
@@ -343,9 +377,8 @@ pub(super) fn operation<P: Platform>(
             if request.output_len() < CreateOut::SIZE as usize {
                 return Err(status::BUFFER_TOO_SMALL);
             }
-            let (quotas, users) = (i.quotas, i.users);
+            i.quota_create(file)?;
             let f = i.file(file)?;
-            f.quota_endpoint(&quotas, &users)?;
             let no_memory = |_| status::INSUFFICIENT_RESOURCES;
             f.reserve_ready(1).map_err(no_memory)?;
             // A retired chunk's slot before a fresh one (the table's end stays put).
@@ -389,10 +422,10 @@ pub(super) fn operation<P: Platform>(
             let compare = used(&l.compare, l.compare_len, limits::REQ_PRIVATE_DATA)?;
             require(usize::from(l.compare_offset) + compare.len() <= limits::REQ_PRIVATE_DATA)?;
             let old = i.endpoint(file, l.handle)?.backlog;
-            let (quotas, users) = (i.quotas, i.users);
-            let f = i.file(file)?;
+            let (quotas, users) = (i.quotas, &i.users);
+            let f = i.files.get_mut(file.0).ok_or(status::INVALID_HANDLE)?;
             f.may_listen(l.service_mask)?;
-            f.quota_listen(&quotas, &users, l.backlog, old)?;
+            f.quota_listen(&quotas, users, l.backlog, old)?;
             let cep = i.touch(file, l.handle)?;
             // Room for the backlog's REQs in its FIFO before the engine listens.
             let depth = l.backlog as usize;
@@ -513,9 +546,13 @@ pub(super) fn operation<P: Platform>(
                 flow_control: c.flags & flags::FLOW_CONTROL != 0,
                 private_data,
             };
-            let (quotas, users) = (i.quotas, i.users);
+            let (quotas, users) = (i.quotas, &i.users);
             let f = i.files.get(file.0).ok_or(status::INVALID_HANDLE)?;
-            f.quota_events(&quotas, &users)?;
+            f.may_use_path(&primary)?;
+            if let Some(alternate) = &alternate {
+                f.may_use_path(alternate)?;
+            }
+            f.quota_events(&quotas, users)?;
             f.may_name_qpn(&i.cm, file.0, (c.port, c.qpn))?;
             let cep = i.touch(file, c.handle)?;
             // An endpoint that cannot connect says so first (the engine's state check).
@@ -668,6 +705,10 @@ pub(super) fn operation<P: Platform>(
             check_reserved(l.reserved == 0 && l.reserved1 == [0; 7])?;
             let path = path_from_abi(&l.alternate)?;
             let data = used(&l.private_data, l.private_data_len, 168)?;
+            i.files
+                .get(file.0)
+                .ok_or(status::INVALID_HANDLE)?
+                .may_use_path(&path)?;
             let cep = i.touch(file, l.handle)?;
             i.cm.lap(now, cep, &path, data).map_err(status_of)?;
             Ok(0)
@@ -716,8 +757,11 @@ pub(super) fn operation<P: Platform>(
                 max_retries: r.max_retries,
                 private_data: data,
             };
-            let (quotas, users) = (i.quotas, i.users);
-            i.file(file)?.quota_events(&quotas, &users)?;
+            let (quotas, users) = (i.quotas, &i.users);
+            i.files
+                .get(file.0)
+                .ok_or(status::INVALID_HANDLE)?
+                .quota_events(&quotas, users)?;
             i.cm.check_source(r.port, &params.path).map_err(status_of)?;
             let cep = i.touch(file, r.handle)?;
             i.cm.sidr_request(now, cep, &params).map_err(status_of)?;
@@ -754,6 +798,8 @@ pub(super) fn operation<P: Platform>(
                 malformed: k.malformed,
                 unmatched: k.unmatched,
                 backlog_drops: k.backlog_drops,
+                forged: k.forged,
+                quota_exceeded: i.quota_exceeded,
             };
             Ok(output(request, &out)?)
         }

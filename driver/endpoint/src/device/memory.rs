@@ -19,7 +19,7 @@ pub struct DispatchMemory {
     /// The event-record pool: the records queued on endpoints, and a few batches' worth free.
     pub records: usize,
     /// File and endpoint tables, endpoints built ahead, their FIFOs and request queues,
-    /// and the CEP-to-owner table.
+    /// the index of pending requests, users' lingering CEPs, and the CEP-to-owner table.
     pub endpoints: usize,
     /// Kernel-client endpoints and their event queues.
     pub clients: usize,
@@ -59,6 +59,7 @@ fn file_bytes<R>(f: &File<R>) -> usize {
         + f.spares.iter().map(endpoint_bytes).sum::<usize>()
         + f.channel.heap_bytes()
         + f.ready.heap_bytes()
+        + f.waiting.allocation_size()
 }
 
 impl RecordPool {
@@ -83,7 +84,7 @@ impl<P: Platform> Inner<P> {
                 .values()
                 .map(|f| f.endpoints.slots.resident() + f.spares.capacity())
                 .sum::<usize>();
-        let endpoints = table_bytes(&self.files, file_bytes);
+        let endpoints = table_bytes(&self.files, file_bytes) + self.lingering.heap_bytes();
         DispatchMemory {
             records: self.records.bytes(),
             endpoints: endpoints - inline_private_data,

@@ -197,7 +197,7 @@ impl<P: Platform> Inner<P> {
         // listen's FIFO, all made at PASSIVE_LEVEL. Without them it is refused (the engine
         // rejects it) rather than allocated for: a peer cycling REQs and REJs cannot grow
         // the file while its owner does not read its events.
-        let (quotas, users) = (self.quotas, self.users);
+        let (quotas, users) = (self.quotas, &self.users);
         let Some(file) = self.files.get_mut(lo.file) else {
             return;
         };
@@ -207,7 +207,7 @@ impl<P: Platform> Inner<P> {
             .is_some_and(|l| l.events.len() < l.events.capacity());
         // A user's handle at its endpoint quota, or all users' at their budget, takes no
         // more (policy.rs).
-        let room = listen_room && file.has_endpoint_room(&quotas, &users);
+        let room = listen_room && file.has_endpoint_room(&quotas, users);
         let spare = if room && file.endpoints.can_insert() {
             file.spares.pop()
         } else {

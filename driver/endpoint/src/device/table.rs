@@ -78,25 +78,6 @@ impl<T> Table<T> {
         s.value.as_mut()
     }
 
-    /// Stores `value` and returns its handle (the kernel-client table's callers reserve
-    /// room first; without it the slab grows).
-    pub(super) fn insert(&mut self, value: T) -> u64 {
-        let _ = self.try_reserve(1);
-        match self.try_insert(value) {
-            Ok(handle) => handle,
-            Err(value) => {
-                let i = self.slots.len() as u32;
-                self.slots.push(Slot {
-                    generation: 1,
-                    value: Some(value),
-                });
-                self.slots.filled(i as usize);
-                self.live += 1;
-                handle_of(i, 1)
-            }
-        }
-    }
-
     /// Stores `value` and returns its handle; without room (memory ran out) hands it back.
     /// Allocates only when [`can_insert`](Self::can_insert) is false.
     pub(super) fn try_insert(&mut self, value: T) -> Result<u64, T> {
