@@ -24,17 +24,18 @@ use core::sync::atomic::{AtomicBool, AtomicI32, AtomicU32, AtomicUsize, Ordering
 
 use ibcm_endpoint::{Caller, FileId, oversized_input};
 use wdk_sys::ntddk::{
-    IoCreateSymbolicLink, IoDeleteSymbolicLink, SeLockSubjectContext, SeTokenIsAdmin,
-    SeTokenIsRestricted, SeUnlockSubjectContext,
+    ExFreePool, IoCreateSymbolicLink, IoDeleteSymbolicLink, RtlLengthSid, SeLockSubjectContext,
+    SeQueryInformationToken, SeTokenIsAdmin, SeTokenIsRestricted, SeUnlockSubjectContext,
 };
 use wdk_sys::{
-    _MODE, _SECURITY_IMPERSONATION_LEVEL, _WDF_FILEOBJECT_CLASS, _WDF_IO_QUEUE_DISPATCH_TYPE,
-    _WDF_TRI_STATE, FILE_DEVICE_SECURE_OPEN, IRP_MJ_CREATE, NT_SUCCESS, NTSTATUS, PVOID,
-    PWDFDEVICE_INIT, SECURITY_SUBJECT_CONTEXT, SL_FORCE_ACCESS_CHECK, STATUS_DEVICE_NOT_READY,
-    STATUS_INSUFFICIENT_RESOURCES, STATUS_INVALID_DEVICE_REQUEST, STATUS_SUCCESS, ULONG,
-    UNICODE_STRING, WDF_DPC_CONFIG, WDF_FILEOBJECT_CONFIG, WDF_IO_QUEUE_CONFIG,
-    WDF_NO_OBJECT_ATTRIBUTES, WDF_TIMER_CONFIG, WDF_WORKITEM_CONFIG, WDFDEVICE, WDFDRIVER,
-    WDFFILEOBJECT, WDFOBJECT, WDFQUEUE, WDFREQUEST, WDFTIMER,
+    _MODE, _SECURITY_IMPERSONATION_LEVEL, _TOKEN_INFORMATION_CLASS, _WDF_FILEOBJECT_CLASS,
+    _WDF_IO_QUEUE_DISPATCH_TYPE, _WDF_TRI_STATE, FILE_DEVICE_SECURE_OPEN, IRP_MJ_CREATE,
+    NT_SUCCESS, NTSTATUS, PACCESS_TOKEN, PVOID, PWDFDEVICE_INIT, SECURITY_SUBJECT_CONTEXT,
+    SL_FORCE_ACCESS_CHECK, STATUS_DEVICE_NOT_READY, STATUS_INSUFFICIENT_RESOURCES,
+    STATUS_INVALID_DEVICE_REQUEST, STATUS_SUCCESS, TOKEN_USER, ULONG, UNICODE_STRING,
+    WDF_DPC_CONFIG, WDF_FILEOBJECT_CONFIG, WDF_IO_QUEUE_CONFIG, WDF_NO_OBJECT_ATTRIBUTES,
+    WDF_TIMER_CONFIG, WDF_WORKITEM_CONFIG, WDFDEVICE, WDFDRIVER, WDFFILEOBJECT, WDFOBJECT,
+    WDFQUEUE, WDFREQUEST, WDFTIMER,
 };
 
 use crate::host::{self, HOST, HOST_CONTEXT, Host, Upcalls};
@@ -529,13 +530,55 @@ fn caller_of(request: WDFREQUEST) -> Caller {
         // SAFETY: (D72) as D60.
         !restricted && unsafe { SeTokenIsAdmin(t) } != 0
     });
-    // SAFETY: (D61) unlocks what D68 locked, once.
-    unsafe { SeUnlockSubjectContext(subject) };
-    if admin {
+    // An ordinary user's account: the token's user SID (one account, one key, for the
+    // per-account budgets). A token whose user cannot be read leaves the handle an
+    // account of its own.
+    let caller = if admin {
         Caller::Administrator
     } else {
-        Caller::User
+        token
+            .filter(|t| !t.is_null())
+            // SAFETY: (D73) as D60.
+            .and_then(|t| unsafe { account_of(t) })
+            .unwrap_or(Caller::User)
+    };
+    // SAFETY: (D61) unlocks what D68 locked, once.
+    unsafe { SeUnlockSubjectContext(subject) };
+    caller
+}
+
+/// The account of `token`'s user: `SeQueryInformationToken(TokenUser)` (PASSIVE_LEVEL),
+/// the SID's bytes (`RtlLengthSid`), the pool block freed.
+///
+/// # Safety
+///
+/// `token` is a token of a locked subject context (referenced by it).
+unsafe fn account_of(token: PACCESS_TOKEN) -> Option<Caller> {
+    let mut information: PVOID = core::ptr::null_mut();
+    // SAFETY: (D74) PASSIVE_LEVEL; a referenced token; valid out pointer. The block it
+    // returns is freed below.
+    let status = unsafe {
+        SeQueryInformationToken(
+            token,
+            _TOKEN_INFORMATION_CLASS::TokenUser,
+            &raw mut information,
+        )
+    };
+    if !NT_SUCCESS(status) || information.is_null() {
+        return None;
     }
+    // SAFETY: (D75) a TokenUser query's block starts with a TOKEN_USER (ntifs.h).
+    let sid = unsafe { (*information.cast::<TOKEN_USER>()).User.Sid };
+    let caller = (!sid.is_null()).then(|| {
+        // SAFETY: (D76) the user's SID, in the block: RtlLengthSid reads its header.
+        let length = unsafe { RtlLengthSid(sid) } as usize;
+        // SAFETY: (D77) the SID's `length` bytes, in the block until it is freed below.
+        let bytes = unsafe { core::slice::from_raw_parts(sid.cast::<u8>(), length) };
+        Caller::of_account_sid(bytes)
+    });
+    // SAFETY: (D78) the block SeQueryInformationToken allocated, freed once.
+    unsafe { ExFreePool(information) };
+    caller
 }
 
 /// The dispatch layer's handle of a file object (None for a null file object).

@@ -62,6 +62,17 @@ impl Caller {
     pub(super) fn is_user(self) -> bool {
         self != Caller::Administrator
     }
+
+    /// An ordinary user of the account whose SID is `sid` (the bytes of a Windows SID, as
+    /// `RtlLengthSid` measures them): its key is a hash of them, the same for every handle
+    /// of the account. SipHash with a fixed key: SIDs are given out by the machine's or
+    /// the domain's authority, not chosen by a caller who could aim at a collision.
+    pub fn of_account_sid(sid: &[u8]) -> Caller {
+        use core::hash::Hasher as _;
+        let mut hasher = siphasher::sip::SipHasher13::new_with_keys(0, 0);
+        hasher.write(sid);
+        Caller::UserOf(hasher.finish())
+    }
 }
 
 /// The quotas of each non-administrator's handle, and the budgets of all of them
@@ -475,5 +486,38 @@ impl<P: Platform> Inner<P> {
         }
         self.prune_lingering(LINGER_PRUNE);
         check(self)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use alloc::vec;
+    use alloc::vec::Vec;
+
+    use super::Caller;
+
+    /// S-1-5-21-1111-2222-3333-`rid` as its bytes (revision, count, authority, sub-authorities).
+    fn sid(rid: u32) -> Vec<u8> {
+        let mut b = vec![1, 5, 0, 0, 0, 0, 0, 5];
+        for sub in [21, 1111, 2222, 3333, rid] {
+            b.extend_from_slice(&u32::to_le_bytes(sub));
+        }
+        b
+    }
+
+    #[test]
+    fn one_account_one_key_two_accounts_two_keys() {
+        assert_eq!(
+            Caller::of_account_sid(&sid(1001)),
+            Caller::of_account_sid(&sid(1001))
+        );
+        assert_ne!(
+            Caller::of_account_sid(&sid(1001)),
+            Caller::of_account_sid(&sid(1002))
+        );
+        assert!(matches!(
+            Caller::of_account_sid(&sid(1001)),
+            Caller::UserOf(_)
+        ));
     }
 }

@@ -55,6 +55,8 @@ pub struct Io {
     pub requests: HashMap<usize, RequestInfo>,
     pub files: HashMap<usize, FileInfo>,
     pub tokens: HashMap<usize, Box<Token>>,
+    /// What `SeQueryInformationToken` returned, until `ExFreePool`.
+    pub token_information: HashMap<usize, Box<[u64]>>,
     pub subject_locks: HashMap<usize, i32>,
     pub error_log: Vec<(NTSTATUS, Vec<String>)>,
     pub error_log_entries: HashMap<usize, Vec<u8>>,

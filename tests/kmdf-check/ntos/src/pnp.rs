@@ -236,6 +236,15 @@ pub fn unload() {
             ),
         );
     }
+    let token_information = state::lock().io.token_information.len();
+    if token_information > 0 {
+        bugcheck(
+            Rule::LeakAtUnload,
+            format_args!(
+                "{token_information} SeQueryInformationToken block(s) never given to ExFreePool"
+            ),
+        );
+    }
     let keys = state::lock().devices.keys.len();
     if keys > 0 {
         bugcheck(

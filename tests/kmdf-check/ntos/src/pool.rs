@@ -88,12 +88,15 @@ pub unsafe extern "C" fn MmGetSystemRoutineAddress(
     core::ptr::null_mut()
 }
 
-/// `ExFreePool` (wdm.h): only `driver/kmdf/pool.rs` calls it, which the simulation does not
-/// build; a call is the simulation misused.
+/// `ExFreePool` (wdm.h): frees what `SeQueryInformationToken` returned (the binding's
+/// own pool is the test binary's allocator here: `driver/kmdf/pool.rs` is not built).
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn ExFreePool(_P: crate::PVOID) {
-    crate::verifier::bugcheck(
-        crate::verifier::Rule::Simulation,
-        format_args!("ExFreePool: the simulated kernel's pool is the test binary's allocator"),
-    );
+pub unsafe extern "C" fn ExFreePool(P: crate::PVOID) {
+    let _k = crate::thread::KernelCode::enter();
+    if !crate::security::free_token_information(P as usize) {
+        crate::verifier::bugcheck(
+            crate::verifier::Rule::Simulation,
+            format_args!("ExFreePool({P:p}): not a block the simulated kernel handed out"),
+        );
+    }
 }

@@ -16,6 +16,9 @@ pub struct Token {
     pub restricted: bool,
     /// LocalSystem (SY).
     pub system: bool,
+    /// The last sub-authority of the user's SID: S-1-5-21-1111-2222-3333-`account`
+    /// (LocalSystem's is S-1-5-18).
+    pub account: u32,
 }
 
 impl Token {
@@ -23,22 +26,45 @@ impl Token {
         admin: false,
         restricted: false,
         system: false,
+        account: 1001,
+    };
+    /// Another ordinary user: an account of its own.
+    pub const OTHER_USER: Token = Token {
+        account: 1002,
+        ..Token::USER
     };
     pub const ADMIN: Token = Token {
         admin: true,
         restricted: false,
         system: false,
+        account: 500,
     };
     pub const RESTRICTED_ADMIN: Token = Token {
         admin: true,
         restricted: true,
         system: false,
+        account: 500,
     };
     pub const SYSTEM: Token = Token {
         admin: true,
         restricted: false,
         system: true,
+        account: 18,
     };
+
+    /// The user SID's bytes (revision 1, the NT authority, the sub-authorities).
+    pub fn sid(self) -> Vec<u8> {
+        let subs: &[u32] = if self.system {
+            &[18]
+        } else {
+            &[21, 1111, 2222, 3333, self.account]
+        };
+        let mut b = vec![1, subs.len() as u8, 0, 0, 0, 0, 0, 5];
+        for sub in subs {
+            b.extend_from_slice(&sub.to_le_bytes());
+        }
+        b
+    }
 
     /// The token as a PACCESS_TOKEN (kept for the process's life).
     pub fn leak(self) -> PACCESS_TOKEN {
@@ -153,4 +179,59 @@ pub unsafe extern "C" fn SeTokenIsRestricted(Token: PACCESS_TOKEN) -> BOOLEAN {
     let _k = KernelCode::enter();
     require_irql("SeTokenIsRestricted", PASSIVE);
     BOOLEAN::from(token_of(Token, "SeTokenIsRestricted").restricted)
+}
+
+/// `SeQueryInformationToken` (ntifs.h; PASSIVE_LEVEL) for `TokenUser`: a TOKEN_USER and
+/// its SID in one block of pool the caller frees with `ExFreePool` (what is not freed by
+/// unload is a leak).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn SeQueryInformationToken(
+    Token: PACCESS_TOKEN,
+    TokenInformationClass: crate::TOKEN_INFORMATION_CLASS,
+    TokenInformation: *mut crate::PVOID,
+) -> crate::NTSTATUS {
+    let _k = KernelCode::enter();
+    require_irql("SeQueryInformationToken", PASSIVE);
+    if TokenInformationClass != crate::_TOKEN_INFORMATION_CLASS::TokenUser {
+        return crate::STATUS_NOT_SUPPORTED;
+    }
+    let sid = token_of(Token, "SeQueryInformationToken").sid();
+    // The TOKEN_USER first, the SID right after it, in u64s (the SID's alignment is 4).
+    let header = size_of::<crate::TOKEN_USER>();
+    let mut block = vec![0u64; (header + sid.len()).div_ceil(8)].into_boxed_slice();
+    let base = block.as_mut_ptr().cast::<u8>();
+    // SAFETY: the block holds the header and the SID bytes after it.
+    let sid_at = unsafe { base.add(header) };
+    // SAFETY: as above: `sid.len()` bytes fit from `sid_at`.
+    unsafe { core::ptr::copy_nonoverlapping(sid.as_ptr(), sid_at, sid.len()) };
+    let user = crate::TOKEN_USER {
+        User: crate::SID_AND_ATTRIBUTES {
+            Sid: sid_at.cast(),
+            Attributes: 0,
+        },
+    };
+    // SAFETY: the block starts with room for a TOKEN_USER, 8-aligned.
+    unsafe { base.cast::<crate::TOKEN_USER>().write(user) };
+    // SAFETY: the caller's out pointer.
+    unsafe { *TokenInformation = base.cast() };
+    state::lock()
+        .io
+        .token_information
+        .insert(base as usize, block);
+    crate::STATUS_SUCCESS
+}
+
+/// `RtlLengthSid` (ntifs.h): 8 bytes and 4 per sub-authority.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn RtlLengthSid(Sid: crate::PSID) -> crate::ULONG {
+    // SAFETY: the caller's SID: its second byte is the sub-authority count.
+    let count_at = unsafe { Sid.cast::<u8>().add(1) };
+    // SAFETY: as above.
+    let count = unsafe { *count_at };
+    8 + 4 * crate::ULONG::from(count)
+}
+
+/// Frees what `SeQueryInformationToken` returned; false if `p` is not such a block.
+pub fn free_token_information(p: usize) -> bool {
+    state::lock().io.token_information.remove(&p).is_some()
 }

@@ -8,6 +8,7 @@
 //! firing expect their process to stop with that rule. `cargo test -- NAME` runs the
 //! scenarios whose name contains NAME; `IBCM_SIM_DBGPRINT=1` prints the driver's DbgPrint.
 
+mod accounts;
 mod bad_driver;
 mod kernel_clients;
 mod pnp_power;
@@ -16,6 +17,7 @@ mod user_library;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
+use accounts::*;
 use ibcm_host::records;
 use ibcm_ioctl::{
     ConnectIn, CreateIn, CreateOut, EventRecord, HandleIn, ListenIn, PrivateDataIn, VersionIn,
@@ -1283,6 +1285,7 @@ const SCENARIOS: &[Scenario] = scenarios![
     control_device_security,
     callers_and_registry_quotas,
     every_parameter_is_read_and_all_users_budget_holds,
+    endpoints_are_budgeted_per_account,
     ioctls_with_bad_records,
     get_event_cancelled_from_another_thread,
     cleanup_and_close_with_requests_pending,

@@ -214,6 +214,29 @@ pub struct _SECURITY_SUBJECT_CONTEXT {
 }
 pub type SECURITY_SUBJECT_CONTEXT = _SECURITY_SUBJECT_CONTEXT;
 pub type PSECURITY_SUBJECT_CONTEXT = *mut _SECURITY_SUBJECT_CONTEXT;
+/// winnt.h `PSID` (the SID is opaque: `RtlLengthSid` measures it).
+pub type PSID = PVOID;
+/// winnt.h `SID_AND_ATTRIBUTES`.
+#[repr(C)]
+#[derive(Debug, Copy, Clone)]
+pub struct _SID_AND_ATTRIBUTES {
+    pub Sid: PSID,
+    pub Attributes: ULONG,
+}
+pub type SID_AND_ATTRIBUTES = _SID_AND_ATTRIBUTES;
+/// winnt.h `TOKEN_USER`.
+#[repr(C)]
+#[derive(Debug, Copy, Clone)]
+pub struct _TOKEN_USER {
+    pub User: SID_AND_ATTRIBUTES,
+}
+pub type TOKEN_USER = _TOKEN_USER;
+/// winnt.h `TOKEN_INFORMATION_CLASS`.
+pub mod _TOKEN_INFORMATION_CLASS {
+    pub type Type = i32;
+    pub const TokenUser: Type = 1;
+}
+pub use self::_TOKEN_INFORMATION_CLASS::Type as TOKEN_INFORMATION_CLASS;
 /// wdm.h `LUID`.
 #[repr(C)]
 #[derive(Debug, Copy, Clone)]
@@ -709,6 +732,12 @@ pub mod ntddk {
         ) -> NTSTATUS;
         pub fn IoDeleteSymbolicLink(SymbolicLinkName: PUNICODE_STRING) -> NTSTATUS;
         pub fn MmGetSystemRoutineAddress(SystemRoutineName: PUNICODE_STRING) -> PVOID;
+        pub fn SeQueryInformationToken(
+            Token: PACCESS_TOKEN,
+            TokenInformationClass: TOKEN_INFORMATION_CLASS,
+            TokenInformation: *mut PVOID,
+        ) -> NTSTATUS;
+        pub fn RtlLengthSid(Sid: PSID) -> ULONG;
         pub fn ExFreePool(P: PVOID);
     }
 }
