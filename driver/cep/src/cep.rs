@@ -188,6 +188,12 @@ pub(crate) struct Cep {
     pub backlog_of: Option<CepId>,
     pub local_psn: u32,
     pub remote_psn: u32,
+    /// Passive, while its REQ is unanswered: when the REQ arrived, in units of 2^12 ns
+    /// (wrapping every 4.9 h), the start of its answer time (waiting.rs).
+    pub req_arrival: u32,
+    /// Passive, while its REQ is unanswered: the count of answers after which the REQs
+    /// ahead of it are answered (wrapping; waiting.rs).
+    pub req_ticket: u32,
     /// Private data of that message, in the manager's private-data pool (src/pdata_pool.rs).
     pub pdata: Held,
     /// Private data of that MRA: kept apart from `pdata`, since an MRA sent after the
@@ -255,6 +261,8 @@ impl Cep {
             local_psn: 0,
             remote_qpn: 0,
             remote_psn: 0,
+            req_arrival: 0,
+            req_ticket: 0,
             pkey: 0,
             transport: Transport::Rc,
             path_mtu: Mtu::Mtu1024,

@@ -2080,6 +2080,9 @@ fn duplicate_req_in_mra_req_sent_resends_the_mra() {
         p.sent_count(Side::B, AttributeId::Mra) == 2
     });
     assert_eq!(dups(&fx.p.b, AttributeId::Req), 1);
+    // The repeat is counted as sent, as the first (Linux `cm_dup_req_handler` ->
+    // `cm_send_mra` sends it as any other MRA).
+    assert_eq!(fx.p.b.counters().sent[slot(AttributeId::Mra)], 2);
     settle(&mut fx.p);
     assert_state(&fx.p.a, a, S::MraReqRcvd);
     assert_events(&mut fx.p, Side::A, a, &[Ev::Mra(20)]);
@@ -2591,6 +2594,166 @@ fn req_that_would_wait_too_long_is_refused_at_once() {
     let mut b_all = held.clone();
     b_all.extend([taken, l]);
     finish(p, &a_all, &b_all);
+}
+
+/// The ServiceTimeout of the MRA A's CEP `a` received.
+fn mra_asked(p: &Pair, a: CepId) -> u8 {
+    p.events_of(Side::A, a)
+        .iter()
+        .find_map(|e| match *e {
+            Event::MraReceived {
+                service_timeout, ..
+            } => Some(service_timeout),
+            _ => None,
+        })
+        .expect("an MRA reached A")
+}
+
+/// A REQ the application holds while it answers the others at once does not make the
+/// others look slow (waiting.rs: an answer's interval starts at the later of its REQ's
+/// arrival and the previous answer). Before, the busy period ran from the held REQ's
+/// arrival, so idle time counted: with 50 ms allowed, the second REQ (100 ms later,
+/// one answer) saw a 100 ms interval and every REQ after it got REJ(NoResources).
+#[test]
+fn one_req_held_long_does_not_slow_the_others() {
+    let mut b_cfg = CmConfig::new(GUID_B, [15; 32]);
+    b_cfg.max_request_wait_ns = Some(50 * MS);
+    let mut p = Pair::with_config(CmConfig::new(GUID_A, [14; 32]), b_cfg);
+    let l = listen_on(&mut p, Pair::listen_params(SID, 16));
+    let held_a = connect_new(&mut p, SID, QPN_A);
+    settle(&mut p);
+    let held = p.last_request().unwrap();
+    p.b.take_request(held).unwrap();
+    let mut a_all = vec![held_a];
+    for i in 0..8u32 {
+        let t = p.now.add_nanos(100 * MS);
+        run_to(&mut p, t);
+        let a = connect_new(&mut p, SID, QPN_A + 1 + i);
+        settle(&mut p);
+        assert_eq!(req_events(&p), 2 + i as usize, "REQ {i} was not held");
+        let b = p.last_request().unwrap();
+        p.b.take_request(b).unwrap();
+        let now = p.now;
+        p.b.accept(now, b, &Pair::rep_params(QPN_B + i)).unwrap();
+        settle(&mut p);
+        assert_state(&p.a, a, S::RepRcvd);
+        a_all.push(a);
+    }
+    assert_eq!(p.a.counters().received[slot(AttributeId::Rej)], 0);
+    finish(p, &a_all, &[held, l]);
+}
+
+/// REQs their clients cancel (REJ received) are not answers (waiting.rs): the rate is
+/// the application's alone. Before, 10 cancelled in the first 5 ms and one answer at
+/// 10 ms made a 0.9 ms interval, and a REQ 100 ms from its answer was held.
+#[test]
+fn cancelled_reqs_do_not_count_as_answers() {
+    let mut b_cfg = CmConfig::new(GUID_B, [15; 32]);
+    b_cfg.max_request_wait_ns = Some(50 * MS);
+    let mut p = Pair::with_config(CmConfig::new(GUID_A, [14; 32]), b_cfg);
+    let l = listen_on(&mut p, Pair::listen_params(SID, 32));
+    let t0 = p.now;
+    let first: Vec<CepId> = (0..20)
+        .map(|i| connect_new(&mut p, SID, QPN_A + i))
+        .collect();
+    settle(&mut p);
+    let held: Vec<CepId> = p.events(Side::B).iter().map(|(c, _)| *c).collect();
+    assert_eq!(held.len(), 20);
+    // Half the clients give up at 5 ms: REJ(Timeout) ends their REQs on B.
+    run_to(&mut p, t0.add_nanos(5 * MS));
+    for &a in &first[..10] {
+        let now = p.now;
+        p.a.destroy(now, a).unwrap();
+    }
+    settle(&mut p);
+    // The application answers one at 10 ms: 9 wait at 10 ms each, 100 ms for the next.
+    run_to(&mut p, t0.add_nanos(10 * MS));
+    p.b.take_request(held[10]).unwrap();
+    let now = p.now;
+    p.b.accept(now, held[10], &Pair::rep_params(QPN_B)).unwrap();
+    let late = connect_new(&mut p, SID, QPN_A + 20);
+    settle(&mut p);
+    assert_eq!(
+        p.events_of(Side::A, late),
+        [rej_event(
+            RejReason::NoResources,
+            MessageKind::Req,
+            &[],
+            &[]
+        )]
+    );
+    let mut a_all = first.clone();
+    a_all.push(late);
+    let mut b_all = held.clone();
+    b_all.push(l);
+    finish(p, &a_all, &b_all);
+}
+
+/// The manager's own MRA asks no more than the longest wait it may ask for
+/// (`max_request_wait_ns`; IBA 12.6.6: ServiceTimeout is the wait the sender is asked
+/// to add). Before, with no answer yet, it asked for the sender's whole retry budget
+/// whatever the cap: 4.3 s (20) with a 50 ms cap, and 137 s (25) for a budget of 77 s
+/// under the default 68.7 s (24, Linux's `CMA_CM_MRA_SETTING`).
+#[test]
+fn managers_mra_asks_no_more_than_the_longest_wait() {
+    // (cap, the REQ's RemoteCMResponseTimeout and MaxCMRetries, the most it may ask)
+    for (cap, timeout, retries, most) in [(50 * MS, 16, 3, 13), (4096 << 24, 21, 8, 24)] {
+        let mut b_cfg = CmConfig::new(GUID_B, [15; 32]);
+        b_cfg.max_request_wait_ns = Some(cap);
+        let mut p = Pair::with_config(CmConfig::new(GUID_A, [14; 32]), b_cfg);
+        let l = listen_on(&mut p, Pair::listen_params(SID, 8));
+        let a = p.a.create().unwrap();
+        let mut params = Pair::connect_params(SID, QPN_A);
+        params.remote_cm_response_timeout = timeout;
+        params.max_cm_retries = retries;
+        let now = p.now;
+        p.a.connect(now, a, &params).unwrap();
+        settle(&mut p);
+        let b = p.last_request().unwrap();
+        p.b.take_request(b).unwrap();
+        p.drive_for(ib(u32::from(timeout)) / 2 + SETTLE);
+        assert_state(&p.b, b, S::MraReqSent);
+        assert_eq!(mra_asked(&p, a), most, "cap {cap} ns");
+        let now = p.now;
+        p.b.accept(now, b, &rp()).unwrap();
+        settle(&mut p);
+        assert_state(&p.a, a, S::RepRcvd);
+        finish(p, &[a], &[b, l]);
+    }
+}
+
+/// Each MRA asks for the wait of the REQs ahead of its own, not the whole queue's
+/// (waiting.rs: a REQ's ticket). 100 REQs at once, 13 answered 10 ms apart up to just
+/// before half the response timeout; then the first still waiting asks for 2 x 10 ms
+/// (+ a packet life time, 134 ms: ServiceTimeout 16, 268 ms), the last for 2 x 870 ms (19,
+/// 2.1 s). Before, every MRA asked for the whole queue at the busy period's interval
+/// (19 for all).
+#[test]
+fn mra_wait_follows_the_reqs_ahead() {
+    let mut p = Pair::new(16);
+    let l = listen_on(&mut p, Pair::listen_params(SID, 128));
+    let t0 = p.now;
+    let first: Vec<CepId> = (0..100)
+        .map(|i| connect_new(&mut p, SID, QPN_A + i))
+        .collect();
+    settle(&mut p);
+    let held: Vec<CepId> = p.events(Side::B).iter().map(|(c, _)| *c).collect();
+    assert_eq!(held.len(), 100);
+    for (k, &b) in held[..13].iter().enumerate() {
+        run_to(&mut p, t0.add_nanos((k as u64 + 1) * 10 * MS));
+        p.b.take_request(b).unwrap();
+        let now = p.now;
+        p.b.accept(now, b, &Pair::rep_params(QPN_B + k as u32))
+            .unwrap();
+    }
+    p.drive_for(ib(16) / 2);
+    let asked: Vec<u8> = first[13..].iter().map(|&a| mra_asked(&p, a)).collect();
+    assert_eq!(asked[0], 16);
+    assert_eq!(asked[86], 19);
+    assert!(asked.windows(2).all(|w| w[0] <= w[1]), "{asked:?}");
+    let mut b_all = held.clone();
+    b_all.push(l);
+    finish(p, &first, &b_all);
 }
 
 // ---- destroy ------------------------------------------------------------------------------

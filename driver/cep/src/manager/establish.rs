@@ -34,7 +34,7 @@ impl CmManager {
             self.duplicate(AttributeId::Req);
             match self.cep_any(id).map(|c| c.state) {
                 Some(State::ReqRcvd { mra_sent: true } | State::RepPrepared { mra_sent: true }) => {
-                    self.resend(id, AttributeId::Mra);
+                    self.repeat_mra(id);
                 }
                 Some(State::RepSent { .. }) => self.resend(id, AttributeId::Rep),
                 // The connection this REQ asked for has come and gone (IBA 12.9.8.3.1).
@@ -63,7 +63,7 @@ impl CmManager {
             self.end_stale(now, old);
             return;
         }
-        if self.crossing_req(src, tid, req) {
+        if self.crossing_req(now, src, tid, req) {
             return;
         }
         // IBA 12.6.7 Table 108 reasons 12/13/18/19: a path that does not end at one of
@@ -91,7 +91,7 @@ impl CmManager {
             self.backlog_drop(AttributeId::Req);
             return;
         }
-        if self.wait_too_long(now) {
+        if self.wait_too_long() {
             // Refused before a CEP is taken: the sender learns now (waiting.rs).
             self.reply_rej(
                 src,
@@ -112,7 +112,7 @@ impl CmManager {
         if let Some(c) = self.cep_mut(id) {
             c.backlog_of = Some(listen_id);
         }
-        self.take_req(id, listen_id, src, tid, req);
+        self.take_req(now, id, listen_id, src, tid, req);
         self.await_answer(now, id);
     }
 
@@ -121,6 +121,7 @@ impl CmManager {
     /// peer lookups and reports [`Event::ReqReceived`] naming `listen`.
     pub(super) fn take_req(
         &mut self,
+        now: Instant,
         id: CepId,
         listen: CepId,
         src: &MadAddress,
@@ -169,6 +170,7 @@ impl CmManager {
         c.srq = req.srq;
         c.flow_control = req.end_to_end_flow_control;
         self.set_state(id, State::ReqRcvd { mra_sent: false });
+        self.stamp_arrival(now, id);
         self.remote_ids
             .insert((req.local_comm_id, req.local_ca_guid), id);
         self.remote_qpns

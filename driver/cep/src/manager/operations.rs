@@ -381,6 +381,7 @@ impl CmManager {
         if !matches!(self.state_of(id)?, State::RepPrepared { .. }) {
             return Err(self.invalid(id));
         }
+        self.owner_answers(now, id);
         self.leave_backlog(id);
         if let Some(c) = self.cep_mut(id) {
             // The REQ's refused alternate path, if any, is forgotten now.
@@ -455,6 +456,7 @@ impl CmManager {
             p.private_data.len(),
             ibcm_mad::REJ_PRIVATE_DATA_SIZE,
         )?;
+        self.owner_answers(now, id);
         self.send_rej(id, p.reason, message, p.ari, p.private_data);
         match state {
             // WinOF: REP_RCVD -> TIMEWAIT; Linux: -> IDLE. Our QP reached RTR, so timewait.

@@ -143,6 +143,7 @@ impl CmManager {
     /// nothing more; its slot is freed when that ends.
     pub fn destroy(&mut self, now: Instant, id: CepId) -> Result<(), CmError> {
         let state = self.state_of(id)?;
+        self.owner_answers(now, id);
         self.leave_backlog(id);
         if let Some(c) = self.cep_mut(id) {
             c.detached = true;
