@@ -400,7 +400,10 @@ mod tests {
         assert_eq!(q.take(req).map(|r| r.handle), None);
         assert_eq!(q.take(any).map(|r| r.handle), Some(100));
         assert_eq!(q.take(any).map(|r| r.handle), None);
-        assert!(q.queue.is_empty() && q.head == 0, "an idle queue keeps no buffer");
+        assert!(
+            q.queue.is_empty() && q.head == 0,
+            "an idle queue keeps no buffer"
+        );
         // A requeue into an empty queue.
         q.requeue(&record(event_type::REQ_RECEIVED, 7));
         assert_eq!(q.take(req).map(|r| r.handle), Some(7));

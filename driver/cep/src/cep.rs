@@ -111,6 +111,17 @@ pub(crate) enum LapState {
     AprPrepared { mra_sent: bool },
 }
 
+/// Where a REQ-created CEP stands in its listen's backlog (manager/held.rs).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Backlog {
+    /// Past the backlog: its event waits in the listen's queue, not reported yet.
+    Held,
+    /// Reported; its user has not read it.
+    Reported,
+    /// Read by its user (`take_request`): its endpoint is the user's.
+    Taken,
+}
+
 /// The retransmission state of the one request a CEP may have outstanding.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Retry {
@@ -184,7 +195,8 @@ pub(crate) struct Cep {
     pub alternate: Option<PathRecord>,
     /// The alternate path a LAP carries, until its APR settles it.
     pub pending_alternate: Option<PathRecord>,
-    /// Set while a REQ-created CEP has not been taken from its listen's backlog.
+    /// The listen whose backlog this REQ-created CEP counts against, until its REQ is
+    /// answered (manager/held.rs).
     pub backlog_of: Option<CepId>,
     pub local_psn: u32,
     pub remote_psn: u32,
@@ -230,6 +242,8 @@ pub(crate) struct Cep {
     /// Its peer is owed a DREQ this side could not send: told of a connection ended
     /// while its port was down, or its DREQ gave up then (link.rs `timewait_over`).
     pub owes_dreq: bool,
+    /// Where it stands in `backlog_of`'s backlog.
+    pub backlog: Backlog,
     /// The APR this side sent last: status and additional info (repeated on a dup LAP).
     pub apr_status: u8,
     /// This CEP connects peer-to-peer: a crossing REQ for its service is compared with
@@ -294,6 +308,7 @@ impl Cep {
             owner: [0; 2],
             drep_rcvd: false,
             owes_dreq: false,
+            backlog: Backlog::Reported,
             cached: None,
             pdata: Held::NONE,
         }

@@ -24,6 +24,7 @@ use crate::types::{CepId, Instant, MadAddress, PathRecord, PrivateData};
 use ibcm_iba::{QpAttributes, QpState};
 
 mod establish;
+mod held;
 mod lap;
 mod link;
 mod listen;

@@ -2411,8 +2411,13 @@ fn timewait_lasts_two_packet_lives_plus_the_ack_delay() {
 
 // ---- backlog --------------------------------------------------------------------------
 
+/// A REQ past the backlog is held, not dropped (held.rs): the backlog counts REQs
+/// reported and not answered, so reading one (take_request) makes no room, answering
+/// it does, and the held REQ is reported at once, its sender never retrying. Before, a
+/// REQ left the backlog when its event was read, and one past it was dropped silently
+/// for its sender's retry to find room.
 #[test]
-fn backlog_drops_silently_and_the_retry_gets_in() {
+fn req_past_the_backlog_is_held_until_an_answer_makes_room() {
     let mut p = Pair::new(12);
     let l = listen_on(&mut p, Pair::listen_params(SID, 2));
     let ceps: Vec<CepId> = (0..3)
@@ -2420,29 +2425,28 @@ fn backlog_drops_silently_and_the_retry_gets_in() {
         .collect();
     settle(&mut p);
     assert_eq!(req_events(&p), 2);
-    assert_eq!(p.b.counters().backlog_drops, 1);
+    assert_eq!(p.b.counters().backlog_drops, 0);
     assert_sent(&mut p, Side::B, AttributeId::Rej, 0);
-    assert_eq!(p.b.live_ceps(), 3);
+    assert_eq!(p.b.live_ceps(), 4, "the held REQ has its CEP");
     for &a in &ceps {
         assert_state(&p.a, a, S::ReqSent);
     }
-    // Taking one makes room.
+    // Reading one makes no room.
     let first = p.events(Side::B)[0].0;
     p.b.take_request(first).unwrap();
+    settle(&mut p);
+    assert_eq!(req_events(&p), 2);
+    // Answering it does: the third is reported at once.
     let now = p.now;
     p.b.accept(now, first, &rp()).unwrap();
-    run_until(&mut p, 2 * REQ_WAIT, |p| req_events(p) == 3);
-    assert_eq!(p.b.counters().backlog_drops, 1);
+    p.flush();
+    assert_eq!(req_events(&p), 3);
     let third = p.last_request().unwrap();
     let Event::ReqReceived(info) = p.events_of(Side::B, third)[0] else {
         panic!()
     };
     assert_eq!(info.remote_qpn, QPN_A + 2);
-    // The accepted one got its REP first. The second, held unanswered, got an MRA at
-    // half its sender's response timeout and waited instead of retrying (waiting.rs);
-    // only the dropped third retried.
-    assert_eq!(p.b.counters().sent[slot(AttributeId::Mra)], 1);
-    assert_eq!(retries(&p.a, AttributeId::Req), 1);
+    assert_eq!(retries(&p.a, AttributeId::Req), 0);
     assert_sent(&mut p, Side::B, AttributeId::Rej, 0);
     let cleanup: Vec<CepId> = p
         .events(Side::B)
@@ -2451,6 +2455,122 @@ fn backlog_drops_silently_and_the_retry_gets_in() {
         .chain([l])
         .collect();
     finish(p, &ceps, &cleanup);
+}
+
+/// A storm through a small backlog (held.rs): 2000 clients at once, backlog 64, the
+/// application answering one REQ a millisecond (2 s for all, past the senders' retry
+/// budget of 1.6 s). At no time are more than 64 REQs reported and unanswered, however
+/// eagerly the events are read; every connection is made in N/R, and no REQ is re-sent
+/// (the held ones wait on the manager's MRAs). Before, REQs past the 64 were dropped,
+/// and those waiting past the retry budget failed.
+#[test]
+fn storm_through_a_small_backlog_holds_at_most_the_backlog_reported() {
+    const N: u32 = 2000;
+    const BACKLOG: usize = 64;
+    let mut p = Pair::new(17);
+    let l = listen_on(&mut p, Pair::listen_params(SID, BACKLOG as u32));
+    let ceps: Vec<CepId> = (0..N)
+        .map(|i| connect_new(&mut p, SID, QPN_A + i))
+        .collect();
+    let t0 = p.now;
+    let mut answered = 0usize;
+    let mut peak = 0usize;
+    // Bounded: before held.rs REQs past the backlog were lost and the loop would not end.
+    while answered < N as usize && ns_since(&p, t0) < 10_000 * MS {
+        let next = p.now.add_nanos(MS);
+        run_to(&mut p, next);
+        let reported: Vec<CepId> = p
+            .events(Side::B)
+            .iter()
+            .filter(|(_, e)| matches!(e, Event::ReqReceived(_)))
+            .map(|(c, _)| *c)
+            .collect();
+        peak = peak.max(reported.len() - answered);
+        assert!(
+            reported.len() - answered <= BACKLOG,
+            "{} reported unanswered",
+            reported.len() - answered
+        );
+        if let Some(&b) = reported.get(answered) {
+            p.b.take_request(b).unwrap();
+            let now = p.now;
+            p.b.accept(now, b, &Pair::rep_params(QPN_B + answered as u32))
+                .unwrap();
+            answered += 1;
+        }
+    }
+    settle(&mut p);
+    assert_eq!(peak, BACKLOG);
+    for &a in &ceps {
+        assert_state(&p.a, a, S::RepRcvd);
+    }
+    // N/R = 2 s, and a step of the loop per answer.
+    assert!(ns_since(&p, t0) < 2_100 * MS, "{} ns", ns_since(&p, t0));
+    assert_eq!(retries(&p.a, AttributeId::Req), 0);
+    assert_eq!(p.b.counters().backlog_drops, 0);
+    assert_sent(&mut p, Side::B, AttributeId::Rej, 0);
+    for &a in &ceps {
+        p.a.rtu(a, b"").unwrap();
+    }
+    finish(p, &ceps, &[l]);
+}
+
+/// A flood past the backlog and the cap of REQs held behind it (held.rs): the backlog's
+/// 8 are reported, the cap's 100 held, every other refused at once with REJ(NoResources)
+/// (IBA 12.6.7.2 Table 112 reason 3) before a CEP is taken, so the flood costs the
+/// server at most backlog + cap CEPs; the held ones are all reported and connect as
+/// answers make room.
+#[test]
+fn flood_past_the_cap_is_refused_at_once() {
+    let mut b_cfg = CmConfig::new(GUID_B, [15; 32]);
+    b_cfg.held_requests_per_listen = 100;
+    let mut p = Pair::with_config(CmConfig::new(GUID_A, [14; 32]), b_cfg);
+    let l = listen_on(&mut p, Pair::listen_params(SID, 8));
+    let ceps: Vec<CepId> = (0..300)
+        .map(|i| connect_new(&mut p, SID, QPN_A + i))
+        .collect();
+    settle(&mut p);
+    assert_eq!(req_events(&p), 8);
+    assert_eq!(p.b.live_ceps(), 1 + 8 + 100);
+    let refused: Vec<CepId> = ceps
+        .iter()
+        .copied()
+        .filter(|&a| {
+            p.events_of(Side::A, a)
+                == [rej_event(
+                    RejReason::NoResources,
+                    MessageKind::Req,
+                    &[],
+                    &[],
+                )]
+        })
+        .collect();
+    assert_eq!(refused.len(), 192);
+    assert_eq!(p.b.counters().backlog_drops, 192);
+    // Answers make room: every held REQ is reported and connects.
+    let mut answered = 0usize;
+    while answered < 108 {
+        let reported: Vec<CepId> = p
+            .events(Side::B)
+            .iter()
+            .filter(|(_, e)| matches!(e, Event::ReqReceived(_)))
+            .map(|(c, _)| *c)
+            .collect();
+        let b = reported[answered];
+        let now = p.now;
+        p.b.accept(now, b, &Pair::rep_params(QPN_B + answered as u32))
+            .unwrap();
+        answered += 1;
+        p.flush();
+    }
+    settle(&mut p);
+    let connected = ceps
+        .iter()
+        .filter(|&&a| p.a.state(a) == Ok(S::RepRcvd))
+        .count();
+    assert_eq!(connected, 108);
+    assert_eq!(retries(&p.a, AttributeId::Req), 0);
+    finish(p, &ceps, &[l]);
 }
 
 /// A REQ its application leaves unanswered past half the sender's response timeout

@@ -37,8 +37,11 @@ use crate::types::{CepId, ListenParams};
 pub(super) struct ListenEntry {
     pub(super) cep: CepId,
     pub(super) params: ListenParams,
-    /// CEPs created by this listen that the user has not taken yet.
+    /// REQs this listen reported and nobody answered yet: what its backlog bounds
+    /// (held.rs).
     pub(super) pending: u32,
+    /// REQs past the backlog, waiting to be reported (held.rs).
+    pub(super) held: super::held::HeldReqs,
     /// The next exact listen on the same service ID (its CEP's slot index).
     next: Option<u32>,
 }
@@ -167,6 +170,7 @@ impl ListenTable {
                 cep: id,
                 params,
                 pending: 0,
+                held: super::held::HeldReqs::default(),
                 next,
             },
         );
@@ -225,9 +229,11 @@ impl ListenTable {
         self.partial.try_reserve(n).map_err(|_| no)
     }
 
-    /// Heap bytes of the table (the compare buffers aside: `compare_bytes`).
+    /// Heap bytes of the table and the listens' held REQs (the compare buffers aside:
+    /// `compare_bytes`).
     pub(super) fn heap_bytes(&self) -> usize {
         hash_table_bytes(self.entries.capacity(), size_of::<(u32, ListenEntry)>())
+            + self.iter().map(|l| l.held.heap_bytes()).sum::<usize>()
             + hash_table_bytes(self.exact.capacity(), size_of::<(u64, u32)>())
             + self.partial.heap_bytes()
     }

@@ -73,7 +73,8 @@ impl CmManager {
         if let Some(c) = self.cep_mut(id) {
             c.peer_to_peer = false;
         }
-        self.take_req(now, id, id, src, tid, req);
+        let event = self.take_req(now, id, id, src, tid, req);
+        self.emit(id, event);
         true
     }
 }
