@@ -186,7 +186,8 @@ pub(crate) struct Cep {
     /// The peer's (active side) or this CA's (passive side) ACK delay.
     pub target_ack_delay: u8,
     // ---- the rest, by alignment ----
-    /// The armed timer: deadline and the sequence number its heap entry carries.
+    /// The armed timer: deadline and the sequence number its heap entry carries (the
+    /// entry may be due sooner: a timer moved later keeps it, timers.rs `arm`).
     pub timer: Option<(Instant, NonZeroU32)>,
     pub retry: Retry,
     pub remote_ca_guid: u64,

@@ -2604,6 +2604,37 @@ fn unanswered_req_gets_an_mra_and_its_sender_waits() {
     finish(p, &[a], &cleanup);
 }
 
+/// A REQ answered before its MRA timer is due takes no second timer entry: the MRA
+/// timer becomes the REP's retry timer (timers.rs `arm`: a timer moved later keeps its
+/// heap entry), and the retry still comes at its own deadline. Before, the REP's timer
+/// took a new entry and the MRA timer's stayed in the heap, stale, until its deadline:
+/// 16 bytes per REQ, half the sender's response timeout long.
+#[test]
+fn answered_req_takes_no_second_timer_entry() {
+    let mut p = Pair::new(18);
+    let l = listen_on(&mut p, Pair::listen_params(SID, 8));
+    let a = connect_new(&mut p, SID, QPN_A);
+    settle(&mut p);
+    let b = p.last_request().unwrap();
+    p.b.take_request(b).unwrap();
+    assert_eq!(p.b.timer_entries(), 1, "the MRA timer");
+    // The REP is lost: its retry comes REP_WAIT after it was sent, past the MRA
+    // timer's deadline (half of ib(16)).
+    p.fault(Side::B, AttributeId::Rep, 1, Fate::Drop);
+    let sent = p.now;
+    p.b.accept(sent, b, &rp()).unwrap();
+    assert_eq!(p.b.timer_entries(), 1, "the MRA timer's entry, moved");
+    const { assert!(REP_WAIT > ib(16) / 2) };
+    run_until(&mut p, 2 * REP_WAIT, |p| {
+        retries(&p.b, AttributeId::Rep) == 1
+    });
+    assert_eq!(ns_since(&p, sent), REP_WAIT);
+    assert_eq!(p.b.counters().sent[slot(AttributeId::Mra)], 0);
+    settle(&mut p);
+    assert_state(&p.a, a, S::RepRcvd);
+    finish(p, &[a], &[b, l]);
+}
+
 /// The owner's own MRA after the manager's (issue 29): it is taken, not refused, and
 /// replaces the manager's for the repeats a duplicate REQ asks for. Nothing is sent at
 /// the call: a sender drops a second MRA for one REQ (AL `__mra_handler`,

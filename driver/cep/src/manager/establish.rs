@@ -111,7 +111,7 @@ impl CmManager {
             );
             return;
         }
-        if hold && !self.room_to_hold(listen_id) {
+        if hold && !self.room_to_hold() {
             self.backlog_drop(AttributeId::Req);
             return;
         }

@@ -16,25 +16,35 @@
 //! (`ucma_event_handler`, cm-anchors.md #6) and its sender retries; WinOF AL keeps every
 //! REQ (no bound).
 //!
-//! A held REQ that ends before it is reported (its sender's REJ, a stale peer, a port
-//! down, the listen destroyed) leaves its entry behind, skipped when it comes up; the
-//! queue is compacted when such entries outnumber the live ones.
+//! The held events wait in one table of the manager, each listen's chained in arrival
+//! order (a doubly linked list through the table, so a held REQ that ends unreported --
+//! its sender's REJ, a stale peer, a port down, the listen destroyed -- leaves at once).
+//! Nothing is allocated on the receive path: in fixed-room mode (the driver) the table
+//! and the slab are grown at PASSIVE_LEVEL by [`CmManager::prepare_for`], to twice the
+//! REQs held plus [`HELD_CHUNK`] while any are held or one found no room; a REQ that
+//! finds none is dropped as a full slab drops it (its sender retries), and the manager
+//! asks for that room ([`CmManager::wants_room`]).
 //!
 //! [`CmConfig::held_requests_per_listen`]: crate::CmConfig::held_requests_per_listen
 
-use alloc::collections::VecDeque;
+use hashbrown::HashMap;
 
 use crate::cep::Backlog;
 use crate::event::Event;
 use crate::types::CepId;
 
 use super::CmManager;
+use super::lookup::KeyedHash;
 
-/// One listen's held REQs: their CEPs and the events to report.
-#[derive(Debug, Clone, Default)]
+/// Room made for held REQs beyond twice those held, while any are held (or one found no
+/// room): the burst a receive path may meet before the next PASSIVE_LEVEL call.
+pub(super) const HELD_CHUNK: usize = 1024;
+
+/// One listen's held REQs: the ends of its chain, and how many.
+#[derive(Debug, Clone, Copy, Default)]
 pub(super) struct HeldReqs {
-    queue: VecDeque<(CepId, Event)>,
-    /// Entries of `queue` whose REQ still waits.
+    head: Option<CepId>,
+    tail: Option<CepId>,
     live: u32,
 }
 
@@ -43,72 +53,126 @@ impl HeldReqs {
     pub(super) fn len(&self) -> u32 {
         self.live
     }
-
-    /// Heap bytes of the queue.
-    pub(super) fn heap_bytes(&self) -> usize {
-        self.queue.capacity() * core::mem::size_of::<(CepId, Event)>()
-    }
-
-    /// One of the waiting REQs ended unreported (its entry stays, skipped later).
-    pub(super) fn ended(&mut self) {
-        self.live = self.live.saturating_sub(1);
-    }
 }
 
+/// A held REQ: its event, and its neighbours in its listen's chain.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct HeldReq {
+    event: Event,
+    prev: Option<CepId>,
+    next: Option<CepId>,
+}
+
+/// Every held REQ, by its CEP.
+pub(super) type HeldTable = HashMap<u32, HeldReq, KeyedHash>;
+
 impl CmManager {
-    /// Makes room to hold one more REQ on `listen` (allocates only here, through
-    /// `try_reserve`); false if memory runs out. Compacts first when ended entries
-    /// outnumber the live ones.
-    pub(super) fn room_to_hold(&mut self, listen: CepId) -> bool {
-        let slots = &self.slots;
-        let Some(l) = self.listens.get_mut(listen) else {
-            return false;
+    /// Whether there is room to hold one more REQ: in fixed-room mode only what
+    /// [`Self::prepare_for`] made (asked for when short), else grown here.
+    pub(super) fn room_to_hold(&mut self) -> bool {
+        let room = if self.fixed_room {
+            self.held.capacity() > self.held.len()
+        } else {
+            self.held.try_reserve(1).is_ok()
         };
-        let h = &mut l.held;
-        if h.queue.len() > 2 * h.live as usize + 64 {
-            h.queue.retain(|(id, _)| {
-                slots
-                    .get(id.index())
-                    .filter(|s| s.generation & 0xff == id.tag())
-                    .and_then(|s| s.cep.as_ref())
-                    .is_some_and(|c| c.backlog_of == Some(listen) && c.backlog == Backlog::Held)
-            });
+        if !room {
+            self.held_short = true;
         }
-        h.queue.try_reserve(1).is_ok()
+        room
+    }
+
+    /// The held REQs' part of the room [`Self::prepare_for`] makes.
+    pub(super) fn held_headroom(&self) -> usize {
+        if self.held.is_empty() && !self.held_short {
+            return 0;
+        }
+        (2 * self.held.len() + HELD_CHUNK).min(self.config.max_ceps as usize)
+    }
+
+    /// Makes the held table's room (PASSIVE_LEVEL, from `prepare_for`).
+    pub(super) fn reserve_held(&mut self, headroom: usize) -> Result<(), crate::CmError> {
+        if self.held.capacity() - self.held.len() < headroom {
+            self.held
+                .try_reserve(headroom)
+                .map_err(|_| crate::CmError::NoResources)?;
+        }
+        self.held_short = false;
+        Ok(())
+    }
+
+    /// Whether a REQ found no room to be held since the last [`Self::prepare_for`]: the
+    /// owner should call it at PASSIVE_LEVEL soon.
+    pub fn wants_room(&self) -> bool {
+        self.held_short
     }
 
     /// Holds CEP `id`'s REQ on `listen` (room made by [`Self::room_to_hold`]).
     pub(super) fn hold(&mut self, listen: CepId, id: CepId, event: Event) {
+        let Some(l) = self.listens.get_mut(listen) else {
+            return;
+        };
+        let prev = l.held.tail;
+        l.held.tail = Some(id);
+        if l.held.head.is_none() {
+            l.held.head = Some(id);
+        }
+        l.held.live = l.held.live.saturating_add(1);
+        if let Some(p) = prev.and_then(|p| self.held.get_mut(&p.0)) {
+            p.next = Some(id);
+        }
+        self.held.insert(
+            id.0,
+            HeldReq {
+                event,
+                prev,
+                next: None,
+            },
+        );
         if let Some(c) = self.cep_mut(id) {
             c.backlog_of = Some(listen);
             c.backlog = Backlog::Held;
         }
-        if let Some(l) = self.listens.get_mut(listen) {
-            l.held.queue.push_back((id, event));
-            l.held.live = l.held.live.saturating_add(1);
+    }
+
+    /// Takes CEP `id`'s REQ out of `listen`'s chain; its event.
+    pub(super) fn unhold(&mut self, listen: CepId, id: CepId) -> Option<Event> {
+        let gone = self.held.remove(&id.0)?;
+        if let Some(p) = gone.prev.and_then(|p| self.held.get_mut(&p.0)) {
+            p.next = gone.next;
         }
+        if let Some(n) = gone.next.and_then(|n| self.held.get_mut(&n.0)) {
+            n.prev = gone.prev;
+        }
+        if let Some(l) = self.listens.get_mut(listen) {
+            if l.held.head == Some(id) {
+                l.held.head = gone.next;
+            }
+            if l.held.tail == Some(id) {
+                l.held.tail = gone.prev;
+            }
+            l.held.live = l.held.live.saturating_sub(1);
+        }
+        Some(gone.event)
     }
 
     /// Reports the held REQs of `listen` its backlog has room for, oldest first.
     pub(super) fn report_held(&mut self, listen: CepId) {
         loop {
-            let Some(l) = self.listens.get_mut(listen) else {
+            let Some(l) = self.listens.get(listen) else {
                 return;
             };
             if l.pending >= l.params.backlog {
                 return;
             }
-            let Some((id, event)) = l.held.queue.pop_front() else {
+            let Some(id) = l.held.head else { return };
+            let Some(event) = self.unhold(listen, id) else {
+                // Not in the table (cannot happen): end the chain rather than loop.
+                if let Some(l) = self.listens.get_mut(listen) {
+                    l.held = HeldReqs::default();
+                }
                 return;
             };
-            let waits = self
-                .cep_any(id)
-                .is_some_and(|c| c.backlog_of == Some(listen) && c.backlog == Backlog::Held);
-            if !waits {
-                continue;
-            }
             if let Some(l) = self.listens.get_mut(listen) {
-                l.held.live = l.held.live.saturating_sub(1);
                 l.pending += 1;
             }
             if let Some(c) = self.cep_mut(id) {

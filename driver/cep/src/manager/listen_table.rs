@@ -229,11 +229,9 @@ impl ListenTable {
         self.partial.try_reserve(n).map_err(|_| no)
     }
 
-    /// Heap bytes of the table and the listens' held REQs (the compare buffers aside:
-    /// `compare_bytes`).
+    /// Heap bytes of the table (the compare buffers aside: `compare_bytes`).
     pub(super) fn heap_bytes(&self) -> usize {
         hash_table_bytes(self.entries.capacity(), size_of::<(u32, ListenEntry)>())
-            + self.iter().map(|l| l.held.heap_bytes()).sum::<usize>()
             + hash_table_bytes(self.exact.capacity(), size_of::<(u64, u32)>())
             + self.partial.heap_bytes()
     }

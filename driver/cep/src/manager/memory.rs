@@ -66,7 +66,6 @@ impl CmManager {
     /// Cheap when the room is there. Fails (keeping what it made) if memory runs out.
     pub fn prepare_for(&mut self, new: usize) -> Result<(), CmError> {
         let no = |_| CmError::NoResources;
-        let ceps = self.live + new;
         // What the owner wants room for (a listen's backlog) is kept: a trim between two
         // calls must not give back what the next call would make again.
         if new > 0 {
@@ -75,6 +74,12 @@ impl CmManager {
         if self.trim_due(new) {
             self.trim(new);
         }
+        // REQs past their listens' backlogs are held from this room too, while any are
+        // (held.rs).
+        let headroom = self.held_headroom();
+        self.reserve_held(headroom)?;
+        let new = new + headroom;
+        let ceps = self.live + new;
         // One at least: the next CREATE takes a restored slot, not the slab's fresh end.
         self.restore_chunks(new.max(1))?;
         if self.fresh_and_reusable() < new {
@@ -184,6 +189,10 @@ impl CmManager {
         if self.sidr_requests.capacity() > 2 * sidr + TRIM_SLACK {
             shrink_map(&mut self.sidr_requests, sidr);
         }
+        let held = self.held.len() + self.held_headroom();
+        if self.held.capacity() > 2 * held + TRIM_SLACK {
+            shrink_map(&mut self.held, held);
+        }
         let timers = self.timers.len().max(ceps.saturating_mul(2));
         if self.timers.capacity() > 2 * timers + TRIM_SLACK {
             let mut heap = core::mem::take(&mut self.timers).into_vec();
@@ -217,6 +226,10 @@ impl CmManager {
             queues: self.transmits.heap_bytes()
                 + self.events.heap_bytes()
                 + self.listens.heap_bytes()
+                + hash_table_bytes(
+                    self.held.capacity(),
+                    size_of::<(u32, super::held::HeldReq)>(),
+                )
                 + self.peers.heap_bytes(),
             private_data,
         }

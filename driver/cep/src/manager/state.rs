@@ -62,12 +62,12 @@ impl CmManager {
         let Some(listen) = c.backlog_of.take() else {
             return;
         };
-        let place = c.backlog;
+        if c.backlog == Backlog::Held {
+            self.unhold(listen, id);
+            return;
+        }
         if let Some(l) = self.listens.get_mut(listen) {
-            match place {
-                Backlog::Held => l.held.ended(),
-                Backlog::Reported | Backlog::Taken => l.pending = l.pending.saturating_sub(1),
-            }
+            l.pending = l.pending.saturating_sub(1);
         }
         self.report_held(listen);
     }
