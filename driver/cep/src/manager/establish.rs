@@ -116,6 +116,8 @@ impl CmManager {
             return;
         }
         let Ok(id) = self.alloc_received() else {
+            // Out of room: a held REQ asks for more (held.rs).
+            self.held_short |= hold;
             self.backlog_drop(AttributeId::Req);
             return;
         };

@@ -20,10 +20,10 @@
 //! order (a doubly linked list through the table, so a held REQ that ends unreported --
 //! its sender's REJ, a stale peer, a port down, the listen destroyed -- leaves at once).
 //! Nothing is allocated on the receive path: in fixed-room mode (the driver) the table
-//! and the slab are grown at PASSIVE_LEVEL by [`CmManager::prepare_for`], to twice the
-//! REQs held plus [`HELD_CHUNK`] while any are held or one found no room; a REQ that
-//! finds none is dropped as a full slab drops it (its sender retries), and the manager
-//! asks for that room ([`CmManager::wants_room`]).
+//! and the slab are grown at PASSIVE_LEVEL by [`CmManager::prepare_for`], to a quarter
+//! of the REQs held plus [`HELD_CHUNK`] beyond them while any are held or one found no
+//! room; a REQ that finds none is dropped as a full slab drops it (its sender retries),
+//! and the manager asks for that room ([`CmManager::wants_room`]).
 //!
 //! [`CmConfig::held_requests_per_listen`]: crate::CmConfig::held_requests_per_listen
 
@@ -36,8 +36,9 @@ use crate::types::CepId;
 use super::CmManager;
 use super::lookup::KeyedHash;
 
-/// Room made for held REQs beyond twice those held, while any are held (or one found no
-/// room): the burst a receive path may meet before the next PASSIVE_LEVEL call.
+/// Room made for held REQs beyond those held (and a quarter more), while any are held
+/// or one found no room: the burst a receive path may meet before the next
+/// PASSIVE_LEVEL call.
 pub(super) const HELD_CHUNK: usize = 1024;
 
 /// One listen's held REQs: the ends of its chain, and how many.
@@ -86,11 +87,15 @@ impl CmManager {
         if self.held.is_empty() && !self.held_short {
             return 0;
         }
-        (2 * self.held.len() + HELD_CHUNK).min(self.config.max_ceps as usize)
+        (self.held.len() / 4 + HELD_CHUNK).min(self.config.max_ceps as usize)
     }
 
     /// Makes the held table's room (PASSIVE_LEVEL, from `prepare_for`).
     pub(super) fn reserve_held(&mut self, headroom: usize) -> Result<(), crate::CmError> {
+        if headroom == 0 && self.held.capacity() > 0 {
+            // None held: the table goes back (it held a storm's events).
+            self.held = HeldTable::with_hasher(*self.held.hasher());
+        }
         if self.held.capacity() - self.held.len() < headroom {
             self.held
                 .try_reserve(headroom)

@@ -189,10 +189,6 @@ impl CmManager {
         if self.sidr_requests.capacity() > 2 * sidr + TRIM_SLACK {
             shrink_map(&mut self.sidr_requests, sidr);
         }
-        let held = self.held.len() + self.held_headroom();
-        if self.held.capacity() > 2 * held + TRIM_SLACK {
-            shrink_map(&mut self.held, held);
-        }
         let timers = self.timers.len().max(ceps.saturating_mul(2));
         if self.timers.capacity() > 2 * timers + TRIM_SLACK {
             let mut heap = core::mem::take(&mut self.timers).into_vec();
