@@ -127,6 +127,8 @@ impl CmManager {
         } else {
             if let Some(l) = self.listens.get_mut(listen_id) {
                 l.pending += 1;
+                let (pending, backlog) = (l.pending, l.params.backlog);
+                self.backlog_filling(pending, backlog);
             }
             if let Some(c) = self.cep_mut(id) {
                 c.backlog_of = Some(listen_id);

@@ -92,10 +92,6 @@ impl CmManager {
 
     /// Makes the held table's room (PASSIVE_LEVEL, from `prepare_for`).
     pub(super) fn reserve_held(&mut self, headroom: usize) -> Result<(), crate::CmError> {
-        if headroom == 0 && self.held.capacity() > 0 {
-            // None held: the table goes back (it held a storm's events).
-            self.held = HeldTable::with_hasher(*self.held.hasher());
-        }
         if self.held.capacity() - self.held.len() < headroom {
             self.held
                 .try_reserve(headroom)
@@ -105,8 +101,32 @@ impl CmManager {
         Ok(())
     }
 
-    /// Whether a REQ found no room to be held since the last [`Self::prepare_for`]: the
-    /// owner should call it at PASSIVE_LEVEL soon.
+    /// Gives the held table back (`trim`: it held a storm's events) once none is held:
+    /// all of it when no CEP is left, else down to [`HELD_CHUNK`] (a listen still busy
+    /// keeps the room its next REQ past the backlog needs).
+    pub(super) fn trim_held(&mut self) {
+        if !self.held.is_empty() {
+            return;
+        }
+        if self.live == 0 {
+            self.held = HeldTable::with_hasher(*self.held.hasher());
+        } else if self.held.capacity() > 2 * HELD_CHUNK {
+            self.held.shrink_to(HELD_CHUNK);
+        }
+    }
+
+    /// A listen reported a REQ and now has `pending` of its `backlog` unanswered: from
+    /// half full on, room to hold is asked for ahead, so that the first REQ past the
+    /// backlog finds it.
+    pub(super) fn backlog_filling(&mut self, pending: u32, backlog: u32) {
+        if pending.saturating_mul(2) >= backlog && self.held.capacity() == self.held.len() {
+            self.held_short = true;
+        }
+    }
+
+    /// Whether a REQ found no room to be held since the last [`Self::prepare_for`] (or a
+    /// listen's backlog is filling with none made): the owner should call it at
+    /// PASSIVE_LEVEL soon.
     pub fn wants_room(&self) -> bool {
         self.held_short
     }
@@ -133,6 +153,13 @@ impl CmManager {
                 next: None,
             },
         );
+        // Half the chunk left (table or slab): more is asked for now, before a REQ finds
+        // none.
+        if self.held.capacity() - self.held.len() < HELD_CHUNK / 2
+            || (self.fixed_room && self.fresh_and_reusable() < HELD_CHUNK / 2)
+        {
+            self.held_short = true;
+        }
         if let Some(c) = self.cep_mut(id) {
             c.backlog_of = Some(listen);
             c.backlog = Backlog::Held;
@@ -179,6 +206,8 @@ impl CmManager {
             };
             if let Some(l) = self.listens.get_mut(listen) {
                 l.pending += 1;
+                let (pending, backlog) = (l.pending, l.params.backlog);
+                self.backlog_filling(pending, backlog);
             }
             if let Some(c) = self.cep_mut(id) {
                 c.backlog = Backlog::Reported;

@@ -136,7 +136,7 @@ impl CmManager {
 
     /// Slots a new CEP can take without allocating: fresh ones, and free ones beyond the
     /// REUSE_AFTER - 1 that `CmManager::alloc` leaves waiting.
-    fn fresh_and_reusable(&self) -> usize {
+    pub(super) fn fresh_and_reusable(&self) -> usize {
         let reusable = self.free.len().saturating_sub(super::REUSE_AFTER - 1);
         self.slots.capacity() - self.slots.len() + reusable
     }
@@ -197,6 +197,7 @@ impl CmManager {
             self.timers = heap.into();
         }
         shrink_vec(&mut self.retired, 0);
+        self.trim_held();
     }
 
     /// The heap this manager holds, by part.
