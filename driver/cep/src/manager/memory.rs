@@ -77,6 +77,10 @@ impl CmManager {
         // REQs past their listens' backlogs are held from this room too, while any are
         // (held.rs).
         let headroom = self.held_headroom();
+        if headroom == 0 {
+            // None held: a past storm's table goes back (held.rs).
+            self.trim_held();
+        }
         self.reserve_held(headroom)?;
         let new = new + headroom;
         let ceps = self.live + new;
