@@ -39,7 +39,8 @@ pub struct CmConfig {
     /// Longest wait this side will ask a REQ's sender to accept while its application
     /// works through the REQs ahead (src/manager/waiting.rs). A REQ whose expected wait
     /// is longer is refused at once with REJ(NoResources) instead of being held (None:
-    /// every REQ the backlog takes is held). Default [`Self::MAX_REQUEST_WAIT_NS`].
+    /// every REQ the backlog takes is held), and no MRA of the manager's own asks for
+    /// more. Default [`Self::MAX_REQUEST_WAIT_NS`].
     pub max_request_wait_ns: Option<u64>,
     /// Most REQs a listen holds past its backlog, unreported, their senders kept waiting
     /// by MRAs (src/manager/held.rs); a REQ past them is refused at once with
