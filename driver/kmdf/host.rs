@@ -398,6 +398,9 @@ impl Host {
         if let Some(ms) = parameters.max_request_wait_ms {
             config.max_request_wait_ns = Some(u64::from(ms) * 1_000_000);
         }
+        if let Some(held) = parameters.max_held_requests {
+            config.held_requests_per_listen = held;
+        }
         let device = alloc::boxed::Box::new(Device::new(self.platform(), config));
         device.set_quotas(parameters.quotas);
         let backend = KmdfBackend {

@@ -1,9 +1,12 @@
 //! The service key's `Parameters` (`HKLM\SYSTEM\CurrentControlSet\Services\ibcm\Parameters`):
 //! the quotas of non-administrators, per handle and for all of them together (docs/security.md,
-//! "Quotas"), and the longest wait
-//! the CM asks of a REQ's sender (`MaxRequestWaitMs`, `CmConfig::max_request_wait_ns`).
+//! "Quotas"), the longest wait
+//! the CM asks of a REQ's sender (`MaxRequestWaitMs`, `CmConfig::max_request_wait_ns`)
+//! and the REQs a listen holds past its backlog (`MaxHeldRequestsPerListen`,
+//! `CmConfig::held_requests_per_listen`, docs/reliability.md).
 //! Each is a REG_DWORD read once, when the CM is made; a value missing, unreadable or 0
-//! keeps its default ([`Quotas::default`], `CmConfig::MAX_REQUEST_WAIT_NS`).
+//! keeps its default ([`Quotas::default`], `CmConfig::MAX_REQUEST_WAIT_NS`,
+//! `CmConfig::HELD_REQUESTS_PER_LISTEN`).
 //!
 //! `Disabled` (REG_DWORD, non-zero = on) is the kill switch, read at each HCA start
 //! ([`switched_off`]): the filter stays in the HCA's stack but binds nothing, steers no
@@ -38,6 +41,7 @@ static MAX_LISTENS_ACCOUNT: [u16; 20] = wdf::utf16("MaxListensPerAccount");
 static MAX_BACKLOG_ACCOUNT: [u16; 20] = wdf::utf16("MaxBacklogPerAccount");
 static MAX_QUEUED_ACCOUNT: [u16; 25] = wdf::utf16("MaxQueuedEventsPerAccount");
 static MAX_REQUEST_WAIT: [u16; 16] = wdf::utf16("MaxRequestWaitMs");
+static MAX_HELD_REQUESTS: [u16; 24] = wdf::utf16("MaxHeldRequestsPerListen");
 static DISABLED: [u16; 8] = wdf::utf16("Disabled");
 
 /// What the registry sets.
@@ -46,12 +50,15 @@ pub struct Parameters {
     pub quotas: Quotas,
     /// `MaxRequestWaitMs`, when set.
     pub max_request_wait_ms: Option<u32>,
+    /// `MaxHeldRequestsPerListen`, when set.
+    pub max_held_requests: Option<u32>,
 }
 
 /// The parameters, as the registry sets them (PASSIVE_LEVEL).
 pub fn read() -> Parameters {
     let mut quotas = Quotas::default();
     let mut max_request_wait_ms = 0;
+    let mut max_held_requests = 0;
     query(&mut [
         (&MAX_ENDPOINTS, &mut quotas.endpoints),
         (&MAX_LISTENS, &mut quotas.listens),
@@ -66,10 +73,12 @@ pub fn read() -> Parameters {
         (&MAX_BACKLOG_ACCOUNT, &mut quotas.account_backlog),
         (&MAX_QUEUED_ACCOUNT, &mut quotas.account_queued_events),
         (&MAX_REQUEST_WAIT, &mut max_request_wait_ms),
+        (&MAX_HELD_REQUESTS, &mut max_held_requests),
     ]);
     Parameters {
         quotas,
         max_request_wait_ms: (max_request_wait_ms != 0).then_some(max_request_wait_ms),
+        max_held_requests: (max_held_requests != 0).then_some(max_held_requests),
     }
 }
 

@@ -111,6 +111,17 @@ pub(crate) enum LapState {
     AprPrepared { mra_sent: bool },
 }
 
+/// Where a REQ-created CEP stands in its listen's backlog (manager/held.rs).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Backlog {
+    /// Past the backlog: its event waits in the listen's queue, not reported yet.
+    Held,
+    /// Reported; its user has not read it.
+    Reported,
+    /// Read by its user (`take_request`): its endpoint is the user's.
+    Taken,
+}
+
 /// The retransmission state of the one request a CEP may have outstanding.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Retry {
@@ -175,7 +186,8 @@ pub(crate) struct Cep {
     /// The peer's (active side) or this CA's (passive side) ACK delay.
     pub target_ack_delay: u8,
     // ---- the rest, by alignment ----
-    /// The armed timer: deadline and the sequence number its heap entry carries.
+    /// The armed timer: deadline and the sequence number its heap entry carries (the
+    /// entry may be due sooner: a timer moved later keeps it, timers.rs `arm`).
     pub timer: Option<(Instant, NonZeroU32)>,
     pub retry: Retry,
     pub remote_ca_guid: u64,
@@ -184,10 +196,17 @@ pub(crate) struct Cep {
     pub alternate: Option<PathRecord>,
     /// The alternate path a LAP carries, until its APR settles it.
     pub pending_alternate: Option<PathRecord>,
-    /// Set while a REQ-created CEP has not been taken from its listen's backlog.
+    /// The listen whose backlog this REQ-created CEP counts against, until its REQ is
+    /// answered (manager/held.rs).
     pub backlog_of: Option<CepId>,
     pub local_psn: u32,
     pub remote_psn: u32,
+    /// Passive, while its REQ is unanswered: when the REQ arrived, in units of 2^12 ns
+    /// (wrapping every 4.9 h), the start of its answer time (waiting.rs).
+    pub req_arrival: u32,
+    /// Passive, while its REQ is unanswered: the count of answers after which the REQs
+    /// ahead of it are answered (wrapping; waiting.rs).
+    pub req_ticket: u32,
     /// Private data of that message, in the manager's private-data pool (src/pdata_pool.rs).
     pub pdata: Held,
     /// Private data of that MRA: kept apart from `pdata`, since an MRA sent after the
@@ -224,6 +243,8 @@ pub(crate) struct Cep {
     /// Its peer is owed a DREQ this side could not send: told of a connection ended
     /// while its port was down, or its DREQ gave up then (link.rs `timewait_over`).
     pub owes_dreq: bool,
+    /// Where it stands in `backlog_of`'s backlog.
+    pub backlog: Backlog,
     /// The APR this side sent last: status and additional info (repeated on a dup LAP).
     pub apr_status: u8,
     /// This CEP connects peer-to-peer: a crossing REQ for its service is compared with
@@ -255,6 +276,8 @@ impl Cep {
             local_psn: 0,
             remote_qpn: 0,
             remote_psn: 0,
+            req_arrival: 0,
+            req_ticket: 0,
             pkey: 0,
             transport: Transport::Rc,
             path_mtu: Mtu::Mtu1024,
@@ -286,6 +309,7 @@ impl Cep {
             owner: [0; 2],
             drep_rcvd: false,
             owes_dreq: false,
+            backlog: Backlog::Reported,
             cached: None,
             pdata: Held::NONE,
         }

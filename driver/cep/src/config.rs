@@ -39,8 +39,13 @@ pub struct CmConfig {
     /// Longest wait this side will ask a REQ's sender to accept while its application
     /// works through the REQs ahead (src/manager/waiting.rs). A REQ whose expected wait
     /// is longer is refused at once with REJ(NoResources) instead of being held (None:
-    /// every REQ the backlog takes is held). Default [`Self::MAX_REQUEST_WAIT_NS`].
+    /// every REQ the backlog takes is held), and no MRA of the manager's own asks for
+    /// more. Default [`Self::MAX_REQUEST_WAIT_NS`].
     pub max_request_wait_ns: Option<u64>,
+    /// Most REQs a listen holds past its backlog, unreported, their senders kept waiting
+    /// by MRAs (src/manager/held.rs); a REQ past them is refused at once with
+    /// REJ(NoResources). Default [`Self::HELD_REQUESTS_PER_LISTEN`].
+    pub held_requests_per_listen: u32,
 }
 
 impl CmConfig {
@@ -56,6 +61,7 @@ impl CmConfig {
             exponential_backoff: false,
             request_deadline_ns: None,
             max_request_wait_ns: Some(Self::MAX_REQUEST_WAIT_NS),
+            held_requests_per_listen: Self::HELD_REQUESTS_PER_LISTEN,
             comm_id_mask: 0,
             comm_id_value: 0,
         }
@@ -66,6 +72,11 @@ impl CmConfig {
     /// drivers/infiniband/core/cma.c), so no sender is asked to wait longer than the
     /// most common CM already makes it expect.
     pub const MAX_REQUEST_WAIT_NS: u64 = 4096 << 24;
+
+    /// The default cap of REQs held past a listen's backlog: 2^17, room for every client
+    /// of a 10^5-client storm behind any backlog (each held REQ costs its CEP and its
+    /// event, about 650 bytes: 85 MB at the cap).
+    pub const HELD_REQUESTS_PER_LISTEN: u32 = 1 << 17;
 
     /// `(comm_id_mask, comm_id_value)` that keeps every local comm ID out of WinOF AL's:
     /// wire byte 2 >= 0xF0 (bits 15..12 set). AL's IDs are host-order `cid | modifier <<

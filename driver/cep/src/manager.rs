@@ -24,6 +24,7 @@ use crate::types::{CepId, Instant, MadAddress, PathRecord, PrivateData};
 use ibcm_iba::{QpAttributes, QpState};
 
 mod establish;
+mod held;
 mod lap;
 mod link;
 mod listen;
@@ -191,8 +192,9 @@ pub struct CmManager {
     peers: Vec<CepId>,
     /// SIDR requests being answered or lately answered: (request ID, source GID, LID).
     sidr_requests: HashMap<(u32, Gid, u16), CepId, KeyedHash>,
-    /// (deadline, sequence number, CEP): live while the CEP's timer is still
-    /// (deadline, sequence number). 16 bytes, as `reserve` keeps two per CEP.
+    /// (deadline, sequence number, CEP): live while the CEP's timer carries that number;
+    /// a timer moved later keeps its entry, due at or before its deadline (timers.rs
+    /// `arm`). 16 bytes, as `reserve` keeps two per CEP.
     timers: BinaryHeap<Reverse<(Instant, NonZeroU32, u32)>>,
     timer_seq: NonZeroU32,
     transmits: VecDeque<Transmit>,
@@ -202,6 +204,10 @@ pub struct CmManager {
     counters: Counters,
     /// REQs not answered yet, and the MRAs that keep their senders waiting.
     waiting: waiting::Waiting,
+    /// REQs past their listens' backlogs, not reported yet (held.rs).
+    held: held::HeldTable,
+    /// A REQ found no room to be held since the last `prepare_for` (held.rs).
+    held_short: bool,
     trace: TraceHook,
 }
 
@@ -248,6 +254,8 @@ impl CmManager {
             pdata: PdataPool::new(),
             counters: Counters::default(),
             waiting: waiting::Waiting::default(),
+            held: HashMap::with_hasher(hash),
+            held_short: false,
             trace: TraceHook::default(),
         }
     }

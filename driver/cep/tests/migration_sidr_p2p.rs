@@ -1434,8 +1434,9 @@ fn destroy_of_the_requester_stops_its_retries() {
     finish(p, &[], &[]);
 }
 
-/// The backlog counts SIDR requests as it counts REQs: beyond it they are dropped
-/// silently, and the retry gets in once the user has answered one.
+/// The backlog counts SIDR requests as it counts REQs, from their event until answered:
+/// beyond it a SIDR request is dropped silently (its sender retries), a REQ is held and
+/// reported once there is room (held.rs); the SIDR retry gets in once both are answered.
 #[test]
 fn backlog_applies_to_sidr() {
     let mut p = Pair::new(50);
@@ -1451,19 +1452,32 @@ fn backlog_applies_to_sidr() {
     assert_eq!(p.b.counters().backlog_drops, 1);
     assert_sent(&mut p, Side::B, AttributeId::SidrRep, 0);
     let b1 = last_sidr(&p).unwrap();
-    // A pending SIDR request fills the backlog for REQs too.
+    // A SIDR request reported and not answered fills the backlog for REQs too: the REQ
+    // is held, not reported.
     let c = p.a.create().unwrap();
     let now = p.now;
     p.a.connect(now, c, &Pair::connect_params(SID, QPN_A))
         .unwrap();
     settle(&mut p);
-    assert_eq!(p.b.counters().backlog_drops, 2);
+    assert_eq!(p.b.counters().backlog_drops, 1);
     assert_eq!(p.events(Side::B).len(), 1);
     let now = p.now;
     p.b.sidr_reply(now, b1, &sidr_reply(SidrStatus::Success))
         .unwrap();
-    // A2's retry (and C's REQ retry) find room, one after the other.
-    run_until(&mut p, 2 * REQ_WAIT, |p| p.events(Side::B).len() == 2);
+    // Answering it reports the held REQ at once.
+    p.flush();
+    assert_eq!(p.events(Side::B).len(), 2);
+    let bc = p.events(Side::B)[1].0;
+    assert!(matches!(p.events(Side::B)[1].1, Event::ReqReceived(_)));
+    let now = p.now;
+    let refuse = ibcm_cep::RejectParams {
+        reason: ibcm_mad::RejReason::ConsumerDefined,
+        ari: &[],
+        private_data: &[],
+    };
+    p.b.reject(now, bc, &refuse).unwrap();
+    // A2's retry finds room.
+    run_until(&mut p, 2 * REQ_WAIT, |p| p.events(Side::B).len() == 3);
     let b2 = last_sidr(&p).expect("the retry got in");
     assert_ne!(b2, b1);
     let now = p.now;
@@ -1473,8 +1487,7 @@ fn backlog_applies_to_sidr() {
     assert_eq!(p.events_of(Side::A, a1), [served()]);
     assert_eq!(p.events_of(Side::A, a2), [served()]);
     assert_eq!(retries(&p.a, AttributeId::SidrReq), 1);
-    assert_eq!(p.b.counters().backlog_drops, 2);
-    finish(p, &[a1, a2, c], &[b1, b2, l]);
+    finish(p, &[a1, a2, c], &[b1, b2, bc, l]);
 }
 
 #[test]

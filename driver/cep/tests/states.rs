@@ -2080,6 +2080,9 @@ fn duplicate_req_in_mra_req_sent_resends_the_mra() {
         p.sent_count(Side::B, AttributeId::Mra) == 2
     });
     assert_eq!(dups(&fx.p.b, AttributeId::Req), 1);
+    // The repeat is counted as sent, as the first (Linux `cm_dup_req_handler` ->
+    // `cm_send_mra` sends it as any other MRA).
+    assert_eq!(fx.p.b.counters().sent[slot(AttributeId::Mra)], 2);
     settle(&mut fx.p);
     assert_state(&fx.p.a, a, S::MraReqRcvd);
     assert_events(&mut fx.p, Side::A, a, &[Ev::Mra(20)]);
@@ -2408,8 +2411,13 @@ fn timewait_lasts_two_packet_lives_plus_the_ack_delay() {
 
 // ---- backlog --------------------------------------------------------------------------
 
+/// A REQ past the backlog is held, not dropped (held.rs): the backlog counts REQs
+/// reported and not answered, so reading one (take_request) makes no room, answering
+/// it does, and the held REQ is reported at once, its sender never retrying. Before, a
+/// REQ left the backlog when its event was read, and one past it was dropped silently
+/// for its sender's retry to find room.
 #[test]
-fn backlog_drops_silently_and_the_retry_gets_in() {
+fn req_past_the_backlog_is_held_until_an_answer_makes_room() {
     let mut p = Pair::new(12);
     let l = listen_on(&mut p, Pair::listen_params(SID, 2));
     let ceps: Vec<CepId> = (0..3)
@@ -2417,29 +2425,28 @@ fn backlog_drops_silently_and_the_retry_gets_in() {
         .collect();
     settle(&mut p);
     assert_eq!(req_events(&p), 2);
-    assert_eq!(p.b.counters().backlog_drops, 1);
+    assert_eq!(p.b.counters().backlog_drops, 0);
     assert_sent(&mut p, Side::B, AttributeId::Rej, 0);
-    assert_eq!(p.b.live_ceps(), 3);
+    assert_eq!(p.b.live_ceps(), 4, "the held REQ has its CEP");
     for &a in &ceps {
         assert_state(&p.a, a, S::ReqSent);
     }
-    // Taking one makes room.
+    // Reading one makes no room.
     let first = p.events(Side::B)[0].0;
     p.b.take_request(first).unwrap();
+    settle(&mut p);
+    assert_eq!(req_events(&p), 2);
+    // Answering it does: the third is reported at once.
     let now = p.now;
     p.b.accept(now, first, &rp()).unwrap();
-    run_until(&mut p, 2 * REQ_WAIT, |p| req_events(p) == 3);
-    assert_eq!(p.b.counters().backlog_drops, 1);
+    p.flush();
+    assert_eq!(req_events(&p), 3);
     let third = p.last_request().unwrap();
     let Event::ReqReceived(info) = p.events_of(Side::B, third)[0] else {
         panic!()
     };
     assert_eq!(info.remote_qpn, QPN_A + 2);
-    // The accepted one got its REP first. The second, held unanswered, got an MRA at
-    // half its sender's response timeout and waited instead of retrying (waiting.rs);
-    // only the dropped third retried.
-    assert_eq!(p.b.counters().sent[slot(AttributeId::Mra)], 1);
-    assert_eq!(retries(&p.a, AttributeId::Req), 1);
+    assert_eq!(retries(&p.a, AttributeId::Req), 0);
     assert_sent(&mut p, Side::B, AttributeId::Rej, 0);
     let cleanup: Vec<CepId> = p
         .events(Side::B)
@@ -2448,6 +2455,122 @@ fn backlog_drops_silently_and_the_retry_gets_in() {
         .chain([l])
         .collect();
     finish(p, &ceps, &cleanup);
+}
+
+/// A storm through a small backlog (held.rs): 2000 clients at once, backlog 64, the
+/// application answering one REQ a millisecond (2 s for all, past the senders' retry
+/// budget of 1.6 s). At no time are more than 64 REQs reported and unanswered, however
+/// eagerly the events are read; every connection is made in N/R, and no REQ is re-sent
+/// (the held ones wait on the manager's MRAs). Before, REQs past the 64 were dropped,
+/// and those waiting past the retry budget failed.
+#[test]
+fn storm_through_a_small_backlog_holds_at_most_the_backlog_reported() {
+    const N: u32 = 2000;
+    const BACKLOG: usize = 64;
+    let mut p = Pair::new(17);
+    let l = listen_on(&mut p, Pair::listen_params(SID, BACKLOG as u32));
+    let ceps: Vec<CepId> = (0..N)
+        .map(|i| connect_new(&mut p, SID, QPN_A + i))
+        .collect();
+    let t0 = p.now;
+    let mut answered = 0usize;
+    let mut peak = 0usize;
+    // Bounded: before held.rs REQs past the backlog were lost and the loop would not end.
+    while answered < N as usize && ns_since(&p, t0) < 10_000 * MS {
+        let next = p.now.add_nanos(MS);
+        run_to(&mut p, next);
+        let reported: Vec<CepId> = p
+            .events(Side::B)
+            .iter()
+            .filter(|(_, e)| matches!(e, Event::ReqReceived(_)))
+            .map(|(c, _)| *c)
+            .collect();
+        peak = peak.max(reported.len() - answered);
+        assert!(
+            reported.len() - answered <= BACKLOG,
+            "{} reported unanswered",
+            reported.len() - answered
+        );
+        if let Some(&b) = reported.get(answered) {
+            p.b.take_request(b).unwrap();
+            let now = p.now;
+            p.b.accept(now, b, &Pair::rep_params(QPN_B + answered as u32))
+                .unwrap();
+            answered += 1;
+        }
+    }
+    settle(&mut p);
+    assert_eq!(peak, BACKLOG);
+    for &a in &ceps {
+        assert_state(&p.a, a, S::RepRcvd);
+    }
+    // N/R = 2 s, and a step of the loop per answer.
+    assert!(ns_since(&p, t0) < 2_100 * MS, "{} ns", ns_since(&p, t0));
+    assert_eq!(retries(&p.a, AttributeId::Req), 0);
+    assert_eq!(p.b.counters().backlog_drops, 0);
+    assert_sent(&mut p, Side::B, AttributeId::Rej, 0);
+    for &a in &ceps {
+        p.a.rtu(a, b"").unwrap();
+    }
+    finish(p, &ceps, &[l]);
+}
+
+/// A flood past the backlog and the cap of REQs held behind it (held.rs): the backlog's
+/// 8 are reported, the cap's 100 held, every other refused at once with REJ(NoResources)
+/// (IBA 12.6.7.2 Table 112 reason 3) before a CEP is taken, so the flood costs the
+/// server at most backlog + cap CEPs; the held ones are all reported and connect as
+/// answers make room.
+#[test]
+fn flood_past_the_cap_is_refused_at_once() {
+    let mut b_cfg = CmConfig::new(GUID_B, [15; 32]);
+    b_cfg.held_requests_per_listen = 100;
+    let mut p = Pair::with_config(CmConfig::new(GUID_A, [14; 32]), b_cfg);
+    let l = listen_on(&mut p, Pair::listen_params(SID, 8));
+    let ceps: Vec<CepId> = (0..300)
+        .map(|i| connect_new(&mut p, SID, QPN_A + i))
+        .collect();
+    settle(&mut p);
+    assert_eq!(req_events(&p), 8);
+    assert_eq!(p.b.live_ceps(), 1 + 8 + 100);
+    let refused: Vec<CepId> = ceps
+        .iter()
+        .copied()
+        .filter(|&a| {
+            p.events_of(Side::A, a)
+                == [rej_event(
+                    RejReason::NoResources,
+                    MessageKind::Req,
+                    &[],
+                    &[],
+                )]
+        })
+        .collect();
+    assert_eq!(refused.len(), 192);
+    assert_eq!(p.b.counters().backlog_drops, 192);
+    // Answers make room: every held REQ is reported and connects.
+    let mut answered = 0usize;
+    while answered < 108 {
+        let reported: Vec<CepId> = p
+            .events(Side::B)
+            .iter()
+            .filter(|(_, e)| matches!(e, Event::ReqReceived(_)))
+            .map(|(c, _)| *c)
+            .collect();
+        let b = reported[answered];
+        let now = p.now;
+        p.b.accept(now, b, &Pair::rep_params(QPN_B + answered as u32))
+            .unwrap();
+        answered += 1;
+        p.flush();
+    }
+    settle(&mut p);
+    let connected = ceps
+        .iter()
+        .filter(|&&a| p.a.state(a) == Ok(S::RepRcvd))
+        .count();
+    assert_eq!(connected, 108);
+    assert_eq!(retries(&p.a, AttributeId::Req), 0);
+    finish(p, &ceps, &[l]);
 }
 
 /// A REQ its application leaves unanswered past half the sender's response timeout
@@ -2479,6 +2602,37 @@ fn unanswered_req_gets_an_mra_and_its_sender_waits() {
     assert_eq!(p.b.counters().duplicates[slot(AttributeId::Req)], 0);
     let cleanup = [b, l];
     finish(p, &[a], &cleanup);
+}
+
+/// A REQ answered before its MRA timer is due takes no second timer entry: the MRA
+/// timer becomes the REP's retry timer (timers.rs `arm`: a timer moved later keeps its
+/// heap entry), and the retry still comes at its own deadline. Before, the REP's timer
+/// took a new entry and the MRA timer's stayed in the heap, stale, until its deadline:
+/// 16 bytes per REQ, half the sender's response timeout long.
+#[test]
+fn answered_req_takes_no_second_timer_entry() {
+    let mut p = Pair::new(18);
+    let l = listen_on(&mut p, Pair::listen_params(SID, 8));
+    let a = connect_new(&mut p, SID, QPN_A);
+    settle(&mut p);
+    let b = p.last_request().unwrap();
+    p.b.take_request(b).unwrap();
+    assert_eq!(p.b.timer_entries(), 1, "the MRA timer");
+    // The REP is lost: its retry comes REP_WAIT after it was sent, past the MRA
+    // timer's deadline (half of ib(16)).
+    p.fault(Side::B, AttributeId::Rep, 1, Fate::Drop);
+    let sent = p.now;
+    p.b.accept(sent, b, &rp()).unwrap();
+    assert_eq!(p.b.timer_entries(), 1, "the MRA timer's entry, moved");
+    const { assert!(REP_WAIT > ib(16) / 2) };
+    run_until(&mut p, 2 * REP_WAIT, |p| {
+        retries(&p.b, AttributeId::Rep) == 1
+    });
+    assert_eq!(ns_since(&p, sent), REP_WAIT);
+    assert_eq!(p.b.counters().sent[slot(AttributeId::Mra)], 0);
+    settle(&mut p);
+    assert_state(&p.a, a, S::RepRcvd);
+    finish(p, &[a], &[b, l]);
 }
 
 /// The owner's own MRA after the manager's (issue 29): it is taken, not refused, and
@@ -2591,6 +2745,166 @@ fn req_that_would_wait_too_long_is_refused_at_once() {
     let mut b_all = held.clone();
     b_all.extend([taken, l]);
     finish(p, &a_all, &b_all);
+}
+
+/// The ServiceTimeout of the MRA A's CEP `a` received.
+fn mra_asked(p: &Pair, a: CepId) -> u8 {
+    p.events_of(Side::A, a)
+        .iter()
+        .find_map(|e| match *e {
+            Event::MraReceived {
+                service_timeout, ..
+            } => Some(service_timeout),
+            _ => None,
+        })
+        .expect("an MRA reached A")
+}
+
+/// A REQ the application holds while it answers the others at once does not make the
+/// others look slow (waiting.rs: an answer's interval starts at the later of its REQ's
+/// arrival and the previous answer). Before, the busy period ran from the held REQ's
+/// arrival, so idle time counted: with 50 ms allowed, the second REQ (100 ms later,
+/// one answer) saw a 100 ms interval and every REQ after it got REJ(NoResources).
+#[test]
+fn one_req_held_long_does_not_slow_the_others() {
+    let mut b_cfg = CmConfig::new(GUID_B, [15; 32]);
+    b_cfg.max_request_wait_ns = Some(50 * MS);
+    let mut p = Pair::with_config(CmConfig::new(GUID_A, [14; 32]), b_cfg);
+    let l = listen_on(&mut p, Pair::listen_params(SID, 16));
+    let held_a = connect_new(&mut p, SID, QPN_A);
+    settle(&mut p);
+    let held = p.last_request().unwrap();
+    p.b.take_request(held).unwrap();
+    let mut a_all = vec![held_a];
+    for i in 0..8u32 {
+        let t = p.now.add_nanos(100 * MS);
+        run_to(&mut p, t);
+        let a = connect_new(&mut p, SID, QPN_A + 1 + i);
+        settle(&mut p);
+        assert_eq!(req_events(&p), 2 + i as usize, "REQ {i} was not held");
+        let b = p.last_request().unwrap();
+        p.b.take_request(b).unwrap();
+        let now = p.now;
+        p.b.accept(now, b, &Pair::rep_params(QPN_B + i)).unwrap();
+        settle(&mut p);
+        assert_state(&p.a, a, S::RepRcvd);
+        a_all.push(a);
+    }
+    assert_eq!(p.a.counters().received[slot(AttributeId::Rej)], 0);
+    finish(p, &a_all, &[held, l]);
+}
+
+/// REQs their clients cancel (REJ received) are not answers (waiting.rs): the rate is
+/// the application's alone. Before, 10 cancelled in the first 5 ms and one answer at
+/// 10 ms made a 0.9 ms interval, and a REQ 100 ms from its answer was held.
+#[test]
+fn cancelled_reqs_do_not_count_as_answers() {
+    let mut b_cfg = CmConfig::new(GUID_B, [15; 32]);
+    b_cfg.max_request_wait_ns = Some(50 * MS);
+    let mut p = Pair::with_config(CmConfig::new(GUID_A, [14; 32]), b_cfg);
+    let l = listen_on(&mut p, Pair::listen_params(SID, 32));
+    let t0 = p.now;
+    let first: Vec<CepId> = (0..20)
+        .map(|i| connect_new(&mut p, SID, QPN_A + i))
+        .collect();
+    settle(&mut p);
+    let held: Vec<CepId> = p.events(Side::B).iter().map(|(c, _)| *c).collect();
+    assert_eq!(held.len(), 20);
+    // Half the clients give up at 5 ms: REJ(Timeout) ends their REQs on B.
+    run_to(&mut p, t0.add_nanos(5 * MS));
+    for &a in &first[..10] {
+        let now = p.now;
+        p.a.destroy(now, a).unwrap();
+    }
+    settle(&mut p);
+    // The application answers one at 10 ms: 9 wait at 10 ms each, 100 ms for the next.
+    run_to(&mut p, t0.add_nanos(10 * MS));
+    p.b.take_request(held[10]).unwrap();
+    let now = p.now;
+    p.b.accept(now, held[10], &Pair::rep_params(QPN_B)).unwrap();
+    let late = connect_new(&mut p, SID, QPN_A + 20);
+    settle(&mut p);
+    assert_eq!(
+        p.events_of(Side::A, late),
+        [rej_event(
+            RejReason::NoResources,
+            MessageKind::Req,
+            &[],
+            &[]
+        )]
+    );
+    let mut a_all = first.clone();
+    a_all.push(late);
+    let mut b_all = held.clone();
+    b_all.push(l);
+    finish(p, &a_all, &b_all);
+}
+
+/// The manager's own MRA asks no more than the longest wait it may ask for
+/// (`max_request_wait_ns`; IBA 12.6.6: ServiceTimeout is the wait the sender is asked
+/// to add). Before, with no answer yet, it asked for the sender's whole retry budget
+/// whatever the cap: 4.3 s (20) with a 50 ms cap, and 137 s (25) for a budget of 77 s
+/// under the default 68.7 s (24, Linux's `CMA_CM_MRA_SETTING`).
+#[test]
+fn managers_mra_asks_no_more_than_the_longest_wait() {
+    // (cap, the REQ's RemoteCMResponseTimeout and MaxCMRetries, the most it may ask)
+    for (cap, timeout, retries, most) in [(50 * MS, 16, 3, 13), (4096 << 24, 21, 8, 24)] {
+        let mut b_cfg = CmConfig::new(GUID_B, [15; 32]);
+        b_cfg.max_request_wait_ns = Some(cap);
+        let mut p = Pair::with_config(CmConfig::new(GUID_A, [14; 32]), b_cfg);
+        let l = listen_on(&mut p, Pair::listen_params(SID, 8));
+        let a = p.a.create().unwrap();
+        let mut params = Pair::connect_params(SID, QPN_A);
+        params.remote_cm_response_timeout = timeout;
+        params.max_cm_retries = retries;
+        let now = p.now;
+        p.a.connect(now, a, &params).unwrap();
+        settle(&mut p);
+        let b = p.last_request().unwrap();
+        p.b.take_request(b).unwrap();
+        p.drive_for(ib(u32::from(timeout)) / 2 + SETTLE);
+        assert_state(&p.b, b, S::MraReqSent);
+        assert_eq!(mra_asked(&p, a), most, "cap {cap} ns");
+        let now = p.now;
+        p.b.accept(now, b, &rp()).unwrap();
+        settle(&mut p);
+        assert_state(&p.a, a, S::RepRcvd);
+        finish(p, &[a], &[b, l]);
+    }
+}
+
+/// Each MRA asks for the wait of the REQs ahead of its own, not the whole queue's
+/// (waiting.rs: a REQ's ticket). 100 REQs at once, 13 answered 10 ms apart up to just
+/// before half the response timeout; then the first still waiting asks for 2 x 10 ms
+/// (+ a packet life time, 134 ms: ServiceTimeout 16, 268 ms), the last for 2 x 870 ms (19,
+/// 2.1 s). Before, every MRA asked for the whole queue at the busy period's interval
+/// (19 for all).
+#[test]
+fn mra_wait_follows_the_reqs_ahead() {
+    let mut p = Pair::new(16);
+    let l = listen_on(&mut p, Pair::listen_params(SID, 128));
+    let t0 = p.now;
+    let first: Vec<CepId> = (0..100)
+        .map(|i| connect_new(&mut p, SID, QPN_A + i))
+        .collect();
+    settle(&mut p);
+    let held: Vec<CepId> = p.events(Side::B).iter().map(|(c, _)| *c).collect();
+    assert_eq!(held.len(), 100);
+    for (k, &b) in held[..13].iter().enumerate() {
+        run_to(&mut p, t0.add_nanos((k as u64 + 1) * 10 * MS));
+        p.b.take_request(b).unwrap();
+        let now = p.now;
+        p.b.accept(now, b, &Pair::rep_params(QPN_B + k as u32))
+            .unwrap();
+    }
+    p.drive_for(ib(16) / 2);
+    let asked: Vec<u8> = first[13..].iter().map(|&a| mra_asked(&p, a)).collect();
+    assert_eq!(asked[0], 16);
+    assert_eq!(asked[86], 19);
+    assert!(asked.windows(2).all(|w| w[0] <= w[1]), "{asked:?}");
+    let mut b_all = held.clone();
+    b_all.push(l);
+    finish(p, &first, &b_all);
 }
 
 // ---- destroy ------------------------------------------------------------------------------

@@ -544,8 +544,9 @@ impl<P: Platform> Device<P> {
                     // batches hold it, and the engine's queues stay as short as for one.
                     i.drain();
                 }
-                // Grow the pool before it runs out, not after a batch was dropped.
-                i.records.running_low()
+                // Grow the pool before it runs out, not after a batch was dropped; and
+                // the engine's room for REQs held past a backlog (held.rs) once short.
+                i.records.running_low() || i.cm.wants_room()
             });
             if short {
                 self.platform.request_passive_work();
@@ -587,7 +588,8 @@ impl<P: Platform> Device<P> {
 
     /// PASSIVE_LEVEL work a DISPATCH_LEVEL path asked for
     /// ([`Platform::request_passive_work`]): grows the event-record pool (and the batches)
-    /// so that deferred timer passes and dropped MADs' retries find room, tops up the
+    /// so that deferred timer passes and dropped MADs' retries find room, the engine's
+    /// room for REQs held past a listen's backlog (`prepare_for`), tops up the
     /// engine's private-data pool that kernel clients' downcalls drew on (giving back
     /// what teardown left unused), and gives back the engine's slab left over from a peak
     /// once its CEPs are gone.

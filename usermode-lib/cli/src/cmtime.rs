@@ -961,8 +961,14 @@ struct Pacer {
     stopped: bool,
 }
 
-/// Driver memory is sampled every this many takes (a sample walks every table).
+/// Driver memory is sampled every this many takes at least (a sample walks every table).
 const MEMORY_SAMPLE_EVERY: usize = 512;
+
+/// At most this many samples of driver memory in a run: a sample walks every table, O(N)
+/// with N connections, so sampling every [`MEMORY_SAMPLE_EVERY`] takes made a storm's
+/// sampling O(N^2) (N^2 / 512 table entries walked: 7% of a 5e4 storm's CPU and growing
+/// with N).
+const MEMORY_SAMPLES: usize = 256;
 
 impl Pacer {
     fn new(sh: Arc<Shared>, listener: Arc<ibcm::Listener>, rate: u32) -> Self {
@@ -992,7 +998,8 @@ impl Pacer {
         }
         if self.current.take().is_some() {
             self.taken += 1;
-            if self.taken.is_multiple_of(MEMORY_SAMPLE_EVERY)
+            let every = (self.sh.cfg.connections / MEMORY_SAMPLES).max(MEMORY_SAMPLE_EVERY);
+            if self.taken.is_multiple_of(every)
                 && let Some(m) = pump.driver_memory().and_then(|m| m.get(1).copied())
             {
                 self.peak = Some(match self.peak {

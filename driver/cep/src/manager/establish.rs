@@ -6,7 +6,7 @@ use ibcm_mad::{
     Req, Transport,
 };
 
-use crate::cep::{LapState, State};
+use crate::cep::{Backlog, LapState, State};
 use crate::event::{Event, RepInfo, ReqInfo};
 use crate::types::{CepId, Instant, MadAddress, PathRecord, PrivateData, WirePath};
 
@@ -34,7 +34,7 @@ impl CmManager {
             self.duplicate(AttributeId::Req);
             match self.cep_any(id).map(|c| c.state) {
                 Some(State::ReqRcvd { mra_sent: true } | State::RepPrepared { mra_sent: true }) => {
-                    self.resend(id, AttributeId::Mra);
+                    self.repeat_mra(id);
                 }
                 Some(State::RepSent { .. }) => self.resend(id, AttributeId::Rep),
                 // The connection this REQ asked for has come and gone (IBA 12.9.8.3.1).
@@ -63,7 +63,7 @@ impl CmManager {
             self.end_stale(now, old);
             return;
         }
-        if self.crossing_req(src, tid, req) {
+        if self.crossing_req(now, src, tid, req) {
             return;
         }
         // IBA 12.6.7 Table 108 reasons 12/13/18/19: a path that does not end at one of
@@ -86,12 +86,21 @@ impl CmManager {
         let Some(listen) = self.listens.get(listen_id) else {
             return;
         };
-        if listen.pending >= listen.params.backlog {
-            // Silent drop: the peer's retry may find room (never a REJ storm).
+        // Past the backlog the REQ is held, up to the cap (held.rs).
+        let hold = listen.pending >= listen.params.backlog || listen.held.len() > 0;
+        if hold && listen.held.len() >= self.config.held_requests_per_listen {
+            // Refused at once, before a CEP is taken: a flood costs at most the cap.
             self.backlog_drop(AttributeId::Req);
+            self.reply_rej(
+                src,
+                tid,
+                req.local_comm_id,
+                MessageKind::Req,
+                RejReason::NoResources,
+            );
             return;
         }
-        if self.wait_too_long(now) {
+        if self.wait_too_long() {
             // Refused before a CEP is taken: the sender learns now (waiting.rs).
             self.reply_rej(
                 src,
@@ -102,31 +111,46 @@ impl CmManager {
             );
             return;
         }
+        if hold && !self.room_to_hold() {
+            self.backlog_drop(AttributeId::Req);
+            return;
+        }
         let Ok(id) = self.alloc_received() else {
+            // Out of room: a held REQ asks for more (held.rs).
+            self.held_short |= hold;
             self.backlog_drop(AttributeId::Req);
             return;
         };
-        if let Some(l) = self.listens.get_mut(listen_id) {
-            l.pending += 1;
+        let event = self.take_req(now, id, listen_id, src, tid, req);
+        if hold {
+            self.hold(listen_id, id, event);
+        } else {
+            if let Some(l) = self.listens.get_mut(listen_id) {
+                l.pending += 1;
+                let (pending, backlog) = (l.pending, l.params.backlog);
+                self.backlog_filling(pending, backlog);
+            }
+            if let Some(c) = self.cep_mut(id) {
+                c.backlog_of = Some(listen_id);
+                c.backlog = Backlog::Reported;
+            }
+            self.emit(id, event);
         }
-        if let Some(c) = self.cep_mut(id) {
-            c.backlog_of = Some(listen_id);
-        }
-        self.take_req(id, listen_id, src, tid, req);
         self.await_answer(now, id);
     }
 
     /// A CEP answers `req` (from a listen, or a peer-to-peer CEP that turned passive):
-    /// it takes the peer's side of the connection from the REQ, enters REQ_RCVD, joins the
-    /// peer lookups and reports [`Event::ReqReceived`] naming `listen`.
+    /// it takes the peer's side of the connection from the REQ, enters REQ_RCVD and joins
+    /// the peer lookups; returns the [`Event::ReqReceived`] naming `listen` to report.
     pub(super) fn take_req(
         &mut self,
+        now: Instant,
         id: CepId,
         listen: CepId,
         src: &MadAddress,
         tid: u64,
         req: &Req<'_>,
-    ) {
+    ) -> Event {
         let primary = PathRecord::from_peer(&req.primary_path);
         let alternate = req
             .alternate_path
@@ -137,7 +161,32 @@ impl CmManager {
         // before it formats the REP (WinVerbs, wv_ep.c:722-767) already name it; a REP
         // with a PSN of its own replaces it.
         let rep_psn = self.random_psn();
-        let Some(c) = self.cep_mut(id) else { return };
+        let event = Event::ReqReceived(ReqInfo {
+            port: src.port,
+            listen,
+            service_id: req.service_id,
+            remote_ca_guid: req.local_ca_guid,
+            remote_qpn: req.local_qpn,
+            pkey: req.partition_key,
+            primary_path: primary,
+            alternate_path: alternate,
+            path_mtu: req.path_mtu,
+            transport: req.transport,
+            peer_responder_resources: req.responder_resources,
+            peer_initiator_depth: req.initiator_depth,
+            rnr_retry_count: req.rnr_retry_count,
+            starting_psn: req.starting_psn,
+            max_cm_retries: req.max_cm_retries,
+            remote_cm_response_timeout: req.remote_cm_response_timeout,
+            local_cm_response_timeout: req.local_cm_response_timeout,
+            flow_control: req.end_to_end_flow_control,
+            retry_count: req.retry_count,
+            srq: req.srq,
+            private_data: PrivateData::new(req.private_data),
+        });
+        let Some(c) = self.cep_mut(id) else {
+            return event;
+        };
         c.active = false;
         c.local_psn = rep_psn;
         c.dest = *src;
@@ -169,36 +218,12 @@ impl CmManager {
         c.srq = req.srq;
         c.flow_control = req.end_to_end_flow_control;
         self.set_state(id, State::ReqRcvd { mra_sent: false });
+        self.stamp_arrival(now, id);
         self.remote_ids
             .insert((req.local_comm_id, req.local_ca_guid), id);
         self.remote_qpns
             .insert((req.local_qpn, req.local_ca_guid), id);
-        self.emit(
-            id,
-            Event::ReqReceived(ReqInfo {
-                port: src.port,
-                listen,
-                service_id: req.service_id,
-                remote_ca_guid: req.local_ca_guid,
-                remote_qpn: req.local_qpn,
-                pkey: req.partition_key,
-                primary_path: primary,
-                alternate_path: alternate,
-                path_mtu: req.path_mtu,
-                transport: req.transport,
-                peer_responder_resources: req.responder_resources,
-                peer_initiator_depth: req.initiator_depth,
-                rnr_retry_count: req.rnr_retry_count,
-                starting_psn: req.starting_psn,
-                max_cm_retries: req.max_cm_retries,
-                remote_cm_response_timeout: req.remote_cm_response_timeout,
-                local_cm_response_timeout: req.local_cm_response_timeout,
-                flow_control: req.end_to_end_flow_control,
-                retry_count: req.retry_count,
-                srq: req.srq,
-                private_data: PrivateData::new(req.private_data),
-            }),
-        );
+        event
     }
 
     /// An older connection owns a QPN the peer reuses: it is stale (IBA 12.9.8.3.1).

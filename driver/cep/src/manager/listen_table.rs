@@ -37,8 +37,11 @@ use crate::types::{CepId, ListenParams};
 pub(super) struct ListenEntry {
     pub(super) cep: CepId,
     pub(super) params: ListenParams,
-    /// CEPs created by this listen that the user has not taken yet.
+    /// REQs this listen reported and nobody answered yet: what its backlog bounds
+    /// (held.rs).
     pub(super) pending: u32,
+    /// REQs past the backlog, waiting to be reported (held.rs).
+    pub(super) held: super::held::HeldReqs,
     /// The next exact listen on the same service ID (its CEP's slot index).
     next: Option<u32>,
 }
@@ -167,6 +170,7 @@ impl ListenTable {
                 cep: id,
                 params,
                 pending: 0,
+                held: super::held::HeldReqs::default(),
                 next,
             },
         );

@@ -66,7 +66,6 @@ impl CmManager {
     /// Cheap when the room is there. Fails (keeping what it made) if memory runs out.
     pub fn prepare_for(&mut self, new: usize) -> Result<(), CmError> {
         let no = |_| CmError::NoResources;
-        let ceps = self.live + new;
         // What the owner wants room for (a listen's backlog) is kept: a trim between two
         // calls must not give back what the next call would make again.
         if new > 0 {
@@ -75,6 +74,16 @@ impl CmManager {
         if self.trim_due(new) {
             self.trim(new);
         }
+        // REQs past their listens' backlogs are held from this room too, while any are
+        // (held.rs).
+        let headroom = self.held_headroom();
+        if headroom == 0 {
+            // None held: a past storm's table goes back (held.rs).
+            self.trim_held();
+        }
+        self.reserve_held(headroom)?;
+        let new = new + headroom;
+        let ceps = self.live + new;
         // One at least: the next CREATE takes a restored slot, not the slab's fresh end.
         self.restore_chunks(new.max(1))?;
         if self.fresh_and_reusable() < new {
@@ -131,7 +140,7 @@ impl CmManager {
 
     /// Slots a new CEP can take without allocating: fresh ones, and free ones beyond the
     /// REUSE_AFTER - 1 that `CmManager::alloc` leaves waiting.
-    fn fresh_and_reusable(&self) -> usize {
+    pub(super) fn fresh_and_reusable(&self) -> usize {
         let reusable = self.free.len().saturating_sub(super::REUSE_AFTER - 1);
         self.slots.capacity() - self.slots.len() + reusable
     }
@@ -192,6 +201,7 @@ impl CmManager {
             self.timers = heap.into();
         }
         shrink_vec(&mut self.retired, 0);
+        self.trim_held();
     }
 
     /// The heap this manager holds, by part.
@@ -217,6 +227,10 @@ impl CmManager {
             queues: self.transmits.heap_bytes()
                 + self.events.heap_bytes()
                 + self.listens.heap_bytes()
+                + hash_table_bytes(
+                    self.held.capacity(),
+                    size_of::<(u32, super::held::HeldReq)>(),
+                )
                 + self.peers.heap_bytes(),
             private_data,
         }

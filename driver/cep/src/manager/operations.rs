@@ -3,7 +3,7 @@
 
 use ibcm_mad::{AttributeId, Failover, MessageKind};
 
-use crate::cep::{LapState, State};
+use crate::cep::{Backlog, LapState, State};
 use crate::counters::Counters;
 use crate::error::{CmError, check_len, check_max, check_width};
 use crate::types::{
@@ -52,10 +52,17 @@ impl CmManager {
         Ok(())
     }
 
-    /// Takes a REQ-created CEP out of its listen's backlog: the user owns it now.
+    /// Its user read the event of a REQ-created CEP: the CEP is the user's now (a listen
+    /// destroyed no longer refuses it). It counts against the listen's backlog until
+    /// answered (held.rs).
     pub fn take_request(&mut self, id: CepId) -> Result<(), CmError> {
         self.user_cep(id)?;
-        self.leave_backlog(id);
+        if let Some(c) = self.cep_mut(id)
+            && c.backlog_of.is_some()
+            && c.backlog == Backlog::Reported
+        {
+            c.backlog = Backlog::Taken;
+        }
         Ok(())
     }
 
@@ -385,6 +392,7 @@ impl CmManager {
         if !matches!(self.state_of(id)?, State::RepPrepared { .. }) {
             return Err(self.invalid(id));
         }
+        self.owner_answers(now, id);
         self.leave_backlog(id);
         if let Some(c) = self.cep_mut(id) {
             // The REQ's refused alternate path, if any, is forgotten now.
@@ -459,6 +467,7 @@ impl CmManager {
             p.private_data.len(),
             ibcm_mad::REJ_PRIVATE_DATA_SIZE,
         )?;
+        self.owner_answers(now, id);
         self.send_rej(id, p.reason, message, p.ari, p.private_data);
         match state {
             // WinOF: REP_RCVD -> TIMEWAIT; Linux: -> IDLE. Our QP reached RTR, so timewait.

@@ -34,7 +34,13 @@ impl CmManager {
 
     /// A REQ from the peer a peer-to-peer CEP of ours is connecting to, for the same
     /// service: settles the crossing. Returns true if the REQ was consumed.
-    pub(super) fn crossing_req(&mut self, src: &MadAddress, tid: u64, req: &Req<'_>) -> bool {
+    pub(super) fn crossing_req(
+        &mut self,
+        now: Instant,
+        src: &MadAddress,
+        tid: u64,
+        req: &Req<'_>,
+    ) -> bool {
         if self.peers.is_empty() {
             return false;
         }
@@ -67,7 +73,8 @@ impl CmManager {
         if let Some(c) = self.cep_mut(id) {
             c.peer_to_peer = false;
         }
-        self.take_req(id, id, src, tid, req);
+        let event = self.take_req(now, id, id, src, tid, req);
+        self.emit(id, event);
         true
     }
 }

@@ -3,7 +3,7 @@
 
 use ibcm_mad::{AttributeId, CmMessage, CommIds, Dreq, MadHeader, MessageKind, RejReason};
 
-use crate::cep::State;
+use crate::cep::{Backlog, State};
 use crate::error::{CmError, check_len};
 use crate::event::Event;
 use crate::types::{CepId, Instant, MadAddress, PrivateData};
@@ -143,6 +143,7 @@ impl CmManager {
     /// nothing more; its slot is freed when that ends.
     pub fn destroy(&mut self, now: Instant, id: CepId) -> Result<(), CmError> {
         let state = self.state_of(id)?;
+        self.owner_answers(now, id);
         self.leave_backlog(id);
         if let Some(c) = self.cep_mut(id) {
             c.detached = true;
@@ -153,20 +154,31 @@ impl CmManager {
                 self.release(id);
             }
             State::Listen => {
-                let mut left = self.listens.remove(id).map_or(0, |l| l.pending);
-                // Requests nobody took from this listen can never be answered: refuse
-                // them now rather than let the peers time out. The slab is walked by
-                // index (no list of them is allocated: this runs under the dispatch
-                // layer's lock, where memory may be short) and only while some remain.
+                let mut left = self
+                    .listens
+                    .remove(id)
+                    .map_or(0, |l| l.pending.saturating_add(l.held.len()));
+                // Requests nobody took from this listen (held, or reported and not read)
+                // can never be answered: refuse them now rather than let the peers time
+                // out. Those its user took are the user's, counted against nothing now.
+                // The slab is walked by index (no list of them is allocated: this runs
+                // under the dispatch layer's lock, where memory may be short) and only
+                // while some remain.
                 let mut index = 0;
                 while left > 0 && index < self.slots.len() {
-                    let orphan = self.slots.get(index).and_then(|s| {
+                    let counted = self.slots.get(index).and_then(|s| {
                         let c = s.cep.as_ref()?;
-                        (c.backlog_of == Some(id)).then(|| self.id_at(index, s))
+                        (c.backlog_of == Some(id)).then(|| (self.id_at(index, s), c.backlog))
                     });
-                    if let Some(orphan) = orphan {
+                    if let Some((cep, place)) = counted {
                         left -= 1;
-                        let _ = self.destroy(now, orphan);
+                        if place == Backlog::Taken {
+                            if let Some(c) = self.cep_mut(cep) {
+                                c.backlog_of = None;
+                            }
+                        } else {
+                            let _ = self.destroy(now, cep);
+                        }
                     }
                     index += 1;
                 }

@@ -6,7 +6,7 @@
 use ibcm_mad::{AttributeId, CmMessage, MadHeader, SidrRep, SidrReq, SidrStatus};
 
 use super::CmManager;
-use crate::cep::State;
+use crate::cep::{Backlog, State};
 use crate::error::{CmError, check_len, check_width};
 use crate::event::{Event, SidrRepInfo, SidrReqInfo};
 use crate::types::{CepId, Instant, MadAddress, PathRecord, PrivateData};
@@ -222,6 +222,7 @@ impl CmManager {
         }
         let Some(c) = self.cep_mut(id) else { return };
         c.backlog_of = Some(listen_id);
+        c.backlog = Backlog::Reported;
         c.dest = *src;
         c.tid = tid;
         c.remote_comm_id = req.request_id;

@@ -1,7 +1,7 @@
 //! State changes: the one `set_state`, events for a CEP's owner, and the ends of a
 //! connection (an attempt that failed, timewait, IBA 12.9.7).
 
-use crate::cep::{Cep, State};
+use crate::cep::{Backlog, Cep, State};
 use crate::event::Event;
 use crate::trace::TracePoint;
 use crate::types::{CepId, Instant};
@@ -55,13 +55,21 @@ impl CmManager {
         self.remote_qpns.remove_if(&(rqpn, guid), id);
     }
 
+    /// CEP `id`'s REQ is answered (or it ended): it counts against its listen's backlog
+    /// no more, and a REQ held behind the backlog may be reported (held.rs).
     pub(super) fn leave_backlog(&mut self, id: CepId) {
-        let Some(listen) = self.cep_mut(id).and_then(|c| c.backlog_of.take()) else {
+        let Some(c) = self.cep_mut(id) else { return };
+        let Some(listen) = c.backlog_of.take() else {
             return;
         };
+        if c.backlog == Backlog::Held {
+            self.unhold(listen, id);
+            return;
+        }
         if let Some(l) = self.listens.get_mut(listen) {
             l.pending = l.pending.saturating_sub(1);
         }
+        self.report_held(listen);
     }
 
     /// The connection attempt is over without reaching timewait: forget the peer, and

@@ -15,15 +15,36 @@ use crate::types::{CepId, Instant};
 use super::{CmManager, TIMER_BATCH};
 
 impl CmManager {
+    /// Arms CEP `id`'s timer for `at`. A timer moved later keeps its heap entry (due at
+    /// or before `at`): when that entry comes up early it moves itself to the deadline
+    /// (`handle_timeout`). Only a sooner deadline takes a new entry, the old one left
+    /// stale. So a REQ answered before its MRA timer adds no entry: that timer becomes
+    /// its REP's retry timer.
     pub(super) fn arm(&mut self, id: CepId, at: Instant) {
-        // 32 bits wrap, but an entry is matched by deadline and number both: a stale one
-        // would have to outlive 2^32 arms and share the live one's deadline to the ns.
+        let Some(c) = self.cep_mut(id) else { return };
+        if let Some((due, seq)) = c.timer
+            && due <= at
+        {
+            c.timer = Some((at, seq));
+            return;
+        }
+        // 32 bits wrap: a stale entry that outlives 2^32 arms and matches a live timer's
+        // number comes up at its own deadline, finds the live one later and moves to it
+        // (a second entry for that timer, stale once it fires); it never fires early.
         let seq = self.timer_seq;
         self.timer_seq = seq.checked_add(1).unwrap_or(NonZeroU32::MIN);
         if let Some(c) = self.cep_mut(id) {
             c.timer = Some((at, seq));
             self.timers.push(Reverse((at, seq, id.0)));
         }
+    }
+
+    /// The deadline of the timer a heap entry (sequence number `seq`) belongs to, if
+    /// the entry is still CEP `id`'s.
+    fn entry_due(&self, id: CepId, seq: NonZeroU32) -> Option<Instant> {
+        self.cep_any(id)
+            .and_then(|c| c.timer)
+            .and_then(|(due, s)| (s == seq).then_some(due))
     }
 
     pub(super) fn cancel_timer(&mut self, id: CepId) {
@@ -44,13 +65,17 @@ impl CmManager {
             let Some(Reverse((at, seq, raw))) = self.timers.peek().copied() else {
                 return;
             };
-            let live = self
-                .cep_any(CepId(raw))
-                .is_some_and(|c| c.timer == Some((at, seq)));
-            if live {
-                return;
+            match self.entry_due(CepId(raw), seq) {
+                Some(due) if due == at => return,
+                // Moved later: it goes to its deadline.
+                Some(due) if due > at => {
+                    self.timers.pop();
+                    self.timers.push(Reverse((due, seq, raw)));
+                }
+                _ => {
+                    self.timers.pop();
+                }
             }
-            self.timers.pop();
         }
     }
 
@@ -95,10 +120,13 @@ impl CmManager {
             }
             self.timers.pop();
             let id = CepId(raw);
-            let live = self
-                .cep_any(id)
-                .is_some_and(|cep| cep.timer == Some((at, seq)));
-            if !live {
+            let Some(due) = self.entry_due(id, seq).filter(|&due| due >= at) else {
+                stale_budget -= 1;
+                continue;
+            };
+            if due > now {
+                // Moved later since its entry was pushed: to its deadline (no new entry).
+                self.timers.push(Reverse((due, seq, raw)));
                 stale_budget -= 1;
                 continue;
             }

@@ -806,7 +806,8 @@ fn hca_without_access_layer_is_logged() {
 }
 
 /// Every value of the service's Parameters key is read when the CM is made (the quotas
-/// of each handle and of all users, MaxRequestWaitMs), and the all-users budget holds
+/// of each handle and of all users, MaxRequestWaitMs, MaxHeldRequestsPerListen), and the
+/// all-users budget holds
 /// across handles of different users while an administrator is not counted.
 fn every_parameter_is_read_and_all_users_budget_holds() {
     let names = [
@@ -819,6 +820,7 @@ fn every_parameter_is_read_and_all_users_budget_holds() {
         "MaxBacklogAllUsers",
         "MaxQueuedEventsAllUsers",
         "MaxRequestWaitMs",
+        "MaxHeldRequestsPerListen",
     ];
     let values: Vec<(&str, u32)> = names
         .iter()
