@@ -12,7 +12,7 @@
 //! ([`ibcm_eventlog::Logged`]): a CM query passed down comes at every start and resume of
 //! every client; the repeats are counted (DbgPrint and ETW keep a line for each).
 
-use core::sync::atomic::{AtomicPtr, Ordering};
+use core::sync::atomic::{AtomicPtr, AtomicU64, Ordering};
 
 use ibcm_eventlog::{ERROR_LOG_MAXIMUM_SIZE, Logged, Message};
 use ibcm_iba_cm::PassDown;
@@ -76,6 +76,44 @@ pub fn removal_waiting(references: usize) {
         let count = alloc::format!("{references}");
         write(&ibcm_eventlog::REMOVAL_WAITING, &[&count], STATUS_SUCCESS);
     }
+}
+
+/// The System log's share of [`refused`]: counts not written yet, and when (interrupt time,
+/// 100 ns; 0: never) the last entry was.
+static REFUSED_QUOTA: AtomicU64 = AtomicU64::new(0);
+static REFUSED_FORGED: AtomicU64 = AtomicU64::new(0);
+static REFUSED_LAST: AtomicU64 = AtomicU64::new(0);
+/// At most one `IBCM_REFUSED` entry a minute, in 100 ns units: a flood of refusals (a
+/// user looping over a quota, a node spraying forged REJs) must not flood the log.
+const REFUSED_PERIOD_100NS: u64 = 60 * 10_000_000;
+
+/// Local users' requests refused over a quota and forged MADs dropped (any IRQL up to
+/// DISPATCH_LEVEL, no lock held): counted, and written as one entry with the counts since
+/// the last when a minute has passed since it (the first at once). Nothing is allocated.
+pub fn refused(refused: ibcm_endpoint::Refused, now_100ns: u64) {
+    REFUSED_QUOTA.fetch_add(refused.quota_exceeded, Ordering::AcqRel);
+    REFUSED_FORGED.fetch_add(refused.forged, Ordering::AcqRel);
+    let last = REFUSED_LAST.load(Ordering::Acquire);
+    if last != 0 && now_100ns.saturating_sub(last) < REFUSED_PERIOD_100NS {
+        return;
+    }
+    // One writer per period: the one that moves the mark.
+    if REFUSED_LAST
+        .compare_exchange(last, now_100ns.max(1), Ordering::AcqRel, Ordering::Acquire)
+        .is_err()
+    {
+        return;
+    }
+    let (quota, forged) = (
+        REFUSED_QUOTA.swap(0, Ordering::AcqRel),
+        REFUSED_FORGED.swap(0, Ordering::AcqRel),
+    );
+    let (mut q, mut f) = (itoa::Buffer::new(), itoa::Buffer::new());
+    write(
+        &ibcm_eventlog::REFUSED,
+        &[q.format(quota), f.format(forged)],
+        STATUS_SUCCESS,
+    );
 }
 
 /// One entry: `message`'s code, `strings` as its insertion strings (cut to the entry's

@@ -683,6 +683,11 @@ impl Platform for KmdfPlatform {
     type Request = KmdfRequest;
     type Lock<T> = KmdfLock<T>;
 
+    fn refused(&self, refused: ibcm_endpoint::Refused) {
+        ibcm_etw::refused(refused.quota_exceeded, refused.forged);
+        event_log::refused(refused, interrupt_time_100ns());
+    }
+
     fn new_lock<T>(value: T) -> KmdfLock<T> {
         KmdfLock::new(value)
     }

@@ -135,6 +135,9 @@ pub struct Inner<P: Platform> {
     users: UserTotals,
     /// IOCTLs failed with STATUS_QUOTA_EXCEEDED (COUNTERS).
     quota_exceeded: u64,
+    /// The quota hits and forged MADs the platform was last told of
+    /// ([`Platform::refused`]).
+    refused_told: Refused,
     /// Users' CEPs whose endpoint was destroyed but which live on in the engine (DREQ,
     /// timewait): each still counts as an endpoint of its owner's account and of all
     /// users' until it ends ([`Inner::prune_lingering`]). Room for one is made before each
@@ -162,6 +165,19 @@ struct Flush<R> {
     seq: u64,
     /// Kernel clients have events to deliver.
     callbacks: bool,
+    /// Quota hits and forged MADs since the platform was last told.
+    refused: Option<Refused>,
+}
+
+/// What a hostile or runaway caller was refused, for an administrator: IOCTLs failed with
+/// STATUS_QUOTA_EXCEEDED, and MADs dropped as forged (a source the connection they name
+/// does not use). Counts since the platform was last told ([`Platform::refused`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Refused {
+    /// IOCTLs refused over a quota or budget.
+    pub quota_exceeded: u64,
+    /// MADs dropped as forged.
+    pub forged: u64,
 }
 
 /// The dispatch layer of one CA: the engine, the per-handle endpoint tables, and the
@@ -203,6 +219,7 @@ impl<P: Platform> Device<P> {
             quotas: Quotas::default(),
             users: UserTotals::default(),
             quota_exceeded: 0,
+            refused_told: Refused::default(),
             lingering: VecDeque::new(),
         };
         // Device add runs at PASSIVE_LEVEL: a node nobody has opened yet still answers
@@ -255,6 +272,9 @@ impl<P: Platform> Device<P> {
             (value, i.take_flush())
         });
         let callbacks = flush.callbacks;
+        if let Some(refused) = flush.refused {
+            self.platform.refused(refused);
+        }
         self.finish(flush);
         // Every entry point that makes a kernel client's event ready delivers it.
         if callbacks {

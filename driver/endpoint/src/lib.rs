@@ -28,7 +28,8 @@ mod trace;
 
 pub use device::{
     Callback, Caller, ClientEvent, ClientId, Device, DispatchMemory, FileId, Held, Inner,
-    MAX_BACKLOG, Quotas, RECEIVE_BATCH, USER_MAX_PACKET_LIFE_TIME, UserTotals, oversized_input,
+    MAX_BACKLOG, Quotas, RECEIVE_BATCH, Refused, USER_MAX_PACKET_LIFE_TIME, UserTotals,
+    oversized_input,
 };
 pub use platform::{Lock, Platform, Request};
 pub use ports::{MAX_HOST_PORTS, PortNumbers};

@@ -59,6 +59,14 @@ pub trait Platform {
     /// Lets another thread run while `destroy_id` waits for a callback on another thread
     /// to return (a short delay at PASSIVE_LEVEL).
     fn relax(&self) {}
+    /// IOCTLs refused over a quota and MADs dropped as forged since the last call: where an
+    /// administrator hears of a hostile or runaway caller (the KMDF binding: an ETW event
+    /// each time, the System log at a limited rate). Called with no lock of the dispatch
+    /// layer held, at the entry point's IRQL (up to DISPATCH_LEVEL). The default does
+    /// nothing: COUNTERS has the totals.
+    fn refused(&self, refused: crate::Refused) {
+        let _ = refused;
+    }
     /// Fills STATUS's HCAs and ports (`out.hca_count`, `out.port_count` and the arrays;
     /// the dispatch layer set `size`). Called with no lock of the dispatch layer held, at
     /// the IOCTL caller's IRQL. The default reports none.

@@ -80,6 +80,21 @@ pub fn cm_interface_query(ca_guid: u64, version: u16, size: u16, answered: bool,
     }
 }
 
+/// IOCTLs of local users refused over a quota and CM MADs dropped as forged since the
+/// last event (`ibcm_endpoint::Platform::refused`). Event `Refused`, keyword 0x8, level
+/// Warning: one per entry point that refused something, where the System log has one a
+/// minute.
+pub fn refused(quota_exceeded: u64, forged: u64) {
+    tlg::write_event!(
+        PROVIDER,
+        "Refused",
+        level(Warning),
+        keyword(0x8),
+        u64("QuotaExceeded", &quota_exceeded),
+        u64("Forged", &forged),
+    );
+}
+
 /// The QP1 route the HCA `ca_guid` (network order as AL reports it; 0 if IBAL was never
 /// bound) got once its ports were bound: ibcm's ordinary CM MAD service, QP1 steering by
 /// the verbs hook, or none (AL's CM serves the HCA's clients) for `reason`. Event

@@ -127,8 +127,18 @@ pub const SWITCHED_OFF: Message = Message {
     strings: 1,
 };
 
+/// Local users' requests refused over their quotas and forged CM messages dropped (%2 and
+/// %3 the counts since the last such entry), written at most once a minute.
+pub const REFUSED: Message = Message {
+    symbol: "IBCM_REFUSED",
+    id: 8,
+    severity: Severity::Warning,
+    text: "ibcm refused %2 request(s) of local users over their quotas and dropped %3 CM message(s) that named a connection from an address it does not use (forged) since its last such entry. ibcm stats shows the totals (quota exceeded, forged); docs/security.md says what each quota bounds and what a forged message could have done.",
+    strings: 2,
+};
+
 /// Every message, in id order.
-pub const ALL: [Message; 7] = [
+pub const ALL: [Message; 8] = [
     CM_QUERY_NO_QP1_ROUTE,
     CM_QUERY_VERBS_UNKNOWN,
     CM_QUERY_MAD_SERVICE_REFUSED,
@@ -136,6 +146,7 @@ pub const ALL: [Message; 7] = [
     HCA_SKIPPED,
     REMOVAL_WAITING,
     SWITCHED_OFF,
+    REFUSED,
 ];
 
 /// Where the kill switch lives, as the administrator types it (`reg query`).

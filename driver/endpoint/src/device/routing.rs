@@ -15,7 +15,7 @@ use crate::records::{Status, event_to_abi};
 
 use super::{
     Awaited, CHILD_DEPTH, DISPATCH_BATCH, EVENT_HEADROOM, Endpoint, File, FileId, Flush, Inner,
-    Owner, SPARE_BATCHES, batch, qp_transitions, room,
+    Owner, Refused, SPARE_BATCHES, batch, qp_transitions, room,
 };
 
 impl<P: Platform> Inner<P> {
@@ -432,7 +432,20 @@ impl<P: Platform> Inner<P> {
             let spare = self.spare_tx.pop().unwrap_or_default();
             core::mem::replace(&mut self.tx, spare)
         };
+        let forged = self.cm.counters().forged;
+        let refused = Refused {
+            quota_exceeded: self.quota_exceeded - self.refused_told.quota_exceeded,
+            forged: forged.saturating_sub(self.refused_told.forged),
+        };
+        let refused = (refused != Refused::default()).then(|| {
+            self.refused_told = Refused {
+                quota_exceeded: self.quota_exceeded,
+                forged,
+            };
+            refused
+        });
         Flush {
+            refused,
             tx,
             done: if self.done.is_empty() {
                 Vec::new()

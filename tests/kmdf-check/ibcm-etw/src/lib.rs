@@ -20,3 +20,4 @@ impl DispatchTracer for EtwSink {
 }
 pub fn cm_interface_query(_ca_guid: u64, _version: u16, _size: u16, _answered: bool, _reason: &str) {}
 pub fn qp1_route(_ca_guid: u64, _routed: bool, _route: &str, _reason: &str) {}
+pub fn refused(_quota_exceeded: u64, _forged: u64) {}

@@ -1288,6 +1288,7 @@ const SCENARIOS: &[Scenario] = scenarios![
     callers_and_registry_quotas,
     every_parameter_is_read_and_all_users_budget_holds,
     endpoints_are_budgeted_per_account,
+    refusals_reach_the_system_log_at_a_limited_rate,
     ioctls_with_bad_records,
     get_event_cancelled_from_another_thread,
     cleanup_and_close_with_requests_pending,

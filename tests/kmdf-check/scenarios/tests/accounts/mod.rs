@@ -31,3 +31,28 @@ pub fn endpoints_are_budgeted_per_account() {
     }
     shutdown(device);
 }
+
+/// A user's CREATE refused over its handle's quota is counted in COUNTERS and written to
+/// the System log (`IBCM_REFUSED`, with the count); the next refusals within the minute
+/// add no entry (one a minute at most: a user looping over a quota cannot flood the log).
+pub fn refusals_reach_the_system_log_at_a_limited_rate() {
+    let device = boot(&[("MaxEndpointsPerHandle", 1)]);
+    let file = open(Open::user(Token::USER));
+    assert!(create(file).is_ok());
+    for _ in 0..5 {
+        assert_eq!(create(file), Err(status::QUOTA_EXCEEDED));
+    }
+    let refused = ibcm_eventlog::REFUSED.code() as i32;
+    let entries: Vec<Vec<String>> = io::system_log()
+        .into_iter()
+        .filter(|(code, _)| *code == refused)
+        .map(|(_, strings)| strings)
+        .collect();
+    assert_eq!(
+        entries,
+        vec![vec!["1".to_string(), "0".to_string()]],
+        "one entry, for the first refusal: the other four wait for the next minute"
+    );
+    io::close(file);
+    shutdown(device);
+}
