@@ -732,17 +732,7 @@ fn status_and_counters_through_the_binding() {
     let device = boot(&[]);
     let file = open(Open::user(Token::USER));
     let side = Binding(file);
-    let s = ibcm_ioctl::StatusIn {
-        size: ibcm_ioctl::StatusIn::SIZE,
-        reserved: 0,
-    };
-    let (st, out) = side.done(side.call(
-        code::STATUS,
-        s.as_bytes(),
-        size_of::<ibcm_ioctl::StatusOut>(),
-    ));
-    assert_eq!(st, status::SUCCESS, "STATUS");
-    let report = ibcm_ioctl::StatusOut::read_from_bytes(&out).expect("a StatusOut");
+    let report = status_report(file);
     assert_eq!((report.hca_count, report.port_count), (1, 2));
     assert_eq!(report.hcas[0].ca_guid, CA_GUID);
     assert_eq!(report.hcas[0].cm, ibcm_ioctl::status_report::CM_IBCM);
@@ -869,6 +859,33 @@ fn query_cm_interface(device: usize, size: u16) -> (i32, ibcm_iba_cm::abi::Infin
     (status, ifc)
 }
 
+/// A kernel client drops the reference its query took (as WinVerbs' D0Exit does,
+/// wv_driver.c:662-672).
+fn release_cm_interface(ifc: &ibcm_iba_cm::abi::InfinibandInterfaceCm) {
+    let release = ifc
+        .interface_header
+        .interface_dereference
+        .expect("a dereference routine");
+    // SAFETY: the interface's own context, released once as the client does.
+    unsafe { release(ifc.interface_header.context) };
+}
+
+/// STATUS through `file`.
+fn status_report(file: usize) -> ibcm_ioctl::StatusOut {
+    let side = Binding(file);
+    let s = ibcm_ioctl::StatusIn {
+        size: ibcm_ioctl::StatusIn::SIZE,
+        reserved: 0,
+    };
+    let (st, out) = side.done(side.call(
+        code::STATUS,
+        s.as_bytes(),
+        size_of::<ibcm_ioctl::StatusOut>(),
+    ));
+    assert_eq!(st, status::SUCCESS, "STATUS");
+    ibcm_ioctl::StatusOut::read_from_bytes(&out).expect("a StatusOut")
+}
+
 fn cm_interface_answered_and_released() {
     let device = boot(&[]);
     let size = size_of::<ibcm_iba_cm::abi::InfinibandInterfaceCm>() as u16;
@@ -879,12 +896,7 @@ fn cm_interface_answered_and_released() {
         ibcm_iba_cm::abi::INFINIBAND_INTERFACE_CM_VERSION,
         "ibcm's table, not AL's"
     );
-    let release = ifc
-        .interface_header
-        .interface_dereference
-        .expect("a dereference routine");
-    // SAFETY: the interface's own context, released once as the client does.
-    unsafe { release(ifc.interface_header.context) };
+    release_cm_interface(&ifc);
     // A buffer too small for the table goes down to ibbus (AL's CM answers it).
     let (status, small) = query_cm_interface(device, size - 1);
     assert_eq!(status, 0);
@@ -960,18 +972,7 @@ fn al_cm_holding_send_leaves_clients_to_it() {
         "the System log says why the query went down"
     );
     let file = open(Open::user(Token::USER));
-    let side = Binding(file);
-    let s = ibcm_ioctl::StatusIn {
-        size: ibcm_ioctl::StatusIn::SIZE,
-        reserved: 0,
-    };
-    let (st, out) = side.done(side.call(
-        code::STATUS,
-        s.as_bytes(),
-        size_of::<ibcm_ioctl::StatusOut>(),
-    ));
-    assert_eq!(st, status::SUCCESS);
-    let report = ibcm_ioctl::StatusOut::read_from_bytes(&out).expect("a StatusOut");
+    let report = status_report(file);
     assert_eq!(report.hcas[0].route, ibcm_ioctl::status_report::ROUTE_NONE);
     assert_eq!(report.hcas[0].cm, ibcm_ioctl::status_report::CM_AL_NO_ROUTE);
     io::close(file);
@@ -1243,12 +1244,7 @@ fn kill_switch_leaves_every_client_to_al() {
         ibcm_iba_cm::abi::INFINIBAND_INTERFACE_CM_VERSION,
         "ibcm answers again"
     );
-    let release = ifc
-        .interface_header
-        .interface_dereference
-        .expect("a dereference routine");
-    // SAFETY: the interface's own context, released once as the client does.
-    unsafe { release(ifc.interface_header.context) };
+    release_cm_interface(&ifc);
 
     // Set again while that HCA runs: the next HCA's start reads it; that HCA binds
     // nothing, and the CM query on the first, still bound, goes down too.

@@ -70,14 +70,8 @@ impl KernelClient {
 
     /// The client's D0Exit: its reference goes (wv_driver.c:662-672).
     fn release(self) {
-        let release = self
-            .table
-            .interface_header
-            .interface_dereference
-            .expect("a dereference routine");
         drop(self.client);
-        // SAFETY: the interface's own context, released once as the client does.
-        unsafe { release(self.table.interface_header.context) };
+        release_cm_interface(&self.table);
     }
 }
 

@@ -95,14 +95,8 @@ impl PeerCm {
 
     /// The client's reference goes, then the CM.
     pub fn remove(self) {
-        let release = self
-            .table
-            .interface_header
-            .interface_dereference
-            .expect("a dereference routine");
         drop(self.client);
-        // SAFETY: the interface's own context, released once as the client does.
-        unsafe { release(self.table.interface_header.context) };
+        super::release_cm_interface(&self.table);
         drop(self.cm);
     }
 }

@@ -30,18 +30,7 @@ fn second_hca() -> CaConfig {
 
 /// STATUS through `file`: (HCAs, ports) ibcm serves.
 fn served(file: usize) -> (u32, u32) {
-    let side = Binding(file);
-    let s = ibcm_ioctl::StatusIn {
-        size: ibcm_ioctl::StatusIn::SIZE,
-        reserved: 0,
-    };
-    let (st, out) = side.done(side.call(
-        code::STATUS,
-        s.as_bytes(),
-        size_of::<ibcm_ioctl::StatusOut>(),
-    ));
-    assert_eq!(st, status::SUCCESS, "STATUS");
-    let report = ibcm_ioctl::StatusOut::read_from_bytes(&out).expect("a StatusOut");
+    let report = status_report(file);
     (report.hca_count, report.port_count)
 }
 
@@ -207,12 +196,7 @@ pub fn hca_starting_during_last_teardown() {
     assert!(!removal.is_finished(), "the teardown waits for the client");
     let next = pnp::add_device(0).expect("the filter attaches");
     assert_eq!(pnp::start(next), 0);
-    let release = client
-        .interface_header
-        .interface_dereference
-        .expect("a dereference routine");
-    // SAFETY: the interface's own context, released once as the client does.
-    unsafe { release(client.interface_header.context) };
+    release_cm_interface(&client);
     removal.join().expect("the removal ends");
     let file = open(Open::user(Token::USER));
     assert_eq!(
