@@ -24,7 +24,7 @@ use core::sync::atomic::{AtomicBool, AtomicI32, AtomicU32, AtomicUsize, Ordering
 
 use ibcm_endpoint::{Caller, FileId, oversized_input};
 use wdk_sys::ntddk::{
-    ExFreePool, IoCreateSymbolicLink, IoDeleteSymbolicLink, RtlLengthSid, SeLockSubjectContext,
+    ExFreePool, IoCreateSymbolicLink, IoDeleteSymbolicLink, SeLockSubjectContext,
     SeQueryInformationToken, SeTokenIsAdmin, SeTokenIsRestricted, SeUnlockSubjectContext,
 };
 use wdk_sys::{
@@ -548,7 +548,7 @@ fn caller_of(request: WDFREQUEST) -> Caller {
 }
 
 /// The account of `token`'s user: `SeQueryInformationToken(TokenUser)` (PASSIVE_LEVEL),
-/// the SID's bytes (`RtlLengthSid`), the pool block freed.
+/// the SID's bytes, the pool block freed.
 ///
 /// # Safety
 ///
@@ -569,13 +569,25 @@ unsafe fn account_of(token: PACCESS_TOKEN) -> Option<Caller> {
     }
     // SAFETY: (D75) a TokenUser query's block starts with a TOKEN_USER (ntifs.h).
     let sid = unsafe { (*information.cast::<TOKEN_USER>()).User.Sid };
-    let caller = (!sid.is_null()).then(|| {
-        // SAFETY: (D76) the user's SID, in the block: RtlLengthSid reads its header.
-        let length = unsafe { RtlLengthSid(sid) } as usize;
-        // SAFETY: (D77) the SID's `length` bytes, in the block until it is freed below.
-        let bytes = unsafe { core::slice::from_raw_parts(sid.cast::<u8>(), length) };
-        Caller::of_account_sid(bytes)
-    });
+    let caller = (!sid.is_null())
+        .then(|| {
+            // SAFETY: (D76) the user's SID, in the block: its second byte is
+            // SubAuthorityCount (winnt.h `SID`: Revision, SubAuthorityCount,
+            // IdentifierAuthority[6], SubAuthority[]).
+            let count_at = unsafe { sid.cast::<u8>().add(1) };
+            // SAFETY: (D79) as D76.
+            let count = unsafe { count_at.read() };
+            // SID_MAX_SUB_AUTHORITIES (winnt.h); what RtlLengthSid computes, without the
+            // import (8 bytes, and 4 per sub-authority).
+            (count <= 15).then(|| {
+                let length = 8 + 4 * usize::from(count);
+                // SAFETY: (D77) the SID's `length` bytes, in the block until it is freed
+                // below.
+                let bytes = unsafe { core::slice::from_raw_parts(sid.cast::<u8>(), length) };
+                Caller::of_account_sid(bytes)
+            })
+        })
+        .flatten();
     // SAFETY: (D78) the block SeQueryInformationToken allocated, freed once.
     unsafe { ExFreePool(information) };
     caller

@@ -221,16 +221,6 @@ pub unsafe extern "C" fn SeQueryInformationToken(
     crate::STATUS_SUCCESS
 }
 
-/// `RtlLengthSid` (ntifs.h): 8 bytes and 4 per sub-authority.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn RtlLengthSid(Sid: crate::PSID) -> crate::ULONG {
-    // SAFETY: the caller's SID: its second byte is the sub-authority count.
-    let count_at = unsafe { Sid.cast::<u8>().add(1) };
-    // SAFETY: as above.
-    let count = unsafe { *count_at };
-    8 + 4 * crate::ULONG::from(count)
-}
-
 /// Frees what `SeQueryInformationToken` returned; false if `p` is not such a block.
 pub fn free_token_information(p: usize) -> bool {
     state::lock().io.token_information.remove(&p).is_some()

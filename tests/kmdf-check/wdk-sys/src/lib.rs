@@ -214,7 +214,7 @@ pub struct _SECURITY_SUBJECT_CONTEXT {
 }
 pub type SECURITY_SUBJECT_CONTEXT = _SECURITY_SUBJECT_CONTEXT;
 pub type PSECURITY_SUBJECT_CONTEXT = *mut _SECURITY_SUBJECT_CONTEXT;
-/// winnt.h `PSID` (the SID is opaque: `RtlLengthSid` measures it).
+/// winnt.h `PSID` (a SID's length is in its header: 8 bytes and 4 per sub-authority).
 pub type PSID = PVOID;
 /// winnt.h `SID_AND_ATTRIBUTES`.
 #[repr(C)]
@@ -737,7 +737,6 @@ pub mod ntddk {
             TokenInformationClass: TOKEN_INFORMATION_CLASS,
             TokenInformation: *mut PVOID,
         ) -> NTSTATUS;
-        pub fn RtlLengthSid(Sid: PSID) -> ULONG;
         pub fn ExFreePool(P: PVOID);
     }
 }
