@@ -1011,10 +1011,11 @@ impl World {
                     return;
                 };
                 let mut mad = self.seen[usize::from(which) % self.seen.len()];
-                let attribute = u16::from_be_bytes([mad[16], mad[17]]);
                 let id = self.nodes[side.index()].m.local_comm_id(cep);
                 mad[28..32].copy_from_slice(&id.to_be_bytes());
                 mad[usize::from(offset)] ^= xor;
+                // The attribute the MAD carries once mangled (the XOR may hit it).
+                let attribute = u16::from_be_bytes([mad[16], mad[17]]);
                 let before = self.nodes[side.index()].m.state(cep);
                 let mut stranger = address_of(side.peer());
                 stranger.lid = 3;

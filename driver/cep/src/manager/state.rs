@@ -43,7 +43,12 @@ impl CmManager {
             cep: id,
             event: &event,
         });
-        if self.cep_any(id).is_some_and(|c| !c.detached) {
+        // A REQ held behind its listen's backlog has not been reported: nobody owns its
+        // CEP yet, so nothing it does is anyone's event.
+        if self
+            .cep_any(id)
+            .is_some_and(|c| !c.detached && c.backlog != Backlog::Held)
+        {
             self.events.push_back((id, event));
         }
     }
@@ -63,6 +68,10 @@ impl CmManager {
             return;
         };
         if c.backlog == Backlog::Held {
+            // Ended before it was reported (a REJ, a stale connection, its port gone): no
+            // owner will ever destroy it, so it is freed as a destroyed CEP is, once it is
+            // idle (`end_attempt`, `exit_timewait`, `remove_port`).
+            c.detached = true;
             self.unhold(listen, id);
             return;
         }
