@@ -2457,6 +2457,40 @@ fn req_past_the_backlog_is_held_until_an_answer_makes_room() {
     finish(p, &ceps, &cleanup);
 }
 
+/// A REQ held behind the backlog whose sender gives up before it is reported (its
+/// destroy sends a REJ): nothing on the passive side names the CEP nobody was told of,
+/// and the CEP is freed. The fuzz smoke found both on the merged held REQs: an event on
+/// an unknown CEP (a stale connection ending it), and a CEP left after every handle
+/// closed.
+#[test]
+fn a_held_req_that_ends_unreported_leaves_nothing() {
+    let mut p = Pair::new(19);
+    let l = listen_on(&mut p, Pair::listen_params(SID, 2));
+    let ceps: Vec<CepId> = (0..3)
+        .map(|i| connect_new(&mut p, SID, QPN_A + i))
+        .collect();
+    settle(&mut p);
+    assert_eq!(req_events(&p), 2);
+    assert_eq!(p.b.live_ceps(), 4, "the held REQ has its CEP");
+    let told = p.events(Side::B).len();
+    let now = p.now;
+    p.a.destroy(now, ceps[2]).unwrap();
+    settle(&mut p);
+    assert_eq!(
+        p.events(Side::B)[told..],
+        [],
+        "no event names a REQ never reported"
+    );
+    assert_eq!(p.b.live_ceps(), 3, "its CEP is freed");
+    let cleanup: Vec<CepId> = p
+        .events(Side::B)
+        .iter()
+        .map(|(c, _)| *c)
+        .chain([l])
+        .collect();
+    finish(p, &ceps[..2], &cleanup);
+}
+
 /// A storm through a small backlog (held.rs): 2000 clients at once, backlog 64, the
 /// application answering one REQ a millisecond (2 s for all, past the senders' retry
 /// budget of 1.6 s). At no time are more than 64 REQs reported and unanswered, however
