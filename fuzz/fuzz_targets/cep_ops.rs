@@ -458,6 +458,27 @@ impl World {
         &mut self.nodes[side.index()]
     }
 
+    /// A seen MAD aimed at one of `side`'s CEPs (its comm ID as the RemoteCommID, data
+    /// offset 4 of every CM message but the REQ), then mangled at `offset`; the CEP too.
+    fn aimed(
+        &mut self,
+        side: Side,
+        which: u8,
+        cep: u8,
+        offset: u8,
+        xor: u8,
+    ) -> Option<(CepId, [u8; MAD_SIZE])> {
+        if self.seen.is_empty() {
+            return None;
+        }
+        let cep = self.pick(side, cep)?;
+        let mut mad = self.seen[usize::from(which) % self.seen.len()];
+        let id = self.nodes[side.index()].m.local_comm_id(cep);
+        mad[28..32].copy_from_slice(&id.to_be_bytes());
+        mad[usize::from(offset)] ^= xor;
+        Some((cep, mad))
+    }
+
     fn pick(&mut self, side: Side, cep: u8) -> Option<CepId> {
         let node = &mut self.nodes[side.index()];
         let held = &node.held;
@@ -984,17 +1005,9 @@ impl World {
                 offset,
                 xor,
             } => {
-                if self.seen.is_empty() {
-                    return;
-                }
-                let Some(cep) = self.pick(side, cep) else {
+                let Some((_, mad)) = self.aimed(side, which, cep, offset, xor) else {
                     return;
                 };
-                let mut mad = self.seen[usize::from(which) % self.seen.len()];
-                // RemoteCommID of every CM message but the REQ: data offset 4.
-                let id = self.nodes[side.index()].m.local_comm_id(cep);
-                mad[28..32].copy_from_slice(&id.to_be_bytes());
-                mad[usize::from(offset)] ^= xor;
                 self.deliver(side, &mad);
             }
             Op::AimFromStranger {
@@ -1004,16 +1017,9 @@ impl World {
                 offset,
                 xor,
             } => {
-                if self.seen.is_empty() {
-                    return;
-                }
-                let Some(cep) = self.pick(side, cep) else {
+                let Some((cep, mad)) = self.aimed(side, which, cep, offset, xor) else {
                     return;
                 };
-                let mut mad = self.seen[usize::from(which) % self.seen.len()];
-                let id = self.nodes[side.index()].m.local_comm_id(cep);
-                mad[28..32].copy_from_slice(&id.to_be_bytes());
-                mad[usize::from(offset)] ^= xor;
                 // The attribute the MAD carries once mangled (the XOR may hit it).
                 let attribute = u16::from_be_bytes([mad[16], mad[17]]);
                 let before = self.nodes[side.index()].m.state(cep);

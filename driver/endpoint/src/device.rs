@@ -658,9 +658,16 @@ impl<P: Platform> Device<P> {
     /// the lock once, as [`Device::port_down`] does: an HCA's D0Exit (every sleep) runs
     /// this per port.
     pub fn remove_port(&self, port: u8) {
+        self.run_sliced(|i, at| i.cm.remove_port_from(Some(port), at));
+    }
+
+    /// Runs a bounded engine walk to its end: `step` takes the slab index to go on from
+    /// (0 first) and returns the next one (None: done); each call is one entry point,
+    /// under the lock once.
+    fn run_sliced(&self, mut step: impl FnMut(&mut Inner<P>, usize) -> Option<usize>) {
         let mut from = Some(0);
         while let Some(at) = from {
-            from = self.run(|i| i.cm.remove_port_from(Some(port), at));
+            from = self.run(|i| step(i, at));
         }
     }
 
@@ -673,13 +680,10 @@ impl<P: Platform> Device<P> {
     /// their GET_EVENT queues and to kernel clients through their callbacks. The engine
     /// walks its slab in bounded slices, each under the lock once: no lock is held long.
     pub fn port_down(&self, port: u8) {
-        let mut from = Some(0);
-        while let Some(at) = from {
-            from = self.run(|i| {
-                let now = i.now;
-                i.cm.port_down(now, port, at)
-            });
-        }
+        self.run_sliced(|i, at| {
+            let now = i.now;
+            i.cm.port_down(now, port, at)
+        });
         // Each deadline took a timer arm of the two every CEP has room for (`prepare_for`):
         // make the room again here, at PASSIVE_LEVEL, so the DISPATCH_LEVEL paths that
         // follow (DREQ, timewait) allocate nothing.
@@ -704,10 +708,7 @@ impl<P: Platform> Device<P> {
         // timers, in bounded slices (each under the lock once); endpoints with no
         // connection (idle, listening) get the record below, so each endpoint hears of
         // the removal exactly once.
-        let mut from = Some(0);
-        while let Some(at) = from {
-            from = self.run(|i| i.cm.remove_port_from(None, at));
-        }
+        self.run_sliced(|i, at| i.cm.remove_port_from(None, at));
         self.run(|i| {
             i.drain();
             i.removed = true;

@@ -88,20 +88,13 @@ impl CmManager {
         };
         // Past the backlog the REQ is held, up to the cap (held.rs).
         let hold = listen.pending >= listen.params.backlog || listen.held.len() > 0;
-        if hold && listen.held.len() >= self.config.held_requests_per_listen {
-            // Refused at once, before a CEP is taken: a flood costs at most the cap.
+        // Refused at once, before a CEP is taken: past the cap (a flood costs at most the
+        // cap), or a wait too long for the sender (waiting.rs), who learns now.
+        let over_cap = hold && listen.held.len() >= self.config.held_requests_per_listen;
+        if over_cap {
             self.backlog_drop(AttributeId::Req);
-            self.reply_rej(
-                src,
-                tid,
-                req.local_comm_id,
-                MessageKind::Req,
-                RejReason::NoResources,
-            );
-            return;
         }
-        if self.wait_too_long() {
-            // Refused before a CEP is taken: the sender learns now (waiting.rs).
+        if over_cap || self.wait_too_long() {
             self.reply_rej(
                 src,
                 tid,
