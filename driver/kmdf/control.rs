@@ -66,28 +66,22 @@ static DEVICE_NAME_PREFIX: [u16; 12] = wdf::utf16("\\Device\\ibcm");
 impl DeviceName {
     fn new(instance: u32) -> Self {
         let mut units = [0u16; DEVICE_NAME_PREFIX.len() + 10];
-        units[..DEVICE_NAME_PREFIX.len()].copy_from_slice(&DEVICE_NAME_PREFIX);
-        let mut digits = [0u16; 10];
-        let (mut n, mut count) = (instance, 0);
-        loop {
-            digits[count] = u16::from(b'0') + (n % 10) as u16;
-            count += 1;
-            n /= 10;
-            if n == 0 {
-                break;
-            }
+        let mut digits = itoa::Buffer::new();
+        let name = DEVICE_NAME_PREFIX
+            .iter()
+            .copied()
+            .chain(digits.format(instance).bytes().map(u16::from));
+        // A u32 has at most 10 digits: the whole name fits.
+        let mut len = 0;
+        for (unit, from) in units.iter_mut().zip(name) {
+            *unit = from;
+            len += 1;
         }
-        for (i, digit) in digits[..count].iter().rev().enumerate() {
-            units[DEVICE_NAME_PREFIX.len() + i] = *digit;
-        }
-        Self {
-            units,
-            len: DEVICE_NAME_PREFIX.len() + count,
-        }
+        Self { units, len }
     }
 
     fn units(&self) -> &[u16] {
-        &self.units[..self.len]
+        self.units.get(..self.len).unwrap_or(&self.units)
     }
 }
 
