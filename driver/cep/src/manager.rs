@@ -285,6 +285,17 @@ impl CmManager {
         self.live
     }
 
+    /// CEPs made for REQs never reported to their listen's owner: held behind its backlog,
+    /// or ended while held and still in timewait (held.rs). O(slab): for checks, not for
+    /// a hot path.
+    pub fn unreported_requests(&self) -> usize {
+        self.slots
+            .iter()
+            .filter_map(|s| s.cep.as_ref())
+            .filter(|c| c.backlog == crate::cep::Backlog::Held)
+            .count()
+    }
+
     /// Entries in the peer lookup maps (remote comm ID and remote QPN).
     pub fn peer_map_entries(&self) -> usize {
         self.remote_ids.len() + self.remote_qpns.len() + self.sidr_requests.len()
