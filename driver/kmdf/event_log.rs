@@ -61,6 +61,22 @@ pub fn hca_skipped(ca_guid: u64, what: &str, status: NTSTATUS) {
     }
 }
 
+/// Every CA the host now knows to have no ibcm in its device stack, once each
+/// (`ibcm_lifecycle::HostCm`): which message depends on whether WinVerbs already took
+/// ibcm's CM (then the CA's WinVerbs connections fail) or AL's serves every HCA.
+pub fn hcas_without_ibcm(host: &crate::host::Host) {
+    while let Some((ca_guid, verdict)) = host.next_without_ibcm() {
+        let message = if verdict == Some(true) {
+            &ibcm_eventlog::HCA_WITHOUT_IBCM_UNSERVED
+        } else {
+            &ibcm_eventlog::HCA_WITHOUT_IBCM
+        };
+        let hca = ibcm_eventlog::ca_guid(ca_guid);
+        wdk::println!("ibcm: CA {hca} has no ibcm in its device stack");
+        write(message, &[&hca], STATUS_SUCCESS);
+    }
+}
+
 /// The kill switch was found on at an HCA's start (once per boot).
 pub fn switched_off() {
     let message = &ibcm_eventlog::SWITCHED_OFF;

@@ -186,10 +186,8 @@ fn attach(
         });
     }
     host::with_filters(|count| {
-        if *count == 0 {
-            ensure_control_device(driver);
-        }
         *count += 1;
+        ensure_control_device(driver, *count);
         // SAFETY: (F10) initialised just above; the device is not started yet.
         status::register(status::owner(unsafe { &*state }));
     });
@@ -201,16 +199,21 @@ fn attach(
 /// not wait for a previous one that a teardown or a stale handle still keeps; should it
 /// fail (no memory), the filter passes every CM query down, and the next D0Entry of any
 /// HCA tries again (`Step::EnsureControlDevice`).
-fn ensure_control_device(driver: WDFDRIVER) {
-    if host::host().is_some() {
-        return;
+///
+/// The host's CM verdict learns the `filters` that exist: a CA the access layer reports
+/// while every one of them is bound has no ibcm (`ibcm_lifecycle::HostCm`).
+fn ensure_control_device(driver: WDFDRIVER, filters: usize) {
+    if host::host().is_none() {
+        let upcalls = Upcalls {
+            send: ibal::send,
+            fabric_status: status::fill,
+        };
+        if let Err(status) = control::create(driver, upcalls) {
+            wdk::println!("ibcm: the control device could not be created: {status:#010x}");
+        }
     }
-    let upcalls = Upcalls {
-        send: ibal::send,
-        fabric_status: status::fill,
-    };
-    if let Err(status) = control::create(driver, upcalls) {
-        wdk::println!("ibcm: the control device could not be created: {status:#010x}");
+    if let Some(host) = host::host() {
+        host.verdict_filters(filters);
     }
 }
 
@@ -220,7 +223,7 @@ fn on(filter: &FilterState, callback: Callback) {
     for step in plan {
         match step {
             Step::EnsureControlDevice => {
-                host::with_filters(|_| ensure_control_device(filter.driver));
+                host::with_filters(|count| ensure_control_device(filter.driver, *count));
             }
             Step::Bind if switched_off() => {
                 wdk::println!("ibcm: switched off: this HCA is not bound, AL's CM serves it");
@@ -251,6 +254,9 @@ fn count_out() {
         if *count == 0 {
             control::unpublish()
         } else {
+            if let Some(host) = host::host() {
+                host.verdict_filters(*count);
+            }
             None
         }
     });

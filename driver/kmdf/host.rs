@@ -453,16 +453,36 @@ impl Host {
         self.verdict.with(|v| v.would_answer())
     }
 
-    /// An HCA bound (`routed`: with a QP1 route). True when kernel clients already hold
+    /// An HCA bound, CA `ca_guid` (network order; 0 if the binding failed before it
+    /// learnt it; `routed`: with a QP1 route). True when kernel clients already hold
     /// ibcm's CM and this HCA has no route: its connections through ibcm fail (logged by
     /// the caller).
-    pub fn verdict_bound(&self, routed: bool) -> bool {
-        self.verdict.with(|v| v.bound(routed))
+    pub fn verdict_bound(&self, ca_guid: u64, routed: bool) -> bool {
+        self.verdict.with(|v| v.bound(ca_guid, routed))
     }
 
-    /// An HCA unbound.
-    pub fn verdict_unbound(&self, routed: bool) {
-        self.verdict.with(|v| v.unbound(routed));
+    /// An HCA unbound (as it was bound).
+    pub fn verdict_unbound(&self, ca_guid: u64, routed: bool) {
+        self.verdict.with(|v| v.unbound(ca_guid, routed));
+    }
+
+    /// The filter devices that exist now (under the driver's wait lock, as they change).
+    pub fn verdict_filters(&self, count: usize) {
+        let count = u32::try_from(count).unwrap_or(u32::MAX);
+        self.verdict.with(|v| v.filters(count));
+    }
+
+    /// The access layer reported a port of CA `ca_guid` (network order) to a filter's
+    /// port registration.
+    pub fn verdict_ca_reported(&self, ca_guid: u64) {
+        self.verdict.with(|v| v.ca_reported(ca_guid));
+    }
+
+    /// The next CA (network order) known to have no ibcm filter, each once, with the
+    /// verdict as decided so far.
+    pub fn next_without_ibcm(&self) -> Option<(u64, Option<bool>)> {
+        self.verdict
+            .with(|v| v.next_without_ibcm().map(|ca| (ca, v.verdict())))
     }
 
     /// The platform handle of this host (for `Device::new`).

@@ -699,12 +699,15 @@ pub fn bind(device: WDFDEVICE, filter: &FilterIbal) {
     filter
         .in_verdict
         .store(if routed { 1 } else { 2 }, Ordering::Release);
-    if host.verdict_bound(routed) {
-        let ca = u64::from_be(filter.ca_guid.load(Ordering::Relaxed));
+    let ca_guid = filter.ca_guid.load(Ordering::Relaxed);
+    if host.verdict_bound(ca_guid, routed) {
+        let ca = u64::from_be(ca_guid);
         wdk::println!(
             "ibcm: CA {ca:#018x} has no QP1 route, but kernel clients already use ibcm's CM: their connections on it fail"
         );
     }
+    // Once this filter is counted, a CA reported to any filter may be known to lack ibcm.
+    event_log::hcas_without_ibcm(host);
 }
 
 /// The route this HCA got, once its existing ports were reported (`IB_PNP_FLAG_REG_SYNC`):
@@ -876,7 +879,9 @@ fn release_interface(ifc: &IbAlIfc) {
 pub fn unbind(filter: &FilterIbal) {
     match (filter.in_verdict.swap(0, Ordering::AcqRel), host()) {
         (0, _) | (_, None) => {}
-        (counted, Some(host)) => host.verdict_unbound(counted == 1),
+        (counted, Some(host)) => {
+            host.verdict_unbound(filter.ca_guid.load(Ordering::Relaxed), counted == 1);
+        }
     }
     let binding = filter.binding.swap(core::ptr::null_mut(), Ordering::AcqRel);
     // SAFETY: (I36) published by `bind` and freed only below (the swap above makes this
@@ -1012,11 +1017,16 @@ unsafe extern "C" fn pnp_callback(record: *mut IbPnpRec) -> IbApiStatus {
 unsafe fn port_added(binding: &Binding, record: *mut IbPnpPortRec) -> IbApiStatus {
     // SAFETY: (I48) per the contract the record is valid for the callback.
     let port_record = unsafe { &*record };
-    if port_record.pnp_rec.ca_guid != binding.ca_guid
-        || port_record.p_ca_attr.is_null()
-        || port_record.p_port_attr.is_null()
-    {
-        // Another CA's port: no context, no further events for it.
+    if port_record.pnp_rec.ca_guid != binding.ca_guid {
+        // Another CA's port: no context, no further events for it. The host counts the
+        // CA: one no ibcm filter can bind turns the host's CM verdict to AL's and is
+        // named in the System log (`ibcm_lifecycle::HostCm`).
+        let host = binding.host();
+        host.verdict_ca_reported(port_record.pnp_rec.ca_guid);
+        event_log::hcas_without_ibcm(host);
+        return IB_NOT_FOUND;
+    }
+    if port_record.p_ca_attr.is_null() || port_record.p_port_attr.is_null() {
         return IB_NOT_FOUND;
     }
     // SAFETY: (I49) checked non-null; AL's attributes, valid for the callback.

@@ -137,8 +137,28 @@ pub const REFUSED: Message = Message {
     strings: 2,
 };
 
+/// An HCA the access layer reports has no ibcm in its device stack, and the host's CM
+/// verdict is (or will be) AL's for every HCA (%2 CA GUID).
+pub const HCA_WITHOUT_IBCM: Message = Message {
+    symbol: "IBCM_HCA_WITHOUT_IBCM",
+    id: 9,
+    severity: Severity::Warning,
+    text: "HCA %2 has no ibcm in its device stack: ibcm is not in its UpperFilters (a reinstall of the HCA's driver rewrites that list). WinVerbs uses one CM for every HCA, so WinOF's own CM serves WinVerbs and NetworkDirect (ndfltr) connections on every HCA, as without ibcm, until the HCAs restart with ibcm in each stack. ibcm install --check lists the HCAs without ibcm; ibcm install adds it.",
+    strings: 1,
+};
+
+/// An HCA without ibcm in its device stack arrived after WinVerbs took ibcm's CM for
+/// every HCA (%2 CA GUID).
+pub const HCA_WITHOUT_IBCM_UNSERVED: Message = Message {
+    symbol: "IBCM_HCA_WITHOUT_IBCM_UNSERVED",
+    id: 10,
+    severity: Severity::Error,
+    text: "HCA %2 has no ibcm in its device stack (ibcm is not in its UpperFilters) and arrived after WinVerbs took ibcm's CM for every HCA: WinVerbs connections on this HCA fail until every HCA restarts. ibcm install --check lists the HCAs without ibcm; ibcm install adds it and restarts the HCAs.",
+    strings: 1,
+};
+
 /// Every message, in id order.
-pub const ALL: [Message; 8] = [
+pub const ALL: [Message; 10] = [
     CM_QUERY_NO_QP1_ROUTE,
     CM_QUERY_VERBS_UNKNOWN,
     CM_QUERY_MAD_SERVICE_REFUSED,
@@ -147,6 +167,8 @@ pub const ALL: [Message; 8] = [
     REMOVAL_WAITING,
     SWITCHED_OFF,
     REFUSED,
+    HCA_WITHOUT_IBCM,
+    HCA_WITHOUT_IBCM_UNSERVED,
 ];
 
 /// Where the kill switch lives, as the administrator types it (`reg query`).

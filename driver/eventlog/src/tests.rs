@@ -270,3 +270,30 @@ fn each_message_is_written_once_per_hca_and_reason() {
     assert!(!full.first(u64::MAX, &HCA_SKIPPED, "x"));
     assert_eq!(full.suppressed(), 1);
 }
+
+/// docs/security.md's table of event IDs lists every message with its level, in id order:
+/// an administrator looks an entry up there.
+#[test]
+fn the_administrators_table_lists_every_message() {
+    let doc = include_str!("../../../docs/security.md");
+    let rows: Vec<(u16, &str)> = doc
+        .lines()
+        .filter_map(|l| {
+            let mut cells = l.strip_prefix('|')?.split('|').map(str::trim);
+            let id = cells.next()?.parse().ok()?;
+            Some((id, cells.next()?))
+        })
+        .collect();
+    let want: Vec<(u16, &str)> = ALL
+        .iter()
+        .map(|m| {
+            let level = match m.severity {
+                Severity::Informational => "Information",
+                Severity::Warning => "Warning",
+                Severity::Error => "Error",
+            };
+            (m.id, level)
+        })
+        .collect();
+    assert_eq!(rows, want, "docs/security.md's System log table");
+}

@@ -1,4 +1,5 @@
-//! Whether ibcm answers `GUID_INFINIBAND_INTERFACE_CM`, decided once for the host.
+//! Whether ibcm answers `GUID_INFINIBAND_INTERFACE_CM`, decided once for the host, and
+//! which HCAs the access layer reports that no ibcm filter serves.
 //!
 //! WinVerbs keeps one `iba_cm` table for the whole host: the first one any HCA's query
 //! returned (`core/winverbs/kernel/wv_driver.c:574-575`, `if (IbCmInterface.CM.create_id
@@ -11,49 +12,185 @@
 //! `create_id` and `listen` name no port, and a listen spans every HCA.
 //!
 //! So the first CM query of the host CM's life decides for every later one, on every
-//! HCA: ibcm iff every HCA bound at that moment has a QP1 route (and one is bound). An HCA
-//! that binds later without a route cannot change what WinVerbs already holds: the
-//! binding logs it ([`HostCm::bound`] says so), and its connections through ibcm fail.
-//! The verdict lives as long as the host CM (the next CM decides afresh).
+//! HCA: ibcm iff one HCA is bound, every bound HCA has a QP1 route, and every CA the
+//! access layer has reported is one an ibcm filter serves or may still bind. An HCA that
+//! arrives later without a route, or without ibcm in its stack, cannot change what
+//! WinVerbs already holds: the binding logs it, and its WinVerbs connections fail until
+//! the HCAs restart. The verdict lives as long as the host CM (the next CM decides
+//! afresh).
+//!
+//! HCAs without ibcm: ibcm's filter on one HCA registers for port events with the access
+//! layer, which reports the ports of every CA of the host (`ib_reg_pnp`, `IB_PNP_PORT`:
+//! `core/al/kernel/al_pnp.c` `__pnp_reg_notify` reports each registered CA's ports,
+//! `__pnp_process_add_ca` those of every CA registered later), so a CA reported and not
+//! bound is one whose own filter has not bound yet or one with no ibcm in its stack. The
+//! filter declines another CA's ports (`IB_NOT_FOUND`), after which the access layer
+//! drops the port's context and reports nothing more of it (`__pnp_notify_user`,
+//! `__pnp_process_remove_port`): a CA without ibcm that goes away stays listed until the
+//! host CM ends, which only matters before the first CM query. The two differ by count: every HCA stack is built
+//! (EvtDriverDeviceAdd, so the filter exists) before its start IRP, and ibbus registers
+//! the CA with the access layer only in that start (`bus_pnp.c` `fdo_start`), so a CA the
+//! access layer reports while each existing filter device is bound has no ibcm filter.
+//! While some filter device has not bound yet, a reported CA may be its own: it is not
+//! called one without ibcm (and does not turn the verdict) until the count says so.
+
+/// The CAs the host keeps apart (more are counted as CAs without ibcm: the table cannot
+/// tell them from ibcm's own).
+pub const MAX_CAS: usize = 16;
+
+/// One CA the access layer reported or a filter bound.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+struct Ca {
+    guid: u64,
+    /// An ibcm filter is bound to it.
+    bound: bool,
+    /// Reported as an HCA without ibcm ([`HostCm::next_without_ibcm`]).
+    logged: bool,
+}
 
 /// The host-wide CM verdict and what it was decided from.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct HostCm {
+    /// Filter devices of ibcm's that exist (each serves one HCA once it binds).
+    filters: u32,
     /// Bound HCAs.
     bound: u32,
     /// Bound HCAs with no QP1 route for ibcm.
     unrouted: u32,
+    /// Bound HCAs whose binding failed before it learnt the CA's GUID.
+    anonymous: u32,
+    /// CAs reported or bound, by GUID (`guid` 0: a free entry).
+    cas: [Ca; MAX_CAS],
+    /// CAs reported when the table was full.
+    overflow: u32,
     /// Decided by the first CM query: `true` = ibcm answers every CM query.
     verdict: Option<bool>,
 }
 
 impl HostCm {
-    /// No HCA bound, nothing decided.
+    /// No filter, no HCA bound, nothing decided.
     pub const fn new() -> Self {
         Self {
+            filters: 0,
             bound: 0,
             unrouted: 0,
+            anonymous: 0,
+            cas: [Ca {
+                guid: 0,
+                bound: false,
+                logged: false,
+            }; MAX_CAS],
+            overflow: 0,
             verdict: None,
         }
     }
 
-    /// An HCA bound (`routed`: it has a QP1 route for ibcm). True when the verdict is
-    /// already ibcm and this HCA has no route: its kernel clients' connections fail
-    /// (WinVerbs holds ibcm's table); the caller logs it.
-    pub fn bound(&mut self, routed: bool) -> bool {
+    /// The filter devices of ibcm's that exist now (EvtDriverDeviceAdd made one; its
+    /// cleanup deleted one).
+    pub fn filters(&mut self, count: u32) {
+        self.filters = count;
+    }
+
+    /// An HCA bound, `ca_guid` (0: the binding failed before it learnt it; `routed`: it
+    /// has a QP1 route for ibcm). True when the verdict is already ibcm and this HCA has
+    /// no route: its kernel clients' connections fail (WinVerbs holds ibcm's table); the
+    /// caller logs it.
+    pub fn bound(&mut self, ca_guid: u64, routed: bool) -> bool {
         self.bound = self.bound.saturating_add(1);
         if !routed {
             self.unrouted = self.unrouted.saturating_add(1);
         }
+        match self.entry(ca_guid) {
+            Some(ca) => ca.bound = true,
+            None => self.anonymous = self.anonymous.saturating_add(1),
+        }
         !routed && self.verdict == Some(true)
     }
 
-    /// An HCA unbound (`routed` as it was bound).
-    pub fn unbound(&mut self, routed: bool) {
+    /// An HCA unbound (`ca_guid` and `routed` as it was bound). The CA leaves the table:
+    /// it is powering down or going away, and the access layer reports it again when
+    /// ibbus registers it again.
+    pub fn unbound(&mut self, ca_guid: u64, routed: bool) {
         self.bound = self.bound.saturating_sub(1);
         if !routed {
             self.unrouted = self.unrouted.saturating_sub(1);
         }
+        match self
+            .cas
+            .iter_mut()
+            .find(|ca| ca_guid != 0 && ca.guid == ca_guid)
+        {
+            Some(ca) => *ca = Ca::default(),
+            None => self.anonymous = self.anonymous.saturating_sub(1),
+        }
+    }
+
+    /// The access layer reported a port of CA `ca_guid` (another CA's, to some filter's
+    /// port registration).
+    pub fn ca_reported(&mut self, ca_guid: u64) {
+        if ca_guid != 0 && self.entry(ca_guid).is_none() {
+            self.overflow = self.overflow.saturating_add(1);
+        }
+    }
+
+    /// The entry of `ca_guid`, made if new (None: GUID 0 or the table full).
+    fn entry(&mut self, ca_guid: u64) -> Option<&mut Ca> {
+        if ca_guid == 0 {
+            return None;
+        }
+        let at = match self.cas.iter().position(|ca| ca.guid == ca_guid) {
+            Some(at) => at,
+            None => {
+                let free = self.cas.iter().position(|ca| ca.guid == 0)?;
+                self.cas[free] = Ca {
+                    guid: ca_guid,
+                    ..Ca::default()
+                };
+                free
+            }
+        };
+        self.cas.get_mut(at)
+    }
+
+    /// Reported CAs no filter is bound to.
+    fn unbound_cas(&self) -> u32 {
+        let listed = self
+            .cas
+            .iter()
+            .filter(|ca| ca.guid != 0 && !ca.bound)
+            .count();
+        u32::try_from(listed)
+            .unwrap_or(u32::MAX)
+            .saturating_add(self.overflow)
+    }
+
+    /// Filter devices that may still bind one of those CAs: not bound yet (starting,
+    /// asleep), or bound to a CA whose GUID is unknown.
+    fn filters_unaccounted(&self) -> u32 {
+        self.filters
+            .saturating_sub(self.bound)
+            .saturating_add(self.anonymous)
+    }
+
+    /// Whether some CA the access layer reported surely has no ibcm filter: more such CAs
+    /// than filters that could still bind them.
+    pub fn hca_without_ibcm(&self) -> bool {
+        self.unbound_cas() > self.filters_unaccounted()
+    }
+
+    /// The next CA known to have no ibcm filter and not yet returned (each once, for the
+    /// System log): only once every filter device is accounted for, so that a CA whose
+    /// own filter is about to bind is never named.
+    pub fn next_without_ibcm(&mut self) -> Option<u64> {
+        if self.filters_unaccounted() != 0 {
+            return None;
+        }
+        let ca = self
+            .cas
+            .iter_mut()
+            .find(|ca| ca.guid != 0 && !ca.bound && !ca.logged)?;
+        ca.logged = true;
+        Some(ca.guid)
     }
 
     /// A CM query on any HCA: whether ibcm answers it. The first one decides.
@@ -64,7 +201,8 @@ impl HostCm {
 
     /// Whether a CM query would be answered now, deciding nothing (`ibcm status`).
     pub fn would_answer(&self) -> bool {
-        self.verdict.unwrap_or(self.bound > 0 && self.unrouted == 0)
+        self.verdict
+            .unwrap_or(self.bound > 0 && self.unrouted == 0 && !self.hca_without_ibcm())
     }
 
     /// The verdict, once decided.
@@ -77,36 +215,136 @@ impl HostCm {
 mod tests {
     use super::*;
 
+    const A: u64 = 0x0002_c903_0000_0a00;
+    const B: u64 = 0x0002_c903_0000_0b00;
+
+    /// `filters` filter devices added, as EvtDriverDeviceAdd reports them.
+    fn host(filters: u32) -> HostCm {
+        let mut cm = HostCm::new();
+        cm.filters(filters);
+        cm
+    }
+
     #[test]
     fn the_first_query_decides_for_every_hca() {
-        let mut cm = HostCm::new();
-        assert!(!cm.bound(true));
+        let mut cm = host(2);
+        assert!(!cm.bound(A, true));
         assert!(cm.answer());
-        assert!(cm.bound(false), "a later HCA without a route is reported");
+        assert!(
+            cm.bound(B, false),
+            "a later HCA without a route is reported"
+        );
         assert!(
             cm.answer(),
             "WinVerbs holds ibcm's table: every answer agrees"
         );
-        cm.unbound(true);
-        cm.unbound(false);
+        cm.unbound(A, true);
+        cm.unbound(B, false);
         assert!(cm.answer(), "sleep does not change the verdict");
     }
 
     #[test]
     fn an_unrouted_hca_at_the_first_query_sends_every_client_to_al() {
-        let mut cm = HostCm::new();
-        assert!(!cm.bound(true));
-        assert!(!cm.bound(false));
+        let mut cm = host(2);
+        assert!(!cm.bound(A, true));
+        assert!(!cm.bound(B, false));
         assert!(!cm.answer());
-        cm.unbound(false);
+        cm.unbound(B, false);
         assert!(!cm.answer(), "still AL's: WinVerbs kept AL's table");
-        assert!(!cm.bound(false), "nothing to report: the verdict is AL's");
+        assert!(
+            !cm.bound(B, false),
+            "nothing to report: the verdict is AL's"
+        );
     }
 
     #[test]
     fn no_hca_bound_is_not_a_route() {
-        let mut cm = HostCm::new();
+        let mut cm = host(0);
         assert!(!cm.answer());
         assert_eq!(cm.verdict(), Some(false));
+    }
+
+    /// B has no ibcm in its UpperFilters and started first: A's port registration hears
+    /// of B's ports (`__pnp_reg_add`), and with A's filter the only one bound, B is named
+    /// and AL's CM serves every HCA.
+    #[test]
+    fn an_hca_without_ibcm_at_the_first_query_sends_every_client_to_al() {
+        let mut cm = host(1);
+        cm.ca_reported(B);
+        assert!(!cm.bound(A, true));
+        assert!(cm.hca_without_ibcm());
+        assert_eq!(cm.next_without_ibcm(), Some(B));
+        assert_eq!(cm.next_without_ibcm(), None, "named once");
+        assert!(!cm.answer(), "WinVerbs would use ibcm's table on B");
+    }
+
+    /// Both HCAs have ibcm; B's CA is registered (and reported to A's filter) before B's
+    /// own filter reaches D0Entry. B's filter exists (its stack was built before its start
+    /// IRP), so B is not named and the verdict stays ibcm's.
+    #[test]
+    fn a_ca_whose_own_filter_has_not_bound_yet_is_not_one_without_ibcm() {
+        let mut cm = host(2);
+        assert!(!cm.bound(A, true));
+        cm.ca_reported(B);
+        assert!(!cm.hca_without_ibcm());
+        assert_eq!(cm.next_without_ibcm(), None, "B's filter may still bind");
+        assert!(cm.answer());
+        assert!(!cm.bound(B, true));
+        assert_eq!(cm.next_without_ibcm(), None);
+        cm.ca_reported(B);
+        assert_eq!(
+            cm.next_without_ibcm(),
+            None,
+            "B bound: a report changes nothing"
+        );
+    }
+
+    /// B without ibcm arrives after WinVerbs took ibcm's table: named once, the verdict
+    /// stays (WinVerbs cannot be told), and a sleep/wake of A does not name B again.
+    #[test]
+    fn an_hca_without_ibcm_that_arrives_later_is_named_once() {
+        let mut cm = host(1);
+        assert!(!cm.bound(A, true));
+        assert!(cm.answer());
+        cm.ca_reported(B);
+        assert_eq!(cm.next_without_ibcm(), Some(B));
+        assert!(cm.answer(), "WinVerbs already holds ibcm's table");
+        cm.unbound(A, true);
+        cm.ca_reported(B);
+        assert_eq!(
+            cm.next_without_ibcm(),
+            None,
+            "A asleep: its filter may bind B"
+        );
+        assert!(!cm.bound(A, true));
+        assert_eq!(cm.next_without_ibcm(), None, "already named");
+    }
+
+    /// A filter whose binding failed before the CA's GUID was known might be B's: B is not
+    /// named (its own failure was logged), and the failed binding already makes the
+    /// verdict AL's.
+    #[test]
+    fn a_binding_without_a_guid_names_no_ca() {
+        let mut cm = host(2);
+        assert!(!cm.bound(A, true));
+        assert!(!cm.bound(0, false));
+        cm.ca_reported(B);
+        assert_eq!(cm.next_without_ibcm(), None);
+        assert!(!cm.answer());
+        cm.unbound(0, false);
+        assert_eq!(cm.anonymous, 0);
+    }
+
+    /// More CAs than the table holds: the ones it cannot list count as without ibcm.
+    #[test]
+    fn cas_past_the_table_count_as_without_ibcm() {
+        let mut cm = host(1);
+        assert!(!cm.bound(A, true));
+        for n in 1..=MAX_CAS as u64 {
+            cm.ca_reported(B + n);
+        }
+        assert_eq!(cm.overflow, 1);
+        assert!(cm.hca_without_ibcm());
+        assert!(!cm.answer());
     }
 }

@@ -295,15 +295,22 @@ pub struct Al {
     stuck: Vec<(usize, usize, usize, SendSvc)>,
     /// `ib_close_al`s that ended their wait by AL's forced destruction.
     forced_destroys: usize,
+    /// Port registrations (`ib_reg_pnp`): AL instance, PnP context, callback; until
+    /// `ib_close_al`. A CA registered later has its ports reported to each.
+    registrations: Vec<(usize, usize, PnpCallback)>,
 }
 
 // SAFETY: the raw pointers are the driver's contexts and the simulation's own boxes,
 // reached only under the simulation's lock.
 unsafe impl Send for Al {}
 
-/// Registers the CAs ibbus will answer for (before the filters start).
+/// The CAs ibbus will answer for (before the filters start). None is registered with AL
+/// until its stack starts (`pnp::start`, or [`register_ca`] for an HCA without ibcm):
+/// ibbus registers a CA in `fdo_start` (bus_pnp.c:566 `__register_ca`).
 pub fn set_cas(cas: Vec<CaConfig>) {
-    state::lock().al.cas = cas;
+    let mut guard = state::lock();
+    guard.al.deregistered = (0..cas.len()).collect();
+    guard.al.cas = cas;
 }
 
 /// The MADs sent to no simulated port.
@@ -371,11 +378,33 @@ pub fn forced_destroys() -> usize {
     state::lock().al.forced_destroys
 }
 
-/// ibbus registers CA `index` again (`fdo_start`, power-up: `__register_ca`).
+/// ibbus registers CA `index` (`fdo_start`, power-up: `__register_ca`). AL reports its
+/// ports to every port registration (al_pnp.c `__pnp_process_add_ca` ->
+/// `__pnp_port_notify`), on its PnP thread.
 pub fn register_ca(index: usize) {
-    let mut guard = state::lock();
-    guard.al.deregistered.remove(&index);
-    guard.al.hardware_gone.remove(&index);
+    let (ca, registrations) = {
+        let mut guard = state::lock();
+        guard.al.hardware_gone.remove(&index);
+        if !guard.al.deregistered.remove(&index) {
+            return;
+        }
+        let Some(ca) = guard.al.cas.get(index).cloned() else {
+            return;
+        };
+        (ca, guard.al.registrations.clone())
+    };
+    let thread = std::thread::Builder::new()
+        .name("al-pnp".into())
+        .spawn(move || {
+            for (h_al, context, callback) in registrations {
+                for port in &ca.ports {
+                    report_port(h_al, context, callback, &ca, port);
+                }
+            }
+        });
+    if let Ok(t) = thread {
+        let _ = t.join();
+    }
 }
 
 /// AL's timeout for a synchronous destroy (al_common.c `sync_destroy_obj`), shortened:
@@ -532,7 +561,11 @@ unsafe extern "C" fn reg_pnp(h_al: Handle, p_pnp_req: *const IbPnpReq, ph_pnp: *
     // SAFETY: the caller's out pointer.
     unsafe { *ph_pnp = h_al };
     let (cas, deregistered) = {
-        let guard = state::lock();
+        let mut guard = state::lock();
+        guard
+            .al
+            .registrations
+            .push((h_al as usize, context, callback));
         (guard.al.cas.clone(), guard.al.deregistered.clone())
     };
     // AL reports the ports of every registered CA; the binding keeps its own CA's.
@@ -779,6 +812,10 @@ unsafe extern "C" fn close_al(h_al: Handle) -> i32 {
         guard_after = state::lock();
     }
     let mut guard = guard_after;
+    guard
+        .al
+        .registrations
+        .retain(|(instance, ..)| *instance != h_al as usize);
     let qps = guard
         .al
         .instances

@@ -12,6 +12,7 @@ mod accounts;
 mod bad_driver;
 mod kernel_clients;
 mod pnp_power;
+mod upper_filters;
 mod user_library;
 
 use std::process::Command;
@@ -30,6 +31,7 @@ use ibcm_ntos::security::{GENERIC_READ, Token};
 use ibcm_ntos::{pnp, registry, thread};
 use kernel_clients::*;
 use pnp_power::*;
+use upper_filters::*;
 use user_library::*;
 use zerocopy::{FromBytes, FromZeros, IntoBytes};
 
@@ -1335,6 +1337,9 @@ const SCENARIOS: &[Scenario] = scenarios![
     verifier_locks_in_both_orders => "SPIN_LOCK_ORDER",
     verifier_outer_lock_released_first => "IRQL_CHANGE",
     kill_switch_leaves_every_client_to_al,
+    an_hca_without_ibcm_at_start_leaves_every_client_to_al,
+    an_hca_without_ibcm_arriving_later_is_named,
+    an_hca_whose_filter_binds_later_is_not_one_without_ibcm,
 ];
 
 fn main() {

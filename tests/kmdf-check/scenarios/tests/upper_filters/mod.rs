@@ -1,0 +1,137 @@
+//! HCAs without ibcm in their UpperFilters (a reinstall of the HCA's driver rewrites the
+//! list; an HCA added after `ibcm install`): the access layer reports every CA's ports to
+//! ibcm's port registration on another HCA (al_pnp.c `__pnp_reg_notify`,
+//! `__pnp_process_add_ca`), the filters count them against ibcm's own filter devices
+//! (`ibcm_lifecycle::HostCm`), the System log names each once, and WinVerbs' one CM for the
+//! host (wv_driver.c:574-575) is AL's whenever ibcm could not serve every HCA.
+
+use super::*;
+
+/// How many System-log entries of `message` name `ca_guid` (host order).
+fn entries_naming(message: &ibcm_eventlog::Message, ca_guid: u64) -> usize {
+    let code = message.code() as i32;
+    let name = ibcm_eventlog::ca_guid(ca_guid.to_be());
+    io::system_log()
+        .iter()
+        .filter(|(c, strings)| *c == code && strings.contains(&name))
+        .count()
+}
+
+/// Entries of either message about an HCA without ibcm.
+fn entries_without_ibcm() -> usize {
+    let codes = [
+        ibcm_eventlog::HCA_WITHOUT_IBCM.code() as i32,
+        ibcm_eventlog::HCA_WITHOUT_IBCM_UNSERVED.code() as i32,
+    ];
+    io::system_log()
+        .iter()
+        .filter(|(c, _)| codes.contains(c))
+        .count()
+}
+
+/// The CM query on `device`: the interface's version (ibcm's 1.1, or `io::AL_CM_MARK`
+/// when it went down to ibbus), released again.
+fn cm_answer(device: usize) -> u16 {
+    let size = size_of::<ibcm_iba_cm::abi::InfinibandInterfaceCm>() as u16;
+    let (status, ifc) = query_cm_interface(device, size);
+    assert_eq!(status, 0, "the CM query succeeds either way");
+    let version = ifc.interface_header.version;
+    if version == ibcm_iba_cm::abi::INFINIBAND_INTERFACE_CM_VERSION {
+        release_cm_interface(&ifc);
+    }
+    version
+}
+
+/// The second HCA has no ibcm and started first: when ibcm's filter on the first binds,
+/// the access layer reports the second CA's port, no filter of ibcm's is left to bind it,
+/// so the first CM query goes to AL's CM (WinVerbs would otherwise hold ibcm's CM for an
+/// HCA ibcm cannot reach), and the System log names the second HCA once.
+pub fn an_hca_without_ibcm_at_start_leaves_every_client_to_al() {
+    al::set_cas(vec![hca(false), second_hca()]);
+    assert_eq!(pnp::load(ibcm_driver::driver_entry), 0, "DriverEntry");
+    // The second HCA's stack: ibbus and the others, no ibcm; ibbus registers its CA.
+    al::register_ca(1);
+    let device = pnp::add_device(0).expect("the filter attaches");
+    assert_eq!(pnp::start(device), 0);
+    assert!(al::references(0) > 0, "the first HCA is bound");
+    for _ in 0..2 {
+        assert_eq!(
+            cm_answer(device),
+            io::AL_CM_MARK,
+            "AL's CM serves every HCA"
+        );
+    }
+    assert_eq!(
+        entries_naming(&ibcm_eventlog::HCA_WITHOUT_IBCM, CA_GUID_2),
+        1,
+        "the System log names the HCA without ibcm once: {:?}",
+        io::system_log()
+    );
+    assert_eq!(entries_without_ibcm(), 1, "and no other");
+    // Sleep and wake: the access layer reports the second CA again; not named twice.
+    pnp::sleep(device, false);
+    assert_eq!(pnp::wake(device), 0);
+    assert_eq!(entries_without_ibcm(), 1, "named once per boot");
+    shutdown(device);
+}
+
+/// WinVerbs took ibcm's CM (the first query, one HCA bound), then an HCA without ibcm
+/// arrives: the verdict cannot change (WinVerbs keeps its table), so the System log says
+/// that HCA's WinVerbs connections fail until the HCAs restart; ibcm keeps answering.
+pub fn an_hca_without_ibcm_arriving_later_is_named() {
+    al::set_cas(vec![hca(false), second_hca()]);
+    assert_eq!(pnp::load(ibcm_driver::driver_entry), 0, "DriverEntry");
+    let device = pnp::add_device(0).expect("the filter attaches");
+    assert_eq!(pnp::start(device), 0);
+    assert_eq!(
+        cm_answer(device),
+        ibcm_iba_cm::abi::INFINIBAND_INTERFACE_CM_VERSION,
+        "ibcm answers: every HCA it knows of is bound"
+    );
+    assert_eq!(entries_without_ibcm(), 0);
+    al::register_ca(1);
+    assert_eq!(
+        entries_naming(&ibcm_eventlog::HCA_WITHOUT_IBCM_UNSERVED, CA_GUID_2),
+        1,
+        "the late HCA is named, with what its WinVerbs connections face: {:?}",
+        io::system_log()
+    );
+    assert_eq!(
+        cm_answer(device),
+        ibcm_iba_cm::abi::INFINIBAND_INTERFACE_CM_VERSION,
+        "the verdict stays: WinVerbs already holds ibcm's CM"
+    );
+    shutdown(device);
+}
+
+/// Both HCAs have ibcm, and the second CA is registered (and reported to the first
+/// HCA's filter) before its own filter reaches D0Entry: its filter device exists (the
+/// stack is built before the start IRP), so it is not named and ibcm answers.
+pub fn an_hca_whose_filter_binds_later_is_not_one_without_ibcm() {
+    al::set_cas(vec![hca(false), second_hca()]);
+    assert_eq!(pnp::load(ibcm_driver::driver_entry), 0, "DriverEntry");
+    let first = pnp::add_device(0).expect("the filter attaches");
+    let second = pnp::add_device(1).expect("the filter attaches to the second HCA");
+    // The second HCA's ibbus has started (its CA registered), its filter not yet.
+    al::register_ca(1);
+    assert_eq!(pnp::start(first), 0);
+    assert_eq!(
+        cm_answer(first),
+        ibcm_iba_cm::abi::INFINIBAND_INTERFACE_CM_VERSION,
+        "ibcm answers: the second CA's own filter is still to bind"
+    );
+    assert_eq!(pnp::start(second), 0);
+    assert!(al::references(1) > 0, "the second HCA is bound");
+    assert_eq!(
+        cm_answer(second),
+        ibcm_iba_cm::abi::INFINIBAND_INTERFACE_CM_VERSION
+    );
+    assert_eq!(
+        entries_without_ibcm(),
+        0,
+        "no HCA named: {:?}",
+        io::system_log()
+    );
+    pnp::remove(second);
+    shutdown(first);
+}
