@@ -419,16 +419,20 @@ scenario_linux-client() {
     [ -n "$ms" ] && FIG[linux_to_ibcm_rping_ms]="$ms"
 }
 
+# ucmatose's message count: more than a 16-deep queue holds (cmatose.c sizes its queues to
+# -C; ibcm used to post -C receives on 16 and fail with ENOMEM past it).
+UC_COUNT=50
+
 scenario_ucmatose-server() {
-    # Linux `ucmatose` serves, ibcm connects: 10 messages of 100 bytes each way, then both
-    # sides disconnect (their DREQs may cross).
+    # Linux `ucmatose` serves, ibcm connects: UC_COUNT messages of 100 bytes each way, then
+    # both sides disconnect (their DREQs may cross).
     next_port
     obs_reset
-    bg B uc "$OBS ucmatose -b $B_IP -p $RDMA_PORT -C 10 -S 100"
+    bg B uc "$OBS ucmatose -b $B_IP -p $RDMA_PORT -C $UC_COUNT -S 100"
     sleep 1
-    guest A 90 "timeout 80 ibcm ucmatose --bind $A_IP --server $B_IP -p $RDMA_PORT -C 10 -S 100; echo exit=\$?" >"$OUT/ucmatose-server.ibcm.txt" 2>&1 || true
+    guest A 90 "timeout 80 ibcm ucmatose --bind $A_IP --server $B_IP -p $RDMA_PORT -C $UC_COUNT -S 100; echo exit=\$?" >"$OUT/ucmatose-server.ibcm.txt" 2>&1 || true
     bg_wait B uc "$OUT/ucmatose-server.linux.txt"
-    check "ibcm: 10 sends and 10 receives" has "$OUT/ucmatose-server.ibcm.txt" "ucmatose: 10 sends and 10 receives of 100 bytes"
+    check "ibcm: $UC_COUNT sends and $UC_COUNT receives" has "$OUT/ucmatose-server.ibcm.txt" "ucmatose: $UC_COUNT sends and $UC_COUNT receives of 100 bytes"
     check "ibcm exited 0" has "$OUT/ucmatose-server.ibcm.txt" "exit=0"
     check "Linux: data transfers complete" has "$OUT/ucmatose-server.linux.txt" "data transfers complete"
     check "Linux exited 0" has "$OUT/ucmatose-server.linux.txt" "exit=0"
@@ -438,12 +442,12 @@ scenario_ucmatose-server() {
 
 scenario_ucmatose-client() {
     next_port
-    bg A uc "ibcm ucmatose --bind $A_IP -p $RDMA_PORT -C 10 -S 100 --wait 60"
+    bg A uc "ibcm ucmatose --bind $A_IP -p $RDMA_PORT -C $UC_COUNT -S 100 --wait 60"
     wait_listening A uc || fail "ibcm ucmatose on A did not listen"
     obs_reset
-    guest B 90 "timeout 80 $OBS ucmatose -s $A_IP -p $RDMA_PORT -C 10 -S 100; echo exit=\$?" >"$OUT/ucmatose-client.linux.txt" 2>&1 || true
+    guest B 90 "timeout 80 $OBS ucmatose -s $A_IP -p $RDMA_PORT -C $UC_COUNT -S 100; echo exit=\$?" >"$OUT/ucmatose-client.linux.txt" 2>&1 || true
     bg_wait A uc "$OUT/ucmatose-client.ibcm.txt"
-    check "ibcm: 10 sends and 10 receives" has "$OUT/ucmatose-client.ibcm.txt" "ucmatose: 10 sends and 10 receives of 100 bytes"
+    check "ibcm: $UC_COUNT sends and $UC_COUNT receives" has "$OUT/ucmatose-client.ibcm.txt" "ucmatose: $UC_COUNT sends and $UC_COUNT receives of 100 bytes"
     check "ibcm exited 0" has "$OUT/ucmatose-client.ibcm.txt" "exit=0"
     check "Linux: data transfers complete" has "$OUT/ucmatose-client.linux.txt" "data transfers complete"
     check "Linux exited 0" has "$OUT/ucmatose-client.linux.txt" "exit=0"

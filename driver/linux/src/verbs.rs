@@ -161,14 +161,28 @@ impl Context {
         }))
     }
 
-    /// `max_qp_init_rd_atom` of `ibv_query_device`: the most RDMA READs a QP of this
-    /// device may have in flight as initiator (rxe: `RXE_MAX_QP_INIT_RD_ATOM`, 128).
-    pub fn max_qp_init_rd_atom(&self) -> io::Result<u32> {
+    fn device_attr(&self) -> io::Result<ibv::ibv_device_attr> {
         let mut attr: ibv::ibv_device_attr = ibv::zeroed();
         // SAFETY: the context is open; `attr` is valid for the call.
         let rc = unsafe { (self.v.ibv_query_device)(self.ctx.as_ptr(), &mut attr) };
         check(rc, "ibv_query_device")?;
-        Ok(u32::try_from(attr.max_qp_init_rd_atom).unwrap_or(0))
+        Ok(attr)
+    }
+
+    /// `max_qp_init_rd_atom` of `ibv_query_device`: the most RDMA READs a QP of this
+    /// device may have in flight as initiator (rxe: `RXE_MAX_QP_INIT_RD_ATOM`, 128).
+    pub fn max_qp_init_rd_atom(&self) -> io::Result<u32> {
+        Ok(u32::try_from(self.device_attr()?.max_qp_init_rd_atom).unwrap_or(0))
+    }
+
+    /// The deepest queues [`RcQp::create`] can make on this device: `max_qp_wr` of
+    /// `ibv_query_device` (rxe: `RXE_MAX_QP_WR`, 0x4000), and half of `max_cqe` (rxe:
+    /// `RXE_MAX_CQE`, 32767), since its one CQ takes both queues' completions.
+    pub fn max_queue_depth(&self) -> io::Result<u32> {
+        let attr = self.device_attr()?;
+        let wr = u32::try_from(attr.max_qp_wr).unwrap_or(0);
+        let cqe = u32::try_from(attr.max_cqe).unwrap_or(0) / 2;
+        Ok(wr.min(cqe))
     }
 
     /// `ibv_query_port` on `port`: whether it is ACTIVE, and its active MTU code

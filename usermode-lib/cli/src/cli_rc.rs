@@ -7,7 +7,7 @@ use std::time::Duration;
 use clap::Args;
 use ibcm_cli::cmtime::Timing;
 use ibcm_cli::rc::{self, Conn, Limits, RPING_INFO_LEN, Rc};
-use ibcm_linux::verbs::Region;
+use ibcm_linux::verbs::{RcQp, Region};
 
 use super::{Failure, positive};
 
@@ -262,7 +262,7 @@ pub fn rping(a: &RpingArgs) -> Result<bool, Failure> {
     let (c, server) = (&a.common, a.addrs.server);
     let (rc, limits, wait) = start(c, a.addrs.bind)?;
     let recv = Region::new(&rc.ctx, RPING_INFO_LEN).map_err(|e| e.to_string())?;
-    let post = |qp: &ibcm_linux::verbs::RcQp| {
+    let post = |qp: &RcQp| {
         qp.post_recv(&recv, 0, RPING_INFO_LEN, 1)
             .map_err(|e| e.to_string())
     };
@@ -318,7 +318,7 @@ pub fn bw(a: &BwArgs) -> Result<bool, Failure> {
     let slots = if client { 1 } else { 2 * a.depth };
     let recv =
         Region::new(&rc.ctx, slots * a.size.max(RPING_INFO_LEN)).map_err(|e| e.to_string())?;
-    let post = |qp: &ibcm_linux::verbs::RcQp| {
+    let post = |qp: &RcQp| {
         for slot in 0..slots {
             qp.post_recv(&recv, slot * a.size, a.size, slot as u64)
                 .map_err(|e| e.to_string())?;
@@ -380,23 +380,30 @@ pub fn bw(a: &BwArgs) -> Result<bool, Failure> {
 pub fn ucmatose(a: &UcmatoseArgs) -> Result<bool, Failure> {
     let (c, server) = (&a.common, a.addrs.server);
     let (rc, limits, wait) = start(c, a.addrs.bind)?;
-    let recv = Region::new(&rc.ctx, a.count * a.size).map_err(|e| e.to_string())?;
-    let post = |qp: &ibcm_linux::verbs::RcQp| {
-        for i in 0..a.count {
-            qp.post_recv(&recv, i * a.size, a.size, i as u64)
+    let max_depth = rc.ctx.max_queue_depth().map_err(|e| e.to_string())?;
+    let exchange = rc::Exchange::sized(a.count, a.size, max_depth);
+    let recv = Region::new(&rc.ctx, exchange.depth * a.size).map_err(|e| e.to_string())?;
+    let post = |qp: &RcQp| {
+        for slot in 0..a.count.min(exchange.depth) {
+            qp.post_recv(&recv, slot * a.size, a.size, slot as u64)
                 .map_err(|e| e.to_string())?;
         }
         Ok(())
     };
+    let depth = u32::try_from(exchange.depth).unwrap_or(u32::MAX);
+    let qp = RcQp::create(&rc.ctx, depth).map_err(|e| e.to_string())?;
     let conn = match server {
-        Some(peer) => rc::connect(&rc, peer, c.port, &limits, post)?,
-        None => rc::accept(&rc, c.port, &limits, wait, post, &log)?,
+        Some(peer) => rc::connect_qp(&rc, qp, peer, c.port, &limits, post)?,
+        None => {
+            let listener = rc::listen(&rc, c.port, &log)?;
+            rc::accept_qp(&listener, qp, &limits, wait, post, &log)?
+        }
     };
     established(c, server.is_some(), &conn)?;
     // Both ucmatose sides disconnect when their transfers are done (cmatose.c run_server
     // and run_client): so does ibcm, in either role.
     let (r, disconnected) = run_client(&rc, &conn, || {
-        rc::messages(&rc, &conn, a.count, a.size, wait)
+        rc::messages(&rc, &conn, &exchange, &recv, wait)
     });
     let ok = match r {
         Ok((s, r)) => {

@@ -864,29 +864,79 @@ pub fn bw_client(
 pub fn messages(
     rc: &Rc,
     conn: &Conn,
-    count: usize,
-    size: usize,
+    exchange: &Exchange,
+    recv: &Region,
     limit: Duration,
 ) -> Res<(usize, usize)> {
-    let qp = &conn.qp;
+    let (qp, count, size, depth) = (&conn.qp, exchange.count, exchange.size, exchange.depth);
     let mut send = Region::new(&rc.ctx, size).map_err(|e| e.to_string())?;
     send.bytes_mut().fill(0x5a);
-    for i in 0..count {
-        qp.post_send(&send, 0, size, WR_SEND + 100 + i as u64)
+    // At most `depth` sends in flight: the send queue's size. Each completion makes room.
+    let mut posted = 0;
+    let post_send = |posted: &mut usize| -> Res<()> {
+        qp.post_send(&send, 0, size, WR_SEND)
             .map_err(|e| e.to_string())?;
+        *posted += 1;
+        Ok(())
+    };
+    while posted < count.min(depth) {
+        post_send(&mut posted)?;
     }
+    // The caller posted the first `min(count, depth)` receives (slots 0..): each one that
+    // completes is posted again at its slot while more messages are due.
+    let mut receives_posted = count.min(depth);
     let (mut sent, mut received) = (0, 0);
     while sent < count || received < count {
         let c = next_ok(qp, limit, "message")?;
-        if c.wr_id >= WR_SEND + 100 {
+        if c.opcode & IBV_WC_RECV == 0 {
             sent += 1;
+            if posted < count {
+                post_send(&mut posted)?;
+            }
         } else if c.byte_len as usize == size {
             received += 1;
+            if receives_posted < count {
+                qp.post_recv(recv, c.wr_id as usize * size, size, c.wr_id)
+                    .map_err(|e| e.to_string())?;
+                receives_posted += 1;
+            }
         } else {
             return Err(format!("a message of {} bytes, not {size}", c.byte_len));
         }
     }
     Ok((sent, received))
+}
+
+/// `ibv_wc_opcode`'s receive bit (verbs.h `IBV_WC_RECV = 1 << 7`): every receive
+/// completion's opcode has it, no send's does.
+const IBV_WC_RECV: u32 = 1 << 7;
+
+/// A ucmatose exchange: `count` messages of `size` bytes each way, on a QP whose queues
+/// are `depth` deep.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Exchange {
+    /// Messages each way (ucmatose's -C).
+    pub count: usize,
+    /// Bytes per message (ucmatose's -S).
+    pub size: usize,
+    /// The send and receive queues' depth: sends in flight and receives posted at most.
+    pub depth: usize,
+}
+
+impl Exchange {
+    /// Queues as deep as the messages, as rdma-core's cmatose sizes them (`init_node`:
+    /// `max_send_wr` and `max_recv_wr` = `message_count`, every receive posted at once),
+    /// but no deeper than the device allows (`max_depth`: `Context::max_queue_depth`) nor
+    /// shallower than [`QP_DEPTH`]: past the device's limit the receives are posted again
+    /// as they complete.
+    pub fn sized(count: usize, size: usize, max_depth: u32) -> Self {
+        let max = (max_depth as usize).max(1);
+        Self {
+            count,
+            size,
+            depth: count.max(QP_DEPTH as usize).min(max),
+        }
+    }
 }
 
 #[cfg(test)]
@@ -905,6 +955,15 @@ mod tests {
         assert_eq!(&p[14..], b"z\0");
         assert_eq!(rping_pattern(58, 15)[14], 0);
         assert_eq!(&rping_pattern(58, 16)[14..], b"A\0");
+    }
+
+    #[test]
+    fn ucmatose_queues_are_as_deep_as_the_messages_within_the_device() {
+        // cmatose.c init_node: max_send_wr = max_recv_wr = message_count.
+        assert_eq!(Exchange::sized(50, 100, 0x4000).depth, 50);
+        assert_eq!(Exchange::sized(10, 100, 0x4000).depth, QP_DEPTH as usize);
+        assert_eq!(Exchange::sized(100_000, 100, 0x4000).depth, 0x4000);
+        assert_eq!(Exchange::sized(5, 100, 0).depth, 1);
     }
 
     #[test]
