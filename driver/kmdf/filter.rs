@@ -35,7 +35,7 @@
 //!   out of the host; the last one tears the host's CM down and deletes the control
 //!   device.
 
-use core::sync::atomic::{AtomicBool, Ordering};
+use core::sync::atomic::Ordering;
 
 use ibcm_endpoint::Lock as _;
 use ibcm_iba_cm::abi::{GUID_INFINIBAND_INTERFACE_CM, Guid, InfinibandInterfaceCm};
@@ -59,7 +59,7 @@ use crate::irp::{
 use crate::platform::KmdfLock;
 use crate::verbs_hook;
 use crate::wdf::{self, context_type};
-use crate::{event_log, parameters, status};
+use crate::{event_log, kill_switch, status};
 
 /// The filter device's context.
 pub struct FilterState {
@@ -225,7 +225,7 @@ fn on(filter: &FilterState, callback: Callback) {
             Step::EnsureControlDevice => {
                 host::with_filters(|count| ensure_control_device(filter.driver, *count));
             }
-            Step::Bind if switched_off() => {
+            Step::Bind if kill_switch::switched_off() => {
                 wdk::println!("ibcm: switched off: this HCA is not bound, AL's CM serves it");
             }
             Step::Bind => ibal::bind(filter.device, &filter.ibal),
@@ -275,7 +275,7 @@ unsafe extern "C" fn evt_d0_entry(
 ) -> NTSTATUS {
     // SAFETY: (F11) the framework passes one of this driver's filter devices.
     let filter = unsafe { filter_of(device) };
-    read_switch_at_start();
+    kill_switch::read_at_start();
     on(filter, Callback::D0Entry);
     status::record(
         status::owner(filter),
@@ -386,7 +386,7 @@ unsafe extern "C" fn evt_preprocess_query_interface(device: WDFDEVICE, irp: PIRP
     let host = host::host();
     let iba_cm = host.and_then(Host::cm).and_then(Cm::iba_cm);
     let decision = match &interface_type {
-        Some(guid) if *guid == GUID_INFINIBAND_INTERFACE_CM && switched_off() => {
+        Some(guid) if *guid == GUID_INFINIBAND_INTERFACE_CM && kill_switch::switched_off() => {
             Err(PassDown::SwitchedOff)
         }
         Some(guid) => {
@@ -462,30 +462,4 @@ unsafe extern "C" fn evt_preprocess_query_interface(device: WDFDEVICE, irp: PIRP
             }
         }
     }
-}
-
-// ------------------------------------------------------------------------------------
-// The kill switch (`Parameters\Disabled`, parameters.rs; docs/windows.md "Turning ibcm
-// off")
-// ------------------------------------------------------------------------------------
-
-/// The switch as read at the latest HCA start. One reading for the host: while it is on,
-/// no HCA that starts binds (no AL objects, no MAD service, no QP1 steering) and every CM
-/// query on every HCA goes down to AL's CM, since WinVerbs keeps one `iba_cm` table for
-/// all of them (`wv_driver.c:554-575`). A flip takes effect at the HCAs' next start; an
-/// HCA bound before keeps its binding until then (`ibcm off` restarts every HCA).
-static SWITCHED_OFF: AtomicBool = AtomicBool::new(false);
-
-/// EvtDeviceD0Entry, before the HCA binds (PASSIVE_LEVEL): reads `Disabled`.
-fn read_switch_at_start() {
-    let off = parameters::switched_off();
-    SWITCHED_OFF.store(off, Ordering::Release);
-    if off {
-        event_log::switched_off();
-    }
-}
-
-/// Whether ibcm is switched off (as read at the latest HCA start).
-fn switched_off() -> bool {
-    SWITCHED_OFF.load(Ordering::Acquire)
 }

@@ -448,9 +448,10 @@ impl Host {
         self.verdict.with(|v| v.answer())
     }
 
-    /// Whether a CM query would be answered now, deciding nothing (`ibcm status`).
-    pub fn cm_verdict_now(&self) -> bool {
-        self.verdict.with(|v| v.would_answer())
+    /// Whether a CM query would be answered now, deciding nothing, and how many HCAs
+    /// are known to have no ibcm (`ibcm status`).
+    pub fn cm_verdict_now(&self) -> (bool, u32) {
+        self.verdict.with(|v| (v.would_answer(), v.without_ibcm()))
     }
 
     /// An HCA bound, CA `ca_guid` (network order; 0 if the binding failed before it

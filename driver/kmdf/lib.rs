@@ -26,10 +26,13 @@
 //! - [`platform`]: kernel primitives: requests, the spin lock, the clock, the running
 //!   context's identity.
 //! - [`parameters`]: the service key's `Parameters` (the quotas of users' handles, each
-//!   and all together, the longest wait the CM asks of a REQ's sender).
+//!   and all together, the longest wait the CM asks of a REQ's sender, the kill switch).
+//! - [`kill_switch`]: the kill switch as read at the latest HCA start (filter and STATUS
+//!   read it).
 //! - `panic`: the panic handler (bug check `IBCM_BUGCHECK` instead of a spin).
 //! - [`event_log`]: System-log entries (source `ibcm`) for what an administrator must
-//!   see: a CM query left to AL's CM, an HCA skipped, removal waiting on clients.
+//!   see: a CM query left to AL's CM, an HCA skipped or without ibcm, removal waiting
+//!   on clients, the switch, refusals.
 //! - [`status`]: STATUS (`ibcm status`): the filter devices' HCAs and the live ports.
 //! - [`wdf`]: structure sizes, object attributes and typed contexts (wdk-sys has no
 //!   `WDF_*_INIT` helpers or `WDF_DECLARE_CONTEXT_TYPE`).
@@ -60,6 +63,7 @@ mod filter;
 mod host;
 mod ibal;
 mod irp;
+mod kill_switch;
 mod parameters;
 mod platform;
 mod status;

@@ -17,13 +17,14 @@ use ibcm_iba_cm::abi::{
 };
 use ibcm_iba_cm::{PassDown, QueryDecision, decide_query};
 use ibcm_ioctl::status_report::{
-    CM_AL_NO_ROUTE, CM_AL_NOT_READY, CM_IBCM, ROUTE_NONE, ROUTE_ORDINARY, ROUTE_STEERING,
+    CM_AL_HOST_VERDICT, CM_AL_NO_ROUTE, CM_AL_NOT_READY, CM_AL_SWITCHED_OFF, CM_IBCM, ROUTE_NONE,
+    ROUTE_ORDINARY, ROUTE_STEERING,
 };
 use ibcm_ioctl::{HcaStatus, StatusOut};
 use ibcm_qp1_hook::{HcaRoute, Table};
 
 use crate::host::{self, Cm, Host};
-use crate::ibal;
+use crate::{ibal, kill_switch};
 
 /// Filter devices STATUS knows of at once (StatusOut describes the first
 /// `status_report::MAX_HCAS`; more than this many HCAs go uncounted).
@@ -106,14 +107,17 @@ pub fn fill(out: &mut StatusOut) {
         .and_then(Cm::iba_cm)
         .is_some();
     // The host-wide verdict (`ibcm_lifecycle::HostCm`): WinVerbs keeps the first CM
-    // table it got for every HCA, so one HCA without a QP1 route sends all to AL.
-    let routed = host::host().is_some_and(Host::cm_verdict_now);
+    // table it got for every HCA, so one HCA without a QP1 route, or without ibcm,
+    // sends all to AL.
+    let (routed, without_ibcm) = host::host().map_or((false, 0), Host::cm_verdict_now);
+    out.hcas_without_ibcm = without_ibcm;
+    let switched_off = kill_switch::switched_off();
     for slot in FILTERS
         .iter()
         .filter(|s| s.owner.load(Ordering::Acquire) != 0)
     {
         if let Some(h) = out.hcas.get_mut(out.hca_count as usize) {
-            *h = hca(slot, cm_ready, routed);
+            *h = hca(slot, cm_ready, routed, switched_off);
         }
         out.hca_count += 1;
     }
@@ -129,7 +133,7 @@ pub fn fill(out: &mut StatusOut) {
     }
 }
 
-fn hca(slot: &Slot, cm_ready: bool, routed: bool) -> HcaStatus {
+fn hca(slot: &Slot, cm_ready: bool, routed: bool, switched_off: bool) -> HcaStatus {
     let decision = decide_query(
         &GUID_INFINIBAND_INTERFACE_CM,
         INFINIBAND_INTERFACE_CM_VERSION,
@@ -137,15 +141,19 @@ fn hca(slot: &Slot, cm_ready: bool, routed: bool) -> HcaStatus {
         cm_ready,
         routed,
     );
+    let route = slot.route.load(Ordering::Relaxed);
+    // As the filter's query path decides (filter.rs): the switch first, then the verdict.
     let cm = match decision {
+        _ if switched_off => CM_AL_SWITCHED_OFF,
         QueryDecision::Answer => CM_IBCM,
+        QueryDecision::PassDown(PassDown::NoQp1Route) if route != ROUTE_NONE => CM_AL_HOST_VERDICT,
         QueryDecision::PassDown(PassDown::NoQp1Route) => CM_AL_NO_ROUTE,
         QueryDecision::PassDown(_) => CM_AL_NOT_READY,
     };
     HcaStatus {
         ca_guid: slot.ca_guid.load(Ordering::Relaxed),
         cm,
-        route: slot.route.load(Ordering::Relaxed),
+        route,
         no_route: slot.no_route.load(Ordering::Relaxed),
         verbs_table: slot.verbs_table.load(Ordering::Relaxed),
         reserved: 0,

@@ -943,6 +943,14 @@ pub mod status_report {
     /// `HcaStatus::cm`: AL's CM answers: ibcm's CM has no port yet (or is being
     /// removed).
     pub const CM_AL_NOT_READY: u8 = 3;
+    /// `HcaStatus::cm`: AL's CM answers: ibcm was switched off (`Parameters\Disabled`)
+    /// when the driver last read the switch, at an HCA's start.
+    pub const CM_AL_SWITCHED_OFF: u8 = 4;
+    /// `HcaStatus::cm`: AL's CM answers on every HCA although this one has a QP1 route:
+    /// the host's one verdict (WinVerbs keeps one CM for all HCAs) is AL's, because
+    /// another HCA had no QP1 route, or no ibcm in its stack, when the first CM query
+    /// came (`StatusOut::hcas_without_ibcm` counts the latter).
+    pub const CM_AL_HOST_VERDICT: u8 = 5;
 
     /// `HcaStatus::route` / `PortStatus::route`: none (AL's CM gets the CM MADs).
     pub const ROUTE_NONE: u8 = 0;
@@ -994,8 +1002,9 @@ record! {
     pub struct StatusOut {
         /// `size_of::<StatusOut>()`.
         pub size: u32,
-        /// Zero.
-        pub reserved: u32,
+        /// HCAs the access layer reports that have no ibcm in their device stack (an
+        /// older driver writes zero here).
+        pub hcas_without_ibcm: u32,
         /// HCAs ibcm's filter is on.
         pub hca_count: u32,
         /// Ports ibcm has bound.

@@ -178,6 +178,12 @@ impl HostCm {
         self.unbound_cas() > self.filters_unaccounted()
     }
 
+    /// How many reported CAs surely have no ibcm filter (`ibcm status`).
+    pub fn without_ibcm(&self) -> u32 {
+        self.unbound_cas()
+            .saturating_sub(self.filters_unaccounted())
+    }
+
     /// The next CA known to have no ibcm filter and not yet returned (each once, for the
     /// System log): only once every filter device is accounted for, so that a CA whose
     /// own filter is about to bind is never named.
@@ -273,6 +279,7 @@ mod tests {
         cm.ca_reported(B);
         assert!(!cm.bound(A, true));
         assert!(cm.hca_without_ibcm());
+        assert_eq!(cm.without_ibcm(), 1);
         assert_eq!(cm.next_without_ibcm(), Some(B));
         assert_eq!(cm.next_without_ibcm(), None, "named once");
         assert!(!cm.answer(), "WinVerbs would use ibcm's table on B");
@@ -287,6 +294,7 @@ mod tests {
         assert!(!cm.bound(A, true));
         cm.ca_reported(B);
         assert!(!cm.hca_without_ibcm());
+        assert_eq!(cm.without_ibcm(), 0);
         assert_eq!(cm.next_without_ibcm(), None, "B's filter may still bind");
         assert!(cm.answer());
         assert!(!cm.bound(B, true));

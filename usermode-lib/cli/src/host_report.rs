@@ -16,7 +16,7 @@
 
 use std::fmt::Write as _;
 
-use ibcm_ioctl::status_report::{CM_IBCM, ROUTE_NONE};
+use ibcm_ioctl::status_report::{CM_AL_SWITCHED_OFF, CM_IBCM, ROUTE_NONE};
 use ibcm_ioctl::{CountersOut, StatusOut};
 use serde_json::{Value, json};
 
@@ -139,14 +139,64 @@ pub struct NodeReport {
 }
 
 /// Whether ibcm answers the host's CM queries: the driver's verdict (any HCA it serves
-/// answered, `CM_IBCM`; one verdict for the host) and the switch not set.
+/// answered, `CM_IBCM`; one verdict for the host). The driver reads the switch at each
+/// HCA's start, so its report, not the registry's value, says what holds now.
 pub fn ibcm_answers(host: &Host) -> bool {
-    let switched_off = host.switch.is_some_and(|v| v != 0);
-    let answered = host
-        .driver
+    host.driver
         .as_ref()
-        .is_ok_and(|(s, _)| driver_hcas(s).iter().any(|h| h.cm == CM_IBCM));
-    answered && !switched_off
+        .is_ok_and(|(s, _)| driver_hcas(s).iter().any(|h| h.cm == CM_IBCM))
+}
+
+/// The kill switch: as the registry holds it and as the driver last read it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Switch {
+    /// On as far as both know (or the driver cannot be asked and the value is clear).
+    On,
+    /// Off: the driver read it set (or cannot be asked and the value is set).
+    Off,
+    /// Set in the registry, read clear by the driver: ibcm serves until the HCAs restart.
+    OffAtNextStart,
+    /// Cleared in the registry, read set by the driver: AL's CM serves until the HCAs
+    /// restart.
+    OnAtNextStart,
+}
+
+/// The switch of `host` (the driver's reading: any HCA it reports `CM_AL_SWITCHED_OFF`).
+pub fn switch(host: &Host) -> Switch {
+    let value = host.switch.is_some_and(|v| v != 0);
+    let read = host.driver.as_ref().ok().and_then(|(s, _)| {
+        let hcas = driver_hcas(s);
+        (!hcas.is_empty()).then(|| hcas.iter().any(|h| h.cm == CM_AL_SWITCHED_OFF))
+    });
+    match (value, read.unwrap_or(value)) {
+        (false, false) => Switch::On,
+        (true, true) => Switch::Off,
+        (true, false) => Switch::OffAtNextStart,
+        (false, true) => Switch::OnAtNextStart,
+    }
+}
+
+impl Switch {
+    /// Whether AL's CM serves every client now because of it.
+    pub fn off_now(self) -> bool {
+        matches!(self, Self::Off | Self::OnAtNextStart)
+    }
+
+    /// The report's words.
+    pub fn describe(self) -> &'static str {
+        match self {
+            Self::On => "switched on",
+            Self::Off => "switched OFF (Parameters\\Disabled is set): AL's CM serves every client",
+            Self::OffAtNextStart => {
+                "switched on until the HCAs restart: Parameters\\Disabled is set, and the \
+                 driver reads it at each HCA's start (`ibcm off` offers the restart)"
+            }
+            Self::OnAtNextStart => {
+                "switched OFF until the HCAs restart: Parameters\\Disabled was cleared, and \
+                 the driver reads it at each HCA's start (`ibcm on` offers the restart)"
+            }
+        }
+    }
 }
 
 fn driver_hcas(s: &StatusOut) -> &[ibcm_ioctl::HcaStatus] {
@@ -159,7 +209,7 @@ pub fn node_report(host: &Host, node: &Devnode) -> NodeReport {
     let has = |name: &str| filters.iter().any(|f| f.eq_ignore_ascii_case(name));
     let loaded = node.stack.as_ref().map(|s| ibcm_in_stack(s));
     let answers = ibcm_answers(host);
-    let switched_off = host.switch.is_some_and(|v| v != 0);
+    let switched_off = switch(host).off_now();
     let loaded_nodes = host
         .devnodes
         .iter()
@@ -211,16 +261,20 @@ fn show(list: &[String]) -> String {
 /// The report for an administrator.
 pub fn text(host: &Host) -> String {
     let mut o = String::new();
-    let switched_off = host.switch.is_some_and(|v| v != 0);
     let _ = writeln!(
         o,
         "ibcm on this host (installed driver): {}",
-        if switched_off {
-            "switched OFF (Parameters\\Disabled is set): AL's CM serves every client"
-        } else {
-            "switched on"
-        }
+        switch(host).describe()
     );
+    if let Ok((s, _)) = &host.driver
+        && s.hcas_without_ibcm > 0
+    {
+        let _ = writeln!(
+            o,
+            "the driver knows {} HCA(s) without ibcm in its stack (System log, event 9 or 10)",
+            s.hcas_without_ibcm
+        );
+    }
     if host.devnodes.is_empty() {
         let _ = writeln!(
             o,
@@ -280,8 +334,9 @@ pub fn json(host: &Host) -> Value {
     };
     json!({
         "simulated": false,
-        "switched_off": host.switch.is_some_and(|v| v != 0),
+        "switched_off": switch(host).off_now(),
         "switch_value": host.switch,
+        "switch_pending_restart": matches!(switch(host), Switch::OffAtNextStart | Switch::OnAtNextStart),
         "ibcm_answers_cm_queries": ibcm_answers(host),
         "devnodes": devnodes,
         "driver": driver,

@@ -8,8 +8,8 @@
 use std::fmt::Write as _;
 
 use ibcm_ioctl::status_report::{
-    CM_AL_NO_ROUTE, CM_AL_NOT_READY, CM_IBCM, MAX_HCAS, MAX_PORTS, ROUTE_NONE, ROUTE_ORDINARY,
-    ROUTE_STEERING,
+    CM_AL_HOST_VERDICT, CM_AL_NO_ROUTE, CM_AL_NOT_READY, CM_AL_SWITCHED_OFF, CM_IBCM, MAX_HCAS,
+    MAX_PORTS, ROUTE_NONE, ROUTE_ORDINARY, ROUTE_STEERING,
 };
 use ibcm_ioctl::{CountersOut, HcaStatus, PortStatus, StatusOut};
 use ibcm_qp1_hook::{NoRoute, NotInstalled, Table};
@@ -37,6 +37,17 @@ pub fn cm(h: &HcaStatus) -> (&'static str, Option<&'static str>) {
         CM_IBCM => ("ibcm", None),
         CM_AL_NO_ROUTE => ("AL's CM", Some("ibcm has no QP1 route on this HCA")),
         CM_AL_NOT_READY => ("AL's CM", Some("ibcm's CM has no port yet")),
+        CM_AL_SWITCHED_OFF => (
+            "AL's CM",
+            Some("ibcm is switched off (Parameters\\Disabled, as read at the latest HCA start)"),
+        ),
+        CM_AL_HOST_VERDICT => (
+            "AL's CM",
+            Some(
+                "the host's one CM is AL's: another HCA had no QP1 route or no ibcm when the \
+                 first CM query came (WinVerbs keeps one CM for every HCA)",
+            ),
+        ),
         _ => ("unknown", None),
     }
 }
@@ -178,6 +189,7 @@ pub fn json(name: &str, s: &StatusOut, c: &CountersOut) -> Value {
     json!({
         "device": name,
         "hca_count": s.hca_count,
+        "hcas_without_ibcm": s.hcas_without_ibcm,
         "port_count": s.port_count,
         "hcas": hcas,
         "ports": ports,

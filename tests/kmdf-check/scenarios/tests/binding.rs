@@ -1261,6 +1261,17 @@ fn kill_switch_leaves_every_client_to_al() {
         io::AL_CM_MARK,
         "AL's CM answers on every HCA"
     );
+    // STATUS reports the switch as the driver read it (what the filter does), not as
+    // the registry now says.
+    let file = open(Open::user(Token::ADMIN));
+    let report = status_report(file);
+    assert!(
+        report.hcas[..report.hca_count as usize]
+            .iter()
+            .all(|h| h.cm == ibcm_ioctl::status_report::CM_AL_SWITCHED_OFF),
+        "STATUS: switched off on every HCA"
+    );
+    io::close(file);
     pnp::remove(other);
     shutdown(device);
 }

@@ -1,4 +1,4 @@
-use ibcm_ioctl::status_report::{CM_AL_NO_ROUTE, CM_IBCM, ROUTE_ORDINARY};
+use ibcm_ioctl::status_report::{CM_AL_HOST_VERDICT, CM_AL_SWITCHED_OFF, CM_IBCM, ROUTE_ORDINARY};
 use zerocopy::FromZeros;
 
 use super::*;
@@ -132,7 +132,7 @@ fn the_switch_sends_every_client_to_al() {
     let host = Host {
         devnodes: vec![node("A", WITH, Some(STACK_WITH))],
         switch: Some(1),
-        driver: driver(&[CM_AL_NO_ROUTE]),
+        driver: driver(&[CM_AL_SWITCHED_OFF]),
     };
     assert!(!ibcm_answers(&host));
     let r = node_report(&host, &host.devnodes[0]);
@@ -201,4 +201,53 @@ fn json_carries_every_devnode_and_no_simulated_node() {
     );
     assert_eq!(j["ibcm_answers_cm_queries"], false);
     assert!(j["driver"].get("hcas").is_none());
+}
+
+/// The driver reads the switch at each HCA's start: after `ibcm off --no-restart` the
+/// registry says off while the driver still serves, and the report says which holds now.
+#[test]
+fn the_switch_is_reported_as_the_driver_read_it() {
+    let mut host = Host {
+        devnodes: vec![node("0", WITH, Some(STACK_WITH))],
+        switch: Some(1),
+        driver: driver(&[CM_IBCM]),
+    };
+    assert_eq!(switch(&host), Switch::OffAtNextStart);
+    assert!(ibcm_answers(&host), "the driver still answers");
+    assert_eq!(
+        node_report(&host, &host.devnodes[0]).winverbs,
+        Serving::Ibcm
+    );
+    assert_eq!(json(&host)["switch_pending_restart"], true);
+    assert_eq!(json(&host)["switched_off"], false);
+    host.driver = driver(&[CM_AL_SWITCHED_OFF]);
+    assert_eq!(switch(&host), Switch::Off);
+    assert!(!ibcm_answers(&host));
+    host.switch = None;
+    assert_eq!(switch(&host), Switch::OnAtNextStart);
+    assert!(text(&host).contains("switched OFF until the HCAs restart"));
+    host.driver = Err("no driver".into());
+    assert_eq!(switch(&host), Switch::On);
+}
+
+#[test]
+fn hcas_the_driver_found_without_ibcm_are_counted() {
+    let mut driver = driver(&[CM_AL_HOST_VERDICT]);
+    if let Ok((s, _)) = &mut driver {
+        s.hcas_without_ibcm = 1;
+        s.hcas[0].route = ROUTE_ORDINARY;
+    }
+    let host = Host {
+        devnodes: vec![node("0", WITH, Some(STACK_WITH))],
+        switch: None,
+        driver,
+    };
+    let report = text(&host);
+    assert!(
+        report.contains("the driver knows 1 HCA(s) without ibcm"),
+        "{report}"
+    );
+    assert!(report.contains("the host's one CM is AL's"), "{report}");
+    assert_eq!(json(&host)["driver"]["hcas_without_ibcm"], 1);
+    assert_eq!(node_report(&host, &host.devnodes[0]).winverbs, Serving::Al);
 }

@@ -6,6 +6,7 @@
 //! host (wv_driver.c:574-575) is AL's whenever ibcm could not serve every HCA.
 
 use super::*;
+use ibcm_ioctl::status_report as report_cm;
 
 /// How many System-log entries of `message` name `ca_guid` (host order).
 fn entries_naming(message: &ibcm_eventlog::Message, ca_guid: u64) -> usize {
@@ -68,6 +69,17 @@ pub fn an_hca_without_ibcm_at_start_leaves_every_client_to_al() {
         io::system_log()
     );
     assert_eq!(entries_without_ibcm(), 1, "and no other");
+    // STATUS says why AL's CM serves an HCA that has a route of its own.
+    let file = open(Open::user(Token::ADMIN));
+    let report = status_report(file);
+    assert_eq!(report.hcas_without_ibcm, 1, "STATUS counts the HCA without ibcm");
+    assert_eq!(report.hca_count, 1);
+    assert_eq!(
+        report.hcas[0].cm,
+        report_cm::CM_AL_HOST_VERDICT,
+        "this HCA has a QP1 route; the host's verdict is AL's"
+    );
+    io::close(file);
     // Sleep and wake: the access layer reports the second CA again; not named twice.
     pnp::sleep(device, false);
     assert_eq!(pnp::wake(device), 0);
@@ -101,6 +113,11 @@ pub fn an_hca_without_ibcm_arriving_later_is_named() {
         ibcm_iba_cm::abi::INFINIBAND_INTERFACE_CM_VERSION,
         "the verdict stays: WinVerbs already holds ibcm's CM"
     );
+    let file = open(Open::user(Token::ADMIN));
+    let report = status_report(file);
+    assert_eq!(report.hcas_without_ibcm, 1);
+    assert_eq!(report.hcas[0].cm, report_cm::CM_IBCM);
+    io::close(file);
     shutdown(device);
 }
 
