@@ -61,8 +61,8 @@ pub fn hca_skipped(ca_guid: u64, what: &str, status: NTSTATUS) {
     }
 }
 
-/// Every CA the host now knows to have no ibcm in its device stack, once each
-/// (`ibcm_lifecycle::HostCm`): which message depends on whether WinVerbs already took
+/// Every CA the host now knows to have no ibcm in its device stack, once each per boot
+/// (`ibcm_lifecycle::HostCm`, then [`LOGGED`]): which message depends on whether WinVerbs already took
 /// ibcm's CM (then the CA's WinVerbs connections fail) or AL's serves every HCA.
 pub fn hcas_without_ibcm(host: &crate::host::Host) {
     while let Some((ca_guid, verdict)) = host.next_without_ibcm() {
@@ -73,7 +73,10 @@ pub fn hcas_without_ibcm(host: &crate::host::Host) {
         };
         let hca = ibcm_eventlog::ca_guid(ca_guid);
         wdk::println!("ibcm: CA {hca} has no ibcm in its device stack");
-        write(message, &[&hca], STATUS_SUCCESS);
+        // Named again after a sleep (the CA left the table with the reports): one entry.
+        if LOGGED.first(ca_guid, message, "") {
+            write(message, &[&hca], STATUS_SUCCESS);
+        }
     }
 }
 

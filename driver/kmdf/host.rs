@@ -479,6 +479,12 @@ impl Host {
         self.verdict.with(|v| v.ca_reported(ca_guid));
     }
 
+    /// A report of a port of CA `ca_guid` (network order) is withdrawn (AL removed the
+    /// port, or the registration closed).
+    pub fn verdict_ca_report_withdrawn(&self, ca_guid: u64) {
+        self.verdict.with(|v| v.ca_report_withdrawn(ca_guid));
+    }
+
     /// The next CA (network order) known to have no ibcm filter, each once, with the
     /// verdict as decided so far.
     pub fn next_without_ibcm(&self) -> Option<(u64, Option<bool>)> {

@@ -601,6 +601,19 @@ struct Binding {
     /// Ports parked by `unbind` (sends the HCA never completed), and [`PARKED`] once
     /// `unbind` is done with the binding: the last parked port's late completion frees it.
     parked: AtomicUsize,
+    /// Other CAs' ports AL reported to this registration, (port GUID, CA GUID), network
+    /// order: each counts its CA in the host's table (`ibcm_lifecycle::HostCm`) until AL
+    /// removes the port or `unbind` closes the registration.
+    foreign: KmdfLock<Vec<(u64, u64)>>,
+}
+
+/// The AL context of another CA's port (any non-null value no [`Port`] can have): with
+/// a context AL reports the port's removal (al_pnp.c `__pnp_process_remove_port` skips
+/// ports without one).
+static FOREIGN_PORT: u8 = 0;
+
+fn foreign_port_context() -> *mut c_void {
+    (&raw const FOREIGN_PORT).cast_mut().cast()
 }
 
 /// The mark on a counter of [`Port::posted`] or [`Binding::parked`]: its owner is closed and
@@ -805,6 +818,7 @@ fn bind_ca(device: WDFDEVICE, filter: &FilterIbal) {
         ca_guid,
         ports: KmdfLock::new(Vec::new()),
         parked: AtomicUsize::new(0),
+        foreign: KmdfLock::new(Vec::new()),
     }));
     filter.binding.store(binding, Ordering::Release);
     let request = IbPnpReq {
@@ -922,6 +936,10 @@ pub fn unbind(filter: &FilterIbal) {
                 // unpublished and the binding still alive).
                 let _closed = unsafe { (bound.al.close_al)(bound.h_al) };
                 filter.routed_ports.store(0, Ordering::Release);
+                // The registration is gone: its reports of other CAs' ports with it.
+                for (_, ca_guid) in bound.foreign.with(core::mem::take) {
+                    bound.host().verdict_ca_report_withdrawn(ca_guid);
+                }
                 let mut parked = 0u32;
                 for port in core::mem::take(&mut ports) {
                     bound.parked.fetch_add(1, Ordering::AcqRel);
@@ -987,6 +1005,11 @@ unsafe extern "C" fn pnp_callback(record: *mut IbPnpRec) -> IbApiStatus {
     // SAFETY: (I96) the PnP context is the binding registered in `bind`, alive until
     // ib_close_al has returned, which waits for this callback.
     let binding = unsafe { &*pnp_context.cast::<Binding>() };
+    if context == foreign_port_context() {
+        // SAFETY: (I117) as I42.
+        let port_guid = unsafe { (*record).guid };
+        return foreign_port_event(binding, event, port_guid);
+    }
     match event {
         // SAFETY: (I45) port events carry an ib_pnp_port_rec_t.
         IB_PNP_PORT_ADD => unsafe { port_added(binding, record.cast::<IbPnpPortRec>()) },
@@ -1017,15 +1040,6 @@ unsafe extern "C" fn pnp_callback(record: *mut IbPnpRec) -> IbApiStatus {
 unsafe fn port_added(binding: &Binding, record: *mut IbPnpPortRec) -> IbApiStatus {
     // SAFETY: (I48) per the contract the record is valid for the callback.
     let port_record = unsafe { &*record };
-    if port_record.pnp_rec.ca_guid != binding.ca_guid {
-        // Another CA's port: no context, no further events for it. The host counts the
-        // CA: one no ibcm filter can bind turns the host's CM verdict to AL's and is
-        // named in the System log (`ibcm_lifecycle::HostCm`).
-        let host = binding.host();
-        host.verdict_ca_reported(port_record.pnp_rec.ca_guid);
-        event_log::hcas_without_ibcm(host);
-        return IB_NOT_FOUND;
-    }
     if port_record.p_ca_attr.is_null() || port_record.p_port_attr.is_null() {
         return IB_NOT_FOUND;
     }
@@ -1033,6 +1047,12 @@ unsafe fn port_added(binding: &Binding, record: *mut IbPnpPortRec) -> IbApiStatu
     let ca = unsafe { &*port_record.p_ca_attr };
     // SAFETY: (I50) as I49.
     let attr = unsafe { &*port_record.p_port_attr };
+    // The CA is the attributes' (`ib_pnp_rec_t::ca_guid` is 0 in port events: AL clears
+    // the record and sets only `guid`, the port's, al_pnp.c:461, 500-502).
+    if ca.ca_guid != binding.ca_guid {
+        // SAFETY: (I114) as I48.
+        return unsafe { foreign_port_added(binding, record, ca.ca_guid) };
+    }
     let host = binding.host();
     let setup_failed = || binding.filter().record_no_route(NoRoute::PortSetup);
     if host.core().is_none() {
@@ -1297,6 +1317,55 @@ fn stop_steering(filter: &FilterIbal, ca_port: u8) {
         .steered_ports
         .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| n.checked_sub(1));
     update_steering_installed(filter);
+}
+
+/// IB_PNP_PORT_ADD of another CA's port: the host counts its CA (one no ibcm filter can
+/// bind turns the host's CM verdict to AL's and is named in the System log,
+/// `ibcm_lifecycle::HostCm`), and the port gets the marker context so that its removal is
+/// reported too. Without room to follow it, it is declined (no context, no more events).
+///
+/// # Safety
+///
+/// `record` is AL's record of the callback.
+unsafe fn foreign_port_added(
+    binding: &Binding,
+    record: *mut IbPnpPortRec,
+    ca_guid: u64,
+) -> IbApiStatus {
+    // SAFETY: (I115) the record is valid for the callback.
+    let port_guid = unsafe { (*record).pnp_rec.guid };
+    let followed = binding.foreign.with(|foreign| {
+        if foreign.try_reserve(1).is_ok() {
+            foreign.push((port_guid, ca_guid));
+            true
+        } else {
+            false
+        }
+    });
+    if !followed {
+        return IB_NOT_FOUND;
+    }
+    let host = binding.host();
+    host.verdict_ca_reported(ca_guid);
+    event_log::hcas_without_ibcm(host);
+    // SAFETY: (I116) as I115; AL keeps the context for the port's later events.
+    unsafe { (*record).pnp_rec.context = foreign_port_context() };
+    IB_SUCCESS
+}
+
+/// An event of another CA's port (its context is the marker): its removal withdraws the
+/// host's report of its CA; link and attribute changes are not ibcm's.
+fn foreign_port_event(binding: &Binding, event: u32, port_guid: u64) -> IbApiStatus {
+    if event == IB_PNP_PORT_REMOVE {
+        let removed = binding.foreign.with(|foreign| {
+            let at = foreign.iter().position(|(port, _)| *port == port_guid)?;
+            Some(foreign.swap_remove(at).1)
+        });
+        if let Some(ca_guid) = removed {
+            binding.host().verdict_ca_report_withdrawn(ca_guid);
+        }
+    }
+    IB_SUCCESS
 }
 
 /// IB_PNP_PORT_REMOVE: unpublish the port (its host number translates no more), wait for

@@ -143,7 +143,7 @@ pub const HCA_WITHOUT_IBCM: Message = Message {
     symbol: "IBCM_HCA_WITHOUT_IBCM",
     id: 9,
     severity: Severity::Warning,
-    text: "HCA %2 has no ibcm in its device stack: ibcm is not in its UpperFilters (a reinstall of the HCA's driver rewrites that list). WinVerbs uses one CM for every HCA, so WinOF's own CM serves WinVerbs and NetworkDirect (ndfltr) connections on every HCA, as without ibcm, until the HCAs restart with ibcm in each stack. ibcm install --check lists the HCAs without ibcm; ibcm install adds it.",
+    text: "HCA %2 has no ibcm filter in its device stack: ibcm is not in its UpperFilters (a reinstall of the HCA's driver rewrites that list) or could not attach there. WinVerbs takes one CM for every HCA when it starts, so WinOF's own CM serves WinVerbs and NetworkDirect (ndfltr) connections on every HCA, as without ibcm, until the computer restarts with ibcm in each HCA's stack. ibcm install --check lists the HCAs without ibcm; ibcm install adds it.",
     strings: 1,
 };
 
@@ -153,7 +153,7 @@ pub const HCA_WITHOUT_IBCM_UNSERVED: Message = Message {
     symbol: "IBCM_HCA_WITHOUT_IBCM_UNSERVED",
     id: 10,
     severity: Severity::Error,
-    text: "HCA %2 has no ibcm in its device stack (ibcm is not in its UpperFilters) and arrived after WinVerbs took ibcm's CM for every HCA: WinVerbs connections on this HCA fail until every HCA restarts. ibcm install --check lists the HCAs without ibcm; ibcm install adds it and restarts the HCAs.",
+    text: "HCA %2 has no ibcm filter in its device stack (ibcm is not in its UpperFilters, or could not attach there) and arrived after WinVerbs took ibcm's CM for every HCA: WinVerbs keeps that CM until it is restarted, so its connections on this HCA fail until the computer restarts. ibcm install --check lists the HCAs without ibcm; ibcm install adds it.",
     strings: 1,
 };
 

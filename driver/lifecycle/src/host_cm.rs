@@ -22,21 +22,22 @@
 //! HCAs without ibcm: ibcm's filter on one HCA registers for port events with the access
 //! layer, which reports the ports of every CA of the host (`ib_reg_pnp`, `IB_PNP_PORT`:
 //! `core/al/kernel/al_pnp.c` `__pnp_reg_notify` reports each registered CA's ports,
-//! `__pnp_process_add_ca` those of every CA registered later), so a CA reported and not
-//! bound is one whose own filter has not bound yet or one with no ibcm in its stack. The
-//! filter declines another CA's ports (`IB_NOT_FOUND`), after which the access layer
-//! drops the port's context and reports nothing more of it (`__pnp_notify_user`,
-//! `__pnp_process_remove_port`): a CA without ibcm that goes away stays listed until the
-//! host CM ends, which only matters before the first CM query. The two differ by count: every HCA stack is built
-//! (EvtDriverDeviceAdd, so the filter exists) before its start IRP, and ibbus registers
-//! the CA with the access layer only in that start (`bus_pnp.c` `fdo_start`), so a CA the
-//! access layer reports while each existing filter device is bound has no ibcm filter.
-//! While some filter device has not bound yet, a reported CA may be its own: it is not
-//! called one without ibcm (and does not turn the verdict) until the count says so.
+//! `__pnp_process_add_ca` those of every CA registered later), and, since the filter keeps
+//! a context for each, their removal too (`__pnp_process_remove_port` notifies only ports
+//! with a context). So the table holds the CAs the access layer has registered, each with
+//! the reports that name it, and the CAs ibcm is bound to. A CA reported and not bound is
+//! one whose own filter has not bound yet or one with no ibcm in its stack. The two differ
+//! by count: every HCA stack is built (EvtDriverDeviceAdd, so the filter exists) before its
+//! start IRP, and ibbus registers the CA with the access layer only in that start
+//! (`bus_pnp.c` `fdo_start` -> `__register_ca`), so a CA the access layer reports while
+//! each existing filter device is bound has no ibcm filter. While some filter device has
+//! not bound yet, a reported CA may be its own: it is not named until the count says so.
+//! Once named, a CA counts as one without ibcm until it leaves the table or binds: a filter
+//! added later (slack in the count) does not make it one of ibcm's again.
 
-/// The CAs the host keeps apart (more are counted as CAs without ibcm: the table cannot
-/// tell them from ibcm's own).
-pub const MAX_CAS: usize = 16;
+/// The CAs the host keeps apart: as many as ibbus serves (`bus_pnp.c`: 64). Reports of
+/// more count as CAs without ibcm (the table cannot tell them from ibcm's own).
+pub const MAX_CAS: usize = 64;
 
 /// One CA the access layer reported or a filter bound.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -46,10 +47,13 @@ struct Ca {
     bound: bool,
     /// Reported as an HCA without ibcm ([`HostCm::next_without_ibcm`]).
     logged: bool,
+    /// Port reports that name it and have not been withdrawn (one per port per filter's
+    /// registration).
+    reports: u32,
 }
 
 /// The host-wide CM verdict and what it was decided from.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct HostCm {
     /// Filter devices of ibcm's that exist (each serves one HCA once it binds).
     filters: u32,
@@ -61,10 +65,16 @@ pub struct HostCm {
     anonymous: u32,
     /// CAs reported or bound, by GUID (`guid` 0: a free entry).
     cas: [Ca; MAX_CAS],
-    /// CAs reported when the table was full.
+    /// Port reports of CAs the full table could not list.
     overflow: u32,
     /// Decided by the first CM query: `true` = ibcm answers every CM query.
     verdict: Option<bool>,
+}
+
+impl Default for HostCm {
+    fn default() -> Self {
+        Self::new()
+    }
 }
 
 impl HostCm {
@@ -79,6 +89,7 @@ impl HostCm {
                 guid: 0,
                 bound: false,
                 logged: false,
+                reports: 0,
             }; MAX_CAS],
             overflow: 0,
             verdict: None,
@@ -107,9 +118,9 @@ impl HostCm {
         !routed && self.verdict == Some(true)
     }
 
-    /// An HCA unbound (`ca_guid` and `routed` as it was bound). The CA leaves the table:
-    /// it is powering down or going away, and the access layer reports it again when
-    /// ibbus registers it again.
+    /// An HCA unbound (`ca_guid` and `routed` as it was bound). The CA stays listed while
+    /// reports name it (it is powering down or going away: the access layer withdraws them
+    /// when ibbus deregisters it).
     pub fn unbound(&mut self, ca_guid: u64, routed: bool) {
         self.bound = self.bound.saturating_sub(1);
         if !routed {
@@ -120,7 +131,12 @@ impl HostCm {
             .iter_mut()
             .find(|ca| ca_guid != 0 && ca.guid == ca_guid)
         {
-            Some(ca) => *ca = Ca::default(),
+            Some(ca) => {
+                ca.bound = false;
+                if ca.reports == 0 {
+                    *ca = Ca::default();
+                }
+            }
             None => self.anonymous = self.anonymous.saturating_sub(1),
         }
     }
@@ -128,8 +144,30 @@ impl HostCm {
     /// The access layer reported a port of CA `ca_guid` (another CA's, to some filter's
     /// port registration).
     pub fn ca_reported(&mut self, ca_guid: u64) {
-        if ca_guid != 0 && self.entry(ca_guid).is_none() {
-            self.overflow = self.overflow.saturating_add(1);
+        match self.entry(ca_guid) {
+            Some(ca) => ca.reports = ca.reports.saturating_add(1),
+            None if ca_guid != 0 => self.overflow = self.overflow.saturating_add(1),
+            None => {}
+        }
+    }
+
+    /// A report of a port of CA `ca_guid` is withdrawn: the access layer removed the port
+    /// (`IB_PNP_PORT_REMOVE`), or the registration that got it was closed. A CA no report
+    /// names and no filter is bound to leaves the table.
+    pub fn ca_report_withdrawn(&mut self, ca_guid: u64) {
+        match self
+            .cas
+            .iter_mut()
+            .find(|ca| ca_guid != 0 && ca.guid == ca_guid)
+        {
+            Some(ca) => {
+                ca.reports = ca.reports.saturating_sub(1);
+                if ca.reports == 0 && !ca.bound {
+                    *ca = Ca::default();
+                }
+            }
+            None if ca_guid != 0 => self.overflow = self.overflow.saturating_sub(1),
+            None => {}
         }
     }
 
@@ -161,7 +199,17 @@ impl HostCm {
             .count();
         u32::try_from(listed)
             .unwrap_or(u32::MAX)
-            .saturating_add(self.overflow)
+            .saturating_add(self.overflow.min(1))
+    }
+
+    /// Named CAs (each surely without ibcm when named) no filter is bound to.
+    fn named(&self) -> u32 {
+        let named = self
+            .cas
+            .iter()
+            .filter(|ca| ca.guid != 0 && !ca.bound && ca.logged)
+            .count();
+        u32::try_from(named).unwrap_or(u32::MAX)
     }
 
     /// Filter devices that may still bind one of those CAs: not bound yet (starting,
@@ -172,16 +220,17 @@ impl HostCm {
             .saturating_add(self.anonymous)
     }
 
-    /// Whether some CA the access layer reported surely has no ibcm filter: more such CAs
-    /// than filters that could still bind them.
-    pub fn hca_without_ibcm(&self) -> bool {
-        self.unbound_cas() > self.filters_unaccounted()
-    }
-
-    /// How many reported CAs surely have no ibcm filter (`ibcm status`).
+    /// How many reported CAs surely have no ibcm filter (`ibcm status`): more such CAs
+    /// than filters that could still bind them, and those already named.
     pub fn without_ibcm(&self) -> u32 {
         self.unbound_cas()
             .saturating_sub(self.filters_unaccounted())
+            .max(self.named())
+    }
+
+    /// Whether some CA the access layer reported surely has no ibcm filter.
+    pub fn hca_without_ibcm(&self) -> bool {
+        self.without_ibcm() > 0
     }
 
     /// The next CA known to have no ibcm filter and not yet returned (each once, for the
@@ -271,15 +320,16 @@ mod tests {
     }
 
     /// B has no ibcm in its UpperFilters and started first: A's port registration hears
-    /// of B's ports (`__pnp_reg_add`), and with A's filter the only one bound, B is named
+    /// of B's ports (`__pnp_reg_notify`), and with A's filter the only one bound, B is named
     /// and AL's CM serves every HCA.
     #[test]
     fn an_hca_without_ibcm_at_the_first_query_sends_every_client_to_al() {
         let mut cm = host(1);
         cm.ca_reported(B);
+        cm.ca_reported(B);
         assert!(!cm.bound(A, true));
         assert!(cm.hca_without_ibcm());
-        assert_eq!(cm.without_ibcm(), 1);
+        assert_eq!(cm.without_ibcm(), 1, "two ports, one CA");
         assert_eq!(cm.next_without_ibcm(), Some(B));
         assert_eq!(cm.next_without_ibcm(), None, "named once");
         assert!(!cm.answer(), "WinVerbs would use ibcm's table on B");
@@ -299,18 +349,20 @@ mod tests {
         assert!(cm.answer());
         assert!(!cm.bound(B, true));
         assert_eq!(cm.next_without_ibcm(), None);
-        cm.ca_reported(B);
+        cm.ca_reported(A);
         assert_eq!(
             cm.next_without_ibcm(),
             None,
-            "B bound: a report changes nothing"
+            "both bound: reports change nothing"
         );
     }
 
-    /// B without ibcm arrives after WinVerbs took ibcm's table: named once, the verdict
-    /// stays (WinVerbs cannot be told), and a sleep/wake of A does not name B again.
+    /// B without ibcm arrives after WinVerbs took ibcm's CM: named, the verdict stays
+    /// (WinVerbs cannot be told). When A's registration closes (sleep) its reports are
+    /// withdrawn and B leaves the table; after the wake it is named again (the System log
+    /// keeps one entry a boot).
     #[test]
-    fn an_hca_without_ibcm_that_arrives_later_is_named_once() {
+    fn an_hca_without_ibcm_that_arrives_later_is_named() {
         let mut cm = host(1);
         assert!(!cm.bound(A, true));
         assert!(cm.answer());
@@ -318,14 +370,39 @@ mod tests {
         assert_eq!(cm.next_without_ibcm(), Some(B));
         assert!(cm.answer(), "WinVerbs already holds ibcm's table");
         cm.unbound(A, true);
-        cm.ca_reported(B);
-        assert_eq!(
-            cm.next_without_ibcm(),
-            None,
-            "A asleep: its filter may bind B"
-        );
+        cm.ca_report_withdrawn(B);
+        assert_eq!(cm.without_ibcm(), 0, "B left the table with A's reports");
         assert!(!cm.bound(A, true));
-        assert_eq!(cm.next_without_ibcm(), None, "already named");
+        cm.ca_reported(B);
+        assert_eq!(cm.next_without_ibcm(), Some(B));
+    }
+
+    /// A named CA stays one without ibcm when a filter device is added before the first
+    /// query (slack in the count that is not B's: B's stack has no ibcm).
+    #[test]
+    fn a_named_ca_is_not_taken_back_by_a_later_filter() {
+        let mut cm = host(1);
+        assert!(!cm.bound(A, true));
+        cm.ca_reported(B);
+        assert_eq!(cm.next_without_ibcm(), Some(B));
+        cm.filters(2);
+        assert!(cm.hca_without_ibcm(), "named: still without ibcm");
+        assert!(!cm.answer(), "AL's, as the System log said");
+        assert!(!cm.bound(B, true), "B's stack rebuilt with ibcm: it binds");
+        assert!(!cm.hca_without_ibcm());
+    }
+
+    /// A CA whose start failed after ibbus registered it, or one going away: the access
+    /// layer withdraws its ports, and it is never named once its filter is gone.
+    #[test]
+    fn a_ca_withdrawn_before_its_filter_goes_is_not_named() {
+        let mut cm = host(2);
+        assert!(!cm.bound(A, true));
+        cm.ca_reported(B);
+        cm.ca_report_withdrawn(B);
+        cm.filters(1);
+        assert_eq!(cm.next_without_ibcm(), None);
+        assert!(cm.answer());
     }
 
     /// A filter whose binding failed before the CA's GUID was known might be B's: B is not
@@ -343,7 +420,8 @@ mod tests {
         assert_eq!(cm.anonymous, 0);
     }
 
-    /// More CAs than the table holds: the ones it cannot list count as without ibcm.
+    /// More CAs than the table holds: the reports it cannot list count as one CA
+    /// without ibcm until they are withdrawn.
     #[test]
     fn cas_past_the_table_count_as_without_ibcm() {
         let mut cm = host(1);
@@ -352,7 +430,8 @@ mod tests {
             cm.ca_reported(B + n);
         }
         assert_eq!(cm.overflow, 1);
-        assert!(cm.hca_without_ibcm());
-        assert!(!cm.answer());
+        assert_eq!(cm.without_ibcm(), MAX_CAS as u32);
+        cm.ca_report_withdrawn(B + MAX_CAS as u64);
+        assert_eq!(cm.overflow, 0);
     }
 }

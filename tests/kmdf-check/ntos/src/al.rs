@@ -38,6 +38,7 @@ const GUID_IB_AL_INTERFACE: (u32, u16, u16, [u8; 8]) = (
     [0xaa, 0x90, 0xfc, 0xe8, 0x2b, 0xce, 0xc8, 0xa8],
 );
 const IB_PNP_PORT_ADD: u32 = 0x0000_0002 | 0x0000_1000;
+const IB_PNP_PORT_REMOVE: u32 = 0x0000_0002 | 0x0000_2000;
 const CM_CLASS: u8 = 0x07;
 const MAD_SIZE: usize = 256;
 
@@ -298,6 +299,10 @@ pub struct Al {
     /// Port registrations (`ib_reg_pnp`): AL instance, PnP context, callback; until
     /// `ib_close_al`. A CA registered later has its ports reported to each.
     registrations: Vec<(usize, usize, PnpCallback)>,
+    /// The contexts a registration kept for ports (its callback returned IB_SUCCESS to
+    /// IB_PNP_PORT_ADD): (AL instance, CA, port number) -> context. AL reports the removal
+    /// of those ports only (al_pnp.c `__pnp_process_remove_port`).
+    port_contexts: HashMap<(usize, usize, u8), usize>,
 }
 
 // SAFETY: the raw pointers are the driver's contexts and the simulation's own boxes,
@@ -352,6 +357,7 @@ pub fn deregister_ca(index: usize, why: &str) {
             ),
         );
     }
+    report_ports_removed(index);
     let stuck = {
         let mut guard = state::lock();
         guard.al.deregistered.insert(index);
@@ -592,7 +598,7 @@ unsafe extern "C" fn reg_pnp(h_al: Handle, p_pnp_req: *const IbPnpReq, ph_pnp: *
 }
 
 fn report_port(
-    _h_al: usize,
+    h_al: usize,
     context: usize,
     callback: PnpCallback,
     ca: &CaConfig,
@@ -626,16 +632,89 @@ fn report_port(
             pnp_context: context as *mut c_void,
             context: core::ptr::null_mut(),
             guid: attr.port_guid,
-            ca_guid: ca.ca_guid.to_be(),
+            // AL clears the record and sets only `guid` (the port's) for port events
+            // (al_pnp.c:461 `cl_memclr`, :500-502): the CA is `p_ca_attr->ca_guid`.
+            ca_guid: 0,
         },
         p_ca_attr: &*ca_attr,
         p_port_attr: &attr,
     };
     if let Some(cb) = callback {
-        call_driver("ib_pfn_pnp_cb_t (IB_PNP_PORT_ADD)", PASSIVE, || {
+        let status = call_driver("ib_pfn_pnp_cb_t (IB_PNP_PORT_ADD)", PASSIVE, || {
             // SAFETY: the driver's PnP callback with a port record valid for the call.
             unsafe { cb((&raw mut record).cast()) }
         });
+        // `__pnp_notify_user`: IB_SUCCESS keeps the context the callback set; any other
+        // status frees it (no later event for the port).
+        if status == IB_SUCCESS {
+            let ca = state::lock()
+                .al
+                .cas
+                .iter()
+                .position(|c| c.ca_guid == ca.ca_guid);
+            if let Some(ca) = ca {
+                state::lock()
+                    .al
+                    .port_contexts
+                    .insert((h_al, ca, port.port_num), record.pnp_rec.context as usize);
+            }
+        }
+    }
+}
+
+/// AL removes CA `index`'s ports (ibbus deregisters it): IB_PNP_PORT_REMOVE to every
+/// registration that kept a context for one, on AL's PnP thread
+/// (`__pnp_process_remove_port`: port record with `guid` only, no attributes).
+fn report_ports_removed(index: usize) {
+    let (removed, registrations) = {
+        let mut guard = state::lock();
+        let keys: Vec<_> = guard
+            .al
+            .port_contexts
+            .keys()
+            .filter(|(_, ca, _)| *ca == index)
+            .copied()
+            .collect();
+        let removed: Vec<_> = keys
+            .into_iter()
+            .filter_map(|k| guard.al.port_contexts.remove(&k).map(|c| (k, c)))
+            .collect();
+        (removed, guard.al.registrations.clone())
+    };
+    let Some(ca_guid) = state::lock().al.cas.get(index).map(|c| c.ca_guid) else {
+        return;
+    };
+    let thread = std::thread::Builder::new()
+        .name("al-pnp".into())
+        .spawn(move || {
+            for ((h_al, _, port_num), context) in removed {
+                let Some((_, pnp_context, Some(cb))) =
+                    registrations.iter().find(|(h, ..)| *h == h_al).copied()
+                else {
+                    continue;
+                };
+                let mut record = IbPnpPortRec {
+                    pnp_rec: IbPnpRec {
+                        pnp_event: IB_PNP_PORT_REMOVE,
+                        h_pnp: core::ptr::null_mut(),
+                        h_ioc_event: core::ptr::null_mut(),
+                        pnp_context: pnp_context as *mut c_void,
+                        context: context as *mut c_void,
+                        guid: (ca_guid + u64::from(port_num)).to_be(),
+                        ca_guid: 0,
+                    },
+                    p_ca_attr: core::ptr::null(),
+                    p_port_attr: core::ptr::null(),
+                };
+                call_driver("ib_pfn_pnp_cb_t (IB_PNP_PORT_REMOVE)", PASSIVE, || {
+                    // SAFETY: the driver's PnP callback with a port record valid for the
+                    // call.
+                    unsafe { cb((&raw mut record).cast()) }
+                });
+            }
+        });
+    if let Ok(t) = thread {
+        let _ = t.join();
     }
 }
 
@@ -816,6 +895,10 @@ unsafe extern "C" fn close_al(h_al: Handle) -> i32 {
         .al
         .registrations
         .retain(|(instance, ..)| *instance != h_al as usize);
+    guard
+        .al
+        .port_contexts
+        .retain(|(instance, ..), _| *instance != h_al as usize);
     let qps = guard
         .al
         .instances

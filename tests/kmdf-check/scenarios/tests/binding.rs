@@ -1351,6 +1351,7 @@ const SCENARIOS: &[Scenario] = scenarios![
     an_hca_without_ibcm_at_start_leaves_every_client_to_al,
     an_hca_without_ibcm_arriving_later_is_named,
     an_hca_whose_filter_binds_later_is_not_one_without_ibcm,
+    an_hca_without_ibcm_that_goes_away_is_forgotten,
 ];
 
 fn main() {

@@ -72,7 +72,10 @@ pub fn an_hca_without_ibcm_at_start_leaves_every_client_to_al() {
     // STATUS says why AL's CM serves an HCA that has a route of its own.
     let file = open(Open::user(Token::ADMIN));
     let report = status_report(file);
-    assert_eq!(report.hcas_without_ibcm, 1, "STATUS counts the HCA without ibcm");
+    assert_eq!(
+        report.hcas_without_ibcm, 1,
+        "STATUS counts the HCA without ibcm"
+    );
     assert_eq!(report.hca_count, 1);
     assert_eq!(
         report.hcas[0].cm,
@@ -151,4 +154,30 @@ pub fn an_hca_whose_filter_binds_later_is_not_one_without_ibcm() {
     );
     pnp::remove(second);
     shutdown(first);
+}
+
+/// The HCA without ibcm goes away (its ibbus deregisters the CA) before any CM query: the
+/// access layer reports its ports' removal to the filter (which kept a context for each,
+/// al_pnp.c `__pnp_process_remove_port`), the host forgets it, and ibcm answers.
+pub fn an_hca_without_ibcm_that_goes_away_is_forgotten() {
+    al::set_cas(vec![hca(false), second_hca()]);
+    assert_eq!(pnp::load(ibcm_driver::driver_entry), 0, "DriverEntry");
+    al::register_ca(1);
+    let device = pnp::add_device(0).expect("the filter attaches");
+    assert_eq!(pnp::start(device), 0);
+    let file = open(Open::user(Token::ADMIN));
+    assert_eq!(status_report(file).hcas_without_ibcm, 1);
+    al::deregister_ca(1, "removal");
+    assert_eq!(
+        status_report(file).hcas_without_ibcm,
+        0,
+        "the removed CA is no longer counted"
+    );
+    io::close(file);
+    assert_eq!(
+        cm_answer(device),
+        ibcm_iba_cm::abi::INFINIBAND_INTERFACE_CM_VERSION,
+        "every HCA left has ibcm"
+    );
+    shutdown(device);
 }
