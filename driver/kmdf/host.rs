@@ -467,6 +467,12 @@ impl Host {
         self.verdict.with(|v| v.unbound(ca_guid, routed));
     }
 
+    /// A filter whose HCA ibbus has no CA for (no InfiniBand port) started (`true`) or
+    /// stopped: not an HCA WinVerbs can use, nor one ibcm can bind.
+    pub fn verdict_no_ca(&self, started: bool) {
+        self.verdict.with(|v| v.no_ca(started));
+    }
+
     /// The filter devices that exist now (under the driver's wait lock, as they change).
     pub fn verdict_filters(&self, count: usize) {
         let count = u32::try_from(count).unwrap_or(u32::MAX);

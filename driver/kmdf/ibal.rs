@@ -496,9 +496,12 @@ pub struct FilterIbal {
     /// QP1 route even without a CM MAD service for Send.
     steering_installed: AtomicBool,
     /// How this binding was counted in the host's CM verdict (`HostCm::bound`): 0 not
-    /// counted, 1 with a QP1 route, 2 without.
+    /// counted, 1 with a QP1 route, 2 without, [`VERDICT_NO_CA`] as an HCA with no CA.
     in_verdict: AtomicU8,
 }
+
+/// `FilterIbal::in_verdict` of an HCA ibbus has no CA for (`HostCm::no_ca`).
+const VERDICT_NO_CA: u8 = 3;
 
 impl FilterIbal {
     pub const fn new(hook_slot: Option<SlotId>) -> Self {
@@ -700,14 +703,22 @@ unsafe fn attributes_of(attr: &IbPortAttr) -> Option<PortAttributes> {
 /// HCA got, and count it in the host's CM verdict. A filter that cannot bind counts as an
 /// HCA without a QP1 route; its start never fails for it.
 pub fn bind(device: WDFDEVICE, filter: &FilterIbal) {
-    bind_ca(device, filter);
+    let registered = bind_ca(device, filter);
+    let Some(host) = host() else {
+        log_route(filter);
+        return;
+    };
+    if !registered {
+        // No CA: nothing for WinVerbs or ibcm on this HCA; it leaves the verdict alone.
+        filter.in_verdict.store(VERDICT_NO_CA, Ordering::Release);
+        host.verdict_no_ca(true);
+        event_log::hcas_without_ibcm(host);
+        return;
+    }
     log_route(filter);
     // The host's CM verdict counts this HCA (`ibcm_lifecycle::HostCm`), bound or not: an
     // HCA whose binding failed has no QP1 route either, and WinVerbs would use the host's
     // one table on it too.
-    let Some(host) = host() else {
-        return;
-    };
     let routed = filter.qp1_route();
     filter
         .in_verdict
@@ -742,14 +753,18 @@ fn log_route(filter: &FilterIbal) {
     }
 }
 
-fn bind_ca(device: WDFDEVICE, filter: &FilterIbal) {
+/// Binds the HCA's CA. False when ibbus has no CA for the HCA: it found no InfiniBand
+/// port and runs without the access layer (`bus_pnp.c:566-569`: "IBAL is started in
+/// non-operational mode"), and answers the interface query with CA GUID 0 (`:1246`, the
+/// verbs it never took).
+fn bind_ca(device: WDFDEVICE, filter: &FilterIbal) -> bool {
     let Some(host) = host() else {
         wdk::println!("ibcm: no control device: this HCA is not bound (AL's CM serves it)");
         event_log::hca_skipped(0, "ibcm's control device could not be created", 0);
-        return;
+        return true;
     };
     if !filter.binding.load(Ordering::Acquire).is_null() {
-        return;
+        return true;
     }
     let mut ifc = IbAlIfc::empty();
     // SAFETY: (I19) PASSIVE_LEVEL; the device is our started filter device; the buffer is
@@ -773,7 +788,7 @@ fn bind_ca(device: WDFDEVICE, filter: &FilterIbal) {
             "the query for ibbus's access-layer interface failed",
             status,
         );
-        return;
+        return true;
     }
     if ifc.wdm.Version != AL_INTERFACE_VERSION {
         // As WinMad: the version must be the one asked for.
@@ -787,11 +802,18 @@ fn bind_ca(device: WDFDEVICE, filter: &FilterIbal) {
             0,
         );
         release_interface(&ifc);
-        return;
+        return true;
+    }
+    if ifc.ca_guid == 0 {
+        wdk::println!(
+            "ibcm: ibbus has no CA for this HCA (no InfiniBand port): nothing to serve on it"
+        );
+        release_interface(&ifc);
+        return false;
     }
     let Some(al) = Al::from_interface(&ifc) else {
         release_interface(&ifc);
-        return;
+        return true;
     };
     let ca_guid = ifc.ca_guid;
     let (h_al, h_pd) = match open_al(&al, ca_guid) {
@@ -804,7 +826,7 @@ fn bind_ca(device: WDFDEVICE, filter: &FilterIbal) {
                 0,
             );
             release_interface(&ifc);
-            return;
+            return true;
         }
     };
     filter.ca_guid.store(ca_guid, Ordering::Relaxed);
@@ -840,6 +862,7 @@ fn bind_ca(device: WDFDEVICE, filter: &FilterIbal) {
         );
         unbind(filter);
     }
+    true
 }
 
 /// `ib_open_al`, `ib_open_ca` for the interface's CA and an alias PD on it.
@@ -893,6 +916,7 @@ fn release_interface(ifc: &IbAlIfc) {
 pub fn unbind(filter: &FilterIbal) {
     match (filter.in_verdict.swap(0, Ordering::AcqRel), host()) {
         (0, _) | (_, None) => {}
+        (VERDICT_NO_CA, Some(host)) => host.verdict_no_ca(false),
         (counted, Some(host)) => {
             host.verdict_unbound(filter.ca_guid.load(Ordering::Relaxed), counted == 1);
         }

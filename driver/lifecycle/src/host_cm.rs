@@ -63,6 +63,10 @@ pub struct HostCm {
     unrouted: u32,
     /// Bound HCAs whose binding failed before it learnt the CA's GUID.
     anonymous: u32,
+    /// Started filters whose HCA ibbus has no CA for (no InfiniBand port: it runs without
+    /// the access layer, `bus_pnp.c:566-569`): no CA of theirs will be reported, and
+    /// WinVerbs has nothing to connect there.
+    no_ca: u32,
     /// CAs reported or bound, by GUID (`guid` 0: a free entry).
     cas: [Ca; MAX_CAS],
     /// Port reports of CAs the full table could not list.
@@ -85,6 +89,7 @@ impl HostCm {
             bound: 0,
             unrouted: 0,
             anonymous: 0,
+            no_ca: 0,
             cas: [Ca {
                 guid: 0,
                 bound: false,
@@ -100,6 +105,15 @@ impl HostCm {
     /// cleanup deleted one).
     pub fn filters(&mut self, count: u32) {
         self.filters = count;
+    }
+
+    /// A filter's HCA has no CA (`started`), or that filter stopped.
+    pub fn no_ca(&mut self, started: bool) {
+        self.no_ca = if started {
+            self.no_ca.saturating_add(1)
+        } else {
+            self.no_ca.saturating_sub(1)
+        };
     }
 
     /// An HCA bound, `ca_guid` (0: the binding failed before it learnt it; `routed`: it
@@ -213,10 +227,11 @@ impl HostCm {
     }
 
     /// Filter devices that may still bind one of those CAs: not bound yet (starting,
-    /// asleep), or bound to a CA whose GUID is unknown.
+    /// asleep; not one whose HCA has no CA), or bound to a CA whose GUID is unknown.
     fn filters_unaccounted(&self) -> u32 {
         self.filters
             .saturating_sub(self.bound)
+            .saturating_sub(self.no_ca)
             .saturating_add(self.anonymous)
     }
 
@@ -418,6 +433,26 @@ mod tests {
         assert!(!cm.answer());
         cm.unbound(0, false);
         assert_eq!(cm.anonymous, 0);
+    }
+
+    /// An HCA whose ports are all Ethernet: ibbus registers no CA, so the filter binds
+    /// nothing. It neither makes the verdict AL's nor hides a CA without ibcm.
+    #[test]
+    fn an_hca_without_a_ca_counts_for_nothing() {
+        let mut cm = host(3);
+        cm.no_ca(true);
+        assert!(!cm.bound(A, true));
+        cm.ca_reported(B);
+        assert_eq!(cm.next_without_ibcm(), None, "the third filter may be B's");
+        cm.filters(2);
+        assert_eq!(cm.next_without_ibcm(), Some(B));
+        cm.ca_report_withdrawn(B);
+        assert!(
+            cm.answer(),
+            "the HCA without a CA does not send WinVerbs to AL"
+        );
+        cm.no_ca(false);
+        assert_eq!(cm.no_ca, 0);
     }
 
     /// More CAs than the table holds: the reports it cannot list count as one CA

@@ -479,7 +479,13 @@ pub fn query(
         // bus_pnp.c:1225-1231.
         return STATUS_BUFFER_TOO_SMALL;
     }
-    let ca_guid = state::lock().al.cas.get(ca).map(|c| c.ca_guid);
+    // An HCA with no InfiniBand port: ibbus took no verbs and registered no CA
+    // (bus_pnp.c:566-569, "non-operational mode"); its answer names CA GUID 0 (:1246).
+    let ca_guid = state::lock()
+        .al
+        .cas
+        .get(ca)
+        .map(|c| if c.ports.is_empty() { 0 } else { c.ca_guid });
     let Some(ca_guid) = ca_guid else {
         return STATUS_NOT_SUPPORTED;
     };

@@ -1352,6 +1352,7 @@ const SCENARIOS: &[Scenario] = scenarios![
     an_hca_without_ibcm_arriving_later_is_named,
     an_hca_whose_filter_binds_later_is_not_one_without_ibcm,
     an_hca_without_ibcm_that_goes_away_is_forgotten,
+    an_hca_without_infiniband_ports_leaves_the_verdict_alone,
 ];
 
 fn main() {

@@ -181,3 +181,30 @@ pub fn an_hca_without_ibcm_that_goes_away_is_forgotten() {
     );
     shutdown(device);
 }
+
+/// An HCA whose ports are all Ethernet beside an InfiniBand one, both with ibcm: ibbus
+/// registers no CA for it and answers the access-layer query with CA GUID 0
+/// (bus_pnp.c:566-569, 1246). Nothing for WinVerbs there: it does not send every client
+/// to AL's CM, and it is not an HCA without ibcm.
+pub fn an_hca_without_infiniband_ports_leaves_the_verdict_alone() {
+    let ethernet = CaConfig {
+        ca_guid: CA_GUID_2,
+        ports: Vec::new(),
+        al_cm_holds_send: false,
+    };
+    al::set_cas(vec![hca(false), ethernet]);
+    assert_eq!(pnp::load(ibcm_driver::driver_entry), 0, "DriverEntry");
+    let infiniband = pnp::add_device(0).expect("the filter attaches");
+    let other = pnp::add_device(1).expect("the filter attaches to the Ethernet HCA");
+    assert_eq!(pnp::start(other), 0);
+    assert_eq!(al::references(1), 0, "nothing bound, no reference kept");
+    assert_eq!(pnp::start(infiniband), 0);
+    assert_eq!(
+        cm_answer(infiniband),
+        ibcm_iba_cm::abi::INFINIBAND_INTERFACE_CM_VERSION,
+        "ibcm serves the InfiniBand HCA's clients"
+    );
+    assert_eq!(entries_without_ibcm(), 0);
+    pnp::remove(other);
+    shutdown(infiniband);
+}
