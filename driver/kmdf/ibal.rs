@@ -96,6 +96,11 @@ const IB_PNP_PORT_REMOVE: u32 = IB_PNP_PORT | 0x0000_2000;
 /// is reported before the new state).
 const IB_PNP_PORT_ACTIVE: u32 = IB_PNP_PORT | 0x0002_0000;
 const IB_PNP_PORT_DOWN: u32 = IB_PNP_PORT | 0x0004_0000;
+/// The link states on the way up, and a LID change: their records carry the port's
+/// attributes as they are now (al_pnp.c:486-497).
+const IB_PNP_PORT_INIT: u32 = IB_PNP_PORT | 0x0000_8000;
+const IB_PNP_PORT_ARMED: u32 = IB_PNP_PORT | 0x0001_0000;
+const IB_PNP_LID_CHANGE: u32 = IB_PNP_PORT | 0x0040_0000;
 const IB_PNP_PKEY_CHANGE: u32 = IB_PNP_PORT | 0x0008_0000;
 /// `ib_link_states_t` Active (ib_types.h:2039): a port added below it starts down.
 const IB_LINK_ACTIVE: u8 = 4;
@@ -279,6 +284,10 @@ struct IbCaAttr {
     max_sq_desc_sz: u32,
     local_ack_delay: u8,
 }
+
+// The members this file reads, where ib_types.h puts them on x64.
+const _: () = assert!(core::mem::offset_of!(IbCaAttr, max_qp_resp_res) == 96);
+const _: () = assert!(core::mem::offset_of!(IbCaAttr, local_ack_delay) == 152);
 
 type OpenAl = unsafe extern "C" fn(ph_al: *mut Handle) -> IbApiStatus;
 type CloseAl = unsafe extern "C" fn(h_al: Handle) -> IbApiStatus;
@@ -1040,12 +1049,20 @@ unsafe extern "C" fn pnp_callback(record: *mut IbPnpRec) -> IbApiStatus {
         // SAFETY: (I46) the context is null or the port `port_added` stored.
         IB_PNP_PORT_REMOVE => unsafe { port_removed(binding, context.cast::<Port>()) },
         IB_PNP_PORT_DOWN | IB_PNP_PORT_ACTIVE => {
+            if event == IB_PNP_PORT_ACTIVE {
+                // The SM programs the tables while the port is below Armed, and AL reports
+                // P_Key and GID changes only between Armed/Active states (al_pnp.c:1433-1440):
+                // what the port got on its way up comes with this record, not as a change.
+                // SAFETY: (I118) as I47.
+                unsafe { port_changed(record.cast::<IbPnpPortRec>(), context.cast::<Port>()) };
+            }
             // SAFETY: (I109) the context is null or the port `port_added` stored, live
             // while its QP exists (this is one of its events).
             unsafe { port_link(binding, context.cast::<Port>(), event == IB_PNP_PORT_ACTIVE) };
             IB_SUCCESS
         }
-        IB_PNP_PKEY_CHANGE | IB_PNP_GID_CHANGE => {
+        IB_PNP_PKEY_CHANGE | IB_PNP_GID_CHANGE | IB_PNP_PORT_INIT | IB_PNP_PORT_ARMED
+        | IB_PNP_LID_CHANGE => {
             // SAFETY: (I47) as I45 and I46.
             unsafe { port_changed(record.cast::<IbPnpPortRec>(), context.cast::<Port>()) };
             IB_SUCCESS
@@ -1461,7 +1478,9 @@ unsafe fn port_link(binding: &Binding, port: *mut Port, up: bool) {
     }
 }
 
-/// P_Key or GID table change: refresh the port's translation tables.
+/// P_Key or GID table change, or a port event whose record carries the port's attributes
+/// as they are now (INIT, ARMED, ACTIVE, LID change): refresh the port's translation
+/// tables.
 ///
 /// # Safety
 ///

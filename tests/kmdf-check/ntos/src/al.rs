@@ -39,6 +39,7 @@ const GUID_IB_AL_INTERFACE: (u32, u16, u16, [u8; 8]) = (
 );
 const IB_PNP_PORT_ADD: u32 = 0x0000_0002 | 0x0000_1000;
 const IB_PNP_PORT_REMOVE: u32 = 0x0000_0002 | 0x0000_2000;
+const IB_PNP_PORT_ACTIVE: u32 = 0x0000_0002 | 0x0002_0000;
 const CM_CLASS: u8 = 0x07;
 const MAD_SIZE: usize = 256;
 
@@ -172,10 +173,15 @@ struct IbCaAttr {
     max_qp_resp_res: u8,
     max_resp_res: u8,
     max_qp_init_depth: u8,
-    more: [u32; 14],
+    /// `max_ipv6_qps` .. `max_sq_desc_sz` (ib_types.h: 13 `uint32_t`).
+    more: [u32; 13],
     local_ack_delay: u8,
     tail: [u64; 32],
 }
+
+// Where ib_types.h puts them on x64 (the binding asserts the same offsets).
+const _: () = assert!(core::mem::offset_of!(IbCaAttr, max_qp_resp_res) == 96);
+const _: () = assert!(core::mem::offset_of!(IbCaAttr, local_ack_delay) == 152);
 
 #[repr(C)]
 struct IbAlIfc {
@@ -610,6 +616,35 @@ fn report_port(
     ca: &CaConfig,
     port: &PortConfig,
 ) {
+    let status = port_event(context, callback, ca, port, IB_PNP_PORT_ADD, 0);
+    // `__pnp_notify_user`: IB_SUCCESS keeps the context the callback set; any other
+    // status frees it (no later event for the port).
+    if let Some((status, kept)) = status
+        && status == IB_SUCCESS
+    {
+        let mut guard = state::lock();
+        let index = guard.al.cas.iter().position(|c| c.ca_guid == ca.ca_guid);
+        if let Some(index) = index {
+            guard
+                .al
+                .port_contexts
+                .insert((h_al, index, port.port_num), kept);
+        }
+    }
+}
+
+/// Calls `callback` with a port record of `event` for `port` of `ca` as it is now, with
+/// the registration's `pnp_context` and the port's `context`: (status, the context the
+/// callback left).
+fn port_event(
+    pnp_context: usize,
+    callback: PnpCallback,
+    ca: &CaConfig,
+    port: &PortConfig,
+    event: u32,
+    context: usize,
+) -> Option<(i32, usize)> {
+    let cb = callback?;
     let ca_attr = Box::new(IbCaAttr {
         ca_guid: ca.ca_guid.to_be(),
         max_qp_resp_res: 16,
@@ -632,11 +667,11 @@ fn report_port(
     attr.p_pkey_table = pkeys.as_ptr();
     let mut record = IbPnpPortRec {
         pnp_rec: IbPnpRec {
-            pnp_event: IB_PNP_PORT_ADD,
+            pnp_event: event,
             h_pnp: core::ptr::null_mut(),
             h_ioc_event: core::ptr::null_mut(),
-            pnp_context: context as *mut c_void,
-            context: core::ptr::null_mut(),
+            pnp_context: pnp_context as *mut c_void,
+            context: context as *mut c_void,
             guid: attr.port_guid,
             // AL clears the record and sets only `guid` (the port's) for port events
             // (al_pnp.c:461 `cl_memclr`, :500-502): the CA is `p_ca_attr->ca_guid`.
@@ -645,26 +680,59 @@ fn report_port(
         p_ca_attr: &*ca_attr,
         p_port_attr: &attr,
     };
-    if let Some(cb) = callback {
-        let status = call_driver("ib_pfn_pnp_cb_t (IB_PNP_PORT_ADD)", PASSIVE, || {
-            // SAFETY: the driver's PnP callback with a port record valid for the call.
-            unsafe { cb((&raw mut record).cast()) }
-        });
-        // `__pnp_notify_user`: IB_SUCCESS keeps the context the callback set; any other
-        // status frees it (no later event for the port).
-        if status == IB_SUCCESS {
-            let ca = state::lock()
-                .al
-                .cas
-                .iter()
-                .position(|c| c.ca_guid == ca.ca_guid);
-            if let Some(ca) = ca {
-                state::lock()
-                    .al
-                    .port_contexts
-                    .insert((h_al, ca, port.port_num), record.pnp_rec.context as usize);
+    let status = call_driver("ib_pfn_pnp_cb_t (port event)", PASSIVE, || {
+        // SAFETY: the driver's PnP callback with a port record valid for the call.
+        unsafe { cb((&raw mut record).cast()) }
+    });
+    Some((status, record.pnp_rec.context as usize))
+}
+
+/// The SM brought port `port_num` of CA `index` up with the P_Key table `pkeys`, which it
+/// programmed while the port was below Armed: AL's poll reports IB_PNP_PORT_ACTIVE with
+/// the port's attributes as they are now (al_pnp.c `__pnp_check_ports`, :486-497) to each
+/// registration that kept a context for the port, and no IB_PNP_PKEY_CHANGE (tables are
+/// compared only between Armed/Active states, :1433-1440).
+pub fn port_active(index: usize, port_num: u8, pkeys: Vec<u16>) {
+    let (ca, port, targets) = {
+        let mut guard = state::lock();
+        let Some(ca) = guard.al.cas.get_mut(index) else {
+            return;
+        };
+        let Some(port) = ca.ports.iter_mut().find(|p| p.port_num == port_num) else {
+            return;
+        };
+        port.pkeys = pkeys;
+        let port = port.clone();
+        let ca = ca.clone();
+        let targets: Vec<(usize, PnpCallback, usize)> = guard
+            .al
+            .port_contexts
+            .iter()
+            .filter(|((_, c, p), _)| *c == index && *p == port_num)
+            .filter_map(|((h_al, ..), context)| {
+                let (_, pnp_context, callback) =
+                    guard.al.registrations.iter().find(|(h, ..)| h == h_al)?;
+                Some((*pnp_context, *callback, *context))
+            })
+            .collect();
+        (ca, port, targets)
+    };
+    let thread = std::thread::Builder::new()
+        .name("al-pnp".into())
+        .spawn(move || {
+            for (pnp_context, callback, context) in targets {
+                port_event(
+                    pnp_context,
+                    callback,
+                    &ca,
+                    &port,
+                    IB_PNP_PORT_ACTIVE,
+                    context,
+                );
             }
-        }
+        });
+    if let Ok(t) = thread {
+        let _ = t.join();
     }
 }
 

@@ -1353,6 +1353,7 @@ const SCENARIOS: &[Scenario] = scenarios![
     an_hca_whose_filter_binds_later_is_not_one_without_ibcm,
     an_hca_without_ibcm_that_goes_away_is_forgotten,
     an_hca_without_infiniband_ports_leaves_the_verdict_alone,
+    a_partition_added_while_the_port_came_up_is_used,
 ];
 
 fn main() {

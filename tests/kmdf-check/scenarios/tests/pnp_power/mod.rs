@@ -241,3 +241,41 @@ pub fn surprise_removal_with_a_send_in_flight() {
     io::close(file);
     shutdown(device);
 }
+
+/// The subnet manager adds a partition while the ports come up: AL reports no P_Key
+/// change below Armed (al_pnp.c:1433-1440), only IB_PNP_PORT_ACTIVE with the tables as
+/// they are now (:486-497). The binding takes them from that record, so a connection on
+/// the new partition goes out (with the tables of PORT_ADD, its REQ was dropped as
+/// "no such P_Key").
+pub fn a_partition_added_while_the_port_came_up_is_used() {
+    let device = boot(&[]);
+    let partition = 0x8001;
+    for port_num in [1, 2] {
+        al::port_active(0, port_num, vec![0xffff, partition]);
+    }
+    let file = open(Open::user(Token::ADMIN));
+    let listener = create(file).expect("an endpoint");
+    let listen = listen_in(listener, 0x1000_0000_0000_8001, 8);
+    assert_eq!(
+        complete(ioctl(file, code::LISTEN, &listen, 0)).0,
+        status::SUCCESS
+    );
+    let event = ioctl(file, code::GET_EVENT, &handle_in(listener), 4096);
+    let client = create(file).expect("an endpoint");
+    let mut connect = connect_between(client, listen.service_id, &port(1, 0x10), &port(2, 0x11));
+    connect.pkey = partition;
+    let (s, _) = complete(ioctl(file, code::CONNECT, &connect, 0));
+    assert!(
+        s == status::SUCCESS || s == status::PENDING,
+        "CONNECT: {s:#x}"
+    );
+    let (s, _) = io::wait_for(event, Duration::from_secs(5))
+        .expect("the REQ on the new partition reaches the listen");
+    assert_eq!(s, status::SUCCESS);
+    io::close(file);
+    let until = Instant::now() + Duration::from_secs(5);
+    while al::elements_held() > 0 && Instant::now() < until {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    shutdown(device);
+}
