@@ -390,6 +390,18 @@ pub fn forced_destroys() -> usize {
     state::lock().al.forced_destroys
 }
 
+/// Runs `f` on AL's PnP thread (al_init.c: one "AL_PNP" async thread delivers every PnP
+/// callback, at PASSIVE_LEVEL) and waits for it: false when no thread could be made.
+fn on_pnp_thread(f: impl FnOnce() + Send + 'static) -> bool {
+    match std::thread::Builder::new().name("al-pnp".into()).spawn(f) {
+        Ok(t) => {
+            let _ = t.join();
+            true
+        }
+        Err(_) => false,
+    }
+}
+
 /// ibbus registers CA `index` (`fdo_start`, power-up: `__register_ca`). AL reports its
 /// ports to every port registration (al_pnp.c `__pnp_process_add_ca` ->
 /// `__pnp_port_notify`), on its PnP thread.
@@ -405,18 +417,13 @@ pub fn register_ca(index: usize) {
         };
         (ca, guard.al.registrations.clone())
     };
-    let thread = std::thread::Builder::new()
-        .name("al-pnp".into())
-        .spawn(move || {
-            for (h_al, context, callback) in registrations {
-                for port in &ca.ports {
-                    report_port(h_al, context, callback, &ca, port);
-                }
+    on_pnp_thread(move || {
+        for (h_al, context, callback) in registrations {
+            for port in &ca.ports {
+                report_port(h_al, context, callback, &ca, port);
             }
-        });
-    if let Ok(t) = thread {
-        let _ = t.join();
-    }
+        }
+    });
 }
 
 /// AL's timeout for a synchronous destroy (al_common.c `sync_destroy_obj`), shortened:
@@ -588,24 +595,20 @@ unsafe extern "C" fn reg_pnp(h_al: Handle, p_pnp_req: *const IbPnpReq, ph_pnp: *
     };
     // AL reports the ports of every registered CA; the binding keeps its own CA's.
     let h_al = h_al as usize;
-    let thread = std::thread::Builder::new()
-        .name("al-pnp".into())
-        .spawn(move || {
-            for (index, ca) in cas.iter().enumerate() {
-                if deregistered.contains(&index) {
-                    continue;
-                }
-                for port in &ca.ports {
-                    report_port(h_al, context, callback, ca, port);
-                }
+    let reported = on_pnp_thread(move || {
+        for (index, ca) in cas.iter().enumerate() {
+            if deregistered.contains(&index) {
+                continue;
             }
-        });
-    match thread {
-        Ok(t) => {
-            let _ = t.join();
-            IB_SUCCESS
+            for port in &ca.ports {
+                report_port(h_al, context, callback, ca, port);
+            }
         }
-        Err(_) => IB_INSUFFICIENT_RESOURCES,
+    });
+    if reported {
+        IB_SUCCESS
+    } else {
+        IB_INSUFFICIENT_RESOURCES
     }
 }
 
@@ -717,23 +720,18 @@ pub fn port_active(index: usize, port_num: u8, pkeys: Vec<u16>) {
             .collect();
         (ca, port, targets)
     };
-    let thread = std::thread::Builder::new()
-        .name("al-pnp".into())
-        .spawn(move || {
-            for (pnp_context, callback, context) in targets {
-                port_event(
-                    pnp_context,
-                    callback,
-                    &ca,
-                    &port,
-                    IB_PNP_PORT_ACTIVE,
-                    context,
-                );
-            }
-        });
-    if let Ok(t) = thread {
-        let _ = t.join();
-    }
+    on_pnp_thread(move || {
+        for (pnp_context, callback, context) in targets {
+            port_event(
+                pnp_context,
+                callback,
+                &ca,
+                &port,
+                IB_PNP_PORT_ACTIVE,
+                context,
+            );
+        }
+    });
 }
 
 /// AL removes CA `index`'s ports (ibbus deregisters it): IB_PNP_PORT_REMOVE to every
@@ -758,38 +756,33 @@ fn report_ports_removed(index: usize) {
     let Some(ca_guid) = state::lock().al.cas.get(index).map(|c| c.ca_guid) else {
         return;
     };
-    let thread = std::thread::Builder::new()
-        .name("al-pnp".into())
-        .spawn(move || {
-            for ((h_al, _, port_num), context) in removed {
-                let Some((_, pnp_context, Some(cb))) =
-                    registrations.iter().find(|(h, ..)| *h == h_al).copied()
-                else {
-                    continue;
-                };
-                let mut record = IbPnpPortRec {
-                    pnp_rec: IbPnpRec {
-                        pnp_event: IB_PNP_PORT_REMOVE,
-                        h_pnp: core::ptr::null_mut(),
-                        h_ioc_event: core::ptr::null_mut(),
-                        pnp_context: pnp_context as *mut c_void,
-                        context: context as *mut c_void,
-                        guid: (ca_guid + u64::from(port_num)).to_be(),
-                        ca_guid: 0,
-                    },
-                    p_ca_attr: core::ptr::null(),
-                    p_port_attr: core::ptr::null(),
-                };
-                call_driver("ib_pfn_pnp_cb_t (IB_PNP_PORT_REMOVE)", PASSIVE, || {
-                    // SAFETY: the driver's PnP callback with a port record valid for the
-                    // call.
-                    unsafe { cb((&raw mut record).cast()) }
-                });
-            }
-        });
-    if let Ok(t) = thread {
-        let _ = t.join();
-    }
+    on_pnp_thread(move || {
+        for ((h_al, _, port_num), context) in removed {
+            let Some((_, pnp_context, Some(cb))) =
+                registrations.iter().find(|(h, ..)| *h == h_al).copied()
+            else {
+                continue;
+            };
+            let mut record = IbPnpPortRec {
+                pnp_rec: IbPnpRec {
+                    pnp_event: IB_PNP_PORT_REMOVE,
+                    h_pnp: core::ptr::null_mut(),
+                    h_ioc_event: core::ptr::null_mut(),
+                    pnp_context: pnp_context as *mut c_void,
+                    context: context as *mut c_void,
+                    guid: (ca_guid + u64::from(port_num)).to_be(),
+                    ca_guid: 0,
+                },
+                p_ca_attr: core::ptr::null(),
+                p_port_attr: core::ptr::null(),
+            };
+            call_driver("ib_pfn_pnp_cb_t (IB_PNP_PORT_REMOVE)", PASSIVE, || {
+                // SAFETY: the driver's PnP callback with a port record valid for the
+                // call.
+                unsafe { cb((&raw mut record).cast()) }
+            });
+        }
+    });
 }
 
 unsafe extern "C" fn get_spl_qp(
