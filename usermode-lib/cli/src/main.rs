@@ -121,6 +121,15 @@ enum Command {
     PortFault(cli_fault::FaultArgs),
 }
 
+/// MaxHeldRequestsPerListen: 1 to 2^32 - 1 (0 is the registry's "unset").
+fn held_requests(s: &str) -> Result<u32, String> {
+    let n = number(s)?;
+    match u32::try_from(n) {
+        Ok(h) if h > 0 => Ok(h),
+        _ => Err(format!("{n} is out of range (1 to {})", u32::MAX)),
+    }
+}
+
 /// A probability in [0, 1].
 fn fraction(s: &str) -> Result<f64, String> {
     let v: f64 = s
@@ -191,6 +200,12 @@ struct FabricArgs {
     /// Capture every MAD and write it to FILE as RoCEv2 frames (pcap, Ethernet).
     #[arg(long, value_name = "FILE")]
     pcap: Option<PathBuf>,
+    /// The simulated drivers' MaxHeldRequestsPerListen (the Windows driver's registry
+    /// value): REQs a listen holds past its backlog, their senders kept waiting by MRAs,
+    /// before it refuses one at once with REJ(NoResources) [default: 131072]. Raise it
+    /// for a storm larger than backlog + 131072 clients.
+    #[arg(long, value_name = "N", value_parser = held_requests)]
+    max_held_requests: Option<u32>,
     /// Use the installed ibcm driver (Windows only; there it is the default).
     #[arg(long)]
     device: bool,
@@ -224,6 +239,7 @@ impl FabricArgs {
             faults: self.faults(),
             capture: self.pcap.is_some(),
             real_time,
+            max_held_requests: self.max_held_requests,
         })
     }
 
@@ -237,8 +253,11 @@ impl FabricArgs {
                 f.loss, f.duplicate, f.reorder, f.corrupt, f.delay_ns
             )
         };
+        let held = self.max_held_requests.map_or(String::new(), |h| {
+            format!(", {h} held REQs per listen at most")
+        });
         format!(
-            "simulated fabric in {} time, seed {}, {faults}",
+            "simulated fabric in {} time, seed {}, {faults}{held}",
             if sim.is_real_time() {
                 "real"
             } else {
@@ -581,6 +600,13 @@ fn cmtime_command(a: &CmtimeArgs) -> Result<bool, Failure> {
     if a.fabric.use_device() {
         if a.virtual_time {
             return Err(Failure("--virtual-time is for the simulated fabric".into()));
+        }
+        if a.fabric.max_held_requests.is_some() {
+            return Err(Failure(
+                "--max-held-requests is for the simulated fabric (the driver reads the \
+                 registry value MaxHeldRequestsPerListen)"
+                    .into(),
+            ));
         }
         let provider = device()?;
         let (local, remote) = (
