@@ -34,6 +34,7 @@ mod cli_install;
 mod cli_perftest;
 #[cfg(all(target_os = "linux", feature = "devices"))]
 mod cli_rc;
+mod cli_reboot;
 mod cli_rocev2;
 mod cli_switch;
 
@@ -346,6 +347,17 @@ struct CmtimeArgs {
     /// --loss, --dup and --reorder for faults.
     #[arg(long, conflicts_with_all = ["waves", "accept_rate", "json"])]
     port_flap: bool,
+    /// A peer that reboots (simulated fabric): set up --connections, then node 0 (the
+    /// client) reboots: a fresh driver on the same port and CA GUID, every connection gone
+    /// without a word to node 1. Its application reconnects each from the QPN it used
+    /// before; node 1, the survivor, refuses each such REQ with REJ(StaleConn) and ends
+    /// the old connection with a DREQ (IBA 12.9.8.3.1), and the client tries again once
+    /// its refused attempt's timewait is over. Prints the time until the survivor had
+    /// ended every stale connection and until all were made again, the REJ, DREQ and DREP
+    /// counts, the retries, and what both drivers hold after the teardown (CEPs, timer
+    /// entries, handles, endpoints: none).
+    #[arg(long, conflicts_with_all = ["waves", "accept_rate", "port_flap", "plot", "device"])]
+    peer_reboot: bool,
     /// Draw the run as an SVG figure: each step's latency distribution (CDF), the
     /// connections established over time (with --accept-rate against the ideal N/R), and
     /// with --waves the drivers' bytes per connection and the process's RSS wave by wave;
@@ -656,6 +668,24 @@ fn cmtime_command(a: &CmtimeArgs) -> Result<bool, Failure> {
     }
     if a.dpc_times {
         sim.time_dpcs();
+    }
+    if a.peer_reboot {
+        drop((client, server));
+        let r = ibcm_cli::reboot::run(&sim, &cfg, &on_progress)?;
+        if let Some(b) = &bar {
+            b.finish_and_clear();
+        }
+        if a.json {
+            let mut j = cli_reboot::json(&r);
+            j["fabric"] = serde_json::json!(a.fabric.describe(&sim));
+            j["timing"] = serde_json::json!(timing);
+            println!("{}", serde_json::to_string_pretty(&j)?);
+            return Ok(r.clean());
+        }
+        let clean = cli_reboot::print(&r);
+        print_faults(&sim);
+        write_capture(&a.fabric, &sim)?;
+        return Ok(clean);
     }
     if a.port_flap {
         let flap = cmtime::port_flap(&client, &server, &sim, &cfg, &on_progress)?;
