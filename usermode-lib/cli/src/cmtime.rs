@@ -961,13 +961,15 @@ struct Pacer {
     stopped: bool,
 }
 
-/// Driver memory samples in a run, whatever its connections: a sample walks every
-/// endpoint of the dispatch layer, O(N) with N connections, so the sampling costs each
-/// connection as many entry visits as there are samples. A fixed count keeps that the
-/// same at every N (a floor of one every 512 takes, capped at 256 samples, gave 20
-/// samples at 10^4 and 256 from 1.3 x 10^5 on: 9% of a 10^5 storm's CPU against 2% at
-/// 10^4).
-const MEMORY_SAMPLES: usize = 64;
+/// Driver memory samples in a run, whatever its connections, besides one at the first
+/// take (when a storm's burst has arrived and is held: the usual peak). A sample walks
+/// every endpoint of the dispatch layer, O(N) with N connections and a cache miss each
+/// once the tables outgrow the caches, so the sampling costs each connection as many
+/// entry visits as there are samples: a fixed count keeps that the same at every N (a
+/// floor of one every 512 takes, capped at 256 samples, gave 20 samples at 10^4 and 256
+/// from 1.3 x 10^5 on: 9% of a 10^5 storm's CPU against 2% at 10^4; 64 samples still
+/// cost 4% at 10^5).
+const MEMORY_SAMPLES: usize = 16;
 
 impl Pacer {
     fn new(sh: Arc<Shared>, listener: Arc<ibcm::Listener>, rate: u32) -> Self {
@@ -998,7 +1000,7 @@ impl Pacer {
         if self.current.take().is_some() {
             self.taken += 1;
             let every = self.sh.cfg.connections.div_ceil(MEMORY_SAMPLES).max(1);
-            if self.taken.is_multiple_of(every)
+            if (self.taken == 1 || self.taken.is_multiple_of(every))
                 && let Some(m) = pump.driver_memory().and_then(|m| m.get(1).copied())
             {
                 self.peak = Some(match self.peak {
