@@ -346,7 +346,8 @@ impl<'a> Client<'a> {
             }
             Op::Timewait(_) => spawn(ep.wait_timewait_async(), &o),
             Op::Disconnect(_) => {
-                let disconnect = ep.disconnect_async(&[]);
+                // Boxed: an async block holds a future it awaits twice (rust-lang/rust#62958).
+                let disconnect = Box::pin(ep.disconnect_async(&[]));
                 let ep2 = ep.clone();
                 spawn(
                     async move {
