@@ -11,9 +11,12 @@
 //! IB_CM_REJ_STALE_CONN)`) has it answer each such REQ with REJ(StaleConn) and end the
 //! old connection with a DREQ, which the fresh driver answers with an unaffiliated DREP
 //! (IBA 12.9.8.5). The stale REJ puts the client's new attempt in timewait (the QPN is
-//! quarantined, IBA 12.9.8.3.1); its application tries again once that ends (again
-//! refused while the server's old connection is still in timewait, as Linux's
-//! `cm_match_req` finds the timewait entry). Then everything is torn down and what each
+//! quarantined, IBA 12.9.8.3.1); its application tries again once that ends, refused
+//! again as long as the server's old connection is in its own, longer timewait (ibcm's
+//! engine keeps the old connection's remote QPN and CA GUID until timewait ends; Linux's
+//! ib_cm drops them as the connection enters timewait, `cm_enter_timewait` ->
+//! `cm_remove_remote`, so there only a live connection makes a REQ stale). Then
+//! everything is torn down and what each
 //! driver still holds is counted: CEPs, timer entries, open handles, and endpoints left
 //! at a handle's close (the verifier's `EndpointLeak`).
 
