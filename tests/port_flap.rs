@@ -31,6 +31,7 @@ fn sim(faults: Faults, seed: u64) -> Sim {
         faults,
         capture: false,
         real_time: false,
+        max_held_requests: None,
     })
 }
 

@@ -52,6 +52,7 @@ fn soak(n: usize, seed: u64, timing: Timing) -> (cmtime::Report, Sim) {
         },
         capture: false,
         real_time: false,
+        max_held_requests: None,
     });
     let (client, server) = (sim.provider(0).unwrap(), sim.provider(1).unwrap());
     let cfg = cmtime::Config {

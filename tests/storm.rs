@@ -28,6 +28,7 @@ fn storm(faults: Faults, seed: u64, backlog: u32) -> (cmtime::Report, Sim, [u64;
         faults,
         capture: false,
         real_time: false,
+        max_held_requests: None,
     });
     let (client, server) = (sim.provider(0).unwrap(), sim.provider(1).unwrap());
     let cfg = cmtime::Config {

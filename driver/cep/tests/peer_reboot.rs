@@ -337,8 +337,10 @@ fn reboot_and_reconnect(label: &str, chaos: Option<Chaos>) {
         );
     }
     // A REQ arriving while B's old connection is still in timewait is stale as well
-    // (Linux `cm_match_req`: a timewait entry with the QPN and CA GUID): A retries
-    // again after its own timewait. Every refusal was a stale one.
+    // (this engine keeps the old connection's remote QPN and CA GUID until its timewait
+    // ends; Linux's ib_cm drops them on entering timewait, `cm_enter_timewait` ->
+    // `cm_remove_remote`, and refuses only for a live connection): A retries again
+    // after its own timewait. Every refusal was a stale one.
     assert!(apps.stale_rejects >= u64::from(k));
     // Lost REJs are answered again when their REQ is re-sent.
     let rejs = sent(&p.b, AttributeId::Rej) - b_rej;

@@ -195,6 +195,8 @@ pub struct Fabric {
     link: Link,
     seq: u64,
     rng: Rng,
+    /// Reboots so far ([`Fabric::reboot`]): each seeds the fresh driver's RNG anew.
+    reboots: u64,
 }
 
 impl Fabric {
@@ -206,6 +208,12 @@ impl Fabric {
 
     /// `n` nodes on `clock`.
     pub fn with_clock(n: usize, seed: u64, clock: Clock) -> Self {
+        Self::with_config(n, seed, clock, |_| {})
+    }
+
+    /// `n` nodes on `clock`, each engine's settings the defaults as `tune` changes them
+    /// (what the Windows driver reads from the registry, e.g. `MaxHeldRequestsPerListen`).
+    pub fn with_config(n: usize, seed: u64, clock: Clock, tune: impl Fn(&mut CmConfig)) -> Self {
         let clock = Arc::new(clock);
         let wake = Arc::new(Wake::default());
         let nodes = (0..n)
@@ -213,7 +221,8 @@ impl Fabric {
                 let mut rng_seed = [0u8; 32];
                 rng_seed[..8].copy_from_slice(&seed.to_le_bytes());
                 rng_seed[8..16].copy_from_slice(&(i as u64).to_le_bytes());
-                let config = CmConfig::new(node_guid(i), rng_seed);
+                let mut config = CmConfig::new(node_guid(i), rng_seed);
+                tune(&mut config);
                 Arc::new(Node::new(
                     config,
                     node_address(i),
@@ -238,6 +247,7 @@ impl Fabric {
             link: Link::default(),
             seq: 0,
             rng: Rng(seed ^ 0x5EED_F00D),
+            reboots: 0,
         }
     }
 
@@ -258,6 +268,42 @@ impl Fabric {
         self.nodes.push(Arc::clone(shared.al()));
         self.shared.push((i, Arc::clone(&shared)));
         Some(shared)
+    }
+
+    /// Node `i`'s host reboots: its driver and all it held are gone at once (what it had
+    /// queued never leaves, no DREQ goes out for its connections, its timers never
+    /// fire), and a fresh driver starts on the same port: the same CA GUID, address and
+    /// settings, its RNG seeded anew (other comm IDs, PSNs and TIDs, as a host that
+    /// booted again draws them). MADs already on the wire to the port reach the fresh
+    /// driver. The old node stays with whoever holds it (the providers of the host that
+    /// went down), cut off from the fabric. Returns the fresh node; None if `i` is out of
+    /// range or a port two CMs share ([`Self::share_port`]).
+    pub fn reboot(&mut self, i: usize) -> Option<Arc<Node>> {
+        if self.shared.iter().any(|(at, _)| *at == i) {
+            return None;
+        }
+        let old = self.nodes.get(i)?;
+        let mut config = old.device.with_engine(|cm| *cm.config());
+        self.reboots += 1;
+        if let Some(b) = config.rng_seed.get_mut(24..) {
+            b.copy_from_slice(&self.reboots.to_le_bytes());
+        }
+        let fresh = Arc::new(Node::new(
+            config,
+            old.address,
+            Arc::clone(&self.clock),
+            Arc::clone(&self.wake),
+        ));
+        if self.down.get(i).is_some_and(|d| *d) {
+            fresh.device.port_down(fresh.address.port);
+        }
+        if let Some(slot) = self.nodes.get_mut(i) {
+            *slot = Arc::clone(&fresh);
+        }
+        if let Some(at) = self.passive_work_at.get_mut(i) {
+            *at = 0;
+        }
+        Some(fresh)
     }
 
     /// Node `i`'s port goes down (`up` false: its cable pulled) or comes back. While down

@@ -430,7 +430,7 @@ impl Shared {
     }
 }
 
-fn describe(side: &str, e: &Error) -> String {
+pub(crate) fn describe(side: &str, e: &Error) -> String {
     let mut s = format!("{side} {}: {}", e.operation, ibcm::status_name(e.status));
     match &e.detail {
         Detail::None => {}
@@ -440,12 +440,12 @@ fn describe(side: &str, e: &Error) -> String {
     s
 }
 
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+pub(crate) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 /// The client's QPN for connection `i` (the server's is `SERVER_QPN + i`).
-fn client_qpn(i: usize) -> u32 {
+pub(crate) fn client_qpn(i: usize) -> u32 {
     0x100 + i as u32
 }
 
@@ -927,7 +927,7 @@ pub fn port_flap(
 /// How long nothing may complete before what is pending counts as stalled: nothing
 /// legitimately stays pending longer than a request's whole retry budget (a step may
 /// need two: a lost REP is re-sent only after the REQ's retries ask for it).
-fn stall_limit(cfg: &Config) -> Duration {
+pub(crate) fn stall_limit(cfg: &Config) -> Duration {
     cfg.timing.request_lifetime() * 2 + Duration::from_secs(5)
 }
 
@@ -961,14 +961,15 @@ struct Pacer {
     stopped: bool,
 }
 
-/// Driver memory is sampled every this many takes at least (a sample walks every table).
-const MEMORY_SAMPLE_EVERY: usize = 512;
-
-/// At most this many samples of driver memory in a run: a sample walks every table, O(N)
-/// with N connections, so sampling every [`MEMORY_SAMPLE_EVERY`] takes made a storm's
-/// sampling O(N^2) (N^2 / 512 table entries walked: 7% of a 5e4 storm's CPU and growing
-/// with N).
-const MEMORY_SAMPLES: usize = 256;
+/// Driver memory samples in a run, whatever its connections, besides one at the first
+/// take (when a storm's burst has arrived and is held: the usual peak). A sample walks
+/// every endpoint of the dispatch layer, O(N) with N connections and a cache miss each
+/// once the tables outgrow the caches, so the sampling costs each connection as many
+/// entry visits as there are samples: a fixed count keeps that the same at every N (a
+/// floor of one every 512 takes, capped at 256 samples, gave 20 samples at 10^4 and 256
+/// from 1.3 x 10^5 on: 9% of a 10^5 storm's CPU against 2% at 10^4; 64 samples still
+/// cost 4% at 10^5).
+const MEMORY_SAMPLES: usize = 16;
 
 impl Pacer {
     fn new(sh: Arc<Shared>, listener: Arc<ibcm::Listener>, rate: u32) -> Self {
@@ -998,8 +999,8 @@ impl Pacer {
         }
         if self.current.take().is_some() {
             self.taken += 1;
-            let every = (self.sh.cfg.connections / MEMORY_SAMPLES).max(MEMORY_SAMPLE_EVERY);
-            if self.taken.is_multiple_of(every)
+            let every = self.sh.cfg.connections.div_ceil(MEMORY_SAMPLES).max(1);
+            if (self.taken == 1 || self.taken.is_multiple_of(every))
                 && let Some(m) = pump.driver_memory().and_then(|m| m.get(1).copied())
             {
                 self.peak = Some(match self.peak {
@@ -1066,7 +1067,7 @@ impl<T> Default for Share<T> {
 }
 
 /// The connection index a REQ's private data names.
-fn index_of(private_data: &[u8]) -> Option<usize> {
+pub(crate) fn index_of(private_data: &[u8]) -> Option<usize> {
     let b: [u8; 4] = private_data.get(..4)?.try_into().ok()?;
     Some(u32::from_le_bytes(b) as usize)
 }
@@ -1111,18 +1112,7 @@ fn serve(sh: &Arc<Shared>, req: ConnectionRequest) {
                 }
             };
             let accepted = async {
-                ep.prepare_accept_async(&AcceptParams {
-                    qpn: SERVER_QPN + i as u32,
-                    starting_psn: None,
-                    responder_resources: 1,
-                    initiator_depth: 1,
-                    rnr_retry_count: 7,
-                    failover_accepted: Failover::NotSupported,
-                    flow_control: true,
-                    srq: false,
-                    private_data: &[],
-                })
-                .await?;
+                ep.prepare_accept_async(&accept_params(i)).await?;
                 // Each step boxed: a task lives as long as its connection, and an async
                 // block is as large as its largest step, so inline steps would cost every
                 // live connection the size of the biggest one.
@@ -1160,6 +1150,41 @@ fn serve(sh: &Arc<Shared>, req: ConnectionRequest) {
     );
 }
 
+/// The server's answer to connection `i`'s REQ.
+pub(crate) fn accept_params(i: usize) -> AcceptParams<'static> {
+    AcceptParams {
+        qpn: SERVER_QPN + i as u32,
+        starting_psn: None,
+        responder_resources: 1,
+        initiator_depth: 1,
+        rnr_retry_count: 7,
+        failover_accepted: Failover::NotSupported,
+        flow_control: true,
+        srq: false,
+        private_data: &[],
+    }
+}
+
+/// The client's REQ for connection `i` (from QPN [`client_qpn`]), its index as private
+/// data.
+pub(crate) fn connect_params<'a>(
+    cfg: &Config,
+    i: usize,
+    index: &'a [u8; 4],
+) -> ibcm::ConnectParams<'a> {
+    let mut params = ibcm::example_connect_params(cfg.service_id, client_qpn(i), 0, 1);
+    params.primary_path.slid = cfg.client.lid;
+    params.primary_path.sgid = cfg.client.gid;
+    params.primary_path.dlid = cfg.server.lid;
+    params.primary_path.dgid = cfg.server.gid;
+    params.primary_path.packet_life_time = cfg.timing.packet_life_time;
+    params.remote_cm_response_timeout = cfg.timing.cm_response_timeout;
+    params.local_cm_response_timeout = cfg.timing.cm_response_timeout;
+    params.max_cm_retries = cfg.timing.max_cm_retries;
+    params.private_data = index;
+    params
+}
+
 fn cancel_server(sh: &Shared) {
     let eps: Vec<ConnectEndpoint> = lock(&sh.server.live).values().cloned().collect();
     for ep in eps {
@@ -1170,7 +1195,7 @@ fn cancel_server(sh: &Shared) {
 /// Waits (stepping a virtual fabric) until `done()`, for at most `limit` without it; on
 /// a stall calls `on_stall` and gives what it cancelled a moment to finish. Returns 1 if
 /// it stalled.
-fn wait_until(
+pub(crate) fn wait_until(
     pump: &dyn Pump,
     limit: Duration,
     done: impl Fn() -> bool,
@@ -1302,17 +1327,8 @@ fn setup_share(
                     return Some(None);
                 }
             };
-            let mut params = ibcm::example_connect_params(cfg.service_id, client_qpn(i), 0, 1);
-            params.primary_path.slid = cfg.client.lid;
-            params.primary_path.sgid = cfg.client.gid;
-            params.primary_path.dlid = cfg.server.lid;
-            params.primary_path.dgid = cfg.server.gid;
-            params.primary_path.packet_life_time = cfg.timing.packet_life_time;
-            params.remote_cm_response_timeout = cfg.timing.cm_response_timeout;
-            params.local_cm_response_timeout = cfg.timing.cm_response_timeout;
-            params.max_cm_retries = cfg.timing.max_cm_retries;
             let index = (i as u32).to_le_bytes();
-            params.private_data = &index;
+            let params = connect_params(&cfg, i, &index);
             let (sh2, ep2) = (Arc::clone(sh), ep.clone());
             sh.mark(i, Mark::Req);
             // Inline steps: this task ends with the setup (the server's tasks, which live
@@ -1394,7 +1410,9 @@ fn teardown_share(
                 return Some(Some((i, ep)));
             }
             sh.mark(i, Mark::Dreq);
-            let disconnect = ep.disconnect_async(&[]);
+            // Boxed: an async block holds a future it awaits twice (rust-lang/rust#62958),
+            // and a storm has every disconnect in flight at once (1.4 KB each, not 2.9).
+            let disconnect = Box::pin(ep.disconnect_async(&[]));
             spawn(
                 async move {
                     disconnect.await?;

@@ -7,6 +7,7 @@
 //!   before they change a host (the kill switch, the HCA restart).
 //! - [`cmtime`]: connection setup and teardown timed step by step (rdma-core `cmtime`).
 //! - [`plot`]: cmtime's figures as SVG (`--plot`).
+//! - [`reboot`]: `cmtime --peer-reboot`, a peer that reboots with N connections up.
 //! - [`exchange`]: ucmatose-style `listen` / `connect` exchanges.
 //! - [`rocev2`]: the same over RoCEv2 on a real interface, as a peer for Linux `rdma_cm`.
 //! - [`status`]: `ibcm status`'s report (text and JSON) of the driver's STATUS and
@@ -32,6 +33,7 @@ pub mod perftest;
 pub mod plot;
 #[cfg(all(target_os = "linux", feature = "devices"))]
 pub mod rc;
+pub mod reboot;
 #[cfg(target_os = "linux")]
 pub mod rocev2;
 pub mod sim;

@@ -34,6 +34,7 @@ mod cli_install;
 mod cli_perftest;
 #[cfg(all(target_os = "linux", feature = "devices"))]
 mod cli_rc;
+mod cli_reboot;
 mod cli_rocev2;
 mod cli_switch;
 
@@ -121,6 +122,15 @@ enum Command {
     PortFault(cli_fault::FaultArgs),
 }
 
+/// MaxHeldRequestsPerListen: 1 to 2^32 - 1 (0 is the registry's "unset").
+fn held_requests(s: &str) -> Result<u32, String> {
+    let n = number(s)?;
+    match u32::try_from(n) {
+        Ok(h) if h > 0 => Ok(h),
+        _ => Err(format!("{n} is out of range (1 to {})", u32::MAX)),
+    }
+}
+
 /// A probability in [0, 1].
 fn fraction(s: &str) -> Result<f64, String> {
     let v: f64 = s
@@ -191,6 +201,12 @@ struct FabricArgs {
     /// Capture every MAD and write it to FILE as RoCEv2 frames (pcap, Ethernet).
     #[arg(long, value_name = "FILE")]
     pcap: Option<PathBuf>,
+    /// The simulated drivers' MaxHeldRequestsPerListen (the Windows driver's registry
+    /// value): REQs a listen holds past its backlog, their senders kept waiting by MRAs,
+    /// before it refuses one at once with REJ(NoResources) [default: 131072]. Raise it
+    /// for a storm larger than backlog + 131072 clients.
+    #[arg(long, value_name = "N", value_parser = held_requests)]
+    max_held_requests: Option<u32>,
     /// Use the installed ibcm driver (Windows only; there it is the default).
     #[arg(long)]
     device: bool,
@@ -224,6 +240,7 @@ impl FabricArgs {
             faults: self.faults(),
             capture: self.pcap.is_some(),
             real_time,
+            max_held_requests: self.max_held_requests,
         })
     }
 
@@ -237,8 +254,11 @@ impl FabricArgs {
                 f.loss, f.duplicate, f.reorder, f.corrupt, f.delay_ns
             )
         };
+        let held = self.max_held_requests.map_or(String::new(), |h| {
+            format!(", {h} held REQs per listen at most")
+        });
         format!(
-            "simulated fabric in {} time, seed {}, {faults}",
+            "simulated fabric in {} time, seed {}, {faults}{held}",
             if sim.is_real_time() {
                 "real"
             } else {
@@ -327,6 +347,17 @@ struct CmtimeArgs {
     /// --loss, --dup and --reorder for faults.
     #[arg(long, conflicts_with_all = ["waves", "accept_rate", "json"])]
     port_flap: bool,
+    /// A peer that reboots (simulated fabric): set up --connections, then node 0 (the
+    /// client) reboots: a fresh driver on the same port and CA GUID, every connection gone
+    /// without a word to node 1. Its application reconnects each from the QPN it used
+    /// before; node 1, the survivor, refuses each such REQ with REJ(StaleConn) and ends
+    /// the old connection with a DREQ (IBA 12.9.8.3.1), and the client tries again once
+    /// its refused attempt's timewait is over. Prints the time until the survivor had
+    /// ended every stale connection and until all were made again, the REJ, DREQ and DREP
+    /// counts, the retries, and what both drivers hold after the teardown (CEPs, timer
+    /// entries, handles, endpoints: none).
+    #[arg(long, conflicts_with_all = ["waves", "accept_rate", "port_flap", "plot", "device"])]
+    peer_reboot: bool,
     /// Draw the run as an SVG figure: each step's latency distribution (CDF), the
     /// connections established over time (with --accept-rate against the ideal N/R), and
     /// with --waves the drivers' bytes per connection and the process's RSS wave by wave;
@@ -582,6 +613,13 @@ fn cmtime_command(a: &CmtimeArgs) -> Result<bool, Failure> {
         if a.virtual_time {
             return Err(Failure("--virtual-time is for the simulated fabric".into()));
         }
+        if a.fabric.max_held_requests.is_some() {
+            return Err(Failure(
+                "--max-held-requests is for the simulated fabric (the driver reads the \
+                 registry value MaxHeldRequestsPerListen)"
+                    .into(),
+            ));
+        }
         let provider = device()?;
         let (local, remote) = (
             lid(a.lids.local_lid, "local-lid")?,
@@ -630,6 +668,24 @@ fn cmtime_command(a: &CmtimeArgs) -> Result<bool, Failure> {
     }
     if a.dpc_times {
         sim.time_dpcs();
+    }
+    if a.peer_reboot {
+        drop((client, server));
+        let r = ibcm_cli::reboot::run(&sim, &cfg, &on_progress)?;
+        if let Some(b) = &bar {
+            b.finish_and_clear();
+        }
+        if a.json {
+            let mut j = cli_reboot::json(&r);
+            j["fabric"] = serde_json::json!(a.fabric.describe(&sim));
+            j["timing"] = serde_json::json!(timing);
+            println!("{}", serde_json::to_string_pretty(&j)?);
+            return Ok(r.clean());
+        }
+        let clean = cli_reboot::print(&r);
+        print_faults(&sim);
+        write_capture(&a.fabric, &sim)?;
+        return Ok(clean);
     }
     if a.port_flap {
         let flap = cmtime::port_flap(&client, &server, &sim, &cfg, &on_progress)?;

@@ -143,6 +143,10 @@ pub struct SimOptions {
     pub capture: bool,
     /// Real time (a runner thread) or virtual time (stepped by the waiting thread).
     pub real_time: bool,
+    /// Most REQs a listen holds past its backlog before it refuses one with
+    /// REJ(NoResources): the Windows driver's registry value `MaxHeldRequestsPerListen`
+    /// (`CmConfig::held_requests_per_listen`; None: its default).
+    pub max_held_requests: Option<u32>,
 }
 
 impl Default for SimOptions {
@@ -153,6 +157,7 @@ impl Default for SimOptions {
             faults: Faults::default(),
             capture: false,
             real_time: true,
+            max_held_requests: None,
         }
     }
 }
@@ -166,7 +171,8 @@ enum Mode {
 pub struct Sim {
     mode: Mode,
     clock: Arc<Clock>,
-    nodes: Vec<Arc<Node>>,
+    /// The fabric's nodes, as [`Sim::reboot`] leaves them.
+    nodes: Mutex<Vec<Arc<Node>>>,
 }
 
 impl Sim {
@@ -177,7 +183,12 @@ impl Sim {
         } else {
             Clock::virtual_at(1_000_000)
         };
-        let mut fabric = Fabric::with_clock(options.nodes.max(1), options.seed, clock);
+        let held = options.max_held_requests;
+        let mut fabric = Fabric::with_config(options.nodes.max(1), options.seed, clock, |c| {
+            if let Some(h) = held {
+                c.held_requests_per_listen = h;
+            }
+        });
         fabric.faults = options.faults;
         if options.capture {
             fabric.capture = Some(Vec::new());
@@ -189,25 +200,50 @@ impl Sim {
         } else {
             Mode::Virtual(Box::new(Mutex::new(fabric)))
         };
-        Self { mode, clock, nodes }
+        Self {
+            mode,
+            clock,
+            nodes: Mutex::new(nodes),
+        }
     }
 
     /// Node `i`.
     pub fn node(&self, i: usize) -> Option<Arc<Node>> {
-        self.nodes.get(i).cloned()
+        self.nodes().get(i).cloned()
     }
 
     /// The nodes.
-    pub fn nodes(&self) -> &[Arc<Node>] {
-        &self.nodes
+    pub fn nodes(&self) -> Vec<Arc<Node>> {
+        self.nodes
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    /// Node `i`'s host reboots ([`Fabric::reboot`]): its driver's state is gone without
+    /// a word to its peers, a fresh driver takes its port (same CA GUID and address).
+    /// Providers opened on it before keep the old, cut-off node; open new ones with
+    /// [`Sim::provider`]. False if there is no such node.
+    pub fn reboot(&self, i: usize) -> bool {
+        let Some(fresh) = self.with_fabric(|f| f.reboot(i)) else {
+            return false;
+        };
+        let mut nodes = self.nodes.lock().unwrap_or_else(PoisonError::into_inner);
+        match nodes.get_mut(i) {
+            Some(slot) => {
+                *slot = fresh;
+                true
+            }
+            None => false,
+        }
     }
 
     /// Opens a provider on node `i` (the last node if `i` is out of range).
     pub fn provider(&self, i: usize) -> Result<Provider> {
-        let node = self
-            .nodes
+        let nodes = self.nodes();
+        let node = nodes
             .get(i)
-            .or(self.nodes.last())
+            .or(nodes.last())
             .cloned()
             .ok_or_else(|| ibcm::Error::new("open", ibcm_ioctl::status::INVALID_PARAMETER))?;
         Provider::in_process(node)
@@ -263,14 +299,13 @@ impl Sim {
 
     /// CEPs alive in node `i`'s engine (including those in timewait).
     pub fn live_ceps(&self, i: usize) -> usize {
-        self.nodes
-            .get(i)
+        self.node(i)
             .map_or(0, |n| n.device.with_engine(|cm| cm.live_ceps()))
     }
 
     /// Every rule the host verifier saw broken, by node.
     pub fn violations(&self) -> Vec<(usize, Violation)> {
-        self.nodes
+        self.nodes()
             .iter()
             .enumerate()
             .flat_map(|(i, n)| n.violations().into_iter().map(move |v| (i, v)))
@@ -282,19 +317,19 @@ impl Sim {
     /// Starts timing every node's DISPATCH_LEVEL entry points (receive batches, timer
     /// passes).
     pub fn time_dpcs(&self) {
-        for n in &self.nodes {
+        for n in &self.nodes() {
             n.time_dpcs(true);
         }
     }
 
     /// Every node's DISPATCH_LEVEL times so far.
     pub fn dpc_times(&self) -> Vec<ibcm_host::DpcTimes> {
-        self.nodes.iter().map(|n| n.dpc_times()).collect()
+        self.nodes().iter().map(|n| n.dpc_times()).collect()
     }
 
     /// What the driver of each node holds now.
     pub fn driver_memory(&self) -> Vec<DriverMemory> {
-        self.nodes
+        self.nodes()
             .iter()
             .map(|n| {
                 let d = n.device.memory();
