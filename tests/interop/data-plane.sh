@@ -252,17 +252,23 @@ obs_get() {
 obs() { awk -v q="qpn=$2" -v k="$3" '$1=="qp-modify" && $2==q && $4=="rc=0" { for (i=5;i<=NF;i++) { split($i,a,"="); if (a[1]==k) v=a[2] } } END { print v }' "$1"; }
 pow2() { local n="$1" p=1; [ -n "$n" ] || { echo ""; return; }; [ "$n" -gt 0 ] || { echo 0; return; }; while [ "$p" -lt "$n" ]; do p=$((p * 2)); done; echo "$p"; }
 
-# qp_observed OURS-FILE OBS-LOG [quiet]: ibcm's QP (ibv_query_qp, the qp-ours line) against
+# qp_observed OURS-FILE OBS-LOG [quiet | N]: ibcm's QP (ibv_query_qp, the qp-ours line) against
 # the attributes Linux's own process put on its QP (the observer's log), and the prediction
 # rc.rs LinuxQp made from the REQ and REP (qp-linux-cm) beside them. Crossed: Linux's
 # dest_qpn is our QPN, its rq_psn our sq_psn (and, when nothing has moved yet: quiet, its
-# sq_psn our rq_psn); the path MTUs equal; each side's initiator depth is the other's
+# sq_psn our rq_psn; else its sq_psn at most N packets, default 16, behind our rq_psn: the
+# receives ibcm had posted); the path MTUs equal; each side's initiator depth is the other's
 # responder resources (cm.c cm_rep_handler crosses the REP, librdmacm cma.c:1918-1936 and
 # 2346-2350 apply it), ours as rxe rounded it up to a power of two (rxe_qp.c
 # rxe_qp_from_attr: roundup_pow_of_two) and Linux's as it asked; the transport retry count
 # the same (both from the REQ, cm.c cm_req_handler / the active side's own).
 qp_observed() {
-    local f="$1" log="$2" quiet="${3:-}"
+    local f="$1" log="$2" quiet="" most=16
+    case "${3:-}" in
+        quiet) quiet=1 ;;
+        '') ;;
+        *) most="$3" ;;
+    esac
     local qpn dest
     qpn="$(kv "$f" qp-ours qpn)"; dest="$(kv "$f" qp-ours dest_qpn)"
     [ -n "$qpn" ] && [ -n "$dest" ] || { fail "no qp-ours line"; return 0; }
@@ -278,14 +284,15 @@ qp_observed() {
     lrc="$(obs "$log" "$dest" retry_cnt)"
     check "Linux QP $dest: dest_qpn ($ldq) = our QPN ($qpn)" eq "$ldq" "$qpn"
     check "Linux rq_psn ($lrq) = our sq_psn" eq "$lrq" "$(kv "$f" qp-ours sq_psn)"
-    # Our rq_psn as queried: Linux's first PSN, or past the few packets an active Linux
-    # sends at once after its RTU (rping -c's first SEND, rping.c rping_test_client).
+    # Our rq_psn as queried: Linux's first PSN, or past the packets Linux sends at once
+    # after the RTU into the receives ibcm posted (rping -c's first SEND, rping.c
+    # rping_test_client; ucmatose's -C messages, cmatose.c).
     local d
     d="$(( ($(kv "$f" qp-ours rq_psn) - ${lsq:-0} + 16777216) % 16777216 ))"
     if [ -n "$quiet" ]; then
         check "Linux sq_psn ($lsq) = our rq_psn" eq "$lsq" "$(kv "$f" qp-ours rq_psn)"
     else
-        check "Linux sq_psn ($lsq) = our rq_psn less the $d packets Linux sent before our query (<= 16)" eval "[ -n '$lsq' ] && [ '$d' -le 16 ]"
+        check "Linux sq_psn ($lsq) = our rq_psn less the $d packets Linux sent before our query (<= $most)" eval "[ -n '$lsq' ] && [ '$d' -le $most ]"
     fi
     check "Linux path_mtu ($lmtu) = ours" eq "$lmtu" "$(kv "$f" qp-ours path_mtu)"
     check "our max_rd_atomic ($(kv "$f" qp-ours max_rd_atomic)) = Linux's max_dest_rd_atomic ($ldr) rounded up" eq "$(kv "$f" qp-ours max_rd_atomic)" "$(pow2 "$ldr")"
@@ -437,7 +444,7 @@ scenario_ucmatose-server() {
     check "Linux: data transfers complete" has "$OUT/ucmatose-server.linux.txt" "data transfers complete"
     check "Linux exited 0" has "$OUT/ucmatose-server.linux.txt" "exit=0"
     obs_get "$OUT/ucmatose-server.obs.txt"
-    qp_observed "$OUT/ucmatose-server.ibcm.txt" "$OUT/ucmatose-server.obs.txt"
+    qp_observed "$OUT/ucmatose-server.ibcm.txt" "$OUT/ucmatose-server.obs.txt" "$UC_COUNT"
 }
 
 scenario_ucmatose-client() {
@@ -452,7 +459,7 @@ scenario_ucmatose-client() {
     check "Linux: data transfers complete" has "$OUT/ucmatose-client.linux.txt" "data transfers complete"
     check "Linux exited 0" has "$OUT/ucmatose-client.linux.txt" "exit=0"
     obs_get "$OUT/ucmatose-client.obs.txt"
-    qp_observed "$OUT/ucmatose-client.ibcm.txt" "$OUT/ucmatose-client.obs.txt"
+    qp_observed "$OUT/ucmatose-client.ibcm.txt" "$OUT/ucmatose-client.obs.txt" "$UC_COUNT"
 }
 
 # perftest over rdma_cm (-R) against ibcm's `perftest` command: PT_ITERS messages of
