@@ -13,6 +13,7 @@ mod bad_driver;
 mod kernel_clients;
 mod pnp_power;
 mod user_library;
+mod verbs_hook;
 
 use std::process::Command;
 use std::time::{Duration, Instant};
@@ -31,6 +32,7 @@ use ibcm_ntos::{pnp, registry, thread};
 use kernel_clients::*;
 use pnp_power::*;
 use user_library::*;
+use verbs_hook::*;
 use zerocopy::{FromBytes, FromZeros, IntoBytes};
 
 #[global_allocator]
@@ -68,6 +70,7 @@ fn hca(al_cm_holds_send: bool) -> CaConfig {
         ca_guid: CA_GUID,
         ports: vec![port(1, 0x10), port(2, 0x11)],
         al_cm_holds_send,
+        verbs: false,
     }
 }
 
@@ -1192,6 +1195,7 @@ fn kill_switch_leaves_every_client_to_al() {
         ca_guid: CA_GUID + 0x100,
         ports: vec![port(1, 0x20)],
         al_cm_holds_send: false,
+        verbs: false,
     };
     registry::set("Disabled", 1);
     al::set_cas(vec![hca(false), second]);
@@ -1310,6 +1314,14 @@ const SCENARIOS: &[Scenario] = scenarios![
     ndfltr_through_the_binding,
     kernel_clients_with_a_peer_node,
     cmtime_with_a_host_peer,
+    connection_through_the_verbs_hook,
+    mads_for_al_pass_untouched,
+    receives_not_in_al_shape_pass_untouched,
+    verbs_hook_across_sleep_and_wake,
+    verbs_hook_surprise_removal_with_receives_posted,
+    verbs_hook_two_hcas,
+    other_drivers_verbs_queries_stay_unpatched,
+    verbs_hook_under_the_ordinary_route,
     cm_interface_reference_kept_blocks_removal => "WAIT_NEVER_RETURNS",
     verifier_spin_lock_recursive => "SPIN_LOCK_RECURSIVE",
     verifier_spin_lock_release_irql => "SPIN_LOCK_RELEASE_IRQL",

@@ -11,7 +11,7 @@ use super::*;
 /// The second simulated HCA (host order), one port with LID 0x20.
 const CA_GUID_2: u64 = 0x0002_c903_0000_2000;
 
-fn second_hca() -> CaConfig {
+pub fn second_hca() -> CaConfig {
     let mut gid = [0u8; 16];
     gid[0] = 0xfe;
     gid[1] = 0x80;
@@ -25,6 +25,7 @@ fn second_hca() -> CaConfig {
             pkeys: vec![0xffff],
         }],
         al_cm_holds_send: false,
+        verbs: false,
     }
 }
 
