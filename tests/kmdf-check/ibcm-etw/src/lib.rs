@@ -18,13 +18,6 @@ impl Tracer for EtwSink {
 impl DispatchTracer for EtwSink {
     fn dispatch(&self, _point: &DispatchPoint) {}
 }
-pub fn cm_interface_query(
-    _ca_guid: u64,
-    _version: u16,
-    _size: u16,
-    _answered: bool,
-    _reason: &str,
-) {
-}
+pub fn cm_interface_query(_ca_guid: u64, _version: u16, _size: u16, _answered: bool, _reason: &str) {}
 pub fn qp1_route(_ca_guid: u64, _routed: bool, _route: &str, _reason: &str) {}
 pub fn refused(_quota_exceeded: u64, _forged: u64) {}
