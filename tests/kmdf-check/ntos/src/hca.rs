@@ -219,6 +219,34 @@ pub struct Hca {
     pub dropped: usize,
     /// CAs whose hardware stopped: nothing arrives.
     gone: std::collections::HashSet<usize>,
+    /// CAs whose driver (and AL) are of another build: their `ci_interface_t::version`.
+    versions: HashMap<usize, u32>,
+    /// CAs whose driver was reloaded at another address: other entry points.
+    reloaded: std::collections::HashSet<usize>,
+}
+
+/// CA `ca`'s HCA driver is unloaded and loaded again at another address (an update, or
+/// the image placed elsewhere): from its next answer on, its verbs table's entry points
+/// differ from the ones it gave before.
+pub fn reload_driver(ca: usize) {
+    state::lock().hca.reloaded.insert(ca);
+}
+
+/// CA `ca`'s HCA driver, and the AL beside it, are of a build whose verbs version is
+/// `version` (Mellanox's binary builds may differ from the open headers,
+/// winof-deployment.md §5): the table says so, and AL of that build accepts it.
+pub fn set_verbs_version(ca: usize, version: u32) {
+    state::lock().hca.versions.insert(ca, version);
+}
+
+/// The `ci_interface_t::version` CA `ca`'s HCA driver and AL are built with.
+pub fn verbs_version(ca: usize) -> u32 {
+    state::lock()
+        .hca
+        .versions
+        .get(&ca)
+        .copied()
+        .unwrap_or(VERBS_VERSION)
 }
 
 fn new_handle(h: &mut Hca) -> usize {
@@ -306,6 +334,15 @@ pub fn answer_verbs_query(
     verbs[POLL_CQ] = poll_cq as *const c_void;
     verbs[ENABLE_CQ_NOTIFY] = enable_cq_notify as *const c_void;
     verbs[POLL_CQ_ARRAY] = poll_cq_array as *const c_void;
+    if state::lock().hca.reloaded.contains(&ca) {
+        verbs[CREATE_SPL_QP] = reloaded::create_spl_qp as *const c_void;
+        verbs[MODIFY_QP] = reloaded::modify_qp as *const c_void;
+        verbs[DESTROY_QP] = reloaded::destroy_qp as *const c_void;
+        verbs[DESTROY_CQ] = reloaded::destroy_cq as *const c_void;
+        verbs[POST_RECV] = reloaded::post_recv as *const c_void;
+        verbs[POLL_CQ] = reloaded::poll_cq as *const c_void;
+        verbs[POLL_CQ_ARRAY] = reloaded::poll_cq_array as *const c_void;
+    }
     let table = RdmaInterfaceVerbs {
         header: INTERFACE {
             Size: size_of::<RdmaInterfaceVerbs>() as u16,
@@ -323,7 +360,7 @@ pub fn answer_verbs_query(
             dev_id: 0x1003,
             dev_revision: 0,
             libname: [0; 32],
-            version: VERBS_VERSION,
+            version: verbs_version(ca),
             verbs,
         },
         post_event: core::ptr::null(),
@@ -755,4 +792,75 @@ pub fn arrive(ca: usize, port_num: u8, from_lid: u16, mad: &[u8]) -> bool {
     drop(guard);
     notify(recv_cq);
     true
+}
+
+/// The same verbs at other addresses ([`reload_driver`]).
+mod reloaded {
+    use super::*;
+
+    pub unsafe extern "C" fn create_spl_qp(
+        h_pd: Handle,
+        port_num: u8,
+        qp_context: *const c_void,
+        cb: *const c_void,
+        p_create_attr: *mut IbQpCreate,
+        p_qp_attr: *mut IbQpAttr,
+        ph_qp: *mut Handle,
+    ) -> i32 {
+        // SAFETY: the caller's arguments, passed on.
+        unsafe {
+            super::create_spl_qp(
+                h_pd,
+                port_num,
+                qp_context,
+                cb,
+                p_create_attr,
+                p_qp_attr,
+                ph_qp,
+            )
+        }
+    }
+
+    pub unsafe extern "C" fn modify_qp(
+        h_qp: Handle,
+        p_modify_attr: *const IbQpMod,
+        p_qp_attr: *mut c_void,
+        umv: *mut c_void,
+    ) -> i32 {
+        // SAFETY: as above.
+        unsafe { super::modify_qp(h_qp, p_modify_attr, p_qp_attr, umv) }
+    }
+
+    pub unsafe extern "C" fn destroy_qp(h_qp: Handle, timewait: u64) -> i32 {
+        // SAFETY: as above.
+        unsafe { super::destroy_qp(h_qp, timewait) }
+    }
+
+    pub unsafe extern "C" fn destroy_cq(h_cq: Handle) -> i32 {
+        // SAFETY: as above.
+        unsafe { super::destroy_cq(h_cq) }
+    }
+
+    pub unsafe extern "C" fn post_recv(
+        h_qp: Handle,
+        p_recv_wr: *mut IbRecvWr,
+        pp_failed: *mut *mut IbRecvWr,
+    ) -> i32 {
+        // SAFETY: as above.
+        unsafe { super::post_recv(h_qp, p_recv_wr, pp_failed) }
+    }
+
+    pub unsafe extern "C" fn poll_cq(
+        h_cq: Handle,
+        pp_free: *mut *mut IbWc,
+        pp_done: *mut *mut IbWc,
+    ) -> i32 {
+        // SAFETY: as above.
+        unsafe { super::poll_cq(h_cq, pp_free, pp_done) }
+    }
+
+    pub unsafe extern "C" fn poll_cq_array(h_cq: Handle, p_num: *mut i32, wc: *mut IbWc) -> i32 {
+        // SAFETY: as above.
+        unsafe { super::poll_cq_array(h_cq, p_num, wc) }
+    }
 }

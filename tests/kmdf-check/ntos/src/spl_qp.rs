@@ -301,8 +301,8 @@ pub fn register(ca: usize) {
             unsafe { deref(t.header.Context) };
         }
     };
-    if table.header.Version != version || table.verbs.version != hca::VERBS_VERSION {
-        // bus_pnp.c:413-421; al_mgr.c:282-289.
+    if table.header.Version != version || table.verbs.version != hca::verbs_version(ca) {
+        // bus_pnp.c:413-421; al_mgr.c:282-289 (AL's own build's version).
         release(&table);
         return;
     }

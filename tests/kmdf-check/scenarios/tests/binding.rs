@@ -956,8 +956,9 @@ fn handle_kept_across_removal() {
 }
 
 /// A stock WinOF host, where AL's CM holds the CM class's Send method on every port: the
-/// ordinary registration fails; without the verbs hook's steering (not simulated) the HCA
-/// has no QP1 route, so CM queries go down to AL's CM, STATUS says so, the System log says
+/// ordinary registration fails; without the verbs hook's steering (this CA's verbs table
+/// is not simulated, so ibbus's verbs query never passes the filter) the HCA has no QP1
+/// route, so CM queries go down to AL's CM, STATUS says so, the System log says
 /// why, and the ports' QP1 aliases are destroyed with their own contexts.
 fn al_cm_holding_send_leaves_clients_to_it() {
     let device = boot_on(hca(true), &[]);
@@ -1322,6 +1323,8 @@ const SCENARIOS: &[Scenario] = scenarios![
     verbs_hook_two_hcas,
     other_drivers_verbs_queries_stay_unpatched,
     verbs_hook_under_the_ordinary_route,
+    verbs_table_of_unknown_version_left_alone,
+    verbs_hook_slot_reused_after_disable_enable,
     cm_interface_reference_kept_blocks_removal => "WAIT_NEVER_RETURNS",
     verifier_spin_lock_recursive => "SPIN_LOCK_RECURSIVE",
     verifier_spin_lock_release_irql => "SPIN_LOCK_RELEASE_IRQL",

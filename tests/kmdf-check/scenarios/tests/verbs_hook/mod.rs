@@ -374,3 +374,65 @@ pub fn verbs_hook_under_the_ordinary_route() {
     until("every MAD element back", || al::elements_held() == 0);
     shutdown(device);
 }
+
+/// An HCA driver (and AL) of a build whose `ci_interface_t::version` is not the one the
+/// hook was written against: the completion routine leaves ibbus's table as it came and
+/// logs why, AL runs QP1 on the HCA's own entries, the HCA has no QP1 route, CM queries
+/// go down to AL's CM (the System log says the version is unknown), and a CM Send to the
+/// HCA reaches AL's CM untouched.
+pub fn verbs_table_of_unknown_version_left_alone() {
+    al::set_cas(vec![verbs_hca()]);
+    hca::set_verbs_version(0, 0x0002_0008);
+    assert_eq!(pnp::load(ibcm_driver::driver_entry), 0, "DriverEntry");
+    let device = pnp::add_device(0).expect("the filter attaches");
+    assert_eq!(pnp::start(device), 0);
+    let file = open(Open::user(Token::ADMIN));
+    let report = status_report(file);
+    assert_eq!(report.hcas[0].route, ibcm_ioctl::status_report::ROUTE_NONE);
+    assert_eq!(report.hcas[0].cm, ibcm_ioctl::status_report::CM_AL_NO_ROUTE);
+    let size = size_of::<ibcm_iba_cm::abi::InfinibandInterfaceCm>() as u16;
+    let (status, ifc) = query_cm_interface(device, size);
+    assert_eq!(status, 0);
+    assert_eq!(
+        ifc.interface_header.version,
+        io::AL_CM_MARK,
+        "AL's CM answers"
+    );
+    let log = io::system_log();
+    assert!(
+        log.iter()
+            .any(|(_, strings)| strings.iter().any(|s| s.contains("version is unknown"))),
+        "the System log says why the query went down: {log:?}"
+    );
+    let mut send = vec![0u8; 256];
+    send[..4].copy_from_slice(&[1, 0x07, 2, 0x03]);
+    send[8..16].copy_from_slice(&0x0bad_cafe_u64.to_be_bytes());
+    assert!(
+        al::receive(0x11, 0x77, &send),
+        "QP1 receives on the HCA's own entries"
+    );
+    al_cm_got(&send, 1);
+    io::close(file);
+    shutdown(device);
+}
+
+/// The HCA disabled, its driver reloaded at another address, and enabled again: the
+/// removed filter's slot is released with its HCA entries forgotten, so the new filter
+/// device, taking the same slot, patches the new table (a slot that kept the old entries
+/// would refuse it as "differs" and the HCA would have no route), and the new QP1 is
+/// steered.
+pub fn verbs_hook_slot_reused_after_disable_enable() {
+    let device = boot_on(verbs_hca(), &[]);
+    pnp::remove(device);
+    assert_eq!(hca::references(0), 0);
+    hca::reload_driver(0);
+    let device = pnp::add_device(0).expect("the filter attaches again");
+    assert_eq!(pnp::start(device), 0);
+    assert_eq!(spl_qp::query_status(0), Some(0));
+    let file = open(Open::user(Token::ADMIN));
+    steered(file, 0);
+    steered_connection(&Binding(file));
+    io::close(file);
+    until("every MAD element back", || al::elements_held() == 0);
+    shutdown(device);
+}
