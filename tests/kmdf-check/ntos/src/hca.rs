@@ -398,11 +398,11 @@ unsafe extern "C" fn create_cq(
             entries: VecDeque::new(),
         },
     );
-    // SAFETY: the caller's out pointers.
-    unsafe {
-        *ph_cq = h as Handle;
-        *p_size = (*p_size).max(1);
-    }
+    // SAFETY: the caller's out pointer.
+    unsafe { *ph_cq = h as Handle };
+    // SAFETY: the caller's size, in and out.
+    let size = unsafe { &mut *p_size };
+    *size = (*size).max(1);
     IB_SUCCESS
 }
 
@@ -443,16 +443,15 @@ unsafe extern "C" fn create_spl_qp(
             receives: VecDeque::new(),
         },
     );
-    // SAFETY: the caller's out pointers (the attributes' head only is written).
-    unsafe {
-        if let Some(attr) = p_qp_attr.as_mut() {
-            attr.h_pd = h_pd;
-            attr.qp_type = create.qp_type;
-            attr.sq_depth = create.sq_depth;
-            attr.rq_depth = create.rq_depth;
-        }
-        *ph_qp = h as Handle;
+    // SAFETY: the caller's attributes out, when given (the head only is written).
+    if let Some(attr) = unsafe { p_qp_attr.as_mut() } {
+        attr.h_pd = h_pd;
+        attr.qp_type = create.qp_type;
+        attr.sq_depth = create.sq_depth;
+        attr.rq_depth = create.rq_depth;
     }
+    // SAFETY: the caller's out pointer.
+    unsafe { *ph_qp = h as Handle };
     IB_SUCCESS
 }
 
@@ -626,17 +625,18 @@ unsafe extern "C" fn poll_cq(
         let Some(wc) = next_entry(h_cq) else {
             break;
         };
-        // SAFETY: `free` is the caller's free entry.
-        unsafe {
-            let next_free = (*free).p_next;
-            *free = IbWc {
-                p_next: core::ptr::null_mut(),
-                ..wc
-            };
-            *pp_free_wclist = next_free;
-            *tail = free;
-            tail = &raw mut (*free).p_next;
-        }
+        // SAFETY: `free` is the caller's free entry, not yet on the done list.
+        let entry = unsafe { &mut *free };
+        let next_free = entry.p_next;
+        *entry = IbWc {
+            p_next: core::ptr::null_mut(),
+            ..wc
+        };
+        // SAFETY: the caller's free-list head.
+        unsafe { *pp_free_wclist = next_free };
+        // SAFETY: `tail` is `done` or the previous done entry's `p_next`.
+        unsafe { *tail = free };
+        tail = &raw mut entry.p_next;
     }
     // SAFETY: the caller's out pointer.
     unsafe { *pp_done_wclist = done };
@@ -663,8 +663,10 @@ unsafe extern "C" fn poll_cq_array(h_cq: Handle, p_num_entries: *mut i32, wc: *m
         let Some(entry) = next_entry(h_cq) else {
             break;
         };
-        // SAFETY: the caller's array holds `room` entries.
-        unsafe { wc.add(n).write(entry) };
+        // SAFETY: the caller's array holds `room` > `n` entries.
+        let slot = unsafe { wc.add(n) };
+        // SAFETY: as above.
+        unsafe { slot.write(entry) };
         n += 1;
     }
     if n == 0 {

@@ -1,8 +1,10 @@
 //! Physical memory as far as AL's MAD buffers and the HCA's DMA reach it: pages the
 //! simulation maps (AL's MAD pool, `core/al/kernel/al_mad_pool.c`, nonpaged) get physical
 //! addresses, and `MmGetPhysicalAddress` / `MmGetVirtualForPhysical` translate between
-//! the two for them (both callable at <= DISPATCH_LEVEL, wdm.h). An address of no mapped
-//! page translates to 0 / NULL, as an address outside the PFN database does.
+//! the two for them. `MmGetPhysicalAddress` runs at any IRQL for a valid nonpaged address
+//! (ntddk.h, learn.microsoft.com); `MmGetVirtualForPhysical` is exported but not
+//! documented, and is allowed at <= DISPATCH_LEVEL, the IRQL the verbs hook calls it at.
+//! An address of no mapped page translates to 0 / NULL.
 
 use std::collections::HashMap;
 
@@ -137,7 +139,6 @@ pub unsafe extern "C" fn MmGetVirtualForPhysical(PhysicalAddress: PHYSICAL_ADDRE
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn MmGetPhysicalAddress(BaseAddress: PVOID) -> PHYSICAL_ADDRESS {
     let _k = KernelCode::enter();
-    require_irql("MmGetPhysicalAddress", DISPATCH);
     let pa = physical_of(BaseAddress as usize).unwrap_or(0);
     PHYSICAL_ADDRESS {
         QuadPart: pa as i64,

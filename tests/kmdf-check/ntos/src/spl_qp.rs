@@ -146,6 +146,9 @@ pub struct SplQp {
     services: HashMap<usize, Service>,
     next: usize,
     next_wr_id: u64,
+    /// `wr_id`s of elements back in AL's pool: the next receives reuse them, last freed
+    /// first, as AL's pool hands out the element it got back (`wr_id` is its address).
+    free_wr_ids: Vec<u64>,
     /// The last verbs query's status per CA.
     pub query_status: HashMap<usize, NTSTATUS>,
     /// Completions of each status AL saw on QP1's receive CQs.
@@ -471,9 +474,14 @@ fn post_receives(id: usize) {
     loop {
         let made = {
             let mut guard = state::lock();
-            guard.spl.next_wr_id += 1;
             // AL's wr_id is its element's address (al_smi.c:3419).
-            let wr_id = 0xFFFF_A000_0000_0000 + guard.spl.next_wr_id * 0x140;
+            let wr_id = match guard.spl.free_wr_ids.pop() {
+                Some(w) => w,
+                None => {
+                    guard.spl.next_wr_id += 1;
+                    0xFFFF_A000_0000_0000 + guard.spl.next_wr_id * 0x140
+                }
+            };
             let Some(s) = guard.spl.services.get_mut(&id) else {
                 return;
             };
@@ -506,6 +514,7 @@ fn post_receives(id: usize) {
         if status != Some(IB_SUCCESS) {
             if let Some(s) = state::lock().spl.services.get_mut(&id) {
                 s.posted.retain(|e| e.wr_id != wr_id);
+                put_back([wr_id]);
             }
             return;
         }
@@ -595,13 +604,15 @@ fn received(id: usize, wc: &IbWc) {
     match wc.status {
         IB_WCS_SUCCESS => {
             let bytes = element.read((wc.length as usize).min(RECEIVE_SIZE));
+            put_back([element.wr_id]);
             drop(element);
             if let Some(mad) = bytes.get(GRH_SIZE..) {
                 crate::al::dispatch_received(ca, port_lid, u16::from_be(wc.remote_lid), mad);
             }
         }
-        IB_WCS_WR_FLUSHED_ERR => {}
+        IB_WCS_WR_FLUSHED_ERR => put_back([element.wr_id]),
         _ => {
+            put_back([element.wr_id]);
             // spl_qp_comp: an error completion resets the service (on AL's async thread).
             let worker = std::thread::Builder::new()
                 .name("al-spl-qp-reset".into())
@@ -614,6 +625,12 @@ fn received(id: usize, wc: &IbWc) {
             }
         }
     }
+}
+
+/// Elements back in AL's pool (`ib_put_mad`).
+fn put_back(wr_ids: impl IntoIterator<Item = u64>) {
+    let wr_ids: Vec<u64> = wr_ids.into_iter().collect();
+    state::lock().spl.free_wr_ids.extend(wr_ids);
 }
 
 /// `spl_qp_svc_reset_cb` (PASSIVE_LEVEL): RESET, the receives returned to the pool,
@@ -636,6 +653,7 @@ fn reset_service(id: usize) {
         s.active = true;
         std::mem::take(&mut s.posted)
     });
+    put_back(returned.iter().flatten().map(|e| e.wr_id));
     drop(returned);
     ready(id);
     state::lock().spl.resets += 1;
@@ -715,6 +733,7 @@ pub fn deregister(ca: usize) {
         }
         // The receive elements go back to the pool (al_smi.c:1018, the free routine).
         let gone = state::lock().spl.services.remove(&id);
+        put_back(gone.iter().flat_map(|s| s.posted.iter().map(|e| e.wr_id)));
         drop(gone);
     }
     let table = state::lock().spl.tables.remove(&ca);

@@ -436,3 +436,47 @@ pub fn verbs_hook_slot_reused_after_disable_enable() {
     until("every MAD element back", || al::elements_held() == 0);
     shutdown(device);
 }
+
+/// CM traffic for ibcm arriving on QP1 all through sleep, wake, a rebalance and a
+/// surprise removal: polls and steering decisions race the unbind (steering cleared,
+/// ports unpublished, AL closed) and AL's destruction of QP1 through the thunks; no
+/// verifier rule fires (IRQL, spin-lock order, pool) and nothing leaks at unload.
+pub fn verbs_hook_traffic_across_power_changes() {
+    let device = boot_on(verbs_hca(), &[]);
+    let file = open(Open::user(Token::ADMIN));
+    let side = Binding(file);
+    let req = captured_req(&side);
+    let listener = side.endpoint();
+    side.ok(code::LISTEN, listen_in(listener, 0x5151, 64).as_bytes(), 0);
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let pump = {
+        let stop = stop.clone();
+        std::thread::spawn(move || {
+            let mut n = 0u32;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                // A new local comm ID each time (CM data offset 0): a new REQ.
+                let mut mad = req.clone();
+                n += 1;
+                mad[24..28].copy_from_slice(&(0x7000_0000 | n).to_be_bytes());
+                mad[8..16].copy_from_slice(&u64::from(n).to_be_bytes());
+                al::receive(0x11, 0x77, &mad);
+                std::thread::sleep(Duration::from_micros(200));
+            }
+            n
+        })
+    };
+    std::thread::sleep(Duration::from_millis(100));
+    pnp::sleep(device, false);
+    std::thread::sleep(Duration::from_millis(50));
+    assert_eq!(pnp::wake(device), 0);
+    std::thread::sleep(Duration::from_millis(100));
+    assert_eq!(pnp::rebalance(device), 0);
+    std::thread::sleep(Duration::from_millis(100));
+    pnp::surprise_remove(device);
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let sent = pump.join().expect("the pump ends");
+    assert!(sent > 100, "REQs kept arriving ({sent})");
+    io::close(file);
+    until("every MAD element back", || al::elements_held() == 0);
+    shutdown(device);
+}
