@@ -23,9 +23,10 @@
 //!   `CmInterfaceQuery`, and DbgPrint); one passed down also to the System log.
 //! - The same preprocess routine sets the QP1 verbs hook's completion routine
 //!   (`verbs_hook::query_interface_completed`) on `GUID_RDMA_INTERFACE_VERBS` queries when
-//!   this device holds a hook slot (reserved at device add, released at its cleanup), and
-//!   passes them down; ibbus sends that query at every start and every power-up
-//!   (`bus_pnp.c:566, 1721` -> `__register_ca`), so the table is patched again each time.
+//!   this device holds a hook slot (reserved at device add, released at its cleanup) and
+//!   the kill switch is off (read again at ibbus's query), and passes them down; ibbus
+//!   sends that query at every start and every power-up (`bus_pnp.c:566, 1721` ->
+//!   `__register_ca`), so the table is patched again each time.
 //! - Lifecycle (`ibcm_lifecycle::Mapping::Power`): `EvtDeviceD0Entry` binds this HCA's
 //!   IBAL (`ibal.rs`; the control device is created first if it is missing);
 //!   `EvtDeviceD0Exit` (sleep, hibernation, stop, removal) and `EvtDeviceSurpriseRemoval`
@@ -338,6 +339,7 @@ unsafe extern "C" fn evt_preprocess_query_interface(device: WDFDEVICE, irp: PIRP
     let requested = unsafe { query.InterfaceType.as_ref() };
     if let (Some(slot), Some(guid)) = (filter.ibal.hook_slot, requested)
         && verbs_hook::is_verbs_query(guid)
+        && !switched_off_at_verbs_query(!query.InterfaceSpecificData.is_null())
     {
         // ibbus's (and WinVerbs', WinMad's, ndfltr's) verbs query: down to the HCA with
         // the hook's completion routine, which decides whether this table is patched.
@@ -464,13 +466,15 @@ unsafe extern "C" fn evt_preprocess_query_interface(device: WDFDEVICE, irp: PIRP
 // ------------------------------------------------------------------------------------
 
 /// The switch as read at the latest HCA start. One reading for the host: while it is on,
-/// no HCA that starts binds (no AL objects, no MAD service, no QP1 steering) and every CM
+/// no HCA that starts binds (no AL objects, no MAD service, no QP1 steering, ibbus's verbs
+/// table left as the HCA filled it) and every CM
 /// query on every HCA goes down to AL's CM, since WinVerbs keeps one `iba_cm` table for
 /// all of them (`wv_driver.c:554-575`). A flip takes effect at the HCAs' next start; an
 /// HCA bound before keeps its binding until then (`ibcm off` restarts every HCA).
 static SWITCHED_OFF: AtomicBool = AtomicBool::new(false);
 
-/// EvtDeviceD0Entry, before the HCA binds (PASSIVE_LEVEL): reads `Disabled`.
+/// EvtDeviceD0Entry, before the HCA binds, and ibbus's verbs query just before it
+/// (PASSIVE_LEVEL): reads `Disabled`.
 fn read_switch_at_start() {
     let off = parameters::switched_off();
     SWITCHED_OFF.store(off, Ordering::Release);
@@ -482,4 +486,16 @@ fn read_switch_at_start() {
 /// Whether ibcm is switched off (as read at the latest HCA start).
 fn switched_off() -> bool {
     SWITCHED_OFF.load(Ordering::Acquire)
+}
+
+/// A verbs query reaches the preprocess routine (PASSIVE_LEVEL): ibbus's (`from_ibbus`,
+/// its `InterfaceSpecificData`) is made at the HCA's start and resume, before
+/// EvtDeviceD0Entry (bus_pnp.c:448, 566, 1721), so the switch is read for it now; while
+/// it is on the query passes untouched and AL's QP1 runs on the HCA's own verbs, none of
+/// ibcm's code in its path. Another driver's query reads nothing new.
+fn switched_off_at_verbs_query(from_ibbus: bool) -> bool {
+    if from_ibbus {
+        read_switch_at_start();
+    }
+    switched_off()
 }

@@ -324,25 +324,7 @@ pub fn answer_verbs_query(
     if interface.is_null() {
         return STATUS_INVALID_BUFFER_SIZE;
     }
-    let mut verbs = [core::ptr::null::<c_void>(); VERBS];
-    verbs[CREATE_SPL_QP] = create_spl_qp as *const c_void;
-    verbs[MODIFY_QP] = modify_qp as *const c_void;
-    verbs[DESTROY_QP] = destroy_qp as *const c_void;
-    verbs[CREATE_CQ] = create_cq as *const c_void;
-    verbs[DESTROY_CQ] = destroy_cq as *const c_void;
-    verbs[POST_RECV] = post_recv as *const c_void;
-    verbs[POLL_CQ] = poll_cq as *const c_void;
-    verbs[ENABLE_CQ_NOTIFY] = enable_cq_notify as *const c_void;
-    verbs[POLL_CQ_ARRAY] = poll_cq_array as *const c_void;
-    if state::lock().hca.reloaded.contains(&ca) {
-        verbs[CREATE_SPL_QP] = reloaded::create_spl_qp as *const c_void;
-        verbs[MODIFY_QP] = reloaded::modify_qp as *const c_void;
-        verbs[DESTROY_QP] = reloaded::destroy_qp as *const c_void;
-        verbs[DESTROY_CQ] = reloaded::destroy_cq as *const c_void;
-        verbs[POST_RECV] = reloaded::post_recv as *const c_void;
-        verbs[POLL_CQ] = reloaded::poll_cq as *const c_void;
-        verbs[POLL_CQ_ARRAY] = reloaded::poll_cq_array as *const c_void;
-    }
+    let verbs = own_entries(ca);
     let table = RdmaInterfaceVerbs {
         header: INTERFACE {
             Size: size_of::<RdmaInterfaceVerbs>() as u16,
@@ -369,6 +351,30 @@ pub fn answer_verbs_query(
     unsafe { interface.cast::<RdmaInterfaceVerbs>().write(table) };
     *state::lock().hca.references.entry(ca).or_default() += 1;
     STATUS_SUCCESS
+}
+
+/// The entries CA `ca`'s HCA driver fills in its verbs table (NULL where it has none).
+pub fn own_entries(ca: usize) -> [*const c_void; VERBS] {
+    let mut verbs = [core::ptr::null::<c_void>(); VERBS];
+    verbs[CREATE_SPL_QP] = create_spl_qp as *const c_void;
+    verbs[MODIFY_QP] = modify_qp as *const c_void;
+    verbs[DESTROY_QP] = destroy_qp as *const c_void;
+    verbs[CREATE_CQ] = create_cq as *const c_void;
+    verbs[DESTROY_CQ] = destroy_cq as *const c_void;
+    verbs[POST_RECV] = post_recv as *const c_void;
+    verbs[POLL_CQ] = poll_cq as *const c_void;
+    verbs[ENABLE_CQ_NOTIFY] = enable_cq_notify as *const c_void;
+    verbs[POLL_CQ_ARRAY] = poll_cq_array as *const c_void;
+    if state::lock().hca.reloaded.contains(&ca) {
+        verbs[CREATE_SPL_QP] = reloaded::create_spl_qp as *const c_void;
+        verbs[MODIFY_QP] = reloaded::modify_qp as *const c_void;
+        verbs[DESTROY_QP] = reloaded::destroy_qp as *const c_void;
+        verbs[DESTROY_CQ] = reloaded::destroy_cq as *const c_void;
+        verbs[POST_RECV] = reloaded::post_recv as *const c_void;
+        verbs[POLL_CQ] = reloaded::poll_cq as *const c_void;
+        verbs[POLL_CQ_ARRAY] = reloaded::poll_cq_array as *const c_void;
+    }
+    verbs
 }
 
 /// `ci_create_cq` (ib_ci.h:1267).

@@ -187,6 +187,11 @@ pub fn posted(ca: usize, port_num: u8) -> Option<usize> {
         .map(|s| s.posted.len())
 }
 
+/// The entries of AL's copy of CA `ca`'s verbs table (None: AL has none).
+pub fn al_entries(ca: usize) -> Option<[*const c_void; hca::VERBS]> {
+    state::lock().spl.tables.get(&ca).map(|t| t.verbs.verbs)
+}
+
 /// Which poll entry CA `ca`'s services use from now on.
 pub fn set_poll(ca: usize, poll: Poll) {
     for s in state::lock().spl.services.values_mut() {

@@ -1326,6 +1326,7 @@ const SCENARIOS: &[Scenario] = scenarios![
     verbs_table_of_unknown_version_left_alone,
     verbs_hook_slot_reused_after_disable_enable,
     verbs_hook_traffic_across_power_changes,
+    kill_switch_leaves_the_verbs_table_alone,
     cm_interface_reference_kept_blocks_removal => "WAIT_NEVER_RETURNS",
     verifier_spin_lock_recursive => "SPIN_LOCK_RECURSIVE",
     verifier_spin_lock_release_irql => "SPIN_LOCK_RELEASE_IRQL",

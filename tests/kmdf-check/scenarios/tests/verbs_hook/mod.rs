@@ -480,3 +480,34 @@ pub fn verbs_hook_traffic_across_power_changes() {
     until("every MAD element back", || al::elements_held() == 0);
     shutdown(device);
 }
+
+/// The kill switch (`Disabled`, docs/windows.md "Turning ibcm off": "as without ibcm")
+/// leaves ibbus's verbs table as the HCA filled it: AL's QP1 runs on the HCA's own
+/// entries, none of ibcm's code is in its path, and a CM Send reaches AL's CM. Cleared,
+/// the next start (ibbus queries again) patches the table and the ports are steered.
+pub fn kill_switch_leaves_the_verbs_table_alone() {
+    registry::set("Disabled", 1);
+    let device = boot_on(verbs_hca(), &[]);
+    assert_eq!(
+        spl_qp::al_entries(0),
+        Some(hca::own_entries(0)),
+        "switched off: AL's copy of the verbs table is the HCA's own"
+    );
+    let mut send = vec![0u8; 256];
+    send[..4].copy_from_slice(&[1, 0x07, 2, 0x03]);
+    assert!(al::receive(0x11, 0x77, &send));
+    al_cm_got(&send, 1);
+    registry::set("Disabled", 0);
+    assert_eq!(pnp::rebalance(device), 0);
+    assert_ne!(
+        spl_qp::al_entries(0),
+        Some(hca::own_entries(0)),
+        "switched on again: the next start patches the table"
+    );
+    let file = open(Open::user(Token::ADMIN));
+    steered(file, 0);
+    steered_connection(&Binding(file));
+    io::close(file);
+    until("every MAD element back", || al::elements_held() == 0);
+    shutdown(device);
+}
