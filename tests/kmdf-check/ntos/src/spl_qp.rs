@@ -59,6 +59,8 @@ pub enum Shape {
     AlMad,
     /// GRH and MAD in two segments.
     TwoSegments,
+    /// A whole GRH + MAD segment followed by another segment.
+    ExtraSegment,
     /// One GRH + MAD segment that crosses a page boundary (physically contiguous pages).
     CrossingPage,
     /// One segment shorter than GRH + MAD (the HCA completes it with a length error).
@@ -87,6 +89,7 @@ impl Element {
         let (pages, segments) = match shape {
             Shape::AlMad => (1, vec![(0x100, RECEIVE_SIZE as u32)]),
             Shape::TwoSegments => (1, vec![(0, GRH_SIZE as u32), (0x200, MAD_SIZE as u32)]),
+            Shape::ExtraSegment => (1, vec![(0x100, RECEIVE_SIZE as u32), (0x800, 64)]),
             Shape::CrossingPage => (2, vec![(PAGE_SIZE - 100, RECEIVE_SIZE as u32)]),
             Shape::Short => (1, vec![(0x100, 200)]),
         };

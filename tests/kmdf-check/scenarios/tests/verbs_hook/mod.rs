@@ -182,11 +182,12 @@ pub fn mads_for_al_pass_untouched() {
     shutdown(device);
 }
 
-/// Receives not in AL's shape (GRH and MAD in two segments; one segment crossing a page;
-/// one segment too short for a MAD) are not recorded by the hook: a REQ ibcm listens for
-/// that lands in one reaches AL untouched (the short one completes with a length error
-/// and AL resets QP1 through `modify_qp`, its receives now in AL's shape again). Back in
-/// AL's shape, the next one is ibcm's.
+/// Receives not in AL's shape (GRH and MAD in two segments; a whole GRH + MAD segment
+/// with another after it; one segment crossing a page; one segment too short for a MAD)
+/// are not recorded by the hook: a REQ ibcm listens for that lands in one reaches AL
+/// untouched (the short one completes with a length error and AL resets QP1 through
+/// `modify_qp`, its receives now in AL's shape again). Back in AL's shape, the next one
+/// is ibcm's.
 pub fn receives_not_in_al_shape_pass_untouched() {
     let device = boot_on(verbs_hca(), &[]);
     let file = open(Open::user(Token::ADMIN));
@@ -196,7 +197,11 @@ pub fn receives_not_in_al_shape_pass_untouched() {
     side.ok(code::LISTEN, listen_in(listener, 0x5151, 8).as_bytes(), 0);
     let wait = get_event(&side, listener);
     let mut to_al = 0;
-    for shape in [spl_qp::Shape::TwoSegments, spl_qp::Shape::CrossingPage] {
+    for shape in [
+        spl_qp::Shape::TwoSegments,
+        spl_qp::Shape::ExtraSegment,
+        spl_qp::Shape::CrossingPage,
+    ] {
         spl_qp::set_shape(0, 2, shape);
         spl_qp::reset(0, 2);
         arrives(&req);
