@@ -37,7 +37,9 @@ names = subprocess.run(
 ).stdout.split("\n")
 invoked = {}
 for f, name in zip(functions, names):
-    last = name.split("::")[-1]
+    # A const-generic callback (the verbs hook's thunks, one per slot) demangles with
+    # its arguments last: `create_spl_qp::<0: usize>`.
+    last = re.sub(r"::<[^<>]*>$", "", name).split("::")[-1]
     if last in callbacks:
         invoked[last] = invoked.get(last, 0) + f["count"]
 never = sorted(c for c in callbacks if invoked.get(c, 0) == 0)

@@ -23,9 +23,10 @@
 //!   `CmInterfaceQuery`, and DbgPrint); one passed down also to the System log.
 //! - The same preprocess routine sets the QP1 verbs hook's completion routine
 //!   (`verbs_hook::query_interface_completed`) on `GUID_RDMA_INTERFACE_VERBS` queries when
-//!   this device holds a hook slot (reserved at device add, released at its cleanup), and
-//!   passes them down; ibbus sends that query at every start and every power-up
-//!   (`bus_pnp.c:566, 1721` -> `__register_ca`), so the table is patched again each time.
+//!   this device holds a hook slot (reserved at device add, released at its cleanup) and
+//!   the kill switch is off (read again at ibbus's query), and passes them down; ibbus
+//!   sends that query at every start and every power-up (`bus_pnp.c:566, 1721` ->
+//!   `__register_ca`), so the table is patched again each time.
 //! - Lifecycle (`ibcm_lifecycle::Mapping::Power`): `EvtDeviceD0Entry` binds this HCA's
 //!   IBAL (`ibal.rs`; the control device is created first if it is missing);
 //!   `EvtDeviceD0Exit` (sleep, hibernation, stop, removal) and `EvtDeviceSurpriseRemoval`
@@ -344,6 +345,7 @@ unsafe extern "C" fn evt_preprocess_query_interface(device: WDFDEVICE, irp: PIRP
     let requested = unsafe { query.InterfaceType.as_ref() };
     if let (Some(slot), Some(guid)) = (filter.ibal.hook_slot, requested)
         && verbs_hook::is_verbs_query(guid)
+        && !kill_switch::at_verbs_query(!query.InterfaceSpecificData.is_null())
     {
         // ibbus's (and WinVerbs', WinMad's, ndfltr's) verbs query: down to the HCA with
         // the hook's completion routine, which decides whether this table is patched.

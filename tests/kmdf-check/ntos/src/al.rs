@@ -233,6 +233,12 @@ pub struct CaConfig {
     /// host (al_cm_cep.c:2451-2456 registers it; al_mad.c:664-672 lets one client have an
     /// unsolicited method): ibcm's ordinary registration fails there.
     pub al_cm_holds_send: bool,
+    /// The HCA's verbs table is simulated (`crate::hca`): ibbus queries it through the
+    /// filter at each registration, AL's special-QP service runs QP1 through it
+    /// (`crate::spl_qp`), and MADs to the CA's ports arrive in QP1's posted receives
+    /// before AL's MAD dispatcher hands them on. Without it, MADs go straight to the
+    /// MAD service on the port.
+    pub verbs: bool,
 }
 
 /// A MAD on the simulated wire.
@@ -309,6 +315,10 @@ pub struct Al {
     /// IB_PNP_PORT_ADD): (AL instance, CA, port number) -> context. AL reports the removal
     /// of those ports only (al_pnp.c `__pnp_process_remove_port`).
     port_contexts: HashMap<(usize, usize, u8), usize>,
+    /// CM Sends AL's own CM received (it holds Send: `al_cm_holds_send`).
+    pub al_cm_received: Vec<Wire>,
+    /// Received MADs no client registered for (AL's dispatcher drops them).
+    pub unclaimed: Vec<Wire>,
 }
 
 // SAFETY: the raw pointers are the driver's contexts and the simulation's own boxes,
@@ -364,6 +374,8 @@ pub fn deregister_ca(index: usize, why: &str) {
         );
     }
     report_ports_removed(index);
+    // ib_deregister_ca destroys AL's special QPs on the CA (QP1 through the verbs table).
+    crate::spl_qp::deregister(index);
     let stuck = {
         let mut guard = state::lock();
         guard.al.deregistered.insert(index);
@@ -382,6 +394,7 @@ pub fn deregister_ca(index: usize, why: &str) {
 /// never completed (`deregister_ca` flushes it).
 pub fn hardware_gone(index: usize) {
     state::lock().al.hardware_gone.insert(index);
+    crate::hca::set_gone(index, true);
 }
 
 /// The `ib_close_al`s that AL ended by forcing the destruction (sends in flight on a CA
@@ -417,6 +430,10 @@ pub fn register_ca(index: usize) {
         };
         (ca, guard.al.registrations.clone())
     };
+    crate::hca::set_gone(index, false);
+    // `__register_ca`: the verbs query through the stack, then AL's QP1 service, then the
+    // CA's ports to every port registration.
+    crate::spl_qp::register(index);
     on_pnp_thread(move || {
         for (h_al, context, callback) in registrations {
             for port in &ca.ports {
@@ -424,6 +441,74 @@ pub fn register_ca(index: usize) {
             }
         }
     });
+}
+
+/// CM Sends AL's own CM received (left to it by the verbs hook, or never steered).
+pub fn al_cm_received() -> Vec<Wire> {
+    state::lock().al.al_cm_received.clone()
+}
+
+/// Received MADs AL's dispatcher found no client for.
+pub fn unclaimed() -> Vec<Wire> {
+    state::lock().al.unclaimed.clone()
+}
+
+/// The port of a CA with simulated verbs, registered, whose LID is `lid`.
+fn verbs_port(al: &Al, lid: u16) -> Option<(usize, u8)> {
+    al.cas.iter().enumerate().find_map(|(i, c)| {
+        if !c.verbs || al.deregistered.contains(&i) {
+            return None;
+        }
+        c.ports
+            .iter()
+            .find(|p| p.lid == lid)
+            .map(|p| (i, p.port_num))
+    })
+}
+
+/// AL's MAD dispatcher on a MAD received on QP1 of the port with LID `port_lid`
+/// (al_mad.c `__mad_disp_recv_done`: an unsolicited request goes to the client that
+/// registered its class and method): a CM Send while AL's CM holds Send goes to AL's
+/// CM; else the port's MAD service registered for the class and the method; else it is
+/// dropped.
+pub(crate) fn dispatch_received(ca: usize, port_lid: u16, from_lid: u16, mad: &[u8]) {
+    let class = mad.get(1).copied().unwrap_or(0);
+    let method = usize::from(mad.get(3).copied().unwrap_or(0) & 0x7f);
+    let wire = Wire {
+        from_lid,
+        to_lid: port_lid,
+        mad: mad.to_vec(),
+    };
+    let mut guard = state::lock();
+    let al_cm = guard.al.cas.get(ca).is_some_and(|c| c.al_cm_holds_send);
+    if class == CM_CLASS && method == IB_MAD_METHOD_SEND && al_cm {
+        guard.al.al_cm_received.push(wire);
+        drop(guard);
+        changed();
+        return;
+    }
+    let target = guard
+        .al
+        .services
+        .iter()
+        .find(|(_, s)| {
+            !s.destroyed
+                && s.port_lid == port_lid
+                && s.svc.mgmt_class == class
+                && s.svc.method_array.get(method).is_some_and(|m| *m != 0)
+        })
+        .map(|(h, s)| (*h, s.svc));
+    match target {
+        Some((h, svc)) => {
+            drop(guard);
+            deliver(h, svc, from_lid, mad);
+        }
+        None => {
+            guard.al.unclaimed.push(wire);
+            drop(guard);
+            changed();
+        }
+    }
 }
 
 /// AL's timeout for a synchronous destroy (al_common.c `sync_destroy_obj`), shortened:
@@ -1101,6 +1186,12 @@ unsafe extern "C" fn send_mad(
             .push((ca, element_ptr, svc_handle, SendSvc(sender)));
         return IB_SUCCESS;
     }
+    if let Some((ca, port_num)) = verbs_port(&guard.al, to) {
+        drop(guard);
+        complete_send(element_ptr, svc_handle, SendSvc(sender));
+        crate::hca::arrive(ca, port_num, from, &mad);
+        return IB_SUCCESS;
+    }
     let target = guard
         .al
         .services
@@ -1177,6 +1268,10 @@ fn deliver(h: usize, svc: IbMadSvc, from_lid: u16, mad: &[u8]) {
 /// Delivers `mad` from `from_lid` to the service on the port with LID `to_lid` (a peer
 /// outside the simulation's ports).
 pub fn receive(to_lid: u16, from_lid: u16, mad: &[u8]) -> bool {
+    let port = verbs_port(&state::lock().al, to_lid);
+    if let Some((ca, port_num)) = port {
+        return crate::hca::arrive(ca, port_num, from_lid, mad);
+    }
     let target = {
         let guard = state::lock();
         guard

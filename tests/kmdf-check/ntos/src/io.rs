@@ -596,6 +596,38 @@ pub fn query_interface(
     size: u16,
     version: u16,
 ) -> NTSTATUS {
+    query_interface_with(
+        device,
+        guid,
+        interface,
+        size,
+        version,
+        core::ptr::null_mut(),
+    )
+}
+
+/// The filter device on CA `ca`'s stack (the top of the stack ibbus queries from,
+/// `IoGetAttachedDeviceReference`), if one was added.
+pub fn filter_of_ca(ca: usize) -> Option<usize> {
+    let guard = state::lock();
+    guard
+        .devices
+        .devices
+        .iter()
+        .find(|(_, d)| d.init.hca == ca && !d.init.control && d.init.preprocess.is_some())
+        .map(|(h, _)| *h)
+}
+
+/// [`query_interface`] with `InterfaceSpecificData` (ibbus passes its FDO extension,
+/// bus_pnp.c:400).
+pub fn query_interface_with(
+    device: usize,
+    guid: &GUID,
+    interface: PINTERFACE,
+    size: u16,
+    version: u16,
+    specific: PVOID,
+) -> NTSTATUS {
     let preprocess = state::lock()
         .devices
         .devices
@@ -622,7 +654,7 @@ pub fn query_interface(
             Size: size,
             Version: version,
             Interface: interface,
-            InterfaceSpecificData: core::ptr::null_mut(),
+            InterfaceSpecificData: specific,
         };
     let current = &raw mut block.locations[1];
     block
@@ -755,7 +787,30 @@ pub unsafe extern "C" fn WdfDeviceWdmDispatchPreprocessedIrp(
     // SAFETY: the sender's GUID.
     let guid = unsafe { *query.InterfaceType };
     let cm = (guid.Data1, guid.Data2, guid.Data3) == (0x6A11_D060, 0x8957, 0x49E6);
-    let status = if cm && !query.Interface.is_null() {
+    let verbs =
+        (guid.Data1, guid.Data2, guid.Data3, guid.Data4) == crate::hca::GUID_RDMA_INTERFACE_VERBS;
+    let ca = state::lock()
+        .devices
+        .devices
+        .get(&(Device as usize))
+        .map(|d| d.init.hca);
+    let ca_guid = ca.and_then(|ca| {
+        state::lock()
+            .al
+            .cas
+            .get(ca)
+            .map(|c| (ca, c.ca_guid, c.verbs))
+    });
+    let status = if verbs {
+        // ibbus passes it down (fdo_query_interface); the HCA's FDO answers it
+        // (drv.c `__start_card`, WdfDeviceAddQueryInterface).
+        match ca_guid {
+            Some((ca, guid, true)) => {
+                crate::hca::answer_verbs_query(ca, guid, query.Interface, query.Size, query.Version)
+            }
+            _ => STATUS_NOT_SUPPORTED,
+        }
+    } else if cm && !query.Interface.is_null() {
         // SAFETY: the sender's INTERFACE buffer; only the header is written, marked.
         unsafe {
             (*query.Interface).Version = AL_CM_MARK;

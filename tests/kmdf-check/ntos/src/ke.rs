@@ -9,8 +9,8 @@ use crate::thread::{self, APC, DISPATCH, KernelCode, PASSIVE, require_irql};
 use crate::verifier::{Rule, bugcheck};
 use crate::{
     BOOLEAN, EVENT_TYPE, HANDLE, KIRQL, KPRIORITY, KPROCESSOR_MODE, KWAIT_REASON, LONG, NTSTATUS,
-    PEX_RUNDOWN_REF, PHYSICAL_ADDRESS, PKSPIN_LOCK, PLARGE_INTEGER, PPROCESSOR_NUMBER, PRKEVENT,
-    PVOID, STATUS_SUCCESS, STATUS_TIMEOUT, ULONG, ULONG_PTR, ULONG64, USHORT,
+    PEX_RUNDOWN_REF, PKSPIN_LOCK, PLARGE_INTEGER, PPROCESSOR_NUMBER, PRKEVENT, PVOID,
+    STATUS_SUCCESS, STATUS_TIMEOUT, ULONG, ULONG_PTR, ULONG64, USHORT,
 };
 
 /// How long a processor may spin on a spin lock before the simulation calls it the DPC
@@ -383,22 +383,6 @@ pub unsafe extern "C" fn ExWaitForRundownProtectionRelease(RunRef: PEX_RUNDOWN_R
     let _ = state::wait_until(guard, None, &what, |s| {
         s.rundowns.get(&key).is_none_or(|r| r.0 == 0)
     });
-}
-
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn MmGetVirtualForPhysical(_PhysicalAddress: PHYSICAL_ADDRESS) -> PVOID {
-    bugcheck(
-        Rule::Simulation,
-        format_args!("MmGetVirtualForPhysical is not simulated (the verbs hook)"),
-    )
-}
-
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn MmGetPhysicalAddress(_BaseAddress: PVOID) -> PHYSICAL_ADDRESS {
-    bugcheck(
-        Rule::Simulation,
-        format_args!("MmGetPhysicalAddress is not simulated (the verbs hook)"),
-    )
 }
 
 /// cng.sys `BCryptGenRandom` (`BCRYPT_USE_SYSTEM_PREFERRED_RNG`, PASSIVE_LEVEL): the

@@ -24,15 +24,18 @@
 pub use wdk_sys_standin::*;
 
 pub mod al;
+pub mod hca;
 pub mod io;
 mod ke;
 mod lockorder;
 mod objects;
+pub mod physical;
 pub mod pnp;
 pub mod pool;
 pub mod registry;
 mod sched;
 pub mod security;
+pub mod spl_qp;
 pub mod state;
 pub mod thread;
 pub mod verifier;

@@ -49,6 +49,9 @@ pub struct State {
     pub io: crate::io::Io,
     pub pnp: crate::pnp::Pnp,
     pub al: crate::al::Al,
+    pub hca: crate::hca::Hca,
+    pub spl: crate::spl_qp::SplQp,
+    pub physical: crate::physical::Physical,
 }
 
 // SAFETY: the raw pointers inside (driver contexts, IRP blocks, copied configurations) are

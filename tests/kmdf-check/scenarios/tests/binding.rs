@@ -14,6 +14,7 @@ mod kernel_clients;
 mod pnp_power;
 mod upper_filters;
 mod user_library;
+mod verbs_hook;
 
 use std::process::Command;
 use std::time::{Duration, Instant};
@@ -33,6 +34,7 @@ use kernel_clients::*;
 use pnp_power::*;
 use upper_filters::*;
 use user_library::*;
+use verbs_hook::*;
 use zerocopy::{FromBytes, FromZeros, IntoBytes};
 
 #[global_allocator]
@@ -70,6 +72,7 @@ fn hca(al_cm_holds_send: bool) -> CaConfig {
         ca_guid: CA_GUID,
         ports: vec![port(1, 0x10), port(2, 0x11)],
         al_cm_holds_send,
+        verbs: false,
     }
 }
 
@@ -955,8 +958,9 @@ fn handle_kept_across_removal() {
 }
 
 /// A stock WinOF host, where AL's CM holds the CM class's Send method on every port: the
-/// ordinary registration fails; without the verbs hook's steering (not simulated) the HCA
-/// has no QP1 route, so CM queries go down to AL's CM, STATUS says so, the System log says
+/// ordinary registration fails; without the verbs hook's steering (this CA's verbs table
+/// is not simulated, so ibbus's verbs query never passes the filter) the HCA has no QP1
+/// route, so CM queries go down to AL's CM, STATUS says so, the System log says
 /// why, and the ports' QP1 aliases are destroyed with their own contexts.
 fn al_cm_holding_send_leaves_clients_to_it() {
     let device = boot_on(hca(true), &[]);
@@ -1194,6 +1198,7 @@ fn kill_switch_leaves_every_client_to_al() {
         ca_guid: CA_GUID + 0x100,
         ports: vec![port(1, 0x20)],
         al_cm_holds_send: false,
+        verbs: false,
     };
     registry::set("Disabled", 1);
     al::set_cas(vec![hca(false), second]);
@@ -1323,6 +1328,18 @@ const SCENARIOS: &[Scenario] = scenarios![
     ndfltr_through_the_binding,
     kernel_clients_with_a_peer_node,
     cmtime_with_a_host_peer,
+    connection_through_the_verbs_hook,
+    mads_for_al_pass_untouched,
+    receives_not_in_al_shape_pass_untouched,
+    verbs_hook_across_sleep_and_wake,
+    verbs_hook_surprise_removal_with_receives_posted,
+    verbs_hook_two_hcas,
+    other_drivers_verbs_queries_stay_unpatched,
+    verbs_hook_under_the_ordinary_route,
+    verbs_table_of_unknown_version_left_alone,
+    verbs_hook_slot_reused_after_disable_enable,
+    verbs_hook_traffic_across_power_changes,
+    kill_switch_leaves_the_verbs_table_alone,
     cm_interface_reference_kept_blocks_removal => "WAIT_NEVER_RETURNS",
     verifier_spin_lock_recursive => "SPIN_LOCK_RECURSIVE",
     verifier_spin_lock_release_irql => "SPIN_LOCK_RELEASE_IRQL",

@@ -25,6 +25,7 @@ pub fn second_hca() -> CaConfig {
             pkeys: vec![0xffff],
         }],
         al_cm_holds_send: false,
+        verbs: false,
     }
 }
 

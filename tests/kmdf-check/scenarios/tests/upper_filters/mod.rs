@@ -191,6 +191,7 @@ pub fn an_hca_without_infiniband_ports_leaves_the_verdict_alone() {
         ca_guid: CA_GUID_2,
         ports: Vec::new(),
         al_cm_holds_send: false,
+        verbs: false,
     };
     al::set_cas(vec![hca(false), ethernet]);
     assert_eq!(pnp::load(ibcm_driver::driver_entry), 0, "DriverEntry");
