@@ -107,7 +107,6 @@ impl CmManager {
             }
             other => self.unmatched(other.attribute_id()),
         }
-        self.drop_stale_timers();
     }
 
     pub(super) fn received(&mut self, attr: AttributeId) {
