@@ -21,7 +21,7 @@ mod routing;
 mod table;
 
 pub use client::{Callback, ClientEvent, ClientId};
-use endpoint::{Awaited, Endpoint, File, Owner};
+use endpoint::{Awaited, Endpoint, File, Owner, Waiting};
 use ioctl::{batch, destroy_endpoint, ioctl, qp_transitions, room};
 pub use memory::DispatchMemory;
 pub use policy::{Caller, Held, Quotas, USER_MAX_PACKET_LIFE_TIME, UserTotals};
