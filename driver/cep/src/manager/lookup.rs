@@ -96,3 +96,9 @@ impl PeerMap {
         self.0.try_reserve(additional)
     }
 }
+
+/// The bytes of one entry of a [`PeerMap`].
+#[cfg(test)]
+pub(super) fn entry_size() -> usize {
+    core::mem::size_of::<(PeerKey, CepId)>()
+}

@@ -207,7 +207,7 @@ impl CmManager {
                 + self.remote_qpns.heap_bytes()
                 + hash_table_bytes(
                     self.local_qpns.capacity(),
-                    size_of::<(u32, super::local_qpn::Hold)>(),
+                    size_of::<(super::local_qpn::QpnKey, super::local_qpn::Hold)>(),
                 )
                 + hash_table_bytes(
                     self.sidr_requests.capacity(),
@@ -223,6 +223,32 @@ impl CmManager {
                 )
                 + self.peers.heap_bytes(),
             private_data,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use core::mem::size_of;
+
+    use super::super::local_qpn::{Hold, QpnKey};
+    use super::super::timer_heap::TimerEntry;
+    use super::super::{Slot, lookup};
+
+    /// What one connection costs the engine per part, before the tables' load factors
+    /// and chunk rounding (the budget, design.md: 512 bytes in all with the dispatch
+    /// layer's endpoint): the slot, two peer-lookup entries, a local-QPN entry, a timer
+    /// entry, a free-list index. A field added to the CEP or a key widened shows here.
+    #[test]
+    fn per_connection_types_stay_small() {
+        let parts = [
+            ("slot", size_of::<Slot>(), 344),
+            ("peer entry", lookup::entry_size(), 16),
+            ("local QPN entry", size_of::<(QpnKey, Hold)>(), 24),
+            ("timer entry", size_of::<TimerEntry>(), 16),
+        ];
+        for (name, size, most) in parts {
+            assert!(size <= most, "{name}: {size} bytes, at most {most}");
         }
     }
 }
