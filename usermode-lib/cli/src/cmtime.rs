@@ -1111,7 +1111,7 @@ fn serve(sh: &Arc<Shared>, req: ConnectionRequest) {
                 }
             };
             let accepted = async {
-                ep.prepare_accept_async(&AcceptParams {
+                Box::pin(ep.prepare_accept_async(&AcceptParams {
                     qpn: SERVER_QPN + i as u32,
                     starting_psn: None,
                     responder_resources: 1,
@@ -1121,7 +1121,7 @@ fn serve(sh: &Arc<Shared>, req: ConnectionRequest) {
                     flow_control: true,
                     srq: false,
                     private_data: &[],
-                })
+                }))
                 .await?;
                 // Each step boxed: a task lives as long as its connection, and an async
                 // block is as large as its largest step, so inline steps would cost every
