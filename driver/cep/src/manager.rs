@@ -48,7 +48,7 @@ mod timers;
 mod waiting;
 
 pub use link::PORT_SCAN_SLOTS;
-use lookup::{KeyedHash, PeerMap};
+use lookup::{KeyedHash, PeerField, PeerMap};
 pub use memory::EngineMemory;
 use qp::qp_attributes_of;
 pub use sidr::{SidrParams, SidrReplyParams};
@@ -237,8 +237,8 @@ impl CmManager {
             tid_high: rng.next_u32(),
             tid_next: 0,
             rng,
-            remote_ids: PeerMap::with_hasher(hash),
-            remote_qpns: PeerMap::with_hasher(hash),
+            remote_ids: PeerMap::new(hash, PeerField::CommId),
+            remote_qpns: PeerMap::new(hash, PeerField::Qpn),
             local_qpns: HashMap::with_hasher(hash),
             listens: listen_table::ListenTable::new(hash),
             ports: Vec::new(),
@@ -322,10 +322,10 @@ impl CmManager {
             .try_reserve(slab.saturating_sub(self.free.len()))
             .map_err(no)?;
         self.remote_ids
-            .try_reserve(ceps)
+            .try_reserve(ceps, &self.slots)
             .map_err(|_| CmError::NoResources)?;
         self.remote_qpns
-            .try_reserve(ceps)
+            .try_reserve(ceps, &self.slots)
             .map_err(|_| CmError::NoResources)?;
         self.local_qpns
             .try_reserve(ceps)

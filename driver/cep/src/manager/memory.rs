@@ -95,7 +95,7 @@ impl CmManager {
         }
         for map in [&mut self.remote_ids, &mut self.remote_qpns] {
             if map.capacity() < ceps {
-                map.try_reserve(ceps - map.len())
+                map.try_reserve(ceps - map.len(), &self.slots)
                     .map_err(|_| CmError::NoResources)?;
             }
         }
@@ -179,7 +179,7 @@ impl CmManager {
         let ceps = self.live + new;
         for map in [&mut self.remote_ids, &mut self.remote_qpns] {
             if map.capacity() > 2 * ceps + TRIM_SLACK {
-                map.shrink_to(ceps);
+                map.shrink_to(ceps, &self.slots);
             }
         }
         if self.local_qpns.capacity() > 2 * ceps + TRIM_SLACK {
@@ -243,7 +243,7 @@ mod tests {
     fn per_connection_types_stay_small() {
         let parts = [
             ("slot", size_of::<Slot>(), 344),
-            ("peer entry", lookup::entry_size(), 16),
+            ("peer entry", lookup::entry_size(), 4),
             ("local QPN entry", size_of::<(QpnKey, Hold)>(), 24),
             ("timer entry", size_of::<TimerEntry>(), 16),
         ];
