@@ -25,7 +25,7 @@ use endpoint::{Awaited, Endpoint, File, Owner, Waiting};
 use ioctl::{batch, destroy_endpoint, ioctl, qp_transitions, room};
 pub use memory::DispatchMemory;
 pub use policy::{Caller, Held, Quotas, USER_MAX_PACKET_LIFE_TIME, UserTotals};
-use pool::{ROOM_RETRY_NS, RecordPool};
+use pool::{Fifo, ROOM_RETRY_NS, RecordPool};
 use table::Table;
 
 use ibcm_cep::{CepId, CmConfig, CmManager, Instant, MadAddress, MadOwner, Transmit};

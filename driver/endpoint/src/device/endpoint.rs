@@ -9,6 +9,7 @@ use ibcm_ioctl::event_type;
 
 use super::Table;
 use super::policy::Caller;
+use super::pool::Fifo;
 
 /// What a CONNECT or SEND_REP with an output buffer waits for (see `code::CONNECT`).
 #[derive(Debug, Clone, Copy)]
@@ -38,8 +39,8 @@ impl Awaited {
 #[derive(Debug)]
 pub(super) struct Endpoint<R> {
     pub(super) cep: CepId,
-    /// Queued events: indices into the device's [`RecordPool`].
-    pub(super) events: VecDeque<u32>,
+    /// Queued events: a list through the device's record pool.
+    pub(super) events: Fifo,
     pub(super) pending: VecDeque<R>,
     /// A CONNECT or SEND_REP waiting for its answer (held inline: parking it allocates
     /// nothing, and its answer arrives at DISPATCH_LEVEL).
@@ -57,7 +58,7 @@ pub(super) struct Endpoint<R> {
 }
 
 impl<R> Endpoint<R> {
-    pub(super) fn new(cep: CepId, events: VecDeque<u32>) -> Self {
+    pub(super) fn new(cep: CepId, events: Fifo) -> Self {
         Self {
             cep,
             events,
