@@ -21,7 +21,7 @@ mod routing;
 mod table;
 
 pub use client::{Callback, ClientEvent, ClientId};
-use endpoint::{Awaited, Endpoint, File, Owner, Waiting};
+use endpoint::{Awaited, Endpoint, File, Owner, forget_waiting};
 use ioctl::{batch, destroy_endpoint, ioctl, qp_transitions, room};
 pub use memory::DispatchMemory;
 pub use policy::{Caller, Held, Quotas, USER_MAX_PACKET_LIFE_TIME, UserTotals};
@@ -390,6 +390,7 @@ impl<P: Platform> Device<P> {
                         .pop_front()
                         .or_else(|| ep.answer.take().map(|(r, _)| r))
                     {
+                        forget_waiting(&mut f.waiting, h, r.key());
                         return Some(r);
                     }
                     from = next;
@@ -744,6 +745,9 @@ impl<P: Platform> Device<P> {
                         else {
                             break;
                         };
+                        if let Ok(f) = i.file(file) {
+                            f.leave_waiting(h, r.key());
+                        }
                         i.done.push((r, status::DEVICE_REMOVED, 0));
                     }
                 }

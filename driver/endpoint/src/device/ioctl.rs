@@ -92,7 +92,14 @@ pub(super) fn destroy_endpoint<P: Platform>(
     }
     let f = i.file(file)?;
     let ep = f.endpoints.remove(handle).ok_or(status::INVALID_HANDLE)?;
-    f.leave_waiting(handle, ep.waiting_keys);
+    for key in ep
+        .pending
+        .iter()
+        .chain(ep.answer.as_ref().map(|(r, _)| r))
+        .map(Request::key)
+    {
+        f.leave_waiting(handle, key);
+    }
     let caller = f.caller;
     i.users.endpoint_removed(caller, ep.backlog);
     i.users.events_read(caller, ep.events.len());
@@ -241,7 +248,7 @@ pub(super) fn answered_operation<P: Platform>(
         Ok((h, ep)) => {
             ep.answer = Some((request, awaited));
             if let Ok(f) = i.file(file) {
-                f.enter_waiting(h, 1, key);
+                f.enter_waiting(h, key);
             }
             Ok(())
         }
@@ -317,7 +324,7 @@ pub(super) fn get_event<P: Platform>(
         if let Some(ep) = f.endpoints.get_mut(h) {
             ep.pending.push_back(request);
         }
-        f.enter_waiting(h, 0, key);
+        f.enter_waiting(h, key);
     } else {
         i.fill(file, h, request);
     }

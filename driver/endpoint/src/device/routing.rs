@@ -14,7 +14,7 @@ use crate::records::{Status, event_to_abi};
 
 use super::{
     Awaited, CHILD_DEPTH, DISPATCH_BATCH, EVENT_HEADROOM, Endpoint, Fifo, File, FileId, Flush,
-    Inner, Owner, Refused, SPARE_BATCHES, Waiting, batch, qp_transitions, room,
+    Inner, Owner, Refused, SPARE_BATCHES, batch, forget_waiting, qp_transitions, room,
 };
 
 impl<P: Platform> Inner<P> {
@@ -283,7 +283,7 @@ impl<P: Platform> Inner<P> {
             .is_some_and(|(_, awaited)| awaited.answered_by(record.event_type))
             && let Some((mut request, awaited)) = ep.answer.take()
         {
-            forget_waiting(pending_index, ep, endpoint, 1);
+            forget_waiting(pending_index, endpoint, request.key());
             // The CONNECT or SEND_REP that waits for this answer takes it.
             let cep = ep.cep;
             request.write_output(0, record.as_bytes());
@@ -303,7 +303,7 @@ impl<P: Platform> Inner<P> {
         let waiting = if !ep.events.is_empty() {
             None
         } else if let Some(request) = ep.pending.pop_front() {
-            forget_waiting(pending_index, ep, endpoint, 0);
+            forget_waiting(pending_index, endpoint, request.key());
             Some(request)
         } else if ready.is_empty() {
             channel.pop_front()
@@ -326,7 +326,7 @@ impl<P: Platform> Inner<P> {
         *queued += 1;
         self.users.events_queued(*caller, 1);
         if let Some(request) = ep.pending.pop_front() {
-            forget_waiting(pending_index, ep, endpoint, 0);
+            forget_waiting(pending_index, endpoint, request.key());
             self.fill(file, endpoint, request);
             return;
         }
@@ -478,18 +478,5 @@ impl<P: Platform> Inner<P> {
             },
             callbacks: !self.clients.ready.is_empty(),
         }
-    }
-}
-
-/// A request of endpoint `handle` of `kind` (0: GET_EVENT, 1: the answered operation)
-/// completes: its entry in the file's index of pending requests goes now (removing
-/// allocates nothing), so that the index holds the requests pending, not one completed
-/// request per endpoint that ever had one (35 bytes a connection at 1e6).
-fn forget_waiting<R>(index: &mut Waiting, ep: &mut Endpoint<R>, handle: u64, kind: usize) {
-    if let Some(key) = ep.waiting_keys.get_mut(kind) {
-        if *key != 0 && index.get(key) == Some(&handle) {
-            index.remove(key);
-        }
-        *key = 0;
     }
 }
