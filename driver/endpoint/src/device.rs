@@ -91,10 +91,12 @@ const IOCTL_MADS: usize = 8;
 pub const MAX_BACKLOG: u32 = 4096;
 /// Event records a new endpoint's FIFO holds.
 const FIFO_DEPTH: usize = EVENT_HEADROOM;
-/// Room every IOCTL naming an endpoint leaves in its FIFO (at PASSIVE_LEVEL), so that the
-/// events arriving at DISPATCH_LEVEL until the user names it again never grow it: without
-/// a user operation the engine reports at most this many transitions of one connection
-/// (REP_SENT: MRA, RTU, LAP, DREQ, DREP, REJ, timewait exit).
+/// Room every IOCTL naming an endpoint leaves in its FIFO (at PASSIVE_LEVEL) for the
+/// events arriving at DISPATCH_LEVEL until the user names it again: without a user
+/// operation the engine reports at most this many transitions of one connection
+/// (REP_SENT: MRA, RTU, LAP, DREQ, DREP, REJ, timewait exit). The records themselves come
+/// from the pool (pool.rs), which keeps room for what an entry point queues; a FIFO's room
+/// bounds what a listen queues (its backlog's REQs).
 const EVENT_HEADROOM: usize = 8;
 /// Room in the FIFO of an endpoint a REQ creates, before the user first names it: from
 /// REQ_RCVD the engine reports at most a REJ (or a stale connection) and a timewait exit.
