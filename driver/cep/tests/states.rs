@@ -2706,6 +2706,45 @@ fn established_connections_hold_no_timer_entry() {
     finish(p, &a_all, &b_all);
 }
 
+/// Once established, the passive side keeps neither its REP's nor its MRA's private data
+/// (pdata.rs `forget_handshake_pdata`): nothing repeats them any more (a duplicate REQ
+/// gets the REP only in REP_SENT, the MRA only before the REP; Linux
+/// `cm_dup_req_handler`). The active side keeps its RTU's, which a duplicate REP gets
+/// again. Before, both blocks stayed in the pool until the CEP ended: base + 2 here.
+#[test]
+fn established_passive_side_keeps_no_handshake_private_data() {
+    let mut p = Pair::new(21);
+    let l = listen_on(&mut p, Pair::listen_params(SID, 8));
+    let a = connect_new(&mut p, SID, QPN_A);
+    settle(&mut p);
+    let b = p.last_request().unwrap();
+    p.b.take_request(b).unwrap();
+    let base = p.b.private_data_blocks();
+    p.b.mra(b, 20, b"owner waits").unwrap();
+    settle(&mut p);
+    let mut rep = rp();
+    rep.private_data = b"rep data";
+    let now = p.now;
+    p.b.accept(now, b, &rep).unwrap();
+    settle(&mut p);
+    assert_eq!(
+        p.b.private_data_blocks(),
+        base + 2,
+        "the MRA's and the REP's"
+    );
+    p.a.rtu(a, b"rtu data").unwrap();
+    settle(&mut p);
+    assert_state(&p.a, a, S::Established);
+    assert_state(&p.b, b, S::Established);
+    assert_eq!(p.b.private_data_blocks(), base);
+    assert_eq!(
+        p.a.private_data_blocks(),
+        1,
+        "the RTU's, for a duplicate REP"
+    );
+    finish(p, &[a], &[b, l]);
+}
+
 /// The owner's own MRA after the manager's (issue 29): it is taken, not refused, and
 /// replaces the manager's for the repeats a duplicate REQ asks for. Nothing is sent at
 /// the call: a sender drops a second MRA for one REQ (AL `__mra_handler`,

@@ -383,6 +383,7 @@ impl CmManager {
         }
         self.cancel_timer(id);
         self.set_state(id, State::Established);
+        self.forget_handshake_pdata(id);
         self.emit(id, Event::RtuReceived(PrivateData::new(rtu.private_data)));
     }
 
