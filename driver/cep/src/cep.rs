@@ -1,7 +1,5 @@
 //! One CEP: the state of one communication endpoint, and what it remembers of its peer.
 
-use core::num::NonZeroU32;
-
 use ibcm_mad::{AttributeId, Failover, Mtu, Transport};
 
 use crate::pdata_pool::Held;
@@ -186,9 +184,6 @@ pub(crate) struct Cep {
     /// The peer's (active side) or this CA's (passive side) ACK delay.
     pub target_ack_delay: u8,
     // ---- the rest, by alignment ----
-    /// The armed timer: deadline and the sequence number its heap entry carries (the
-    /// entry may be due sooner: a timer moved later keeps it, timers.rs `arm`).
-    pub timer: Option<(Instant, NonZeroU32)>,
     pub retry: Retry,
     pub remote_ca_guid: u64,
     pub service_id: u64,
@@ -207,6 +202,9 @@ pub(crate) struct Cep {
     /// Passive, while its REQ is unanswered: the count of answers after which the REQs
     /// ahead of it are answered (wrapping; waiting.rs).
     pub req_ticket: u32,
+    /// Where its armed timer's entry is in the timer heap (manager/timer_heap.rs;
+    /// `NO_TIMER`: none armed).
+    pub timer_pos: u32,
     /// Private data of that message, in the manager's private-data pool (src/pdata_pool.rs).
     pub pdata: Held,
     /// Private data of that MRA: kept apart from `pdata`, since an MRA sent after the
@@ -265,7 +263,7 @@ impl Cep {
             backlog_of: None,
             active: false,
             mra_by_manager: false,
-            timer: None,
+            timer_pos: crate::manager::NO_TIMER,
             retry: Retry::default(),
             dest: MadAddress::default(),
             tid: 0,

@@ -1,9 +1,8 @@
 //! The CEP manager: all CEPs of one CA, the lookups that route MADs to them, one timer
 //! heap, and the queues of outgoing MADs and events.
 
-use alloc::collections::{BinaryHeap, VecDeque};
+use alloc::collections::VecDeque;
 use alloc::vec::Vec;
-use core::cmp::Reverse;
 use core::num::NonZeroU32;
 
 use hashbrown::HashMap;
@@ -44,15 +43,17 @@ mod sidr;
 mod source;
 mod state;
 mod steer;
+mod timer_heap;
 mod timers;
 mod waiting;
 
 pub use link::PORT_SCAN_SLOTS;
-use lookup::{KeyedHash, PeerMap};
+use lookup::{KeyedHash, PeerField, PeerMap};
 pub use memory::EngineMemory;
 use qp::qp_attributes_of;
 pub use sidr::{SidrParams, SidrReplyParams};
 pub use steer::MadOwner;
+pub(crate) use timer_heap::NO_TIMER;
 
 /// Timers one [`CmManager::handle_timeout`] handles at most, so at most this many MADs
 /// and events: what the platform's send batch must hold for a timer pass. 8 keeps a timer
@@ -192,10 +193,8 @@ pub struct CmManager {
     peers: Vec<CepId>,
     /// SIDR requests being answered or lately answered: (request ID, source GID, LID).
     sidr_requests: HashMap<(u32, Gid, u16), CepId, KeyedHash>,
-    /// (deadline, sequence number, CEP): live while the CEP's timer carries that number;
-    /// a timer moved later keeps its entry, due at or before its deadline (timers.rs
-    /// `arm`). 16 bytes, as `reserve` keeps two per CEP.
-    timers: BinaryHeap<Reverse<(Instant, NonZeroU32, u32)>>,
+    /// One entry per armed timer (timer_heap.rs), 16 bytes; `reserve` keeps one per CEP.
+    timers: timer_heap::TimerHeap,
     timer_seq: NonZeroU32,
     transmits: VecDeque<Transmit>,
     events: VecDeque<(CepId, Event)>,
@@ -238,8 +237,8 @@ impl CmManager {
             tid_high: rng.next_u32(),
             tid_next: 0,
             rng,
-            remote_ids: PeerMap::with_hasher(hash),
-            remote_qpns: PeerMap::with_hasher(hash),
+            remote_ids: PeerMap::new(hash, PeerField::CommId),
+            remote_qpns: PeerMap::new(hash, PeerField::Qpn),
             local_qpns: HashMap::with_hasher(hash),
             listens: listen_table::ListenTable::new(hash),
             ports: Vec::new(),
@@ -247,7 +246,7 @@ impl CmManager {
             down: link::DownPorts::default(),
             peers: Vec::new(),
             sidr_requests: HashMap::with_hasher(hash),
-            timers: BinaryHeap::new(),
+            timers: timer_heap::TimerHeap::default(),
             timer_seq: NonZeroU32::MIN,
             transmits: VecDeque::new(),
             events: VecDeque::new(),
@@ -301,7 +300,7 @@ impl CmManager {
         self.remote_ids.len() + self.remote_qpns.len() + self.sidr_requests.len()
     }
 
-    /// Timer heap entries, including cancelled ones not yet popped.
+    /// Timer heap entries: one per armed timer.
     pub fn timer_entries(&self) -> usize {
         self.timers.len()
     }
@@ -323,10 +322,10 @@ impl CmManager {
             .try_reserve(slab.saturating_sub(self.free.len()))
             .map_err(no)?;
         self.remote_ids
-            .try_reserve(ceps)
+            .try_reserve(ceps, &self.slots)
             .map_err(|_| CmError::NoResources)?;
         self.remote_qpns
-            .try_reserve(ceps)
+            .try_reserve(ceps, &self.slots)
             .map_err(|_| CmError::NoResources)?;
         self.local_qpns
             .try_reserve(ceps)
@@ -336,7 +335,7 @@ impl CmManager {
             .try_reserve(ceps.min(4096))
             .map_err(|_| CmError::NoResources)?;
         self.timers
-            .try_reserve(ceps.saturating_mul(2))
+            .try_reserve_total(self.live + ceps)
             .map_err(no)?;
         // The queues are empty between entry points.
         reserve_queue(&mut self.events, ceps.min(4096)).map_err(no)?;
@@ -385,7 +384,8 @@ impl CmManager {
             n if n >= 4096 => usize::MAX,
             n => n,
         };
-        let timers = (self.timers.capacity() - self.timers.len()) / 2;
+        // Every live CEP may arm its timer.
+        let timers = self.timers.capacity().saturating_sub(self.live);
         let events = (self.events.capacity() - self.events.len()).min(4096);
         let transmits = (self.transmits.capacity() - self.transmits.len()).min(4096);
         let queues = if events >= 4096 && transmits >= 4096 {
@@ -566,7 +566,7 @@ impl CmManager {
     /// When [`handle_timeout`](Self::handle_timeout) must next be called.
     #[must_use]
     pub fn poll_timeout(&self) -> Option<Instant> {
-        self.timers.peek().map(|Reverse((at, _, _))| *at)
+        self.timers.peek().map(|e| e.at)
     }
 
     // ---- slab ----------------------------------------------------------------------
@@ -664,6 +664,8 @@ impl CmManager {
     }
 
     fn release(&mut self, id: CepId) {
+        // Its timer's entry goes with it.
+        self.cancel_timer(id);
         let index = id.index();
         let mask = self.ids.generation_mask();
         // The (CA GUID, QPN) the CEP binds, if it does (local_qpn.rs).

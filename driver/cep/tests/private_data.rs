@@ -48,9 +48,10 @@ fn blocks_follow_the_cached_message_and_go_back_at_the_end() {
     let empty = p.a.memory().private_data;
     assert_eq!(empty, 0, "a new manager allocates no block");
     let (a, b) = p.establish(SID);
-    // A: the RTU's data replaced the REQ's; B: the REP's.
+    // A: the RTU's data replaced the REQ's; B: none, the REP's went back at Established
+    // (nothing repeats it any more).
     assert_eq!(p.a.private_data_blocks(), 1);
-    assert_eq!(p.b.private_data_blocks(), 1);
+    assert_eq!(p.b.private_data_blocks(), 0);
     // The DREQ's data replaces the RTU's (the block is taken before the old one goes).
     let now = p.now;
     p.a.disconnect(now, a, &[0xD4; 220]).unwrap();
@@ -58,7 +59,7 @@ fn blocks_follow_the_cached_message_and_go_back_at_the_end() {
     let now = p.now;
     p.b.drep(now, b, &[]).unwrap();
     p.drive();
-    // B's DREP carries no data: its REP block went back at once; A keeps its DREQ's.
+    // B's DREP carries no data: B holds none; A keeps its DREQ's.
     assert_eq!(p.b.private_data_blocks(), 0);
     assert_eq!(p.a.private_data_blocks(), 1);
     assert!(matches!(

@@ -2639,8 +2639,8 @@ fn unanswered_req_gets_an_mra_and_its_sender_waits() {
 }
 
 /// A REQ answered before its MRA timer is due takes no second timer entry: the MRA
-/// timer becomes the REP's retry timer (timers.rs `arm`: a timer moved later keeps its
-/// heap entry), and the retry still comes at its own deadline. Before, the REP's timer
+/// timer becomes the REP's retry timer (timers.rs `arm`: a CEP's one entry moves), and
+/// the retry still comes at its own deadline. Before, the REP's timer
 /// took a new entry and the MRA timer's stayed in the heap, stale, until its deadline:
 /// 16 bytes per REQ, half the sender's response timeout long.
 #[test]
@@ -2666,6 +2666,82 @@ fn answered_req_takes_no_second_timer_entry() {
     assert_eq!(p.b.counters().sent[slot(AttributeId::Mra)], 0);
     settle(&mut p);
     assert_state(&p.a, a, S::RepRcvd);
+    finish(p, &[a], &[b, l]);
+}
+
+/// Connections established hold no timer entry: a REQ's timer (the sender's retry timer,
+/// the receiver's MRA timer become its REP's retry timer) leaves the heap when the REP
+/// or RTU ends it (timer_heap.rs), as Linux takes a MAD's retry off its queue at once
+/// (`cm_establish` -> `ib_cancel_mad`, cm.c). Before, one that ended under a live timer
+/// due sooner (here one REQ left unanswered, its timers due first on both sides) stayed,
+/// stale, until its own deadline: 9 entries on each side instead of 1.
+#[test]
+fn established_connections_hold_no_timer_entry() {
+    let mut p = Pair::new(18);
+    let l = listen_on(&mut p, Pair::listen_params(SID, 16));
+    let waiting = connect_new(&mut p, SID, QPN_A);
+    settle(&mut p);
+    let waiting_b = p.last_request().unwrap();
+    p.b.take_request(waiting_b).unwrap();
+    let mut a_all = vec![waiting];
+    let mut b_all = vec![l, waiting_b];
+    for i in 1..9u32 {
+        let a = connect_new(&mut p, SID, QPN_A + i);
+        settle(&mut p);
+        let b = p.last_request().unwrap();
+        p.b.take_request(b).unwrap();
+        let now = p.now;
+        p.b.accept(now, b, &Pair::rep_params(QPN_B + i)).unwrap();
+        settle(&mut p);
+        p.a.rtu(a, b"").unwrap();
+        settle(&mut p);
+        assert_state(&p.a, a, S::Established);
+        assert_state(&p.b, b, S::Established);
+        a_all.push(a);
+        b_all.push(b);
+    }
+    assert_state(&p.a, waiting, S::ReqSent);
+    assert_state(&p.b, waiting_b, S::ReqRcvd);
+    assert_eq!((p.a.timer_entries(), p.b.timer_entries()), (1, 1));
+    finish(p, &a_all, &b_all);
+}
+
+/// Once established, the passive side keeps neither its REP's nor its MRA's private data
+/// (pdata.rs `forget_handshake_pdata`): nothing repeats them any more (a duplicate REQ
+/// gets the REP only in REP_SENT, the MRA only before the REP; Linux
+/// `cm_dup_req_handler`). The active side keeps its RTU's, which a duplicate REP gets
+/// again. Before, both blocks stayed in the pool until the CEP ended: base + 2 here.
+#[test]
+fn established_passive_side_keeps_no_handshake_private_data() {
+    let mut p = Pair::new(21);
+    let l = listen_on(&mut p, Pair::listen_params(SID, 8));
+    let a = connect_new(&mut p, SID, QPN_A);
+    settle(&mut p);
+    let b = p.last_request().unwrap();
+    p.b.take_request(b).unwrap();
+    let base = p.b.private_data_blocks();
+    p.b.mra(b, 20, b"owner waits").unwrap();
+    settle(&mut p);
+    let mut rep = rp();
+    rep.private_data = b"rep data";
+    let now = p.now;
+    p.b.accept(now, b, &rep).unwrap();
+    settle(&mut p);
+    assert_eq!(
+        p.b.private_data_blocks(),
+        base + 2,
+        "the MRA's and the REP's"
+    );
+    p.a.rtu(a, b"rtu data").unwrap();
+    settle(&mut p);
+    assert_state(&p.a, a, S::Established);
+    assert_state(&p.b, b, S::Established);
+    assert_eq!(p.b.private_data_blocks(), base);
+    assert_eq!(
+        p.a.private_data_blocks(),
+        1,
+        "the RTU's, for a duplicate REP"
+    );
     finish(p, &[a], &[b, l]);
 }
 

@@ -21,11 +21,11 @@ mod routing;
 mod table;
 
 pub use client::{Callback, ClientEvent, ClientId};
-use endpoint::{Awaited, Endpoint, File, Owner};
+use endpoint::{Awaited, Endpoint, File, Owner, forget_waiting};
 use ioctl::{batch, destroy_endpoint, ioctl, qp_transitions, room};
 pub use memory::DispatchMemory;
 pub use policy::{Caller, Held, Quotas, USER_MAX_PACKET_LIFE_TIME, UserTotals};
-use pool::{ROOM_RETRY_NS, RecordPool};
+use pool::{Fifo, ROOM_RETRY_NS, RecordPool};
 use table::Table;
 
 use ibcm_cep::{CepId, CmConfig, CmManager, Instant, MadAddress, MadOwner, Transmit};
@@ -91,10 +91,12 @@ const IOCTL_MADS: usize = 8;
 pub const MAX_BACKLOG: u32 = 4096;
 /// Event records a new endpoint's FIFO holds.
 const FIFO_DEPTH: usize = EVENT_HEADROOM;
-/// Room every IOCTL naming an endpoint leaves in its FIFO (at PASSIVE_LEVEL), so that the
-/// events arriving at DISPATCH_LEVEL until the user names it again never grow it: without
-/// a user operation the engine reports at most this many transitions of one connection
-/// (REP_SENT: MRA, RTU, LAP, DREQ, DREP, REJ, timewait exit).
+/// Room every IOCTL naming an endpoint leaves in its FIFO (at PASSIVE_LEVEL) for the
+/// events arriving at DISPATCH_LEVEL until the user names it again: without a user
+/// operation the engine reports at most this many transitions of one connection
+/// (REP_SENT: MRA, RTU, LAP, DREQ, DREP, REJ, timewait exit). The records themselves come
+/// from the pool (pool.rs), which keeps room for what an entry point queues; a FIFO's room
+/// bounds what a listen queues (its backlog's REQs).
 const EVENT_HEADROOM: usize = 8;
 /// Room in the FIFO of an endpoint a REQ creates, before the user first names it: from
 /// REQ_RCVD the engine reports at most a REJ (or a stale connection) and a timewait exit.
@@ -390,6 +392,7 @@ impl<P: Platform> Device<P> {
                         .pop_front()
                         .or_else(|| ep.answer.take().map(|(r, _)| r))
                     {
+                        forget_waiting(&mut f.waiting, h, r.key());
                         return Some(r);
                     }
                     from = next;
@@ -744,6 +747,9 @@ impl<P: Platform> Device<P> {
                         else {
                             break;
                         };
+                        if let Ok(f) = i.file(file) {
+                            f.leave_waiting(h, r.key());
+                        }
                         i.done.push((r, status::DEVICE_REMOVED, 0));
                     }
                 }

@@ -770,7 +770,8 @@ fn every_allocation_of_every_step_may_fail() {
         "{} steps, {points} allocation points failed one at a time, {refused} refused with STATUS_INSUFFICIENT_RESOURCES",
         counts.len()
     );
-    assert!(points > 50, "the steps allocate ({points} points)");
+    // 35 since endpoint FIFOs are lists through the record pool (no buffer of their own).
+    assert!(points > 30, "the steps allocate ({points} points)");
     // The receive and timer paths allocate nothing (DISPATCH_LEVEL).
     for (k, &n) in counts.iter().enumerate() {
         if names[k].contains("on the wire") {

@@ -1112,7 +1112,7 @@ fn serve(sh: &Arc<Shared>, req: ConnectionRequest) {
                 }
             };
             let accepted = async {
-                ep.prepare_accept_async(&accept_params(i)).await?;
+                Box::pin(ep.prepare_accept_async(&accept_params(i))).await?;
                 // Each step boxed: a task lives as long as its connection, and an async
                 // block is as large as its largest step, so inline steps would cost every
                 // live connection the size of the biggest one.

@@ -30,7 +30,7 @@ impl CmManager {
             return;
         }
         let peer = (req.local_comm_id, req.local_ca_guid);
-        if let Some(&id) = self.remote_ids.get(&peer) {
+        if let Some(id) = self.remote_ids.get(&peer, &self.slots) {
             self.duplicate(AttributeId::Req);
             match self.cep_any(id).map(|c| c.state) {
                 Some(State::ReqRcvd { mra_sent: true } | State::RepPrepared { mra_sent: true }) => {
@@ -51,7 +51,10 @@ impl CmManager {
             }
             return;
         }
-        if let Some(&old) = self.remote_qpns.get(&(req.local_qpn, req.local_ca_guid)) {
+        if let Some(old) = self
+            .remote_qpns
+            .get(&(req.local_qpn, req.local_ca_guid), &self.slots)
+        {
             // The peer reuses a QPN we still associate with a connection (IBA 12.9.8.3.2).
             self.reply_rej(
                 src,
@@ -212,10 +215,8 @@ impl CmManager {
         c.flow_control = req.end_to_end_flow_control;
         self.set_state(id, State::ReqRcvd { mra_sent: false });
         self.stamp_arrival(now, id);
-        self.remote_ids
-            .insert((req.local_comm_id, req.local_ca_guid), id);
-        self.remote_qpns
-            .insert((req.local_qpn, req.local_ca_guid), id);
+        self.remote_ids.insert(id, &self.slots);
+        self.remote_qpns.insert(id, &self.slots);
         event
     }
 
@@ -288,8 +289,8 @@ impl CmManager {
         // REP); drop it rather than re-point that connection's lookup. The REQ retries.
         if self
             .remote_ids
-            .get(&(rep.local_comm_id, rep.local_ca_guid))
-            .is_some_and(|&other| other != id)
+            .get(&(rep.local_comm_id, rep.local_ca_guid), &self.slots)
+            .is_some_and(|other| other != id)
         {
             self.duplicate(AttributeId::Rep);
             return;
@@ -301,7 +302,7 @@ impl CmManager {
             rep.local_qpn
         };
         let peer_qpn = (rep_qpn, rep.local_ca_guid);
-        if let Some(&old) = self.remote_qpns.get(&peer_qpn) {
+        if let Some(old) = self.remote_qpns.get(&peer_qpn, &self.slots) {
             // The passive side answers with a QPN another live connection uses. The REJ
             // names our comm ID too (Linux `cm_issue_rej` swaps the REP's IDs): the passive
             // CEP knows its peer, so a REJ from comm ID 0 would not reach it.
@@ -347,9 +348,8 @@ impl CmManager {
         c.failover = rep.failover_accepted;
         c.ack_timeout = c.path_ack_timeout(c.primary.packet_life_time);
         self.set_state(id, State::RepRcvd { mra_sent: false });
-        self.remote_ids
-            .insert((rep.local_comm_id, rep.local_ca_guid), id);
-        self.remote_qpns.insert(peer_qpn, id);
+        self.remote_ids.insert(id, &self.slots);
+        self.remote_qpns.insert(id, &self.slots);
         self.emit(
             id,
             Event::RepReceived(RepInfo {
@@ -383,6 +383,7 @@ impl CmManager {
         }
         self.cancel_timer(id);
         self.set_state(id, State::Established);
+        self.forget_handshake_pdata(id);
         self.emit(id, Event::RtuReceived(PrivateData::new(rtu.private_data)));
     }
 
@@ -442,7 +443,7 @@ impl CmManager {
         let by_guid = || {
             let guid = rej.ari.get(..8)?;
             let guid = u64::from_be_bytes(guid.try_into().ok()?);
-            self.remote_ids.get(&(rej.local_comm_id, guid)).copied()
+            self.remote_ids.get(&(rej.local_comm_id, guid), &self.slots)
         };
         let Some(id) = by_comm_id.or_else(by_guid) else {
             self.unmatched(AttributeId::Rej);

@@ -208,7 +208,9 @@ impl CmManager {
         for index in from..end {
             let hit = self.slots.get(index).and_then(|s| {
                 let c = s.cep.as_ref()?;
-                (c.dest.port == port && c.state == State::Established && c.timer.is_none())
+                (c.dest.port == port
+                    && c.state == State::Established
+                    && c.timer_pos == super::NO_TIMER)
                     .then(|| self.id_at(index, s))
             });
             if let Some(id) = hit {

@@ -26,15 +26,41 @@ use crate::cep::State;
 use super::CmManager;
 use super::lookup::KeyedHash;
 
-/// A QPN's holder and how many CEPs bind it.
+/// A QPN's holder and how many CEPs bind it. In 32-bit words, as [`QpnKey`]: an entry
+/// takes 24 bytes, where `(u64, u32)` keys and a `u64` holder, each padded to 16, made
+/// 32 (one entry per connection: 17 bytes a connection at 1e6).
 #[derive(Debug, Clone, Copy)]
 pub(super) struct Hold {
-    holder: u64,
+    holder: [u32; 2],
     ceps: u32,
 }
 
+impl Hold {
+    fn holder(&self) -> u64 {
+        (u64::from(self.holder[0]) << 32) | u64::from(self.holder[1])
+    }
+
+    fn set_holder(&mut self, holder: u64) {
+        self.holder = [(holder >> 32) as u32, holder as u32];
+    }
+}
+
+/// (CA GUID, QPN), in 32-bit words.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub(super) struct QpnKey {
+    guid: [u32; 2],
+    qpn: u32,
+}
+
+fn key((guid, qpn): (u64, u32)) -> QpnKey {
+    QpnKey {
+        guid: [(guid >> 32) as u32, guid as u32],
+        qpn,
+    }
+}
+
 /// (CA GUID, QPN) -> its holder.
-pub(super) type LocalQpns = HashMap<(u64, u32), Hold, KeyedHash>;
+pub(super) type LocalQpns = HashMap<QpnKey, Hold, KeyedHash>;
 
 /// The holder recorded for a CEP that had no owner when it bound its QPN.
 pub(super) const NO_HOLDER: u64 = u64::MAX;
@@ -63,8 +89,8 @@ impl CmManager {
     /// owner of the CEPs that bind it ([`NO_HOLDER`] if they had none, [`CONTESTED`] if
     /// they are of several owners), while any CEP binds it.
     pub fn local_qpn_holder(&self, port: u8, qpn: u32) -> Option<u64> {
-        let key = (self.ca_guid_of(port), qpn);
-        self.local_qpns.get(&key).map(|h| h.holder)
+        let key = key((self.ca_guid_of(port), qpn));
+        self.local_qpns.get(&key).map(Hold::holder)
     }
 
     /// Room for one more binding: the operations that bind a QPN (`connect`, the pre-REP)
@@ -107,22 +133,27 @@ impl CmManager {
     }
 
     fn bind_local_qpn(&mut self, (port, qpn): (u8, u32), owner: Option<u64>) {
-        let key = (self.ca_guid_of(port), qpn);
+        let key = key((self.ca_guid_of(port), qpn));
         let holder = owner.unwrap_or(NO_HOLDER);
         if let Some(h) = self.local_qpns.get_mut(&key) {
             h.ceps += 1;
-            if h.holder != holder {
-                h.holder = CONTESTED;
+            if h.holder() != holder {
+                h.set_holder(CONTESTED);
             }
         } else if self.local_qpns.len() < self.local_qpns.capacity() {
-            self.local_qpns.insert(key, Hold { holder, ceps: 1 });
+            let mut h = Hold {
+                holder: [0; 2],
+                ceps: 1,
+            };
+            h.set_holder(holder);
+            self.local_qpns.insert(key, h);
         }
     }
 }
 
 /// One CEP binding `key` (CA GUID, QPN) is gone (allocates nothing).
-pub(super) fn unbind(qpns: &mut LocalQpns, key: (u64, u32)) {
-    if let hashbrown::hash_map::Entry::Occupied(mut e) = qpns.entry(key) {
+pub(super) fn unbind(qpns: &mut LocalQpns, guid_qpn: (u64, u32)) {
+    if let hashbrown::hash_map::Entry::Occupied(mut e) = qpns.entry(key(guid_qpn)) {
         let h = e.get_mut();
         h.ceps = h.ceps.saturating_sub(1);
         if h.ceps == 0 {

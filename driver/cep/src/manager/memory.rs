@@ -60,7 +60,7 @@ pub(super) fn hash_table_bytes(capacity: usize, entry: usize) -> usize {
 
 impl CmManager {
     /// Makes room, at PASSIVE_LEVEL, for `new` more CEPs and for every CEP to hold all it
-    /// may (its two peer-lookup entries, two more timer arms), so that handling
+    /// may (its two peer-lookup entries, its timer), so that handling
     /// MADs and timeouts allocates nothing; each table grows to that need and no further
     /// (hash tables by powers of two, the slab by chunks: amortised O(1) either way).
     /// Cheap when the room is there. Fails (keeping what it made) if memory runs out.
@@ -95,7 +95,7 @@ impl CmManager {
         }
         for map in [&mut self.remote_ids, &mut self.remote_qpns] {
             if map.capacity() < ceps {
-                map.try_reserve(ceps - map.len())
+                map.try_reserve(ceps - map.len(), &self.slots)
                     .map_err(|_| CmError::NoResources)?;
             }
         }
@@ -110,12 +110,8 @@ impl CmManager {
                 .try_reserve(sidr)
                 .map_err(|_| CmError::NoResources)?;
         }
-        // Cancelled entries stay in the heap until they reach its top: room for two
-        // more arms of every CEP beyond what it holds, as `reserve` makes.
-        let timers = ceps.saturating_mul(2);
-        if self.timers.capacity() - self.timers.len() < timers {
-            self.timers.try_reserve(timers).map_err(no)?;
-        }
+        // One timer entry per CEP at most (timer_heap.rs).
+        self.timers.try_reserve_total(ceps).map_err(no)?;
         // The queues are drained after every MAD and timer pass.
         reserve_queue(&mut self.events, new.min(4096)).map_err(no)?;
         reserve_queue(&mut self.transmits, new.min(4096)).map_err(no)?;
@@ -183,7 +179,7 @@ impl CmManager {
         let ceps = self.live + new;
         for map in [&mut self.remote_ids, &mut self.remote_qpns] {
             if map.capacity() > 2 * ceps + TRIM_SLACK {
-                map.shrink_to(ceps);
+                map.shrink_to(ceps, &self.slots);
             }
         }
         if self.local_qpns.capacity() > 2 * ceps + TRIM_SLACK {
@@ -193,12 +189,8 @@ impl CmManager {
         if self.sidr_requests.capacity() > 2 * sidr + TRIM_SLACK {
             shrink_map(&mut self.sidr_requests, sidr);
         }
-        let timers = self.timers.len().max(ceps.saturating_mul(2));
-        if self.timers.capacity() > 2 * timers + TRIM_SLACK {
-            let mut heap = core::mem::take(&mut self.timers).into_vec();
-            shrink_vec(&mut heap, timers);
-            // Still a heap: `into_vec` kept its order, and rebuilding it is O(n).
-            self.timers = heap.into();
+        if self.timers.capacity() > 2 * ceps + TRIM_SLACK {
+            self.timers.shrink_to(ceps);
         }
         shrink_vec(&mut self.retired, 0);
         self.trim_held();
@@ -215,15 +207,13 @@ impl CmManager {
                 + self.remote_qpns.heap_bytes()
                 + hash_table_bytes(
                     self.local_qpns.capacity(),
-                    size_of::<(u32, super::local_qpn::Hold)>(),
+                    size_of::<(super::local_qpn::QpnKey, super::local_qpn::Hold)>(),
                 )
                 + hash_table_bytes(
                     self.sidr_requests.capacity(),
                     size_of::<((u32, ibcm_mad::Gid, u16), crate::types::CepId)>(),
                 ),
-            timers: self.timers.capacity()
-                * size_of::<core::cmp::Reverse<(crate::types::Instant, core::num::NonZeroU32, u32)>>(
-                ),
+            timers: self.timers.capacity() * size_of::<super::timer_heap::TimerEntry>(),
             queues: self.transmits.heap_bytes()
                 + self.events.heap_bytes()
                 + self.listens.heap_bytes()
@@ -233,6 +223,32 @@ impl CmManager {
                 )
                 + self.peers.heap_bytes(),
             private_data,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use core::mem::size_of;
+
+    use super::super::local_qpn::{Hold, QpnKey};
+    use super::super::timer_heap::TimerEntry;
+    use super::super::{Slot, lookup};
+
+    /// What one connection costs the engine per part, before the tables' load factors
+    /// and chunk rounding (the budget, design.md: 512 bytes in all with the dispatch
+    /// layer's endpoint): the slot, two peer-lookup entries, a local-QPN entry, a timer
+    /// entry, a free-list index. A field added to the CEP or a key widened shows here.
+    #[test]
+    fn per_connection_types_stay_small() {
+        let parts = [
+            ("slot", size_of::<Slot>(), 344),
+            ("peer entry", lookup::entry_size(), 4),
+            ("local QPN entry", size_of::<(QpnKey, Hold)>(), 24),
+            ("timer entry", size_of::<TimerEntry>(), 16),
+        ];
+        for (name, size, most) in parts {
+            assert!(size <= most, "{name}: {size} bytes, at most {most}");
         }
     }
 }

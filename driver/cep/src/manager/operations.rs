@@ -448,6 +448,7 @@ impl CmManager {
         }
         self.cancel_timer(id);
         self.set_state(id, State::Established);
+        self.forget_handshake_pdata(id);
         Ok(())
     }
 

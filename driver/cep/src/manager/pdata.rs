@@ -106,6 +106,24 @@ impl CmManager {
         self.put(id, |c| &mut c.mra_pdata, held);
     }
 
+    /// A passive CEP's connection is established: the REP's and the MRA's private data go
+    /// back to the pool. Nothing repeats them any more: a duplicate REQ is answered with
+    /// the REP only in REP_SENT and with the MRA only before the REP (establish.rs
+    /// `on_req`; Linux `cm_dup_req_handler` answers only MRA_REQ_SENT and TIMEWAIT). The
+    /// active side keeps its RTU's, which a duplicate REP gets again (Linux
+    /// `cm_dup_rep_handler`, IB_CM_ESTABLISHED).
+    pub(super) fn forget_handshake_pdata(&mut self, id: CepId) {
+        let Some(c) = self.cep_mut(id) else { return };
+        if c.active || c.cached != Some(AttributeId::Rep) {
+            return;
+        }
+        c.cached = None;
+        let rep = core::mem::replace(&mut c.pdata, Held::NONE);
+        let mra = core::mem::replace(&mut c.mra_pdata, Held::NONE);
+        self.pdata.free(rep);
+        self.pdata.free(mra);
+    }
+
     /// The additional information of the APR or SIDR_REP a CEP sends.
     pub(super) fn keep_info(&mut self, id: CepId, held: Held) {
         self.put(id, |c| &mut c.apr_info, held);

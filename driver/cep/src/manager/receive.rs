@@ -38,8 +38,10 @@ impl CmManager {
                 let (Some(comm), Some(guid), Some(qpn)) = (be32(24), guid, be32(56)) else {
                     return;
                 };
-                core::hint::black_box(self.remote_qpns.get(&(qpn >> 8, guid)));
-                self.remote_ids.get(&(comm, guid)).map(|id| id.index())
+                core::hint::black_box(self.remote_qpns.get(&(qpn >> 8, guid), &self.slots));
+                self.remote_ids
+                    .get(&(comm, guid), &self.slots)
+                    .map(|id| id.index())
             }
             // Every other connection message: RemoteCommID at CM data offset 4.
             Some(0x0011..=0x0016 | 0x0019 | 0x001a) => {
@@ -107,7 +109,6 @@ impl CmManager {
             }
             other => self.unmatched(other.attribute_id()),
         }
-        self.drop_stale_timers();
     }
 
     pub(super) fn received(&mut self, attr: AttributeId) {

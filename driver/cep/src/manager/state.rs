@@ -56,8 +56,8 @@ impl CmManager {
     pub(super) fn forget_peer(&mut self, id: CepId) {
         let Some(c) = self.cep_any(id) else { return };
         let (rid, rqpn, guid) = (c.remote_comm_id, c.remote_qpn, c.remote_ca_guid);
-        self.remote_ids.remove_if(&(rid, guid), id);
-        self.remote_qpns.remove_if(&(rqpn, guid), id);
+        self.remote_ids.remove_if(&(rid, guid), id, &self.slots);
+        self.remote_qpns.remove_if(&(rqpn, guid), id, &self.slots);
     }
 
     /// CEP `id`'s REQ is answered (or it ended): it counts against its listen's backlog

@@ -1,7 +1,6 @@
-//! Timers: one heap of (deadline, sequence, CEP) for every CEP; retries with MRA honoured
+//! Timers: one heap entry per armed CEP (timer_heap.rs); retries with MRA honoured
 //! once and an overall deadline (IBA 12.7.36, 12.6.6); a timer pass is bounded.
 
-use core::cmp::Reverse;
 use core::num::NonZeroU32;
 
 use ibcm_mad::{AttributeId, MessageKind, RejReason};
@@ -12,70 +11,55 @@ use crate::event::Event;
 use crate::trace::TracePoint;
 use crate::types::{CepId, Instant};
 
-use super::{CmManager, TIMER_BATCH};
+use super::timer_heap::{NO_TIMER, TimerEntry};
+use super::{CmManager, Slot, TIMER_BATCH};
+
+/// Tells the CEP whose raw handle is `raw` that its heap entry is at `pos`.
+fn place_in(slots: &mut crate::grow::ChunkedVec<Slot>, raw: u32, pos: u32) {
+    if let Some(c) = slots
+        .get_mut(CepId(raw).index())
+        .and_then(|s| s.cep.as_mut())
+    {
+        c.timer_pos = pos;
+    }
+}
 
 impl CmManager {
-    /// Arms CEP `id`'s timer for `at`. A timer moved later keeps its heap entry (due at
-    /// or before `at`): when that entry comes up early it moves itself to the deadline
-    /// (`handle_timeout`). Only a sooner deadline takes a new entry, the old one left
-    /// stale. So a REQ answered before its MRA timer adds no entry: that timer becomes
-    /// its REP's retry timer.
+    /// Arms CEP `id`'s timer for `at`: its entry moves (O(log n)), or one is added. A
+    /// timer moved later keeps its sequence number, so it stays first among timers due at
+    /// the same instant that were armed after it.
     pub(super) fn arm(&mut self, id: CepId, at: Instant) {
         let Some(c) = self.cep_mut(id) else { return };
-        if let Some((due, seq)) = c.timer
-            && due <= at
-        {
-            c.timer = Some((at, seq));
-            return;
-        }
-        // 32 bits wrap: a stale entry that outlives 2^32 arms and matches a live timer's
-        // number comes up at its own deadline, finds the live one later and moves to it
-        // (a second entry for that timer, stale once it fires); it never fires early.
-        let seq = self.timer_seq;
-        self.timer_seq = seq.checked_add(1).unwrap_or(NonZeroU32::MIN);
-        if let Some(c) = self.cep_mut(id) {
-            c.timer = Some((at, seq));
-            self.timers.push(Reverse((at, seq, id.0)));
-        }
-    }
-
-    /// The deadline of the timer a heap entry (sequence number `seq`) belongs to, if
-    /// the entry is still CEP `id`'s.
-    fn entry_due(&self, id: CepId, seq: NonZeroU32) -> Option<Instant> {
-        self.cep_any(id)
-            .and_then(|c| c.timer)
-            .and_then(|(due, s)| (s == seq).then_some(due))
-    }
-
-    pub(super) fn cancel_timer(&mut self, id: CepId) {
-        if let Some(c) = self.cep_mut(id) {
-            c.timer = None;
-        }
-        self.drop_stale_timers();
-    }
-
-    /// Pops cancelled entries off the top so that `poll_timeout` reports a live deadline,
-    /// [`TIMER_BATCH`] of them at most: a heap pop at 1e6 entries is a dozen cache misses,
-    /// and a mass of cancelled timers under a live one would otherwise be popped in one
-    /// go at DISPATCH_LEVEL (a timer pass measured up to 0.9 ms). Past that,
-    /// `poll_timeout` may name a cancelled entry's deadline: the timer then fires early,
-    /// and that pass (bounded too) pops on.
-    pub(super) fn drop_stale_timers(&mut self) {
-        for _ in 0..TIMER_BATCH {
-            let Some(Reverse((at, seq, raw))) = self.timers.peek().copied() else {
-                return;
-            };
-            match self.entry_due(CepId(raw), seq) {
-                Some(due) if due == at => return,
-                // Moved later: it goes to its deadline.
-                Some(due) if due > at => {
-                    self.timers.pop();
-                    self.timers.push(Reverse((due, seq, raw)));
-                }
-                _ => {
-                    self.timers.pop();
-                }
+        let pos = c.timer_pos;
+        let current = self.timers.get(pos).filter(|e| e.cep == id.0);
+        let seq = match current {
+            Some(e) if e.at <= at => e.seq,
+            _ => {
+                // 32 bits wrap: after 2^32 arms, timers due at the same instant may fire
+                // in another order than armed; none fires early or late.
+                let seq = self.timer_seq;
+                self.timer_seq = seq.checked_add(1).unwrap_or(NonZeroU32::MIN);
+                seq
             }
+        };
+        let slots = &mut self.slots;
+        let mut place = |raw, pos| place_in(slots, raw, pos);
+        if current.is_some() {
+            self.timers.update(pos, at, seq, &mut place);
+        } else {
+            self.timers
+                .push(TimerEntry { at, seq, cep: id.0 }, &mut place);
+        }
+    }
+
+    /// Disarms CEP `id`'s timer: its heap entry goes at once.
+    pub(super) fn cancel_timer(&mut self, id: CepId) {
+        let Some(c) = self.cep_mut(id) else { return };
+        let pos = core::mem::replace(&mut c.timer_pos, NO_TIMER);
+        if self.timers.get(pos).is_some_and(|e| e.cep == id.0) {
+            let slots = &mut self.slots;
+            self.timers
+                .remove(pos, &mut |raw, pos| place_in(slots, raw, pos));
         }
     }
 
@@ -106,37 +90,22 @@ impl CmManager {
     /// or before `now`: drain the output and call again (re-arm the timer to fire now).
     pub fn handle_timeout(&mut self, now: Instant) {
         let mut budget = TIMER_BATCH;
-        // Cancelled entries popped on the way count apart (they send and report nothing),
-        // bounded alike.
-        let mut stale_budget = TIMER_BATCH;
         let mut more_due = false;
-        while let Some(Reverse((at, seq, raw))) = self.timers.peek().copied() {
-            if at > now {
+        while let Some(top) = self.timers.peek() {
+            if top.at > now {
                 break;
             }
-            if budget == 0 || stale_budget == 0 {
+            if budget == 0 {
                 more_due = true;
                 break;
             }
-            self.timers.pop();
-            let id = CepId(raw);
-            let Some(due) = self.entry_due(id, seq).filter(|&due| due >= at) else {
-                stale_budget -= 1;
-                continue;
-            };
-            if due > now {
-                // Moved later since its entry was pushed: to its deadline (no new entry).
-                self.timers.push(Reverse((due, seq, raw)));
-                stale_budget -= 1;
-                continue;
-            }
             budget -= 1;
-            if let Some(c) = self.cep_mut(id) {
-                c.timer = None;
-            }
-            self.on_timer(now, id);
+            let slots = &mut self.slots;
+            self.timers
+                .remove(0, &mut |raw, pos| place_in(slots, raw, pos));
+            place_in(&mut self.slots, top.cep, NO_TIMER);
+            self.on_timer(now, CepId(top.cep));
         }
-        self.drop_stale_timers();
         self.trace(TracePoint::TimerPass {
             handled: (TIMER_BATCH - budget) as u32,
             more_due,

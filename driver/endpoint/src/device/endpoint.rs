@@ -9,6 +9,7 @@ use ibcm_ioctl::event_type;
 
 use super::Table;
 use super::policy::Caller;
+use super::pool::Fifo;
 
 /// What a CONNECT or SEND_REP with an output buffer waits for (see `code::CONNECT`).
 #[derive(Debug, Clone, Copy)]
@@ -38,8 +39,8 @@ impl Awaited {
 #[derive(Debug)]
 pub(super) struct Endpoint<R> {
     pub(super) cep: CepId,
-    /// Queued events: indices into the device's [`RecordPool`].
-    pub(super) events: VecDeque<u32>,
+    /// Queued events: a list through the device's record pool.
+    pub(super) events: Fifo,
     pub(super) pending: VecDeque<R>,
     /// A CONNECT or SEND_REP waiting for its answer (held inline: parking it allocates
     /// nothing, and its answer arrives at DISPATCH_LEVEL).
@@ -51,13 +52,10 @@ pub(super) struct Endpoint<R> {
     pub(super) backlog: u32,
     /// On its file's `ready` list.
     pub(super) ready: bool,
-    /// The keys its GET_EVENT and its answered operation were last entered under in the
-    /// file's `waiting` index (0: none), so that an entry goes when the next one comes.
-    pub(super) waiting_keys: [u64; 2],
 }
 
 impl<R> Endpoint<R> {
-    pub(super) fn new(cep: CepId, events: VecDeque<u32>) -> Self {
+    pub(super) fn new(cep: CepId, events: Fifo) -> Self {
         Self {
             cep,
             events,
@@ -67,7 +65,6 @@ impl<R> Endpoint<R> {
             private_data_len: 0,
             backlog: 0,
             ready: false,
-            waiting_keys: [0; 2],
         }
     }
 }
@@ -109,30 +106,17 @@ pub(super) struct File<R> {
 }
 
 impl<R> File<R> {
-    /// Enters `key` as endpoint `handle`'s pending request of `kind` (0: GET_EVENT, 1: the
-    /// answered operation) in `waiting`, its last entry of that kind leaving. Room was
-    /// made (`waiting.try_reserve(1)`), so this allocates nothing.
-    pub(super) fn enter_waiting(&mut self, handle: u64, kind: usize, key: u64) {
-        let Some(ep) = self.endpoints.get_mut(handle) else {
-            return;
-        };
-        let Some(last) = ep.waiting_keys.get_mut(kind) else {
-            return;
-        };
-        if *last != 0 && self.waiting.get(last) == Some(&handle) {
-            self.waiting.remove(last);
-        }
-        *last = key;
+    /// Enters `key` as endpoint `handle`'s pending request (its GET_EVENT or answered
+    /// operation) in `waiting`; it leaves when the request completes or is cancelled.
+    /// Room was made (`waiting.try_reserve(1)`), so this allocates nothing.
+    pub(super) fn enter_waiting(&mut self, handle: u64, key: u64) {
         self.waiting.insert(key, handle);
     }
 
-    /// An endpoint left the file: its entries in `waiting` go.
-    pub(super) fn leave_waiting(&mut self, handle: u64, keys: [u64; 2]) {
-        for key in keys {
-            if key != 0 && self.waiting.get(&key) == Some(&handle) {
-                self.waiting.remove(&key);
-            }
-        }
+    /// Request `key` of endpoint `handle` completed, or the endpoint left with it parked:
+    /// its entry in `waiting` goes (allocates nothing).
+    pub(super) fn leave_waiting(&mut self, handle: u64, key: u64) {
+        forget_waiting(&mut self.waiting, handle, key);
     }
 
     pub(super) fn new(caller: Caller) -> Self {
@@ -165,4 +149,14 @@ impl<R> File<R> {
 pub(super) struct Owner {
     pub(super) file: u64,
     pub(super) endpoint: u64,
+}
+
+/// Removes `key`'s entry from a file's index of pending requests if it names endpoint
+/// `handle` (removing allocates nothing). Requests leave the index as they complete, so
+/// that it holds the requests pending, not one completed request per endpoint that ever
+/// had one (35 bytes a connection at 1e6).
+pub(super) fn forget_waiting(index: &mut Waiting, handle: u64, key: u64) {
+    if index.get(&key) == Some(&handle) {
+        index.remove(&key);
+    }
 }

@@ -1,7 +1,6 @@
 //! The IOCTLs: each input record validated completely before anything changes (every
 //! malformed input completes with a precise NTSTATUS), then carried out on the engine.
 
-use alloc::collections::VecDeque;
 use alloc::vec::Vec;
 
 use ibcm_cep::{CepId, CmManager, Instant, QpState};
@@ -20,7 +19,9 @@ use crate::records::{
 };
 use crate::trace::DispatchPoint;
 
-use super::{Awaited, EVENT_HEADROOM, Endpoint, FIFO_DEPTH, FileId, Inner, MAX_BACKLOG, Owner};
+use super::{
+    Awaited, EVENT_HEADROOM, Endpoint, FIFO_DEPTH, Fifo, FileId, Inner, MAX_BACKLOG, Owner,
+};
 
 pub(super) type Outcome = Result<usize, Status>;
 
@@ -91,7 +92,14 @@ pub(super) fn destroy_endpoint<P: Platform>(
     }
     let f = i.file(file)?;
     let ep = f.endpoints.remove(handle).ok_or(status::INVALID_HANDLE)?;
-    f.leave_waiting(handle, ep.waiting_keys);
+    for key in ep
+        .pending
+        .iter()
+        .chain(ep.answer.as_ref().map(|(r, _)| r))
+        .map(Request::key)
+    {
+        f.leave_waiting(handle, key);
+    }
     let caller = f.caller;
     i.users.endpoint_removed(caller, ep.backlog);
     i.users.events_read(caller, ep.events.len());
@@ -104,7 +112,11 @@ pub(super) fn destroy_endpoint<P: Platform>(
         }
     }
     // REQ-created endpoints the user never heard of go with it.
-    for &index in &ep.events {
+    // Walked by its links, the next read before each destroy (which frees only the
+    // child's records; these are released after the walk).
+    let mut next = i.records.nth(&ep.events, 0);
+    while let Some(index) = next {
+        next = i.records.after(&ep.events, index);
         let child = i
             .records
             .get(index)
@@ -236,7 +248,7 @@ pub(super) fn answered_operation<P: Platform>(
         Ok((h, ep)) => {
             ep.answer = Some((request, awaited));
             if let Ok(f) = i.file(file) {
-                f.enter_waiting(h, 1, key);
+                f.enter_waiting(h, key);
             }
             Ok(())
         }
@@ -312,7 +324,7 @@ pub(super) fn get_event<P: Platform>(
         if let Some(ep) = f.endpoints.get_mut(h) {
             ep.pending.push_back(request);
         }
-        f.enter_waiting(h, 0, key);
+        f.enter_waiting(h, key);
     } else {
         i.fill(file, h, request);
     }
@@ -383,8 +395,7 @@ pub(super) fn operation<P: Platform>(
             f.reserve_ready(1).map_err(no_memory)?;
             // A retired chunk's slot before a fresh one (the table's end stays put).
             f.endpoints.try_reserve(1).map_err(no_memory)?;
-            let mut events = VecDeque::new();
-            events.try_reserve_exact(FIFO_DEPTH).map_err(no_memory)?;
+            let events = Fifo::with_room(FIFO_DEPTH);
             let cep = i.cm.create().map_err(status_of)?;
             let f = i.file(file)?;
             let caller = f.caller;
@@ -486,7 +497,7 @@ pub(super) fn operation<P: Platform>(
                 let Some(ep) = f.endpoints.get_mut(h) else {
                     break;
                 };
-                let Some(&index) = ep.events.get(k) else {
+                let Some(index) = records.nth(&ep.events, k) else {
                     break;
                 };
                 let child = records.get(index).map_or(0, |r| r.new_handle);
@@ -494,7 +505,7 @@ pub(super) fn operation<P: Platform>(
                     k += 1;
                     continue;
                 }
-                let _ = ep.events.remove(k);
+                let _ = records.remove_nth(&mut ep.events, k);
                 let _ = records.take(index);
                 f.queued = f.queued.saturating_sub(1);
                 users.events_read(f.caller, 1);

@@ -50,7 +50,7 @@ fn table_bytes<T>(t: &Table<T>, each: impl Fn(&T) -> usize) -> usize {
 }
 
 fn endpoint_bytes<R>(ep: &Endpoint<R>) -> usize {
-    ep.events.heap_bytes() + ep.pending.heap_bytes()
+    ep.pending.heap_bytes()
 }
 
 fn file_bytes<R>(f: &File<R>) -> usize {
@@ -67,6 +67,7 @@ impl RecordPool {
         self.chunks.len() * RECORD_CHUNK * size_of::<EventRecord>()
             + self.chunks.heap_bytes()
             + self.free.heap_bytes()
+            + self.next.heap_bytes()
     }
 }
 

@@ -12,7 +12,7 @@
 //! finds a record. A 464-byte record per possible event per endpoint was promised before,
 //! 3.7 KB an endpoint whether anything queued or not.
 
-use alloc::collections::{TryReserveError, VecDeque};
+use alloc::collections::TryReserveError;
 use alloc::vec::Vec;
 
 use ibcm_ioctl::EventRecord;
@@ -33,7 +33,7 @@ pub(super) const KEEP_FREE: usize = 2 * DISPATCH_RECORDS;
 /// How long a timer pass waits for room when the pool is short (1 ms).
 pub(super) const ROOM_RETRY_NS: u64 = 1_000_000;
 
-/// Event records by index; an endpoint's FIFO holds indices into it. It grows by whole
+/// Event records by index; an endpoint's FIFO is a list through it. It grows by whole
 /// chunks that never move (growing one large vector would copy, and so touch, all of it).
 #[derive(Debug, Default)]
 pub(super) struct RecordPool {
@@ -41,6 +41,50 @@ pub(super) struct RecordPool {
     /// Slots ever used; slot `i` is `chunks[i / RECORD_CHUNK][i % RECORD_CHUNK]`.
     pub(super) used: usize,
     pub(super) free: Vec<u32>,
+    /// The record queued after each queued record on its endpoint's FIFO: room for every
+    /// slot, so queueing allocates nothing.
+    pub(super) next: Vec<u32>,
+}
+
+/// An endpoint's queued events: a list through the [`RecordPool`] (16 bytes, where a
+/// queue of its own took 32 and its buffer 32 more in every endpoint, queued or not).
+#[derive(Debug, Clone, Copy, Default)]
+pub(super) struct Fifo {
+    head: u32,
+    tail: u32,
+    len: u32,
+    /// Records it may hold before its endpoint is named again (a listen: its backlog's
+    /// REQs), made at PASSIVE_LEVEL (`Inner::grow_fifo`); checked where a REQ queues.
+    room: u32,
+}
+
+impl Fifo {
+    /// An empty FIFO with room for `room` records.
+    pub(super) fn with_room(room: usize) -> Self {
+        Self {
+            room: u32::try_from(room).unwrap_or(u32::MAX),
+            ..Self::default()
+        }
+    }
+
+    pub(super) fn len(&self) -> usize {
+        self.len as usize
+    }
+
+    pub(super) fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Whether one more record is within its room.
+    pub(super) fn has_room(&self) -> bool {
+        self.len < self.room
+    }
+
+    /// Room for `n` records beyond those queued.
+    pub(super) fn grow(&mut self, n: usize) {
+        let want = self.len().saturating_add(n);
+        self.room = self.room.max(u32::try_from(want).unwrap_or(u32::MAX));
+    }
 }
 
 impl RecordPool {
@@ -105,10 +149,81 @@ impl RecordPool {
         Some(record)
     }
 
+    /// Queues record `i` (from [`put`](Self::put)) at the back of `fifo`. Allocates
+    /// nothing.
+    pub(super) fn push_back(&mut self, fifo: &mut Fifo, i: u32) {
+        if fifo.len == 0 {
+            fifo.head = i;
+        } else if let Some(link) = self.next.get_mut(fifo.tail as usize) {
+            *link = i;
+        }
+        fifo.tail = i;
+        fifo.len += 1;
+    }
+
+    /// The record index at the front of `fifo`, dequeued.
+    pub(super) fn pop_front(&mut self, fifo: &mut Fifo) -> Option<u32> {
+        if fifo.len == 0 {
+            return None;
+        }
+        let i = fifo.head;
+        fifo.len -= 1;
+        if fifo.len > 0 {
+            fifo.head = self.next.get(i as usize).copied()?;
+        }
+        Some(i)
+    }
+
+    /// The record index at position `k` of `fifo` (O(k)).
+    pub(super) fn nth(&self, fifo: &Fifo, k: usize) -> Option<u32> {
+        self.indices(fifo).nth(k)
+    }
+
+    /// The record index after `i` on `fifo` (`i` one of its records).
+    pub(super) fn after(&self, fifo: &Fifo, i: u32) -> Option<u32> {
+        (i != fifo.tail).then(|| self.next.get(i as usize).copied())?
+    }
+
+    /// Dequeues the record at position `k` of `fifo` (O(k)); its slot stays taken.
+    pub(super) fn remove_nth(&mut self, fifo: &mut Fifo, k: usize) -> Option<u32> {
+        if k == 0 {
+            return self.pop_front(fifo);
+        }
+        let before = self.nth(fifo, k - 1)?;
+        let i = self.nth(fifo, k)?;
+        let after = self.next.get(i as usize).copied().unwrap_or(0);
+        if let Some(link) = self.next.get_mut(before as usize) {
+            *link = after;
+        }
+        if fifo.tail == i {
+            fifo.tail = before;
+        }
+        fifo.len -= 1;
+        Some(i)
+    }
+
+    /// The record indices of `fifo`, front first.
+    pub(super) fn indices(&self, fifo: &Fifo) -> impl Iterator<Item = u32> + '_ {
+        let (mut at, len) = (fifo.head, fifo.len);
+        (0..len).map_while(move |n| {
+            let i = at;
+            if n + 1 < len {
+                at = *self.next.get(i as usize)?;
+            }
+            Some(i)
+        })
+    }
+
     /// A FIFO is gone: its records are released.
-    pub(super) fn release(&mut self, fifo: &VecDeque<u32>) {
-        for &i in fifo {
-            let _ = self.take(i);
+    pub(super) fn release(&mut self, fifo: &Fifo) {
+        let mut at = fifo.head;
+        for n in 0..fifo.len {
+            let next = self.next.get(at as usize).copied();
+            let _ = self.take(at);
+            match next {
+                Some(next) if n + 1 < fifo.len => at = next,
+                _ => break,
+            }
         }
     }
 
@@ -141,8 +256,61 @@ impl RecordPool {
             let slots = (self.chunks.len() + 1) * RECORD_CHUNK;
             self.free
                 .try_reserve(slots.saturating_sub(self.free.len()))?;
+            self.next
+                .try_reserve_exact(slots.saturating_sub(self.next.len()))?;
+            self.next.resize(slots, 0);
             self.chunks.push(chunk);
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use alloc::vec::Vec;
+    use zerocopy::FromZeros;
+
+    fn record(tag: u32) -> EventRecord {
+        let mut r = EventRecord::new_zeroed();
+        r.event_type = tag;
+        r
+    }
+
+    /// Two FIFOs interleaved through one pool keep their own order through pushes, pops
+    /// and a removal from the middle, and release only their own records.
+    #[test]
+    fn fifos_keep_their_order_through_the_pool() {
+        let mut pool = RecordPool::default();
+        pool.prepare();
+        let (mut a, mut b) = (Fifo::with_room(8), Fifo::with_room(8));
+        for t in 0..6u32 {
+            let i = pool.put(&record(t)).unwrap();
+            let fifo = if t % 2 == 0 { &mut a } else { &mut b };
+            pool.push_back(fifo, i);
+        }
+        let tags = |pool: &RecordPool, f: &Fifo| -> Vec<u32> {
+            pool.indices(f)
+                .map(|i| pool.get(i).unwrap().event_type)
+                .collect()
+        };
+        assert_eq!(tags(&pool, &a), [0, 2, 4]);
+        assert_eq!(tags(&pool, &b), [1, 3, 5]);
+        let middle = pool.remove_nth(&mut a, 1).unwrap();
+        assert_eq!(pool.take(middle).unwrap().event_type, 2);
+        let last = pool.remove_nth(&mut b, 2).unwrap();
+        assert_eq!(pool.take(last).unwrap().event_type, 5);
+        let i = pool.put(&record(7)).unwrap();
+        pool.push_back(&mut b, i);
+        assert_eq!(tags(&pool, &a), [0, 4]);
+        assert_eq!(tags(&pool, &b), [1, 3, 7]);
+        let front = pool.pop_front(&mut b).unwrap();
+        assert_eq!(pool.take(front).unwrap().event_type, 1);
+        assert_eq!(tags(&pool, &b), [3, 7]);
+        let queued = pool.queued();
+        pool.release(&a);
+        assert_eq!(pool.queued(), queued - 2);
+        assert_eq!(tags(&pool, &b), [3, 7]);
+        assert!(b.has_room() && b.len() == 2);
     }
 }

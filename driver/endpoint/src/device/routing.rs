@@ -2,10 +2,9 @@
 //! endpoint's waiting GET_EVENT, its FIFO, or a kernel client), each MAD to the send
 //! batch; then the flush that leaves the lock with the batches.
 
-use alloc::collections::VecDeque;
 use alloc::vec::Vec;
 
-use ibcm_cep::grow::{reserve_queue, shrink_queue};
+use ibcm_cep::grow::shrink_queue;
 use ibcm_cep::{CepId, Event};
 use ibcm_ioctl::{EventRecord, MAX_EVENTS_PER_REQUEST, QpTransitionsOut, event_type, status};
 use zerocopy::IntoBytes;
@@ -14,8 +13,8 @@ use crate::platform::{Platform, Request};
 use crate::records::{Status, event_to_abi};
 
 use super::{
-    Awaited, CHILD_DEPTH, DISPATCH_BATCH, EVENT_HEADROOM, Endpoint, File, FileId, Flush, Inner,
-    Owner, Refused, SPARE_BATCHES, batch, qp_transitions, room,
+    Awaited, CHILD_DEPTH, DISPATCH_BATCH, EVENT_HEADROOM, Endpoint, Fifo, File, FileId, Flush,
+    Inner, Owner, Refused, SPARE_BATCHES, batch, forget_waiting, qp_transitions, room,
 };
 
 impl<P: Platform> Inner<P> {
@@ -58,7 +57,8 @@ impl<P: Platform> Inner<P> {
             .endpoints
             .get_mut(handle)
             .ok_or(status::INVALID_HANDLE)?;
-        reserve_queue(&mut ep.events, n).map_err(|_| status::INSUFFICIENT_RESOURCES)?;
+        // Its records come from the pool (grown with them), so this allocates nothing.
+        ep.events.grow(n);
         Ok(ep.cep)
     }
 
@@ -97,11 +97,10 @@ impl<P: Platform> Inner<P> {
         let _ = f.endpoints.try_reserve(want);
         if f.spares.len() < want && f.spares.try_reserve(want - f.spares.len()).is_ok() {
             while f.spares.len() < want {
-                let mut events = VecDeque::new();
-                if events.try_reserve_exact(CHILD_DEPTH).is_err() {
-                    break;
-                }
-                f.spares.push(Endpoint::new(CepId::from_raw(0), events));
+                f.spares.push(Endpoint::new(
+                    CepId::from_raw(0),
+                    Fifo::with_room(CHILD_DEPTH),
+                ));
             }
         }
         let _ = f.reserve_ready(0);
@@ -204,7 +203,7 @@ impl<P: Platform> Inner<P> {
         let listen_room = file
             .endpoints
             .get(lo.endpoint)
-            .is_some_and(|l| l.events.len() < l.events.capacity());
+            .is_some_and(|l| l.events.has_room());
         // A user's handle at its endpoint quota, or all users' at their budget, takes no
         // more (policy.rs).
         let room = listen_room && file.has_endpoint_room(&quotas, users);
@@ -261,6 +260,7 @@ impl<P: Platform> Inner<P> {
             channel,
             ready,
             queued,
+            waiting: pending_index,
             ..
         }) = self.files.get_mut(file.0)
         else {
@@ -283,6 +283,7 @@ impl<P: Platform> Inner<P> {
             .is_some_and(|(_, awaited)| awaited.answered_by(record.event_type))
             && let Some((mut request, awaited)) = ep.answer.take()
         {
+            forget_waiting(pending_index, endpoint, request.key());
             // The CONNECT or SEND_REP that waits for this answer takes it.
             let cep = ep.cep;
             request.write_output(0, record.as_bytes());
@@ -302,6 +303,7 @@ impl<P: Platform> Inner<P> {
         let waiting = if !ep.events.is_empty() {
             None
         } else if let Some(request) = ep.pending.pop_front() {
+            forget_waiting(pending_index, endpoint, request.key());
             Some(request)
         } else if ready.is_empty() {
             channel.pop_front()
@@ -318,12 +320,13 @@ impl<P: Platform> Inner<P> {
         let Some(index) = self.records.put(record) else {
             return;
         };
-        ep.events.push_back(index);
+        self.records.push_back(&mut ep.events, index);
         // One more record queued unread on the file, and of all users' (policy.rs: the
         // events quota).
         *queued += 1;
         self.users.events_queued(*caller, 1);
         if let Some(request) = ep.pending.pop_front() {
+            forget_waiting(pending_index, endpoint, request.key());
             self.fill(file, endpoint, request);
             return;
         }
@@ -355,7 +358,7 @@ impl<P: Platform> Inner<P> {
             // by its own GET_EVENT meanwhile, it goes.
             let (next, leaves) = match f.endpoints.get_mut(handle) {
                 Some(ep) => {
-                    let next = ep.events.pop_front();
+                    let next = self.records.pop_front(&mut ep.events);
                     ep.ready = !ep.events.is_empty();
                     (next, !ep.ready)
                 }
@@ -387,11 +390,12 @@ impl<P: Platform> Inner<P> {
             .min(MAX_EVENTS_PER_REQUEST as usize);
         let mut written = 0usize;
         while written < capacity {
-            let Some(record) = self
-                .endpoint(file, endpoint)
-                .ok()
-                .and_then(|ep| ep.events.pop_front())
-                .and_then(|index| self.records.take(index))
+            let Inner { files, records, .. } = &mut *self;
+            let Some(record) = files
+                .get_mut(file.0)
+                .and_then(|f| f.endpoints.get_mut(endpoint))
+                .and_then(|ep| records.pop_front(&mut ep.events))
+                .and_then(|index| records.take(index))
             else {
                 break;
             };
