@@ -619,9 +619,10 @@ struct Binding {
     foreign: KmdfLock<Vec<(u64, u64)>>,
 }
 
-/// The AL context of another CA's port (any non-null value no [`Port`] can have): with
-/// a context AL reports the port's removal (al_pnp.c `__pnp_process_remove_port` skips
-/// ports without one).
+/// The AL context of another CA's port (any non-null value no [`Port`] can have): its
+/// later events, the removal among them, come with it. AL reports them for every port
+/// whose PORT_ADD the callback accepted (al_pnp.c:375-393 `pnp_get_context`, 1015-1019),
+/// and the marker tells them from this binding's own ports' events.
 static FOREIGN_PORT: u8 = 0;
 
 fn foreign_port_context() -> *mut c_void {
@@ -1362,8 +1363,9 @@ fn stop_steering(filter: &FilterIbal, ca_port: u8) {
 
 /// IB_PNP_PORT_ADD of another CA's port: the host counts its CA (one no ibcm filter can
 /// bind turns the host's CM verdict to AL's and is named in the System log,
-/// `ibcm_lifecycle::HostCm`), and the port gets the marker context so that its removal is
-/// reported too. Without room to follow it, it is declined (no context, no more events).
+/// `ibcm_lifecycle::HostCm`), and the port is accepted with the marker context, so that
+/// its removal comes back marked. Without room to follow it, it is declined (AL then
+/// drops the port's context record and reports nothing more of it).
 ///
 /// # Safety
 ///

@@ -22,9 +22,9 @@
 //! HCAs without ibcm: ibcm's filter on one HCA registers for port events with the access
 //! layer, which reports the ports of every CA of the host (`ib_reg_pnp`, `IB_PNP_PORT`:
 //! `core/al/kernel/al_pnp.c` `__pnp_reg_notify` reports each registered CA's ports,
-//! `__pnp_process_add_ca` those of every CA registered later), and, since the filter keeps
-//! a context for each, their removal too (`__pnp_process_remove_port` notifies only ports
-//! with a context). So the table holds the CAs the access layer has registered, each with
+//! `__pnp_process_add_ca` those of every CA registered later), and, since the filter
+//! accepts each, their removal too (`__pnp_process_remove_port` notifies the ports whose
+//! PORT_ADD was accepted). So the table holds the CAs the access layer has registered, each with
 //! the reports that name it, and the CAs ibcm is bound to. A CA reported and not bound is
 //! one whose own filter has not bound yet or one with no ibcm in its stack. The two differ
 //! by count: every HCA stack is built (EvtDriverDeviceAdd, so the filter exists) before its
