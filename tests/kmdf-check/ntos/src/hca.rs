@@ -205,6 +205,9 @@ struct Qp {
     rq_depth: u32,
     /// Posted receives: (wr_id, segments).
     receives: VecDeque<(u64, Vec<IbLocalDs>)>,
+    /// Receives the HCA is writing now ([`arrive`]): `ci_destroy_qp` returns only once
+    /// none is left (the hardware quiesces a QP before its buffers may be freed).
+    dma: u32,
 }
 
 /// The HCAs' verbs state.
@@ -447,6 +450,7 @@ unsafe extern "C" fn create_spl_qp(
             state: IB_QPS_RESET,
             rq_depth: create.rq_depth,
             receives: VecDeque::new(),
+            dma: 0,
         },
     );
     // SAFETY: the caller's attributes out, when given (the head only is written).
@@ -525,7 +529,11 @@ unsafe extern "C" fn modify_qp(
 unsafe extern "C" fn destroy_qp(h_qp: Handle, _timewait: u64) -> i32 {
     let _k = KernelCode::enter();
     require_irql("ci_destroy_qp", PASSIVE);
-    let mut guard = state::lock();
+    let guard = state::lock();
+    let what = || "the HCA's DMA into QP1's receives before ci_destroy_qp returns".to_string();
+    let (mut guard, _) = state::wait_until(guard, None, &what, |s| {
+        s.hca.qps.get(&(h_qp as usize)).is_none_or(|q| q.dma == 0)
+    });
     let hca = &mut guard.hca;
     let Some(qp) = hca.qps.remove(&(h_qp as usize)) else {
         return IB_INVALID_PARAMETER;
@@ -764,6 +772,7 @@ pub fn arrive(ca: usize, port_num: u8, from_lid: u16, mad: &[u8]) -> bool {
         hca.dropped += 1;
         return false;
     };
+    qp.dma += 1;
     let recv_cq = qp.recv_cq;
     drop(guard);
     let mut message = vec![0u8; GRH_SIZE];
@@ -797,7 +806,11 @@ pub fn arrive(ca: usize, port_num: u8, from_lid: u16, mad: &[u8]) -> bool {
     };
     let mut guard = state::lock();
     push(&mut guard.hca, recv_cq, h, wr_id, status, length, from_lid);
+    if let Some(qp) = guard.hca.qps.get_mut(&h) {
+        qp.dma -= 1;
+    }
     drop(guard);
+    state::changed();
     notify(recv_cq);
     true
 }
