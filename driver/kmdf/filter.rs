@@ -36,7 +36,7 @@
 //!   out of the host; the last one tears the host's CM down and deletes the control
 //!   device.
 
-use core::sync::atomic::Ordering;
+use core::sync::atomic::{AtomicUsize, Ordering};
 
 use ibcm_endpoint::Lock as _;
 use ibcm_iba_cm::abi::{GUID_INFINIBAND_INTERFACE_CM, Guid, InfinibandInterfaceCm};
@@ -188,12 +188,20 @@ fn attach(
     }
     host::with_filters(|count| {
         *count += 1;
+        if hook_slot.is_none() {
+            BLIND_FILTERS.fetch_add(1, Ordering::Relaxed);
+        }
         ensure_control_device(driver, *count);
         // SAFETY: (F10) initialised just above; the device is not started yet.
         status::register(status::owner(unsafe { &*state }));
     });
     Ok(())
 }
+
+/// Filter devices without a hook slot: they do not see ibbus's verbs query complete, so
+/// the host's CM verdict cannot learn their CAs from it (`ibcm_lifecycle::HostCm`).
+/// Changed under the driver's wait lock.
+static BLIND_FILTERS: AtomicUsize = AtomicUsize::new(0);
 
 /// Creates the control device (and the host with it) if none is published (PASSIVE_LEVEL,
 /// the driver's wait lock held). Each control device has a name of its own, so this does
@@ -204,6 +212,7 @@ fn attach(
 /// The host's CM verdict learns the `filters` that exist: a CA the access layer reports
 /// while every one of them is bound has no ibcm (`ibcm_lifecycle::HostCm`).
 fn ensure_control_device(driver: WDFDRIVER, filters: usize) {
+    let blind = BLIND_FILTERS.load(Ordering::Relaxed);
     if host::host().is_none() {
         let upcalls = Upcalls {
             send: ibal::send,
@@ -214,7 +223,7 @@ fn ensure_control_device(driver: WDFDRIVER, filters: usize) {
         }
     }
     if let Some(host) = host::host() {
-        host.verdict_filters(filters);
+        host.verdict_filters(filters, blind);
     }
 }
 
@@ -256,7 +265,7 @@ fn count_out() {
             control::unpublish()
         } else {
             if let Some(host) = host::host() {
-                host.verdict_filters(*count);
+                host.verdict_filters(*count, BLIND_FILTERS.load(Ordering::Relaxed));
             }
             None
         }
@@ -322,7 +331,12 @@ unsafe extern "C" fn evt_filter_cleanup(object: WDFOBJECT) {
     let state = unsafe { wdf::context::<FilterState>(object, &FILTER_STATE) };
     // SAFETY: (F14) no callback of the device runs any more; this is the only reference.
     let filter = unsafe { &*state };
-    host::with_filters(|_| status::unregister(status::owner(filter)));
+    host::with_filters(|_| {
+        status::unregister(status::owner(filter));
+        if filter.ibal.hook_slot.is_none() {
+            BLIND_FILTERS.fetch_sub(1, Ordering::Relaxed);
+        }
+    });
     on(filter, Callback::Cleanup);
     // SAFETY: (F15) initialised in `add`, dropped exactly once here; WDF frees the memory.
     unsafe { core::ptr::drop_in_place(state) };

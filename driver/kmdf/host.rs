@@ -473,10 +473,23 @@ impl Host {
         self.verdict.with(|v| v.no_ca(started));
     }
 
-    /// The filter devices that exist now (under the driver's wait lock, as they change).
-    pub fn verdict_filters(&self, count: usize) {
+    /// The filter devices that exist now, and how many have no hook slot (under the
+    /// driver's wait lock, as they change).
+    pub fn verdict_filters(&self, count: usize, blind: usize) {
         let count = u32::try_from(count).unwrap_or(u32::MAX);
-        self.verdict.with(|v| v.filters(count));
+        let blind = u32::try_from(blind).unwrap_or(u32::MAX);
+        self.verdict.with(|v| v.filters(count, blind));
+    }
+
+    /// A filter saw ibbus's verbs query name CA `ca_guid` (network order): its own
+    /// (`HostCm::expected`). <= DISPATCH_LEVEL.
+    pub fn verdict_ca_expected(&self, ca_guid: u64) {
+        self.verdict.with(|v| v.expected(ca_guid));
+    }
+
+    /// The filter that expected CA `ca_guid` is gone.
+    pub fn verdict_ca_unexpected(&self, ca_guid: u64) {
+        self.verdict.with(|v| v.unexpected(ca_guid));
     }
 
     /// The access layer reported a port of CA `ca_guid` (network order) to a filter's

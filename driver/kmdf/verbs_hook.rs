@@ -45,7 +45,7 @@ use alloc::boxed::Box;
 use core::ffi::c_void;
 use core::mem::{offset_of, size_of};
 use core::ptr;
-use core::sync::atomic::{AtomicBool, AtomicPtr, AtomicU8, Ordering};
+use core::sync::atomic::{AtomicBool, AtomicPtr, AtomicU8, AtomicU64, Ordering};
 
 use ibcm_endpoint::Lock as _;
 use ibcm_qp1_hook::method::RECEIVE_SIZE;
@@ -59,6 +59,7 @@ use wdk_sys::{
     STATUS_SUCCESS,
 };
 
+use crate::host;
 use crate::platform::KmdfLock;
 use crate::wdf;
 
@@ -279,6 +280,10 @@ struct Slot {
     steering: KmdfLock<Option<(Decide, usize)>>,
     /// What became of ibbus's verbs table ([`Table::code`]), since [`reserve`].
     table: AtomicU8,
+    /// The CA ibbus's verbs query named (`ci_interface_t::guid`, network order; 0 before
+    /// one): the host's CM verdict expects it (`ibcm_lifecycle::HostCm::expected`) until
+    /// [`release`].
+    ca_guid: AtomicU64,
 }
 
 static SLOTS: [Slot; MAX_HCAS] = [const {
@@ -288,6 +293,7 @@ static SLOTS: [Slot; MAX_HCAS] = [const {
         original: [const { AtomicPtr::new(ptr::null_mut()) }; VERBS],
         steering: KmdfLock::new(None),
         table: AtomicU8::new(0),
+        ca_guid: AtomicU64::new(0),
     }
 }; MAX_HCAS];
 
@@ -371,6 +377,12 @@ pub fn release(id: SlotId) {
         // reloaded at another address) be patched rather than refused as "differs".
         for original in &slot.original {
             original.store(ptr::null_mut(), Ordering::Release);
+        }
+        let ca_guid = slot.ca_guid.swap(0, Ordering::AcqRel);
+        if ca_guid != 0
+            && let Some(host) = host::host()
+        {
+            host.verdict_ca_unexpected(ca_guid);
         }
         slot.taken.store(false, Ordering::Release);
     }
@@ -597,6 +609,13 @@ pub unsafe extern "C" fn query_interface_completed(
     if !ours {
         return STATUS_CONTINUE_COMPLETION;
     }
+    if succeeded && from_ibbus {
+        // SAFETY: (V41) a successful query filled `Size` bytes of the querier's buffer
+        // (`Interface`, null: none), which it keeps until the IRP returns to it.
+        if let Some(ca_guid) = unsafe { ca_guid_of(q.Interface.cast::<u8>(), q.Size) } {
+            expect_ca(context.addr(), ca_guid);
+        }
+    }
     // The table is read only when the query succeeded into a buffer of the whole layout;
     // otherwise its versions are 0, which `install` never hooks (it reports the failure,
     // another driver's query or the unknown layout, in its own order).
@@ -645,6 +664,40 @@ pub unsafe extern "C" fn query_interface_completed(
     };
     record_table(context.addr(), outcome, from_ibbus);
     STATUS_CONTINUE_COMPLETION
+}
+
+/// `ci_interface_t::guid` of a filled `RDMA_INTERFACE_VERBS` of `size` bytes at
+/// `interface`, whatever the rest of its layout (ibbus's own check is only the header's
+/// version, bus_pnp.c:417-427): the CA ibbus is about to register. None if the buffer is
+/// null or too short to hold it, or the GUID is 0.
+///
+/// # Safety
+///
+/// `interface` is null or the start of `size` readable bytes.
+unsafe fn ca_guid_of(interface: *const u8, size: u16) -> Option<u64> {
+    const AT: usize = offset_of!(RdmaInterfaceVerbs, verbs) + offset_of!(CiInterface, guid);
+    if interface.is_null() || usize::from(size) < AT + size_of::<u64>() {
+        return None;
+    }
+    // SAFETY: (V42) `AT < size`: inside the buffer (the contract).
+    let at = unsafe { interface.add(AT) };
+    // SAFETY: (V43) `AT + 8 <= size` readable bytes from `interface` (the contract); read
+    // unaligned, whatever the querier's alignment.
+    let guid = unsafe { at.cast::<u64>().read_unaligned() };
+    (guid != 0).then_some(guid)
+}
+
+/// Slot `index`'s HCA is CA `ca_guid`, as ibbus's verbs query said before ibbus registers
+/// it with AL (`__register_ca`: `__get_ifc`, then `ib_register_ca`): the host's CM
+/// verdict knows the CA is ibcm's before any filter can hear of it. <= DISPATCH_LEVEL
+/// (a completion routine).
+fn expect_ca(index: usize, ca_guid: u64) {
+    if let Some(slot) = SLOTS.get(index) {
+        slot.ca_guid.store(ca_guid, Ordering::Release);
+        if let Some(host) = host::host() {
+            host.verdict_ca_expected(ca_guid);
+        }
+    }
 }
 
 fn same_guid(g: &GUID) -> bool {

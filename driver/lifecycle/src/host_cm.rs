@@ -50,6 +50,8 @@ struct Ca {
     /// Port reports that name it and have not been withdrawn (one per port per filter's
     /// registration).
     reports: u32,
+    /// An ibcm filter saw ibbus's verbs query name it ([`HostCm::expected`]): its CA.
+    expected: bool,
 }
 
 /// The host-wide CM verdict and what it was decided from.
@@ -57,6 +59,11 @@ struct Ca {
 pub struct HostCm {
     /// Filter devices of ibcm's that exist (each serves one HCA once it binds).
     filters: u32,
+    /// Of those, the ones that cannot see ibbus's verbs query complete (no hook slot).
+    blind: u32,
+    /// Some filter saw ibbus's verbs query name its CA: the host's filters learn their CAs
+    /// before AL can report them.
+    sighted: bool,
     /// Bound HCAs.
     bound: u32,
     /// Bound HCAs with no QP1 route for ibcm.
@@ -86,6 +93,8 @@ impl HostCm {
     pub const fn new() -> Self {
         Self {
             filters: 0,
+            blind: 0,
+            sighted: false,
             bound: 0,
             unrouted: 0,
             anonymous: 0,
@@ -95,6 +104,7 @@ impl HostCm {
                 bound: false,
                 logged: false,
                 reports: 0,
+                expected: false,
             }; MAX_CAS],
             overflow: 0,
             verdict: None,
@@ -102,9 +112,43 @@ impl HostCm {
     }
 
     /// The filter devices of ibcm's that exist now (EvtDriverDeviceAdd made one; its
-    /// cleanup deleted one).
-    pub fn filters(&mut self, count: u32) {
+    /// cleanup deleted one), and how many of them have no hook slot (they do not see
+    /// ibbus's verbs query complete).
+    pub fn filters(&mut self, count: u32, blind: u32) {
         self.filters = count;
+        self.blind = blind;
+    }
+
+    /// An ibcm filter saw ibbus's `GUID_RDMA_INTERFACE_VERBS` query on its stack name CA
+    /// `ca_guid` (`ci_interface_t::guid`): ibbus makes it before it registers the CA with
+    /// AL (`bus_pnp.c` `__register_ca`: `__get_ifc`, then `ib_register_ca`), so the CA is
+    /// known to be ibcm's before any filter can hear of it.
+    pub fn expected(&mut self, ca_guid: u64) {
+        if let Some(ca) = self.entry(ca_guid) {
+            ca.expected = true;
+            self.sighted = true;
+        }
+    }
+
+    /// The filter of CA `ca_guid` is gone (its device deleted).
+    pub fn unexpected(&mut self, ca_guid: u64) {
+        if let Some(ca) = self
+            .cas
+            .iter_mut()
+            .find(|ca| ca_guid != 0 && ca.guid == ca_guid)
+        {
+            ca.expected = false;
+            if ca.reports == 0 && !ca.bound {
+                *ca = Ca::default();
+            }
+        }
+    }
+
+    /// Whether every CA with ibcm is known before it is reported: filters learn their CAs
+    /// from ibbus's verbs queries here and none is blind. Then a reported CA no filter
+    /// expects has no ibcm, whatever filters are still to start; else the count decides.
+    fn strict(&self) -> bool {
+        self.sighted && self.blind == 0
     }
 
     /// A filter's HCA has no CA (`started`), or that filter stopped.
@@ -147,7 +191,7 @@ impl HostCm {
         {
             Some(ca) => {
                 ca.bound = false;
-                if ca.reports == 0 {
+                if ca.reports == 0 && !ca.expected {
                     *ca = Ca::default();
                 }
             }
@@ -176,7 +220,7 @@ impl HostCm {
         {
             Some(ca) => {
                 ca.reports = ca.reports.saturating_sub(1);
-                if ca.reports == 0 && !ca.bound {
+                if ca.reports == 0 && !ca.bound && !ca.expected {
                     *ca = Ca::default();
                 }
             }
@@ -209,7 +253,7 @@ impl HostCm {
         let listed = self
             .cas
             .iter()
-            .filter(|ca| ca.guid != 0 && !ca.bound)
+            .filter(|ca| ca.reports > 0 && !ca.bound)
             .count();
         u32::try_from(listed)
             .unwrap_or(u32::MAX)
@@ -226,6 +270,11 @@ impl HostCm {
         u32::try_from(named).unwrap_or(u32::MAX)
     }
 
+    /// A reported CA that no filter is bound to or expects (the strict rule's).
+    fn unexpected_ca(ca: &Ca) -> bool {
+        ca.reports > 0 && !ca.bound && !ca.expected
+    }
+
     /// Filter devices that may still bind one of those CAs: not bound yet (starting,
     /// asleep; not one whose HCA has no CA), or bound to a CA whose GUID is unknown.
     fn filters_unaccounted(&self) -> u32 {
@@ -238,9 +287,16 @@ impl HostCm {
     /// How many reported CAs surely have no ibcm filter (`ibcm status`): more such CAs
     /// than filters that could still bind them, and those already named.
     pub fn without_ibcm(&self) -> u32 {
-        self.unbound_cas()
-            .saturating_sub(self.filters_unaccounted())
-            .max(self.named())
+        let surely = if self.strict() {
+            let listed = self.cas.iter().filter(|ca| Self::unexpected_ca(ca)).count();
+            u32::try_from(listed)
+                .unwrap_or(u32::MAX)
+                .saturating_add(self.overflow.min(1))
+        } else {
+            self.unbound_cas()
+                .saturating_sub(self.filters_unaccounted())
+        };
+        surely.max(self.named())
     }
 
     /// Whether some CA the access layer reported surely has no ibcm filter.
@@ -249,16 +305,22 @@ impl HostCm {
     }
 
     /// The next CA known to have no ibcm filter and not yet returned (each once, for the
-    /// System log): only once every filter device is accounted for, so that a CA whose
-    /// own filter is about to bind is never named.
+    /// System log): one no filter expects ([`Self::strict`]), or, counting, only once
+    /// every filter device is accounted for, so that a CA whose own filter is about to
+    /// bind is never named.
     pub fn next_without_ibcm(&mut self) -> Option<u64> {
-        if self.filters_unaccounted() != 0 {
+        let strict = self.strict();
+        if !strict && self.filters_unaccounted() != 0 {
             return None;
         }
-        let ca = self
-            .cas
-            .iter_mut()
-            .find(|ca| ca.guid != 0 && !ca.bound && !ca.logged)?;
+        let ca = self.cas.iter_mut().find(|ca| {
+            !ca.logged
+                && if strict {
+                    Self::unexpected_ca(ca)
+                } else {
+                    ca.reports > 0 && !ca.bound
+                }
+        })?;
         ca.logged = true;
         Some(ca.guid)
     }
@@ -291,7 +353,7 @@ mod tests {
     /// `filters` filter devices added, as EvtDriverDeviceAdd reports them.
     fn host(filters: u32) -> HostCm {
         let mut cm = HostCm::new();
-        cm.filters(filters);
+        cm.filters(filters, 0);
         cm
     }
 
@@ -400,7 +462,7 @@ mod tests {
         assert!(!cm.bound(A, true));
         cm.ca_reported(B);
         assert_eq!(cm.next_without_ibcm(), Some(B));
-        cm.filters(2);
+        cm.filters(2, 0);
         assert!(cm.hca_without_ibcm(), "named: still without ibcm");
         assert!(!cm.answer(), "AL's, as the System log said");
         assert!(!cm.bound(B, true), "B's stack rebuilt with ibcm: it binds");
@@ -415,7 +477,7 @@ mod tests {
         assert!(!cm.bound(A, true));
         cm.ca_reported(B);
         cm.ca_report_withdrawn(B);
-        cm.filters(1);
+        cm.filters(1, 0);
         assert_eq!(cm.next_without_ibcm(), None);
         assert!(cm.answer());
     }
@@ -444,7 +506,7 @@ mod tests {
         assert!(!cm.bound(A, true));
         cm.ca_reported(B);
         assert_eq!(cm.next_without_ibcm(), None, "the third filter may be B's");
-        cm.filters(2);
+        cm.filters(2, 0);
         assert_eq!(cm.next_without_ibcm(), Some(B));
         cm.ca_report_withdrawn(B);
         assert!(
@@ -453,6 +515,48 @@ mod tests {
         );
         cm.no_ca(false);
         assert_eq!(cm.no_ca, 0);
+    }
+
+    /// Filters learn their CAs from ibbus's verbs queries (made before the CA is
+    /// registered): with three HCAs, A bound, B's filter added but not started, and C
+    /// reported with no filter expecting it, C is known to lack ibcm at once, though B's
+    /// filter could by count still be C's. B, expected, is never named. Counting alone
+    /// left C unnamed and the first query ibcm's.
+    #[test]
+    fn a_ca_no_filter_expects_lacks_ibcm_whatever_is_still_to_start() {
+        const C: u64 = 0x0002_c903_0000_0c00;
+        let mut cm = host(2);
+        cm.expected(A);
+        assert!(!cm.bound(A, true));
+        cm.ca_reported(C);
+        assert_eq!(cm.next_without_ibcm(), Some(C));
+        assert!(!cm.answer(), "AL's CM: C would get ibcm's table otherwise");
+        cm.expected(B);
+        cm.ca_reported(B);
+        assert_eq!(
+            cm.next_without_ibcm(),
+            None,
+            "B is expected: its filter will bind"
+        );
+        assert!(!cm.bound(B, true));
+        assert_eq!(cm.without_ibcm(), 1, "C only");
+        cm.unbound(B, true);
+        cm.ca_report_withdrawn(B);
+        cm.unexpected(B);
+        assert_eq!(cm.cas.iter().filter(|ca| ca.guid == B).count(), 0);
+    }
+
+    /// A filter with no hook slot sees no verbs query: the count decides again.
+    #[test]
+    fn a_blind_filter_brings_the_count_back() {
+        const C: u64 = 0x0002_c903_0000_0c00;
+        let mut cm = HostCm::new();
+        cm.filters(2, 1);
+        cm.expected(A);
+        assert!(!cm.bound(A, true));
+        cm.ca_reported(C);
+        assert_eq!(cm.next_without_ibcm(), None, "the blind filter may be C's");
+        assert!(cm.answer());
     }
 
     /// More CAs than the table holds: the reports it cannot list count as one CA

@@ -1371,6 +1371,7 @@ const SCENARIOS: &[Scenario] = scenarios![
     an_hca_without_ibcm_that_goes_away_is_forgotten,
     an_hca_without_infiniband_ports_leaves_the_verdict_alone,
     a_partition_added_while_the_port_came_up_is_used,
+    an_hca_no_filter_expects_is_known_before_every_filter_starts,
 ];
 
 fn main() {

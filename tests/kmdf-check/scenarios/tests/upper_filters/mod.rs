@@ -209,3 +209,53 @@ pub fn an_hca_without_infiniband_ports_leaves_the_verdict_alone() {
     pnp::remove(other);
     shutdown(infiniband);
 }
+
+/// The third simulated HCA (host order), one port with LID 0x30: its stack has no ibcm.
+const CA_GUID_3: u64 = 0x0002_c903_0000_3000;
+
+/// A, B with ibcm and C without, every HCA with its verbs table: C's ibbus has registered
+/// C, B's filter is added but its HCA not started, and A's filter binds and gets the first
+/// CM query. Each ibcm filter learns its CA from ibbus's verbs query, made before ibbus
+/// registers the CA (bus_pnp.c `__register_ca`), so C, which no filter expects, lacks
+/// ibcm although B's filter could by count still be C's: AL's CM answers and C is named.
+/// B, reported once it starts, is expected and never named. Counting alone answered ibcm
+/// here, and C's WinVerbs connections would have failed.
+pub fn an_hca_no_filter_expects_is_known_before_every_filter_starts() {
+    let mut first = hca(false);
+    first.verbs = true;
+    let mut second = second_hca();
+    second.verbs = true;
+    let mut gid = [0u8; 16];
+    gid[0] = 0xfe;
+    gid[1] = 0x80;
+    gid[8..].copy_from_slice(&(CA_GUID_3 + 1).to_be_bytes());
+    let third = CaConfig {
+        ca_guid: CA_GUID_3,
+        ports: vec![PortConfig {
+            port_num: 1,
+            lid: 0x30,
+            gid,
+            pkeys: vec![0xffff],
+        }],
+        al_cm_holds_send: false,
+        verbs: true,
+    };
+    al::set_cas(vec![first, second, third]);
+    assert_eq!(pnp::load(ibcm_driver::driver_entry), 0, "DriverEntry");
+    let a = pnp::add_device(0).expect("the filter attaches");
+    let b = pnp::add_device(1).expect("the filter attaches to the second HCA");
+    al::register_ca(2);
+    assert_eq!(pnp::start(a), 0);
+    assert_eq!(cm_answer(a), io::AL_CM_MARK, "AL's CM serves every HCA");
+    assert_eq!(
+        entries_naming(&ibcm_eventlog::HCA_WITHOUT_IBCM, CA_GUID_3),
+        1,
+        "the HCA without ibcm is named: {:?}",
+        io::system_log()
+    );
+    assert_eq!(pnp::start(b), 0);
+    assert!(al::references(1) > 0, "the second HCA is bound");
+    assert_eq!(entries_without_ibcm(), 1, "the second HCA is not named");
+    pnp::remove(b);
+    shutdown(a);
+}
