@@ -65,7 +65,9 @@ pub fn hca_skipped(ca_guid: u64, what: &str, status: NTSTATUS) {
 /// (`ibcm_lifecycle::HostCm`, then [`LOGGED`]): which message depends on whether WinVerbs already took
 /// ibcm's CM (then the CA's WinVerbs connections fail) or AL's serves every HCA.
 pub fn hcas_without_ibcm(host: &crate::host::Host) {
-    while let Some((ca_guid, verdict)) = host.next_without_ibcm() {
+    while let Some((ca_guid, verdict)) =
+        host.verdict(|v| v.next_without_ibcm().map(|ca| (ca, v.verdict())))
+    {
         let message = if verdict == Some(true) {
             &ibcm_eventlog::HCA_WITHOUT_IBCM_UNSERVED
         } else {

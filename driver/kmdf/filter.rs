@@ -223,7 +223,7 @@ fn ensure_control_device(driver: WDFDRIVER, filters: usize) {
         }
     }
     if let Some(host) = host::host() {
-        host.verdict_filters(filters, blind);
+        host.verdict(|v| v.filters(filters, blind));
     }
 }
 
@@ -265,7 +265,8 @@ fn count_out() {
             control::unpublish()
         } else {
             if let Some(host) = host::host() {
-                host.verdict_filters(*count, BLIND_FILTERS.load(Ordering::Relaxed));
+                let blind = BLIND_FILTERS.load(Ordering::Relaxed);
+                host.verdict(|v| v.filters(*count, blind));
             }
             None
         }
@@ -410,7 +411,7 @@ unsafe extern "C" fn evt_preprocess_query_interface(device: WDFDEVICE, irp: PIRP
             // for a query that would otherwise be answered: the first one decides for
             // every HCA, as WinVerbs keeps the first table it got for all of them.
             let route = match decide_query(guid, query.Version, size, iba_cm.is_some(), true) {
-                QueryDecision::Answer => host.is_some_and(Host::cm_verdict),
+                QueryDecision::Answer => host.is_some_and(|h| h.verdict(|v| v.answer())),
                 QueryDecision::PassDown(_) => false,
             };
             answer(iba_cm, guid, query.Version, size, route)

@@ -442,73 +442,11 @@ impl Host {
         Ok(())
     }
 
-    /// A CM query that would be answered: whether ibcm answers it (the first one decides
-    /// for the host's CM's life; `ibcm_lifecycle::HostCm`).
-    pub fn cm_verdict(&self) -> bool {
-        self.verdict.with(|v| v.answer())
-    }
-
-    /// Whether a CM query would be answered now, deciding nothing, and how many HCAs
-    /// are known to have no ibcm (`ibcm status`).
-    pub fn cm_verdict_now(&self) -> (bool, u32) {
-        self.verdict.with(|v| (v.would_answer(), v.without_ibcm()))
-    }
-
-    /// An HCA bound, CA `ca_guid` (network order; 0 if the binding failed before it
-    /// learnt it; `routed`: with a QP1 route). True when kernel clients already hold
-    /// ibcm's CM and this HCA has no route: its connections through ibcm fail (logged by
-    /// the caller).
-    pub fn verdict_bound(&self, ca_guid: u64, routed: bool) -> bool {
-        self.verdict.with(|v| v.bound(ca_guid, routed))
-    }
-
-    /// An HCA unbound (as it was bound).
-    pub fn verdict_unbound(&self, ca_guid: u64, routed: bool) {
-        self.verdict.with(|v| v.unbound(ca_guid, routed));
-    }
-
-    /// A filter whose HCA ibbus has no CA for (no InfiniBand port) started (`true`) or
-    /// stopped: not an HCA WinVerbs can use, nor one ibcm can bind.
-    pub fn verdict_no_ca(&self, started: bool) {
-        self.verdict.with(|v| v.no_ca(started));
-    }
-
-    /// The filter devices that exist now, and how many have no hook slot (under the
-    /// driver's wait lock, as they change).
-    pub fn verdict_filters(&self, count: usize, blind: usize) {
-        let count = u32::try_from(count).unwrap_or(u32::MAX);
-        let blind = u32::try_from(blind).unwrap_or(u32::MAX);
-        self.verdict.with(|v| v.filters(count, blind));
-    }
-
-    /// A filter saw ibbus's verbs query name CA `ca_guid` (network order): its own
-    /// (`HostCm::expected`). <= DISPATCH_LEVEL.
-    pub fn verdict_ca_expected(&self, ca_guid: u64) {
-        self.verdict.with(|v| v.expected(ca_guid));
-    }
-
-    /// The filter that expected CA `ca_guid` is gone.
-    pub fn verdict_ca_unexpected(&self, ca_guid: u64) {
-        self.verdict.with(|v| v.unexpected(ca_guid));
-    }
-
-    /// The access layer reported a port of CA `ca_guid` (network order) to a filter's
-    /// port registration.
-    pub fn verdict_ca_reported(&self, ca_guid: u64) {
-        self.verdict.with(|v| v.ca_reported(ca_guid));
-    }
-
-    /// A report of a port of CA `ca_guid` (network order) is withdrawn (AL removed the
-    /// port, or the registration closed).
-    pub fn verdict_ca_report_withdrawn(&self, ca_guid: u64) {
-        self.verdict.with(|v| v.ca_report_withdrawn(ca_guid));
-    }
-
-    /// The next CA (network order) known to have no ibcm filter, each once, with the
-    /// verdict as decided so far.
-    pub fn next_without_ibcm(&self) -> Option<(u64, Option<bool>)> {
-        self.verdict
-            .with(|v| v.next_without_ibcm().map(|ca| (ca, v.verdict())))
+    /// Runs `f` on the host-wide CM verdict and what it is decided from
+    /// (`ibcm_lifecycle::HostCm`), under its spin lock (<= DISPATCH_LEVEL). GUIDs in it
+    /// are in network order, as AL and ibbus give them.
+    pub fn verdict<R>(&self, f: impl FnOnce(&mut HostCm) -> R) -> R {
+        self.verdict.with(f)
     }
 
     /// The platform handle of this host (for `Device::new`).

@@ -721,7 +721,7 @@ pub fn bind(device: WDFDEVICE, filter: &FilterIbal) {
     if !registered {
         // No CA: nothing for WinVerbs or ibcm on this HCA; it leaves the verdict alone.
         filter.in_verdict.store(VERDICT_NO_CA, Ordering::Release);
-        host.verdict_no_ca(true);
+        host.verdict(|v| v.no_ca(true));
         event_log::hcas_without_ibcm(host);
         return;
     }
@@ -734,7 +734,7 @@ pub fn bind(device: WDFDEVICE, filter: &FilterIbal) {
         .in_verdict
         .store(if routed { 1 } else { 2 }, Ordering::Release);
     let ca_guid = filter.ca_guid.load(Ordering::Relaxed);
-    if host.verdict_bound(ca_guid, routed) {
+    if host.verdict(|v| v.bound(ca_guid, routed)) {
         let ca = u64::from_be(ca_guid);
         wdk::println!(
             "ibcm: CA {ca:#018x} has no QP1 route, but kernel clients already use ibcm's CM: their connections on it fail"
@@ -926,9 +926,10 @@ fn release_interface(ifc: &IbAlIfc) {
 pub fn unbind(filter: &FilterIbal) {
     match (filter.in_verdict.swap(0, Ordering::AcqRel), host()) {
         (0, _) | (_, None) => {}
-        (VERDICT_NO_CA, Some(host)) => host.verdict_no_ca(false),
+        (VERDICT_NO_CA, Some(host)) => host.verdict(|v| v.no_ca(false)),
         (counted, Some(host)) => {
-            host.verdict_unbound(filter.ca_guid.load(Ordering::Relaxed), counted == 1);
+            let ca_guid = filter.ca_guid.load(Ordering::Relaxed);
+            host.verdict(|v| v.unbound(ca_guid, counted == 1));
         }
     }
     let binding = filter.binding.swap(core::ptr::null_mut(), Ordering::AcqRel);
@@ -972,7 +973,7 @@ pub fn unbind(filter: &FilterIbal) {
                 filter.routed_ports.store(0, Ordering::Release);
                 // The registration is gone: its reports of other CAs' ports with it.
                 for (_, ca_guid) in bound.foreign.with(core::mem::take) {
-                    bound.host().verdict_ca_report_withdrawn(ca_guid);
+                    bound.host().verdict(|v| v.ca_report_withdrawn(ca_guid));
                 }
                 let mut parked = 0u32;
                 for port in core::mem::take(&mut ports) {
@@ -1389,7 +1390,7 @@ unsafe fn foreign_port_added(
         return IB_NOT_FOUND;
     }
     let host = binding.host();
-    host.verdict_ca_reported(ca_guid);
+    host.verdict(|v| v.ca_reported(ca_guid));
     event_log::hcas_without_ibcm(host);
     // SAFETY: (I116) as I115; AL keeps the context for the port's later events.
     unsafe { (*record).pnp_rec.context = foreign_port_context() };
@@ -1405,7 +1406,7 @@ fn foreign_port_event(binding: &Binding, event: u32, port_guid: u64) -> IbApiSta
             Some(foreign.swap_remove(at).1)
         });
         if let Some(ca_guid) = removed {
-            binding.host().verdict_ca_report_withdrawn(ca_guid);
+            binding.host().verdict(|v| v.ca_report_withdrawn(ca_guid));
         }
     }
     IB_SUCCESS

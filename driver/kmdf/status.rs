@@ -109,7 +109,9 @@ pub fn fill(out: &mut StatusOut) {
     // The host-wide verdict (`ibcm_lifecycle::HostCm`): WinVerbs keeps the first CM
     // table it got for every HCA, so one HCA without a QP1 route, or without ibcm,
     // sends all to AL.
-    let (routed, without_ibcm) = host::host().map_or((false, 0), Host::cm_verdict_now);
+    let (routed, without_ibcm) = host::host().map_or((false, 0), |h| {
+        h.verdict(|v| (v.would_answer(), v.without_ibcm()))
+    });
     out.hcas_without_ibcm = without_ibcm;
     let switched_off = kill_switch::switched_off();
     for slot in FILTERS

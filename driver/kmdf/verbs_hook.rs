@@ -382,7 +382,7 @@ pub fn release(id: SlotId) {
         if ca_guid != 0
             && let Some(host) = host::host()
         {
-            host.verdict_ca_unexpected(ca_guid);
+            host.verdict(|v| v.unexpected(ca_guid));
         }
         slot.taken.store(false, Ordering::Release);
     }
@@ -695,7 +695,7 @@ fn expect_ca(index: usize, ca_guid: u64) {
     if let Some(slot) = SLOTS.get(index) {
         slot.ca_guid.store(ca_guid, Ordering::Release);
         if let Some(host) = host::host() {
-            host.verdict_ca_expected(ca_guid);
+            host.verdict(|v| v.expected(ca_guid));
         }
     }
 }

@@ -54,6 +54,25 @@ struct Ca {
     expected: bool,
 }
 
+impl Ca {
+    /// Reported by AL and no filter bound to it.
+    fn reported_unbound(&self) -> bool {
+        self.reports > 0 && !self.bound
+    }
+
+    /// Nothing keeps the entry: no report, no binding, no expectation. It is freed.
+    fn release_if_idle(&mut self) {
+        if self.reports == 0 && !self.bound && !self.expected {
+            *self = Self::default();
+        }
+    }
+}
+
+/// How many of `cas` satisfy `which`.
+fn count(cas: &[Ca], which: impl Fn(&Ca) -> bool) -> u32 {
+    u32::try_from(cas.iter().filter(|ca| which(ca)).count()).unwrap_or(u32::MAX)
+}
+
 /// The host-wide CM verdict and what it was decided from.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct HostCm {
@@ -114,9 +133,9 @@ impl HostCm {
     /// The filter devices of ibcm's that exist now (EvtDriverDeviceAdd made one; its
     /// cleanup deleted one), and how many of them have no hook slot (they do not see
     /// ibbus's verbs query complete).
-    pub fn filters(&mut self, count: u32, blind: u32) {
-        self.filters = count;
-        self.blind = blind;
+    pub fn filters(&mut self, count: usize, blind: usize) {
+        self.filters = u32::try_from(count).unwrap_or(u32::MAX);
+        self.blind = u32::try_from(blind).unwrap_or(u32::MAX);
     }
 
     /// An ibcm filter saw ibbus's `GUID_RDMA_INTERFACE_VERBS` query on its stack name CA
@@ -132,15 +151,9 @@ impl HostCm {
 
     /// The filter of CA `ca_guid` is gone (its device deleted).
     pub fn unexpected(&mut self, ca_guid: u64) {
-        if let Some(ca) = self
-            .cas
-            .iter_mut()
-            .find(|ca| ca_guid != 0 && ca.guid == ca_guid)
-        {
+        if let Some(ca) = self.listed(ca_guid) {
             ca.expected = false;
-            if ca.reports == 0 && !ca.bound {
-                *ca = Ca::default();
-            }
+            ca.release_if_idle();
         }
     }
 
@@ -184,16 +197,10 @@ impl HostCm {
         if !routed {
             self.unrouted = self.unrouted.saturating_sub(1);
         }
-        match self
-            .cas
-            .iter_mut()
-            .find(|ca| ca_guid != 0 && ca.guid == ca_guid)
-        {
+        match self.listed(ca_guid) {
             Some(ca) => {
                 ca.bound = false;
-                if ca.reports == 0 && !ca.expected {
-                    *ca = Ca::default();
-                }
+                ca.release_if_idle();
             }
             None => self.anonymous = self.anonymous.saturating_sub(1),
         }
@@ -213,20 +220,21 @@ impl HostCm {
     /// (`IB_PNP_PORT_REMOVE`), or the registration that got it was closed. A CA no report
     /// names and no filter is bound to leaves the table.
     pub fn ca_report_withdrawn(&mut self, ca_guid: u64) {
-        match self
-            .cas
-            .iter_mut()
-            .find(|ca| ca_guid != 0 && ca.guid == ca_guid)
-        {
+        match self.listed(ca_guid) {
             Some(ca) => {
                 ca.reports = ca.reports.saturating_sub(1);
-                if ca.reports == 0 && !ca.bound && !ca.expected {
-                    *ca = Ca::default();
-                }
+                ca.release_if_idle();
             }
             None if ca_guid != 0 => self.overflow = self.overflow.saturating_sub(1),
             None => {}
         }
+    }
+
+    /// The entry of `ca_guid` if it has one (None for GUID 0).
+    fn listed(&mut self, ca_guid: u64) -> Option<&mut Ca> {
+        self.cas
+            .iter_mut()
+            .find(|ca| ca_guid != 0 && ca.guid == ca_guid)
     }
 
     /// The entry of `ca_guid`, made if new (None: GUID 0 or the table full).
@@ -250,29 +258,17 @@ impl HostCm {
 
     /// Reported CAs no filter is bound to.
     fn unbound_cas(&self) -> u32 {
-        let listed = self
-            .cas
-            .iter()
-            .filter(|ca| ca.reports > 0 && !ca.bound)
-            .count();
-        u32::try_from(listed)
-            .unwrap_or(u32::MAX)
-            .saturating_add(self.overflow.min(1))
+        count(&self.cas, Ca::reported_unbound).saturating_add(self.overflow.min(1))
     }
 
     /// Named CAs (each surely without ibcm when named) no filter is bound to.
     fn named(&self) -> u32 {
-        let named = self
-            .cas
-            .iter()
-            .filter(|ca| ca.guid != 0 && !ca.bound && ca.logged)
-            .count();
-        u32::try_from(named).unwrap_or(u32::MAX)
+        count(&self.cas, |ca| ca.guid != 0 && !ca.bound && ca.logged)
     }
 
     /// A reported CA that no filter is bound to or expects (the strict rule's).
     fn unexpected_ca(ca: &Ca) -> bool {
-        ca.reports > 0 && !ca.bound && !ca.expected
+        ca.reported_unbound() && !ca.expected
     }
 
     /// Filter devices that may still bind one of those CAs: not bound yet (starting,
@@ -288,10 +284,7 @@ impl HostCm {
     /// than filters that could still bind them, and those already named.
     pub fn without_ibcm(&self) -> u32 {
         let surely = if self.strict() {
-            let listed = self.cas.iter().filter(|ca| Self::unexpected_ca(ca)).count();
-            u32::try_from(listed)
-                .unwrap_or(u32::MAX)
-                .saturating_add(self.overflow.min(1))
+            count(&self.cas, Self::unexpected_ca).saturating_add(self.overflow.min(1))
         } else {
             self.unbound_cas()
                 .saturating_sub(self.filters_unaccounted())
@@ -318,7 +311,7 @@ impl HostCm {
                 && if strict {
                     Self::unexpected_ca(ca)
                 } else {
-                    ca.reports > 0 && !ca.bound
+                    ca.reported_unbound()
                 }
         })?;
         ca.logged = true;
@@ -351,7 +344,7 @@ mod tests {
     const B: u64 = 0x0002_c903_0000_0b00;
 
     /// `filters` filter devices added, as EvtDriverDeviceAdd reports them.
-    fn host(filters: u32) -> HostCm {
+    fn host(filters: usize) -> HostCm {
         let mut cm = HostCm::new();
         cm.filters(filters, 0);
         cm
