@@ -484,13 +484,7 @@ pub fn run(
         },
         client_setup: Mutex::new(vec![Outcome::Absent; n]),
     });
-    let listener = Arc::new(server.listen(&ListenParams {
-        service_id: cfg.service_id,
-        service_mask: u64::MAX,
-        port: None,
-        compare: None,
-        backlog: cfg.backlog,
-    })?);
+    let listener = Arc::new(listen(server, &sh.cfg)?);
     let acceptor = Overlapped::new();
     let pacer = cfg
         .accept_rate
@@ -1148,6 +1142,17 @@ fn serve(sh: &Arc<Shared>, req: ConnectionRequest) {
         },
         &Overlapped::new(),
     );
+}
+
+/// The server's listen: exactly the service ID, on any port, with the run's backlog.
+pub(crate) fn listen(server: &Provider, cfg: &Config) -> Result<ibcm::Listener> {
+    server.listen(&ListenParams {
+        service_id: cfg.service_id,
+        service_mask: u64::MAX,
+        port: None,
+        compare: None,
+        backlog: cfg.backlog,
+    })
 }
 
 /// The server's answer to connection `i`'s REQ.

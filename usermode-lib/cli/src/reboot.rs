@@ -26,7 +26,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use hashbrown::HashMap;
-use ibcm::{CompletionPort, ConnectEndpoint, ConnectionRequest, ListenParams, Overlapped, spawn};
+use ibcm::{CompletionPort, ConnectEndpoint, ConnectionRequest, Overlapped, spawn};
 use ibcm::{Error, Provider, RejReason, Result};
 use ibcm_host::verifier::Violation;
 use ibcm_ioctl::status;
@@ -516,13 +516,7 @@ pub fn run(sim: &Sim, cfg: &Config, progress: &(dyn Fn(Progress) + Sync)) -> Res
         failures: Mutex::new(BTreeMap::new()),
         live: Mutex::new(HashMap::new()),
     });
-    let listener = Arc::new(server.listen(&ListenParams {
-        service_id: cfg.service_id,
-        service_mask: u64::MAX,
-        port: None,
-        compare: None,
-        backlog: cfg.backlog,
-    })?);
+    let listener = Arc::new(cmtime::listen(&server, cfg)?);
     let acceptor = Overlapped::new();
     {
         let (s, l) = (Arc::clone(&survivor), Arc::clone(&listener));
