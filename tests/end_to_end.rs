@@ -328,3 +328,101 @@ fn closing_the_provider_cancels_everything_outstanding() {
     drop((client, server));
     assert_clean(&sim);
 }
+
+/// A connection with the short timeouts of [`quick`], established between a client on
+/// node 0 (QPN 0x11) and a server on node 1 (QPN 0x22); the client's and the server's
+/// endpoints.
+fn established_quick(
+    client: &Provider,
+    server: &Provider,
+    service_id: u64,
+) -> (ibcm::ConnectEndpoint, ibcm::ConnectEndpoint) {
+    let listener = listen(server, service_id);
+    let srv = std::thread::spawn(move || {
+        let req = listener.get_request().expect("request");
+        req.endpoint
+            .prepare_accept(&accept_params(0x22, b""))
+            .expect("prepare");
+        req.endpoint.accept().expect("accept");
+        req.endpoint
+    });
+    let ep = client.connect_endpoint().unwrap();
+    ep.connect(&quick(
+        ibcm::example_connect_params(service_id, 0x11, 0, 1),
+        2,
+    ))
+    .expect("connect");
+    ep.rtu(&[]).expect("rtu");
+    let server_ep = srv.join().unwrap();
+    (ep, server_ep)
+}
+
+/// The CM ends a connection itself: the client's host reboots and its fresh driver
+/// connects again from the same QPN, so the server's CM ends the old connection with its
+/// own DREQ (IBA 12.9.8.3.1; Linux `cm_match_req`), which the rebooted CM answers with a
+/// DREP as it answers any DREQ for no connection of its own (Linux `cm_dreq_handler` ->
+/// `cm_issue_drep`). The server's watch for the end of the connection completes with the
+/// CM's reason, as rdma_cm reports IB_CM_DREP_RECEIVED as RDMA_CM_EVENT_DISCONNECTED
+/// (cma.c `cma_ib_handler`); before, it waited for a peer's DREQ that never comes.
+#[test]
+fn a_watch_for_the_end_of_a_connection_ends_when_the_cm_ends_it() {
+    let sim = sim();
+    let (client, server) = (sim.provider(0).unwrap(), sim.provider(1).unwrap());
+    let (client_ep, server_ep) = established_quick(&client, &server, 0x5007);
+    let watch = Overlapped::new();
+    spawn(server_ep.notify_disconnect_async(), &watch);
+    assert!(sim.reboot(0));
+    let rebooted = sim.provider(0).unwrap();
+    let again = rebooted.connect_endpoint().unwrap();
+    let refused = again
+        .connect(&quick(ibcm::example_connect_params(0x5007, 0x11, 0, 1), 2))
+        .expect_err("a REQ from a connected QPN is stale");
+    assert_eq!(refused.reject_reason(), Some(RejReason::StaleConn));
+    let ended: ibcm::Result<Vec<u8>> = finished(&watch, "the watch for the end");
+    let e = ended.expect_err("the CM ended the connection, not the peer");
+    assert_eq!(e.status, ibcm::STATUS_CONNECTION_DISCONNECTED, "{e}");
+    server_ep
+        .disconnect(&[])
+        .expect("already over: nothing to do");
+    drop((again, server_ep, client_ep));
+    drop((client, rebooted, server));
+    assert_clean(&sim);
+}
+
+/// The application disconnects while it also watches for the end of its connection: the
+/// DREP answering its DREQ is its disconnect's, and the watch stays pending (it would
+/// otherwise take the DREP for the CM's own ending and leave the disconnect to time out).
+#[test]
+fn the_answer_to_the_applications_dreq_stays_its_disconnects() {
+    let sim = sim();
+    let (client, server) = (sim.provider(0).unwrap(), sim.provider(1).unwrap());
+    let (client_ep, server_ep) = established_quick(&client, &server, 0x5008);
+    let peer = std::thread::spawn(move || {
+        let dreq = client_ep.notify_disconnect().expect("the server's DREQ");
+        client_ep.disconnect(b"ok").expect("the DREP");
+        (dreq, client_ep)
+    });
+    let watch = Overlapped::new();
+    spawn(server_ep.notify_disconnect_async(), &watch);
+    std::thread::sleep(Duration::from_millis(20));
+    let disconnect = Overlapped::new();
+    spawn(server_ep.disconnect_async(b"bye"), &disconnect);
+    let done: ibcm::Result<()> = finished(&disconnect, "the disconnect");
+    done.expect("disconnect");
+    let q = server_ep.query().expect("query");
+    assert_eq!(
+        &q.private_data[..2],
+        b"ok",
+        "the DREP's private data reached disconnect"
+    );
+    let (dreq, client_ep) = peer.join().unwrap();
+    assert_eq!(&dreq[..3], b"bye");
+    std::thread::sleep(Duration::from_millis(20));
+    assert!(!watch.is_done(), "the watch took the DREP");
+    server_ep.cancel();
+    let cancelled: ibcm::Result<Vec<u8>> = finished(&watch, "the cancelled watch");
+    assert!(cancelled.expect_err("cancelled").is_cancelled());
+    drop((server_ep, client_ep));
+    drop((client, server));
+    assert_clean(&sim);
+}

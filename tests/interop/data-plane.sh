@@ -7,7 +7,7 @@
 #
 # Scenarios: ibcm-ibcm ibcm-ibcm-bw linux-server linux-client ucmatose-server
 # ucmatose-client perftest-server perftest-client port-down reject-linux reject-ibcm
-# req-timeout disconnect-in-flight baseline, port-flap (a link flap shorter than the
+# req-timeout disconnect-in-flight peer-gone baseline, port-flap (a link flap shorter than the
 # connection's deadline: it survives, issue 29), and the cmtime scenarios of
 # data-plane-cmtime.sh (cmtime-ibcm cmtime-linux-server cmtime-linux-client
 # cmtime-baseline: connection setup timed as rdma-core cmtime times it, against Linux's
@@ -61,7 +61,7 @@ A_IP=10.77.0.3
 B_IP=10.77.0.2
 DEAD_IP=10.77.0.9
 CM_MODULES=iw_cm,ib_cm,rdma_cm,rdma_ucm
-ALL_SCENARIOS=(ibcm-ibcm ibcm-ibcm-bw cmtime-ibcm linux-server linux-client ucmatose-server ucmatose-client perftest-server perftest-client cmtime-linux-server cmtime-linux-client port-down port-flap reject-linux reject-ibcm req-timeout disconnect-in-flight baseline cmtime-baseline)
+ALL_SCENARIOS=(ibcm-ibcm ibcm-ibcm-bw cmtime-ibcm linux-server linux-client ucmatose-server ucmatose-client perftest-server perftest-client cmtime-linux-server cmtime-linux-client port-down port-flap reject-linux reject-ibcm req-timeout disconnect-in-flight peer-gone baseline cmtime-baseline)
 t_start=$(date +%s.%N)
 
 die() { echo "data-plane: FAIL: $*" >&2; exit 1; }
@@ -692,6 +692,26 @@ scenario_disconnect-in-flight() {
     check "ibcm: answered, disconnected" has "$f" "rc: disconnected"
     check "ibcm: some pings, all verified ($v)" eval "[ -n '$v' ] && [ '${v%/*}' = '${v#*/}' ] && [ '${v%/*}' -ge 1 ]"
     check "ibcm exited 0" has "$f" "exit=0"
+}
+
+scenario_peer-gone() {
+    # ibcm's rping client pings a Linux `rping -s` that is killed 8 s in: Linux's kernel
+    # sends the DREQ for the dead process (cm.c cm_destroy_id -> ib_send_cm_dreq), and
+    # ibcm's run ends at once with the peer's DREQ as its reason, as Linux rping's client
+    # does on RDMA_CM_EVENT_DISCONNECTED, not at its --wait deadline (30 s) after it.
+    next_port
+    bg B rping "rping -s -a $B_IP -p $RDMA_PORT -S 32768 -V"
+    sleep 1
+    guest B 10 "(sleep 8; kill \$(pidof rping)) >/dev/null 2>&1 &" >/dev/null
+    guest A 120 "t0=\$(cut -d' ' -f1 /proc/uptime); timeout 100 ibcm rping -I $A_IP -a $B_IP -p $RDMA_PORT -C 1000000 -S 32768 --wait 30 > /tmp/pg.log 2>&1; echo exit=\$?; echo uptime=\$t0,\$(cut -d' ' -f1 /proc/uptime); cat /tmp/pg.log" >"$OUT/peer-gone.ibcm.txt" 2>&1 || true
+    bg_wait B rping "$OUT/peer-gone.linux.txt"
+    local f="$OUT/peer-gone.ibcm.txt" ms
+    ms="$(uptime_ms "$f")"
+    check "ibcm: the peer's DREQ arrived" has "$f" "rc: DREQ from the peer"
+    check "ibcm: answered, disconnected" has "$f" "rc: disconnected"
+    check "ibcm: the run ended by the flush, reported" has "$f" "rping: FAILED: flushed"
+    check "ibcm exited 1 (the run was cut short), not at a deadline" has "$f" "exit=1"
+    check "ibcm ended within 8 s of the kill (${ms:-?} ms from its start; the deadline would add 30 s)" eval "[ -n '$ms' ] && [ '$ms' -lt 16000 ]"
 }
 
 scenario_baseline() {

@@ -64,6 +64,9 @@ pub(crate) struct Events {
     pub(crate) epoch: u32,
     /// A terminal failure of the channel (device removed, handle closed).
     pub(crate) failed: Option<i32>,
+    /// The application's own DREQ is out: the events that answer it (DREP, the DREQ's
+    /// timeout, a REJ) are its disconnect's, not a watcher's of the connection's end.
+    pub(crate) own_dreq: bool,
     /// Channel completions that brought this endpoint records, and the records.
     pub(crate) deliveries: u32,
     pub(crate) records: u32,
@@ -76,16 +79,19 @@ impl EventQueue {
 }
 
 impl Events {
-    /// Takes the first queued record whose event type `wanted` accepts (read in place:
-    /// only the record taken is copied out).
-    pub(crate) fn take(&mut self, wanted: fn(u32) -> bool) -> Option<EventRecord> {
+    /// Takes the first queued record whose event type and `message` byte `wanted`
+    /// accepts (read in place: only the record taken is copied out).
+    pub(crate) fn take(&mut self, wanted: impl Fn(u32, u8) -> bool) -> Option<EventRecord> {
         let size = EventRecord::SIZE as usize;
         let at = offset_of!(EventRecord, event_type);
+        let message = offset_of!(EventRecord, message);
         let queued = self.queue.get(self.head..)?;
         let i = queued.chunks_exact(size).position(|c| {
-            c.get(at..at + 4)
-                .and_then(|b| b.try_into().ok())
-                .is_some_and(|b| wanted(u32::from_le_bytes(b)))
+            let t = c.get(at..at + 4).and_then(|b| b.try_into().ok());
+            match (t, c.get(message)) {
+                (Some(t), Some(&m)) => wanted(u32::from_le_bytes(t), m),
+                _ => false,
+            }
         })?;
         let start = self.head + i * size;
         let record = EventRecord::read_from_bytes(self.queue.get(start..start + size)?).ok()?;
@@ -376,8 +382,8 @@ mod tests {
     #[test]
     fn queue_keeps_the_order_through_takes_and_requeues() {
         let mut q = Events::default();
-        let req = |t| t == event_type::REQ_RECEIVED;
-        let any = |_| true;
+        let req = |t, _| t == event_type::REQ_RECEIVED;
+        let any = |_, _| true;
         for h in 0..6 {
             q.push(record(event_type::REQ_RECEIVED, h).as_bytes());
         }
@@ -421,7 +427,7 @@ mod tests {
         let mut moved = 0usize;
         for h in 0..n {
             let before = (q.head, q.queue.len());
-            assert_eq!(q.take(|_| true).map(|r| r.handle), Some(h));
+            assert_eq!(q.take(|_, _| true).map(|r| r.handle), Some(h));
             if q.head < before.0 {
                 // A compaction moved what was left.
                 moved += q.queue.len();

@@ -15,7 +15,7 @@ use zerocopy::{FromBytes, FromZeros, IntoBytes};
 
 use crate::completion::{blocking, recycle_buffer};
 use crate::endpoint::Endpoint;
-use crate::error::{Detail, Error, Result};
+use crate::error::{Detail, Error, Result, STATUS_CONNECTION_DISCONNECTED};
 use crate::provider::Provider;
 use crate::{AcceptParams, ConnectParams, ListenParams, PathRecord};
 
@@ -71,6 +71,22 @@ pub(crate) fn failure(operation: &'static str, r: &EventRecord) -> Error {
             },
         },
         _ => Error::new(operation, r.status),
+    }
+}
+
+/// Whether an event (type `t`, `message` byte) ends an established connection without
+/// the application's DREQ, its DREQ being out or not (`own_dreq`): the peer's DREQ or the
+/// port's loss always; a REJ, a DREP or a DREQ's timeout only when they cannot answer the
+/// application's DREQ, so they are the CM's own ending of the connection. A LAP's
+/// timeout leaves the connection as it was (IBA 12.8.1), so it is not one.
+fn ends_connection(t: u32, message: u8, own_dreq: bool) -> bool {
+    match t {
+        event_type::DREQ_RECEIVED | event_type::DEVICE_REMOVAL => true,
+        event_type::REJECTED | event_type::DREP_RECEIVED => !own_dreq,
+        event_type::TIMEOUT => {
+            !own_dreq && AttributeId::from(u16::from(message)) == AttributeId::Dreq
+        }
+        _ => false,
     }
 }
 
@@ -412,6 +428,7 @@ impl ConnectEndpoint {
     ) -> impl Future<Output = Result<()>> + Send + 'static {
         const OP: &str = "disconnect";
         let me = self.clone();
+        self.0.own_dreq();
         let dreq = self.private_data_op(
             OP,
             code::DREQ,
@@ -452,8 +469,16 @@ impl ConnectEndpoint {
         }
     }
 
-    /// Completes when the peer asks to disconnect (its DREQ); answer with
-    /// [`disconnect`](Self::disconnect).
+    /// Completes when the connection ends without this application's DREQ: with the
+    /// DREQ's private data when the peer asks to disconnect (answer with
+    /// [`disconnect`](Self::disconnect)); with the CM's reason when the connection ended
+    /// otherwise: a REJ (its reason), the CM's own DREQ for a stale connection
+    /// (IBA 12.9.8.3.1) answered (STATUS_CONNECTION_DISCONNECTED) or unanswered (a
+    /// DREQ timeout), or the port gone. Linux rdma_cm reports all of these as
+    /// RDMA_CM_EVENT_DISCONNECTED (cma.c `cma_ib_handler`: IB_CM_DREQ_ERROR,
+    /// IB_CM_DREQ_RECEIVED, IB_CM_DREP_RECEIVED), so an application waiting on it never
+    /// outlives its connection. The answers to the application's own DREQ stay its
+    /// disconnect's.
     pub fn notify_disconnect(&self) -> Result<Vec<u8>> {
         blocking("notify disconnect", || self.notify_disconnect_async())
     }
@@ -465,15 +490,11 @@ impl ConnectEndpoint {
         const OP: &str = "notify disconnect";
         let ep = self.0.clone();
         async move {
-            let r = ep
-                .wait_event(OP, |t| {
-                    t == event_type::DREQ_RECEIVED || t == event_type::DEVICE_REMOVAL
-                })
-                .await?;
-            if r.event_type == event_type::DREQ_RECEIVED {
-                Ok(private_data(&r))
-            } else {
-                Err(failure(OP, &r))
+            let r = ep.wait_event_knowing_own_dreq(OP, ends_connection).await?;
+            match r.event_type {
+                event_type::DREQ_RECEIVED => Ok(private_data(&r)),
+                event_type::DREP_RECEIVED => Err(Error::new(OP, STATUS_CONNECTION_DISCONNECTED)),
+                _ => Err(failure(OP, &r)),
             }
         }
     }

@@ -105,6 +105,21 @@ impl Endpoint {
 
     /// Waits for the first queued event `wanted` accepts (others stay queued, in order).
     pub fn wait_event(&self, operation: &'static str, wanted: fn(u32) -> bool) -> EventWait {
+        self.wait(operation, Wanted::Event(wanted))
+    }
+
+    /// [`wait_event`](Self::wait_event) with a `wanted` that also weighs the event's
+    /// `message` byte and whether the application's own DREQ is out
+    /// ([`own_dreq`](Self::own_dreq)).
+    pub fn wait_event_knowing_own_dreq(
+        &self,
+        operation: &'static str,
+        wanted: fn(u32, u8, bool) -> bool,
+    ) -> EventWait {
+        self.wait(operation, Wanted::KnowingOwnDreq(wanted))
+    }
+
+    fn wait(&self, operation: &'static str, wanted: Wanted) -> EventWait {
         let epoch = self.events().epoch;
         EventWait {
             endpoint: self.clone(),
@@ -112,6 +127,12 @@ impl Endpoint {
             wanted,
             epoch,
         }
+    }
+
+    /// Marks the application's DREQ as out: from now on the events that answer it
+    /// belong to its disconnect.
+    pub fn own_dreq(&self) {
+        self.events().own_dreq = true;
     }
 
     fn answer(&self) -> std::sync::MutexGuard<'_, Option<u64>> {
@@ -189,11 +210,20 @@ impl CompletionHook for Ignore {
     fn completed(self: Arc<Self>, _: i32, _: Vec<u8>) {}
 }
 
+/// Which events a wait takes.
+#[derive(Clone, Copy)]
+enum Wanted {
+    /// By event type.
+    Event(fn(u32) -> bool),
+    /// By event type, `message` byte and whether the application's own DREQ is out.
+    KnowingOwnDreq(fn(u32, u8, bool) -> bool),
+}
+
 /// A wait for one event (see [`Endpoint::wait_event`]).
 pub(crate) struct EventWait {
     endpoint: Endpoint,
     operation: &'static str,
-    wanted: fn(u32) -> bool,
+    wanted: Wanted,
     epoch: u32,
 }
 
@@ -207,7 +237,12 @@ impl Future for EventWait {
         if ev.epoch != this.epoch {
             return Poll::Ready(Err(Error::new(this.operation, status::CANCELLED)));
         }
-        if let Some(record) = ev.take(this.wanted) {
+        let own_dreq = ev.own_dreq;
+        let taken = match this.wanted {
+            Wanted::Event(wanted) => ev.take(|t, _| wanted(t)),
+            Wanted::KnowingOwnDreq(wanted) => ev.take(|t, m| wanted(t, m, own_dreq)),
+        };
+        if let Some(record) = taken {
             return Poll::Ready(Ok(record));
         }
         if let Some(st) = ev.failed {

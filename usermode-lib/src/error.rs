@@ -16,6 +16,9 @@ pub const STATUS_OBJECT_NAME_NOT_FOUND: i32 = 0xC000_0034_u32 as i32;
 pub const STATUS_QUOTA_EXCEEDED: i32 = status::QUOTA_EXCEEDED;
 /// STATUS_INTERNAL_ERROR: a completion of the provider panicked; the provider failed.
 pub const STATUS_INTERNAL_ERROR: i32 = 0xC000_00E5_u32 as i32;
+/// STATUS_CONNECTION_DISCONNECTED: the CM ended the connection with its own DREQ, which
+/// the peer answered (a stale connection, IBA 12.9.8.3.1); no IOCTL completes with it.
+pub const STATUS_CONNECTION_DISCONNECTED: i32 = 0xC000_020C_u32 as i32;
 /// STATUS_POSSIBLE_DEADLOCK: a blocking call on the thread that completes the provider's
 /// requests, which would wait for itself; await the operation's future instead.
 pub const STATUS_POSSIBLE_DEADLOCK: i32 = 0xC000_0194_u32 as i32;
@@ -98,6 +101,7 @@ pub fn status_name(st: i32) -> &'static str {
         STATUS_QUOTA_EXCEEDED => "STATUS_QUOTA_EXCEEDED",
         STATUS_INTERNAL_ERROR => "STATUS_INTERNAL_ERROR",
         STATUS_POSSIBLE_DEADLOCK => "STATUS_POSSIBLE_DEADLOCK",
+        STATUS_CONNECTION_DISCONNECTED => "STATUS_CONNECTION_DISCONNECTED",
         status::FILE_CLOSED => "STATUS_FILE_CLOSED",
         // FACILITY_NTWIN32: a Win32 error (its code is the low 16 bits).
         _ if (st as u32) >> 16 == 0xC007 => "FACILITY_NTWIN32",
@@ -125,6 +129,9 @@ impl fmt::Display for Error {
             STATUS_POSSIBLE_DEADLOCK => f.write_str(
                 ": a blocking call on the provider's completion thread; await the operation instead",
             )?,
+            STATUS_CONNECTION_DISCONNECTED => {
+                f.write_str(": the CM disconnected it (its DREQ for a stale connection)")?
+            }
             st if (st as u32) >> 16 == 0xC007 => write!(f, ": Win32 error {}", st as u32 & 0xFFFF)?,
             _ => {}
         }

@@ -76,8 +76,9 @@ mod provider;
 pub use completion::{CompletionPacket, CompletionPort, Overlapped, Panicked, block_on, spawn};
 pub use connection::{ConnectEndpoint, ConnectReply, ConnectionRequest, Listener, QpTransitions};
 pub use error::{
-    Detail, Error, Result, STATUS_ACCESS_DENIED, STATUS_INTERNAL_ERROR,
-    STATUS_OBJECT_NAME_NOT_FOUND, STATUS_POSSIBLE_DEADLOCK, STATUS_QUOTA_EXCEEDED, status_name,
+    Detail, Error, Result, STATUS_ACCESS_DENIED, STATUS_CONNECTION_DISCONNECTED,
+    STATUS_INTERNAL_ERROR, STATUS_OBJECT_NAME_NOT_FOUND, STATUS_POSSIBLE_DEADLOCK,
+    STATUS_QUOTA_EXCEEDED, status_name,
 };
 pub use migration::{
     AprReply, DatagramEndpoint, DatagramRequest, LapRequest, ResolveParams, SidrReply,

@@ -2,7 +2,7 @@
 //! (`ibcm_cli::rc`), Linux with the `devices` feature.
 
 use std::net::Ipv4Addr;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use clap::Args;
 use ibcm_cli::cmtime::Timing;
@@ -211,44 +211,64 @@ fn ended(r: ibcm::Result<()>) -> bool {
     }
 }
 
-/// The client's data run, then its DREQ.
+/// Runs `run` while a watcher waits for the end of the connection that is not this
+/// side's: the peer's DREQ, or the CM's own ending (a REJ, its DREQ for a stale connection,
+/// the port gone; `notify_disconnect`). The watcher then moves the QP to ERR, so posted
+/// work flushes and the run ends at once with the reason printed, as rping's
+/// RDMA_CM_EVENT_DISCONNECTED ends its wait (rping.c `rping_cma_event_handler`). After
+/// the run, the peer's DREQ may still come for `linger` (a server's peer sends its last
+/// message, then its DREQ); then the watch is cancelled. True if the connection ended
+/// from the other side.
+fn watched<T>(conn: &Conn, linger: Duration, run: impl FnOnce() -> T) -> (T, bool) {
+    std::thread::scope(|s| {
+        let watcher = s.spawn(|| {
+            let ended = match conn.ep.notify_disconnect() {
+                Ok(_) => {
+                    println!("rc: DREQ from the peer");
+                    true
+                }
+                Err(e) if e.is_cancelled() => false,
+                Err(e) => {
+                    println!(
+                        "rc: the connection ended: {}",
+                        ibcm_cli::rocev2::describe(&e)
+                    );
+                    true
+                }
+            };
+            if ended {
+                let _ = conn.qp.to_error();
+            }
+            ended
+        });
+        let v = run();
+        let end = Instant::now() + linger;
+        while !watcher.is_finished() && Instant::now() < end {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        // A cancel before the watcher's wait began would miss it: cancel until it ends.
+        while !watcher.is_finished() {
+            conn.ep.cancel();
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        (v, watcher.join().unwrap_or(false))
+    })
+}
+
+/// The client's data run, then its DREQ (unless the connection ended under the run).
 fn run_client<T>(rc: &Rc, conn: &Conn, run: impl FnOnce() -> T) -> (T, bool) {
-    let v = run();
+    let (v, _) = watched(conn, Duration::ZERO, run);
     let r = conn.ep.disconnect(&[]);
     let _ = conn.qp.to_error();
     let clean = print_counts(rc);
     (v, ended(r) && clean)
 }
 
-/// The server's data run, ended by the peer's DREQ: a watcher moves the QP to ERR when
-/// it arrives (posted work flushes, so the run sees the end), then the DREQ is answered.
-/// If the run ends first (a failure), the watch is cancelled and we disconnect.
-fn run_server<T>(rc: &Rc, conn: &Conn, wait: Duration, run: impl FnOnce() -> T) -> (T, bool) {
-    let (v, dreq) = std::thread::scope(|s| {
-        let watcher = s.spawn(|| {
-            let r = ibcm_cli::exchange::bounded(
-                wait,
-                || conn.ep.cancel(),
-                conn.ep.notify_disconnect_async(),
-            );
-            if r.is_ok() {
-                println!("rc: DREQ from the peer");
-            }
-            let _ = conn.qp.to_error();
-            r
-        });
-        let v = run();
-        // The run ended before the peer's DREQ (a failure, or the peer's last message
-        // still to be followed by its DREQ): wait a little for it, then end it ourselves.
-        let end = std::time::Instant::now() + Duration::from_secs(5);
-        while !watcher.is_finished() && std::time::Instant::now() < end {
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        if !watcher.is_finished() {
-            conn.ep.cancel();
-        }
-        (v, watcher.join().ok().and_then(Result::ok).is_some())
-    });
+/// The server's data run, ended by the peer's DREQ (see [`watched`]); if the run ends
+/// first (a failure, or the peer's last message still to be followed by its DREQ), the
+/// DREQ may come within 5 s, then we disconnect ourselves.
+fn run_server<T>(rc: &Rc, conn: &Conn, run: impl FnOnce() -> T) -> (T, bool) {
+    let (v, dreq) = watched(conn, Duration::from_secs(5), run);
     if !dreq {
         let _ = conn.qp.to_error();
     }
@@ -277,7 +297,7 @@ pub fn rping(a: &RpingArgs) -> Result<bool, Failure> {
             rc::rping_client(&rc, &conn, &recv, a.count as u32, a.size, wait, &log)
         })
     } else {
-        run_server(&rc, &conn, wait, || {
+        run_server(&rc, &conn, || {
             rc::rping_server(&rc, &conn, &recv, a.size, wait, &log)
         })
     };
@@ -357,7 +377,7 @@ pub fn bw(a: &BwArgs) -> Result<bool, Failure> {
             }
         })
     } else {
-        run_server(&rc, &conn, wait, || {
+        run_server(&rc, &conn, || {
             match rc::bw_server(&rc, &conn, &recv, a.size, wait) {
                 Ok(r) => {
                     println!(
