@@ -426,3 +426,36 @@ fn the_answer_to_the_applications_dreq_stays_its_disconnects() {
     drop((client, server));
     assert_clean(&sim);
 }
+
+/// The application disconnects while the CM's own DREQ for a stale connection is out
+/// (every MAD takes 300 ms, so the DREP is still on its way): its DREQ is refused, there
+/// is nothing more to do, and the DREP that answers the CM's DREQ still reaches the
+/// watch. A refused DREQ must give the events back: counting it as out for good, the
+/// watch would never complete.
+#[test]
+fn a_refused_disconnect_leaves_the_end_to_the_watch() {
+    let sim = sim();
+    let (client, server) = (sim.provider(0).unwrap(), sim.provider(1).unwrap());
+    let (client_ep, server_ep) = established_quick(&client, &server, 0x5009);
+    let watch = Overlapped::new();
+    spawn(server_ep.notify_disconnect_async(), &watch);
+    sim.with_fabric(|f| f.faults.delay_ns = 300_000_000);
+    assert!(sim.reboot(0));
+    let rebooted = sim.provider(0).unwrap();
+    let again = rebooted.connect_endpoint().unwrap();
+    let mut params = ibcm::example_connect_params(0x5009, 0x11, 0, 1);
+    params.remote_cm_response_timeout = 18; // 1 s: the delayed REJ comes first
+    let refused = again.connect(&params).expect_err("stale");
+    assert_eq!(refused.reject_reason(), Some(RejReason::StaleConn));
+    // The CM's DREQ went out with the REJ; its DREP is 300 ms away.
+    server_ep
+        .disconnect(&[])
+        .expect("the connection is already ending: nothing to do");
+    let ended: ibcm::Result<Vec<u8>> = finished(&watch, "the watch for the end");
+    let e = ended.expect_err("the CM ended the connection");
+    assert_eq!(e.status, ibcm::STATUS_CONNECTION_DISCONNECTED, "{e}");
+    sim.with_fabric(|f| f.faults.delay_ns = 0);
+    drop((again, server_ep, client_ep));
+    drop((client, rebooted, server));
+    assert_clean(&sim);
+}

@@ -64,9 +64,11 @@ pub(crate) struct Events {
     pub(crate) epoch: u32,
     /// A terminal failure of the channel (device removed, handle closed).
     pub(crate) failed: Option<i32>,
-    /// The application's own DREQ is out: the events that answer it (DREP, the DREQ's
-    /// timeout, a REJ) are its disconnect's, not a watcher's of the connection's end.
-    pub(crate) own_dreq: bool,
+    /// The application's disconnects whose DREQ may be out (counted, as two can race:
+    /// the second is refused): while there is one, the events that answer it (DREP, the
+    /// DREQ's timeout, a REJ, a crossing DREQ) are its disconnect's, not a watcher's of
+    /// the connection's end.
+    pub(crate) own_dreqs: u8,
     /// Channel completions that brought this endpoint records, and the records.
     pub(crate) deliveries: u32,
     pub(crate) records: u32,

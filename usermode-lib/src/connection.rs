@@ -75,19 +75,21 @@ pub(crate) fn failure(operation: &'static str, r: &EventRecord) -> Error {
 }
 
 /// Whether an event (type `t`, `message` byte) ends an established connection without
-/// the application's DREQ, its DREQ being out or not (`own_dreq`): the peer's DREQ or the
-/// port's loss always; a REJ, a DREP or a DREQ's timeout only when they cannot answer the
-/// application's DREQ, so they are the CM's own ending of the connection. A LAP's
-/// timeout leaves the connection as it was (IBA 12.8.1), so it is not one.
+/// the application's DREQ: the peer's DREQ, the port's loss, a REJ, or a DREP or DREQ
+/// timeout that answer the CM's own DREQ. While the application's DREQ is out
+/// (`own_dreq`) every one of them is its disconnect's: a crossing DREQ it answers, a DREP,
+/// timeout or REJ ends it, a removal fails it. A LAP's timeout leaves the connection as
+/// it was (IBA 12.8.1), so it is not one.
 fn ends_connection(t: u32, message: u8, own_dreq: bool) -> bool {
-    match t {
-        event_type::DREQ_RECEIVED | event_type::DEVICE_REMOVAL => true,
-        event_type::REJECTED | event_type::DREP_RECEIVED => !own_dreq,
-        event_type::TIMEOUT => {
-            !own_dreq && AttributeId::from(u16::from(message)) == AttributeId::Dreq
+    !own_dreq
+        && match t {
+            event_type::DREQ_RECEIVED
+            | event_type::DEVICE_REMOVAL
+            | event_type::REJECTED
+            | event_type::DREP_RECEIVED => true,
+            event_type::TIMEOUT => AttributeId::from(u16::from(message)) == AttributeId::Dreq,
+            _ => false,
         }
-        _ => false,
-    }
 }
 
 /// What the active side learns when the REP arrives: the peer's answer and the QP
@@ -178,6 +180,8 @@ impl ConnectEndpoint {
     ) -> impl Future<Output = Result<ConnectReply>> + Send + 'static {
         const OP: &str = "connect";
         let ep = &self.0;
+        // A new connection on this endpoint: no DREQ of the application's is out.
+        ep.own_dreq_over(false);
         let record = (|| {
             let mut c = ConnectIn::new_zeroed();
             c.size = ConnectIn::SIZE;
@@ -415,7 +419,8 @@ impl ConnectEndpoint {
 
     /// Disconnects: sends a DREQ and completes when the DREP (or a crossing DREQ,
     /// answered) arrives or the DREQ times out; if the peer's DREQ came first, answers it
-    /// with a DREP; if the connection is already in timewait, there is nothing to do.
+    /// with a DREP; if the connection is already ending (a DREQ out: the CM's own for a
+    /// stale connection, or another disconnect's) or in timewait, there is nothing to do.
     /// Either way the connection then waits out timewait in the driver.
     pub fn disconnect(&self, private_data: &[u8]) -> Result<()> {
         blocking("disconnect", || self.disconnect_async(private_data))
@@ -428,7 +433,6 @@ impl ConnectEndpoint {
     ) -> impl Future<Output = Result<()>> + Send + 'static {
         const OP: &str = "disconnect";
         let me = self.clone();
-        self.0.own_dreq();
         let dreq = self.private_data_op(
             OP,
             code::DREQ,
@@ -438,13 +442,19 @@ impl ConnectEndpoint {
         async move {
             // The DREQ first (the usual case costs no QUERY); only a refusal asks why,
             // which also covers a peer's DREQ that arrives between a check and the DREQ.
+            // From just before it is issued, what answers it is this call's; a refusal
+            // gives the events back to a watcher (notify_disconnect).
+            me.0.own_dreq_out();
             if let Err(e) = dreq.await {
+                me.0.own_dreq_over(true);
                 if e.status != status::INVALID_DEVICE_STATE {
                     return Err(e);
                 }
                 return match me.query_async().await?.state {
                     ep_state::DREQ_RCVD => drep.await,
-                    ep_state::TIMEWAIT => Ok(()),
+                    // Already ending: the CM's own DREQ (a stale connection) or another
+                    // disconnect's is out, and its answer ends it; or it has ended.
+                    ep_state::DREQ_SENT | ep_state::TIMEWAIT => Ok(()),
                     _ => Err(e),
                 };
             }
@@ -474,11 +484,12 @@ impl ConnectEndpoint {
     /// [`disconnect`](Self::disconnect)); with the CM's reason when the connection ended
     /// otherwise: a REJ (its reason), the CM's own DREQ for a stale connection
     /// (IBA 12.9.8.3.1) answered (STATUS_CONNECTION_DISCONNECTED) or unanswered (a
-    /// DREQ timeout), or the port gone. Linux rdma_cm reports all of these as
-    /// RDMA_CM_EVENT_DISCONNECTED (cma.c `cma_ib_handler`: IB_CM_DREQ_ERROR,
-    /// IB_CM_DREQ_RECEIVED, IB_CM_DREP_RECEIVED), so an application waiting on it never
-    /// outlives its connection. The answers to the application's own DREQ stay its
-    /// disconnect's.
+    /// DREQ timeout), or the port gone. An rdma_cm application learns each of these as
+    /// an event too (cma.c `cma_ib_handler`: IB_CM_DREQ_RECEIVED, IB_CM_DREP_RECEIVED and
+    /// IB_CM_DREQ_ERROR as RDMA_CM_EVENT_DISCONNECTED, a REJ as REJECTED, the device's
+    /// loss as DEVICE_REMOVAL), so one waiting here never outlives its connection. While
+    /// the application's own DREQ is out, everything that ends the connection is its
+    /// disconnect's, and this waits on.
     pub fn notify_disconnect(&self) -> Result<Vec<u8>> {
         blocking("notify disconnect", || self.notify_disconnect_async())
     }

@@ -110,7 +110,7 @@ impl Endpoint {
 
     /// [`wait_event`](Self::wait_event) with a `wanted` that also weighs the event's
     /// `message` byte and whether the application's own DREQ is out
-    /// ([`own_dreq`](Self::own_dreq)).
+    /// ([`own_dreq_out`](Self::own_dreq_out)).
     pub fn wait_event_knowing_own_dreq(
         &self,
         operation: &'static str,
@@ -129,10 +129,29 @@ impl Endpoint {
         }
     }
 
-    /// Marks the application's DREQ as out: from now on the events that answer it
-    /// belong to its disconnect.
-    pub fn own_dreq(&self) {
-        self.events().own_dreq = true;
+    /// The application's DREQ is about to be issued: the events that answer it belong to
+    /// its disconnect from now on.
+    pub fn own_dreq_out(&self) {
+        let mut ev = self.events();
+        ev.own_dreqs = ev.own_dreqs.saturating_add(1);
+    }
+
+    /// The application's DREQ was refused (`one`), or the endpoint starts a new
+    /// connection (all). Waiters are woken, since a wait may have passed over an event
+    /// while the DREQ counted as out.
+    pub fn own_dreq_over(&self, one: bool) {
+        let wakers = {
+            let mut ev = self.events();
+            ev.own_dreqs = if one {
+                ev.own_dreqs.saturating_sub(1)
+            } else {
+                0
+            };
+            ev.wakers.take()
+        };
+        for w in wakers {
+            w.wake();
+        }
     }
 
     fn answer(&self) -> std::sync::MutexGuard<'_, Option<u64>> {
@@ -237,7 +256,7 @@ impl Future for EventWait {
         if ev.epoch != this.epoch {
             return Poll::Ready(Err(Error::new(this.operation, status::CANCELLED)));
         }
-        let own_dreq = ev.own_dreq;
+        let own_dreq = ev.own_dreqs > 0;
         let taken = match this.wanted {
             Wanted::Event(wanted) => ev.take(|t, _| wanted(t)),
             Wanted::KnowingOwnDreq(wanted) => ev.take(|t, m| wanted(t, m, own_dreq)),
