@@ -8,13 +8,14 @@
 //!   rdma_cm's Q_Key (`RDMA_UDP_QKEY`, cma.c `cma_set_qkey`), posts its receives and
 //!   answers with a SIDR_REP naming the QP and the Q_Key (cma.c `cma_send_sidr_rep`).
 //!   It takes `count` datagrams, then answers each to the address the first came from
-//!   (`ibv_create_ah_from_wc`) and the QPN its immediate data names, as udaddy.c
+//!   (`ibv_create_ah_from_wc`) and its QP (which its immediate data must name), as udaddy.c
 //!   `create_reply_ah` does, with what udaddy's server sends: the first `size` bytes of
 //!   the last receive buffer, the GRH included (udaddy.c `post_sends` from `node->mem`).
 //! - The client ([`resolve`]) posts its receives, sends the SIDR_REQ with the rdma_cm
 //!   header (cma.c `cma_resolve_ib_udp`: `cma_format_hdr`, a 2^(20-8) ms response
 //!   timeout, 15 retries), takes the SIDR_REP only with success and rdma_cm's Q_Key (cma.c
-//!   `cma_sidr_rep_handler`: anything else is UNREACHABLE), sends `count` datagrams with
+//!   `cma_sidr_rep_handler`: a failed status is UNREACHABLE, another Q_Key an error event;
+//!   Linux 6.1's udaddy reports ADDR_ERROR -22 for it), sends `count` datagrams with
 //!   its QPN as immediate data (udaddy.c `post_sends`) and checks every reply: from the
 //!   server's QP, the length sent, and its echo of our own datagram (the IPv4 header the
 //!   server received, our message after it).
@@ -362,8 +363,8 @@ pub fn resolve(
         rep.qpn,
         rep.qkey
     ));
-    // cma.c cma_sidr_rep_handler: a failed status, or a Q_Key other than ours, is
-    // UNREACHABLE.
+    // cma.c cma_sidr_rep_handler: a failed status is UNREACHABLE, a Q_Key other than
+    // ours (cma_set_qkey: -EINVAL) an error event; neither resolves the service.
     if rep.status != SidrStatus::Success {
         return Err(format!("unreachable: SIDR_REP status {:?}", rep.status));
     }
