@@ -106,7 +106,7 @@ mkdir -p "$stage"/{bin,sbin,dev,proc,sys,tmp,etc,lib64,usr/bin,lib/x86_64-linux-
 cp /bin/busybox "$stage/bin/busybox"
 
 # Binaries, then the closure of their NEEDED libraries within the extracted packages.
-bins=(usr/bin/cmtime usr/bin/rping usr/bin/ucmatose usr/bin/ibv_devices usr/bin/ibv_devinfo usr/bin/rdma
+bins=(usr/bin/cmtime usr/bin/rping usr/bin/ucmatose usr/bin/udaddy usr/bin/ibv_devices usr/bin/ibv_devinfo usr/bin/rdma
     usr/bin/ib_read_bw usr/bin/ib_send_bw)
 provider=usr/lib/x86_64-linux-gnu/libibverbs/librxe-rdmav34.so
 for b in "${bins[@]}"; do

@@ -6,7 +6,7 @@
 #   tests/interop/data-plane.sh [SCENARIO...]     (as root; default: every scenario)
 #
 # Scenarios: ibcm-ibcm ibcm-ibcm-bw linux-server linux-client ucmatose-server
-# ucmatose-client perftest-server perftest-client port-down reject-linux reject-ibcm
+# ucmatose-client udaddy-server udaddy-client perftest-server perftest-client port-down reject-linux reject-ibcm
 # req-timeout disconnect-in-flight peer-gone baseline, port-flap (a link flap shorter than the
 # connection's deadline: it survives, issue 29), and the cmtime scenarios of
 # data-plane-cmtime.sh (cmtime-ibcm cmtime-linux-server cmtime-linux-client
@@ -18,6 +18,11 @@
 #   against `ibcm perftest` in both roles; RDMA READ with asymmetric read limits and
 #   against a default server (no -o: 128 granted), every READ checked, every received SEND
 #   length-checked and, above half the cycle buffer, compared with the first.
+# - udaddy-server / udaddy-client: rdma-core's `udaddy` (UD QPs resolved with SIDR on
+#   rdma_cm's UDP port space) against `ibcm udaddy` in both roles: SIDR_REQ/SIDR_REP with
+#   rdma_cm's Q_Key, UD_COUNT datagrams each way, every reply to ibcm checked as the echo
+#   of its own datagram (udaddy's server sends back its receive buffer), counts and exit
+#   codes on both sides.
 # - port-down: A's eth0 goes down while ibcm pings a Linux `rping -s -P`; rxe's
 #   IBV_EVENT_PORT_ERR reaches ibcm's engine as Device::port_down, the application gets
 #   one CM event ending the connection, the QP's transport fails the work in flight
@@ -61,7 +66,7 @@ A_IP=10.77.0.3
 B_IP=10.77.0.2
 DEAD_IP=10.77.0.9
 CM_MODULES=iw_cm,ib_cm,rdma_cm,rdma_ucm
-ALL_SCENARIOS=(ibcm-ibcm ibcm-ibcm-bw cmtime-ibcm linux-server linux-client ucmatose-server ucmatose-client perftest-server perftest-client cmtime-linux-server cmtime-linux-client port-down port-flap reject-linux reject-ibcm req-timeout disconnect-in-flight peer-gone baseline cmtime-baseline)
+ALL_SCENARIOS=(ibcm-ibcm ibcm-ibcm-bw cmtime-ibcm linux-server linux-client ucmatose-server ucmatose-client udaddy-server udaddy-client perftest-server perftest-client cmtime-linux-server cmtime-linux-client port-down port-flap reject-linux reject-ibcm req-timeout disconnect-in-flight peer-gone baseline cmtime-baseline)
 t_start=$(date +%s.%N)
 
 die() { echo "data-plane: FAIL: $*" >&2; exit 1; }
@@ -460,6 +465,41 @@ scenario_ucmatose-client() {
     check "Linux exited 0" has "$OUT/ucmatose-client.linux.txt" "exit=0"
     obs_get "$OUT/ucmatose-client.obs.txt"
     qp_observed "$OUT/ucmatose-client.ibcm.txt" "$OUT/ucmatose-client.obs.txt" "$UC_COUNT"
+}
+
+# udaddy's datagrams: more than one, of a size between the GRH's 40 bytes and the 1024-byte
+# MTU (the echo check compares the reply's header and the message after it). udaddy's port
+# is fixed (udaddy.c: 7174; its -p is the port space).
+UD_COUNT=50
+UD_SIZE=500
+
+scenario_udaddy-server() {
+    # Linux `udaddy` serves, ibcm resolves it with SIDR and sends; Linux answers each.
+    bg B ud "udaddy -b $B_IP -C $UD_COUNT -S $UD_SIZE"
+    guest B 20 "i=0; until grep -q 'starting server' /tmp/ud.log 2>/dev/null || [ \$i -ge 100 ]; do sleep 0.1; i=\$((i+1)); done; sleep 0.5" >/dev/null 2>&1 || true
+    guest A 70 "timeout 60 ibcm udaddy --bind $A_IP --server $B_IP -C $UD_COUNT -S $UD_SIZE --wait 30; echo exit=\$?" >"$OUT/udaddy-server.ibcm.txt" 2>&1 || true
+    bg_wait B ud "$OUT/udaddy-server.linux.txt"
+    check "ibcm: SIDR_REP with rdma_cm's Q_Key" has "$OUT/udaddy-server.ibcm.txt" "Q_Key 0x01234567"
+    check "ibcm: $UD_COUNT sends and $UD_COUNT checked replies" has "$OUT/udaddy-server.ibcm.txt" "udaddy: $UD_COUNT sends and $UD_COUNT receives of $UD_SIZE bytes"
+    check "ibcm exited 0" has "$OUT/udaddy-server.ibcm.txt" "exit=0"
+    check "Linux: data transfers complete" has "$OUT/udaddy-server.linux.txt" "data transfers complete"
+    check "Linux: return status 0" has "$OUT/udaddy-server.linux.txt" "return status 0"
+    check "Linux exited 0" has "$OUT/udaddy-server.linux.txt" "exit=0"
+}
+
+scenario_udaddy-client() {
+    # ibcm serves udaddy's UDP port, Linux `udaddy -s` resolves it with SIDR and sends.
+    bg A ud "ibcm udaddy --bind $A_IP -C $UD_COUNT -S $UD_SIZE --wait 60"
+    wait_listening A ud || fail "ibcm udaddy on A did not listen"
+    guest B 70 "timeout 60 udaddy -s $A_IP -b $B_IP -C $UD_COUNT -S $UD_SIZE; echo exit=\$?" >"$OUT/udaddy-client.linux.txt" 2>&1 || true
+    bg_wait A ud "$OUT/udaddy-client.ibcm.txt"
+    check "ibcm: SIDR_REP sent" has "$OUT/udaddy-client.ibcm.txt" "SIDR_REP sent"
+    check "ibcm: $UD_COUNT datagrams in, $UD_COUNT replies out" has "$OUT/udaddy-client.ibcm.txt" "udaddy: $UD_COUNT sends and $UD_COUNT receives of $UD_SIZE bytes"
+    check "ibcm exited 0" has "$OUT/udaddy-client.ibcm.txt" "exit=0"
+    check "Linux: no error event" eval "! grep -q 'event: ' '$OUT/udaddy-client.linux.txt'"
+    check "Linux: data transfers complete" has "$OUT/udaddy-client.linux.txt" "data transfers complete"
+    check "Linux: return status 0" has "$OUT/udaddy-client.linux.txt" "return status 0"
+    check "Linux exited 0" has "$OUT/udaddy-client.linux.txt" "exit=0"
 }
 
 # perftest over rdma_cm (-R) against ibcm's `perftest` command: PT_ITERS messages of

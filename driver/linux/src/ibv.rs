@@ -44,6 +44,12 @@ pub(crate) struct ibv_pd {
     _opaque: [u8; 0],
 }
 
+/// An address handle (opaque): where a UD send goes.
+#[repr(C)]
+pub(crate) struct ibv_ah {
+    _opaque: [u8; 0],
+}
+
 /// A shared receive queue (opaque; never created here).
 #[repr(C)]
 pub(crate) struct ibv_srq {
@@ -248,7 +254,7 @@ pub(crate) struct ibv_qp_attr {
     cur_qp_state: u32,
     pub path_mtu: u32,
     pub path_mig_state: u32,
-    qkey: u32,
+    pub qkey: u32,
     pub rq_psn: u32,
     pub sq_psn: u32,
     pub dest_qp_num: u32,
@@ -300,10 +306,21 @@ pub(crate) struct ibv_rdma_wr {
     pub rkey: u32,
 }
 
-/// `ibv_send_wr.wr`: the `rdma` arm is used; `atomic` is the largest (32 bytes).
+/// The `ud` arm of `ibv_send_wr.wr`: a UD send's destination.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub(crate) struct ibv_ud_wr {
+    pub ah: *mut ibv_ah,
+    pub remote_qpn: u32,
+    pub remote_qkey: u32,
+}
+
+/// `ibv_send_wr.wr`: the `rdma` and `ud` arms are used; `atomic` is the largest (32
+/// bytes).
 #[repr(C)]
 pub(crate) union ibv_send_wr_wr {
     pub rdma: ibv_rdma_wr,
+    pub ud: ibv_ud_wr,
     atomic: [u64; 4],
 }
 
@@ -317,7 +334,8 @@ pub(crate) struct ibv_send_wr {
     pub num_sge: c_int,
     pub opcode: u32,
     pub send_flags: c_uint,
-    imm_data: u32,
+    /// `__be32`: in network order.
+    pub imm_data: u32,
     pub wr: ibv_send_wr_wr,
     xrc_remote_srqn: u32,
     bind_mw_or_tso: [u64; 6],
@@ -334,20 +352,34 @@ pub(crate) struct ibv_recv_wr {
 
 /// `struct ibv_wc`.
 #[repr(C)]
+#[derive(Clone, Copy)]
 pub(crate) struct ibv_wc {
     pub wr_id: u64,
     pub status: u32,
     pub opcode: u32,
     vendor_err: u32,
     pub byte_len: u32,
-    imm_data: u32,
+    /// `__be32` (the union with `invalidated_rkey`): in network order.
+    pub imm_data: u32,
     qp_num: u32,
-    src_qp: u32,
-    wc_flags: c_uint,
+    pub src_qp: u32,
+    pub wc_flags: c_uint,
     pkey_index: u16,
     slid: u16,
     sl: u8,
     dlid_path_bits: u8,
+}
+
+/// `struct ibv_grh`: the 40 bytes a UD receive gets before the payload (on RoCEv2 over
+/// IPv4, the IPv4 header in its last 20 bytes).
+#[repr(C)]
+pub(crate) struct ibv_grh {
+    version_tclass_flow: u32,
+    paylen: u16,
+    next_hdr: u8,
+    hop_limit: u8,
+    sgid: ibv_gid,
+    dgid: ibv_gid,
 }
 
 /// `ibv_async_event.element`: which object the event is about.
@@ -385,6 +417,7 @@ impl PlainData for ibv_send_wr {}
 impl PlainData for ibv_recv_wr {}
 impl PlainData for ibv_wc {}
 impl PlainData for ibv_async_event {}
+impl PlainData for ibv_ah_attr {}
 impl<T: PlainData, const N: usize> PlainData for [T; N] {}
 
 // enum ibv_port_state
@@ -397,6 +430,7 @@ pub(crate) const IBV_ACCESS_REMOTE_WRITE: c_int = 1 << 1;
 pub(crate) const IBV_ACCESS_REMOTE_READ: c_int = 1 << 2;
 // enum ibv_qp_type
 pub(crate) const IBV_QPT_RC: u32 = 2;
+pub(crate) const IBV_QPT_UD: u32 = 4;
 // enum ibv_qp_state
 pub(crate) const IBV_QPS_RESET: u32 = 0;
 pub(crate) const IBV_QPS_INIT: u32 = 1;
@@ -409,9 +443,16 @@ pub(crate) const IBV_MIG_REARM: u32 = 1;
 // enum ibv_wr_opcode
 pub(crate) const IBV_WR_RDMA_WRITE: u32 = 0;
 pub(crate) const IBV_WR_SEND: u32 = 2;
+pub(crate) const IBV_WR_SEND_WITH_IMM: u32 = 3;
 pub(crate) const IBV_WR_RDMA_READ: u32 = 4;
 // enum ibv_send_flags
 pub(crate) const IBV_SEND_SIGNALED: c_uint = 1 << 1;
+// enum ibv_wc_flags
+pub(crate) const IBV_WC_GRH: c_uint = 1 << 0;
+pub(crate) const IBV_WC_WITH_IMM: c_uint = 1 << 1;
+// enum ibv_wc_opcode
+pub(crate) const IBV_WC_SEND: u32 = 0;
+pub(crate) const IBV_WC_RECV: u32 = 128;
 // enum ibv_event_type
 pub(crate) const IBV_EVENT_DEVICE_FATAL: u32 = 8;
 pub(crate) const IBV_EVENT_PORT_ACTIVE: u32 = 9;
@@ -422,6 +463,7 @@ pub(crate) const IBV_QP_STATE: c_int = 1 << 0;
 pub(crate) const IBV_QP_ACCESS_FLAGS: c_int = 1 << 3;
 pub(crate) const IBV_QP_PKEY_INDEX: c_int = 1 << 4;
 pub(crate) const IBV_QP_PORT: c_int = 1 << 5;
+pub(crate) const IBV_QP_QKEY: c_int = 1 << 6;
 pub(crate) const IBV_QP_AV: c_int = 1 << 7;
 pub(crate) const IBV_QP_PATH_MTU: c_int = 1 << 8;
 pub(crate) const IBV_QP_TIMEOUT: c_int = 1 << 9;
@@ -497,6 +539,9 @@ exports! {
     "IBVERBS_1.1" ibv_query_qp(*mut ibv_qp, *mut ibv_qp_attr, c_int, *mut ibv_qp_init_attr) -> c_int;
     "IBVERBS_1.1" ibv_modify_qp(*mut ibv_qp, *mut ibv_qp_attr, c_int) -> c_int;
     "IBVERBS_1.1" ibv_destroy_qp(*mut ibv_qp) -> c_int;
+    "IBVERBS_1.1" ibv_create_ah(*mut ibv_pd, *mut ibv_ah_attr) -> *mut ibv_ah;
+    "IBVERBS_1.1" ibv_create_ah_from_wc(*mut ibv_pd, *mut ibv_wc, *mut ibv_grh, u8) -> *mut ibv_ah;
+    "IBVERBS_1.1" ibv_destroy_ah(*mut ibv_ah) -> c_int;
     "IBVERBS_1.1" ibv_wc_status_str(u32) -> *const c_char;
 }
 
@@ -676,7 +721,8 @@ mod tests {
             ibv_recv_wr,
             ibv_wc,
             ibv_async_event,
-            ibv_context_ops
+            ibv_context_ops,
+            ibv_grh
         );
         v.push((
             "sizeof ibv_gid".into(),
@@ -695,21 +741,34 @@ mod tests {
         offset!(ibv_qp_cap: max_send_wr, max_recv_wr, max_send_sge, max_recv_sge);
         offset!(ibv_global_route: dgid, flow_label, sgid_index, hop_limit, traffic_class);
         offset!(ibv_ah_attr: grh, dlid, sl, src_path_bits, static_rate, is_global, port_num);
-        offset!(ibv_qp_attr: qp_state, path_mtu, path_mig_state, rq_psn, sq_psn, dest_qp_num,
+        offset!(ibv_qp_attr: qp_state, path_mtu, path_mig_state, qkey, rq_psn, sq_psn, dest_qp_num,
             qp_access_flags, cap, ah_attr, alt_ah_attr, pkey_index, max_rd_atomic,
             max_dest_rd_atomic, min_rnr_timer, port_num, timeout, retry_cnt, rnr_retry,
             rate_limit);
         offset!(ibv_qp_init_attr: send_cq, recv_cq, cap, qp_type);
         offset!(ibv_sge: addr, length, lkey);
-        offset!(ibv_send_wr: wr_id, sg_list, num_sge, opcode, send_flags, wr);
+        offset!(ibv_send_wr: wr_id, sg_list, num_sge, opcode, send_flags, imm_data, wr);
         offset!(ibv_recv_wr: wr_id, sg_list, num_sge);
-        offset!(ibv_wc: wr_id, status, opcode, byte_len, dlid_path_bits);
+        offset!(ibv_wc: wr_id, status, opcode, byte_len, imm_data, src_qp, wc_flags,
+            dlid_path_bits);
+        offset!(ibv_grh: paylen, hop_limit, sgid, dgid);
         offset!(ibv_async_event: element, event_type);
         v.push((
             "offsetof ibv_send_wr.wr.rdma.rkey".into(),
             "offsetof(struct ibv_send_wr, wr.rdma.rkey)".into(),
             (offset_of!(ibv_send_wr, wr) + offset_of!(ibv_rdma_wr, rkey)) as u64,
         ));
+        for (field, ours) in [
+            ("ah", offset_of!(ibv_ud_wr, ah)),
+            ("remote_qpn", offset_of!(ibv_ud_wr, remote_qpn)),
+            ("remote_qkey", offset_of!(ibv_ud_wr, remote_qkey)),
+        ] {
+            v.push((
+                format!("offsetof ibv_send_wr.wr.ud.{field}"),
+                format!("offsetof(struct ibv_send_wr, wr.ud.{field})"),
+                (offset_of!(ibv_send_wr, wr) + ours) as u64,
+            ));
+        }
         v.push((
             "offsetof ibv_send_wr.qp_type".into(),
             "offsetof(struct ibv_send_wr, qp_type)".into(),
@@ -727,6 +786,7 @@ mod tests {
             IBV_ACCESS_REMOTE_WRITE,
             IBV_ACCESS_REMOTE_READ,
             IBV_QPT_RC,
+            IBV_QPT_UD,
             IBV_QPS_RESET,
             IBV_QPS_INIT,
             IBV_QPS_RTR,
@@ -736,8 +796,13 @@ mod tests {
             IBV_MIG_REARM,
             IBV_WR_RDMA_WRITE,
             IBV_WR_SEND,
+            IBV_WR_SEND_WITH_IMM,
             IBV_WR_RDMA_READ,
             IBV_SEND_SIGNALED,
+            IBV_WC_GRH,
+            IBV_WC_WITH_IMM,
+            IBV_WC_SEND,
+            IBV_WC_RECV,
             IBV_EVENT_DEVICE_FATAL,
             IBV_EVENT_PORT_ACTIVE,
             IBV_EVENT_PORT_ERR,
@@ -746,6 +811,7 @@ mod tests {
             IBV_QP_ACCESS_FLAGS,
             IBV_QP_PKEY_INDEX,
             IBV_QP_PORT,
+            IBV_QP_QKEY,
             IBV_QP_AV,
             IBV_QP_PATH_MTU,
             IBV_QP_TIMEOUT,

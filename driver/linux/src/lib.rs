@@ -10,6 +10,8 @@
 //!   nothing of rdma-core is needed to build); a QP is moved to
 //!   INIT, RTR and RTS with exactly the attributes the engine returned (the user
 //!   library's QP transition records), as a Windows verbs provider would apply them.
+//! - [`ud`]: UD QPs and address handles, for the datagram services ibcm resolves with
+//!   SIDR (a UD QP's INIT takes a Q_Key; receives start with the 40-byte GRH).
 //! - [`port_events`]: the device's asynchronous events; the port leaving or becoming
 //!   ACTIVE is told to the engine (the port gone, the port told again).
 //! - [`sysfs`]: which umad device, GID index and CA GUID belong to an RDMA device.
@@ -26,6 +28,8 @@ mod ibv;
 pub mod port_events;
 #[cfg(target_os = "linux")]
 pub mod sysfs;
+#[cfg(target_os = "linux")]
+pub mod ud;
 #[cfg(target_os = "linux")]
 pub mod umad;
 #[cfg(target_os = "linux")]

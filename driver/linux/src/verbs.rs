@@ -395,7 +395,7 @@ impl Region {
         unsafe { std::slice::from_raw_parts_mut(self.buf.as_ptr(), self.len) }
     }
 
-    fn sge(&self, offset: usize, len: usize) -> io::Result<ibv_sge> {
+    pub(crate) fn sge(&self, offset: usize, len: usize) -> io::Result<ibv_sge> {
         if offset.checked_add(len).is_none_or(|end| end > self.len) {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidInput,
@@ -970,6 +970,11 @@ impl Context {
     /// The context, for the asynchronous event reader (`port_events`).
     pub(crate) fn raw(&self) -> *mut ibv_context {
         self.ctx.as_ptr()
+    }
+
+    /// The protection domain, for the UD QPs and address handles of [`crate::ud`].
+    pub(crate) fn pd(&self) -> *mut ibv_pd {
+        self.pd.as_ptr()
     }
 
     /// The context's asynchronous event fd (verbs.h `struct ibv_context::async_fd`).

@@ -19,6 +19,7 @@
 //!   devnodes with it.
 //! - [`rc`] (feature `devices`, Linux): connections that carry data, on a real RDMA device.
 //! - [`perftest`] (feature `devices`, Linux): perftest's rdma_cm mode on such connections.
+//! - [`udaddy`] (feature `devices`, Linux): udaddy's datagrams on a UD QP found with SIDR.
 #![deny(unsafe_code)]
 #![warn(missing_docs)]
 
@@ -38,4 +39,6 @@ pub mod reboot;
 pub mod rocev2;
 pub mod sim;
 pub mod status;
+#[cfg(all(target_os = "linux", feature = "devices"))]
+pub mod udaddy;
 pub mod upper_filters;

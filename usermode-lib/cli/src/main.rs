@@ -37,20 +37,22 @@ mod cli_rc;
 mod cli_reboot;
 mod cli_rocev2;
 mod cli_switch;
+#[cfg(all(target_os = "linux", feature = "devices"))]
+mod cli_udaddy;
 
 #[derive(Parser, Debug)]
 #[command(
     name = "ibcm",
     version,
     about = "ibcm, an InfiniBand connection manager: cmtime, listen/connect (ucmatose), stats, \
-             status, install, off/on; rping, ucmatose, rc-bw, perftest, port-fault on RDMA devices",
+             status, install, off/on; rping, ucmatose, udaddy, rc-bw, perftest, port-fault on RDMA devices",
     long_about = "ibcm, an InfiniBand connection manager, and tools that exercise it. On \
                   Windows every command uses the installed ibcm driver unless --simulate is \
                   given. Elsewhere (or with --simulate) cmtime, listen, connect, stats and \
                   status run on a simulated two-node fabric in this process (node 0: client, \
                   node 1: server), in real time; on Linux, with --bind ADDR they run on a real \
                   RoCEv2 link, peers of rdma-core's tools (and with --ib-dev on an RDMA \
-                  device). rping, ucmatose, rc-bw, perftest and port-fault run \
+                  device). rping, ucmatose, udaddy, rc-bw, perftest and port-fault run \
                   on an RDMA device (Linux, built with the feature `devices`). Short options \
                   follow the rdma-core tool each command mirrors. On the simulated fabric \
                   the CLI's handles are an administrator's (as a kernel client's would be): \
@@ -112,6 +114,10 @@ enum Command {
     /// byte verified.
     #[cfg(all(target_os = "linux", feature = "devices"))]
     RcBw(cli_rc::BwArgs),
+    /// rdma-core udaddy's exchange on a real RDMA device: a UD QP resolved with SIDR, -C
+    /// datagrams of -S bytes each way; a peer for Linux `udaddy` in either role.
+    #[cfg(all(target_os = "linux", feature = "devices"))]
+    Udaddy(cli_udaddy::UdaddyArgs),
     /// A peer for Linux perftest's `ib_send_bw -R` / `ib_read_bw -R` (rdma_cm mode) in
     /// either role: its control connection, parameter exchange and report.
     #[cfg(all(target_os = "linux", feature = "devices"))]
@@ -482,6 +488,8 @@ fn main() -> ExitCode {
         Command::RcBw(a) => cli_rc::bw(&a),
         #[cfg(all(target_os = "linux", feature = "devices"))]
         Command::Ucmatose(a) => cli_rc::ucmatose(&a),
+        #[cfg(all(target_os = "linux", feature = "devices"))]
+        Command::Udaddy(a) => cli_udaddy::udaddy(&a),
         #[cfg(all(target_os = "linux", feature = "devices"))]
         Command::Perftest(a) => cli_perftest::perftest(&a),
         #[cfg(all(target_os = "linux", feature = "devices"))]
