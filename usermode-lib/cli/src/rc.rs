@@ -112,6 +112,9 @@ pub struct Conn {
     pub steps: Steps,
     /// The peer's QP as a Linux CM sets it from this connection's REQ and REP.
     pub peer_qp: LinuxQp,
+    /// The read limits the peer's REQ (passive) or REP (active) carried, before any
+    /// bounding: (responder resources, initiator depth).
+    pub peer_read_limits: (u8, u8),
 }
 
 /// The steps of a connection's setup, each with the time it ended since the start.
@@ -288,6 +291,7 @@ pub fn connect_qp(
         answer,
         steps,
         peer_qp,
+        peer_read_limits: (reply.peer_responder_resources, reply.peer_initiator_depth),
     })
 }
 
@@ -385,6 +389,7 @@ pub fn accept_qp(
         answer,
         steps,
         peer_qp,
+        peer_read_limits: (req.peer_responder_resources, req.peer_initiator_depth),
     })
 }
 
