@@ -329,12 +329,31 @@ impl Control {
         }
     }
 
+    /// One exchange whose peer message must be `want` bytes long (`what`): a server
+    /// refuses a wrong one before it answers.
+    fn xchg_expect(&mut self, mine: &[u8], want: usize, what: &str) -> Res<Vec<u8>> {
+        if self.client {
+            self.transmit(mine)?;
+            let theirs = self.receive()?;
+            expect_len(&theirs, want, what)?;
+            Ok(theirs)
+        } else {
+            let theirs = self.receive()?;
+            expect_len(&theirs, want, what)?;
+            self.transmit(mine)?;
+            Ok(theirs)
+        }
+    }
+
     /// One `ctx_hand_shake` (pc.c:1380-1425): the peer's message must be a whole
     /// `pingpong_dest` (pc.c:493-497 reads `sizeof(struct pingpong_dest)`); anything else
     /// is another exchange of another test (an 8-byte report value, pc.c:1615-1700).
     pub fn hand_shake(&mut self, mine: &Dest) -> Res<Dest> {
-        let b = self.xchg(&mine.encode())?;
-        expect_len(&b, PINGPONG_DEST_LEN, "a handshake (pingpong_dest)")?;
+        let b = self.xchg_expect(
+            &mine.encode(),
+            PINGPONG_DEST_LEN,
+            "a handshake (pingpong_dest)",
+        )?;
         Dest::decode(&b).ok_or_else(|| format!("a pingpong_dest of {} bytes", b.len()))
     }
 
@@ -1123,8 +1142,7 @@ pub fn xchg_reports(ctl: &mut Control, mine: &BwReport) -> Res<BwReport> {
         mine.msg_rate.to_bits(),
     ];
     for (i, x) in ours.iter().enumerate() {
-        let b = ctl.xchg(&x.to_be_bytes())?;
-        expect_len(&b, 8, "a bandwidth report value")?;
+        let b = ctl.xchg_expect(&x.to_be_bytes(), 8, "a bandwidth report value")?;
         v[i] = u64::from_be_bytes(
             b.get(..8)
                 .ok_or("short report")?
