@@ -440,7 +440,12 @@ pub fn ucmatose(a: &UcmatoseArgs) -> Result<bool, Failure> {
             .map(|(conn, recv)| {
                 let (rc, exchange) = (&rc, &exchange);
                 s.spawn(move || {
-                    let r = rc::messages(rc, conn, exchange, recv, wait);
+                    let r = rc::messages(rc, conn, exchange, recv, wait).map_err(|e| {
+                        match conn.qp.query() {
+                            Ok(q) => format!("{e}; {}", rc::qp_line("qp", &q)),
+                            Err(_) => e,
+                        }
+                    });
                     let d = conn.ep.disconnect(&[]);
                     let _ = conn.qp.to_error();
                     (r, ended(d))

@@ -377,7 +377,7 @@ fn expect_len(b: &[u8], want: usize, what: &str) -> Res<()> {
         Ok(())
     } else {
         Err(format!(
-            "{MISMATCH}a {}-byte control message where this test has {what} of {want} bytes",
+            "{MISMATCH}a control message of {} bytes where this test has {what} of {want} bytes",
             b.len()
         ))
     }
@@ -892,7 +892,7 @@ pub fn send_server(data: &Data, o: &Options, cycle_buffer: u32) -> Res<Run> {
             Some(_) => {}
         }
         done += 1;
-        if done + u64::from(o.slots(true)) <= o.iters {
+        if done + u64::from(o.receives(true)) <= o.iters {
             qp.post_recv(&data.buf, slot * o.size, o.size, slot as u64)
                 .map_err(|e| e.to_string())?;
         }
@@ -1237,7 +1237,7 @@ mod tests {
         // waits for the report's first 8-byte value, and the reverse.
         assert!(expect_len(&[0; 56], 56, "a handshake").is_ok());
         let e = expect_len(&[0; 8], 56, "a handshake").unwrap_err();
-        assert!(e.starts_with(MISMATCH) && e.contains("8-byte"), "{e}");
+        assert!(e.starts_with(MISMATCH) && e.contains("of 8 bytes"), "{e}");
         assert!(expect_len(&[0; 56], 8, "a report value").is_err());
     }
 

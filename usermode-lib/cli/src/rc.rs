@@ -892,7 +892,9 @@ pub fn messages(
     let mut receives_posted = count.min(depth);
     let (mut sent, mut received) = (0, 0);
     while sent < count || received < count {
-        let c = next_ok(qp, limit, "message")?;
+        let c = next_ok(qp, limit, "message").map_err(|e| {
+            format!("{e} ({sent} of {count} sends and {received} of {count} receives completed)")
+        })?;
         if c.opcode & IBV_WC_RECV == 0 {
             sent += 1;
             if posted < count {
