@@ -2,7 +2,7 @@
 //! bandwidth run can be Linux perftest. The source is perftest 4.5-0.17 (linux-rdma/perftest
 //! tag `v4.5-0.17`, Debian bookworm's `perftest 4.5+0.17-1`; its version string is
 //! configure.ac:32's "6.06"); `pc.c` below is its src/perftest_communication.c, `pr.c`
-//! src/perftest_resources.c, `pr.h` src/perftest_resources.h.
+//! src/perftest_resources.c, `pr.h` src/perftest_resources.h, `pp.c` src/perftest_parameters.c.
 //!
 //! With `-R` perftest makes two rdma_cm connections to the same TCP port space port:
 //!
