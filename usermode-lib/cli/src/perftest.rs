@@ -1,5 +1,5 @@
-//! perftest's rdma_cm mode (`ib_send_bw -R`, `ib_read_bw -R`), so either side of a
-//! bandwidth run can be Linux perftest. The source is perftest 4.5-0.17 (linux-rdma/perftest
+//! perftest's rdma_cm mode (`ib_send_bw -R`, `ib_read_bw -R`, `ib_write_bw -R`,
+//! `ib_read_lat -R`, `ib_send_lat -R`), so either side of a run can be Linux perftest. The source is perftest 4.5-0.17 (linux-rdma/perftest
 //! tag `v4.5-0.17`, Debian bookworm's `perftest 4.5+0.17-1`; its version string is
 //! configure.ac:32's "6.06"); `pc.c` below is its src/perftest_communication.c, `pr.c`
 //! src/perftest_resources.c, `pr.h` src/perftest_resources.h, `pp.c` src/perftest_parameters.c.
