@@ -202,14 +202,14 @@ fn print_counts(rc: &Rc) -> bool {
     faults.is_empty()
 }
 
-fn ended(r: ibcm::Result<()>) -> bool {
+fn ended(who: &str, r: ibcm::Result<()>) -> bool {
     match r {
         Ok(()) => {
-            println!("rc: disconnected");
+            println!("rc: {who}disconnected");
             true
         }
         Err(e) => {
-            println!("rc: disconnect: {}", ibcm_cli::rocev2::describe(&e));
+            println!("rc: {who}disconnect: {}", ibcm_cli::rocev2::describe(&e));
             false
         }
     }
@@ -221,7 +221,7 @@ fn run_client<T>(rc: &Rc, conn: &Conn, run: impl FnOnce() -> T) -> (T, bool) {
     let r = conn.ep.disconnect(&[]);
     let _ = conn.qp.to_error();
     let clean = print_counts(rc);
-    (v, ended(r) && clean)
+    (v, ended("", r) && clean)
 }
 
 /// The server's data run, ended by the peer's DREQ: a watcher moves the QP to ERR when
@@ -258,7 +258,7 @@ fn run_server<T>(rc: &Rc, conn: &Conn, wait: Duration, run: impl FnOnce() -> T) 
     }
     let r = conn.ep.disconnect(&[]);
     let clean = print_counts(rc);
-    (v, ended(r) && clean)
+    (v, ended("", r) && clean)
 }
 
 /// `ibcm rping`.
@@ -380,6 +380,15 @@ pub fn bw(a: &BwArgs) -> Result<bool, Failure> {
     Ok(ok && disconnected)
 }
 
+/// "connection N: " before connection `i`'s lines when there are several.
+fn label(i: usize, connections: usize) -> String {
+    if connections > 1 {
+        format!("connection {}: ", i + 1)
+    } else {
+        String::new()
+    }
+}
+
 /// One connection's (sends, receives) completed, or why not.
 type Exchanged = Result<(usize, usize), String>;
 
@@ -400,7 +409,7 @@ pub fn ucmatose(a: &UcmatoseArgs) -> Result<bool, Failure> {
         Some(_) => None,
         None => Some(rc::listen(&rc, c.port, &log)?),
     };
-    let mut conns = Vec::with_capacity(a.connections);
+    let mut conns: Vec<(rc::Conn, Region)> = Vec::with_capacity(a.connections);
     for i in 0..a.connections {
         let recv = Region::new(&rc.ctx, exchange.depth * a.size).map_err(|e| e.to_string())?;
         let post = |qp: &RcQp| {
@@ -410,13 +419,29 @@ pub fn ucmatose(a: &UcmatoseArgs) -> Result<bool, Failure> {
             }
             Ok(())
         };
-        let qp = RcQp::create(&rc.ctx, depth).map_err(|e| e.to_string())?;
-        let conn = match (server, &listener) {
-            (Some(peer), _) => rc::connect_qp(&rc, qp, peer, c.port, &limits, post),
-            (None, Some(l)) => rc::accept_qp(l, qp, &limits, wait, post, &log),
-            (None, None) => Err("no listener".into()),
-        }
-        .map_err(|e| format!("connection {} of {}: {e}", i + 1, a.connections))?;
+        let conn = RcQp::create(&rc.ctx, depth)
+            .map_err(|e| e.to_string())
+            .and_then(|qp| match (server, &listener) {
+                (Some(peer), _) => rc::connect_qp(&rc, qp, peer, c.port, &limits, post),
+                (None, Some(l)) => rc::accept_qp(l, qp, &limits, wait, post, &log),
+                (None, None) => Err("no listener".into()),
+            });
+        let conn = match conn {
+            Ok(conn) => conn,
+            Err(e) => {
+                // The connections already up end here, not at Drop (cmatose.c: a failed
+                // connect_events ends the run, and each connected node is disconnected).
+                if let Some(l) = &listener {
+                    l.cancel();
+                }
+                for (k, (conn, _)) in conns.iter().enumerate() {
+                    let d = conn.ep.disconnect(&[]);
+                    let _ = conn.qp.to_error();
+                    ended(&format!("connection {}: ", k + 1), d);
+                }
+                return Err(format!("connection {} of {}: {e}", i + 1, a.connections).into());
+            }
+        };
         if a.connections > 1 {
             println!(
                 "ucmatose: connection {} of {} established",
@@ -434,24 +459,30 @@ pub fn ucmatose(a: &UcmatoseArgs) -> Result<bool, Failure> {
     }
     // Both ucmatose sides disconnect when their transfers are done (cmatose.c run_server
     // and run_client): so does ibcm, in either role, every connection.
+    // The client receives on every connection before it sends on any (cmatose.c
+    // run_client); the server sends at once (run_server).
+    let all_received = std::sync::Barrier::new(conns.len());
+    let receive_first = server.is_some().then_some(&all_received);
     let results: Vec<(Exchanged, bool)> = std::thread::scope(|s| {
-        let runs: Vec<_> = conns
-            .iter()
-            .map(|(conn, recv)| {
-                let (rc, exchange) = (&rc, &exchange);
-                s.spawn(move || {
-                    let r = rc::messages(rc, conn, exchange, recv, wait).map_err(|e| {
-                        match conn.qp.query() {
-                            Ok(q) => format!("{e}; {}", rc::qp_line("qp", &q)),
-                            Err(_) => e,
-                        }
-                    });
-                    let d = conn.ep.disconnect(&[]);
-                    let _ = conn.qp.to_error();
-                    (r, ended(d))
+        let runs: Vec<_> =
+            conns
+                .iter()
+                .enumerate()
+                .map(|(i, (conn, recv))| {
+                    let (rc, exchange) = (&rc, &exchange);
+                    let who = label(i, a.connections);
+                    s.spawn(move || {
+                        let r = rc::messages(rc, conn, exchange, recv, wait, receive_first)
+                            .map_err(|e| match conn.qp.query() {
+                                Ok(q) => format!("{e}; {}", rc::qp_line("qp", &q)),
+                                Err(_) => e,
+                            });
+                        let d = conn.ep.disconnect(&[]);
+                        let _ = conn.qp.to_error();
+                        (r, ended(&who, d))
+                    })
                 })
-            })
-            .collect();
+                .collect();
         runs.into_iter()
             .map(|h| {
                 h.join()
@@ -462,11 +493,7 @@ pub fn ucmatose(a: &UcmatoseArgs) -> Result<bool, Failure> {
     let clean = print_counts(&rc);
     let mut complete = 0;
     for (i, (r, disconnected)) in results.iter().enumerate() {
-        let who = if a.connections > 1 {
-            format!("connection {}: ", i + 1)
-        } else {
-            String::new()
-        };
+        let who = label(i, a.connections);
         match r {
             Ok((s, r)) => {
                 println!(
