@@ -357,19 +357,21 @@ impl Control {
         Dest::decode(&b).ok_or_else(|| format!("a pingpong_dest of {} bytes", b.len()))
     }
 
-    /// Completions the control QP holds without waiting (a message this side did not
-    /// expect yet): (receives, sends).
-    pub fn pending(&mut self) -> (usize, usize) {
+    /// Control messages received that this side did not ask for yet (successful receive
+    /// completions the control QP holds, polled without waiting).
+    pub fn pending(&mut self) -> usize {
         let mut out = Vec::new();
         let _ = self.conn.qp.poll(&mut out, 16);
-        let received = out.iter().filter(|c| c.wr_id == WR_CONTROL).count()
-            + usize::from(self.received.is_some());
-        (
-            received,
-            out.len() + usize::from(self.received.is_some()) - received,
-        )
+        out.iter()
+            .filter(|c| c.wr_id == WR_CONTROL && c.ok())
+            .count()
+            + usize::from(self.received.is_some())
     }
 }
+
+/// How a run's error starts when no data-QP completion came within `--wait`: the state in
+/// which a control message already waiting suggests the peer runs another test.
+pub const DATA_TIMEOUT: &str = "no completion on the data QP within --wait: ";
 
 /// A control message of the length this test's exchange has, or the refusal.
 fn expect_len(b: &[u8], want: usize, what: &str) -> Res<()> {
@@ -555,6 +557,11 @@ fn data_buffer(rc: &Rc, o: &Options, agreed: &Agreed, server: bool) -> Res<Regio
     };
     let mut buf = Region::new(&rc.ctx, len).map_err(|e| e.to_string())?;
     buf.bytes_mut().copy_from_slice(&prefill(len));
+    if o.verb == Verb::Write && !server {
+        // What the write client writes must not be what the server's buffer already holds
+        // ([`written_over`] tells the two apart): the pattern reversed, as `send_lat`'s.
+        buf.bytes_mut().reverse();
+    }
     Ok(buf)
 }
 
@@ -579,8 +586,16 @@ fn post_sentinel(qp: &RcQp, buf: &Region) -> Res<()> {
 pub fn stray_sends(data: &Data) -> usize {
     let mut out = Vec::new();
     let _ = data.conn.qp.poll(&mut out, 16);
+    sentinel_taken(&out)
+}
+
+/// The sentinel's completions among `out` that a SEND made: any status but the flush of
+/// a QP going to ERR. A SEND longer than the sentinel's 56 bytes (ib_send_bw's 65536 by
+/// default) completes it with IBV_WC_LOC_LEN_ERR (IBA 10.8.3.2: the message does not fit
+/// the receive's buffers), which is as much a SEND as a successful one.
+fn sentinel_taken(out: &[Completion]) -> usize {
     out.iter()
-        .filter(|c| c.wr_id == WR_SENTINEL && c.ok())
+        .filter(|c| c.wr_id == WR_SENTINEL && c.status != rc::WC_WR_FLUSH_ERR)
         .count()
 }
 
@@ -735,9 +750,13 @@ impl Run {
 }
 
 fn completion_ok(qp: &RcQp, wait: Duration, what: &str) -> Res<Completion> {
-    let c = qp
-        .next(Instant::now() + wait)
-        .map_err(|e| format!("{what}: {e}"))?;
+    let c = qp.next(Instant::now() + wait).map_err(|e| {
+        if e.kind() == std::io::ErrorKind::TimedOut {
+            format!("{DATA_TIMEOUT}{what}")
+        } else {
+            format!("{what}: {e}")
+        }
+    })?;
     if c.ok() {
         Ok(c)
     } else {
@@ -940,13 +959,26 @@ pub fn write_client(data: &Data, peer: &Dest, o: &Options) -> Res<Run> {
 /// remote address starts at the peer's vaddr), and perftest's buffer holds random bytes
 /// (pr.c:1780-1790), which keep about 1 byte in 256 of this side's pattern. Returns the
 /// bytes of the first `size` that still hold the pattern; more than 1 in 16 means the
-/// client did not write there.
-pub fn written_over(data: &Data, size: usize) -> Res<usize> {
-    let got = data
-        .buf
-        .bytes()
-        .get(..size)
-        .ok_or("buffer shorter than a message")?;
+/// client did not write there. `size` is the client's message size (its report's), no
+/// more than this side's: perftest's server takes a client of any `-s`
+/// (read_bw.c:392-400), whose WRITEs cover its own size from the start (pr.h:728-744
+/// `increase_rem_addr` cycles within the cycle buffer). None: fewer than
+/// [`WRITTEN_MIN`] bytes, too few to tell random bytes from the pattern.
+pub fn written_over(data: &Data, size: usize) -> Res<Option<usize>> {
+    kept_pattern(data.buf.bytes(), size)
+}
+
+/// The smallest message [`written_over`] judges: random bytes keep 1 in 256 of the
+/// pattern, so more than 1 in 16 of 64 (5 or more) happens about 7 times in 10^6 runs; at
+/// `-s 8` the same rule (1 or more) would fail 3 % of legitimate runs.
+pub const WRITTEN_MIN: usize = 64;
+
+/// [`written_over`] on the buffer's bytes.
+fn kept_pattern(buf: &[u8], size: usize) -> Res<Option<usize>> {
+    if size < WRITTEN_MIN {
+        return Ok(None);
+    }
+    let got = buf.get(..size).ok_or("buffer shorter than a message")?;
     let kept = got
         .iter()
         .zip(prefill(size))
@@ -958,7 +990,7 @@ pub fn written_over(data: &Data, size: usize) -> Res<usize> {
              before the run: the client's RDMA WRITEs did not land"
         ));
     }
-    Ok(kept)
+    Ok(Some(kept))
 }
 
 /// A latency run's figures, in microseconds, as `print_report_lat` makes them.
@@ -1162,6 +1194,60 @@ pub fn xchg_reports(ctl: &mut Control, mine: &BwReport) -> Res<BwReport> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Bytes no pattern predicts (xorshift64, fixed seed): perftest's random buffer.
+    fn random_bytes(len: usize) -> Vec<u8> {
+        let mut x = 0x9e37_79b9_7f4a_7c15u64;
+        (0..len)
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                (x >> 56) as u8
+            })
+            .collect()
+    }
+
+    #[test]
+    fn written_over_tells_a_written_buffer_from_an_untouched_one() {
+        // Untouched: the pattern, all of it kept.
+        let mut buf = prefill(65536);
+        assert!(kept_pattern(&buf, 65536).is_err());
+        // perftest's client, -s 4096 against this side's 65536: it writes only the first
+        // 4096 B (pr.h:728-744), and only those are judged.
+        buf[..4096].copy_from_slice(&random_bytes(4096));
+        let kept = kept_pattern(&buf, 4096).unwrap().unwrap();
+        assert!(kept <= 4096 / 16, "{kept}");
+        assert!(kept_pattern(&buf, 65536).is_err());
+        // ibcm's own write client: the pattern reversed (data_buffer) is not the pattern.
+        let mut reversed = prefill(65536);
+        reversed.reverse();
+        assert!(kept_pattern(&reversed, 65536).unwrap().is_some());
+        // Below WRITTEN_MIN nothing is judged: at -s 8 one byte in 256 matching would fail
+        // 3 % of legitimate runs.
+        assert_eq!(kept_pattern(&prefill(8), 8), Ok(None));
+        assert!(kept_pattern(&prefill(64), WRITTEN_MIN).is_err());
+        // A buffer shorter than the size asked is an error, not a panic.
+        assert!(kept_pattern(&[0; 100], 200).is_err());
+    }
+
+    #[test]
+    fn a_send_that_took_the_sentinel_is_seen_whatever_its_status() {
+        let c = |wr_id, status| Completion {
+            wr_id,
+            status,
+            opcode: IBV_WC_RECV,
+            byte_len: 0,
+        };
+        // ib_send_bw's 65536-B SEND into the 56-B sentinel: IBV_WC_LOC_LEN_ERR (1).
+        assert_eq!(sentinel_taken(&[c(WR_SENTINEL, 1)]), 1);
+        // A SEND that fits: success.
+        assert_eq!(sentinel_taken(&[c(WR_SENTINEL, 0)]), 1);
+        // The QP going to ERR flushes the sentinel: no SEND came.
+        assert_eq!(sentinel_taken(&[c(WR_SENTINEL, rc::WC_WR_FLUSH_ERR)]), 0);
+        // Another work request's completion is not the sentinel's.
+        assert_eq!(sentinel_taken(&[c(3, 0), c(3, 1)]), 0);
+    }
 
     #[test]
     fn pingpong_dest_is_perftests_layout() {
