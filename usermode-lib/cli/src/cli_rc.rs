@@ -429,8 +429,9 @@ pub fn ucmatose(a: &UcmatoseArgs) -> Result<bool, Failure> {
         let conn = match conn {
             Ok(conn) => conn,
             Err(e) => {
-                // The connections already up end here, not at Drop (cmatose.c: a failed
-                // connect_events ends the run, and each connected node is disconnected).
+                // The connections already up end here, not at Drop: cmatose.c run_client
+                // goes from a failed connect_events to `disc` (disconnect_events), and
+                // run_server to `out`, its nodes destroyed.
                 if let Some(l) = &listener {
                     l.cancel();
                 }
