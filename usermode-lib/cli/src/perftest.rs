@@ -1000,7 +1000,8 @@ pub struct Latency {
     pub iters: u64,
     /// `t_min`.
     pub min: f64,
-    /// `t_max` (after the largest `LAT_MEASURE_TAIL` are left out).
+    /// `t_max`: `delta[n]`, the smaller of the two samples `LAT_MEASURE_TAIL` leaves out of
+    /// the rest (pp.c:3757), so the second-largest delta.
     pub max: f64,
     /// `t_typical`: the median.
     pub typical: f64,
