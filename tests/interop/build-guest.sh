@@ -107,7 +107,7 @@ cp /bin/busybox "$stage/bin/busybox"
 
 # Binaries, then the closure of their NEEDED libraries within the extracted packages.
 bins=(usr/bin/cmtime usr/bin/rping usr/bin/ucmatose usr/bin/udaddy usr/bin/ibv_devices usr/bin/ibv_devinfo usr/bin/rdma
-    usr/bin/ib_read_bw usr/bin/ib_send_bw)
+    usr/bin/ib_read_bw usr/bin/ib_send_bw usr/bin/ib_write_bw usr/bin/ib_read_lat usr/bin/ib_send_lat)
 provider=usr/lib/x86_64-linux-gnu/libibverbs/librxe-rdmav34.so
 for b in "${bins[@]}"; do
     [ -f "$x/$b" ] || die "$b is not in the packages"

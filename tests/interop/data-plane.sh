@@ -6,7 +6,8 @@
 #   tests/interop/data-plane.sh [SCENARIO...]     (as root; default: every scenario)
 #
 # Scenarios: ibcm-ibcm ibcm-ibcm-bw linux-server linux-client ucmatose-server
-# ucmatose-client udaddy-server udaddy-client perftest-server perftest-client port-down reject-linux reject-ibcm
+# ucmatose-client ucmatose-many udaddy-server udaddy-client perftest-server perftest-client
+# perftest-write perftest-lat perftest-refuse port-down reject-linux reject-ibcm
 # req-timeout disconnect-in-flight peer-gone baseline, port-flap (a link flap shorter than the
 # connection's deadline: it survives, issue 29), and the cmtime scenarios of
 # data-plane-cmtime.sh (cmtime-ibcm cmtime-linux-server cmtime-linux-client
@@ -23,6 +24,13 @@
 #   rdma_cm's Q_Key, UD_COUNT datagrams each way, every reply to ibcm checked as the echo
 #   of its own datagram (udaddy's server sends back its receive buffer), counts and exit
 #   codes on both sides.
+# - perftest-write: `ib_write_bw -R` against `ibcm perftest --test write`, both roles.
+# - perftest-lat: `ib_read_lat -R` and `ib_send_lat -R` against `ibcm perftest --test
+#   read-lat` / `send-lat`, both roles; ibcm prints perftest's latency figures.
+# - perftest-refuse: a Linux perftest whose test is not ibcm's is refused (REFUSED, exit 1),
+#   not served: a READ server facing ib_write_bw, a WRITE client facing ib_read_bw, a
+#   read-lat server facing ib_read_bw.
+# - ucmatose-many: `ucmatose -c UC_MANY` (20) connections in one process, both roles.
 # - port-down: A's eth0 goes down while ibcm pings a Linux `rping -s -P`; rxe's
 #   IBV_EVENT_PORT_ERR reaches ibcm's engine as Device::port_down, the application gets
 #   one CM event ending the connection, the QP's transport fails the work in flight
@@ -66,7 +74,7 @@ A_IP=10.77.0.3
 B_IP=10.77.0.2
 DEAD_IP=10.77.0.9
 CM_MODULES=iw_cm,ib_cm,rdma_cm,rdma_ucm
-ALL_SCENARIOS=(ibcm-ibcm ibcm-ibcm-bw cmtime-ibcm linux-server linux-client ucmatose-server ucmatose-client udaddy-server udaddy-client perftest-server perftest-client cmtime-linux-server cmtime-linux-client port-down port-flap reject-linux reject-ibcm req-timeout disconnect-in-flight peer-gone baseline cmtime-baseline)
+ALL_SCENARIOS=(ibcm-ibcm ibcm-ibcm-bw cmtime-ibcm linux-server linux-client ucmatose-server ucmatose-client ucmatose-many udaddy-server udaddy-client perftest-server perftest-client perftest-write perftest-lat perftest-refuse cmtime-linux-server cmtime-linux-client port-down port-flap reject-linux reject-ibcm req-timeout disconnect-in-flight peer-gone baseline cmtime-baseline)
 t_start=$(date +%s.%N)
 
 die() { echo "data-plane: FAIL: $*" >&2; exit 1; }
@@ -434,6 +442,8 @@ scenario_linux-client() {
 # ucmatose's message count: more than a 16-deep queue holds (cmatose.c sizes its queues to
 # -C; ibcm used to post -C receives on 16 and fail with ENOMEM past it).
 UC_COUNT=50
+# ucmatose -c: the issue's example.
+UC_MANY=20
 
 scenario_ucmatose-server() {
     # Linux `ucmatose` serves, ibcm connects: UC_COUNT messages of 100 bytes each way, then
@@ -614,6 +624,156 @@ scenario_perftest-client() {
     done
 }
 
+# pt_lat FILE: perftest's latency row "#bytes #iterations t_min t_max t_typical t_avg
+# t_stdev 99% 99.9%" for PT_LAT_SIZE x PT_LAT_ITERS.
+PT_LAT_SIZE=64
+PT_LAT_ITERS=200
+pt_lat() { awk -v s="$PT_LAT_SIZE" -v n="$PT_LAT_ITERS" '$1==s && $2==n {print; exit}' "$1"; }
+# ibcm_lat FILE FIELD: a field (t_typical, t_avg, 99%) of ibcm's "perftest: latency" line.
+ibcm_lat() { sed -n "s/^perftest: latency .* $2 \([0-9.]*\).*/\1/p" "$1" | head -1; }
+
+scenario_perftest-write() {
+    # ib_write_bw -R: the client RDMA WRITEs the server's buffer (perftest's handshakes as
+    # ib_read_bw's, write_bw.c). ibcm as the server checks its buffer was written over after
+    # the client's end (perftest writes random bytes, pr.c:1780-1790, from the start of the
+    # server's buffer); ibcm as the client has every WRITE acknowledged (perftest grants no
+    # READs on a WRITE test, pc.c:2356-2358: nothing to read back).
+    next_port
+    bg A pt "ibcm perftest --test write --bind $A_IP -p $RDMA_PORT -s $PT_SIZE -n $PT_ITERS --wait 60"
+    wait_listening A pt || fail "ibcm perftest on A did not listen"
+    guest B 150 "t0=\$(cut -d' ' -f1 /proc/uptime); timeout 120 ib_write_bw -R -F -p $RDMA_PORT -s $PT_SIZE -n $PT_ITERS $A_IP; echo exit=\$?; echo uptime=\$t0,\$(cut -d' ' -f1 /proc/uptime)" >"$OUT/perftest-write.server.linux.txt" 2>&1 || true
+    bg_wait A pt "$OUT/perftest-write.server.ibcm.txt"
+    local f="$OUT/perftest-write.server.ibcm.txt" l="$OUT/perftest-write.server.linux.txt"
+    check "ib_write_bw (client) exited 0" has "$l" "exit=0"
+    check "ib_write_bw printed its row" eval "[ -n \"\$(pt_row '$l')\" ]"
+    check "ibcm exited 0" has "$f" "exit=0"
+    check "ibcm got the client's report: $PT_ITERS x $PT_SIZE B" has "$f" "perftest: client report: $PT_ITERS x $PT_SIZE B"
+    check "ibcm: the client's WRITEs landed in its buffer" has "$f" "perftest: RDMA WRITE landed"
+    check "no read limits on a WRITE test's connection (ibcm 0 / 0)" eq "$(kv "$f" qp-ours max_rd_atomic)/$(kv "$f" qp-ours max_dest_rd_atomic)" 0/0
+    FIG[linux_to_ibcm_write_mbps]="$(pt_row "$l" | awk '{print $4}')"
+    next_port
+    bg B pt "ib_write_bw -R -F -p $RDMA_PORT -s $PT_SIZE -n $PT_ITERS"
+    sleep 2
+    guest A 150 "t0=\$(cut -d' ' -f1 /proc/uptime); timeout 120 ibcm perftest --test write --bind $A_IP --server $B_IP -p $RDMA_PORT -s $PT_SIZE -n $PT_ITERS --wait 60; echo exit=\$?; echo uptime=\$t0,\$(cut -d' ' -f1 /proc/uptime)" >"$OUT/perftest-write.client.ibcm.txt" 2>&1 || true
+    bg_wait B pt "$OUT/perftest-write.client.linux.txt"
+    f="$OUT/perftest-write.client.ibcm.txt"; l="$OUT/perftest-write.client.linux.txt"
+    check "ib_write_bw (server) exited 0" has "$l" "exit=0"
+    check "ib_write_bw (server) printed ibcm's report row" eval "[ -n \"\$(pt_row '$l')\" ]"
+    check "ibcm: $PT_ITERS RDMA WRITEs completed" has "$f" "perftest: RDMA WRITE $PT_ITERS x $PT_SIZE B completed"
+    check "ibcm exited 0" has "$f" "exit=0"
+    FIG[ibcm_to_linux_write_mbps]="$(sed -n 's/^perftest: RDMA WRITE .*: \([0-9.]*\) MB\/s.*/\1/p' "$f")"
+}
+
+scenario_perftest-lat() {
+    # The latency tests' ping-pongs (read_lat.c, send_lat.c): ibcm in both roles, its own
+    # latency line beside perftest's row. ib_read_lat's server prints no figures (it only
+    # waits, read_lat.c:245-251).
+    local t
+    for t in read send; do
+        next_port
+        bg A pt "ibcm perftest --test $t-lat --bind $A_IP -p $RDMA_PORT -s $PT_LAT_SIZE -n $PT_LAT_ITERS --wait 60"
+        wait_listening A pt || fail "ibcm perftest on A did not listen"
+        guest B 150 "timeout 120 ib_${t}_lat -R -F -p $RDMA_PORT -s $PT_LAT_SIZE -n $PT_LAT_ITERS $A_IP; echo exit=\$?" >"$OUT/perftest-lat.$t-server.linux.txt" 2>&1 || true
+        bg_wait A pt "$OUT/perftest-lat.$t-server.ibcm.txt"
+        local f="$OUT/perftest-lat.$t-server.ibcm.txt" l="$OUT/perftest-lat.$t-server.linux.txt"
+        check "ib_${t}_lat (client) exited 0" has "$l" "exit=0"
+        check "ib_${t}_lat (client) printed its latency row" eval "[ -n \"\$(pt_lat '$l')\" ]"
+        check "ibcm ($t-lat server) exited 0" has "$f" "exit=0"
+        FIG[linux_to_ibcm_${t}_lat_us]="$(pt_lat "$l" | awk '{print $5}')"
+        if [ "$t" = send ]; then
+            check "ibcm: $PT_LAT_ITERS ping-pongs, every message verified" has "$f" "perftest: latency $PT_LAT_ITERS x $PT_LAT_SIZE B (SEND ping-pong, every message verified)"
+        fi
+        next_port
+        bg B pt "ib_${t}_lat -R -F -p $RDMA_PORT -s $PT_LAT_SIZE -n $PT_LAT_ITERS"
+        sleep 2
+        guest A 150 "timeout 120 ibcm perftest --test $t-lat --bind $A_IP --server $B_IP -p $RDMA_PORT -s $PT_LAT_SIZE -n $PT_LAT_ITERS --wait 60; echo exit=\$?" >"$OUT/perftest-lat.$t-client.ibcm.txt" 2>&1 || true
+        bg_wait B pt "$OUT/perftest-lat.$t-client.linux.txt"
+        f="$OUT/perftest-lat.$t-client.ibcm.txt"; l="$OUT/perftest-lat.$t-client.linux.txt"
+        check "ib_${t}_lat (server) exited 0" has "$l" "exit=0"
+        check "ibcm ($t-lat client) exited 0" has "$f" "exit=0"
+        check "ibcm: its latency line for $PT_LAT_ITERS x $PT_LAT_SIZE B" has "$f" "perftest: latency $PT_LAT_ITERS x $PT_LAT_SIZE B"
+        grep '^perftest: latency' "$f" | sed 's/^/  /' || true
+        FIG[ibcm_to_linux_${t}_lat_us]="$(ibcm_lat "$f" t_typical)"
+    done
+}
+
+scenario_perftest-refuse() {
+    # A test that is not ibcm's is refused, not served (perftest.rs module docs):
+    # 1. ibcm --test read serves, Linux runs ib_write_bw: its REQ carries no read limits
+    #    (pc.c:2290-2293). Before the fix this run passed on both sides.
+    # 2. ibcm --test write connects to Linux ib_read_bw: its REP grants reads (pc.c:2356-2358).
+    # 3. ibcm --test read-lat serves, Linux runs ib_read_bw: the read limits agree, the
+    #    exchanges do not (read_lat has four handshakes and no report): the client's 8-byte
+    #    report value comes where ib_read_lat's close handshake is due.
+    # Linux's perftest does not watch its CM events: after ibcm's DREQs it waits in its
+    # control receive until it is killed (here after 20 s, exit 143), which counts as not
+    # passing.
+    local run f l
+    for run in read-vs-write_bw write-vs-read_bw read-lat-vs-read_bw; do
+        next_port
+        f="$OUT/perftest-refuse.$run.ibcm.txt"; l="$OUT/perftest-refuse.$run.linux.txt"
+        case "$run" in
+            read-vs-write_bw | read-lat-vs-read_bw)
+                local t=read peer=ib_write_bw
+                [ "$run" = read-lat-vs-read_bw ] && { t=read-lat; peer=ib_read_bw; }
+                bg A pt "ibcm perftest --test $t --bind $A_IP -p $RDMA_PORT -s $PT_SIZE -n $PT_ITERS --wait 30"
+                wait_listening A pt || fail "ibcm perftest on A did not listen"
+                guest B 60 "timeout 20 $peer -R -F -p $RDMA_PORT -s $PT_SIZE -n $PT_ITERS $A_IP; echo exit=\$?" >"$l" 2>&1 || true
+                bg_wait A pt "$f"
+                ;;
+            write-vs-read_bw)
+                guest B 10 "(timeout 20 ib_read_bw -R -F -p $RDMA_PORT -s $PT_SIZE -n $PT_ITERS; echo exit=\$?) > /tmp/pt.log 2>&1 & echo \$! > /tmp/pt.pid" >/dev/null
+                sleep 2
+                guest A 90 "timeout 60 ibcm perftest --test write --bind $A_IP --server $B_IP -p $RDMA_PORT -s $PT_SIZE -n $PT_ITERS --wait 30; echo exit=\$?" >"$f" 2>&1 || true
+                guest B 40 "i=0; while kill -0 \$(cat /tmp/pt.pid) 2>/dev/null && [ \$i -lt 250 ]; do sleep 0.1; i=\$((i+1)); done; cat /tmp/pt.log" >"$l" 2>&1 || true
+                ;;
+        esac
+        grep '^perftest: REFUSED' "$f" | sed 's/^/  /' || true
+        check "$run: ibcm refused the peer's test" has "$f" "perftest: REFUSED: the peer does not run"
+        # The whole line: `timeout` kills with exit=124 (coreutils) or 143 (busybox), both
+        # of which hold "exit=1".
+        check "$run: ibcm exited 1 (not 0, not killed by its timeout)" has "$f" "^exit=1$"
+        # A read server's run line is its client's report; a read-lat server prints none,
+        # so a served read-lat run shows only as exit=0.
+        check "$run: ibcm did not report a run" eval "! grep -q '^perftest: \(RDMA\|SEND\|received\|latency\|client report\)' '$f'"
+        check "$run: Linux's perftest did not pass either" eval "grep -q 'exit=' '$l' && ! grep -q 'exit=0' '$l'"
+    done
+}
+
+scenario_ucmatose-many() {
+    # cmatose.c -c: UC_MANY connections in one process, each exchanging UC_COUNT messages
+    # each way once all are established (run_server, run_client), in both roles.
+    next_port
+    # rxe's counters on both guests around the client role: packets lost on the emulated
+    # link show as A's completer retries (rxe_comp.c RXE_CNT_COMP_RETRY) and B's duplicate
+    # requests.
+    local g rxe="$OUT/ucmatose-many.client.rxe.txt"
+    for g in A B; do echo "before $g: $(guest "$g" 10 "rdma statistic show link rxe0/1" 2>&1)"; done >"$rxe"
+    bg B uc "ucmatose -b $B_IP -p $RDMA_PORT -c $UC_MANY -C $UC_COUNT -S 100"
+    sleep 1
+    guest A 150 "t0=\$(cut -d' ' -f1 /proc/uptime); timeout 140 ibcm ucmatose --bind $A_IP --server $B_IP -p $RDMA_PORT -c $UC_MANY -C $UC_COUNT -S 100 --wait 60; echo exit=\$?; echo uptime=\$t0,\$(cut -d' ' -f1 /proc/uptime)" >"$OUT/ucmatose-many.client.ibcm.txt" 2>&1 || true
+    bg_wait B uc "$OUT/ucmatose-many.client.linux.txt"
+    for g in A B; do echo "after $g: $(guest "$g" 10 "rdma statistic show link rxe0/1" 2>&1)"; done >>"$rxe"
+    local f="$OUT/ucmatose-many.client.ibcm.txt" l="$OUT/ucmatose-many.client.linux.txt"
+    check "ibcm client: $UC_MANY of $UC_MANY connections exchanged and disconnected" has "$f" "ucmatose: $UC_MANY of $UC_MANY connections exchanged $UC_COUNT messages each way and disconnected"
+    check "ibcm client: $UC_MANY lines of $UC_COUNT sends and receives" eval "[ \$(grep -c ': $UC_COUNT sends and $UC_COUNT receives of 100 bytes' '$f') -eq $UC_MANY ]"
+    check "ibcm client exited 0" has "$f" "exit=0"
+    check "Linux server: data transfers complete" has "$l" "data transfers complete"
+    check "Linux server exited 0" has "$l" "exit=0"
+    FIG[ibcm_to_linux_ucmatose_many_ms]="$(uptime_ms "$f")"
+    next_port
+    bg A uc "ibcm ucmatose --bind $A_IP -p $RDMA_PORT -c $UC_MANY -C $UC_COUNT -S 100 --wait 60"
+    wait_listening A uc || fail "ibcm ucmatose on A did not listen"
+    guest B 150 "t0=\$(cut -d' ' -f1 /proc/uptime); timeout 140 ucmatose -s $A_IP -p $RDMA_PORT -c $UC_MANY -C $UC_COUNT -S 100; echo exit=\$?; echo uptime=\$t0,\$(cut -d' ' -f1 /proc/uptime)" >"$OUT/ucmatose-many.server.linux.txt" 2>&1 || true
+    bg_wait A uc "$OUT/ucmatose-many.server.ibcm.txt"
+    f="$OUT/ucmatose-many.server.ibcm.txt"; l="$OUT/ucmatose-many.server.linux.txt"
+    check "ibcm server: $UC_MANY of $UC_MANY connections exchanged and disconnected" has "$f" "ucmatose: $UC_MANY of $UC_MANY connections exchanged $UC_COUNT messages each way and disconnected"
+    check "ibcm server exited 0" has "$f" "exit=0"
+    check "Linux client: data transfers complete" has "$l" "data transfers complete"
+    check "Linux client exited 0" has "$l" "exit=0"
+    FIG[linux_to_ibcm_ucmatose_many_ms]="$(uptime_ms "$l")"
+}
+
 scenario_port-down() {
     # ibcm's guest loses its link mid-transfer: ibcm pings a persistent Linux rping server
     # (-P: each connection its own thread) without end; A's eth0 goes down for 5 s. rxe
@@ -778,7 +938,7 @@ scenario_baseline() {
     # cmtime's "connect" step for one connection: rdma_connect to ESTABLISHED.
     FIG[linux_linux_setup_ms]="$(awk '$1=="connect" && $2==":" {print $3}' "$OUT/baseline.cmtime.txt" | head -1)"
     # perftest over rdma_cm, the same sizes as ibcm-ibcm-bw.
-    for t in read send; do
+    for t in read send write; do
         next_port
         guest B 10 "timeout 120 ib_${t}_bw -R -F -p $RDMA_PORT -s 65536 -n 100 > /tmp/pt.log 2>&1 & echo \$! > /tmp/pt.pid" >/dev/null
         sleep 2
@@ -789,6 +949,26 @@ scenario_baseline() {
         FIG[linux_linux_${t}_wall_ms]="$(uptime_ms "$OUT/baseline.ib_${t}_bw.txt")"
         check "ib_${t}_bw -R ran" eval "[ -n '${FIG[linux_linux_${t}_mbps]:-}' ]"
     done
+    # The latency tests (perftest-lat's sizes): the client's row.
+    for t in read send; do
+        next_port
+        guest B 10 "timeout 120 ib_${t}_lat -R -F -p $RDMA_PORT -s $PT_LAT_SIZE -n $PT_LAT_ITERS > /tmp/pt.log 2>&1 & echo \$! > /tmp/pt.pid" >/dev/null
+        sleep 2
+        # perftest's client does not retry its control connection: a server not listening
+        # yet (seen once for ib_read_lat) is a REJ 8; a second attempt 2 s later.
+        guest A 150 "for a in 1 2; do timeout 120 ib_${t}_lat -R -F -p $RDMA_PORT -s $PT_LAT_SIZE -n $PT_LAT_ITERS $B_IP > /tmp/ptc.log 2>&1; r=\$?; grep -q RDMA_CM_EVENT_REJECTED /tmp/ptc.log || break; sleep 2; done; cat /tmp/ptc.log; echo exit=\$r" >"$OUT/baseline.ib_${t}_lat.txt" 2>&1 || true
+        guest B 20 "i=0; while kill -0 \$(cat /tmp/pt.pid) 2>/dev/null && [ \$i -lt 100 ]; do sleep 0.1; i=\$((i+1)); done; cat /tmp/pt.log" >>"$OUT/baseline.ib_${t}_lat.txt" 2>&1 || true
+        FIG[linux_linux_${t}_lat_us]="$(pt_lat "$OUT/baseline.ib_${t}_lat.txt" | awk '{print $5}')"
+        check "ib_${t}_lat -R ran" eval "[ -n '${FIG[linux_linux_${t}_lat_us]:-}' ]"
+    done
+    # ucmatose -c UC_MANY (ucmatose-many's), the client's wall time.
+    next_port
+    guest B 10 "timeout 140 ucmatose -b $B_IP -p $RDMA_PORT -c $UC_MANY -C $UC_COUNT -S 100 > /tmp/uc.log 2>&1 & echo \$! > /tmp/uc.pid" >/dev/null
+    sleep 1
+    guest A 150 "t0=\$(cut -d' ' -f1 /proc/uptime); timeout 140 ucmatose -s $B_IP -p $RDMA_PORT -c $UC_MANY -C $UC_COUNT -S 100; echo exit=\$?; echo uptime=\$t0,\$(cut -d' ' -f1 /proc/uptime)" >"$OUT/baseline.ucmatose-many.txt" 2>&1 || true
+    guest B 20 "i=0; while kill -0 \$(cat /tmp/uc.pid) 2>/dev/null && [ \$i -lt 100 ]; do sleep 0.1; i=\$((i+1)); done; cat /tmp/uc.log" >>"$OUT/baseline.ucmatose-many.txt" 2>&1 || true
+    check "Linux-Linux ucmatose -c $UC_MANY passed" has "$OUT/baseline.ucmatose-many.txt" "exit=0"
+    FIG[linux_linux_ucmatose_many_ms]="$(uptime_ms "$OUT/baseline.ucmatose-many.txt")"
 }
 
 # The cmtime scenarios (ibcm cmtime/listen on real QPs against Linux cmtime, both roles).
@@ -844,6 +1024,18 @@ row "ib_read_bw -R client -> server, MB/s (server: ibcm / Linux)" "${FIG[linux_t
 row "ib_send_bw -R client -> server, MB/s (server: ibcm / Linux)" "${FIG[linux_to_ibcm_send_mbps]:-}" "${FIG[linux_linux_send_mbps]:-}"
 row "RDMA READ client -> ib_read_bw -R server, MB/s (client: ibcm perftest / Linux)" "${FIG[ibcm_to_linux_read_mbps]:-}" "${FIG[linux_linux_read_mbps]:-}"
 row "SEND client -> ib_send_bw -R server, MB/s (client: ibcm perftest / Linux)" "${FIG[ibcm_to_linux_send_mbps]:-}" "${FIG[linux_linux_send_mbps]:-}"
+row "ib_write_bw -R client -> server, MB/s (server: ibcm / Linux)" "${FIG[linux_to_ibcm_write_mbps]:-}" "${FIG[linux_linux_write_mbps]:-}"
+row "RDMA WRITE client -> ib_write_bw -R server, MB/s (client: ibcm perftest / Linux)" "${FIG[ibcm_to_linux_write_mbps]:-}" "${FIG[linux_linux_write_mbps]:-}"
+# ibcm's latency timings are not perftest's (its waits sleep on the completion channel,
+# its checks run inside the timed loop: cli_perftest.rs), so these four rows are not a
+# comparison.
+echo "  (latency rows: ibcm's side waits event-driven and checks every message; perftest busy-polls: not comparable)"
+row "ib_read_lat -R client -> server, t_typical usec (server: ibcm / Linux)" "${FIG[linux_to_ibcm_read_lat_us]:-}" "${FIG[linux_linux_read_lat_us]:-}"
+row "ib_send_lat -R client -> server, t_typical usec (server: ibcm / Linux)" "${FIG[linux_to_ibcm_send_lat_us]:-}" "${FIG[linux_linux_send_lat_us]:-}"
+row "READ latency client -> ib_read_lat -R server, t_typical usec (client: ibcm / Linux)" "${FIG[ibcm_to_linux_read_lat_us]:-}" "${FIG[linux_linux_read_lat_us]:-}"
+row "SEND latency client -> ib_send_lat -R server, t_typical usec (client: ibcm / Linux)" "${FIG[ibcm_to_linux_send_lat_us]:-}" "${FIG[linux_linux_send_lat_us]:-}"
+row "ucmatose -c $UC_MANY -C $UC_COUNT, client wall ms (ibcm client -> Linux / Linux -> Linux)" "${FIG[ibcm_to_linux_ucmatose_many_ms]:-}" "${FIG[linux_linux_ucmatose_many_ms]:-}"
+row "ucmatose -c $UC_MANY -C $UC_COUNT, client wall ms (Linux client -> ibcm / Linux -> Linux)" "${FIG[linux_to_ibcm_ucmatose_many_ms]:-}" "${FIG[linux_linux_ucmatose_many_ms]:-}"
 row "perftest -R run, wall ms incl. both connections (ib_read_bw client -> server: ibcm / Linux)" "${FIG[linux_to_ibcm_read_wall_ms]:-}" "${FIG[linux_linux_read_wall_ms]:-}"
 cmtime_figures
 echo "  (setup: ibcm's from the REQ to the RTU sent, its QP's transitions included, the peer an rping"

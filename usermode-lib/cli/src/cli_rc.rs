@@ -98,12 +98,16 @@ pub struct UcmatoseArgs {
     addrs: CmAddrs,
     #[command(flatten)]
     common: RcCommon,
-    /// Messages each way (ucmatose's -C).
+    /// Messages each way on every connection (ucmatose's -C).
     #[arg(short = 'C', long, default_value = "10", value_parser = positive)]
     count: usize,
     /// Bytes per message (ucmatose's -S).
     #[arg(short = 'S', long, default_value = "100", value_parser = positive)]
     size: usize,
+    /// Connections in this process (ucmatose's -c): the client opens them all, the
+    /// server accepts as many, then every one exchanges its messages at once.
+    #[arg(short = 'c', long, default_value = "1", value_parser = positive)]
+    connections: usize,
 }
 
 /// `ibcm rc-bw`.
@@ -198,14 +202,14 @@ fn print_counts(rc: &Rc) -> bool {
     faults.is_empty()
 }
 
-fn ended(r: ibcm::Result<()>) -> bool {
+fn ended(who: &str, r: ibcm::Result<()>) -> bool {
     match r {
         Ok(()) => {
-            println!("rc: disconnected");
+            println!("rc: {who}disconnected");
             true
         }
         Err(e) => {
-            println!("rc: disconnect: {}", ibcm_cli::rocev2::describe(&e));
+            println!("rc: {who}disconnect: {}", ibcm_cli::rocev2::describe(&e));
             false
         }
     }
@@ -261,7 +265,7 @@ fn run_client<T>(rc: &Rc, conn: &Conn, run: impl FnOnce() -> T) -> (T, bool) {
     let r = conn.ep.disconnect(&[]);
     let _ = conn.qp.to_error();
     let clean = print_counts(rc);
-    (v, ended(r) && clean)
+    (v, ended("", r) && clean)
 }
 
 /// The server's data run, ended by the peer's DREQ (see [`watched`]); if the run ends
@@ -274,7 +278,7 @@ fn run_server<T>(rc: &Rc, conn: &Conn, run: impl FnOnce() -> T) -> (T, bool) {
     }
     let r = conn.ep.disconnect(&[]);
     let clean = print_counts(rc);
-    (v, ended(r) && clean)
+    (v, ended("", r) && clean)
 }
 
 /// `ibcm rping`.
@@ -396,44 +400,137 @@ pub fn bw(a: &BwArgs) -> Result<bool, Failure> {
     Ok(ok && disconnected)
 }
 
-/// `ibcm ucmatose`: rdma-core ucmatose's exchange (`count` messages each way).
+/// "connection N: " before connection `i`'s lines when there are several.
+fn label(i: usize, connections: usize) -> String {
+    if connections > 1 {
+        format!("connection {}: ", i + 1)
+    } else {
+        String::new()
+    }
+}
+
+/// One connection's (sends, receives) completed, or why not.
+type Exchanged = Result<(usize, usize), String>;
+
+/// `ibcm ucmatose`: rdma-core ucmatose's exchange (`count` messages each way) on
+/// `connections` connections. As cmatose.c's `run_client` and `run_server`: every
+/// connection is established before any data moves (`connect_events` until
+/// `connects_left` is 0), then each exchanges its messages; its client receives on every
+/// connection before it replies on any (`poll_cqs(RECV_CQ_INDEX)`, then `post_sends`), so
+/// this side runs the connections' exchanges side by side, one thread each, not one
+/// after the other.
 pub fn ucmatose(a: &UcmatoseArgs) -> Result<bool, Failure> {
     let (c, server) = (&a.common, a.addrs.server);
     let (rc, limits, wait) = start(c, a.addrs.bind)?;
     let max_depth = rc.ctx.max_queue_depth().map_err(|e| e.to_string())?;
     let exchange = rc::Exchange::sized(a.count, a.size, max_depth);
-    let recv = Region::new(&rc.ctx, exchange.depth * a.size).map_err(|e| e.to_string())?;
-    let post = |qp: &RcQp| {
-        for slot in 0..a.count.min(exchange.depth) {
-            qp.post_recv(&recv, slot * a.size, a.size, slot as u64)
-                .map_err(|e| e.to_string())?;
-        }
-        Ok(())
-    };
     let depth = u32::try_from(exchange.depth).unwrap_or(u32::MAX);
-    let qp = RcQp::create(&rc.ctx, depth).map_err(|e| e.to_string())?;
-    let conn = match server {
-        Some(peer) => rc::connect_qp(&rc, qp, peer, c.port, &limits, post)?,
-        None => {
-            let listener = rc::listen(&rc, c.port, &log)?;
-            rc::accept_qp(&listener, qp, &limits, wait, post, &log)?
-        }
+    let listener = match server {
+        Some(_) => None,
+        None => Some(rc::listen(&rc, c.port, &log)?),
     };
-    established(c, server.is_some(), &conn)?;
+    let mut conns: Vec<(rc::Conn, Region)> = Vec::with_capacity(a.connections);
+    for i in 0..a.connections {
+        let recv = Region::new(&rc.ctx, exchange.depth * a.size).map_err(|e| e.to_string())?;
+        let post = |qp: &RcQp| {
+            for slot in 0..a.count.min(exchange.depth) {
+                qp.post_recv(&recv, slot * a.size, a.size, slot as u64)
+                    .map_err(|e| e.to_string())?;
+            }
+            Ok(())
+        };
+        let conn = RcQp::create(&rc.ctx, depth)
+            .map_err(|e| e.to_string())
+            .and_then(|qp| match (server, &listener) {
+                (Some(peer), _) => rc::connect_qp(&rc, qp, peer, c.port, &limits, post),
+                (None, Some(l)) => rc::accept_qp(l, qp, &limits, wait, post, &log),
+                (None, None) => Err("no listener".into()),
+            });
+        let conn = match conn {
+            Ok(conn) => conn,
+            Err(e) => {
+                // The connections already up end here, not at Drop: cmatose.c run_client
+                // goes from a failed connect_events to `disc` (disconnect_events), and
+                // run_server to `out`, its nodes destroyed.
+                if let Some(l) = &listener {
+                    l.cancel();
+                }
+                for (k, (conn, _)) in conns.iter().enumerate() {
+                    let d = conn.ep.disconnect(&[]);
+                    let _ = conn.qp.to_error();
+                    ended(&format!("connection {}: ", k + 1), d);
+                }
+                return Err(format!("connection {} of {}: {e}", i + 1, a.connections).into());
+            }
+        };
+        if a.connections > 1 {
+            println!(
+                "ucmatose: connection {} of {} established",
+                i + 1,
+                a.connections
+            );
+        }
+        conns.push((conn, recv));
+    }
+    if let Some(l) = &listener {
+        l.cancel();
+    }
+    for (conn, _) in conns.iter().take(1) {
+        established(c, server.is_some(), conn)?;
+    }
     // Both ucmatose sides disconnect when their transfers are done (cmatose.c run_server
-    // and run_client): so does ibcm, in either role.
-    let (r, disconnected) = run_client(&rc, &conn, || {
-        rc::messages(&rc, &conn, &exchange, &recv, wait)
+    // and run_client): so does ibcm, in either role, every connection.
+    // The client receives on every connection before it sends on any (cmatose.c
+    // run_client); the server sends at once (run_server).
+    let all_received = std::sync::Barrier::new(conns.len());
+    let receive_first = server.is_some().then_some(&all_received);
+    let results: Vec<(Exchanged, bool)> = std::thread::scope(|s| {
+        let runs: Vec<_> =
+            conns
+                .iter()
+                .enumerate()
+                .map(|(i, (conn, recv))| {
+                    let (rc, exchange) = (&rc, &exchange);
+                    let who = label(i, a.connections);
+                    s.spawn(move || {
+                        let r = rc::messages(rc, conn, exchange, recv, wait, receive_first)
+                            .map_err(|e| match conn.qp.query() {
+                                Ok(q) => format!("{e}; {}", rc::qp_line("qp", &q)),
+                                Err(_) => e,
+                            });
+                        let d = conn.ep.disconnect(&[]);
+                        let _ = conn.qp.to_error();
+                        (r, ended(&who, d))
+                    })
+                })
+                .collect();
+        runs.into_iter()
+            .map(|h| {
+                h.join()
+                    .unwrap_or_else(|_| (Err("the exchange's thread panicked".into()), false))
+            })
+            .collect()
     });
-    let ok = match r {
-        Ok((s, r)) => {
-            println!("ucmatose: {s} sends and {r} receives of {} bytes", a.size);
-            s == a.count && r == a.count
+    let clean = print_counts(&rc);
+    let mut complete = 0;
+    for (i, (r, disconnected)) in results.iter().enumerate() {
+        let who = label(i, a.connections);
+        match r {
+            Ok((s, r)) => {
+                println!(
+                    "ucmatose: {who}{s} sends and {r} receives of {} bytes",
+                    a.size
+                );
+                if *s == a.count && *r == a.count && *disconnected {
+                    complete += 1;
+                }
+            }
+            Err(e) => println!("ucmatose: {who}FAILED: {e}"),
         }
-        Err(e) => {
-            println!("ucmatose: FAILED: {e}");
-            false
-        }
-    };
-    Ok(ok && disconnected)
+    }
+    println!(
+        "ucmatose: {complete} of {} connections exchanged {} messages each way and disconnected",
+        a.connections, a.count
+    );
+    Ok(complete == a.connections && clean)
 }

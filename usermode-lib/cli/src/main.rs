@@ -106,8 +106,9 @@ enum Command {
     /// every ping verified; a peer for Linux `rping -v -V` in either role.
     #[cfg(all(target_os = "linux", feature = "devices"))]
     Rping(cli_rc::RpingArgs),
-    /// rdma-core ucmatose's exchange on a real RDMA device: -C messages of -S bytes each
-    /// way, then both sides disconnect; a peer for Linux `ucmatose` in either role.
+    /// rdma-core ucmatose's exchange on a real RDMA device: -c connections, each with -C
+    /// messages of -S bytes each way, then both sides disconnect; a peer for Linux
+    /// `ucmatose` in either role.
     #[cfg(all(target_os = "linux", feature = "devices"))]
     Ucmatose(cli_rc::UcmatoseArgs),
     /// RDMA READ and SEND bandwidth between two ibcm nodes on real RDMA devices, every
@@ -118,8 +119,10 @@ enum Command {
     /// datagrams of -S bytes each way; a peer for Linux `udaddy` in either role.
     #[cfg(all(target_os = "linux", feature = "devices"))]
     Udaddy(cli_udaddy::UdaddyArgs),
-    /// A peer for Linux perftest's `ib_send_bw -R` / `ib_read_bw -R` (rdma_cm mode) in
-    /// either role: its control connection, parameter exchange and report.
+    /// A peer for Linux perftest's `ib_send_bw -R`, `ib_read_bw -R`, `ib_write_bw -R`,
+    /// `ib_read_lat -R` and `ib_send_lat -R` (rdma_cm mode) in either role: its control
+    /// connection, parameter exchange, report or latency line; a peer running another
+    /// test is refused (exit 1). Not `ib_write_lat`.
     #[cfg(all(target_os = "linux", feature = "devices"))]
     Perftest(cli_perftest::PerftestArgs),
     /// rping's client while the port goes down under it: the CM event, the QP in ERR,

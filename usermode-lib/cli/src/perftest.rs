@@ -1,8 +1,8 @@
-//! perftest's rdma_cm mode (`ib_send_bw -R`, `ib_read_bw -R`), so either side of a
-//! bandwidth run can be Linux perftest. The source is perftest 4.5-0.17 (linux-rdma/perftest
+//! perftest's rdma_cm mode (`ib_send_bw -R`, `ib_read_bw -R`, `ib_write_bw -R`,
+//! `ib_read_lat -R`, `ib_send_lat -R`), so either side of a run can be Linux perftest. The source is perftest 4.5-0.17 (linux-rdma/perftest
 //! tag `v4.5-0.17`, Debian bookworm's `perftest 4.5+0.17-1`; its version string is
 //! configure.ac:32's "6.06"); `pc.c` below is its src/perftest_communication.c, `pr.c`
-//! src/perftest_resources.c, `pr.h` src/perftest_resources.h.
+//! src/perftest_resources.c, `pr.h` src/perftest_resources.h, `pp.c` src/perftest_parameters.c.
 //!
 //! With `-R` perftest makes two rdma_cm connections to the same TCP port space port:
 //!
@@ -30,7 +30,26 @@
 //! run; ib_read_bw follows it with a handshake and the client's report to the server
 //! (pc.c:1615-1700 `xchg_bw_reports`: size and iterations as 64-bit, peak and average
 //! bandwidth and message rate as doubles, all big-endian), and both end with
-//! `ctx_close_connection`'s handshake (pc.c:1759-1784).
+//! `ctx_close_connection`'s handshake (pc.c:1759-1784). ib_write_bw (write_bw.c `main`) makes
+//! ib_read_bw's exchanges: three handshakes (write_bw.c:181, 220, 229), the client's WRITEs,
+//! then the end handshake and the report (write_bw.c:250-258 server, 396-405 client).
+//!
+//! The latency tests are ping-pongs with four handshakes before the run and the close
+//! handshake after it, no report: ib_read_lat (read_lat.c:186, 194, 232, 241; the client
+//! READs one at a time, the server only waits in `ctx_close_connection`, read_lat.c:245-
+//! 251) and ib_send_lat (send_lat.c:308, 357, 380, and 453 after each side has posted its
+//! receives; `run_iter_lat_send`, pr.c:4639-4815: the client SENDs first, each side answers
+//! every message it receives). Latency is the time between two posts of one side
+//! (pp.c:3703-3706 `print_report_lat`), halved for SEND and WRITE (pp.c:3692), the two
+//! largest left out (pp.c:3677, 3725).
+//!
+//! Nothing in these exchanges names the test. What tells one from another: the data
+//! connection's read limits (both 0 unless READ or ATOMIC: pc.c:2290-2293 in the client's
+//! REQ, pc.c:2356-2358 in the server's REP), the number of handshakes before the run, and
+//! what follows it (a 56-byte handshake or 8-byte report values on the control connection,
+//! SENDs or none on the data connection). This side checks each where it meets it
+//! ([`check_read_limits`], the message lengths of [`Control`]) and refuses a peer whose
+//! test is another.
 
 use std::net::Ipv4Addr;
 use std::time::{Duration, Instant};
@@ -72,35 +91,85 @@ const DEF_TX_BW: usize = 128;
 const SLOT_BUDGET: usize = 64 << 20;
 /// perftest's `MIN_RNR_TIMER` (perftest_resources.h:83): 0.64 ms (IBA Table 45 code 12).
 const MIN_RNR_TIMER: u8 = 12;
+/// The fewest iterations perftest runs (perftest_parameters.h:164 `MIN_ITER`, checked at
+/// perftest_parameters.c:2361); a latency report needs more than `LAT_MEASURE_TAIL` + 1.
+pub const MIN_ITER: u64 = 5;
+/// The largest latencies `print_report_lat` leaves out (perftest_parameters.c:3677).
+const LAT_MEASURE_TAIL: usize = 2;
+/// What an error refusing the peer's test starts with (the CLI prints it as REFUSED).
+pub const MISMATCH: &str = "the peer runs another test: ";
 
 impl Options {
-    /// Work requests the data QP's queues hold: ib_send_bw's server keeps its receives
-    /// posted (as many as perftest's, within the memory budget but never fewer than the
-    /// client's SENDs in flight), everyone else `depth` in flight.
+    /// Receives this side keeps posted on the data QP: ib_send_bw's server (as many as
+    /// perftest's, within the memory budget but never fewer than the client's SENDs in
+    /// flight) and both sides of ib_send_lat (`rx_depth`, `DEF_RX_SEND` within the
+    /// iterations, perftest_parameters.c:706 and 1007-1008); none for the others.
+    fn receives(&self, server: bool) -> u32 {
+        let budget = (SLOT_BUDGET / self.size.max(1)).max(DEF_TX_BW) as u64;
+        match (self.verb, self.tst) {
+            (Verb::Send, Tst::Bw) if server => self.iters.clamp(1, DEF_RX_SEND).min(budget) as u32,
+            (Verb::Send, Tst::Lat) => self.iters.clamp(1, DEF_RX_SEND).min(budget) as u32,
+            _ => 0,
+        }
+    }
+
+    /// Work requests the data QP's queues hold.
     fn slots(&self, server: bool) -> u32 {
-        if server && self.verb == Verb::Send {
-            let budget = (SLOT_BUDGET / self.size.max(1)).max(DEF_TX_BW) as u64;
-            self.iters.clamp(1, DEF_RX_SEND).min(budget) as u32
+        self.receives(server).max(self.depth)
+    }
+
+    /// perftest's binary for this test.
+    pub fn name(&self) -> String {
+        let verb = match self.verb {
+            Verb::Send => "send",
+            Verb::Read => "read",
+            Verb::Write => "write",
+        };
+        let tst = match self.tst {
+            Tst::Bw => "bw",
+            Tst::Lat => "lat",
+        };
+        format!("ib_{verb}_{tst}")
+    }
+
+    /// The pingpong_dest handshakes between the data connection and the run: three for
+    /// ib_read_bw and ib_write_bw, four for ib_send_bw and every latency test (module docs).
+    fn handshakes_before_run(&self) -> usize {
+        if self.verb == Verb::Send || self.tst == Tst::Lat {
+            4
         } else {
-            self.depth
+            3
         }
     }
 }
 
-/// Which test.
+/// Which verb the test measures (perftest's `user_param.verb`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Verb {
-    /// `ib_send_bw`: the client SENDs, the server receives.
+    /// `ib_send_*`: SENDs into the peer's receives.
     Send,
-    /// `ib_read_bw`: the client RDMA READs the server's buffer.
+    /// `ib_read_*`: the client RDMA READs the server's buffer.
     Read,
+    /// `ib_write_*`: the client RDMA WRITEs into the server's buffer.
+    Write,
+}
+
+/// Bandwidth or latency (perftest's `user_param.tst`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Tst {
+    /// `ib_*_bw`.
+    Bw,
+    /// `ib_*_lat`: a ping-pong, one message at a time.
+    Lat,
 }
 
 /// What a run is asked to do.
 #[derive(Debug, Clone, Copy)]
 pub struct Options {
-    /// The test.
+    /// The verb.
     pub verb: Verb,
+    /// Bandwidth or latency.
+    pub tst: Tst,
     /// Bytes per message (`-s`).
     pub size: usize,
     /// Messages (`-n`).
@@ -260,10 +329,86 @@ impl Control {
         }
     }
 
-    /// One `ctx_hand_shake` (pc.c:1380-1425).
+    /// One exchange whose peer message must be `want` bytes long (`what`): a server
+    /// refuses a wrong one before it answers.
+    fn xchg_expect(&mut self, mine: &[u8], want: usize, what: &str) -> Res<Vec<u8>> {
+        if self.client {
+            self.transmit(mine)?;
+            let theirs = self.receive()?;
+            expect_len(&theirs, want, what)?;
+            Ok(theirs)
+        } else {
+            let theirs = self.receive()?;
+            expect_len(&theirs, want, what)?;
+            self.transmit(mine)?;
+            Ok(theirs)
+        }
+    }
+
+    /// One `ctx_hand_shake` (pc.c:1380-1425): the peer's message must be a whole
+    /// `pingpong_dest` (pc.c:493-497 reads `sizeof(struct pingpong_dest)`); anything else
+    /// is another exchange of another test (an 8-byte report value, pc.c:1615-1700).
     pub fn hand_shake(&mut self, mine: &Dest) -> Res<Dest> {
-        let b = self.xchg(&mine.encode())?;
+        let b = self.xchg_expect(
+            &mine.encode(),
+            PINGPONG_DEST_LEN,
+            "a handshake (pingpong_dest)",
+        )?;
         Dest::decode(&b).ok_or_else(|| format!("a pingpong_dest of {} bytes", b.len()))
+    }
+
+    /// Control messages received that this side did not ask for yet (successful receive
+    /// completions the control QP holds, polled without waiting).
+    pub fn pending(&mut self) -> usize {
+        let mut out = Vec::new();
+        let _ = self.conn.qp.poll(&mut out, 16);
+        out.iter()
+            .filter(|c| c.wr_id == WR_CONTROL && c.ok())
+            .count()
+            + usize::from(self.received.is_some())
+    }
+}
+
+/// How a run's error starts when no data-QP completion came within `--wait`: the state in
+/// which a control message already waiting suggests the peer runs another test.
+pub const DATA_TIMEOUT: &str = "no completion on the data QP within --wait: ";
+
+/// A control message of the length this test's exchange has, or the refusal.
+fn expect_len(b: &[u8], want: usize, what: &str) -> Res<()> {
+    if b.len() == want {
+        Ok(())
+    } else {
+        Err(format!(
+            "{MISMATCH}a control message of {} bytes where this test has {what} of {want} bytes",
+            b.len()
+        ))
+    }
+}
+
+/// The data connection's read limits against the test (module docs): perftest asks and
+/// grants RDMA READs (both limits `out_reads`, at least 1, perftest_parameters.c:2014-
+/// 2033) for READ and ATOMIC tests only, both 0 otherwise (pc.c:2290-2293 in the client's
+/// REQ, pc.c:2356-2358 in the server's REP). `peer`: (responder resources, initiator
+/// depth) of the peer's REQ (`server`) or REP.
+pub fn check_read_limits(o: &Options, peer: (u8, u8), server: bool) -> Res<()> {
+    let reads = peer.0 > 0 || peer.1 > 0;
+    let what = if server { "REQ" } else { "REP" };
+    match (o.verb == Verb::Read, reads) {
+        (true, false) => Err(format!(
+            "{MISMATCH}its {what} carries no read limits (responder resources 0, initiator \
+             depth 0): perftest sets them for ib_read_* and ib_atomic_* only (pc.c:2290-2293, \
+             2356-2358), so it runs ib_send_* or ib_write_*, not {}",
+            o.name()
+        )),
+        (false, true) => Err(format!(
+            "{MISMATCH}its {what} carries read limits (responder resources {}, initiator \
+             depth {}): perftest sets them for ib_read_* and ib_atomic_* only (pc.c:2290-2293, \
+             2356-2358), so it runs one of those, not {}",
+            peer.0,
+            peer.1,
+            o.name()
+        )),
+        _ => Ok(()),
     }
 }
 
@@ -407,18 +552,55 @@ pub fn my_dest(rc: &Rc, data: &Data, q: &QpQuery) -> Dest {
 fn data_buffer(rc: &Rc, o: &Options, agreed: &Agreed, server: bool) -> Res<Region> {
     let len = match o.verb {
         // pr.h:117 BUFF_SIZE: the peer addresses max(size, cycle buffer) bytes.
-        Verb::Read => o.size.max(agreed.cycle_buffer as usize),
-        Verb::Send => o.size * o.slots(server) as usize,
+        Verb::Read | Verb::Write => o.size.max(agreed.cycle_buffer as usize),
+        Verb::Send => o.size * o.receives(server).max(1) as usize,
     };
     let mut buf = Region::new(&rc.ctx, len).map_err(|e| e.to_string())?;
-    for (i, b) in buf.bytes_mut().iter_mut().enumerate() {
-        *b = (i as u8).wrapping_mul(7).wrapping_add(3);
+    buf.bytes_mut().copy_from_slice(&prefill(len));
+    if o.verb == Verb::Write && !server {
+        // What the write client writes must not be what the server's buffer already holds
+        // ([`written_over`] tells the two apart): the pattern reversed, as `send_lat`'s.
+        buf.bytes_mut().reverse();
     }
     Ok(buf)
 }
 
-fn post_receives(qp: &RcQp, buf: &Region, o: &Options) -> Res<()> {
-    for slot in 0..o.slots(true) as usize {
+/// What this side's buffers hold before the peer writes or sends into them.
+fn prefill(len: usize) -> Vec<u8> {
+    (0..len)
+        .map(|i| (i as u8).wrapping_mul(7).wrapping_add(3))
+        .collect()
+}
+
+/// A receive on the data QP of a test whose client sends nothing there (READ, WRITE):
+/// a SEND that takes it shows the client runs ib_send_* ([`stray_sends`]).
+const WR_SENTINEL: u64 = u64::MAX;
+
+fn post_sentinel(qp: &RcQp, buf: &Region) -> Res<()> {
+    qp.post_recv(buf, 0, buf.len().min(PINGPONG_DEST_LEN), WR_SENTINEL)
+        .map_err(|e| e.to_string())
+}
+
+/// SENDs that reached the data QP of a READ or WRITE test (its sentinel receive taken):
+/// the client runs ib_send_*. Polls without waiting.
+pub fn stray_sends(data: &Data) -> usize {
+    let mut out = Vec::new();
+    let _ = data.conn.qp.poll(&mut out, 16);
+    sentinel_taken(&out)
+}
+
+/// The sentinel's completions among `out` that a SEND made: any status but the flush of
+/// a QP going to ERR. A SEND longer than the sentinel's 56 bytes (ib_send_bw's 65536 by
+/// default) completes it with IBV_WC_LOC_LEN_ERR (IBA 10.8.3.2: the message does not fit
+/// the receive's buffers), which is as much a SEND as a successful one.
+fn sentinel_taken(out: &[Completion]) -> usize {
+    out.iter()
+        .filter(|c| c.wr_id == WR_SENTINEL && c.status != rc::WC_WR_FLUSH_ERR)
+        .count()
+}
+
+fn post_receives(qp: &RcQp, buf: &Region, o: &Options, server: bool) -> Res<()> {
+    for slot in 0..o.receives(server) as usize {
         qp.post_recv(buf, slot * o.size, o.size, slot as u64)
             .map_err(|e| e.to_string())?;
     }
@@ -447,12 +629,14 @@ pub fn data_connect(
         Verb::Read => o
             .depth
             .max(rc.ctx.max_qp_init_rd_atom().map_err(|e| e.to_string())?),
-        Verb::Send => o.depth,
+        Verb::Send | Verb::Write => o.slots(false),
     };
     let mut last = String::new();
     for attempt in 1..=CONNECT_ATTEMPTS {
         let qp = RcQp::create(&rc.ctx, slots).map_err(|e| e.to_string())?;
-        match rc::connect_qp(rc, qp, peer, port, &o.limits, |_| Ok(())) {
+        match rc::connect_qp(rc, qp, peer, port, &o.limits, |qp| {
+            post_receives(qp, &buf, o, false)
+        }) {
             Ok(conn) => {
                 ctl.hand_shake(&Dest::default())?;
                 return Ok(Data { conn, buf });
@@ -488,9 +672,10 @@ pub fn data_accept(
         o.wait,
         |qp| {
             if o.verb == Verb::Send {
-                post_receives(qp, &buf, o)?;
+                post_receives(qp, &buf, o, true)
+            } else {
+                post_sentinel(qp, &buf)
             }
-            Ok(())
         },
         log,
     )?;
@@ -508,14 +693,11 @@ pub fn data_accept(
 
 /// The `pingpong_dest` handshakes after the data connection (module docs): returns the
 /// peer's.
-pub fn exchange_dests(ctl: &mut Control, verb: Verb, mine: &Dest) -> Res<Dest> {
+pub fn exchange_dests(ctl: &mut Control, o: &Options, mine: &Dest) -> Res<Dest> {
     let theirs = ctl.hand_shake(mine)?;
-    if verb == Verb::Send {
+    for _ in 1..o.handshakes_before_run() {
         ctl.hand_shake(mine)?;
     }
-    // The REMOTE round, then ib_read_bw's "after RTR" / ib_send_bw's "receives posted".
-    ctl.hand_shake(mine)?;
-    ctl.hand_shake(mine)?;
     Ok(theirs)
 }
 
@@ -568,9 +750,13 @@ impl Run {
 }
 
 fn completion_ok(qp: &RcQp, wait: Duration, what: &str) -> Res<Completion> {
-    let c = qp
-        .next(Instant::now() + wait)
-        .map_err(|e| format!("{what}: {e}"))?;
+    let c = qp.next(Instant::now() + wait).map_err(|e| {
+        if e.kind() == std::io::ErrorKind::TimedOut {
+            format!("{DATA_TIMEOUT}{what}")
+        } else {
+            format!("{what}: {e}")
+        }
+    })?;
     if c.ok() {
         Ok(c)
     } else {
@@ -696,9 +882,7 @@ pub fn send_server(data: &Data, o: &Options, cycle_buffer: u32) -> Res<Run> {
     let mut first: Option<Vec<u8>> = None;
     let mut t0 = None;
     let mut done = 0u64;
-    let prefill: Vec<u8> = (0..o.size)
-        .map(|i| (i as u8).wrapping_mul(7).wrapping_add(3))
-        .collect();
+    let prefill = prefill(o.size);
     while done < o.iters {
         let c = completion_ok(qp, o.wait, "receive")?;
         t0.get_or_insert_with(Instant::now);
@@ -727,7 +911,7 @@ pub fn send_server(data: &Data, o: &Options, cycle_buffer: u32) -> Res<Run> {
             Some(_) => {}
         }
         done += 1;
-        if done + u64::from(o.slots(true)) <= o.iters {
+        if done + u64::from(o.receives(true)) <= o.iters {
             qp.post_recv(&data.buf, slot * o.size, o.size, slot as u64)
                 .map_err(|e| e.to_string())?;
         }
@@ -741,6 +925,244 @@ pub fn send_server(data: &Data, o: &Options, cycle_buffer: u32) -> Res<Run> {
     })
 }
 
+/// ib_write_bw's client: `iters` RDMA WRITEs of `size` bytes from this side's buffer to
+/// the peer's buffer (its `pingpong_dest` vaddr and rkey), as many in flight as `depth`
+/// and the send queue allow. Each completion is the responder's acknowledgement that it
+/// placed the bytes (IBA 9.7.5.1.1); the peer grants no RDMA READs on a WRITE test
+/// (pc.c:2356-2358), so they cannot be read back from here.
+pub fn write_client(data: &Data, peer: &Dest, o: &Options) -> Res<Run> {
+    let qp = &data.conn.qp;
+    let q = qp.query().map_err(|e| e.to_string())?;
+    let depth = o.depth.min(q.max_send_wr).max(1);
+    let t0 = Instant::now();
+    let (mut posted, mut done) = (0u64, 0u64);
+    while done < o.iters {
+        while posted < o.iters && posted - done < u64::from(depth) {
+            qp.post_write(&data.buf, 0, o.size, peer.vaddr, peer.rkey, posted)
+                .map_err(|e| e.to_string())?;
+            posted += 1;
+        }
+        completion_ok(qp, o.wait, "RDMA WRITE")?;
+        done += 1;
+    }
+    Ok(Run {
+        ops: done,
+        bytes: done * o.size as u64,
+        elapsed: t0.elapsed(),
+        send_slots: q.max_send_wr,
+        ..Run::default()
+    })
+}
+
+/// ib_write_bw's server, after the client's end handshake: the client's first WRITE lands
+/// at the start of this side's buffer whatever the size (pr.c `ctx_set_send_wqes`: the
+/// remote address starts at the peer's vaddr), and perftest's buffer holds random bytes
+/// (pr.c:1780-1790), which keep about 1 byte in 256 of this side's pattern. Returns the
+/// bytes of the first `size` that still hold the pattern; more than 1 in 16 means the
+/// client did not write there. `size` is the client's message size (its report's), no
+/// more than this side's: perftest's server takes a client of any `-s`
+/// (read_bw.c:392-400), whose WRITEs cover its own size from the start (pr.h:728-744
+/// `increase_rem_addr` cycles within the cycle buffer). None: fewer than
+/// [`WRITTEN_MIN`] bytes, too few to tell random bytes from the pattern.
+pub fn written_over(data: &Data, size: usize) -> Res<Option<usize>> {
+    kept_pattern(data.buf.bytes(), size)
+}
+
+/// The smallest message [`written_over`] judges: random bytes keep 1 in 256 of the
+/// pattern, so more than 1 in 16 of 64 (5 or more) happens about 7 times in 10^6 runs; at
+/// `-s 8` the same rule (1 or more) would fail 3 % of legitimate runs.
+pub const WRITTEN_MIN: usize = 64;
+
+/// [`written_over`] on the buffer's bytes.
+fn kept_pattern(buf: &[u8], size: usize) -> Res<Option<usize>> {
+    if size < WRITTEN_MIN {
+        return Ok(None);
+    }
+    let got = buf.get(..size).ok_or("buffer shorter than a message")?;
+    let kept = got
+        .iter()
+        .zip(prefill(size))
+        .filter(|(a, b)| **a == *b)
+        .count();
+    if kept > size / 16 {
+        return Err(format!(
+            "{kept} of the first {size} bytes of this side's buffer still hold what it held \
+             before the run: the client's RDMA WRITEs did not land"
+        ));
+    }
+    Ok(Some(kept))
+}
+
+/// A latency run's figures, in microseconds, as `print_report_lat` makes them.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Latency {
+    /// Iterations run.
+    pub iters: u64,
+    /// `t_min`.
+    pub min: f64,
+    /// `t_max`: `delta[n]`, the smaller of the two samples `LAT_MEASURE_TAIL` leaves out of
+    /// the rest (pp.c:3757), so the second-largest delta.
+    pub max: f64,
+    /// `t_typical`: the median.
+    pub typical: f64,
+    /// `t_avg`.
+    pub avg: f64,
+    /// The 99th percentile.
+    pub p99: f64,
+    /// The 99.9th percentile.
+    pub p99_9: f64,
+}
+
+impl Latency {
+    /// perftest_parameters.c:3678-3790 `print_report_lat`: the time between consecutive
+    /// posts (3703-3706), divided by `rtt_factor` (2 for SEND and WRITE ping-pongs, 1 for
+    /// READ, 3692), sorted, the `LAT_MEASURE_TAIL` largest left out (3724-3725); the
+    /// median as `get_median` takes it (3625-3631), the average of the rest, the 99th and
+    /// 99.9th percentile at ceil(n x 0.99) and ceil(n x 0.999) (3757-3758). None below
+    /// `MIN_ITER` posts.
+    pub fn from_posts(posts: &[Instant], rtt_factor: u32) -> Option<Self> {
+        if (posts.len() as u64) < MIN_ITER {
+            return None;
+        }
+        let f = f64::from(rtt_factor.max(1));
+        let mut delta: Vec<f64> = posts
+            .windows(2)
+            .map(|w| w[1].duration_since(w[0]).as_secs_f64() * 1e6 / f)
+            .collect();
+        delta.sort_by(f64::total_cmp);
+        let n = delta.len() - LAT_MEASURE_TAIL;
+        let typical = if (n - 1) % 2 == 1 {
+            (delta[n / 2] + delta[n / 2 - 1]) / 2.0
+        } else {
+            delta[n / 2]
+        };
+        let at = |q: f64| delta[((n as f64 * q).ceil() as usize).min(n)];
+        Some(Self {
+            iters: posts.len() as u64,
+            min: delta[0],
+            max: delta[n],
+            typical,
+            avg: delta[..n].iter().sum::<f64>() / n as f64,
+            p99: at(0.99),
+            p99_9: at(0.999),
+        })
+    }
+}
+
+/// ib_read_lat's client (read_lat.c, pr.c:4558-4637 `run_iter_lat`): one RDMA READ at a
+/// time, each posted when the last completed. The peer's buffer does not change during
+/// the run (read_bw's reasoning, [`read_client`]): each READ must return the bytes of a
+/// reference read twice into differently filled places.
+pub fn read_lat_client(rc: &Rc, data: &Data, peer: &Dest, o: &Options) -> Res<Latency> {
+    let qp = &data.conn.qp;
+    let size = o.size;
+    let mut buf = Region::new(&rc.ctx, 3 * size).map_err(|e| e.to_string())?;
+    buf.bytes_mut()[size..2 * size].fill(0xff);
+    for slot in 0..2usize {
+        qp.post_read(&buf, slot * size, size, peer.vaddr, peer.rkey, slot as u64)
+            .map_err(|e| e.to_string())?;
+        completion_ok(qp, o.wait, "reference RDMA READ")?;
+    }
+    let reference = buf.bytes()[..size].to_vec();
+    if buf.bytes()[size..2 * size] != reference[..] {
+        return Err("two RDMA READs of the peer's buffer differ".into());
+    }
+    let mut posts = Vec::with_capacity(o.iters as usize);
+    for i in 0..o.iters {
+        buf.bytes_mut()[2 * size..].fill(0);
+        posts.push(Instant::now());
+        qp.post_read(&buf, 2 * size, size, peer.vaddr, peer.rkey, 2)
+            .map_err(|e| e.to_string())?;
+        completion_ok(qp, o.wait, "RDMA READ")?;
+        if buf.bytes()[2 * size..] != reference[..] {
+            return Err(format!(
+                "RDMA READ {i}: bytes differ from the peer's buffer"
+            ));
+        }
+    }
+    Latency::from_posts(&posts, 1).ok_or_else(|| format!("fewer than {MIN_ITER} READs"))
+}
+
+/// ib_send_lat's ping-pong, either side (pr.c:4639-4815 `run_iter_lat_send`): the client
+/// SENDs first; each side SENDs once for every message it receives, `iters` each way,
+/// reposting a receive while more messages are due than are posted (pr.c:4708). perftest
+/// SENDs the same bytes of its buffer every time (the SGE's address does not move without
+/// `--flows`, pr.c:4751-4758), random ones (pr.c:1780-1790): every message must equal the
+/// first, which must have overwritten this side's pattern. The SQ and RQ share one CQ
+/// here, told apart by the completion's opcode.
+pub fn send_lat(rc: &Rc, data: &Data, o: &Options, client: bool) -> Res<Latency> {
+    let qp = &data.conn.qp;
+    let size = o.size;
+    let mut send = Region::new(&rc.ctx, size).map_err(|e| e.to_string())?;
+    send.bytes_mut().copy_from_slice(&prefill(size));
+    send.bytes_mut().reverse();
+    let posted_receives = u64::from(o.receives(!client));
+    let before = prefill(size);
+    let mut first: Option<Vec<u8>> = None;
+    let mut posts = Vec::with_capacity(o.iters as usize);
+    let (mut sent, mut received) = (0u64, 0u64);
+    let mut receive = |sent: &mut u64| -> Res<()> {
+        loop {
+            let c = completion_ok(qp, o.wait, "ping-pong")?;
+            if c.opcode & IBV_WC_RECV == 0 {
+                *sent += 1;
+                continue;
+            }
+            if c.byte_len as usize != size {
+                return Err(format!(
+                    "message {received} of {} bytes, not {size}",
+                    c.byte_len
+                ));
+            }
+            let slot = c.wr_id as usize;
+            let got = data
+                .buf
+                .bytes()
+                .get(slot * size..(slot + 1) * size)
+                .ok_or("bad slot")?;
+            match &first {
+                None if got == before.as_slice() => {
+                    return Err("the first message left the buffer as it was".into());
+                }
+                None => first = Some(got.to_vec()),
+                Some(f) if f.as_slice() != got => {
+                    return Err(format!("message {received} differs from the first"));
+                }
+                Some(_) => {}
+            }
+            received += 1;
+            if received + posted_receives <= o.iters {
+                qp.post_recv(&data.buf, slot * size, size, c.wr_id)
+                    .map_err(|e| e.to_string())?;
+            }
+            return Ok(());
+        }
+    };
+    let mut completed = 0u64;
+    for _ in 0..o.iters {
+        if !client {
+            receive(&mut completed)?;
+        }
+        posts.push(Instant::now());
+        qp.post_send(&send, 0, size, u64::MAX - 1)
+            .map_err(|e| e.to_string())?;
+        sent += 1;
+        if client {
+            receive(&mut completed)?;
+        }
+    }
+    while completed < sent {
+        let c = completion_ok(qp, o.wait, "SEND")?;
+        if c.opcode & IBV_WC_RECV == 0 {
+            completed += 1;
+        }
+    }
+    Latency::from_posts(&posts, 2).ok_or_else(|| format!("fewer than {MIN_ITER} messages"))
+}
+
+/// `ibv_wc_opcode`'s receive bit (verbs.h `IBV_WC_RECV = 1 << 7`).
+const IBV_WC_RECV: u32 = 1 << 7;
+
 /// `xchg_bw_reports` (pc.c:1615-1700): five 8-byte big-endian values each way, the
 /// client's first.
 pub fn xchg_reports(ctl: &mut Control, mine: &BwReport) -> Res<BwReport> {
@@ -753,7 +1175,7 @@ pub fn xchg_reports(ctl: &mut Control, mine: &BwReport) -> Res<BwReport> {
         mine.msg_rate.to_bits(),
     ];
     for (i, x) in ours.iter().enumerate() {
-        let b = ctl.xchg(&x.to_be_bytes())?;
+        let b = ctl.xchg_expect(&x.to_be_bytes(), 8, "a bandwidth report value")?;
         v[i] = u64::from_be_bytes(
             b.get(..8)
                 .ok_or("short report")?
@@ -773,6 +1195,60 @@ pub fn xchg_reports(ctl: &mut Control, mine: &BwReport) -> Res<BwReport> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Bytes no pattern predicts (xorshift64, fixed seed): perftest's random buffer.
+    fn random_bytes(len: usize) -> Vec<u8> {
+        let mut x = 0x9e37_79b9_7f4a_7c15u64;
+        (0..len)
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                (x >> 56) as u8
+            })
+            .collect()
+    }
+
+    #[test]
+    fn written_over_tells_a_written_buffer_from_an_untouched_one() {
+        // Untouched: the pattern, all of it kept.
+        let mut buf = prefill(65536);
+        assert!(kept_pattern(&buf, 65536).is_err());
+        // perftest's client, -s 4096 against this side's 65536: it writes only the first
+        // 4096 B (pr.h:728-744), and only those are judged.
+        buf[..4096].copy_from_slice(&random_bytes(4096));
+        let kept = kept_pattern(&buf, 4096).unwrap().unwrap();
+        assert!(kept <= 4096 / 16, "{kept}");
+        assert!(kept_pattern(&buf, 65536).is_err());
+        // ibcm's own write client: the pattern reversed (data_buffer) is not the pattern.
+        let mut reversed = prefill(65536);
+        reversed.reverse();
+        assert!(kept_pattern(&reversed, 65536).unwrap().is_some());
+        // Below WRITTEN_MIN nothing is judged: at -s 8 one byte in 256 matching would fail
+        // 3 % of legitimate runs.
+        assert_eq!(kept_pattern(&prefill(8), 8), Ok(None));
+        assert!(kept_pattern(&prefill(64), WRITTEN_MIN).is_err());
+        // A buffer shorter than the size asked is an error, not a panic.
+        assert!(kept_pattern(&[0; 100], 200).is_err());
+    }
+
+    #[test]
+    fn a_send_that_took_the_sentinel_is_seen_whatever_its_status() {
+        let c = |wr_id, status| Completion {
+            wr_id,
+            status,
+            opcode: IBV_WC_RECV,
+            byte_len: 0,
+        };
+        // ib_send_bw's 65536-B SEND into the 56-B sentinel: IBV_WC_LOC_LEN_ERR (1).
+        assert_eq!(sentinel_taken(&[c(WR_SENTINEL, 1)]), 1);
+        // A SEND that fits: success.
+        assert_eq!(sentinel_taken(&[c(WR_SENTINEL, 0)]), 1);
+        // The QP going to ERR flushes the sentinel: no SEND came.
+        assert_eq!(sentinel_taken(&[c(WR_SENTINEL, rc::WC_WR_FLUSH_ERR)]), 0);
+        // Another work request's completion is not the sentinel's.
+        assert_eq!(sentinel_taken(&[c(3, 0), c(3, 1)]), 0);
+    }
 
     #[test]
     fn pingpong_dest_is_perftests_layout() {
@@ -794,6 +1270,84 @@ mod tests {
         assert_eq!(b[32], 9);
         assert_eq!(Dest::decode(&b), Some(d));
         assert_eq!(Dest::decode(&b[..40]), None);
+    }
+
+    fn opts(verb: Verb, tst: Tst) -> Options {
+        Options {
+            verb,
+            tst,
+            size: 64,
+            iters: 10,
+            limits: Limits {
+                responder_resources: 0,
+                initiator_depth: 0,
+                timing: crate::cmtime::Timing::patient(),
+            },
+            depth: 4,
+            wait: Duration::from_secs(1),
+        }
+    }
+
+    #[test]
+    fn read_limits_tell_a_read_test_from_the_others() {
+        // pc.c:2290-2293 / 2356-2358: READ and ATOMIC carry out_reads (at least 1), the
+        // others 0. The issue's case: a READ server facing ib_write_bw's REQ (0, 0).
+        let read = opts(Verb::Read, Tst::Bw);
+        let e = check_read_limits(&read, (0, 0), true).unwrap_err();
+        assert!(e.starts_with(MISMATCH) && e.contains("REQ"), "{e}");
+        assert!(check_read_limits(&read, (128, 128), true).is_ok());
+        assert!(check_read_limits(&opts(Verb::Read, Tst::Lat), (1, 1), false).is_ok());
+        for verb in [Verb::Write, Verb::Send] {
+            for tst in [Tst::Bw, Tst::Lat] {
+                let o = opts(verb, tst);
+                assert!(check_read_limits(&o, (0, 0), true).is_ok());
+                let e = check_read_limits(&o, (4, 4), false).unwrap_err();
+                assert!(e.starts_with(MISMATCH) && e.contains("REP"), "{e}");
+            }
+        }
+    }
+
+    #[test]
+    fn handshakes_before_the_run_are_each_tests() {
+        // read_bw.c / write_bw.c: 3; send_bw.c, read_lat.c, send_lat.c: 4 (module docs).
+        assert_eq!(opts(Verb::Read, Tst::Bw).handshakes_before_run(), 3);
+        assert_eq!(opts(Verb::Write, Tst::Bw).handshakes_before_run(), 3);
+        assert_eq!(opts(Verb::Send, Tst::Bw).handshakes_before_run(), 4);
+        assert_eq!(opts(Verb::Read, Tst::Lat).handshakes_before_run(), 4);
+        assert_eq!(opts(Verb::Send, Tst::Lat).handshakes_before_run(), 4);
+        assert_eq!(opts(Verb::Write, Tst::Lat).name(), "ib_write_lat");
+    }
+
+    #[test]
+    fn a_report_value_where_a_handshake_is_due_is_refused() {
+        // ib_read_lat's client closes (a 56-byte pingpong_dest) where ib_read_bw's server
+        // waits for the report's first 8-byte value, and the reverse.
+        assert!(expect_len(&[0; 56], 56, "a handshake").is_ok());
+        let e = expect_len(&[0; 8], 56, "a handshake").unwrap_err();
+        assert!(e.starts_with(MISMATCH) && e.contains("of 8 bytes"), "{e}");
+        assert!(expect_len(&[0; 56], 8, "a report value").is_err());
+    }
+
+    #[test]
+    fn latency_is_print_report_lats() {
+        // Posts 0, 10, 30, 60, 100, 150, 210 us apart by 10, 20, ..., 60: sorted deltas
+        // 10..60, the two largest left out: n = 4 of [10, 20, 30, 40 | 50, 60].
+        let t0 = Instant::now();
+        let us = [0u64, 10, 30, 60, 100, 150, 210];
+        let posts: Vec<Instant> = us.iter().map(|u| t0 + Duration::from_micros(*u)).collect();
+        let l = Latency::from_posts(&posts, 2).unwrap();
+        // rtt_factor 2 halves each; get_median(4): (n - 1) % 2 = 1, the mean of [2], [1].
+        assert_eq!(l.iters, 7);
+        assert!((l.min - 5.0).abs() < 1e-9);
+        assert!((l.max - 25.0).abs() < 1e-9, "delta[n] = 50 / 2");
+        assert!((l.typical - 12.5).abs() < 1e-9);
+        assert!((l.avg - 12.5).abs() < 1e-9);
+        // ceil(4 x 0.99) = 4: delta[4].
+        assert!((l.p99 - 25.0).abs() < 1e-9);
+        let l = Latency::from_posts(&posts[..6], 1).unwrap();
+        // deltas 10..50, n = 3 of [10, 20, 30 | 40, 50]: (n - 1) % 2 = 0, delta[1].
+        assert!((l.typical - 20.0).abs() < 1e-9);
+        assert!(Latency::from_posts(&posts[..4], 1).is_none());
     }
 
     #[test]

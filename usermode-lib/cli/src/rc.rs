@@ -112,6 +112,9 @@ pub struct Conn {
     pub steps: Steps,
     /// The peer's QP as a Linux CM sets it from this connection's REQ and REP.
     pub peer_qp: LinuxQp,
+    /// The read limits the peer's REQ (passive) or REP (active) carried, before any
+    /// bounding: (responder resources, initiator depth).
+    pub peer_read_limits: (u8, u8),
 }
 
 /// The steps of a connection's setup, each with the time it ended since the start.
@@ -288,6 +291,7 @@ pub fn connect_qp(
         answer,
         steps,
         peer_qp,
+        peer_read_limits: (reply.peer_responder_resources, reply.peer_initiator_depth),
     })
 }
 
@@ -385,6 +389,7 @@ pub fn accept_qp(
         answer,
         steps,
         peer_qp,
+        peer_read_limits: (req.peer_responder_resources, req.peer_initiator_depth),
     })
 }
 
@@ -435,7 +440,7 @@ pub fn qp_line(who: &str, q: &QpQuery) -> String {
 
 /// `IBV_WC_WR_FLUSH_ERR`: the QP went to ERR (the connection is ending) with the work
 /// request still posted.
-const WC_WR_FLUSH_ERR: u32 = 5;
+pub(crate) const WC_WR_FLUSH_ERR: u32 = 5;
 
 /// How a failure that is a flush starts: the QP was moved to ERR under the run.
 pub const FLUSHED: &str = "flushed";
@@ -861,14 +866,52 @@ pub fn bw_client(
 /// the receives posted before the connection is established. ucmatose sends whatever its
 /// buffer holds, so only the count and length of each message are checked. Returns the
 /// (sends, receives) completed.
+///
+/// `receive_first`: cmatose's client order (cmatose.c run_client: `poll_cqs(RECV_CQ_INDEX)`
+/// on every connection, then `post_sends` on each): every message is received, then all
+/// the connections meet at the barrier, then this one sends. Without it (the server's
+/// order, run_server) the sends are posted at once and both directions run together.
 pub fn messages(
     rc: &Rc,
     conn: &Conn,
     exchange: &Exchange,
     recv: &Region,
     limit: Duration,
+    receive_first: Option<&std::sync::Barrier>,
 ) -> Res<(usize, usize)> {
     let (qp, count, size, depth) = (&conn.qp, exchange.count, exchange.size, exchange.depth);
+    // The caller posted the first `min(count, depth)` receives (slots 0..): each one that
+    // completes is posted again at its slot while more messages are due.
+    let mut receives = Receives {
+        posted: count.min(depth),
+        done: 0,
+    };
+    let progress = |e: String, sent: usize, received: usize| {
+        // Every message received and sends left: their ACKs were lost and the peer, done,
+        // no longer answers the retries; rxe retries without end at retry_cnt 7 (rxe_comp.c
+        // rxe_completer, COMPST_ERROR_RETRY decrements only below 7), so no error comes.
+        let unacked = if received == count && sent < count {
+            "; sends unacknowledged after every receive: likely ACKs lost after the peer ended its QP"
+        } else {
+            ""
+        };
+        format!(
+            "{e} ({sent} of {count} sends and {received} of {count} receives completed{unacked})"
+        )
+    };
+    if let Some(all_received) = receive_first {
+        let phase = (|| -> Res<()> {
+            while receives.done < count {
+                let c = next_ok(qp, limit, "message").map_err(|e| progress(e, 0, receives.done))?;
+                receives.take(qp, recv, exchange, &c)?;
+            }
+            Ok(())
+        })();
+        // Every connection reaches the barrier, whatever its receives did: the others wait
+        // on it.
+        all_received.wait();
+        phase?;
+    }
     let mut send = Region::new(&rc.ctx, size).map_err(|e| e.to_string())?;
     send.bytes_mut().fill(0x5a);
     // At most `depth` sends in flight: the send queue's size. Each completion makes room.
@@ -882,29 +925,49 @@ pub fn messages(
     while posted < count.min(depth) {
         post_send(&mut posted)?;
     }
-    // The caller posted the first `min(count, depth)` receives (slots 0..): each one that
-    // completes is posted again at its slot while more messages are due.
-    let mut receives_posted = count.min(depth);
-    let (mut sent, mut received) = (0, 0);
-    while sent < count || received < count {
-        let c = next_ok(qp, limit, "message")?;
+    let mut sent = 0;
+    while sent < count || receives.done < count {
+        let c = next_ok(qp, limit, "message").map_err(|e| progress(e, sent, receives.done))?;
         if c.opcode & IBV_WC_RECV == 0 {
             sent += 1;
             if posted < count {
                 post_send(&mut posted)?;
             }
-        } else if c.byte_len as usize == size {
-            received += 1;
-            if receives_posted < count {
-                qp.post_recv(recv, c.wr_id as usize * size, size, c.wr_id)
-                    .map_err(|e| e.to_string())?;
-                receives_posted += 1;
-            }
         } else {
-            return Err(format!("a message of {} bytes, not {size}", c.byte_len));
+            receives.take(qp, recv, exchange, &c)?;
         }
     }
-    Ok((sent, received))
+    Ok((sent, receives.done))
+}
+
+/// A ucmatose exchange's receives: how many are posted and how many completed.
+struct Receives {
+    posted: usize,
+    done: usize,
+}
+
+impl Receives {
+    /// Counts receive completion `c` (its length checked) and posts its slot again while
+    /// more messages are due.
+    fn take(&mut self, qp: &RcQp, recv: &Region, exchange: &Exchange, c: &Completion) -> Res<()> {
+        let size = exchange.size;
+        if c.opcode & IBV_WC_RECV == 0 {
+            return Err(format!(
+                "a send completion (wr_id {}) before any send was posted",
+                c.wr_id
+            ));
+        }
+        if c.byte_len as usize != size {
+            return Err(format!("a message of {} bytes, not {size}", c.byte_len));
+        }
+        self.done += 1;
+        if self.posted < exchange.count {
+            qp.post_recv(recv, c.wr_id as usize * size, size, c.wr_id)
+                .map_err(|e| e.to_string())?;
+            self.posted += 1;
+        }
+        Ok(())
+    }
 }
 
 /// `ibv_wc_opcode`'s receive bit (verbs.h `IBV_WC_RECV = 1 << 7`): every receive
