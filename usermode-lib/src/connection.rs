@@ -90,6 +90,15 @@ pub struct ConnectReply {
     pub failover_accepted: Failover,
     /// REP private data (196 bytes).
     pub private_data: Vec<u8>,
+    /// INIT with the values the REP settled. A QP moved to INIT before the REQ with
+    /// [`ConnectParams::init_attributes`] needs INIT -> INIT with these before RTR only
+    /// where they differ: only a REP whose initiator depth is 0 changes them (no RDMA
+    /// READ is then served, the REQ's responder resources notwithstanding). rdma_cm
+    /// always makes that transition (Linux cma.c `cma_modify_qp_rtr`, rdma-core
+    /// librdmacm/cma.c:1282-1290 `ucma_modify_qp_rtr`: "Need to update QP attributes
+    /// from default values"), because its QP was made with no access flags at all
+    /// (cma.c `cma_ib_init_qp_attr`: `qp_access_flags = 0`).
+    pub init: QpAttributes,
     /// INIT -> RTR.
     pub rtr: QpAttributes,
     /// RTR -> RTS.
@@ -220,6 +229,7 @@ impl ConnectEndpoint {
                 peer_initiator_depth: r.peer_initiator_depth,
                 failover_accepted: Failover::from(r.failover_accepted),
                 private_data: private_data(&r),
+                init: qp_attributes(&qp.init),
                 rtr: qp_attributes(&qp.rtr),
                 rts: qp_attributes(&qp.rts),
             })

@@ -156,6 +156,12 @@ fn established(c: &RcCommon, client: bool, conn: &Conn) -> Result<(), Failure> {
         if client { "REP received" } else { "REP sent" },
         conn.answer.as_secs_f64() * 1e3
     );
+    if let Some(init) = conn.init {
+        println!(
+            "rc: QP to INIT before the REQ in {:.3} ms",
+            init.as_secs_f64() * 1e3
+        );
+    }
     println!("rc: steps, ms: {}", conn.steps.line());
     if c.hold > 0 {
         let q = conn.qp.query().map_err(|e| e.to_string())?;
