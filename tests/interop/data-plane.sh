@@ -320,6 +320,36 @@ pings() { sed -n 's/^rping: \([0-9]*\)\/\([0-9]*\) pings verified.*/\1\/\2/p' "$
 # guest's busybox `date` has no %N).
 uptime_ms() { sed -n 's/^uptime=\([0-9.]*\),\([0-9.]*\).*/(\2 - \1) * 1000/p' "$1" | head -1 | bc 2>/dev/null | cut -d. -f1; }
 
+# first_req TAG N COMMAND: COMMAND, a client connecting to B, run N times on guest A, each
+# right after one ICMP echo to B, with the bridge captured. Per run, the ms from the echo
+# reply (the start mark: the shell starts the client once it has come back) to the first
+# CM REQ from A after it (UDP 4791, MAD class 0x07 at UDP byte 29, attribute 0x0010 at
+# 44: 8 UDP + 12 BTH + 8 DETH bytes before the MAD); the same for ibcm's client and
+# rping's. Sets FIRST_REQ to the median and prints every run.
+first_req() {
+    local tag="$1" n="$2" cmd="$3" pcap="$WORK/first-req.$1.pcap" i cap
+    ip netns exec "$NS" tcpdump -i br0 --immediate-mode -n -s 128 -U -w "$pcap" \
+        "icmp[icmptype] = icmp-echoreply or (udp dst port 4791 and udp[29] = 0x07 and udp[44:2] = 0x0010)" 2>"$WORK/tcpdump.$tag" &
+    cap=$!
+    for _ in $(seq 100); do grep -q 'listening on' "$WORK/tcpdump.$tag" 2>/dev/null && break; sleep 0.05; done
+    : >"$OUT/first-req.$tag.txt"
+    for i in $(seq "$n"); do
+        guest A 60 "ping -c 1 -W 2 $B_IP >/dev/null; $cmd >/tmp/fr.log 2>&1; echo exit=\$?; cat /tmp/fr.log" >>"$OUT/first-req.$tag.txt" 2>&1 || true
+    done
+    sleep 0.5
+    kill "$cap" 2>/dev/null || true
+    wait "$cap" 2>/dev/null || true
+    tcpdump -r "$pcap" -n -tt 2>/dev/null >"$OUT/first-req.$tag.frames" || true
+    local ms
+    ms="$(awk '/ICMP echo reply/ { t = $1; armed = 1; next } /UDP/ && armed { printf "%.1f\n", ($1 - t) * 1000; armed = 0 }' "$OUT/first-req.$tag.frames")"
+    local got
+    got="$(printf '%s\n' $ms | grep -c . || true)"
+    FIRST_REQ="$(printf '%s\n' $ms | sort -g | awk '{ v[NR] = $1 } END { if (NR) print v[int((NR + 1) / 2)] }')"
+    echo "  $tag: process start to first REQ, ms (median ${FIRST_REQ:-n/a} of $got): $(echo $ms)"
+    check "$tag: $n clients exited 0" eq "$(grep -c '^exit=0' "$OUT/first-req.$tag.txt")" "$n"
+    check "$tag: a REQ after every start mark ($got of $n)" eq "$got" "$n"
+}
+
 scenario_ibcm-ibcm() {
     # ibcm on both guests: the whole stack on each side, the QPs compared field by field.
     next_port
@@ -392,6 +422,15 @@ scenario_linux-server() {
     local ms
     ms="$(uptime_ms "$OUT/linux-server.timing.txt")"
     [ -n "$ms" ] && FIG[ibcm_to_linux_rping_ms]="$ms"
+    # Process start to first REQ: ibcm's rping client against a persistent Linux server
+    # (the baseline times rping's own client the same way).
+    next_port
+    guest B 10 "rping -s -P -a $B_IP -p $RDMA_PORT > /tmp/frs.log 2>&1 & echo \$! > /tmp/frs.pid" >/dev/null
+    sleep 1
+    first_req ibcm 10 "timeout 30 ibcm rping -I $A_IP -a $B_IP -p $RDMA_PORT -C 1 -S 64"
+    FIG[ibcm_first_req_ms]="$FIRST_REQ"
+    guest B 10 "kill \$(cat /tmp/frs.pid)" >/dev/null 2>&1 || true
+    guest B 10 ":; :; :; :; :; :; :; :; :; :; :; :; :; :; :; :; :; true" >/dev/null 2>&1 || true
 }
 
 scenario_linux-client() {
@@ -707,6 +746,13 @@ scenario_baseline() {
     ms="$(uptime_ms "$OUT/baseline.linux-A.txt")"
     [ -n "$ms" ] && FIG[linux_to_linux_rping_ms]="$ms"
     next_port
+    guest B 10 "rping -s -P -a $B_IP -p $RDMA_PORT > /tmp/frs.log 2>&1 & echo \$! > /tmp/frs.pid" >/dev/null
+    sleep 1
+    first_req rping 10 "timeout 30 rping -c -a $B_IP -p $RDMA_PORT -C 1 -S 64"
+    FIG[linux_first_req_ms]="$FIRST_REQ"
+    guest B 10 "kill \$(cat /tmp/frs.pid)" >/dev/null 2>&1 || true
+    guest B 10 ":; :; :; :; :; :; :; :; :; :; :; :; :; :; :; :; :; true" >/dev/null 2>&1 || true
+    next_port
     guest B 10 "cmtime -b $B_IP -p $RDMA_PORT > /tmp/cmt.log 2>&1 & echo \$! > /tmp/cmt.pid" >/dev/null
     sleep 1
     guest A 120 "timeout 100 cmtime -s $B_IP -p $RDMA_PORT -c 1" >"$OUT/baseline.cmtime.txt" 2>&1 || fail "cmtime failed"
@@ -775,6 +821,7 @@ printf '  %-74s %10s %10s   %s\n' "" "ibcm" "Linux" "ratio"
 row "connection setup, one connection, ms (ibcm -> ibcm)" "${FIG[ibcm_ibcm_setup_ms]:-}" "${FIG[linux_linux_setup_ms]:-}"
 row "connection setup, one connection, ms (ibcm -> Linux)" "${FIG[ibcm_linux_setup_ms]:-}" "${FIG[linux_linux_setup_ms]:-}"
 row "rping client -> Linux rping -s, $PINGS x $SIZE B, wall ms (client: ibcm / Linux)" "${FIG[ibcm_to_linux_rping_ms]:-}" "${FIG[linux_to_linux_rping_ms]:-}"
+row "rping client: process start to its first REQ, ms, median of 10 (ibcm / Linux rping -c)" "${FIG[ibcm_first_req_ms]:-}" "${FIG[linux_first_req_ms]:-}"
 row "Linux rping -c -> rping server, $PINGS x $SIZE B, wall ms (server: ibcm / Linux)" "${FIG[linux_to_ibcm_rping_ms]:-}" "${FIG[linux_to_linux_rping_ms]:-}"
 # rc-bw reports 10^6 B/s: in perftest's unit for the comparison.
 mib() { [ -n "${1:-}" ] && printf '%.2f' "$(echo "$1 / 1.048576" | bc -l)"; }

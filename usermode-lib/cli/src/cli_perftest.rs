@@ -24,8 +24,8 @@ pub enum Test {
     Read,
 }
 
-/// `ibcm perftest`: perftest's `-R` runs with one size, one QP, half duplex, `-n`
-/// iterations (not `-b`, `-a`, `-q`, `--report-per-port`, `-D`: those end in a timeout).
+// `ibcm perftest`: perftest's `-R` runs with one size, one QP, half duplex, `-n`
+// iterations (not `-b`, `-a`, `-q`, `--report-per-port`, `-D`: those end in a timeout).
 #[derive(Args, Debug)]
 pub struct PerftestArgs {
     /// The test.

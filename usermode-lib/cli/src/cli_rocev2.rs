@@ -64,7 +64,7 @@ fn attribute_name(id: u16) -> String {
         .map_or_else(|| format!("{id:#06x}"), |(n, _)| (*n).to_string())
 }
 
-/// Options of a RoCEv2 link (flattened into cmtime, listen and connect).
+// Options of a RoCEv2 link (flattened into cmtime, listen and connect).
 #[derive(Args, Debug, Clone)]
 pub struct RoceArgs {
     /// Run on a real RoCEv2 link instead of the simulated fabric, bound to this local IPv4
