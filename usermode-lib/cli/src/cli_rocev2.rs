@@ -310,6 +310,7 @@ mod imp {
             // The QP to INIT before its REQ, as librdmacm's rdma_create_qp.
             rows.push(r.init.row("  of which INIT"));
         }
+        rows.push(r.create_id.row("create id"));
         rows.push(r.connect.row("connect (REQ -> REP)"));
         if r.establish.count > 0 && r.create_qp.count > 0 {
             rows.push(r.establish.row("establish (REQ -> RTU)"));

@@ -204,6 +204,9 @@ pub struct ConnectReport {
     pub failures: BTreeMap<String, usize>,
     /// The peer's REJ reasons.
     pub rejections: BTreeMap<u16, usize>,
+    /// Making each connection's endpoint, all before the first REQ (cmtime's "create
+    /// id").
+    pub create_id: StepTimes,
     /// With real QPs: making each, all before the first REQ (cmtime's "create qp").
     pub create_qp: StepTimes,
     /// REQ sent -> REP received.
@@ -367,6 +370,29 @@ pub fn connect_on(
         report.create_qp = StepTimes::of(&spans);
         report.init = StepTimes::of(&init_spans);
     }
+    // Endpoints: all made before the first REQ, as rdma-core cmtime makes its ids (its
+    // "create id" step, rdma_create_id for every connection before the first connect),
+    // so that no endpoint's CREATE runs while connections are being set up.
+    let mut ids: Vec<Option<ConnectEndpoint>> = Vec::with_capacity(n);
+    let mut spans = Vec::with_capacity(n);
+    for i in 0..n {
+        if matches!(made.get(i), Some(None)) {
+            // Its QP could not be made (counted above).
+            ids.push(None);
+            continue;
+        }
+        let start = Instant::now();
+        let ep = provider.connect_endpoint();
+        spans.push((start, Instant::now()));
+        match ep {
+            Ok(ep) => ids.push(Some(ep)),
+            Err(e) => {
+                fail(&mut report, &e);
+                ids.push(None);
+            }
+        }
+    }
+    report.create_id = StepTimes::of(&spans);
     // Setup: up to `window` connections in flight, each an overlapped connect + RTU.
     let port = CompletionPort::new();
     let mut live: Vec<(usize, ConnectEndpoint)> = Vec::new();
@@ -379,19 +405,11 @@ pub fn connect_on(
         while next < n && inflight.len() < cfg.window.max(1) {
             let i = next;
             next += 1;
-            let qp = match made.get_mut(i).map(Option::take) {
-                Some(Some(qp)) => Some(qp),
-                // Its QP could not be made (counted above).
-                Some(None) => continue,
-                None => None,
+            // No endpoint: its QP or the endpoint itself could not be made (counted).
+            let Some(ep) = ids.get_mut(i).and_then(Option::take) else {
+                continue;
             };
-            let ep = match provider.connect_endpoint() {
-                Ok(ep) => ep,
-                Err(e) => {
-                    fail(&mut report, &e);
-                    continue;
-                }
-            };
+            let qp = made.get_mut(i).and_then(Option::take);
             let qpn = match &qp {
                 Some(qp) => qp.qpn(),
                 None if cfg.reuse_qpn => cfg.qpn_base,
