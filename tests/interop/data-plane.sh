@@ -833,7 +833,7 @@ row "RDMA READ client -> ib_read_bw -R server, MB/s (client: ibcm perftest / Lin
 row "SEND client -> ib_send_bw -R server, MB/s (client: ibcm perftest / Linux)" "${FIG[ibcm_to_linux_send_mbps]:-}" "${FIG[linux_linux_send_mbps]:-}"
 row "perftest -R run, wall ms incl. both connections (ib_read_bw client -> server: ibcm / Linux)" "${FIG[linux_to_ibcm_read_wall_ms]:-}" "${FIG[linux_linux_read_wall_ms]:-}"
 cmtime_figures
-echo "  (setup: ibcm's from the REQ to the RTU sent, its QP's transitions included, the peer an rping"
+echo "  (setup: ibcm's from the REQ to the RTU sent, its QP's RTR and RTS included, the peer an rping"
 echo "  server; Linux's is cmtime -c 1's connect step against cmtime -b. rping wall times include"
 echo "  process start, address resolution, setup and teardown on both sides.)"
 total="$(printf '%.1f' "$(echo "$(date +%s.%N) - $t_start" | bc)")"
