@@ -211,8 +211,9 @@ pub struct ConnectReport {
     pub create_qp: StepTimes,
     /// REQ sent -> REP received.
     pub connect: StepTimes,
-    /// REQ sent -> RTU sent (with real QPs, their three transitions included): what
-    /// rdma-core cmtime's "connect" step times, rdma_connect to ESTABLISHED.
+    /// REQ sent -> RTU sent (with real QPs, their RTR and RTS included, INIT having been
+    /// made before the REQ): what rdma-core cmtime's "connect" step times, rdma_connect to
+    /// ESTABLISHED.
     pub establish: StepTimes,
     /// With real QPs: each QP's move to INIT, inside `create_qp`, before its REQ, where
     /// librdmacm moves its QP to INIT in rdma_create_qp, before cmtime's "connect" step
