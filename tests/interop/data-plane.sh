@@ -40,6 +40,9 @@
 #   attributes Linux's process really put on its QP, observed by an ibv_modify_qp
 #   LD_PRELOAD shim in guest B, tests/interop/qp-observe.c, beside the prediction of
 #   usermode-lib/cli/src/rc.rs LinuxQp, the qp-linux-cm line);
+# - times, in linux-server, process start to the first REQ of ibcm's rping client and of
+#   Linux `rping -c`, in turn (first_req: the bridge captured, an ICMP echo marking each
+#   start);
 # - prints a PASS/FAIL line per scenario, the figures beside Linux's, the total time.
 #
 # Environment: IBCM_PROFILE (debug|release, default release), IBCM_DP_OUT (results, default
