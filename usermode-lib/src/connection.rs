@@ -92,8 +92,9 @@ pub struct ConnectReply {
     pub private_data: Vec<u8>,
     /// INIT with the values the REP settled. A QP moved to INIT before the REQ with
     /// [`ConnectParams::init_attributes`] needs INIT -> INIT with these before RTR only
-    /// where they differ: only a REP whose initiator depth is 0 changes them (no RDMA
-    /// READ is then served, the REQ's responder resources notwithstanding). rdma_cm
+    /// where they differ ([`ConnectReply::init_again`]): when the REP's initiator depth
+    /// takes this side's responder resources to 0 (REMOTE_READ | REMOTE_ATOMIC go), or
+    /// from 0 to more (a peer answering more than the REQ offered; they come). rdma_cm
     /// always makes that transition (Linux cma.c `cma_modify_qp_rtr`, rdma-core
     /// librdmacm/cma.c:1282-1290 `ucma_modify_qp_rtr`: "Need to update QP attributes
     /// from default values"), because its QP was made with no access flags at all
@@ -103,6 +104,15 @@ pub struct ConnectReply {
     pub rtr: QpAttributes,
     /// RTR -> RTS.
     pub rts: QpAttributes,
+}
+
+impl ConnectReply {
+    /// The INIT -> INIT a QP moved to INIT with `before` (the REQ's
+    /// [`ConnectParams::init_attributes`]) needs before RTR: [`ConnectReply::init`] where
+    /// it differs from `before`, nothing where it does not.
+    pub fn init_again(&self, before: &QpAttributes) -> Option<&QpAttributes> {
+        (self.init != *before).then_some(&self.init)
+    }
 }
 
 /// The transitions the passive side makes between formatting and sending its REP.

@@ -98,6 +98,10 @@ fn the_answers_init_differs_only_when_the_rep_leaves_no_responder_resources() {
             before
         );
         assert_eq!(
+            reply.init_again(&before),
+            (rep_initiator_depth == 0).then_some(&reply.init)
+        );
+        assert_eq!(
             reply.init.access_flags.unwrap() & access::REMOTE_READ != 0,
             rep_initiator_depth > 0
         );

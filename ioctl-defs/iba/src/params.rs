@@ -73,7 +73,7 @@ impl ConnectParams<'_> {
     /// to INIT when it is created (`rdma_create_qp` -> `ucma_init_conn_qp`), before
     /// `rdma_connect`; after the REP it moves it INIT -> INIT with the CM's values
     /// (`ucma_modify_qp_rtr`), which differ from these only when the REP's initiator
-    /// depth leaves this side no responder resources (`ConnectReply::init`).
+    /// depth takes this side's responder resources to or from 0 (`ConnectReply::init`).
     pub const fn init_attributes(&self) -> QpAttributes {
         QpAttributes::init(self.port, self.pkey, self.responder_resources)
     }

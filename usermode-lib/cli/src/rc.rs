@@ -271,10 +271,11 @@ pub fn connect_qp(
         .map_err(|e| format!("connect: {}", describe(&e)))?;
     steps.end("REQ->REP");
     let answer = steps.elapsed();
-    if reply.init != init {
-        // The REP left no responder resources: INIT -> INIT with the CM's access flags
-        // (Linux cma.c cma_modify_qp_rtr, librdmacm ucma_modify_qp_rtr).
-        modify(&qp, &reply.init)?;
+    if let Some(again) = reply.init_again(&init) {
+        // The REP took this side's responder resources to or from 0: INIT -> INIT with
+        // the CM's access flags (Linux cma.c cma_modify_qp_rtr, librdmacm
+        // ucma_modify_qp_rtr).
+        modify(&qp, again)?;
         steps.end("qp-init-again");
     }
     modify(&qp, &reply.rtr)?;

@@ -351,9 +351,10 @@ pub fn connect_on(
         for _ in 0..n {
             let start = Instant::now();
             let qp = qps.create().and_then(|qp| {
-                let made = Instant::now();
-                qp.modify(&init)?;
-                init_spans.push((made, Instant::now()));
+                let created = Instant::now();
+                qp.modify(&init)
+                    .map_err(|e| format!("RESET -> INIT: {e}"))?;
+                init_spans.push((created, Instant::now()));
                 Ok(qp)
             });
             spans.push((start, Instant::now()));
@@ -438,7 +439,7 @@ pub fn connect_on(
                         t.rep = Some(Instant::now());
                     }
                     if let Some(qp) = qp2 {
-                        let again = (reply.init != init).then_some(&reply.init);
+                        let again = reply.init_again(&init);
                         for a in again.into_iter().chain([&reply.rtr, &reply.rts]) {
                             if let Err(e) = qp.modify(a) {
                                 // The connection goes no further: the peer's REP waits
