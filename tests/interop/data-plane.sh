@@ -86,6 +86,8 @@ command -v modinfo >/dev/null || need+=(kmod)
 command -v ip >/dev/null || need+=(iproute2)
 command -v readelf >/dev/null || need+=(binutils)
 command -v bc >/dev/null || need+=(bc)
+# first_req captures the bridge (linux-server, baseline).
+command -v tcpdump >/dev/null || need+=(tcpdump)
 command -v gcc >/dev/null || need+=(gcc libc6-dev)
 [ -f /usr/include/infiniband/verbs.h ] || need+=(libibverbs-dev)
 if [ ${#need[@]} -gt 0 ]; then
@@ -355,6 +357,8 @@ first_req() {
     kill "$cap" 2>/dev/null || true
     wait "$cap" 2>/dev/null || true
     guest B 10 "kill \$(cat /tmp/frs.pid)" >/dev/null 2>&1 || true
+    # That kill costs the control line the head of the next command (as obs_get's note
+    # says): a padding command takes the loss.
     guest B 10 ":; :; :; :; :; :; :; :; :; :; :; :; :; :; :; :; :; true" >/dev/null 2>&1 || true
     tcpdump -r "$pcap" -n -tt 2>/dev/null >"$OUT/first-req.frames" || true
     local who ip ms got med
