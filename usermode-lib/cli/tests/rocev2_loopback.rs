@@ -162,10 +162,13 @@ fn two_cms_beside_al_share_one_port() {
     }
 }
 
-/// A QP that only records the transitions it is given (target state, access flags).
+/// The transitions a [`RecordingQp`] was given: target state, access flags.
+type Transitions = std::sync::Arc<std::sync::Mutex<Vec<(ibcm::QpState, Option<u32>)>>>;
+
+/// A QP that only records the transitions it is given.
 struct RecordingQp {
     qpn: u32,
-    log: std::sync::Arc<std::sync::Mutex<Vec<(ibcm::QpState, Option<u32>)>>>,
+    log: Transitions,
 }
 
 impl rocev2::Qp for RecordingQp {
@@ -180,7 +183,7 @@ impl rocev2::Qp for RecordingQp {
 
 struct RecordingQps {
     qpn: u32,
-    log: std::sync::Arc<std::sync::Mutex<Vec<(ibcm::QpState, Option<u32>)>>>,
+    log: Transitions,
 }
 
 impl rocev2::Qps for RecordingQps {
