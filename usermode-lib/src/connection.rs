@@ -95,10 +95,10 @@ pub struct ConnectReply {
     /// where they differ ([`ConnectReply::init_again`]): when the REP's initiator depth
     /// takes this side's responder resources to 0 (REMOTE_READ | REMOTE_ATOMIC go), or
     /// from 0 to more (a peer answering more than the REQ offered; they come). rdma_cm
-    /// always makes that transition (Linux cma.c `cma_modify_qp_rtr`, rdma-core
-    /// librdmacm/cma.c:1282-1290 `ucma_modify_qp_rtr`: "Need to update QP attributes
-    /// from default values"), because its QP was made with no access flags at all
-    /// (cma.c `cma_ib_init_qp_attr`: `qp_access_flags = 0`).
+    /// always makes that transition (Linux cma.c `cma_modify_qp_rtr`, rdma-core at
+    /// 691953d8d librdmacm/cma.c:1282-1290 `ucma_modify_qp_rtr`: "Need to update QP
+    /// attributes from default values"), because its QP was made with no access flags at
+    /// all (cma.c `cma_ib_init_qp_attr`: `qp_access_flags = 0`).
     pub init: QpAttributes,
     /// INIT -> RTR.
     pub rtr: QpAttributes,

@@ -340,8 +340,8 @@ pub fn connect_on(
 
     // Real QPs: all made first and moved to INIT, as rdma-core cmtime's client makes
     // them (its "create qp" step: rdma_create_qp, which moves the QP to INIT before
-    // rdma_connect, librdmacm/cma.c:1681 ucma_init_conn_qp). The INIT attributes are the
-    // connection's port, P_Key and responder resources, the same for every connection
+    // rdma_connect, rdma-core v44 cma.c:1676 ucma_init_conn_qp). The INIT attributes are
+    // the connection's port, P_Key and responder resources, the same for every connection
     // here: no round trip to the CM (they are what it gives from the REQ on).
     let init = connect_params(local, cfg, 0, &[]).init_attributes();
     let mut made: Vec<Option<Arc<dyn Qp>>> = Vec::with_capacity(n);
