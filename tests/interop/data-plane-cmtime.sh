@@ -38,8 +38,8 @@ ibcm_establish() {
     esac
 }
 # ibcm_init FILE: the median ms of ibcm's "  of which INIT" step row (count, total ms,
-# min us, median us, p99 us, max us, us/conn): REQ sent to the QP in INIT, inside ibcm's
-# span and outside Linux's.
+# min us, median us, p99 us, max us, us/conn): the QP's move to INIT, made before its REQ
+# as librdmacm makes Linux's (rdma_create_qp), outside both spans.
 ibcm_init() { awk '$1=="of" && $2=="which" && $3=="INIT" {printf "%.2f\n", $7 / 1000; exit}' "$1"; }
 # ibcm_first FILE: ibcm's "establish, 1st" row (its total ms): the process's first connection.
 ibcm_first() { awk '$1=="establish," && $2=="1st" {print $4; exit}' "$1"; }
@@ -99,10 +99,10 @@ cm_runs() {
                 check "$kind $run: $n/$n established" has "$f" "setup:    $n/$n established"
                 if [ "$run" = one ]; then
                     ms="$(ibcm_establish "$f" median)"
-                    # Like for like with Linux (whose QP is in INIT before its span, and
-                    # whose one-at-a-time figure is a fresh process's): INIT's share of
-                    # the span, and the first connection of ibcm's warm process.
-                    extra="; ibcm's INIT inside it, median $(ibcm_init "$f") ms; ibcm's first connection (fresh client) $(ibcm_first "$f") ms"
+                    # Beside it: the QP's INIT (before the REQ, as Linux's), and the
+                    # first connection of ibcm's warm process (Linux's one-at-a-time
+                    # figure is a fresh process's).
+                    extra="; ibcm's QP to INIT before the REQ, median $(ibcm_init "$f") ms; ibcm's first connection (fresh client) $(ibcm_first "$f") ms"
                 else ms="$(ibcm_establish "$f" all)"; fi ;;
             *)
                 local client="$A_IP" host=B i one
@@ -163,7 +163,7 @@ cmtime_figures() {
     row "cmtime: $CM_MANY connections at once, ms (Linux cmtime -s -> ibcm)" "${FIG[cm_linux_ibcm_many]:-}" "$bn"
     echo "  (cmtime: REQ sent to RTU sent with real RC QPs moved to RTS on both sides; Linux's is"
     echo "  cmtime's connect step, rdma_connect to ESTABLISHED, its address resolution and its QP's"
-    echo "  INIT outside it (ibcm's INIT is inside: printed per scenario). Linux's one-at-a-time"
+    echo "  INIT outside it, as ibcm's (printed per scenario). Linux's one-at-a-time"
     echo "  figure is a fresh cmtime process's per connection, ibcm's a warm client's (its first"
     echo "  printed beside it). The guests have one vCPU each: Linux's cmtime client spins on"
     echo "  sched_yield while it waits (cmtime.c:596), taking CPU from its own event thread and rxe.)"

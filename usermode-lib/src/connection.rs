@@ -108,10 +108,29 @@ pub struct ConnectReply {
     pub failover_accepted: Failover,
     /// REP private data (196 bytes).
     pub private_data: Vec<u8>,
+    /// INIT with the values the REP settled. A QP moved to INIT before the REQ with
+    /// [`ConnectParams::init_attributes`] needs INIT -> INIT with these before RTR only
+    /// where they differ ([`ConnectReply::init_again`]): when the REP's initiator depth
+    /// takes this side's responder resources to 0 (REMOTE_READ | REMOTE_ATOMIC go), or
+    /// from 0 to more (a peer answering more than the REQ offered; they come). rdma_cm
+    /// always makes that transition (Linux cma.c `cma_modify_qp_rtr`, rdma-core at
+    /// 691953d8d librdmacm/cma.c:1282-1290 `ucma_modify_qp_rtr`: "Need to update QP
+    /// attributes from default values"), because its QP was made with no access flags at
+    /// all (cma.c `cma_ib_init_qp_attr`: `qp_access_flags = 0`).
+    pub init: QpAttributes,
     /// INIT -> RTR.
     pub rtr: QpAttributes,
     /// RTR -> RTS.
     pub rts: QpAttributes,
+}
+
+impl ConnectReply {
+    /// The INIT -> INIT a QP moved to INIT with `before` (the REQ's
+    /// [`ConnectParams::init_attributes`]) needs before RTR: [`ConnectReply::init`] where
+    /// it differs from `before`, nothing where it does not.
+    pub fn init_again(&self, before: &QpAttributes) -> Option<&QpAttributes> {
+        (self.init != *before).then_some(&self.init)
+    }
 }
 
 /// The transitions the passive side makes between formatting and sending its REP.
@@ -240,6 +259,7 @@ impl ConnectEndpoint {
                 peer_initiator_depth: r.peer_initiator_depth,
                 failover_accepted: Failover::from(r.failover_accepted),
                 private_data: private_data(&r),
+                init: qp_attributes(&qp.init),
                 rtr: qp_attributes(&qp.rtr),
                 rts: qp_attributes(&qp.rts),
             })

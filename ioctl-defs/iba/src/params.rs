@@ -5,6 +5,7 @@ use alloc::vec::Vec;
 
 use crate::enums::{Failover, Mtu, Transport};
 use crate::path::PathRecord;
+use crate::qp::QpAttributes;
 
 /// A listen: which REQs (and SIDR_REQs) a listening CEP accepts.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -63,6 +64,19 @@ pub struct ConnectParams<'a> {
     pub flow_control: bool,
     /// REQ private data (<= 92 bytes).
     pub private_data: &'a [u8],
+}
+
+impl ConnectParams<'_> {
+    /// RESET -> INIT for the QP these parameters connect, before the REQ is sent: what
+    /// the engine's INIT attributes are from the REQ on ([`QpAttributes::init`] of the
+    /// local port, the P_Key and this side's responder resources). librdmacm moves its QP
+    /// to INIT when it is created (`rdma_create_qp` -> `ucma_init_conn_qp`), before
+    /// `rdma_connect`; after the REP it moves it INIT -> INIT with the CM's values
+    /// (`ucma_modify_qp_rtr`), which differ from these only when the REP's initiator
+    /// depth takes this side's responder resources to or from 0 (`ConnectReply::init`).
+    pub const fn init_attributes(&self) -> QpAttributes {
+        QpAttributes::init(self.port, self.pkey, self.responder_resources)
+    }
 }
 
 /// Everything the passive side chooses for a REP.

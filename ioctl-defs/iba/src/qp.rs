@@ -109,6 +109,29 @@ impl QpAttributes {
             path_mig_state: None,
         }
     }
+
+    /// RESET -> INIT for a connection on local `port` in partition `pkey` that serves
+    /// `responder_resources` RDMA reads/atomics at once: the port, the P_Key and the access
+    /// flags, nothing the REQ or REP negotiates beyond the read limit. As Linux
+    /// `cm_init_qp_init_attr` (drivers/infiniband/core/cm.c) but for one flag: Linux sets
+    /// REMOTE_WRITE, plus REMOTE_READ | REMOTE_ATOMIC when the connection has responder
+    /// resources (from about v6.2 also FLUSH_GLOBAL | FLUSH_PERSISTENT there, on a device
+    /// that supports FLUSH), and the AV's port and P_Key index. LOCAL_WRITE is ibcm's own
+    /// (older Linux set it too): a QP's access flags govern only inbound remote
+    /// operations, so it changes nothing. The engine's INIT for a CEP is this, and so is
+    /// what an active side applies before its REQ (`ConnectParams::init_attributes`), as
+    /// librdmacm's `rdma_create_qp` moves the QP to INIT before `rdma_connect`.
+    pub const fn init(port: u8, pkey: u16, responder_resources: u8) -> Self {
+        let mut flags = access::LOCAL_WRITE | access::REMOTE_WRITE;
+        if responder_resources > 0 {
+            flags |= access::REMOTE_READ | access::REMOTE_ATOMIC;
+        }
+        let mut a = Self::empty(QpState::Init);
+        a.port = Some(port);
+        a.pkey = Some(pkey);
+        a.access_flags = Some(flags);
+        a
+    }
 }
 
 /// The local ACK timeout for a path: the smallest IB time >= 2 x packet life time + the

@@ -30,7 +30,7 @@ const RECONNECT_PAUSE: Duration = Duration::from_millis(500);
 /// The probe SEND's work request id (rc.rs's rping ids are 1-4).
 const WR_PROBE: u64 = 99;
 
-/// `ibcm port-fault`.
+// `ibcm port-fault`.
 #[derive(Args, Debug)]
 pub struct FaultArgs {
     /// The RDMA device (its port 1 carries ibcm's CM through ib_umad) [default: the first

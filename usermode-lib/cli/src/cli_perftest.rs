@@ -38,9 +38,9 @@ pub enum Test {
     WriteLat,
 }
 
-/// `ibcm perftest`: perftest's `-R` runs with one size, one QP, half duplex, `-n`
-/// iterations (not `-b`, `-a`, `-q`, `--report-per-port`, `-D`: those end in a timeout;
-/// not `ib_write_lat`). A peer running another test than `--test` is refused.
+// `ibcm perftest`: perftest's `-R` runs with one size, one QP, half duplex, `-n`
+// iterations (not `-b`, `-a`, `-q`, `--report-per-port`, `-D`: those end in a timeout;
+// not `ib_write_lat`). A peer running another test than `--test` is refused.
 #[derive(Args, Debug)]
 pub struct PerftestArgs {
     /// The test.

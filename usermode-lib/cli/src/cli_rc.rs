@@ -11,7 +11,7 @@ use ibcm_linux::verbs::{RcQp, Region};
 
 use super::{Failure, positive};
 
-/// This node's address and the server's, with rping's options (-I, -a).
+// This node's address and the server's, with rping's options (-I, -a).
 #[derive(Args, Debug)]
 pub struct RpingAddrs {
     /// This node's IPv4 address (rping's -I): its RoCEv2 GID is the source of every
@@ -24,7 +24,7 @@ pub struct RpingAddrs {
     server: Option<Ipv4Addr>,
 }
 
-/// This node's address and the server's, with cmtime's and ucmatose's options (-b, -s).
+// This node's address and the server's, with cmtime's and ucmatose's options (-b, -s).
 #[derive(Args, Debug)]
 pub struct CmAddrs {
     /// This node's IPv4 address (ucmatose's -b): its RoCEv2 GID is the source of every
@@ -49,7 +49,7 @@ pub(crate) fn ib_dev(named: Option<&str>) -> Result<String, Failure> {
         .ok_or_else(|| Failure("no RDMA device (rdma link add rxe0 type rxe netdev IFACE)".into()))
 }
 
-/// What the connection runs on and how it is set up.
+// What the connection runs on and how it is set up.
 #[derive(Args, Debug)]
 pub struct RcCommon {
     /// The RDMA device (its port 1 carries ibcm's CM through ib_umad) [default: the first
@@ -76,7 +76,7 @@ pub struct RcCommon {
     wait: usize,
 }
 
-/// `ibcm rping`.
+// `ibcm rping`.
 #[derive(Args, Debug)]
 pub struct RpingArgs {
     #[command(flatten)]
@@ -91,7 +91,7 @@ pub struct RpingArgs {
     size: usize,
 }
 
-/// `ibcm ucmatose`.
+// `ibcm ucmatose`.
 #[derive(Args, Debug)]
 pub struct UcmatoseArgs {
     #[command(flatten)]
@@ -110,7 +110,7 @@ pub struct UcmatoseArgs {
     connections: usize,
 }
 
-/// `ibcm rc-bw`.
+// `ibcm rc-bw`.
 #[derive(Args, Debug)]
 pub struct BwArgs {
     #[command(flatten)]
@@ -160,6 +160,12 @@ fn established(c: &RcCommon, client: bool, conn: &Conn) -> Result<(), Failure> {
         if client { "REP received" } else { "REP sent" },
         conn.answer.as_secs_f64() * 1e3
     );
+    if let Some(init) = conn.init {
+        println!(
+            "rc: QP to INIT before the REQ in {:.3} ms",
+            init.as_secs_f64() * 1e3
+        );
+    }
     println!("rc: steps, ms: {}", conn.steps.line());
     if c.hold > 0 {
         let q = conn.qp.query().map_err(|e| e.to_string())?;
@@ -281,7 +287,7 @@ fn run_server<T>(rc: &Rc, conn: &Conn, run: impl FnOnce() -> T) -> (T, bool) {
     (v, ended("", r) && clean)
 }
 
-/// `ibcm rping`.
+// `ibcm rping`.
 pub fn rping(a: &RpingArgs) -> Result<bool, Failure> {
     let (c, server) = (&a.common, a.addrs.server);
     let (rc, limits, wait) = start(c, a.addrs.bind)?;

@@ -64,7 +64,7 @@ fn attribute_name(id: u16) -> String {
         .map_or_else(|| format!("{id:#06x}"), |(n, _)| (*n).to_string())
 }
 
-/// Options of a RoCEv2 link (flattened into cmtime, listen and connect).
+// Options of a RoCEv2 link (flattened into cmtime, listen and connect).
 #[derive(Args, Debug, Clone)]
 pub struct RoceArgs {
     /// Run on a real RoCEv2 link instead of the simulated fabric, bound to this local IPv4
@@ -307,12 +307,12 @@ mod imp {
         let mut rows = Vec::new();
         if r.create_qp.count > 0 {
             rows.push(r.create_qp.row("create qp"));
+            // The QP to INIT before its REQ, as librdmacm's rdma_create_qp.
+            rows.push(r.init.row("  of which INIT"));
         }
+        rows.push(r.create_id.row("create id"));
         rows.push(r.connect.row("connect (REQ -> REP)"));
         if r.establish.count > 0 && r.create_qp.count > 0 {
-            // INIT is inside this span here, outside cmtime's (librdmacm applies it in
-            // rdma_create_qp): its own row, to take off for a like-for-like figure.
-            rows.push(r.init.row("  of which INIT"));
             rows.push(r.establish.row("establish (REQ -> RTU)"));
             if let Some(first) = r.first_establish {
                 // This process's first: a fresh client's; the median above is a warm one's.

@@ -25,7 +25,7 @@ use std::time::{Duration, Instant};
 use ibcm::backend::rdma::Device;
 use ibcm::{
     AcceptParams, ConnectEndpoint, ConnectParams, Failover, IpServiceId, ListenParams, Listener,
-    Mtu, Provider, QpState, Transport,
+    Mtu, Provider, Transport,
 };
 use ibcm_linux::port_events::PortEvents;
 use ibcm_linux::umad::{UmadConfig, UmadPort};
@@ -107,6 +107,9 @@ pub struct Conn {
     /// From the REQ to the peer's answer (the REP, active) or to our REP's going out
     /// (passive: the QP created and moved to RTS on the way).
     pub answer: Duration,
+    /// Active: the QP's move to INIT, before the REQ (outside `setup`, as librdmacm's
+    /// is outside rdma_connect).
+    pub init: Option<Duration>,
     /// Each step of the setup and when it ended, from the REQ sent (active) or taken
     /// from the listener (passive).
     pub steps: Steps,
@@ -258,26 +261,37 @@ pub fn connect_qp(
         private_data: &private_data,
     };
     let ep = rc.provider.connect_endpoint().map_err(|e| describe(&e))?;
+    // INIT before the REQ, as librdmacm's rdma_create_qp does (ucma_init_conn_qp): the
+    // attributes are the port's, the P_Key's and the responder resources', no round
+    // trip to the CM (they are what it gives from the REQ on).
+    let t = Instant::now();
+    let init = params.init_attributes();
+    modify(&qp, &init)?;
+    let init_time = t.elapsed();
     let mut steps = Steps::start();
     let reply = ep
         .connect(&params)
         .map_err(|e| format!("connect: {}", describe(&e)))?;
     steps.end("REQ->REP");
     let answer = steps.elapsed();
-    let init = ep
-        .qp_attributes(QpState::Init)
-        .map_err(|e| format!("INIT attributes: {}", describe(&e)))?;
-    steps.end("init-attr");
-    modify(&qp, &init)?;
-    steps.end("qp-init");
+    if let Some(again) = reply.init_again(&init) {
+        // The REP took this side's responder resources to or from 0: INIT -> INIT with
+        // the CM's access flags (Linux cma.c cma_modify_qp_rtr, librdmacm
+        // ucma_modify_qp_rtr).
+        modify(&qp, again)?;
+        steps.end("qp-init-again");
+    }
     modify(&qp, &reply.rtr)?;
     steps.end("qp-rtr");
     modify(&qp, &reply.rts)?;
     steps.end("qp-rts");
     before_rtu(&qp)?;
     steps.end("post-recv");
-    ep.rtu(&[]).map_err(|e| format!("rtu: {}", describe(&e)))?;
+    // The RTU is written when the IOCTL is issued (the backend sends what the call
+    // queued before it returns); its completion comes a thread switch later.
+    let rtu = ep.rtu_async(&[]);
     steps.end("RTU");
+    ibcm::block_on(rtu).map_err(|e| format!("rtu: {}", describe(&e)))?;
     // The peer is passive: its REP's own values (LinuxQp).
     let peer_qp = LinuxQp {
         max_rd_atomic: reply.peer_initiator_depth,
@@ -289,6 +303,7 @@ pub fn connect_qp(
         qp,
         setup: steps.elapsed(),
         answer,
+        init: Some(init_time),
         steps,
         peer_qp,
         peer_read_limits: (reply.peer_responder_resources, reply.peer_initiator_depth),
@@ -387,6 +402,7 @@ pub fn accept_qp(
         qp,
         setup: steps.elapsed(),
         answer,
+        init: None,
         steps,
         peer_qp,
         peer_read_limits: (req.peer_responder_resources, req.peer_initiator_depth),

@@ -204,17 +204,21 @@ pub struct ConnectReport {
     pub failures: BTreeMap<String, usize>,
     /// The peer's REJ reasons.
     pub rejections: BTreeMap<u16, usize>,
+    /// Making each connection's endpoint, all before the first REQ (cmtime's "create
+    /// id").
+    pub create_id: StepTimes,
     /// With real QPs: making each, all before the first REQ (cmtime's "create qp").
     pub create_qp: StepTimes,
     /// REQ sent -> REP received.
     pub connect: StepTimes,
-    /// REQ sent -> RTU sent (with real QPs, their three transitions included): what
-    /// rdma-core cmtime's "connect" step times, rdma_connect to ESTABLISHED.
+    /// REQ sent -> RTU sent (with real QPs, their RTR and RTS included, INIT having been
+    /// made before the REQ): what rdma-core cmtime's "connect" step times, rdma_connect to
+    /// ESTABLISHED.
     pub establish: StepTimes,
-    /// With real QPs: REQ sent -> the QP in INIT. Inside `establish`, where librdmacm
-    /// moves its QP to INIT in rdma_create_qp, before cmtime's "connect" step starts
-    /// (rdma-core v44 cma.c:1676 -> ucma_init_conn_qp :1367-1380; cmtime.c:567-583):
-    /// what to take off `establish` to compare like for like.
+    /// With real QPs: each QP's move to INIT, inside `create_qp`, before its REQ, where
+    /// librdmacm moves its QP to INIT in rdma_create_qp, before cmtime's "connect" step
+    /// starts (rdma-core v44 cma.c:1676 -> ucma_init_conn_qp :1367-1380;
+    /// cmtime.c:567-583).
     pub init: StepTimes,
     /// The first connection's REQ -> RTU: this process's first, a fresh client's as in
     /// each `cmtime -c 1` process, beside `establish`'s median of a warm client.
@@ -295,8 +299,6 @@ pub fn connect_params<'a>(
 
 struct ConnectTimes {
     req: Instant,
-    /// The QP in INIT.
-    init: Option<Instant>,
     rep: Option<Instant>,
     /// RTU sent (the QP in RTS before it, with [`Qps`]).
     rtu: Option<Instant>,
@@ -336,13 +338,25 @@ pub fn connect_on(
         }
     };
 
-    // Real QPs: all made first, as rdma-core cmtime's client does (its "create qp" step).
+    // Real QPs: all made first and moved to INIT, as rdma-core cmtime's client makes
+    // them (its "create qp" step: rdma_create_qp, which moves the QP to INIT before
+    // rdma_connect, rdma-core v44 cma.c:1676 ucma_init_conn_qp). The INIT attributes are
+    // the connection's port, P_Key and responder resources, the same for every connection
+    // here: no round trip to the CM (they are what it gives from the REQ on).
+    let init = connect_params(local, cfg, 0, &[]).init_attributes();
     let mut made: Vec<Option<Arc<dyn Qp>>> = Vec::with_capacity(n);
     if let Some(qps) = qps {
         let mut spans = Vec::with_capacity(n);
+        let mut init_spans = Vec::with_capacity(n);
         for _ in 0..n {
             let start = Instant::now();
-            let qp = qps.create();
+            let qp = qps.create().and_then(|qp| {
+                let created = Instant::now();
+                qp.modify(&init)
+                    .map_err(|e| format!("RESET -> INIT: {e}"))?;
+                init_spans.push((created, Instant::now()));
+                Ok(qp)
+            });
             spans.push((start, Instant::now()));
             match qp {
                 Ok(qp) => made.push(Some(Arc::from(qp))),
@@ -356,7 +370,31 @@ pub fn connect_on(
             }
         }
         report.create_qp = StepTimes::of(&spans);
+        report.init = StepTimes::of(&init_spans);
     }
+    // Endpoints: all made before the first REQ, as rdma-core cmtime makes its ids (its
+    // "create id" step, rdma_create_id for every connection before the first connect),
+    // so that no endpoint's CREATE runs while connections are being set up.
+    let mut ids: Vec<Option<ConnectEndpoint>> = Vec::with_capacity(n);
+    let mut spans = Vec::with_capacity(n);
+    for i in 0..n {
+        if matches!(made.get(i), Some(None)) {
+            // Its QP could not be made (counted above).
+            ids.push(None);
+            continue;
+        }
+        let start = Instant::now();
+        let ep = provider.connect_endpoint();
+        spans.push((start, Instant::now()));
+        match ep {
+            Ok(ep) => ids.push(Some(ep)),
+            Err(e) => {
+                fail(&mut report, &e);
+                ids.push(None);
+            }
+        }
+    }
+    report.create_id = StepTimes::of(&spans);
     // Setup: up to `window` connections in flight, each an overlapped connect + RTU.
     let port = CompletionPort::new();
     let mut live: Vec<(usize, ConnectEndpoint)> = Vec::new();
@@ -369,19 +407,11 @@ pub fn connect_on(
         while next < n && inflight.len() < cfg.window.max(1) {
             let i = next;
             next += 1;
-            let qp = match made.get_mut(i).map(Option::take) {
-                Some(Some(qp)) => Some(qp),
-                // Its QP could not be made (counted above).
-                Some(None) => continue,
-                None => None,
+            // No endpoint: its QP or the endpoint itself could not be made (counted).
+            let Some(ep) = ids.get_mut(i).and_then(Option::take) else {
+                continue;
             };
-            let ep = match provider.connect_endpoint() {
-                Ok(ep) => ep,
-                Err(e) => {
-                    fail(&mut report, &e);
-                    continue;
-                }
-            };
+            let qp = made.get_mut(i).and_then(Option::take);
             let qpn = match &qp {
                 Some(qp) => qp.qpn(),
                 None if cfg.reuse_qpn => cfg.qpn_base,
@@ -392,7 +422,6 @@ pub fn connect_on(
             if let Some(slot) = lock(&times).get_mut(i) {
                 *slot = Some(ConnectTimes {
                     req: Instant::now(),
-                    init: None,
                     rep: None,
                     rtu: None,
                 });
@@ -400,32 +429,18 @@ pub fn connect_on(
             let (times2, ep2, qp2) = (Arc::clone(&times), ep.clone(), qp.clone());
             // The REQ leaves here (the IOCTL is issued when the future is made).
             let connect = ep.connect_async(&params);
-            // INIT as soon as the CM gives it (from REQ_SENT on), while the REQ travels:
-            // librdmacm's QP is in INIT before rdma_connect, which ibcm's engine cannot
-            // match (INIT needs the path the REQ gives). RTR and RTS where the REP
-            // completes, as librdmacm moves its QP on the CONNECT_RESPONSE before
-            // rdma_establish sends the RTU.
+            // RTR and RTS where the REP completes (INIT -> INIT first if the REP changed
+            // the INIT attributes), then the RTU, as librdmacm moves its QP on the
+            // CONNECT_RESPONSE before it sends the RTU (ucma_process_conn_resp).
             spawn(
                 async move {
-                    if let Some(qp) = &qp2 {
-                        let init = ep2
-                            .qp_attributes_async(ibcm::QpState::Init)
-                            .await
-                            .map_err(Failed::Cm)?;
-                        if let Err(e) = qp.modify(&init) {
-                            ep2.cancel();
-                            return Err(Failed::Verbs(e));
-                        }
-                        if let Some(Some(t)) = lock(&times2).get_mut(i) {
-                            t.init = Some(Instant::now());
-                        }
-                    }
                     let reply = connect.await.map_err(Failed::Cm)?;
                     if let Some(Some(t)) = lock(&times2).get_mut(i) {
                         t.rep = Some(Instant::now());
                     }
                     if let Some(qp) = qp2 {
-                        for a in [&reply.rtr, &reply.rts] {
+                        let again = reply.init_again(&init);
+                        for a in again.into_iter().chain([&reply.rtr, &reply.rts]) {
                             if let Err(e) = qp.modify(a) {
                                 // The connection goes no further: the peer's REP waits
                                 // for an RTU that does not come, and times out.
@@ -434,9 +449,15 @@ pub fn connect_on(
                             }
                         }
                     }
-                    ep2.rtu_async(&[]).await.map_err(Failed::Cm)?;
+                    // The RTU is written when the IOCTL is issued (the backend sends what
+                    // the call queued before it returns): that is when it was sent. The
+                    // call's completion comes through the completion thread's queue,
+                    // behind the other connections' REPs.
+                    let rtu = ep2.rtu_async(&[]);
+                    let sent = Instant::now();
+                    rtu.await.map_err(Failed::Cm)?;
                     if let Some(Some(t)) = lock(&times2).get_mut(i) {
-                        t.rtu = Some(Instant::now());
+                        t.rtu = Some(sent);
                     }
                     Ok(reply.remote_qpn)
                 },
@@ -569,12 +590,6 @@ pub fn connect_on(
         .filter_map(|t| t.rtu.map(|r| (t.req, r)))
         .collect();
     report.establish = StepTimes::of(&establish_spans);
-    let init_spans: Vec<(Instant, Instant)> = lock(&times)
-        .iter()
-        .flatten()
-        .filter_map(|t| t.init.map(|r| (t.req, r)))
-        .collect();
-    report.init = StepTimes::of(&init_spans);
     report.first_establish = lock(&times)
         .first()
         .and_then(Option::as_ref)

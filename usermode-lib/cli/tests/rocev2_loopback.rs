@@ -161,3 +161,121 @@ fn two_cms_beside_al_share_one_port() {
         assert_eq!(node.violations(), vec![]);
     }
 }
+
+/// The transitions a [`RecordingQp`] was given: target state, access flags.
+type Transitions = std::sync::Arc<std::sync::Mutex<Vec<(ibcm::QpState, Option<u32>)>>>;
+
+/// A QP that only records the transitions it is given.
+struct RecordingQp {
+    qpn: u32,
+    log: Transitions,
+}
+
+impl rocev2::Qp for RecordingQp {
+    fn qpn(&self) -> u32 {
+        self.qpn
+    }
+    fn modify(&self, a: &ibcm::QpAttributes) -> Result<(), String> {
+        self.log.lock().unwrap().push((a.state, a.access_flags));
+        Ok(())
+    }
+}
+
+struct RecordingQps {
+    qpn: u32,
+    log: Transitions,
+}
+
+impl rocev2::Qps for RecordingQps {
+    fn create(&self) -> Result<Box<dyn rocev2::Qp>, String> {
+        Ok(Box::new(RecordingQp {
+            qpn: self.qpn,
+            log: std::sync::Arc::clone(&self.log),
+        }))
+    }
+}
+
+/// The active side's QP (`connect_on` with real QPs) goes to INIT before the REQ with
+/// REMOTE_READ (its REQ offers responder resources 1); a REP whose initiator depth is 0
+/// takes that away (Linux cm_init_qp_init_attr grants REMOTE_READ | REMOTE_ATOMIC only with
+/// responder resources), so the QP goes INIT -> INIT with the CM's flags before RTR, as
+/// librdmacm's ucma_modify_qp_rtr and the kernel's cma_modify_qp_rtr always do; a REP with
+/// initiator depth 1 changes nothing, and the QP goes straight to RTR.
+#[test]
+fn the_active_qp_goes_init_to_init_when_the_rep_changes_its_access() {
+    use ibcm::{AcceptParams, Failover, ListenParams, QpState};
+    use ibcm_ioctl::iba::access;
+    let (a, b) = (Ipv4Addr::new(127, 0, 96, 1), Ipv4Addr::new(127, 0, 96, 2));
+    let server = port(b, 0x0200_00ff_fe00_0007, RoceFaults::default());
+    let client = port(a, 0x0200_00ff_fe00_0006, RoceFaults::default());
+    for (k, rep_initiator_depth) in [0u8, 1].into_iter().enumerate() {
+        let rdma_port = 7480 + k as u16;
+        let listener = server
+            .provider
+            .listen(&ListenParams {
+                service_id: IpServiceId::tcp(rdma_port).to_service_id(),
+                service_mask: u64::MAX,
+                port: None,
+                compare: None,
+                backlog: 8,
+            })
+            .unwrap();
+        let log = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let report = std::thread::scope(|s| {
+            let serve = s.spawn(move || {
+                let request = listener.get_request().unwrap();
+                let ep = request.endpoint;
+                ep.prepare_accept(&AcceptParams {
+                    qpn: 0x2100 + k as u32,
+                    starting_psn: None,
+                    responder_resources: 1,
+                    initiator_depth: rep_initiator_depth,
+                    rnr_retry_count: 7,
+                    failover_accepted: Failover::NotSupported,
+                    flow_control: true,
+                    srq: false,
+                    private_data: &[],
+                })
+                .unwrap();
+                ep.accept().unwrap();
+                // The client disconnects once set up.
+                ep.notify_disconnect().unwrap();
+                ep.disconnect(&[]).unwrap();
+            });
+            let mut cfg = ConnectConfig::new(b, rdma_port, 1);
+            cfg.timing.cm_response_timeout = 14;
+            cfg.deadline = Duration::from_secs(20);
+            let qps = RecordingQps {
+                qpn: 0x1100 + k as u32,
+                log: std::sync::Arc::clone(&log),
+            };
+            let r = rocev2::connect_on(&client.provider, a, Some(&qps), &cfg, &|_| {});
+            serve.join().unwrap();
+            r
+        });
+        assert_eq!(report.established, 1, "{report:?}");
+        assert!(report.failures.is_empty(), "{report:?}");
+        let log = log.lock().unwrap().clone();
+        let states: Vec<QpState> = log.iter().map(|(s, _)| *s).collect();
+        let read = |flags: Option<u32>| flags.is_some_and(|f| f & access::REMOTE_READ != 0);
+        if rep_initiator_depth == 0 {
+            assert_eq!(
+                states,
+                [QpState::Init, QpState::Init, QpState::Rtr, QpState::Rts],
+                "{log:?}"
+            );
+            assert!(read(log[0].1), "before the REQ: {log:?}");
+            assert!(
+                !read(log[1].1),
+                "after a REP with initiator depth 0: {log:?}"
+            );
+        } else {
+            assert_eq!(
+                states,
+                [QpState::Init, QpState::Rtr, QpState::Rts],
+                "{log:?}"
+            );
+            assert!(read(log[0].1), "{log:?}");
+        }
+    }
+}

@@ -2,7 +2,7 @@
 //! `ib_cm_init_qp_attr` and WinOF `al_cep_get_rtr/rts_attr` fill in).
 
 use crate::cep::Cep;
-use ibcm_iba::{AddressVector, MigrationState, QpAttributes, QpState, access};
+use ibcm_iba::{AddressVector, MigrationState, QpAttributes, QpState};
 
 /// INIT, RTR and RTS attributes as Linux `cm_init_qp_{init,rtr,rts}_attr` computes them.
 /// `alternate_port` is the local port the alternate path leaves from: its own, which may
@@ -27,15 +27,7 @@ pub(super) fn qp_attributes_of(c: &Cep, state: QpState, alternate_port: u8) -> Q
             ack_timeout: c.path_ack_timeout(p.packet_life_time),
         });
     match state {
-        QpState::Init => {
-            let mut flags = access::LOCAL_WRITE | access::REMOTE_WRITE;
-            if c.responder_resources > 0 {
-                flags |= access::REMOTE_READ | access::REMOTE_ATOMIC;
-            }
-            a.port = Some(c.dest.port);
-            a.pkey = Some(c.pkey);
-            a.access_flags = Some(flags);
-        }
+        QpState::Init => a = QpAttributes::init(c.dest.port, c.pkey, c.responder_resources),
         QpState::Rtr => {
             a.path_mtu = Some(c.path_mtu);
             a.dest_qpn = Some(c.remote_qpn);
