@@ -11,7 +11,7 @@ use ibcm_cli::udaddy;
 use super::cli_rc::ib_dev;
 use super::{Failure, positive};
 
-/// `ibcm udaddy`, with udaddy's options (-b, -s, -p, -C, -S).
+// `ibcm udaddy`, with udaddy's options (-b, -s, -p, -C, -S).
 #[derive(Args, Debug)]
 pub struct UdaddyArgs {
     /// This node's IPv4 address (udaddy's -b): its RoCEv2 GID is the source of every
