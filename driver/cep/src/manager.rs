@@ -17,11 +17,13 @@ use crate::counters::Counters;
 use crate::error::CmError;
 use crate::event::Event;
 use crate::grow::{ChunkedVec, reserve_queue};
+use crate::path_table::PathTable;
 use crate::pdata_pool::PdataPool;
 use crate::trace::{TraceHook, TracePoint, Tracer};
 use crate::types::{CepId, Instant, MadAddress, PathRecord, PrivateData};
 use ibcm_iba::{QpAttributes, QpState};
 
+mod alternate;
 mod establish;
 mod held;
 mod lap;
@@ -200,6 +202,8 @@ pub struct CmManager {
     events: VecDeque<(CepId, Event)>,
     /// The private data CEPs keep for repeats (src/pdata_pool.rs).
     pdata: PdataPool,
+    /// The CEPs' alternate paths (src/path_table.rs).
+    paths: PathTable,
     counters: Counters,
     /// REQs not answered yet, and the MRAs that keep their senders waiting.
     waiting: waiting::Waiting,
@@ -251,6 +255,7 @@ impl CmManager {
             transmits: VecDeque::new(),
             events: VecDeque::new(),
             pdata: PdataPool::new(),
+            paths: PathTable::new(),
             counters: Counters::default(),
             waiting: waiting::Waiting::default(),
             held: HashMap::with_hasher(hash),
@@ -337,6 +342,8 @@ impl CmManager {
         self.timers
             .try_reserve_total(self.live + ceps)
             .map_err(no)?;
+        // Alternate paths for their REQs and LAPs (path_table.rs).
+        self.paths.prepare(ceps)?;
         // The queues are empty between entry points.
         reserve_queue(&mut self.events, ceps.min(4096)).map_err(no)?;
         reserve_queue(&mut self.transmits, ceps.min(4096)).map_err(no)?;
@@ -470,8 +477,8 @@ impl CmManager {
             peer_responder_resources: c.peer_responder_resources,
             peer_initiator_depth: c.peer_initiator_depth,
             primary_path: c.primary,
-            alternate_path: c.alternate,
-            timewait_ns: c.timewait_ns(),
+            alternate_path: self.alternate_of(c).copied(),
+            timewait_ns: c.timewait_ns(self.alternate_of(c)),
         })
     }
 
@@ -546,7 +553,12 @@ impl CmManager {
         if !allowed {
             return Err(CmError::InvalidState { state: name });
         }
-        Ok(qp_attributes_of(c, state, self.alternate_port(c)))
+        Ok(qp_attributes_of(
+            c,
+            state,
+            self.alternate_of(c),
+            self.alternate_port(c),
+        ))
     }
 
     // ---- poll ----------------------------------------------------------------------
@@ -686,6 +698,9 @@ impl CmManager {
             for held in [c.pdata, c.mra_pdata, c.apr_info] {
                 self.pdata.free(held);
             }
+            // And its alternate paths to the path table.
+            self.paths.free(c.alternate);
+            self.paths.free(c.pending_alternate);
             slot.generation = slot.generation.wrapping_add(1) & mask;
             self.live = self.live.saturating_sub(1);
             self.slots.vacated(index);

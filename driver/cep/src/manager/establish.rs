@@ -10,6 +10,7 @@ use crate::cep::{Backlog, LapState, State};
 use crate::event::{Event, RepInfo, ReqInfo};
 use crate::types::{CepId, Instant, MadAddress, PathRecord, PrivateData, WirePath};
 
+use super::alternate::Alt;
 use super::{CmManager, message_rejected, rejected, transport_supported};
 
 impl CmManager {
@@ -64,6 +65,20 @@ impl CmManager {
                 RejReason::StaleConn,
             );
             self.end_stale(now, old);
+            return;
+        }
+        // No room for its alternate path (fixed-room mode, DISPATCH_LEVEL: the room
+        // `prepare_for` made is used up): REJ(NoResources), IBA 12.6.7 Table 108 reason
+        // 3 (Linux `IB_CM_REJ_NO_RESOURCES`), before a CEP is taken: the sender learns now.
+        if req.alternate_path.is_present() && !self.path_room() {
+            self.counters.path_room_refusals += 1;
+            self.reply_rej(
+                src,
+                tid,
+                req.local_comm_id,
+                MessageKind::Req,
+                RejReason::NoResources,
+            );
             return;
         }
         if self.crossing_req(now, src, tid, req) {
@@ -180,6 +195,9 @@ impl CmManager {
             srq: req.srq,
             private_data: PrivateData::new(req.private_data),
         });
+        // `on_req` checked the room (`path_room`): the store does not fail.
+        let alternate = self.store_path(alternate).ok().flatten();
+        self.put_path(id, Alt::Loaded, alternate);
         let Some(c) = self.cep_mut(id) else {
             return event;
         };
@@ -196,7 +214,6 @@ impl CmManager {
         c.transport = req.transport;
         c.path_mtu = req.path_mtu;
         c.primary = primary;
-        c.alternate = alternate;
         c.ack_timeout = c.path_ack_timeout(primary.packet_life_time);
         c.peer_responder_resources = req.responder_resources;
         c.peer_initiator_depth = req.initiator_depth;
@@ -340,13 +357,14 @@ impl CmManager {
         c.responder_resources = rep.initiator_depth;
         // IBA Table 110: an alternate path the passive side did not accept (1 not
         // supported, 2 rejected) is loaded into no QP state and cannot be migrated to.
-        if rep.failover_accepted != Failover::Accepted {
-            c.alternate = None;
-        }
+        let refused = rep.failover_accepted != Failover::Accepted;
         c.target_ack_delay = rep.target_ack_delay;
         c.rnr_retry = rep.rnr_retry_count;
         c.failover = rep.failover_accepted;
         c.ack_timeout = c.path_ack_timeout(c.primary.packet_life_time);
+        if refused {
+            self.drop_path(id, Alt::Loaded);
+        }
         self.set_state(id, State::RepRcvd { mra_sent: false });
         self.remote_ids.insert(id, &self.slots);
         self.remote_qpns.insert(id, &self.slots);

@@ -17,7 +17,7 @@ const TRIM_SLACK: usize = 16 * CHUNK;
 /// The manager's heap by part (see [`CmManager::memory`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct EngineMemory {
-    /// The CEP slab and its free list.
+    /// The CEP slab and its free list, and the CEPs' alternate paths (path_table.rs).
     pub slab: usize,
     /// The peer lookups (remote comm ID and QPN, SIDR requests).
     pub lookups: usize,
@@ -112,6 +112,10 @@ impl CmManager {
         }
         // One timer entry per CEP at most (timer_heap.rs).
         self.timers.try_reserve_total(ceps).map_err(no)?;
+        // Alternate paths for the REQs and LAPs to come (path_table.rs); an unused table
+        // past twice that goes back first.
+        self.paths.trim(new);
+        self.paths.prepare(new)?;
         // The queues are drained after every MAD and timer pass.
         reserve_queue(&mut self.events, new.min(4096)).map_err(no)?;
         reserve_queue(&mut self.transmits, new.min(4096)).map_err(no)?;
@@ -202,7 +206,10 @@ impl CmManager {
         let mut private_data = self.pdata.bytes();
         private_data += self.listens.compare_bytes();
         EngineMemory {
-            slab: self.slots.heap_bytes() + self.free.heap_bytes() + retired_bytes(&self.retired),
+            slab: self.slots.heap_bytes()
+                + self.free.heap_bytes()
+                + retired_bytes(&self.retired)
+                + self.paths.heap_bytes(),
             lookups: self.remote_ids.heap_bytes()
                 + self.remote_qpns.heap_bytes()
                 + hash_table_bytes(
@@ -242,7 +249,7 @@ mod tests {
     #[test]
     fn per_connection_types_stay_small() {
         let parts = [
-            ("slot", size_of::<Slot>(), 344),
+            ("slot", size_of::<Slot>(), 256),
             ("peer entry", lookup::entry_size(), 4),
             ("local QPN entry", size_of::<(QpnKey, Hold)>(), 24),
             ("timer entry", size_of::<TimerEntry>(), 16),
