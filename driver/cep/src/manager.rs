@@ -171,6 +171,9 @@ pub struct CmManager {
     retired: crate::grow::Retired,
     /// The room the last `prepare_for` was asked for (a listen's backlog): a trim keeps it.
     room_wanted: usize,
+    /// The most room [`Self::reserve`] was asked for (a kernel client's burst): a trim
+    /// keeps it too.
+    reserved: usize,
     /// Whether `alloc` may grow the slab (see [`Self::set_fixed_room`]).
     fixed_room: bool,
     live: usize,
@@ -230,6 +233,7 @@ impl CmManager {
             free: VecDeque::new(),
             retired: Vec::new(),
             room_wanted: 0,
+            reserved: 0,
             live: 0,
             ids: CommIdSpace::new(
                 config.comm_id_mask,
@@ -313,6 +317,7 @@ impl CmManager {
     /// Preallocates room for `ceps` CEPs and their lookups, so that handling MADs for
     /// them allocates nothing. Fails (changing nothing) if memory runs out.
     pub fn reserve(&mut self, ceps: usize) -> Result<(), CmError> {
+        self.reserved = self.reserved.max(ceps);
         // Room already there costs nothing: a hash map asked to reserve when it has the
         // room but also tombstones rehashes in place, O(n) per call.
         if self.room() >= ceps {

@@ -123,12 +123,31 @@ impl CmManager {
     }
 
     /// Whether the slab holds over `TRIM_FACTOR` times what the live CEPs need, beyond room
-    /// for `new` more, and a sixteenth of it is chunks with no CEP: then the next
-    /// [`prepare_for`](Self::prepare_for) (PASSIVE_LEVEL) gives them back. O(1).
+    /// for `new` more, and a sixteenth of it is chunks with no CEP; or a past burst left
+    /// room reserved (slab room past its last slot used, queues) over twice what `new`
+    /// more need: then the next [`prepare_for`](Self::prepare_for) (PASSIVE_LEVEL) gives
+    /// them back. O(1).
     pub fn trim_due(&self, new: usize) -> bool {
-        let new = new.max(self.room_wanted);
+        let new = self.kept_room(new);
         let kept = Self::kept_for(new) / CHUNK;
         self.slots.trim_due(self.live, new, TRIM_SLACK, kept)
+            || self.slots.fresh_room() > 2 * Self::kept_for(new) + TRIM_SLACK
+            || self.queues_over(new)
+    }
+
+    /// Whether the MAD or event queue holds room over twice what `prepare_for(new)`
+    /// reserves (a storm's MRAs, all sent in one pass, grew it).
+    fn queues_over(&self, new: usize) -> bool {
+        let need = new.min(4096);
+        let over = |capacity: usize| capacity > 2 * need + TRIM_SLACK;
+        over(self.transmits.capacity()) || over(self.events.capacity())
+    }
+
+    /// The CEPs a trim keeps room for: `new`, what `prepare_for` and `reserve` were asked
+    /// for, and the REQs held past their backlogs (they take their room from the same
+    /// reservation, held.rs).
+    fn kept_room(&self, new: usize) -> usize {
+        new.max(self.room_wanted).max(self.reserved) + self.held_headroom()
     }
 
     /// Vacant slots a trim keeps for `new` CEPs: as many chunks as they need free slots
@@ -172,12 +191,24 @@ impl CmManager {
     /// 12.9.8.3), and the lookups', timers' and free list's room beyond what the live
     /// CEPs and `new` more need.
     fn trim(&mut self, new: usize) {
-        let new = new.max(self.room_wanted);
+        let new = self.kept_room(new);
         let keep = Self::kept_for(new) / CHUNK;
-        if self.slots.retire_vacant(&mut self.retired, keep) > 0 {
+        let retired = self.slots.retire_vacant(&mut self.retired, keep);
+        // The room past the last slot used that a burst reserved (REQs held past a
+        // backlog: held.rs) and no CEP ever took.
+        let unused = self.slots.shrink_room(Self::kept_for(new));
+        if retired > 0 {
             let slots = &self.slots;
             self.free.retain(|&i| slots.get(i as usize).is_some());
+        }
+        if retired + unused > 0 {
             shrink_queue(&mut self.free, self.slots.resident());
+        }
+        // The queues are drained after every MAD and timer pass: their room for a burst.
+        let queued = new.min(4096);
+        if self.queues_over(new) {
+            shrink_queue(&mut self.transmits, queued);
+            shrink_queue(&mut self.events, queued);
         }
         // Rehashing costs O(entries): only tables over twice their need shrink.
         let ceps = self.live + new;

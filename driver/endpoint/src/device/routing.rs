@@ -125,10 +125,10 @@ impl<P: Platform> Inner<P> {
     /// Room for [`DISPATCH_BATCH`] MADs and completions in the batches and in every
     /// spare batch, so that a timer pass or a receive at DISPATCH_LEVEL finds room
     /// whichever batch it gets; event records and endpoints' private-data blocks for
-    /// what it delivers (pool.rs, pdata.rs); and free blocks in the engine's private-data pool for the
-    /// kernel clients' downcalls at DISPATCH_LEVEL (PASSIVE_LEVEL; the pool gives memory
-    /// back where connections end, `trim_private_data`). Out of memory, some stay short:
-    /// a batch without room is replaced at the next call.
+    /// what it delivers (pool.rs, pdata.rs); and free blocks in the engine's private-data
+    /// pool for the kernel clients' downcalls at DISPATCH_LEVEL (PASSIVE_LEVEL; the pool
+    /// gives memory back where connections end, `trim_private_data`). Out of memory, some
+    /// stay short: a batch without room is replaced at the next call.
     pub(super) fn prepare_batches(&mut self) {
         self.records.prepare();
         // Out of memory, DISPATCH_LEVEL entry points hold back (`has_dispatch_room`).
