@@ -615,7 +615,7 @@ pub fn run(
             s.push(item);
         }
     }
-    let results: Vec<Share<Result<()>>> = std::thread::scope(|s| {
+    let results: Vec<Share<Ended>> = std::thread::scope(|s| {
         let handles: Vec<_> = shares
             .into_iter()
             .map(|list| {
@@ -628,7 +628,7 @@ pub fn run(
             .map(|h| h.join().unwrap_or_default())
             .collect()
     });
-    let mut client_teardown: Vec<Option<Result<()>>> = vec![None; n];
+    let mut client_teardown: Vec<Option<Ended>> = vec![None; n];
     for share in results {
         stalls += share.stalls;
         for (i, r) in share.items {
@@ -669,7 +669,7 @@ pub fn run(
     let mut established = 0;
     for (i, (c, s)) in client_setup.into_iter().zip(server_outcomes).enumerate() {
         let c = match (c, client_teardown.get_mut(i).and_then(Option::take)) {
-            (Outcome::Complete, Some(Err(e))) => Outcome::TeardownFailed(Box::new(e)),
+            (Outcome::Complete, Some(Err(e))) => Outcome::TeardownFailed(e),
             (Outcome::Complete, None) => {
                 Outcome::TeardownFailed(Box::new(Error::new("disconnect", status::CANCELLED)))
             }
@@ -1055,6 +1055,10 @@ fn pace(pacer: Option<&Mutex<Pacer>>, pump: &dyn Pump, wait: Duration) -> Durati
 }
 
 /// What one client thread got back.
+/// How a connection's teardown ended, its rare error boxed (a run keeps one per
+/// connection until the report: 16 bytes with its index, not 64).
+type Ended = std::result::Result<(), Box<Error>>;
+
 struct Share<T> {
     items: Vec<(usize, T)>,
     stalls: usize,
@@ -1390,7 +1394,7 @@ fn teardown_share(
     stall: Duration,
     done: &AtomicUsize,
     progress: &(dyn Fn(Progress) + Sync),
-) -> Share<Result<()>> {
+) -> Share<Ended> {
     // A flap tells every connection at once: all wait for their event together.
     let window = if sh.cfg.port_flap {
         list.len().max(1)
@@ -1413,7 +1417,7 @@ fn teardown_share(
     // Connections in timewait, by index (a vector: 8 bytes a connection).
     let mut waiting: Vec<Option<ConnectEndpoint>> = vec![None; sh.times.len()];
     let mut in_timewait = 0usize;
-    let mut failed: Vec<(usize, Result<()>)> = Vec::new();
+    let mut failed: Vec<(usize, Ended)> = Vec::new();
     out.stalls = drive::<()>(
         pump,
         window,
@@ -1466,7 +1470,7 @@ fn teardown_share(
                 }
             }
             (r, _) => {
-                failed.push((i, r));
+                failed.push((i, r.map_err(Box::new)));
                 report(done.fetch_add(1, Ordering::AcqRel) + 1);
             }
         },
@@ -1488,7 +1492,7 @@ fn teardown_share(
                     .overlapped
                     .result::<Result<()>>()
                     .unwrap_or_else(|| Err(Error::new("cmtime", status::INVALID_PARAMETER)));
-                out.items.push((i, r));
+                out.items.push((i, r.map_err(Box::new)));
                 report(done.fetch_add(1, Ordering::AcqRel) + 1);
                 last = pump.now_ns();
             }
@@ -1498,8 +1502,8 @@ fn teardown_share(
                     if stalls > 2 {
                         for (i, slot) in waiting.iter_mut().enumerate() {
                             if slot.take().is_some() {
-                                out.items
-                                    .push((i, Err(Error::new("wait timewait", status::CANCELLED))));
+                                let e = Error::new("wait timewait", status::CANCELLED);
+                                out.items.push((i, Err(Box::new(e))));
                             }
                         }
                         break;
