@@ -52,9 +52,17 @@ impl PathTable {
         }
     }
 
-    /// Entries a store takes without allocating.
+    /// Entries a store takes without allocating (a new entry needs room in the free
+    /// list too, so that freeing it never allocates).
     pub(crate) fn room(&self) -> usize {
-        self.free.len() + (self.entries.capacity() - self.entries.len())
+        self.free.len() + self.fresh()
+    }
+
+    /// Entries never used that the vectors have room for.
+    fn fresh(&self) -> usize {
+        let entries = self.entries.capacity() - self.entries.len();
+        let free = self.free.capacity().saturating_sub(self.entries.len());
+        entries.min(free)
     }
 
     /// Entries in use.
@@ -72,7 +80,7 @@ impl PathTable {
             *entry = path;
             i as usize
         } else {
-            if self.entries.len() == self.entries.capacity() {
+            if self.fresh() == 0 {
                 if !may_grow {
                     return Err(CmError::NoResources);
                 }
