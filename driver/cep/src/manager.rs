@@ -212,6 +212,9 @@ pub struct CmManager {
     waiting: waiting::Waiting,
     /// REQs past their listens' backlogs, not reported yet (held.rs).
     held: held::HeldTable,
+    /// A received REQ or LAP found no room for its alternate path, or the path table's
+    /// room runs low, since the last `prepare_for` (alternate.rs).
+    paths_short: bool,
     /// A REQ found no room to be held since the last `prepare_for` (held.rs).
     held_short: bool,
     trace: TraceHook,
@@ -264,6 +267,7 @@ impl CmManager {
             waiting: waiting::Waiting::default(),
             held: HashMap::with_hasher(hash),
             held_short: false,
+            paths_short: false,
             trace: TraceHook::default(),
         }
     }
@@ -318,6 +322,10 @@ impl CmManager {
     /// them allocates nothing. Fails (changing nothing) if memory runs out.
     pub fn reserve(&mut self, ceps: usize) -> Result<(), CmError> {
         self.reserved = self.reserved.max(ceps);
+        // Alternate paths for their REQs and LAPs (path_table.rs): one compare when the
+        // room is there.
+        self.paths.prepare(ceps)?;
+        self.paths_short = false;
         // Room already there costs nothing: a hash map asked to reserve when it has the
         // room but also tombstones rehashes in place, O(n) per call.
         if self.room() >= ceps {
@@ -347,8 +355,6 @@ impl CmManager {
         self.timers
             .try_reserve_total(self.live + ceps)
             .map_err(no)?;
-        // Alternate paths for their REQs and LAPs (path_table.rs).
-        self.paths.prepare(ceps)?;
         // The queues are empty between entry points.
         reserve_queue(&mut self.events, ceps.min(4096)).map_err(no)?;
         reserve_queue(&mut self.transmits, ceps.min(4096)).map_err(no)?;

@@ -6,7 +6,7 @@
 use super::CmManager;
 use crate::cep::Cep;
 use crate::error::CmError;
-use crate::path_table::PathRef;
+use crate::path_table::{KEEP_FREE, PathRef};
 use crate::types::{CepId, PathRecord};
 
 /// Which of a CEP's two alternate paths.
@@ -38,19 +38,33 @@ impl CmManager {
 
     /// Stores `path` (nothing for `None`) for an operation that has not changed anything
     /// yet. In fixed-room mode (DISPATCH_LEVEL) only the room `prepare_for` made is
-    /// taken: none left, `NoResources`.
+    /// taken: none left, `NoResources`; half of `KEEP_FREE` left, more is asked for
+    /// ([`Self::wants_room`]) before a REQ or LAP finds none.
     pub(super) fn store_path(
         &mut self,
         path: Option<PathRecord>,
     ) -> Result<Option<PathRef>, CmError> {
-        path.map(|p| self.paths.store(p, !self.fixed_room))
-            .transpose()
+        let stored = path
+            .map(|p| self.paths.store(p, !self.fixed_room))
+            .transpose();
+        if self.fixed_room && self.paths.room() < KEEP_FREE / 2 {
+            self.paths_short = true;
+        }
+        stored
     }
 
     /// Whether a received REQ or LAP carrying an alternate path finds room for it:
-    /// what [`Self::store_path`] would take.
-    pub(super) fn path_room(&self) -> bool {
-        !self.fixed_room || self.paths.room() > 0
+    /// what [`Self::store_path`] would take. None: the MAD is dropped (counted), as a
+    /// REQ finding no slot is, and its sender retries (Linux `cm_lap_handler` and WinOF
+    /// `__lap_handler` drop a LAP they cannot load too); passive work is asked for, whose
+    /// `prepare_for` makes the room the retry finds.
+    pub(super) fn path_room_for(&mut self, alternate: bool) -> bool {
+        if !alternate || !self.fixed_room || self.paths.room() > 0 {
+            return true;
+        }
+        self.counters.path_room_drops += 1;
+        self.paths_short = true;
+        false
     }
 
     /// Puts `path` as CEP `id`'s `which` alternate path, giving back what it held (and

@@ -68,17 +68,9 @@ impl CmManager {
             return;
         }
         // No room for its alternate path (fixed-room mode, DISPATCH_LEVEL: the room
-        // `prepare_for` made is used up): REJ(NoResources), IBA 12.6.7 Table 108 reason
-        // 3 (Linux `IB_CM_REJ_NO_RESOURCES`), before a CEP is taken: the sender learns now.
-        if req.alternate_path.is_present() && !self.path_room() {
-            self.counters.path_room_refusals += 1;
-            self.reply_rej(
-                src,
-                tid,
-                req.local_comm_id,
-                MessageKind::Req,
-                RejReason::NoResources,
-            );
+        // `prepare_for` made is used up): dropped before a CEP is taken, as a REQ that
+        // finds no slot is; the sender retries into the room passive work makes.
+        if !self.path_room_for(req.alternate_path.is_present()) {
             return;
         }
         if self.crossing_req(now, src, tid, req) {

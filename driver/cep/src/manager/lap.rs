@@ -121,9 +121,15 @@ impl CmManager {
                 return;
             }
         }
+        // No room for its path (fixed-room mode, DISPATCH_LEVEL): dropped, as Linux
+        // `cm_lap_handler` and WinOF `__lap_handler` drop a LAP they cannot load; the
+        // peer resends it (IBA 12.8: LAP retries until an APR or MRA) into the room the
+        // passive work asked for makes. The connection keeps its paths.
+        if !self.path_room_for(true) {
+            return;
+        }
         let alternate = PathRecord::from_peer(&lap.alternate_path);
         let Ok(pending) = self.store_path(Some(alternate)) else {
-            self.refuse_lap(id, tid);
             return;
         };
         self.put_path(id, Alt::Pending, pending);
@@ -189,24 +195,6 @@ impl CmManager {
             pending,
             port,
         )))
-    }
-
-    /// A LAP whose alternate path found no room in the path table (fixed-room mode, at
-    /// DISPATCH_LEVEL): the engine answers it at once with APR status Reject (IBA 12.8,
-    /// Table 117 APStatus 3, "rejected"; Linux `IB_CM_APR_REJECT`), no additional
-    /// information or private data, and its owner hears nothing. The connection keeps its
-    /// paths; a repeat of the LAP gets the same APR (`on_lap`), and the peer may send a
-    /// new LAP later.
-    fn refuse_lap(&mut self, id: CepId, tid: u64) {
-        self.counters.path_room_refusals += 1;
-        self.keep_info(id, crate::pdata_pool::Held::NONE);
-        self.keep_cached(id, AttributeId::Apr, crate::pdata_pool::Held::NONE);
-        if let Some(c) = self.cep_mut(id) {
-            c.tid = tid;
-            c.apr_status = AprStatus::Reject.into();
-        }
-        self.resend(id, AttributeId::Apr);
-        Counters::bump(&mut self.counters.sent, AttributeId::Apr);
     }
 
     /// Sends the APR formatted by [`prepare_apr`](Self::prepare_apr); on Success the

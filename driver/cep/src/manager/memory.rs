@@ -116,6 +116,7 @@ impl CmManager {
         // past twice that goes back first.
         self.paths.trim(new);
         self.paths.prepare(new)?;
+        self.paths_short = false;
         // The queues are drained after every MAD and timer pass.
         reserve_queue(&mut self.events, new.min(4096)).map_err(no)?;
         reserve_queue(&mut self.transmits, new.min(4096)).map_err(no)?;
