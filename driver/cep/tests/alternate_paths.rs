@@ -56,9 +56,12 @@ fn rejected_no_resources(p: &Pair, a: CepId) -> bool {
         .any(|e| matches!(e, Event::Rejected { reason, .. } if *reason == RejReason::NoResources))
 }
 
+/// A's CEP and the QPN its REQ names.
+type Sent = (CepId, u32);
+
 /// REQs with alternate paths, left unanswered, in batches until B's path room is used
 /// up: returns A's CEPs (with their QPNs) whose REQs B took, and those B dropped.
-fn use_up_path_room(p: &mut Pair) -> (Vec<(CepId, u32)>, Vec<(CepId, u32)>) {
+fn use_up_path_room(p: &mut Pair) -> (Vec<Sent>, Vec<Sent>) {
     let mut sent = Vec::new();
     for batch in 0..(CEP_ROOM / 512) as u32 {
         for qpn in 0x100 + batch * 512..0x100 + (batch + 1) * 512 {
