@@ -6,8 +6,8 @@
 
 use std::collections::HashSet;
 
-use ibcm_cep::pair::{Pair, Side, gid};
-use ibcm_cep::{CepId, Event, StateName};
+use ibcm_cep::pair::{Fate, Pair, Side, gid};
+use ibcm_cep::{CepId, CmConfig, Event, StateName};
 use ibcm_iba::{AprStatus, ConnectParams, PathRecord, RejReason};
 
 const SID: u64 = 0x2000;
@@ -249,6 +249,46 @@ fn storm_of_reqs_with_alternate_paths_all_establish() {
     const N: u32 = 3000;
     assert_eq!(storm(64, N, false), (N as usize, 0));
     assert_eq!(storm(64, N, true), (N as usize, 0));
+}
+
+/// A peer-to-peer crossing where B (the larger CA GUID) stays active and has no path
+/// room (fixed-room mode, nothing prepared): A's REQ carries an alternate path B never
+/// stores (A turns passive and answers B's REQ), so B must not refuse it. B's first REQ
+/// is lost, so A's REQ reaches B first.
+#[test]
+fn p2p_crossing_needs_no_path_room_on_the_side_that_stays_active() {
+    let mut p = Pair::with_config(
+        CmConfig::new(1, [1; 32]),
+        CmConfig::new(0xffff_0000, [2; 32]),
+    );
+    p.b.set_fixed_room(true);
+    p.fault(Side::B, ibcm_mad::AttributeId::Req, 1, Fate::Drop);
+    let a = p.a.create().unwrap();
+    let b = p.b.create().unwrap();
+    let ca = ConnectParams {
+        alternate_path: Some(alt_a()),
+        ..Pair::connect_params(SID, 0x11)
+    };
+    let cb = ConnectParams {
+        primary_path: Pair::path(Side::B),
+        ..Pair::connect_params(SID, 0x22)
+    };
+    let now = p.now;
+    p.a.connect_peer(now, a, &ca).unwrap();
+    p.b.connect_peer(now, b, &cb).unwrap();
+    while p.step() {
+        if p.a.state(a) == Ok(StateName::ReqRcvd) {
+            let now = p.now;
+            p.a.accept(now, a, &Pair::rep_params(0x11)).unwrap();
+        }
+        if p.b.state(b) == Ok(StateName::RepRcvd) {
+            p.b.rtu(b, b"").unwrap();
+        }
+    }
+    assert_eq!(p.sent_count(Side::B, ibcm_mad::AttributeId::Rej), 0);
+    assert_eq!(p.a.state(a).unwrap(), StateName::Established);
+    assert_eq!(p.b.state(b).unwrap(), StateName::Established);
+    assert_eq!(p.b.counters().path_room_drops, 0);
 }
 
 /// Every path a connection held goes back when it ends: a REQ's alternate path, a

@@ -67,13 +67,15 @@ impl CmManager {
             self.end_stale(now, old);
             return;
         }
+        // A crossing REQ (peer-to-peer): the side that stays active never stores its
+        // alternate path; the other checks the room itself (peer.rs).
+        if self.crossing_req(now, src, tid, req) {
+            return;
+        }
         // No room for its alternate path (fixed-room mode, DISPATCH_LEVEL: the room
         // `prepare_for` made is used up): dropped before a CEP is taken, as a REQ that
         // finds no slot is; the sender retries into the room passive work makes.
         if !self.path_room_for(req.alternate_path.is_present()) {
-            return;
-        }
-        if self.crossing_req(now, src, tid, req) {
             return;
         }
         // IBA 12.6.7 Table 108 reasons 12/13/18/19: a path that does not end at one of
