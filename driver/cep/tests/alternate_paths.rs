@@ -291,6 +291,22 @@ fn p2p_crossing_needs_no_path_room_on_the_side_that_stays_active() {
     assert_eq!(p.b.counters().path_room_drops, 0);
 }
 
+/// A REQ with an alternate path for a service no one listens on, at a node with no path
+/// room, gets REJ(InvalidServiceId) as with room: the listen is looked up before any room
+/// is checked (Linux `cm_match_req`, WinOF `__lookup_listen` before `__create_cep`).
+#[test]
+fn req_for_no_listen_gets_invalid_service_id_whatever_the_room() {
+    let mut p = Pair::new(65);
+    p.b.set_fixed_room(true);
+    let a = connect_with_alternate(&mut p, 0x11);
+    p.drive_for(1_000_000);
+    assert!(p.events_of(Side::A, a).iter().any(|e| matches!(
+        e,
+        Event::Rejected { reason, .. } if *reason == RejReason::InvalidServiceId
+    )));
+    assert_eq!(p.b.counters().path_room_drops, 0);
+}
+
 /// Every path a connection held goes back when it ends: a REQ's alternate path, a
 /// LAP's, after APR and teardown.
 #[test]

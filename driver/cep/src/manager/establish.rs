@@ -72,12 +72,6 @@ impl CmManager {
         if self.crossing_req(now, src, tid, req) {
             return;
         }
-        // No room for its alternate path (fixed-room mode, DISPATCH_LEVEL: the room
-        // `prepare_for` made is used up): dropped before a CEP is taken, as a REQ that
-        // finds no slot is; the sender retries into the room passive work makes.
-        if !self.path_room_for(req.alternate_path.is_present()) {
-            return;
-        }
         // IBA 12.6.7 Table 108 reasons 12/13/18/19: a path that does not end at one of
         // this CA's ports (when the owner told them: `set_port`; Linux `cm_req_handler`).
         if let Some(r) = self.check_req_paths(src, req) {
@@ -114,6 +108,15 @@ impl CmManager {
                 MessageKind::Req,
                 RejReason::NoResources,
             );
+            return;
+        }
+        // No room for its alternate path (fixed-room mode, DISPATCH_LEVEL: the room
+        // `prepare_for` made is used up): dropped before a CEP is taken, as a REQ that
+        // finds no slot is; the sender retries into the room passive work makes. After
+        // the listen lookup and the path checks, as Linux `cm_match_req` and WinOF
+        // `__lookup_listen` (al_cm_cep.c:1153) come before any allocation: a REQ for no
+        // listen gets InvalidServiceId whatever the room.
+        if !self.path_room_for(req.alternate_path.is_present()) {
             return;
         }
         if hold && !self.room_to_hold() {
