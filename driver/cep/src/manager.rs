@@ -172,7 +172,7 @@ pub struct CmManager {
     /// The room the last `prepare_for` was asked for (a listen's backlog): a trim keeps it.
     room_wanted: usize,
     /// The most room [`Self::reserve`] was asked for (a kernel client's burst): a trim
-    /// keeps it too.
+    /// keeps it as far as the live CEPs still need it (memory.rs `reserve_need`).
     reserved: usize,
     /// Whether `alloc` may grow the slab (see [`Self::set_fixed_room`]).
     fixed_room: bool,

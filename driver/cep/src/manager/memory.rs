@@ -148,7 +148,21 @@ impl CmManager {
     /// for, and the REQs held past their backlogs (they take their room from the same
     /// reservation, held.rs).
     fn kept_room(&self, new: usize) -> usize {
-        new.max(self.room_wanted).max(self.reserved) + self.held_headroom()
+        new.max(self.room_wanted).max(self.reserve_need()) + self.held_headroom()
+    }
+
+    /// What [`Self::reserve`] was asked for, as far as the live CEPs and listens still
+    /// need it: the kernel-client wrapper's own formula, room for twice the live CEPs
+    /// and one more (driver/endpoint device/client.rs `client_downcall`), and every
+    /// listen's backlog (a client's listen reserves it). A past peak's claim goes; an
+    /// owner that needs more asks again at its next downcall (PASSIVE_LEVEL). O(1).
+    fn reserve_need(&self) -> usize {
+        let live_need = self
+            .live
+            .saturating_add(1)
+            .saturating_mul(2)
+            .saturating_add(self.listens.backlogs());
+        self.reserved.min(live_need)
     }
 
     /// Vacant slots a trim keeps for `new` CEPs: as many chunks as they need free slots
@@ -192,6 +206,8 @@ impl CmManager {
     /// 12.9.8.3), and the lookups', timers' and free list's room beyond what the live
     /// CEPs and `new` more need.
     fn trim(&mut self, new: usize) {
+        // `reserve`'s claim follows the live need from here on.
+        self.reserved = self.reserve_need();
         let new = self.kept_room(new);
         let keep = Self::kept_for(new) / CHUNK;
         let retired = self.slots.retire_vacant(&mut self.retired, keep);
