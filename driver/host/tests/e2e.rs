@@ -1041,3 +1041,49 @@ fn query_returns_the_last_private_data_received() {
         assert_eq!(fabric.nodes[n].device.memory().private_data, base);
     }
 }
+
+/// Closing a handle whose endpoints held many private-data blocks (cleanup, PASSIVE_LEVEL)
+/// leaves the block pool with the room a DISPATCH_LEVEL entry point needs: the next REQ,
+/// for another handle's listen, is handled at once, not dropped until passive work
+/// (driver/endpoint/src/device/pdata.rs `trim`).
+#[test]
+fn closing_a_handle_leaves_room_for_the_next_receive() {
+    const N: u32 = 200;
+    let mut fabric = Fabric::new(2, 32);
+    let (fa, fb, _) = listening_with_backlog(&fabric, 0x77, 256);
+    let (_, fc, other) = listening_with_backlog(&fabric, 0x78, 4);
+    for k in 0..N {
+        let ep = create(&fabric.nodes[0], fa);
+        let mut c = connect_in(ep, 0x77);
+        c.qpn = 0x1000 + k;
+        c.private_data_len = 5;
+        c.private_data[..5].copy_from_slice(b"hello");
+        let done = fabric.nodes[0].ioctl_now(fa, code::CONNECT, c.as_bytes(), 0);
+        assert_eq!(done.status, status::SUCCESS);
+    }
+    fabric.run_for(100_000);
+    let held = fabric.nodes[1].device.memory().private_data;
+    // Waiting before the close: no IOCTL on node 1 comes between the close and the REQ.
+    let wait = fabric.nodes[1].ioctl(fc, code::GET_EVENT, handle_in(other).as_bytes(), 464);
+    let before = fabric.nodes[1].device.room_shortfalls();
+    fabric.nodes[1].close(fb);
+    assert_eq!(fabric.nodes[1].violations(), vec![]);
+    assert!(fabric.nodes[1].device.memory().private_data < held);
+    let ep = create(&fabric.nodes[0], fa);
+    let mut c = connect_in(ep, 0x78);
+    c.qpn = 0x3000;
+    let done = fabric.nodes[0].ioctl_now(fa, code::CONNECT, c.as_bytes(), 0);
+    assert_eq!(done.status, status::SUCCESS);
+    fabric.run_for(100_000);
+    // Nothing at DISPATCH_LEVEL waited for passive work: no receive batch dropped, no
+    // timer pass (the closed connections' DREQs, timewaits) deferred.
+    assert_eq!(
+        fabric.nodes[1].device.room_shortfalls(),
+        before,
+        "DISPATCH_LEVEL work held back for want of private-data blocks"
+    );
+    assert!(
+        fabric.nodes[1].completion(wait).is_some(),
+        "the REQ is reported"
+    );
+}

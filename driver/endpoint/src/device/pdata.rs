@@ -11,11 +11,11 @@
 //! PASSIVE_LEVEL ([`PdataBlocks::prepare`]); a DISPATCH_LEVEL entry point first checks that
 //! [`DISPATCH_BLOCKS`] are free (one per event it may deliver) and otherwise holds back
 //! like the record pool, so a block is always found and no private data is lost.
-//! [`PdataBlocks::trim`] gives everything back once no block is held.
+//! [`PdataBlocks::trim`] gives back all but that room once no block is held.
 
 use alloc::vec::Vec;
 
-use ibcm_cep::grow::HeapBytes;
+use ibcm_cep::grow::{HeapBytes, shrink_vec};
 
 use super::pool::DISPATCH_RECORDS;
 
@@ -181,13 +181,24 @@ impl PdataBlocks {
         Ok(())
     }
 
-    /// PASSIVE_LEVEL, where endpoints go: with no block held and more than twice what
-    /// `prepare` keeps, everything goes (the next `prepare` makes its room again). Blocks
-    /// held never move, so a pool with any keeps its size. Never allocates.
+    /// PASSIVE_LEVEL, where endpoints go (DESTROY, cleanup): with no block held and more
+    /// than twice what `prepare` keeps, all but the chunks [`KEEP_FREE`] blocks take go:
+    /// the pool stays prepared, so the DISPATCH_LEVEL entry points that follow find
+    /// [`DISPATCH_BLOCKS`] free (cleanup runs no `prepare`; an empty pool would drop every
+    /// receive batch until passive work). Blocks held never move, so a pool with any
+    /// keeps its size. Allocates only to shrink the lists (fallibly: `shrink_vec`).
     pub(super) fn trim(&mut self) {
-        if self.held == 0 && self.free.len() > 2 * self.target() {
-            *self = Self::default();
+        if self.held != 0 || self.free.len() <= 2 * self.target() {
+            return;
         }
+        let keep = KEEP_FREE.div_ceil(BLOCK_CHUNK);
+        self.chunks.truncate(keep);
+        shrink_vec(&mut self.chunks, keep);
+        let blocks = self.chunks.len() * BLOCK_CHUNK;
+        self.free.clear();
+        // Lowest index last: taken first.
+        self.free.extend((0..blocks).rev().map(|i| i as u32));
+        shrink_vec(&mut self.free, blocks);
     }
 
     /// Heap bytes: the blocks, free or held, and the free list.
@@ -241,7 +252,21 @@ mod tests {
         for _ in 0..40 {
             p.grow_chunk().unwrap();
         }
+        let prepared = {
+            let mut q = PdataBlocks::default();
+            q.prepare().unwrap();
+            q.bytes()
+        };
         p.trim();
-        assert_eq!(p.bytes(), 0, "nothing held: everything goes");
+        assert!(p.has_dispatch_room(), "the trimmed pool stays prepared");
+        assert!(!p.running_low());
+        assert!(
+            p.bytes() <= prepared,
+            "nothing held: all but the prepared room goes ({} B, prepared {prepared})",
+            p.bytes()
+        );
+        let mut k = Kept::default();
+        p.keep(&mut k, b"after the trim");
+        assert_eq!(p.get(k), b"after the trim");
     }
 }
