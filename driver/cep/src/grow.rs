@@ -255,7 +255,6 @@ impl<T> ChunkedVec<T> {
         }
     }
 
-    /// A new last chunk, with no occupant.
     /// Room past the last element: chunks reserved and never used yet.
     #[must_use]
     pub fn fresh_room(&self) -> usize {
@@ -280,6 +279,7 @@ impl<T> ChunkedVec<T> {
         n
     }
 
+    /// A new last chunk, with no occupant.
     fn add_chunk(&mut self, chunk: Vec<T>) {
         self.chunks.push(chunk);
         self.occupants.push(0);

@@ -110,6 +110,8 @@ impl PathTable {
     /// Gives `r`'s entry back (nothing for `None`). Never allocates.
     pub(crate) fn free(&mut self, r: Option<PathRef>) {
         let Some(r) = r else { return };
+        // Growth keeps room in the free list for every entry (`grow`).
+        debug_assert!(self.free.len() < self.free.capacity(), "free list full");
         if r.index() < self.entries.len() && self.free.len() < self.free.capacity() {
             self.free.push(r.index() as u32);
             self.in_use = self.in_use.saturating_sub(1);

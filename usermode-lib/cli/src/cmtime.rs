@@ -1464,8 +1464,10 @@ fn teardown_share(
                     },
                     &Overlapped::with_port(&timewaits, i),
                 );
-                if let Some(slot) = waiting.get_mut(i) {
-                    *slot = Some(ep);
+                // Counted once per index: a repeated one would never count down to 0.
+                if let Some(slot) = waiting.get_mut(i)
+                    && slot.replace(ep).is_none()
+                {
                     in_timewait += 1;
                 }
             }

@@ -263,17 +263,18 @@ impl CmManager {
         }
         // The alternate path may leave from another port of the CA (APM across ports):
         // CM MADs then go out of that port, and its going down is what counts (link.rs).
-        let (from, to) = match self.cep_any(id) {
-            Some(c) => (c.dest.port, self.alternate_port(c)),
+        // Every lookup before the first change.
+        let (from, to, alt) = match self.cep_any(id) {
+            Some(c) => match self.alternate_of(c) {
+                Some(alt) => (c.dest.port, self.alternate_port(c), *alt),
+                None => return Err(CmError::UnknownCep),
+            },
             None => return Err(CmError::UnknownCep),
         };
         if from != to {
             self.down.move_port(from, to);
         }
         // Primary and alternate swap: the path table's entry takes the old primary.
-        let Some(alt) = self.cep_any(id).and_then(|c| self.alternate_of(c)).copied() else {
-            return Err(CmError::UnknownCep);
-        };
         let Some(c) = self.cep_mut(id) else {
             return Err(CmError::UnknownCep);
         };

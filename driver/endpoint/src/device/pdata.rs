@@ -145,6 +145,11 @@ impl PdataBlocks {
 
     /// Gives `kept`'s block back (nothing for none). Never allocates.
     pub(super) fn release(&mut self, kept: Kept) {
+        // Growth keeps room in the free list for every block (`grow_chunk`).
+        debug_assert!(
+            kept.block().is_none() || self.free.len() < self.free.capacity(),
+            "free list full"
+        );
         if let Some(b) = kept.block()
             && self.free.len() < self.free.capacity()
         {

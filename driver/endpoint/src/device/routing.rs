@@ -242,8 +242,10 @@ impl<P: Platform> Inner<P> {
         }
         let handle = match file.endpoints.try_insert(ep) {
             Ok(handle) => handle,
-            Err(ep) => {
-                // Room was checked (`can_insert`); should it be missing, the REQ is refused.
+            Err(mut ep) => {
+                // Room was checked (`can_insert`); should it be missing, the REQ is refused
+                // and the endpoint goes back a spare, which holds no block.
+                self.pdata.release(core::mem::take(&mut ep.private_data));
                 file.spares.push(ep);
                 let now = self.now;
                 let _ = self.cm.destroy(now, cep);
