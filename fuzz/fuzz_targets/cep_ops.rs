@@ -10,7 +10,8 @@
 //!   it (checked on every step for the CEPs the step named or reported an event on, the
 //!   only ones a step changes, and for every held CEP every 32 steps and at the end), and
 //!   `live_ceps() >= held`; `live_ceps() <= created` (creates + ReqReceived);
-//! - `peer_map_entries() <= 2 * live_ceps()` (a remote comm ID and a remote QPN per CEP);
+//! - `peer_map_entries() <= 2 * live_ceps()` (a remote comm ID and a remote QPN per CEP),
+//!   `alternate_paths() <= 2 * live_ceps()` (a loaded and a pending alternate path);
 //! - `poll_timeout()` is `None` iff `timer_entries() == 0`, and after `handle_timeout(now)`
 //!   it is `None` or later than `now`;
 //! - events name only CEPs the user holds (none after `destroy`), except ReqReceived,
@@ -38,7 +39,7 @@
 //!   the handles of the requests nobody took from it, which it refuses).
 //!
 //! At the end every CEP is destroyed and the link and timers run dry (no faults): both
-//! managers must then hold no CEP, no peer-map entry and no timer entry.
+//! managers must then hold no CEP, no peer-map entry, no timer entry and no alternate path.
 #![no_main]
 
 use std::collections::{HashMap, VecDeque};
@@ -597,6 +598,11 @@ impl World {
                 m.peer_map_entries() <= 2 * live,
                 "node {i}: {} peer entries for {live} CEPs",
                 m.peer_map_entries()
+            );
+            assert!(
+                m.alternate_paths() <= 2 * live,
+                "node {i}: {} alternate paths for {live} CEPs",
+                m.alternate_paths()
             );
             assert_eq!(m.poll_timeout().is_none(), m.timer_entries() == 0);
             let _ = m.counters();
@@ -1439,8 +1445,13 @@ impl World {
         for (i, node) in self.nodes.iter().enumerate() {
             let m = &node.m;
             assert_eq!(
-                (m.live_ceps(), m.peer_map_entries(), m.timer_entries()),
-                (0, 0, 0),
+                (
+                    m.live_ceps(),
+                    m.peer_map_entries(),
+                    m.timer_entries(),
+                    m.alternate_paths()
+                ),
+                (0, 0, 0, 0),
                 "node {i} not empty after teardown"
             );
         }

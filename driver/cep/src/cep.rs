@@ -2,6 +2,7 @@
 
 use ibcm_mad::{AttributeId, Failover, Mtu, Transport};
 
+use crate::path_table::PathRef;
 use crate::pdata_pool::Held;
 use crate::types::{CepId, Instant, MadAddress, PathRecord};
 
@@ -188,9 +189,6 @@ pub(crate) struct Cep {
     pub remote_ca_guid: u64,
     pub service_id: u64,
     pub primary: PathRecord,
-    pub alternate: Option<PathRecord>,
-    /// The alternate path a LAP carries, until its APR settles it.
-    pub pending_alternate: Option<PathRecord>,
     /// The listen whose backlog this REQ-created CEP counts against, until its REQ is
     /// answered (manager/held.rs).
     pub backlog_of: Option<CepId>,
@@ -205,6 +203,11 @@ pub(crate) struct Cep {
     /// Where its armed timer's entry is in the timer heap (manager/timer_heap.rs;
     /// `NO_TIMER`: none armed).
     pub timer_pos: u32,
+    /// The alternate path, in the manager's path table (src/path_table.rs).
+    pub alternate: Option<PathRef>,
+    /// The alternate path a LAP carries, until its APR settles it (and a REQ's alternate
+    /// path a pre-REP refused, until the REP goes), in the path table.
+    pub pending_alternate: Option<PathRef>,
     /// Private data of that message, in the manager's private-data pool (src/pdata_pool.rs).
     pub pdata: Held,
     /// Private data of that MRA: kept apart from `pdata`, since an MRA sent after the
@@ -332,11 +335,10 @@ impl Cep {
 
     /// Timewait: 2 x packet life time + the target's ACK delay (IBA 12.9.8.7; WinOF
     /// `__calc_timewait`), with the larger packet life time of the primary and the loaded
-    /// alternate path: packets may linger on either (WinOF's `max_2pkt_life`, "of any
-    /// path used on a connection", set by `__save_user_req` / `__save_wire_req`).
-    pub(crate) fn timewait_ns(&self) -> u64 {
-        let longest = self
-            .alternate
+    /// alternate path `alternate`: packets may linger on either (WinOF's `max_2pkt_life`,
+    /// "of any path used on a connection", set by `__save_user_req` / `__save_wire_req`).
+    pub(crate) fn timewait_ns(&self, alternate: Option<&PathRecord>) -> u64 {
+        let longest = alternate
             .map_or(0, |a| a.packet_life_time)
             .max(self.primary.packet_life_time);
         let plt = ibcm_mad::ib_time_ns(longest.min(31)).unwrap_or(0);

@@ -23,6 +23,10 @@ pub struct Counters {
     pub unmatched: u64,
     /// REQs dropped because their listen's backlog was full.
     pub backlog_drops: u64,
+    /// REQs and LAPs dropped because the alternate path they carry found no room in the
+    /// path table (fixed-room mode: the room made at PASSIVE_LEVEL was used up); their
+    /// senders retry, and the owner is asked for passive work (`wants_room`).
+    pub path_room_drops: u64,
     /// REJ, APR and SIDR_REP MADs whose length field (RejectedInfoLength,
     /// AdditionalInfoLength) exceeded 72: handled with it clamped to 72, never dropped.
     pub clamped_lengths: u64,

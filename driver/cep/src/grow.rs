@@ -255,6 +255,30 @@ impl<T> ChunkedVec<T> {
         }
     }
 
+    /// Room past the last element: chunks reserved and never used yet.
+    #[must_use]
+    pub fn fresh_room(&self) -> usize {
+        self.capacity() - self.len
+    }
+
+    /// Gives back the chunks past the last element (reserved for a burst, never used)
+    /// beyond `keep` elements of room; returns how many went. Never allocates.
+    pub fn shrink_room(&mut self, keep: usize) -> usize {
+        let mut n = 0;
+        while let Some(last) = self.chunks.last() {
+            let start = (self.chunks.len() - 1) * CHUNK;
+            // Past the last element (so neither used nor retired), and not needed.
+            if !last.is_empty() || start < self.len.saturating_add(keep) {
+                break;
+            }
+            self.chunks.pop();
+            self.occupants.pop();
+            self.vacant = self.vacant.saturating_sub(1);
+            n += 1;
+        }
+        n
+    }
+
     /// A new last chunk, with no occupant.
     fn add_chunk(&mut self, chunk: Vec<T>) {
         self.chunks.push(chunk);

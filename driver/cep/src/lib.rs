@@ -19,6 +19,7 @@ mod error;
 mod event;
 pub mod grow;
 mod manager;
+mod path_table;
 mod pdata_pool;
 mod trace;
 mod types;

@@ -17,11 +17,13 @@ use crate::counters::Counters;
 use crate::error::CmError;
 use crate::event::Event;
 use crate::grow::{ChunkedVec, reserve_queue};
+use crate::path_table::PathTable;
 use crate::pdata_pool::PdataPool;
 use crate::trace::{TraceHook, TracePoint, Tracer};
 use crate::types::{CepId, Instant, MadAddress, PathRecord, PrivateData};
 use ibcm_iba::{QpAttributes, QpState};
 
+mod alternate;
 mod establish;
 mod held;
 mod lap;
@@ -169,6 +171,9 @@ pub struct CmManager {
     retired: crate::grow::Retired,
     /// The room the last `prepare_for` was asked for (a listen's backlog): a trim keeps it.
     room_wanted: usize,
+    /// The most room [`Self::reserve`] was asked for (a kernel client's burst): a trim
+    /// keeps it as far as the live CEPs still need it (memory.rs `reserve_need`).
+    reserved: usize,
     /// Whether `alloc` may grow the slab (see [`Self::set_fixed_room`]).
     fixed_room: bool,
     live: usize,
@@ -200,11 +205,16 @@ pub struct CmManager {
     events: VecDeque<(CepId, Event)>,
     /// The private data CEPs keep for repeats (src/pdata_pool.rs).
     pdata: PdataPool,
+    /// The CEPs' alternate paths (src/path_table.rs).
+    paths: PathTable,
     counters: Counters,
     /// REQs not answered yet, and the MRAs that keep their senders waiting.
     waiting: waiting::Waiting,
     /// REQs past their listens' backlogs, not reported yet (held.rs).
     held: held::HeldTable,
+    /// A received REQ or LAP found no room for its alternate path, or the path table's
+    /// room runs low, since the last `prepare_for` (alternate.rs).
+    paths_short: bool,
     /// A REQ found no room to be held since the last `prepare_for` (held.rs).
     held_short: bool,
     trace: TraceHook,
@@ -226,6 +236,7 @@ impl CmManager {
             free: VecDeque::new(),
             retired: Vec::new(),
             room_wanted: 0,
+            reserved: 0,
             live: 0,
             ids: CommIdSpace::new(
                 config.comm_id_mask,
@@ -251,10 +262,12 @@ impl CmManager {
             transmits: VecDeque::new(),
             events: VecDeque::new(),
             pdata: PdataPool::new(),
+            paths: PathTable::new(),
             counters: Counters::default(),
             waiting: waiting::Waiting::default(),
             held: HashMap::with_hasher(hash),
             held_short: false,
+            paths_short: false,
             trace: TraceHook::default(),
         }
     }
@@ -308,6 +321,11 @@ impl CmManager {
     /// Preallocates room for `ceps` CEPs and their lookups, so that handling MADs for
     /// them allocates nothing. Fails (changing nothing) if memory runs out.
     pub fn reserve(&mut self, ceps: usize) -> Result<(), CmError> {
+        self.reserved = self.reserved.max(ceps);
+        // Alternate paths for their REQs and LAPs (path_table.rs): one compare when the
+        // room is there.
+        self.paths.prepare(ceps)?;
+        self.paths_short = false;
         // Room already there costs nothing: a hash map asked to reserve when it has the
         // room but also tombstones rehashes in place, O(n) per call.
         if self.room() >= ceps {
@@ -470,8 +488,8 @@ impl CmManager {
             peer_responder_resources: c.peer_responder_resources,
             peer_initiator_depth: c.peer_initiator_depth,
             primary_path: c.primary,
-            alternate_path: c.alternate,
-            timewait_ns: c.timewait_ns(),
+            alternate_path: self.alternate_of(c).copied(),
+            timewait_ns: c.timewait_ns(self.alternate_of(c)),
         })
     }
 
@@ -546,7 +564,12 @@ impl CmManager {
         if !allowed {
             return Err(CmError::InvalidState { state: name });
         }
-        Ok(qp_attributes_of(c, state, self.alternate_port(c)))
+        Ok(qp_attributes_of(
+            c,
+            state,
+            self.alternate_of(c),
+            self.alternate_port(c),
+        ))
     }
 
     // ---- poll ----------------------------------------------------------------------
@@ -686,6 +709,9 @@ impl CmManager {
             for held in [c.pdata, c.mra_pdata, c.apr_info] {
                 self.pdata.free(held);
             }
+            // And its alternate paths to the path table.
+            self.paths.free(c.alternate);
+            self.paths.free(c.pending_alternate);
             slot.generation = slot.generation.wrapping_add(1) & mask;
             self.live = self.live.saturating_sub(1);
             self.slots.vacated(index);

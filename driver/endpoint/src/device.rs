@@ -15,6 +15,7 @@ mod endpoint;
 mod fabric_status;
 mod ioctl;
 mod memory;
+mod pdata;
 mod policy;
 mod pool;
 mod routing;
@@ -116,6 +117,8 @@ pub struct Inner<P: Platform> {
     spare_done: Vec<Vec<(P::Request, i32, usize)>>,
     done: Vec<(P::Request, i32, usize)>,
     records: RecordPool,
+    /// The private data endpoints keep for QUERY (pdata.rs).
+    pdata: pdata::PdataBlocks,
     /// The time of the entry point running under the lock.
     now: Instant,
     clients: client::Clients<P>,
@@ -211,6 +214,7 @@ impl<P: Platform> Device<P> {
             spare_done: Vec::with_capacity(KEPT_BATCHES),
             done: Vec::new(),
             records: RecordPool::default(),
+            pdata: pdata::PdataBlocks::default(),
             now: Instant::from_nanos(0),
             clients: client::Clients::new(),
             flushes: 0,
@@ -425,6 +429,7 @@ impl<P: Platform> Device<P> {
                 i.users.endpoint_removed(caller, ep.backlog);
                 i.users.events_read(caller, ep.events.len());
                 i.records.release(&ep.events);
+                i.pdata.release(ep.private_data);
                 let _ = i.cm.destroy(now, ep.cep);
                 if i.lingering.try_reserve(1).is_ok() {
                     i.linger(caller, ep.cep);
@@ -549,7 +554,7 @@ impl<P: Platform> Device<P> {
                 if i.removed {
                     return false;
                 }
-                if !i.records.has_dispatch_room() {
+                if !i.has_dispatch_room() {
                     let n = batch.clone().count();
                     i.shortfalls.mads_dropped += n as u64;
                     i.trace.point(DispatchPoint::NoRoom {
@@ -569,7 +574,7 @@ impl<P: Platform> Device<P> {
                 }
                 // Grow the pool before it runs out, not after a batch was dropped; and
                 // the engine's room for REQs held past a backlog (held.rs) once short.
-                i.records.running_low() || i.cm.wants_room()
+                i.running_low() || i.cm.wants_room()
             });
             if short {
                 self.platform.request_passive_work();
@@ -587,7 +592,7 @@ impl<P: Platform> Device<P> {
             if i.removed {
                 return false;
             }
-            if !i.records.has_dispatch_room() {
+            if !i.has_dispatch_room() {
                 // The pass waits for room (PASSIVE_LEVEL work), retrying shortly.
                 i.room_retry = Some(now.add_nanos(ROOM_RETRY_NS));
                 i.shortfalls.timer_passes_deferred += 1;
@@ -602,7 +607,7 @@ impl<P: Platform> Device<P> {
             // Timewaits that ended give their owners' budgets back.
             i.prune_lingering(LINGER_PRUNE);
             // Timewait exits free CEPs at DISPATCH_LEVEL; their memory goes back at PASSIVE.
-            i.cm.trim_due(0) || i.records.running_low()
+            i.cm.trim_due(0) || i.running_low()
         });
         if short {
             self.platform.request_passive_work();
@@ -622,7 +627,7 @@ impl<P: Platform> Device<P> {
             // A past peak's slab goes back (the engine trims when due).
             let _ = i.cm.prepare_for(0);
             i.prepare_batches();
-            if i.records.has_dispatch_room() && i.room_retry.take().is_some() {
+            if i.has_dispatch_room() && i.room_retry.take().is_some() {
                 // The timer, deferred, fires at the engine's deadline again.
                 i.deadline = None;
             }

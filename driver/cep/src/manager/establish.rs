@@ -10,6 +10,7 @@ use crate::cep::{Backlog, LapState, State};
 use crate::event::{Event, RepInfo, ReqInfo};
 use crate::types::{CepId, Instant, MadAddress, PathRecord, PrivateData, WirePath};
 
+use super::alternate::Alt;
 use super::{CmManager, message_rejected, rejected, transport_supported};
 
 impl CmManager {
@@ -66,6 +67,8 @@ impl CmManager {
             self.end_stale(now, old);
             return;
         }
+        // A crossing REQ (peer-to-peer): the side that stays active never stores its
+        // alternate path; the other checks the room itself (peer.rs).
         if self.crossing_req(now, src, tid, req) {
             return;
         }
@@ -105,6 +108,15 @@ impl CmManager {
                 MessageKind::Req,
                 RejReason::NoResources,
             );
+            return;
+        }
+        // No room for its alternate path (fixed-room mode, DISPATCH_LEVEL: the room
+        // `prepare_for` made is used up): dropped before a CEP is taken, as a REQ that
+        // finds no slot is; the sender retries into the room passive work makes. After
+        // the listen lookup and the path checks, as Linux `cm_match_req` and WinOF
+        // `__lookup_listen` (al_cm_cep.c:1153) come before any allocation: a REQ for no
+        // listen gets InvalidServiceId whatever the room.
+        if !self.path_room_for(req.alternate_path.is_present()) {
             return;
         }
         if hold && !self.room_to_hold() {
@@ -180,6 +192,9 @@ impl CmManager {
             srq: req.srq,
             private_data: PrivateData::new(req.private_data),
         });
+        // `on_req` checked the room (`path_room`): the store does not fail.
+        let alternate = self.store_path(alternate).ok().flatten();
+        self.put_path(id, Alt::Loaded, alternate);
         let Some(c) = self.cep_mut(id) else {
             return event;
         };
@@ -196,7 +211,6 @@ impl CmManager {
         c.transport = req.transport;
         c.path_mtu = req.path_mtu;
         c.primary = primary;
-        c.alternate = alternate;
         c.ack_timeout = c.path_ack_timeout(primary.packet_life_time);
         c.peer_responder_resources = req.responder_resources;
         c.peer_initiator_depth = req.initiator_depth;
@@ -340,13 +354,14 @@ impl CmManager {
         c.responder_resources = rep.initiator_depth;
         // IBA Table 110: an alternate path the passive side did not accept (1 not
         // supported, 2 rejected) is loaded into no QP state and cannot be migrated to.
-        if rep.failover_accepted != Failover::Accepted {
-            c.alternate = None;
-        }
+        let refused = rep.failover_accepted != Failover::Accepted;
         c.target_ack_delay = rep.target_ack_delay;
         c.rnr_retry = rep.rnr_retry_count;
         c.failover = rep.failover_accepted;
         c.ack_timeout = c.path_ack_timeout(c.primary.packet_life_time);
+        if refused {
+            self.drop_path(id, Alt::Loaded);
+        }
         self.set_state(id, State::RepRcvd { mra_sent: false });
         self.remote_ids.insert(id, &self.slots);
         self.remote_qpns.insert(id, &self.slots);

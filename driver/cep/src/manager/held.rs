@@ -125,10 +125,11 @@ impl CmManager {
     }
 
     /// Whether a REQ found no room to be held since the last [`Self::prepare_for`] (or a
-    /// listen's backlog is filling with none made): the owner should call it at
-    /// PASSIVE_LEVEL soon.
+    /// listen's backlog is filling with none made), or a REQ or LAP none for its
+    /// alternate path (or the path table runs low, alternate.rs): the owner should call
+    /// it at PASSIVE_LEVEL soon.
     pub fn wants_room(&self) -> bool {
-        self.held_short
+        self.held_short || self.paths_short
     }
 
     /// Holds CEP `id`'s REQ on `listen` (room made by [`Self::room_to_hold`]).

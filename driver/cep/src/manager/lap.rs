@@ -5,6 +5,7 @@
 use ibcm_mad::{AprStatus, AttributeId, Lap};
 
 use super::CmManager;
+use super::alternate::Alt;
 use crate::cep::{LapState, State};
 use crate::counters::Counters;
 use crate::error::{CmError, check_len, check_max, check_width};
@@ -14,7 +15,7 @@ use ibcm_iba::{QpAttributes, QpState, ack_timeout};
 
 impl CmManager {
     pub(super) fn build_lap<'a>(&'a self, id: CepId, c: &'a crate::cep::Cep) -> Lap<'a> {
-        let alt = c.pending_alternate.unwrap_or_default();
+        let alt = self.pending_of(c).copied().unwrap_or_default();
         Lap {
             local_comm_id: self.local_comm_id(id),
             remote_comm_id: c.remote_comm_id,
@@ -51,11 +52,18 @@ impl CmManager {
             ibcm_mad::LAP_PRIVATE_DATA_SIZE,
         )?;
         let held = self.store(private_data)?;
+        let pending = match self.store_path(Some(*alternate)) {
+            Ok(p) => p,
+            Err(e) => {
+                self.unstore(held);
+                return Err(e);
+            }
+        };
         // Each LAP is a new transaction: its TID tells the peer a new LAP from a repeat of
         // the one it already answered.
         let tid = self.fresh_tid();
+        self.put_path(id, Alt::Pending, pending);
         if let Some(c) = self.cep_mut(id) {
-            c.pending_alternate = Some(*alternate);
             c.lap = LapState::Sent { mra_rcvd: false };
             c.tid = tid;
         }
@@ -113,10 +121,20 @@ impl CmManager {
                 return;
             }
         }
+        // No room for its path (fixed-room mode, DISPATCH_LEVEL): dropped, as Linux
+        // `cm_lap_handler` and WinOF `__lap_handler` drop a LAP they cannot load; the
+        // peer resends it (IBA 12.8: LAP retries until an APR or MRA) into the room the
+        // passive work asked for makes. The connection keeps its paths.
+        if !self.path_room_for(true) {
+            return;
+        }
         let alternate = PathRecord::from_peer(&lap.alternate_path);
+        let Ok(pending) = self.store_path(Some(alternate)) else {
+            return;
+        };
+        self.put_path(id, Alt::Pending, pending);
         if let Some(c) = self.cep_mut(id) {
             c.lap = LapState::Rcvd { mra_sent: false };
-            c.pending_alternate = Some(alternate);
             c.tid = tid;
         }
         self.emit(
@@ -168,10 +186,15 @@ impl CmManager {
         if status != AprStatus::Success {
             return Ok(None);
         }
-        let mut with_alt = c.clone();
-        with_alt.alternate = c.pending_alternate;
-        let port = self.alternate_port(&with_alt);
-        Ok(Some(super::qp_attributes_of(&with_alt, QpState::Rts, port)))
+        let c = self.cep_any(id).ok_or(CmError::UnknownCep)?;
+        let pending = self.pending_of(c);
+        let port = self.port_of_alternate(c, pending);
+        Ok(Some(super::qp_attributes_of(
+            c,
+            QpState::Rts,
+            pending,
+            port,
+        )))
     }
 
     /// Sends the APR formatted by [`prepare_apr`](Self::prepare_apr); on Success the
@@ -182,11 +205,12 @@ impl CmManager {
             return Err(self.invalid(id));
         }
         let success = c.apr_status == u8::from(AprStatus::Success);
+        if success {
+            self.load_pending(id);
+        } else {
+            self.drop_path(id, Alt::Pending);
+        }
         if let Some(c) = self.cep_mut(id) {
-            if success {
-                c.alternate = c.pending_alternate;
-            }
-            c.pending_alternate = None;
             c.lap = LapState::Idle;
         }
         self.resend(id, AttributeId::Apr);
@@ -206,11 +230,12 @@ impl CmManager {
             return;
         }
         self.cancel_timer(id);
+        if apr.status == AprStatus::Success {
+            self.load_pending(id);
+        } else {
+            self.drop_path(id, Alt::Pending);
+        }
         if let Some(c) = self.cep_mut(id) {
-            if apr.status == AprStatus::Success {
-                c.alternate = c.pending_alternate;
-            }
-            c.pending_alternate = None;
             c.lap = LapState::Idle;
         }
         let mut info = [0u8; 72];
@@ -238,19 +263,28 @@ impl CmManager {
         }
         // The alternate path may leave from another port of the CA (APM across ports):
         // CM MADs then go out of that port, and its going down is what counts (link.rs).
-        let (from, to) = match self.cep_any(id) {
-            Some(c) => (c.dest.port, self.alternate_port(c)),
+        // Every lookup before the first change.
+        let (from, to, alt) = match self.cep_any(id) {
+            Some(c) => match self.alternate_of(c) {
+                Some(alt) => (c.dest.port, self.alternate_port(c), *alt),
+                None => return Err(CmError::UnknownCep),
+            },
             None => return Err(CmError::UnknownCep),
         };
         if from != to {
             self.down.move_port(from, to);
         }
-        if let Some(c) = self.cep_mut(id)
-            && let Some(alt) = c.alternate.take()
-        {
+        // Primary and alternate swap: the path table's entry takes the old primary.
+        let Some(c) = self.cep_mut(id) else {
+            return Err(CmError::UnknownCep);
+        };
+        let old = core::mem::replace(&mut c.primary, alt);
+        let entry = c.alternate;
+        if let Some(e) = self.paths.get_mut(entry) {
+            *e = old;
+        }
+        if let Some(c) = self.cep_mut(id) {
             c.dest.port = to;
-            let old = core::mem::replace(&mut c.primary, alt);
-            c.alternate = Some(old);
             c.dest.lid = alt.dlid;
             c.dest.gid = alt.dgid;
             c.dest.grh = !alt.subnet_local;

@@ -90,6 +90,7 @@ use crate::event::Event;
 use crate::types::{CepId, Instant, PathRecord, PrivateData};
 use ibcm_mad::AttributeId;
 
+use super::alternate::Alt;
 use super::{CmManager, ports};
 
 /// The slots one [`CmManager::port_down`] call looks at, at most: the walk runs under
@@ -256,18 +257,23 @@ impl CmManager {
     /// The local port a CEP's alternate path leaves from ([`Self::port_of_path`]); the
     /// primary's when no port placed it (no port told, or no alternate).
     pub(super) fn alternate_port(&self, c: &Cep) -> u8 {
-        c.alternate
-            .filter(|p| p.is_present())
-            .and_then(|alt| self.port_of_path(&alt))
+        self.port_of_alternate(c, self.alternate_of(c))
+    }
+
+    /// The local port the alternate path `alt` of CEP `c` would leave from (a LAP's, before
+    /// it is loaded); the primary's when no port placed it.
+    pub(super) fn port_of_alternate(&self, c: &Cep, alt: Option<&PathRecord>) -> u8 {
+        alt.filter(|p| p.is_present())
+            .and_then(|alt| self.port_of_path(alt))
             .unwrap_or(c.dest.port)
     }
 
     /// Whether an established connection's QP can migrate off `port` when it is down:
     /// its loaded alternate path leaves from another port that is up.
     fn migrates_off(&self, c: &Cep) -> bool {
-        c.alternate
+        self.alternate_of(c)
             .filter(|p| p.is_present())
-            .and_then(|alt| self.port_of_path(&alt))
+            .and_then(|alt| self.port_of_path(alt))
             .is_some_and(|p| p != c.dest.port && !self.down.contains(p))
     }
 
@@ -301,9 +307,9 @@ impl CmManager {
         }
         if let Some(c) = self.cep_mut(id) {
             c.lap = LapState::Idle;
-            c.pending_alternate = None;
             c.owes_dreq = true;
         }
+        self.drop_path(id, Alt::Pending);
         self.set_state(id, State::DreqRcvd);
         if self.cep_any(id).is_some_and(|c| c.detached) {
             // No owner to answer (destroy sends a DREQ first, so this is only a guard):
@@ -325,7 +331,7 @@ impl CmManager {
             self.exit_timewait(id);
             return;
         }
-        let wait = c.timewait_ns();
+        let wait = c.timewait_ns(self.alternate_of(c));
         if !self.down.contains(c.dest.port) {
             if let Some(c) = self.cep_mut(id) {
                 c.owes_dreq = false;

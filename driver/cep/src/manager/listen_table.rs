@@ -55,6 +55,8 @@ pub(super) struct ListenTable {
     exact: HashMap<u64, u32, KeyedHash>,
     /// Partial-mask listens' slot indices.
     partial: Vec<u32>,
+    /// The live listens' backlogs, summed (the room their REQs may take).
+    backlogs: usize,
     /// `overlaps` and `takes` evaluations, for the tests that bound them.
     #[cfg(test)]
     pub(super) evaluations: core::sync::atomic::AtomicUsize,
@@ -74,6 +76,7 @@ impl ListenTable {
             entries: HashMap::with_hasher(hash),
             exact: HashMap::with_hasher(hash),
             partial: Vec::new(),
+            backlogs: 0,
             #[cfg(test)]
             evaluations: core::sync::atomic::AtomicUsize::new(0),
         }
@@ -158,6 +161,7 @@ impl ListenTable {
         } else {
             self.partial.try_reserve(1).map_err(|_| no)?;
         }
+        self.backlogs = self.backlogs.saturating_add(params.backlog as usize);
         let next = if exact {
             self.exact.insert(params.service_id, key(id))
         } else {
@@ -181,6 +185,7 @@ impl ListenTable {
     pub(super) fn remove(&mut self, id: CepId) -> Option<ListenEntry> {
         self.get(id)?;
         let gone = self.entries.remove(&key(id))?;
+        self.backlogs = self.backlogs.saturating_sub(gone.params.backlog as usize);
         if !is_exact(&gone.params) {
             self.partial.retain(|&i| i != key(id));
             return Some(gone);
@@ -210,6 +215,11 @@ impl ListenTable {
             at = l.next;
         }
         Some(gone)
+    }
+
+    /// The live listens' backlogs, summed. O(1).
+    pub(super) fn backlogs(&self) -> usize {
+        self.backlogs
     }
 
     /// Listens [`Self::insert`] adds without allocating (hashbrown's capacity is items +

@@ -17,7 +17,7 @@ const TRIM_SLACK: usize = 16 * CHUNK;
 /// The manager's heap by part (see [`CmManager::memory`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct EngineMemory {
-    /// The CEP slab and its free list.
+    /// The CEP slab and its free list, and the CEPs' alternate paths (path_table.rs).
     pub slab: usize,
     /// The peer lookups (remote comm ID and QPN, SIDR requests).
     pub lookups: usize,
@@ -112,6 +112,11 @@ impl CmManager {
         }
         // One timer entry per CEP at most (timer_heap.rs).
         self.timers.try_reserve_total(ceps).map_err(no)?;
+        // Alternate paths for the REQs and LAPs to come (path_table.rs); an unused table
+        // past twice that goes back first.
+        self.paths.trim(new);
+        self.paths.prepare(new)?;
+        self.paths_short = false;
         // The queues are drained after every MAD and timer pass.
         reserve_queue(&mut self.events, new.min(4096)).map_err(no)?;
         reserve_queue(&mut self.transmits, new.min(4096)).map_err(no)?;
@@ -119,12 +124,45 @@ impl CmManager {
     }
 
     /// Whether the slab holds over `TRIM_FACTOR` times what the live CEPs need, beyond room
-    /// for `new` more, and a sixteenth of it is chunks with no CEP: then the next
-    /// [`prepare_for`](Self::prepare_for) (PASSIVE_LEVEL) gives them back. O(1).
+    /// for `new` more, and a sixteenth of it is chunks with no CEP; or a past burst left
+    /// room reserved (slab room past its last slot used, queues) over twice what `new`
+    /// more need: then the next [`prepare_for`](Self::prepare_for) (PASSIVE_LEVEL) gives
+    /// them back. O(1).
     pub fn trim_due(&self, new: usize) -> bool {
-        let new = new.max(self.room_wanted);
+        let new = self.kept_room(new);
         let kept = Self::kept_for(new) / CHUNK;
         self.slots.trim_due(self.live, new, TRIM_SLACK, kept)
+            || self.slots.fresh_room() > 2 * Self::kept_for(new) + TRIM_SLACK
+            || self.queues_over(new)
+    }
+
+    /// Whether the MAD or event queue holds room over twice what `prepare_for(new)`
+    /// reserves (a storm's MRAs, all sent in one pass, grew it).
+    fn queues_over(&self, new: usize) -> bool {
+        let need = new.min(4096);
+        let over = |capacity: usize| capacity > 2 * need + TRIM_SLACK;
+        over(self.transmits.capacity()) || over(self.events.capacity())
+    }
+
+    /// The CEPs a trim keeps room for: `new`, what `prepare_for` and `reserve` were asked
+    /// for, and the REQs held past their backlogs (they take their room from the same
+    /// reservation, held.rs).
+    fn kept_room(&self, new: usize) -> usize {
+        new.max(self.room_wanted).max(self.reserve_need()) + self.held_headroom()
+    }
+
+    /// What [`Self::reserve`] was asked for, as far as the live CEPs and listens still
+    /// need it: the kernel-client wrapper's own formula, room for twice the live CEPs
+    /// and one more (driver/endpoint device/client.rs `client_downcall`), and every
+    /// listen's backlog (a client's listen reserves it). A past peak's claim goes; an
+    /// owner that needs more asks again at its next downcall (PASSIVE_LEVEL). O(1).
+    fn reserve_need(&self) -> usize {
+        let live_need = self
+            .live
+            .saturating_add(1)
+            .saturating_mul(2)
+            .saturating_add(self.listens.backlogs());
+        self.reserved.min(live_need)
     }
 
     /// Vacant slots a trim keeps for `new` CEPs: as many chunks as they need free slots
@@ -168,12 +206,26 @@ impl CmManager {
     /// 12.9.8.3), and the lookups', timers' and free list's room beyond what the live
     /// CEPs and `new` more need.
     fn trim(&mut self, new: usize) {
-        let new = new.max(self.room_wanted);
+        // `reserve`'s claim follows the live need from here on.
+        self.reserved = self.reserve_need();
+        let new = self.kept_room(new);
         let keep = Self::kept_for(new) / CHUNK;
-        if self.slots.retire_vacant(&mut self.retired, keep) > 0 {
+        let retired = self.slots.retire_vacant(&mut self.retired, keep);
+        // The room past the last slot used that a burst reserved (REQs held past a
+        // backlog: held.rs) and no CEP ever took.
+        let unused = self.slots.shrink_room(Self::kept_for(new));
+        if retired > 0 {
             let slots = &self.slots;
             self.free.retain(|&i| slots.get(i as usize).is_some());
+        }
+        if retired + unused > 0 {
             shrink_queue(&mut self.free, self.slots.resident());
+        }
+        // The queues are drained after every MAD and timer pass: their room for a burst.
+        let queued = new.min(4096);
+        if self.queues_over(new) {
+            shrink_queue(&mut self.transmits, queued);
+            shrink_queue(&mut self.events, queued);
         }
         // Rehashing costs O(entries): only tables over twice their need shrink.
         let ceps = self.live + new;
@@ -202,7 +254,10 @@ impl CmManager {
         let mut private_data = self.pdata.bytes();
         private_data += self.listens.compare_bytes();
         EngineMemory {
-            slab: self.slots.heap_bytes() + self.free.heap_bytes() + retired_bytes(&self.retired),
+            slab: self.slots.heap_bytes()
+                + self.free.heap_bytes()
+                + retired_bytes(&self.retired)
+                + self.paths.heap_bytes(),
             lookups: self.remote_ids.heap_bytes()
                 + self.remote_qpns.heap_bytes()
                 + hash_table_bytes(
@@ -242,7 +297,7 @@ mod tests {
     #[test]
     fn per_connection_types_stay_small() {
         let parts = [
-            ("slot", size_of::<Slot>(), 344),
+            ("slot", size_of::<Slot>(), 256),
             ("peer entry", lookup::entry_size(), 4),
             ("local QPN entry", size_of::<(QpnKey, Hold)>(), 24),
             ("timer entry", size_of::<TimerEntry>(), 16),

@@ -11,6 +11,7 @@ use crate::types::{
 };
 use ibcm_iba::{QpState, ack_timeout};
 
+use super::alternate::Alt;
 use super::{CmManager, PreparedRep, qp_attributes_of, transport_supported};
 
 impl CmManager {
@@ -132,12 +133,27 @@ impl CmManager {
             ibcm_mad::REQ_PRIVATE_DATA_SIZE,
         )?;
         let held = self.store(p.private_data)?;
+        let alternate = match self.store_path(p.alternate_path) {
+            Ok(a) => a,
+            Err(e) => {
+                self.unstore(held);
+                return Err(e);
+            }
+        };
         let psn = match p.starting_psn {
             Some(psn) => psn,
             None => self.random_psn(),
         };
         let tid = self.fresh_tid();
         let ack = ack_timeout(p.primary_path.packet_life_time, self.config.ca_ack_delay);
+        if self.cep_any(id).is_none() {
+            self.unstore(held);
+            self.paths.free(alternate);
+            return Err(CmError::UnknownCep);
+        }
+        // A reused CEP's last alternate paths go back.
+        self.put_path(id, Alt::Loaded, alternate);
+        self.drop_path(id, Alt::Pending);
         let Some(c) = self.cep_mut(id) else {
             self.unstore(held);
             return Err(CmError::UnknownCep);
@@ -162,7 +178,6 @@ impl CmManager {
         c.transport = p.transport;
         c.path_mtu = p.path_mtu;
         c.primary = p.primary_path;
-        c.alternate = p.alternate_path;
         c.ack_timeout = ack;
         c.responder_resources = p.responder_resources;
         c.initiator_depth = p.initiator_depth;
@@ -176,7 +191,6 @@ impl CmManager {
         // A reused CEP starts afresh: no LAP of its last connection, not peer-to-peer
         // unless `connect_peer` says so again.
         c.lap = LapState::Idle;
-        c.pending_alternate = None;
         c.peer_to_peer = false;
         // IBA 12.7.36: wait 2 x packet life time + RemoteCMResponseTimeout.
         let base = c
@@ -364,7 +378,7 @@ impl CmManager {
         c.failover = p.failover_accepted;
         // IBA Table 110: the REQ's alternate path is loaded only if accepted. Kept aside
         // (no LAP can be pending before the connection is established) so that a
-        // re-formatted REP may still accept it.
+        // re-formatted REP may still accept it. A move of references: nothing is stored.
         if p.failover_accepted == Failover::Accepted {
             if c.alternate.is_none() {
                 c.alternate = c.pending_alternate.take();
@@ -379,11 +393,11 @@ impl CmManager {
             self.move_local_qpn(port, old, p.qpn, owner);
         }
         let c = self.cep_any(id).ok_or(CmError::UnknownCep)?;
-        let alternate_port = self.alternate_port(c);
+        let (alternate, port) = (self.alternate_of(c), self.alternate_port(c));
         Ok(PreparedRep {
-            init: qp_attributes_of(c, QpState::Init, alternate_port),
-            rtr: qp_attributes_of(c, QpState::Rtr, alternate_port),
-            rts: qp_attributes_of(c, QpState::Rts, alternate_port),
+            init: qp_attributes_of(c, QpState::Init, alternate, port),
+            rtr: qp_attributes_of(c, QpState::Rtr, alternate, port),
+            rts: qp_attributes_of(c, QpState::Rts, alternate, port),
         })
     }
 
@@ -394,10 +408,8 @@ impl CmManager {
         }
         self.owner_answers(now, id);
         self.leave_backlog(id);
-        if let Some(c) = self.cep_mut(id) {
-            // The REQ's refused alternate path, if any, is forgotten now.
-            c.pending_alternate = None;
-        }
+        // The REQ's refused alternate path, if any, is forgotten now.
+        self.drop_path(id, Alt::Pending);
         self.set_state(id, State::RepSent { mra_rcvd: false });
         self.resend(id, AttributeId::Rep);
         Counters::bump(&mut self.counters.sent, AttributeId::Rep);

@@ -69,6 +69,11 @@ impl CmManager {
             // The peer will lose the same comparison and answer our REQ.
             return true;
         }
+        // This side turns passive and stores the REQ's alternate path: with no room the
+        // REQ is dropped and our own REQ keeps waiting; the peer's retry finds the room.
+        if !self.path_room_for(req.alternate_path.is_present()) {
+            return true;
+        }
         self.cancel_timer(id);
         if let Some(c) = self.cep_mut(id) {
             c.peer_to_peer = false;

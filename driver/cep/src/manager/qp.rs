@@ -2,6 +2,7 @@
 //! `ib_cm_init_qp_attr` and WinOF `al_cep_get_rtr/rts_attr` fill in).
 
 use crate::cep::Cep;
+use crate::types::PathRecord;
 use ibcm_iba::{AddressVector, MigrationState, QpAttributes, QpState};
 
 /// INIT, RTR and RTS attributes as Linux `cm_init_qp_{init,rtr,rts}_attr` computes them.
@@ -10,18 +11,23 @@ use ibcm_iba::{AddressVector, MigrationState, QpAttributes, QpState};
 /// by its source GID (`__format_path_av` -> `__find_port_cep`, al_cm_cep.c:4570-4579, for
 /// a REQ's alternate 4815 and a LAP's 5766), and Linux sets `alt_port_num` from the
 /// alternate AV's own port (cm.c `cm_init_qp_rtr_attr`: `cm_id_priv->alt_av.port`, found
-/// by `cm_init_av_by_path` from the path's SGID).
-pub(super) fn qp_attributes_of(c: &Cep, state: QpState, alternate_port: u8) -> QpAttributes {
+/// by `cm_init_av_by_path` from the path's SGID). `alternate` is the CEP's alternate path
+/// (the manager's path table keeps it).
+pub(super) fn qp_attributes_of(
+    c: &Cep,
+    state: QpState,
+    alternate: Option<&PathRecord>,
+    alternate_port: u8,
+) -> QpAttributes {
     let mut a = QpAttributes::empty(state);
     let primary = AddressVector {
         path: c.primary,
         port: c.dest.port,
         ack_timeout: c.ack_timeout,
     };
-    let alternate = c
-        .alternate
+    let alternate = alternate
         .filter(|p| p.is_present())
-        .map(|p| AddressVector {
+        .map(|&p| AddressVector {
             path: p,
             port: alternate_port,
             ack_timeout: c.path_ack_timeout(p.packet_life_time),

@@ -68,7 +68,7 @@ impl CmManager {
             max_cm_retries: c.max_cm_retries,
             srq: c.srq,
             primary_path: c.primary.to_wire(c.ack_timeout),
-            alternate_path: c.alternate.map_or_else(Default::default, |a| {
+            alternate_path: self.alternate_of(c).map_or_else(Default::default, |a| {
                 a.to_wire(ack_timeout(a.packet_life_time, self.config.ca_ack_delay))
             }),
             sap_supported: false,

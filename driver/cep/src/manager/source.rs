@@ -28,7 +28,7 @@
 
 use crate::cep::{Cep, State};
 use crate::trace::{DropReason, TracePoint};
-use crate::types::{CepId, MadAddress};
+use crate::types::{CepId, MadAddress, PathRecord};
 
 use ibcm_mad::{AttributeId, CmMessage, Gid};
 
@@ -79,7 +79,7 @@ impl CmManager {
             return true;
         }
         let lmc = self.port_lmc(src.port);
-        peer_addresses(c).any(|(lid, gid)| {
+        peer_addresses(c, self.alternate_of(c), self.pending_of(c)).any(|(lid, gid)| {
             if unicast_lid(lid) && unicast_lid(src.lid) {
                 let span = (1u16 << lmc.min(7)) - 1;
                 lid & !span == src.lid & !span
@@ -99,14 +99,19 @@ impl CmManager {
     }
 }
 
-/// The remote addresses (LID, GID) a connection uses.
-fn peer_addresses(c: &Cep) -> impl Iterator<Item = (u16, Gid)> + '_ {
-    let path = |p: &crate::types::PathRecord| (p.dlid, p.dgid);
+/// The remote addresses (LID, GID) a connection uses: its destination, its primary path,
+/// and its alternate and pending alternate paths (from the path table).
+fn peer_addresses(
+    c: &Cep,
+    alternate: Option<&PathRecord>,
+    pending: Option<&PathRecord>,
+) -> impl Iterator<Item = (u16, Gid)> {
+    let path = |p: &PathRecord| (p.dlid, p.dgid);
     [
         Some((c.dest.lid, c.dest.gid)),
         Some(path(&c.primary)),
-        c.alternate.as_ref().map(path),
-        c.pending_alternate.as_ref().map(path),
+        alternate.map(path),
+        pending.map(path),
     ]
     .into_iter()
     .flatten()

@@ -1,7 +1,7 @@
 //! State changes: the one `set_state`, events for a CEP's owner, and the ends of a
 //! connection (an attempt that failed, timewait, IBA 12.9.7).
 
-use crate::cep::{Backlog, Cep, State};
+use crate::cep::{Backlog, State};
 use crate::event::Event;
 use crate::trace::TracePoint;
 use crate::types::{CepId, Instant};
@@ -100,7 +100,9 @@ impl CmManager {
         self.cancel_timer(id);
         self.leave_backlog(id);
         self.set_state(id, State::Timewait);
-        let wait = self.cep_any(id).map_or(0, Cep::timewait_ns);
+        let wait = self
+            .cep_any(id)
+            .map_or(0, |c| c.timewait_ns(self.alternate_of(c)));
         self.arm(id, now.add_nanos(wait));
     }
 

@@ -193,8 +193,8 @@ impl CmManager {
                 // The LAP went unanswered: the connection stays up on its current paths.
                 if let Some(c) = self.cep_mut(id) {
                     c.lap = LapState::Idle;
-                    c.pending_alternate = None;
                 }
+                self.drop_path(id, super::alternate::Alt::Pending);
                 self.emit(
                     id,
                     Event::Timeout {

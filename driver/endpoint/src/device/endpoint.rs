@@ -8,6 +8,7 @@ use ibcm_cep::CepId;
 use ibcm_ioctl::event_type;
 
 use super::Table;
+use super::pdata::Kept;
 use super::policy::Caller;
 use super::pool::Fifo;
 
@@ -45,9 +46,9 @@ pub(super) struct Endpoint<R> {
     /// A CONNECT or SEND_REP waiting for its answer (held inline: parking it allocates
     /// nothing, and its answer arrives at DISPATCH_LEVEL).
     pub(super) answer: Option<(R, Awaited)>,
-    /// Private data of the last message received, for QUERY.
-    pub(super) private_data: [u8; 224],
-    pub(super) private_data_len: u8,
+    /// Private data of the last message received, for QUERY (pdata.rs: a block of the
+    /// device's pool, none while empty).
+    pub(super) private_data: Kept,
     /// LISTEN's backlog while listening.
     pub(super) backlog: u32,
     /// On its file's `ready` list.
@@ -61,8 +62,7 @@ impl<R> Endpoint<R> {
             events,
             pending: VecDeque::new(),
             answer: None,
-            private_data: [0; 224],
-            private_data_len: 0,
+            private_data: Kept::default(),
             backlog: 0,
             ready: false,
         }

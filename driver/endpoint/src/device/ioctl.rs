@@ -131,6 +131,7 @@ pub(super) fn destroy_endpoint<P: Platform>(
         }
     }
     i.records.release(&ep.events);
+    i.pdata.release(ep.private_data);
     if ep.ready {
         // Off the channel's queue: its room is for live endpoints.
         i.file(file)?.ready.retain(|&h| h != handle);
@@ -143,6 +144,7 @@ pub(super) fn destroy_endpoint<P: Platform>(
     i.linger(caller, ep.cep);
     // PASSIVE_LEVEL (DESTROY, cleanup): private-data blocks nobody uses go back.
     i.cm.trim_private_data();
+    i.pdata.trim();
     Ok(())
 }
 
@@ -700,10 +702,9 @@ pub(super) fn operation<P: Platform>(
         code::QUERY => {
             let h = handle_in(bytes)?;
             let ep = i.endpoint(file, h)?;
-            let (cep, len) = (ep.cep, usize::from(ep.private_data_len));
-            let pd = ep.private_data;
+            let (cep, kept) = (ep.cep, ep.private_data);
             let info = i.cm.query(cep).map_err(status_of)?;
-            let out = query_to_abi(&info, pd.get(..len).unwrap_or(&[]));
+            let out = query_to_abi(&info, i.pdata.get(kept));
             Ok(output(request, &out)?)
         }
         code::ESTABLISHED => {

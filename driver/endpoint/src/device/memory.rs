@@ -25,8 +25,9 @@ pub struct DispatchMemory {
     pub clients: usize,
     /// Batches kept for the DISPATCH_LEVEL paths (MADs to send, requests to complete).
     pub batches: usize,
-    /// The private data of the last message each endpoint received (inline, for QUERY),
-    /// counted apart from `endpoints` as the budgets exclude cached private data.
+    /// The private data of the last message each endpoint received (for QUERY: the
+    /// blocks of its pool, held or free), counted apart from `endpoints` as the budgets
+    /// exclude cached private data.
     pub private_data: usize,
 }
 
@@ -79,17 +80,10 @@ impl<P: Platform> Clients<P> {
 
 impl<P: Platform> Inner<P> {
     pub(super) fn memory(&self) -> DispatchMemory {
-        let inline_private_data = size_of::<[u8; 224]>()
-            * self
-                .files
-                .values()
-                .map(|f| f.endpoints.slots.resident() + f.spares.capacity())
-                .sum::<usize>();
-        let endpoints = table_bytes(&self.files, file_bytes) + self.lingering.heap_bytes();
         DispatchMemory {
             records: self.records.bytes(),
-            endpoints: endpoints - inline_private_data,
-            private_data: inline_private_data,
+            endpoints: table_bytes(&self.files, file_bytes) + self.lingering.heap_bytes(),
+            private_data: self.pdata.bytes(),
             clients: self.clients.bytes(),
             batches: self.tx.heap_bytes()
                 + self.done.heap_bytes()

@@ -33,6 +33,18 @@ impl<P: Platform> Inner<P> {
             .ok_or(status::INVALID_HANDLE)
     }
 
+    /// Whether a DISPATCH_LEVEL entry point finds an event record and a private-data
+    /// block for every event it may deliver (else it holds back: pool.rs).
+    pub(super) fn has_dispatch_room(&self) -> bool {
+        self.records.has_dispatch_room() && self.pdata.has_dispatch_room()
+    }
+
+    /// Whether the record pool or the private-data blocks run low: time to ask for
+    /// PASSIVE_LEVEL work, before an entry point finds no room.
+    pub(super) fn running_low(&self) -> bool {
+        self.records.running_low() || self.pdata.running_low()
+    }
+
     pub(super) fn cep_of(&mut self, file: FileId, handle: u64) -> Result<CepId, Status> {
         Ok(self.endpoint(file, handle)?.cep)
     }
@@ -112,12 +124,15 @@ impl<P: Platform> Inner<P> {
 
     /// Room for [`DISPATCH_BATCH`] MADs and completions in the batches and in every
     /// spare batch, so that a timer pass or a receive at DISPATCH_LEVEL finds room
-    /// whichever batch it gets; and free blocks in the engine's private-data pool for the
-    /// kernel clients' downcalls at DISPATCH_LEVEL (PASSIVE_LEVEL; the pool gives memory
-    /// back where connections end, `trim_private_data`). Out of memory, some stay short:
-    /// a batch without room is replaced at the next call.
+    /// whichever batch it gets; event records and endpoints' private-data blocks for
+    /// what it delivers (pool.rs, pdata.rs); and free blocks in the engine's private-data
+    /// pool for the kernel clients' downcalls at DISPATCH_LEVEL (PASSIVE_LEVEL; the pool
+    /// gives memory back where connections end, `trim_private_data`). Out of memory, some
+    /// stay short: a batch without room is replaced at the next call.
     pub(super) fn prepare_batches(&mut self) {
         self.records.prepare();
+        // Out of memory, DISPATCH_LEVEL entry points hold back (`has_dispatch_room`).
+        let _ = self.pdata.prepare();
         // Out of memory: the downcalls that find no block fail with NoResources.
         let _ = self.cm.prepare_private_data();
         // A batch is made with room for DISPATCH_BATCH or none (an empty stand-in), and
@@ -221,17 +236,16 @@ impl<P: Platform> Inner<P> {
         if let Event::ReqReceived(ibcm_cep::ReqInfo { private_data, .. })
         | Event::SidrReqReceived(ibcm_cep::SidrReqInfo { private_data, .. }) = event
         {
-            let pd = private_data.as_slice();
-            let n = pd.len().min(224);
-            if let (Some(d), Some(s)) = (ep.private_data.get_mut(..n), pd.get(..n)) {
-                d.copy_from_slice(s);
-            }
-            ep.private_data_len = n as u8;
+            // A spare endpoint holds no block: one is taken only for private data.
+            self.pdata
+                .keep(&mut ep.private_data, private_data.as_slice());
         }
         let handle = match file.endpoints.try_insert(ep) {
             Ok(handle) => handle,
-            Err(ep) => {
-                // Room was checked (`can_insert`); should it be missing, the REQ is refused.
+            Err(mut ep) => {
+                // Room was checked (`can_insert`); should it be missing, the REQ is refused
+                // and the endpoint goes back a spare, which holds no block.
+                self.pdata.release(core::mem::take(&mut ep.private_data));
                 file.spares.push(ep);
                 let now = self.now;
                 let _ = self.cm.destroy(now, cep);
@@ -271,11 +285,8 @@ impl<P: Platform> Inner<P> {
         };
         if record.new_handle == 0 && record.private_data_len > 0 {
             let n = usize::from(record.private_data_len);
-            if let (Some(d), Some(s)) = (ep.private_data.get_mut(..n), record.private_data.get(..n))
-            {
-                d.copy_from_slice(s);
-            }
-            ep.private_data_len = record.private_data_len;
+            let data = record.private_data.get(..n).unwrap_or(&[]);
+            self.pdata.keep(&mut ep.private_data, data);
         }
         if ep
             .answer
