@@ -547,7 +547,9 @@ UD_SIZE=500
 scenario_udaddy-server() {
     # Linux `udaddy` serves, ibcm resolves it with SIDR and sends; Linux answers each.
     bg B ud "udaddy -b $B_IP -C $UD_COUNT -S $UD_SIZE"
-    guest B 20 "i=0; until grep -q 'starting server' /tmp/ud.log 2>/dev/null || [ \$i -ge 100 ]; do sleep 0.1; i=\$((i+1)); done; sleep 0.5" >/dev/null 2>&1 || true
+    # udaddy's own "starting server" line is buffered until it exits: its listen is seen
+    # in the kernel's CM ids instead (udaddy.c's port, 7174).
+    guest B 20 "i=0; until rdma resource show cm_id 2>/dev/null | grep LISTEN | grep -q ':7174'; do [ \$i -ge 100 ] && exit 1; sleep 0.1; i=\$((i+1)); done" >/dev/null 2>&1 || fail "Linux udaddy on B did not listen"
     guest A 70 "timeout 60 ibcm udaddy --bind $A_IP --server $B_IP -C $UD_COUNT -S $UD_SIZE --wait 30; echo exit=\$?" >"$OUT/udaddy-server.ibcm.txt" 2>&1 || true
     bg_wait B ud "$OUT/udaddy-server.linux.txt"
     check "ibcm: SIDR_REP with rdma_cm's Q_Key" has "$OUT/udaddy-server.ibcm.txt" "Q_Key 0x01234567"

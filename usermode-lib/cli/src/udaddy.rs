@@ -121,20 +121,38 @@ pub struct Report {
     pub peer_qpn: u32,
 }
 
+/// A UD QP and what its work requests name. The QP is dropped first: destroying it ends
+/// the device's use of the address handle and the buffers, which go after it (an error
+/// return with receives posted, or sends in flight, must not free memory the device may
+/// still write or read).
+struct Ud {
+    qp: UdQp,
+    recv: Region,
+    out: Option<Region>,
+    ah: Option<AddressHandle>,
+}
+
 /// A UD QP in RTS with rdma_cm's Q_Key, and `count` receives of `size` bytes (after the
 /// GRH) posted, one slot each.
-fn ud_qp(rc: &Rc, count: usize, size: usize) -> Res<(UdQp, Region)> {
+fn ud_qp(rc: &Rc, count: usize, size: usize) -> Res<Ud> {
     let depth = u32::try_from(count).map_err(|_| format!("{count} messages: too many"))?;
-    let qp = UdQp::create(&rc.ctx, depth).map_err(|e| e.to_string())?;
-    qp.to_rts(1, 0xffff, RDMA_UDP_QKEY)
-        .map_err(|e| e.to_string())?;
     let slot = GRH_LEN + size;
     let recv = Region::new(&rc.ctx, count * slot).map_err(|e| e.to_string())?;
+    let ud = Ud {
+        qp: UdQp::create(&rc.ctx, depth).map_err(|e| e.to_string())?,
+        recv,
+        out: None,
+        ah: None,
+    };
+    ud.qp
+        .to_rts(1, 0xffff, RDMA_UDP_QKEY)
+        .map_err(|e| e.to_string())?;
     for i in 0..count {
-        qp.post_recv(&recv, i * slot, slot, i as u64)
+        ud.qp
+            .post_recv(&ud.recv, i * slot, slot, i as u64)
             .map_err(|e| e.to_string())?;
     }
-    Ok((qp, recv))
+    Ok(ud)
 }
 
 fn next(qp: &UdQp, deadline: Instant, what: &str) -> Res<UdCompletion> {
@@ -198,7 +216,8 @@ pub fn serve(
         })
         .map_err(|e| describe(&e))?;
     // Receives posted before the SIDR_REP names the QP: the client sends at once.
-    let (qp, recv) = ud_qp(rc, count, size)?;
+    let mut ud = ud_qp(rc, count, size)?;
+    let (qp, recv) = (&ud.qp, &ud.recv);
     log(format!(
         "listening on service ID {sid:#018x} (UD QPN {:#x})",
         qp.qpn()
@@ -253,7 +272,7 @@ pub fn serve(
     let mut reply = None;
     let mut last = 0usize;
     for n in 0..count {
-        let c = next(&qp, deadline, &format!("datagram {} of {count}", n + 1))?;
+        let c = next(qp, deadline, &format!("datagram {} of {count}", n + 1))?;
         check_recv(&c, size)?;
         let i = usize::try_from(c.wr_id()).unwrap_or(usize::MAX);
         let grh = recv
@@ -270,7 +289,7 @@ pub fn serve(
                 // udaddy.c create_reply_ah: the AH from the first completion, the QPN
                 // from its immediate data.
                 reply = Some(
-                    AddressHandle::reply_to(&rc.ctx, 1, &c, &recv, i * slot)
+                    AddressHandle::reply_to(&rc.ctx, 1, &c, recv, i * slot)
                         .map_err(|e| e.to_string())?,
                 );
                 peer_qpn = Some(c.src_qp());
@@ -289,6 +308,8 @@ pub fn serve(
             peer_qpn: 0,
         });
     };
+    let ah = &*ud.ah.insert(ah);
+    let (qp, recv) = (&ud.qp, &ud.recv);
     log(format!(
         "{count} datagrams of {size} bytes from QPN {peer_qpn:#x}; replying"
     ));
@@ -296,10 +317,10 @@ pub fn serve(
     let qkey = qp.qkey().map_err(|e| e.to_string())?;
     for n in 0..count {
         qp.post_send_imm(
-            &ah,
+            ah,
             peer_qpn,
             qkey,
-            &recv,
+            recv,
             last * slot,
             size,
             qp.qpn(),
@@ -308,7 +329,7 @@ pub fn serve(
         .map_err(|e| e.to_string())?;
     }
     for n in 0..count {
-        let c = next(&qp, deadline, &format!("reply {} of {count}", n + 1))?;
+        let c = next(qp, deadline, &format!("reply {} of {count}", n + 1))?;
         if !c.is_send() {
             return Err(format!(
                 "a completion of opcode {} among the sends",
@@ -337,7 +358,7 @@ pub fn resolve(
     let local = rc.port().local();
     // Receives posted before the SIDR_REQ (udaddy.c route_handler: post_recvs, then
     // rdma_connect): the server answers as soon as our datagrams reach it.
-    let (qp, recv) = ud_qp(rc, count, size)?;
+    let mut ud = ud_qp(rc, count, size)?;
     let private_data =
         rdma_cm_private_data(local, peer, 0xc000 | (std::process::id() as u16 & 0x3fff));
     let path = rc
@@ -374,15 +395,18 @@ pub fn resolve(
             rep.qkey
         ));
     }
-    let ah = AddressHandle::from_path(&rc.ctx, 1, &path).map_err(|e| e.to_string())?;
     let msg = message(size);
     let mut out = Region::new(&rc.ctx, size).map_err(|e| e.to_string())?;
     out.bytes_mut()
         .get_mut(..size)
         .ok_or("message region too small")?
         .copy_from_slice(&msg);
+    let out = &*ud.out.insert(out);
+    let ah = AddressHandle::from_path(&rc.ctx, 1, &path).map_err(|e| e.to_string())?;
+    let ah = &*ud.ah.insert(ah);
+    let (qp, recv) = (&ud.qp, &ud.recv);
     for n in 0..count {
-        qp.post_send_imm(&ah, rep.qpn, rep.qkey, &out, 0, size, qp.qpn(), n as u64)
+        qp.post_send_imm(ah, rep.qpn, rep.qkey, out, 0, size, qp.qpn(), n as u64)
             .map_err(|e| e.to_string())?;
     }
     let slot = GRH_LEN + size;
@@ -390,7 +414,7 @@ pub fn resolve(
     let (mut sent, mut received) = (0usize, 0usize);
     while sent < count || received < count {
         let c = next(
-            &qp,
+            qp,
             deadline,
             &format!("{} sends and {} replies", count - sent, count - received),
         )?;
