@@ -6,7 +6,7 @@
 #   tests/interop/data-plane.sh [SCENARIO...]     (as root; default: every scenario)
 #
 # Scenarios: ibcm-ibcm ibcm-ibcm-bw linux-server linux-client ucmatose-server
-# ucmatose-client ucmatose-many udaddy-server udaddy-client perftest-server perftest-client
+# ucmatose-client ucmatose-many udaddy-ibcm udaddy-server udaddy-client perftest-server perftest-client
 # perftest-write perftest-lat perftest-refuse port-down reject-linux reject-ibcm
 # req-timeout disconnect-in-flight peer-gone baseline, port-flap (a link flap shorter than the
 # connection's deadline: it survives, issue 29), and the cmtime scenarios of
@@ -19,6 +19,7 @@
 #   against `ibcm perftest` in both roles; RDMA READ with asymmetric read limits and
 #   against a default server (no -o: 128 granted), every READ checked, every received SEND
 #   length-checked and, above half the cycle buffer, compared with the first.
+# - udaddy-ibcm: `ibcm udaddy` on both guests (B's CM not loaded yet).
 # - udaddy-server / udaddy-client: rdma-core's `udaddy` (UD QPs resolved with SIDR on
 #   rdma_cm's UDP port space) against `ibcm udaddy` in both roles: SIDR_REQ/SIDR_REP with
 #   rdma_cm's Q_Key, UD_COUNT datagrams each way, every reply to ibcm checked as the echo
@@ -77,7 +78,7 @@ A_IP=10.77.0.3
 B_IP=10.77.0.2
 DEAD_IP=10.77.0.9
 CM_MODULES=iw_cm,ib_cm,rdma_cm,rdma_ucm
-ALL_SCENARIOS=(ibcm-ibcm ibcm-ibcm-bw cmtime-ibcm linux-server linux-client ucmatose-server ucmatose-client ucmatose-many udaddy-server udaddy-client perftest-server perftest-client perftest-write perftest-lat perftest-refuse cmtime-linux-server cmtime-linux-client port-down port-flap reject-linux reject-ibcm req-timeout disconnect-in-flight peer-gone baseline cmtime-baseline)
+ALL_SCENARIOS=(ibcm-ibcm ibcm-ibcm-bw cmtime-ibcm udaddy-ibcm linux-server linux-client ucmatose-server ucmatose-client ucmatose-many udaddy-server udaddy-client perftest-server perftest-client perftest-write perftest-lat perftest-refuse cmtime-linux-server cmtime-linux-client port-down port-flap reject-linux reject-ibcm req-timeout disconnect-in-flight peer-gone baseline cmtime-baseline)
 t_start=$(date +%s.%N)
 
 die() { echo "data-plane: FAIL: $*" >&2; exit 1; }
@@ -543,6 +544,21 @@ scenario_ucmatose-client() {
 # is fixed (udaddy.c: 7174; its -p is the port space).
 UD_COUNT=50
 UD_SIZE=500
+
+scenario_udaddy-ibcm() {
+    # ibcm on both guests: ibcm's udaddy server answers ibcm's client, whose checks are
+    # strict (every reply the echo of its own datagram, from the SIDR_REP's QPN, with its
+    # GRH and immediate data), where Linux's udaddy client counts completions only.
+    bg B ud "ibcm udaddy --bind $B_IP -C $UD_COUNT -S $UD_SIZE --wait 60"
+    wait_listening B ud || fail "ibcm udaddy on B did not listen"
+    guest A 70 "timeout 60 ibcm udaddy --bind $A_IP --server $B_IP -C $UD_COUNT -S $UD_SIZE --wait 30; echo exit=\$?" >"$OUT/udaddy-ibcm.A.txt" 2>&1 || true
+    bg_wait B ud "$OUT/udaddy-ibcm.B.txt"
+    check "client: SIDR_REP with rdma_cm's Q_Key" has "$OUT/udaddy-ibcm.A.txt" "Q_Key 0x01234567"
+    check "client: $UD_COUNT sends and $UD_COUNT checked replies" has "$OUT/udaddy-ibcm.A.txt" "udaddy: $UD_COUNT sends and $UD_COUNT receives of $UD_SIZE bytes"
+    check "server: $UD_COUNT datagrams in, $UD_COUNT replies out" has "$OUT/udaddy-ibcm.B.txt" "udaddy: $UD_COUNT sends and $UD_COUNT receives of $UD_SIZE bytes"
+    check "client exited 0" has "$OUT/udaddy-ibcm.A.txt" "exit=0"
+    check "server exited 0" has "$OUT/udaddy-ibcm.B.txt" "exit=0"
+}
 
 scenario_udaddy-server() {
     # Linux `udaddy` serves, ibcm resolves it with SIDR and sends; Linux answers each.
@@ -1041,7 +1057,7 @@ source "$here/data-plane-cmtime.sh"
 cm_on_b=""
 for current in "${scenarios[@]}"; do
     case "$current" in
-        ibcm-ibcm | ibcm-ibcm-bw | cmtime-ibcm) [ -z "$cm_on_b" ] || { note "$current: needs B without its CM: run it before the Linux scenarios"; continue; } ;;
+        ibcm-ibcm | ibcm-ibcm-bw | cmtime-ibcm | udaddy-ibcm) [ -z "$cm_on_b" ] || { note "$current: needs B without its CM: run it before the Linux scenarios"; continue; } ;;
         *) if [ -z "$cm_on_b" ]; then linux_cm_on B; cm_on_b=1; fi ;;
     esac
     WHY[$current]=""
