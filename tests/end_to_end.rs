@@ -357,13 +357,27 @@ fn established_quick(
     (ep, server_ep)
 }
 
-/// The CM ends a connection itself: the client's host reboots and its fresh driver
-/// connects again from the same QPN, so the server's CM ends the old connection with its
-/// own DREQ (IBA 12.9.8.3.1; Linux `cm_match_req`), which the rebooted CM answers with a
-/// DREP as it answers any DREQ for no connection of its own (Linux `cm_dreq_handler` ->
-/// `cm_issue_drep`). The server's watch for the end of the connection completes with the
-/// CM's reason, as rdma_cm reports IB_CM_DREP_RECEIVED as RDMA_CM_EVENT_DISCONNECTED
-/// (cma.c `cma_ib_handler`); before, it waited for a peer's DREQ that never comes.
+/// Node 0's host reboots and its fresh driver connects to `params`' service again from
+/// the connection's QPN: the server's CM answers REJ(StaleConn) and ends the old
+/// connection with its own DREQ (IBA 12.9.8.3.1; Linux `cm_match_req`). The rebooted
+/// node's provider and endpoint.
+fn reconnect_stale(sim: &Sim, params: &ConnectParams<'_>) -> (Provider, ibcm::ConnectEndpoint) {
+    assert!(sim.reboot(0));
+    let rebooted = sim.provider(0).unwrap();
+    let again = rebooted.connect_endpoint().unwrap();
+    let refused = again
+        .connect(params)
+        .expect_err("a REQ from a connected QPN is stale");
+    assert_eq!(refused.reject_reason(), Some(RejReason::StaleConn));
+    (rebooted, again)
+}
+
+/// The CM ends a connection itself ([`reconnect_stale`]) with its DREQ, which the
+/// rebooted CM answers with a DREP as it answers any DREQ for no connection of its own
+/// (Linux `cm_dreq_handler` -> `cm_issue_drep`). The server's watch for the end of the
+/// connection completes with the CM's reason, as rdma_cm reports IB_CM_DREP_RECEIVED as
+/// RDMA_CM_EVENT_DISCONNECTED (cma.c `cma_ib_handler`); before, it waited for a peer's
+/// DREQ that never comes.
 #[test]
 fn a_watch_for_the_end_of_a_connection_ends_when_the_cm_ends_it() {
     let sim = sim();
@@ -371,13 +385,10 @@ fn a_watch_for_the_end_of_a_connection_ends_when_the_cm_ends_it() {
     let (client_ep, server_ep) = established_quick(&client, &server, 0x5007);
     let watch = Overlapped::new();
     spawn(server_ep.notify_disconnect_async(), &watch);
-    assert!(sim.reboot(0));
-    let rebooted = sim.provider(0).unwrap();
-    let again = rebooted.connect_endpoint().unwrap();
-    let refused = again
-        .connect(&quick(ibcm::example_connect_params(0x5007, 0x11, 0, 1), 2))
-        .expect_err("a REQ from a connected QPN is stale");
-    assert_eq!(refused.reject_reason(), Some(RejReason::StaleConn));
+    let (rebooted, again) = reconnect_stale(
+        &sim,
+        &quick(ibcm::example_connect_params(0x5007, 0x11, 0, 1), 2),
+    );
     let ended: ibcm::Result<Vec<u8>> = finished(&watch, "the watch for the end");
     let e = ended.expect_err("the CM ended the connection, not the peer");
     assert_eq!(e.status, ibcm::STATUS_CONNECTION_DISCONNECTED, "{e}");
@@ -440,13 +451,9 @@ fn a_refused_disconnect_leaves_the_end_to_the_watch() {
     let watch = Overlapped::new();
     spawn(server_ep.notify_disconnect_async(), &watch);
     sim.with_fabric(|f| f.faults.delay_ns = 300_000_000);
-    assert!(sim.reboot(0));
-    let rebooted = sim.provider(0).unwrap();
-    let again = rebooted.connect_endpoint().unwrap();
     let mut params = ibcm::example_connect_params(0x5009, 0x11, 0, 1);
     params.remote_cm_response_timeout = 18; // 1 s: the delayed REJ comes first
-    let refused = again.connect(&params).expect_err("stale");
-    assert_eq!(refused.reject_reason(), Some(RejReason::StaleConn));
+    let (rebooted, again) = reconnect_stale(&sim, &params);
     // The CM's DREQ went out with the REJ; its DREP is 300 ms away.
     server_ep
         .disconnect(&[])

@@ -175,6 +175,23 @@ fn assert_sent(p: &mut Pair, side: Side, attr: AttributeId, n: usize) {
     );
 }
 
+/// The CEPs of B's ReqReceived events, in order.
+fn reported_reqs(p: &Pair) -> Vec<CepId> {
+    p.events(Side::B)
+        .iter()
+        .filter(|(_, e)| matches!(e, Event::ReqReceived(_)))
+        .map(|(c, _)| *c)
+        .collect()
+}
+
+/// B takes the `n`th reported REQ, `b`, from its listen and accepts it (QPN_B + n).
+fn take_and_accept(p: &mut Pair, b: CepId, n: usize) {
+    p.b.take_request(b).unwrap();
+    let now = p.now;
+    p.b.accept(now, b, &Pair::rep_params(QPN_B + n as u32))
+        .unwrap();
+}
+
 /// How many ReqReceived events B has had in all.
 fn req_events(p: &Pair) -> usize {
     p.events(Side::B)
@@ -2513,12 +2530,7 @@ fn storm_through_a_small_backlog_holds_at_most_the_backlog_reported() {
     while answered < N as usize && ns_since(&p, t0) < 10_000 * MS {
         let next = p.now.add_nanos(MS);
         run_to(&mut p, next);
-        let reported: Vec<CepId> = p
-            .events(Side::B)
-            .iter()
-            .filter(|(_, e)| matches!(e, Event::ReqReceived(_)))
-            .map(|(c, _)| *c)
-            .collect();
+        let reported = reported_reqs(&p);
         peak = peak.max(reported.len() - answered);
         assert!(
             reported.len() - answered <= BACKLOG,
@@ -2526,10 +2538,7 @@ fn storm_through_a_small_backlog_holds_at_most_the_backlog_reported() {
             reported.len() - answered
         );
         if let Some(&b) = reported.get(answered) {
-            p.b.take_request(b).unwrap();
-            let now = p.now;
-            p.b.accept(now, b, &Pair::rep_params(QPN_B + answered as u32))
-                .unwrap();
+            take_and_accept(&mut p, b, answered);
             answered += 1;
         }
     }
@@ -2576,17 +2585,9 @@ fn a_storms_room_goes_back_once_its_connections_end() {
         let m = p.b.memory();
         peak.slab = peak.slab.max(m.slab);
         peak.queues = peak.queues.max(m.queues);
-        let reported: Vec<CepId> = p
-            .events(Side::B)
-            .iter()
-            .filter(|(_, e)| matches!(e, Event::ReqReceived(_)))
-            .map(|(c, _)| *c)
-            .collect();
+        let reported = reported_reqs(&p);
         if let Some(&b) = reported.get(answered) {
-            p.b.take_request(b).unwrap();
-            let now = p.now;
-            p.b.accept(now, b, &Pair::rep_params(QPN_B + answered as u32))
-                .unwrap();
+            take_and_accept(&mut p, b, answered);
             answered += 1;
         }
     }
@@ -2707,12 +2708,7 @@ fn flood_past_the_cap_is_refused_at_once() {
     // Answers make room: every held REQ is reported and connects.
     let mut answered = 0usize;
     while answered < 108 {
-        let reported: Vec<CepId> = p
-            .events(Side::B)
-            .iter()
-            .filter(|(_, e)| matches!(e, Event::ReqReceived(_)))
-            .map(|(c, _)| *c)
-            .collect();
+        let reported = reported_reqs(&p);
         let b = reported[answered];
         let now = p.now;
         p.b.accept(now, b, &Pair::rep_params(QPN_B + answered as u32))

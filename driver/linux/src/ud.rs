@@ -24,25 +24,11 @@ use crate::ibv::{
     IBV_WR_SEND_WITH_IMM, ibv_ah, ibv_ah_attr, ibv_cq, ibv_gid, ibv_global_route, ibv_grh, ibv_qp,
     ibv_qp_attr, ibv_qp_init_attr, ibv_recv_wr, ibv_send_wr, ibv_wc,
 };
-use crate::verbs::{Context, Region};
+use crate::verbs::{Context, Region, check, os_error};
 use ibcm_ioctl::iba::PathRecord;
 
 /// The bytes of the GRH before each UD receive's payload (`sizeof(struct ibv_grh)`).
 pub const GRH_LEN: usize = std::mem::size_of::<ibv_grh>();
-
-fn os_error(what: &str) -> io::Error {
-    let e = io::Error::last_os_error();
-    io::Error::new(e.kind(), format!("{what}: {e}"))
-}
-
-fn check(rc: i32, what: &str) -> io::Result<()> {
-    if rc == 0 {
-        Ok(())
-    } else {
-        let e = io::Error::from_raw_os_error(rc.abs());
-        Err(io::Error::new(e.kind(), format!("{what}: {e}")))
-    }
-}
 
 /// A UD QP with one CQ for both queues (polled: [`UdQp::next`]).
 pub struct UdQp {

@@ -33,13 +33,14 @@ use crate::ibv::{
 use ibcm_host::rocev2::gid_ipv4;
 use ibcm_ioctl::iba::{AddressVector, MigrationState, QpAttributes, QpState};
 
-fn os_error(what: &str) -> io::Error {
+/// The errno a verbs call left, named by `what`.
+pub(crate) fn os_error(what: &str) -> io::Error {
     let e = io::Error::last_os_error();
     io::Error::new(e.kind(), format!("{what}: {e}"))
 }
 
 /// `rc` of a verbs call that returns an errno (0 on success).
-fn check(rc: i32, what: &str) -> io::Result<()> {
+pub(crate) fn check(rc: i32, what: &str) -> io::Result<()> {
     if rc == 0 {
         Ok(())
     } else {
