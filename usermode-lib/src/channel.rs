@@ -4,6 +4,7 @@
 //! buffer while it waits for its next event; a burst of events comes back in batches.
 
 use std::mem::offset_of;
+use std::num::NonZeroI32;
 use std::panic::AssertUnwindSafe;
 use std::sync::{Arc, Mutex, PoisonError, Weak};
 use std::task::Waker;
@@ -11,10 +12,13 @@ use std::time::Duration;
 
 use hashbrown::HashMap;
 use ibcm_ioctl::{ANY_ENDPOINT, EventRecord, HandleIn, code, event_type, status};
+use thin_vec::ThinVec;
 use zerocopy::{FromBytes, IntoBytes};
 
 use crate::backend::{Backend, CompletionHook};
 use crate::completion::{output_buffer, recycle_buffer};
+use crate::endpoint::Inner;
+use crate::provider::Provider;
 
 /// Records one channel GET_EVENT asks for: a burst of REQs, or of DREQs, comes back in
 /// batches of this many.
@@ -44,40 +48,42 @@ fn backoff(n: u32) -> Duration {
     Duration::from_millis(1u64 << n.min(10)).min(MAX_BACKOFF)
 }
 
-/// An endpoint's queue of events the channel brought, and the tasks waiting on it.
-#[derive(Default)]
-pub(crate) struct EventQueue(Mutex<Events>);
-
+/// An endpoint's events the channel brought, the tasks waiting on them, and what its
+/// operations in flight need to know of each other. Held inline in the endpoint's own
+/// allocation (`endpoint::Inner`), which a million connections make two million of:
+/// every field is as small as it can be (128 bytes an endpoint with the allocator's
+/// header, against 208 when the queue had an allocation of its own).
 #[derive(Default)]
 pub(crate) struct Events {
-    /// Queued event records, back to back, from byte `head` on (the bytes before it
+    /// Queued event records, back to back, from record `head` on (the records before it
     /// were taken); an idle endpoint keeps no buffer.
     queue: Vec<u8>,
-    /// Where the first queued record starts. Taking the first record moves it on
+    /// Records taken from the front of `queue`. Taking the first record moves it on
     /// instead of moving every record behind it (a listen's queue holds every REQ not
-    /// taken yet: moving them on each take made a storm of N REQs cost N^2 / 2
-    /// record copies); the taken bytes are dropped once they are half the buffer.
-    head: usize,
-    pub(crate) wakers: Wakers,
+    /// taken yet: moving them on each take made a storm of N REQs cost N^2 / 2 record
+    /// copies); the taken bytes are dropped once they are half the buffer. A count of
+    /// records, not bytes: 4 billion of them would be terabytes.
+    head: u32,
     /// Bumped by `Endpoint::cancel`: waiters started before it fail with
     /// STATUS_CANCELLED.
     pub(crate) epoch: u32,
-    /// A terminal failure of the channel (device removed, handle closed).
-    pub(crate) failed: Option<i32>,
+    pub(crate) wakers: Wakers,
+    /// A terminal failure of the channel (device removed, handle closed): a status,
+    /// never STATUS_SUCCESS.
+    pub(crate) failed: Option<NonZeroI32>,
+    /// Channel completions that brought this endpoint records, and the records.
+    pub(crate) deliveries: u32,
+    pub(crate) records: u32,
+    /// The backend key of a CONNECT or SEND_REP waiting for its answer, for
+    /// `Endpoint::cancel`, while `answering` (a key and a flag: `Option<u64>` would take
+    /// 16 bytes).
+    pub(crate) answer_key: u64,
+    pub(crate) answering: bool,
     /// The application's disconnects whose DREQ may be out (counted, as two can race:
     /// the second is refused): while there is one, the events that answer it (DREP, the
     /// DREQ's timeout, a REJ, a crossing DREQ) are its disconnect's, not a watcher's of
     /// the connection's end.
     pub(crate) own_dreqs: u8,
-    /// Channel completions that brought this endpoint records, and the records.
-    pub(crate) deliveries: u32,
-    pub(crate) records: u32,
-}
-
-impl EventQueue {
-    pub(crate) fn lock(&self) -> std::sync::MutexGuard<'_, Events> {
-        self.0.lock().unwrap_or_else(PoisonError::into_inner)
-    }
 }
 
 impl Events {
@@ -87,7 +93,8 @@ impl Events {
         let size = EventRecord::SIZE as usize;
         let at = offset_of!(EventRecord, event_type);
         let message = offset_of!(EventRecord, message);
-        let queued = self.queue.get(self.head..)?;
+        let head = self.head as usize * size;
+        let queued = self.queue.get(head..)?;
         let i = queued.chunks_exact(size).position(|c| {
             let t = c.get(at..at + 4).and_then(|b| b.try_into().ok());
             match (t, c.get(message)) {
@@ -95,17 +102,18 @@ impl Events {
                 _ => false,
             }
         })?;
-        let start = self.head + i * size;
+        let start = head + i * size;
         let record = EventRecord::read_from_bytes(self.queue.get(start..start + size)?).ok()?;
-        if self.queue.len() - self.head == size {
+        if self.queue.len() - head == size {
             // Connections mostly sit idle between events: keep no buffer (the thread
             // keeps it for its next request).
             recycle_buffer(std::mem::take(&mut self.queue));
             self.head = 0;
         } else if i == 0 {
-            self.head += size;
-            if self.head * 2 >= self.queue.len() {
-                self.queue.drain(..self.head);
+            self.head += 1;
+            let taken = self.head as usize * size;
+            if taken * 2 >= self.queue.len() {
+                self.queue.drain(..taken);
                 self.head = 0;
             }
         } else {
@@ -117,15 +125,14 @@ impl Events {
     /// Puts a record back at the head of the queue.
     pub(crate) fn requeue(&mut self, record: &EventRecord) {
         let size = EventRecord::SIZE as usize;
-        if self.head >= size {
-            self.head -= size;
-            let head = self.head;
+        if self.head > 0 {
+            self.head -= 1;
+            let head = self.head as usize * size;
             if let Some(slot) = self.queue.get_mut(head..head + size) {
                 slot.copy_from_slice(record.as_bytes());
             }
         } else {
-            self.queue
-                .splice(self.head..self.head, record.as_bytes().iter().copied());
+            self.queue.splice(0..0, record.as_bytes().iter().copied());
         }
     }
 
@@ -144,7 +151,8 @@ impl Events {
 #[derive(Default)]
 pub(crate) struct Wakers {
     first: Option<Waker>,
-    rest: Vec<Waker>,
+    /// A pointer, not a `Vec`'s three words: every endpoint holds one.
+    rest: ThinVec<Waker>,
 }
 
 impl Wakers {
@@ -173,10 +181,14 @@ pub(crate) struct Channel {
 
 #[derive(Default)]
 struct State {
-    /// Every endpoint of the handle the library knows, by handle: the channel's records
-    /// go to their queues. A REQ's new endpoint is entered as its record arrives, before
-    /// anyone holds it, so that none of its own events is missed.
-    queues: HashMap<u64, Arc<EventQueue>>,
+    /// Every endpoint of the handle the library made, by handle: the channel's records go
+    /// to their events. Held weakly: an endpoint goes when its last holder drops it, and
+    /// leaves this map then.
+    endpoints: HashMap<u64, Weak<Inner>>,
+    /// The events of REQs' new endpoints that nobody has made into an endpoint yet: a
+    /// REQ's new endpoint is entered as its record arrives, so that none of its own events
+    /// is missed, and its events move into the endpoint when it is made.
+    unclaimed: HashMap<u64, Events>,
     /// A channel GET_EVENT is pending.
     outstanding: bool,
     /// `pump` is issuing one on some thread: a completion meanwhile leaves the next one
@@ -184,7 +196,7 @@ struct State {
     submitting: bool,
     again: bool,
     /// The channel failed for good (device removed, handle closed).
-    failed: Option<i32>,
+    failed: Option<NonZeroI32>,
     /// GET_EVENTs that failed in a row with a status that is not terminal.
     retries: u32,
     /// The last GET_EVENT's buffer, for the next one.
@@ -203,22 +215,33 @@ impl Channel {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// The queue of endpoint `handle`, entered now or when its REQ arrived; a queue made
-    /// after the channel failed starts failed.
-    pub(crate) fn attach(&self, handle: u64) -> Arc<EventQueue> {
+    /// The endpoint of `handle` on `provider`'s handle, made now with the events that came
+    /// since its REQ arrived, if any; an endpoint made after the channel failed starts
+    /// failed.
+    pub(crate) fn attach(&self, provider: Provider, handle: u64) -> Arc<Inner> {
         let mut s = self.lock();
-        let failed = s.failed;
-        let q = Arc::clone(s.queues.entry(handle).or_default());
-        drop(s);
-        if let Some(st) = failed {
-            q.lock().failed.get_or_insert(st);
+        if let Some(inner) = s.endpoints.get(&handle).and_then(Weak::upgrade) {
+            return inner;
         }
-        q
+        let mut events = s.unclaimed.remove(&handle).unwrap_or_default();
+        if let Some(st) = s.failed {
+            events.failed.get_or_insert(st);
+        }
+        let inner = Arc::new(Inner::new(provider, handle, events));
+        s.endpoints.insert(handle, Arc::downgrade(&inner));
+        inner
     }
 
-    /// The endpoint is destroyed: its records, if any still come, go nowhere.
-    pub(crate) fn detach(&self, handle: u64) {
-        self.lock().queues.remove(&handle);
+    /// The endpoint `inner` of `handle` is destroyed: its records, if any still come, go
+    /// nowhere.
+    pub(crate) fn detach(&self, handle: u64, inner: *const Inner) {
+        let mut s = self.lock();
+        if s.endpoints
+            .get(&handle)
+            .is_some_and(|w| std::ptr::eq(w.as_ptr(), inner))
+        {
+            s.endpoints.remove(&handle);
+        }
     }
 
     /// Keeps one channel GET_EVENT pending while the handle has endpoints.
@@ -229,7 +252,8 @@ impl Channel {
             return;
         }
         loop {
-            if s.outstanding || s.failed.is_some() || s.queues.is_empty() {
+            let idle = s.endpoints.is_empty() && s.unclaimed.is_empty();
+            if s.outstanding || s.failed.is_some() || idle {
                 return;
             }
             let Some(backend) = self.backend.upgrade() else {
@@ -299,55 +323,80 @@ impl CompletionHook for Channel {
     fn completed(self: Arc<Self>, st: i32, mut output: Vec<u8>) {
         let size = EventRecord::SIZE as usize;
         let mut wakers: Vec<Waker> = Vec::new();
+        // The endpoints given records, held until the channel's lock is released and
+        // their waiters have run: the last holder's drop detaches the endpoint, which
+        // takes that lock.
+        let mut held: Vec<Arc<Inner>> = Vec::new();
         // Asked before the lock: this may be the provider's last reference, whose drop
         // closes the handle, which completes requests (this channel's too).
         let open = st == status::SUCCESS || self.backend.upgrade().is_some_and(|b| !b.is_closed());
         {
             let mut s = self.lock();
             s.outstanding = false;
-            if st == status::SUCCESS {
-                s.retries = 0;
-                output.truncate(output.len() - output.len() % size);
-                let mut touched: Option<u64> = None;
-                for record in output.chunks_exact(size) {
-                    if let Some(child) = new_endpoint(record) {
-                        s.queues.entry(child).or_default();
-                    }
-                    let handle = EventRecord::ref_from_bytes(record).map_or(0, |r| r.handle);
-                    // An endpoint destroyed meanwhile (its records come no more).
-                    let Some(q) = s.queues.get(&handle) else {
-                        continue;
-                    };
-                    let mut ev = q.lock();
-                    ev.push(record);
-                    if touched != Some(handle) {
-                        ev.deliveries = ev.deliveries.saturating_add(1);
+            match NonZeroI32::new(st) {
+                None => {
+                    s.retries = 0;
+                    output.truncate(output.len() - output.len() % size);
+                    let mut touched: Option<u64> = None;
+                    for record in output.chunks_exact(size) {
+                        if let Some(child) = new_endpoint(record) {
+                            s.unclaimed.entry(child).or_default();
+                        }
+                        let handle = EventRecord::ref_from_bytes(record).map_or(0, |r| r.handle);
+                        let first_of_run = touched != Some(handle);
                         touched = Some(handle);
+                        if first_of_run
+                            && let Some(inner) = s.endpoints.get(&handle).and_then(Weak::upgrade)
+                        {
+                            held.push(inner);
+                        }
+                        let mut guard;
+                        let ev: &mut Events = match held.last() {
+                            Some(inner) if inner.handle == handle => {
+                                guard = inner.events();
+                                &mut guard
+                            }
+                            // Not made into an endpoint yet, or destroyed meanwhile (its
+                            // records come no more).
+                            _ => match s.unclaimed.get_mut(&handle) {
+                                Some(ev) => ev,
+                                None => continue,
+                            },
+                        };
+                        ev.push(record);
+                        if first_of_run {
+                            ev.deliveries = ev.deliveries.saturating_add(1);
+                        }
+                        wakers.extend(ev.wakers.take());
                     }
-                    wakers.extend(ev.wakers.take());
+                    output.clear();
+                    s.buffer = output;
                 }
-                output.clear();
-                s.buffer = output;
-            } else if !terminal(st) && s.retries < MAX_RETRIES && open {
-                // Transient: the GET_EVENT is issued again later, and meanwhile counts as
-                // outstanding; no wait ends.
-                recycle_buffer(output);
-                let delay = backoff(s.retries);
-                s.retries += 1;
-                s.outstanding = true;
-                drop(s);
-                self.retry_after(delay);
-                return;
-            } else {
-                // The handle closed, or the device went, or the failures did not stop:
-                // every wait ends with it.
-                recycle_buffer(output);
-                s.failed = Some(st);
-                let State { queues, .. } = &mut *s;
-                for q in queues.values() {
-                    let mut ev = q.lock();
-                    ev.failed.get_or_insert(st);
-                    wakers.extend(ev.wakers.take());
+                Some(_) if !terminal(st) && s.retries < MAX_RETRIES && open => {
+                    // Transient: the GET_EVENT is issued again later, and meanwhile counts
+                    // as outstanding; no wait ends.
+                    recycle_buffer(output);
+                    let delay = backoff(s.retries);
+                    s.retries += 1;
+                    s.outstanding = true;
+                    drop(s);
+                    self.retry_after(delay);
+                    return;
+                }
+                Some(failed) => {
+                    // The handle closed, or the device went, or the failures did not
+                    // stop: every wait ends with it.
+                    recycle_buffer(output);
+                    s.failed = Some(failed);
+                    held.extend(s.endpoints.values().filter_map(Weak::upgrade));
+                    for inner in &held {
+                        let mut ev = inner.events();
+                        ev.failed.get_or_insert(failed);
+                        wakers.extend(ev.wakers.take());
+                    }
+                    for ev in s.unclaimed.values_mut() {
+                        ev.failed.get_or_insert(failed);
+                    }
                 }
             }
         }

@@ -1110,55 +1110,70 @@ fn serve(sh: &Arc<Shared>, req: ConnectionRequest) {
         return;
     };
     sh.server.spawned.fetch_add(1, Ordering::AcqRel);
-    let overlapped = sh.server.tasks.clone();
+    let tasks = sh.server.tasks.clone();
     let sh = Arc::clone(sh);
     let ep = req.endpoint;
+    // Two tasks: the setup's, then the connection's (which lives as long as it does).
+    // Each step's future is made inside its task, not captured: one awaited from a
+    // capture is held twice (rust-lang/rust#62958). The setup's steps are inline (its
+    // task lives only as long as the setup, a window's worth at once); so are the
+    // connection's but for the disconnect (1.4 KB), boxed, so that what every live
+    // connection holds is the size of its small steps.
     spawn(
         async move {
-            let set_outcome = |o: Outcome| {
-                if let Some(slot) = lock(&sh.server.outcomes).get_mut(i) {
-                    *slot = o;
-                }
-            };
             let accepted = async {
-                Box::pin(ep.prepare_accept_async(&accept_params(i))).await?;
-                // Each step boxed: a task lives as long as its connection, and an async
-                // block is as large as its largest step, so inline steps would cost every
-                // live connection the size of the biggest one.
-                Box::pin(ep.accept_async()).await
+                ep.prepare_accept_async(&accept_params(i)).await?;
+                ep.accept_async().await
             }
             .await;
             if let Err(e) = accepted {
-                set_outcome(Outcome::SetupFailed(Box::new(e)));
-                forget_live(&sh, i);
+                served(&sh, i, Outcome::SetupFailed(Box::new(e)));
                 sh.server.accepted.fetch_add(1, Ordering::AcqRel);
-                sh.server.finished.fetch_add(1, Ordering::AcqRel);
                 return;
             }
             sh.mark(i, Mark::Established);
             sh.server.accepted.fetch_add(1, Ordering::AcqRel);
-            let teardown = async {
-                Box::pin(ep.notify_disconnect_async()).await?;
-                sh.mark(i, Mark::ServerTold);
-                Box::pin(ep.disconnect_async(&[])).await?;
-                Box::pin(ep.wait_timewait_async()).await
-            }
-            .await;
-            set_outcome(match teardown {
-                Ok(()) => {
-                    sh.mark(i, Mark::ServerTimewaitExit);
-                    Outcome::Complete
-                }
-                Err(e) => Outcome::TeardownFailed(Box::new(e)),
-            });
-            forget_live(&sh, i);
-            drop(ep);
-            sh.server.finished.fetch_add(1, Ordering::AcqRel);
+            let tasks = sh.server.tasks.clone();
+            spawn(serve_connection(sh, ep, i), &tasks);
         },
-        &overlapped,
+        &tasks,
     );
 }
 
+/// Connection `i`'s life on the server once established: told of the client's DREQ, it
+/// answers it, then waits out timewait.
+async fn serve_connection(sh: Arc<Shared>, ep: ConnectEndpoint, i: usize) {
+    // Steps in one block, not a nested async block: that would hold references to all
+    // three captures beside them.
+    let failed = |e: Error| Outcome::TeardownFailed(Box::new(e));
+    let outcome = 'teardown: {
+        if let Err(e) = ep.notify_disconnect_async().await {
+            break 'teardown failed(e);
+        }
+        sh.mark(i, Mark::ServerTold);
+        if let Err(e) = Box::pin(ep.disconnect_async(&[])).await {
+            break 'teardown failed(e);
+        }
+        match ep.wait_timewait_async().await {
+            Ok(()) => {
+                sh.mark(i, Mark::ServerTimewaitExit);
+                Outcome::Complete
+            }
+            Err(e) => failed(e),
+        }
+    };
+    drop(ep);
+    served(&sh, i, outcome);
+}
+
+/// Connection `i`'s service is over, with `outcome`.
+fn served(sh: &Shared, i: usize, outcome: Outcome) {
+    if let Some(slot) = lock(&sh.server.outcomes).get_mut(i) {
+        *slot = outcome;
+    }
+    forget_live(sh, i);
+    sh.server.finished.fetch_add(1, Ordering::AcqRel);
+}
 /// The server's listen: exactly the service ID, on any port, with the run's backlog.
 pub(crate) fn listen(server: &Provider, cfg: &Config) -> Result<ibcm::Listener> {
     server.listen(&ListenParams {
@@ -1454,11 +1469,13 @@ fn teardown_share(
         },
         |i, r, ep| match (r, ep) {
             (Ok(()), Some(ep)) => {
-                let sh2 = Arc::clone(sh);
-                let wait = ep.wait_timewait_async();
+                let (sh2, ep2) = (Arc::clone(sh), ep.clone());
                 spawn(
+                    // The wait made inside: one awaited from a capture is held twice
+                    // (rust-lang/rust#62958), and every connection waits out timewait
+                    // at once.
                     async move {
-                        wait.await?;
+                        ep2.wait_timewait_async().await?;
                         sh2.mark(i, Mark::TimewaitExit);
                         Ok::<(), Error>(())
                     },
@@ -1586,6 +1603,15 @@ pub fn process_rss() -> Option<u64> {
     let statm = std::fs::read_to_string("/proc/self/statm").ok()?;
     let pages: u64 = statm.split_whitespace().nth(1)?.parse().ok()?;
     Some(pages * 4096)
+}
+
+/// The process's peak resident set so far, bytes (Linux: `VmHWM` of `/proc/self/status`,
+/// in KiB); `None` elsewhere.
+pub fn process_peak_rss() -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib * 1024)
 }
 
 /// What one wave of a churn run (`ibcm cmtime --waves`) cost and left behind.

@@ -1163,6 +1163,23 @@ fn print_report(r: &Report, cfg: &cmtime::Config) {
             after.records / 1024,
         );
     }
+    if let Some(peak) = cmtime::process_peak_rss() {
+        // Both sides of every connection live in this process: its peak over the
+        // connections is what one connection costs, both ends, all parts together.
+        let drivers = r.driver_memory.as_ref().map(|[before, established, _]| {
+            let [b, e] = [before, established].map(|m| DriverMemory::sum(m).total());
+            e.saturating_sub(b) as f64 / r.established.max(1) as f64
+        });
+        println!(
+            "process:  peak RSS {} MB, {:.0} bytes per connection (both ends{}; the rest \
+             the user library's endpoints, cmtime's tasks and bookkeeping, the allocator)",
+            peak >> 20,
+            peak as f64 / r.connections.max(1) as f64,
+            drivers.map_or(String::new(), |d| format!(
+                ", the drivers' {d:.0} of them at established"
+            )),
+        );
+    }
     if r.failures.is_empty() {
         println!("failures: none");
     } else {
