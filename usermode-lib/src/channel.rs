@@ -339,35 +339,40 @@ impl CompletionHook for Channel {
                     output.truncate(output.len() - output.len() % size);
                     let mut touched: Option<u64> = None;
                     for record in output.chunks_exact(size) {
-                        if let Some(child) = new_endpoint(record) {
-                            s.unclaimed.entry(child).or_default();
-                        }
                         let handle = EventRecord::ref_from_bytes(record).map_or(0, |r| r.handle);
                         let first_of_run = touched != Some(handle);
-                        touched = Some(handle);
                         if first_of_run
                             && let Some(inner) = s.endpoints.get(&handle).and_then(Weak::upgrade)
                         {
                             held.push(inner);
                         }
-                        let mut guard;
-                        let ev: &mut Events = match held.last() {
-                            Some(inner) if inner.handle == handle => {
-                                guard = inner.events();
-                                &mut guard
+                        {
+                            let mut guard;
+                            let ev: &mut Events = match held.last() {
+                                Some(inner) if inner.handle == handle => {
+                                    guard = inner.events();
+                                    &mut guard
+                                }
+                                // Not made into an endpoint yet, or destroyed meanwhile (its
+                                // records come no more).
+                                _ => match s.unclaimed.get_mut(&handle) {
+                                    Some(ev) => ev,
+                                    None => continue,
+                                },
+                            };
+                            ev.push(record);
+                            if first_of_run {
+                                ev.deliveries = ev.deliveries.saturating_add(1);
                             }
-                            // Not made into an endpoint yet, or destroyed meanwhile (its
-                            // records come no more).
-                            _ => match s.unclaimed.get_mut(&handle) {
-                                Some(ev) => ev,
-                                None => continue,
-                            },
-                        };
-                        ev.push(record);
-                        if first_of_run {
-                            ev.deliveries = ev.deliveries.saturating_add(1);
+                            wakers.extend(ev.wakers.take());
                         }
-                        wakers.extend(ev.wakers.take());
+                        touched = Some(handle);
+                        // A REQ delivered to its listener: its new endpoint's events are
+                        // kept from now on (one whose listener is gone is not: nobody
+                        // would ever claim it).
+                        if let Some(child) = new_endpoint(record) {
+                            s.unclaimed.entry(child).or_default();
+                        }
                     }
                     output.clear();
                     s.buffer = output;

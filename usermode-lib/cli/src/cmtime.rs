@@ -1079,8 +1079,8 @@ pub(crate) fn index_of(private_data: &[u8]) -> Option<usize> {
     Some(u32::from_le_bytes(b) as usize)
 }
 
-/// A REQ reached the server: accept it, then wait for the DREQ, answer, wait out
-/// timewait; all as one task.
+/// A REQ reached the server: accept it in one task, then wait for the DREQ, answer it and
+/// wait out timewait in another ([`serve_connection`]).
 fn serve(sh: &Arc<Shared>, req: ConnectionRequest) {
     sh.server.requests.fetch_add(1, Ordering::AcqRel);
     let n = sh.cfg.connections;
@@ -1162,8 +1162,10 @@ async fn serve_connection(sh: Arc<Shared>, ep: ConnectEndpoint, i: usize) {
             Err(e) => failed(e),
         }
     };
-    drop(ep);
     served(&sh, i, outcome);
+    // Dropped once out of the server's list: the last reference's drop destroys the
+    // endpoint, which is not done under that list's lock.
+    drop(ep);
 }
 
 /// Connection `i`'s service is over, with `outcome`.
