@@ -17,8 +17,9 @@
 //!
 //! - `IBV_EVENT_PKEY_CHANGE` on the node's port drops the port's cached P_Key indices
 //!   ([`Context::forget_pkeys`]), as the KMDF binding takes the port's new attributes on
-//!   `IB_PNP_PKEY_CHANGE`; `IBV_EVENT_GID_CHANGE` needs nothing: the GID index is read
-//!   from the kernel's table at every transition ([`Context::gid_index`]).
+//!   `IB_PNP_PKEY_CHANGE`; `IBV_EVENT_GID_CHANGE` on it drops its cached GID indices
+//!   ([`Context::forget_gids`]), as the KMDF binding takes them again on
+//!   `IB_PNP_GID_CHANGE`.
 //!
 //! A port that is not ACTIVE when the thread starts (`ibv_query_port`) is told down at
 //! once. The events are read from the context's async fd (`ibv_get_async_event`, each
@@ -29,7 +30,7 @@
 //! [`Device::port_up`]: ibcm_endpoint::Device::port_up
 //! [`Device::remove`]: ibcm_endpoint::Device::remove
 //! [`Context::forget_pkeys`]: crate::verbs::Context::forget_pkeys
-//! [`Context::gid_index`]: crate::verbs::Context::gid_index
+//! [`Context::forget_gids`]: crate::verbs::Context::forget_gids
 
 use std::io;
 use std::sync::Arc;
@@ -37,8 +38,8 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::thread::JoinHandle;
 
 use crate::ibv::{
-    self, IBV_EVENT_DEVICE_FATAL, IBV_EVENT_PKEY_CHANGE, IBV_EVENT_PORT_ACTIVE, IBV_EVENT_PORT_ERR,
-    ibv_async_event,
+    self, IBV_EVENT_DEVICE_FATAL, IBV_EVENT_GID_CHANGE, IBV_EVENT_PKEY_CHANGE,
+    IBV_EVENT_PORT_ACTIVE, IBV_EVENT_PORT_ERR, ibv_async_event,
 };
 use ibcm_host::Node;
 
@@ -51,6 +52,7 @@ struct Counts {
     port_active: AtomicU64,
     device_fatal: AtomicU64,
     pkey_change: AtomicU64,
+    gid_change: AtomicU64,
     other: AtomicU64,
 }
 
@@ -65,6 +67,8 @@ pub struct PortEventCounts {
     pub device_fatal: u64,
     /// `IBV_EVENT_PKEY_CHANGE` on the node's port: its cached P_Key indices dropped.
     pub pkey_change: u64,
+    /// `IBV_EVENT_GID_CHANGE` on the node's port: its cached GID indices dropped.
+    pub gid_change: u64,
     /// The port was not ACTIVE at start (`ibv_query_port`): told down then.
     pub down_at_start: bool,
     /// Every other event (other ports, QP and CQ events).
@@ -111,6 +115,7 @@ impl PortEvents {
             port_active: self.counts.port_active.load(Ordering::Relaxed),
             device_fatal: self.counts.device_fatal.load(Ordering::Relaxed),
             pkey_change: self.counts.pkey_change.load(Ordering::Relaxed),
+            gid_change: self.counts.gid_change.load(Ordering::Relaxed),
             down_at_start: self.down_at_start,
             other: self.counts.other.load(Ordering::Relaxed),
         }
@@ -163,6 +168,10 @@ fn event_loop(ctx: &Context, node: &Node, counts: &Counts, stop: &AtomicBool) {
             IBV_EVENT_PKEY_CHANGE if on_port(&ev) => {
                 counts.pkey_change.fetch_add(1, Ordering::Relaxed);
                 ctx.forget_pkeys(port);
+            }
+            IBV_EVENT_GID_CHANGE if on_port(&ev) => {
+                counts.gid_change.fetch_add(1, Ordering::Relaxed);
+                ctx.forget_gids(port);
             }
             IBV_EVENT_DEVICE_FATAL => {
                 counts.device_fatal.fetch_add(1, Ordering::Relaxed);

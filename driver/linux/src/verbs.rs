@@ -16,7 +16,7 @@
 use std::ffi::CStr;
 use std::io;
 use std::ptr::NonNull;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::ibv::{
@@ -32,6 +32,8 @@ use crate::ibv::{
 };
 use ibcm_host::rocev2::gid_ipv4;
 use ibcm_ioctl::iba::{AddressVector, MigrationState, QpAttributes, QpState};
+
+use crate::port_indices::PortIndices;
 
 /// The errno a verbs call left, named by `what`.
 pub(crate) fn os_error(what: &str) -> io::Error {
@@ -89,7 +91,9 @@ pub struct Context {
     device: String,
     port: u8,
     /// P_Key indices found so far, by (port, P_Key without its membership bit).
-    pkeys: Mutex<Vec<((u8, u16), u16)>>,
+    pkeys: PortIndices<u16, u16>,
+    /// GID indices found so far, by (port, GID).
+    gids: PortIndices<[u8; 16], u8>,
 }
 
 // SAFETY: libibverbs objects may be used from any thread (rdma-core's verbs are
@@ -158,7 +162,8 @@ impl Context {
             pd,
             device: device.to_string(),
             port,
-            pkeys: Mutex::new(Vec::new()),
+            pkeys: PortIndices::new(),
+            gids: PortIndices::new(),
         }))
     }
 
@@ -212,29 +217,26 @@ impl Context {
     /// kernel's P_Key cache in the same way (drivers/infiniband/core/cm.c,
     /// cm_init_av_by_path: `ib_find_cached_pkey`).
     pub fn pkey_index(&self, port: u8, pkey: u16) -> io::Result<u16> {
-        let key = (port, pkey & 0x7fff);
-        let mut cache = self.pkeys.lock().unwrap_or_else(PoisonError::into_inner);
-        if let Some(&(_, index)) = cache.iter().find(|(k, _)| *k == key) {
-            return Ok(index);
-        }
-        for index in 0..128u16 {
-            let mut value: u16 = 0;
-            // SAFETY: `ctx` is open; `value` is a valid out-pointer (a __be16).
-            let rc = unsafe {
-                (self.v.ibv_query_pkey)(self.ctx.as_ptr(), port, i32::from(index), &mut value)
-            };
-            if rc != 0 {
-                break;
+        let pkey = pkey & 0x7fff;
+        self.pkeys.get(port, pkey, || {
+            for index in 0..128u16 {
+                let mut value: u16 = 0;
+                // SAFETY: `ctx` is open; `value` is a valid out-pointer (a __be16).
+                let rc = unsafe {
+                    (self.v.ibv_query_pkey)(self.ctx.as_ptr(), port, i32::from(index), &mut value)
+                };
+                if rc != 0 {
+                    break;
+                }
+                if u16::from_be(value) & 0x7fff == pkey {
+                    return Ok(index);
+                }
             }
-            if u16::from_be(value) & 0x7fff == key.1 {
-                cache.push((key, index));
-                return Ok(index);
-            }
-        }
-        Err(io::Error::new(
-            io::ErrorKind::NotFound,
-            format!("{} port {port} has no P_Key {pkey:#06x}", self.device),
-        ))
+            Err(io::Error::new(
+                io::ErrorKind::NotFound,
+                format!("{} port {port} has no P_Key {pkey:#06x}", self.device),
+            ))
+        })
     }
 
     /// Forgets the P_Key indices found on `port`: its table changed
@@ -242,13 +244,16 @@ impl Context {
     /// event (drivers/infiniband/core/cache.c, ib_cache_event_task). The next transition
     /// reads the table again.
     pub fn forget_pkeys(&self, port: u8) {
-        let mut cache = self.pkeys.lock().unwrap_or_else(PoisonError::into_inner);
-        cache.retain(|((p, _), _)| *p != port);
+        self.pkeys.forget(port);
     }
 
-    /// The index of the RoCEv2 GID `gid` (IPv4-mapped) in the port's GID table, from the
-    /// kernel's GID cache in one call (`ibv_query_gid_table`, an ioctl; the table as it is
-    /// now, not a copy of ours).
+    /// The index of the RoCEv2 GID `gid` (IPv4-mapped) in the port's GID table, found
+    /// once per (port, GID) and kept until the table changes ([`forget_gids`]): every
+    /// RTR's address vector names it, and the table query is an ioctl copying the whole
+    /// table. Linux's CM takes it from the kernel's GID cache (cm.c cm_init_av_by_path ->
+    /// ib_init_ah_attr_from_path, `rdma_find_gid_by_port`, cache.c).
+    ///
+    /// [`forget_gids`]: Self::forget_gids
     pub fn gid_index(&self, port: u8, gid: &[u8; 16]) -> io::Result<u8> {
         if gid_ipv4(gid).is_none() {
             return Err(io::Error::new(
@@ -256,6 +261,20 @@ impl Context {
                 "the path's source GID is not a RoCEv2 (IPv4-mapped) GID",
             ));
         }
+        self.gids
+            .get(port, *gid, || self.query_gid_index(port, gid))
+    }
+
+    /// Forgets the GID indices found on `port`: its GID table changed
+    /// (`IBV_EVENT_GID_CHANGE`, which the kernel raises on every entry added or deleted:
+    /// cache.c, dispatch_gid_change_event). The next transition reads the table again.
+    pub fn forget_gids(&self, port: u8) {
+        self.gids.forget(port);
+    }
+
+    /// [`gid_index`](Self::gid_index) from the kernel's GID cache in one call
+    /// (`ibv_query_gid_table`, an ioctl; the table as it is now).
+    fn query_gid_index(&self, port: u8, gid: &[u8; 16]) -> io::Result<u8> {
         // The kernel fails the query with EINVAL when the device's valid GIDs, over all
         // its ports, outnumber the entries given (rdma_query_gid_table): ask again with
         // a larger table.
