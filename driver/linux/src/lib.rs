@@ -16,7 +16,7 @@
 //!   ACTIVE is told to the engine (the port gone, the port told again).
 //! - `port_indices`: the P_Key and GID indices found in a port's tables, kept until the
 //!   port's events say the table changed.
-//! - [`sysfs`]: which umad device, GID index and CA GUID belong to an RDMA device.
+//! - [`sysfs`]: which umad device and CA GUID belong to an RDMA device.
 //!
 //! Nothing here decides anything about a connection: what is not in the engine's records
 //! is either the device's (its GID table) or stated where it is set (the RNR NAK timer,

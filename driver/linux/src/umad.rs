@@ -63,6 +63,9 @@ pub struct UmadConfig {
     pub port: u8,
     /// The local IPv4 address (its RoCEv2 GID is the source of every MAD).
     pub local: Ipv4Addr,
+    /// The index of `local`'s RoCEv2 GID in the port's GID table (the device's verbs
+    /// context finds it in one call: `verbs::Context::gid_index`).
+    pub gid_index: u8,
     /// Seed of the CM's RNG (comm IDs, PSNs); by default from the time and process ID.
     pub seed: Option<u64>,
 }
@@ -249,7 +252,7 @@ impl UmadPort {
         let config = config.clone();
         let path = sysfs::umad_path(&config.device, config.port)?;
         let guid = sysfs::node_guid(&config.device)?;
-        let gid_index = sysfs::roce_v2_gid_index(&config.device, config.port, config.local)?;
+        let gid_index = config.gid_index;
         let pkeys: Arc<[u16]> = pkey_table(&config.device, config.port).into();
         let file = OpenOptions::new()
             .read(true)

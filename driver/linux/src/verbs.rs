@@ -51,37 +51,6 @@ pub(crate) fn check(rc: i32, what: &str) -> io::Result<()> {
     }
 }
 
-/// The names of the RDMA devices libibverbs lists, in its order (`ibv_get_device_list`).
-pub fn device_names() -> io::Result<Vec<String>> {
-    let v = ibv::verbs()?;
-    let mut n = 0i32;
-    // SAFETY: `n` is a valid out-pointer; the list is freed below.
-    let list = unsafe { (v.ibv_get_device_list)(&mut n) };
-    if list.is_null() {
-        return Err(os_error("ibv_get_device_list"));
-    }
-    let mut names = Vec::new();
-    for i in 0..usize::try_from(n).unwrap_or(0) {
-        // SAFETY: `list` holds `n` device pointers (ibv_get_device_list): `i` is in it.
-        let slot = unsafe { list.add(i) };
-        // SAFETY: `slot` points to one of the list's entries.
-        let dev = unsafe { *slot };
-        // SAFETY: `dev` is a device of the list, alive until the list is freed.
-        let name = unsafe { (v.ibv_get_device_name)(dev) };
-        if !name.is_null() {
-            // SAFETY: ibv_get_device_name returns a NUL-terminated string owned by `dev`.
-            names.push(
-                unsafe { CStr::from_ptr(name) }
-                    .to_string_lossy()
-                    .into_owned(),
-            );
-        }
-    }
-    // SAFETY: `list` came from ibv_get_device_list and is freed once.
-    unsafe { (v.ibv_free_device_list)(list) };
-    Ok(names)
-}
-
 /// An open RDMA device and a protection domain on it.
 pub struct Context {
     /// libibverbs' functions (loaded by the first `open`).
@@ -112,8 +81,11 @@ impl core::fmt::Debug for Context {
 }
 
 impl Context {
-    /// Opens `device` (`rxe0`) and allocates a protection domain.
-    pub fn open(device: &str, port: u8) -> io::Result<Arc<Self>> {
+    /// Opens `device` (`rxe0`), or without a name the first device libibverbs lists (as
+    /// perftest and rdma-core's examples pick one), and allocates a protection domain.
+    /// The list is read once: every `ibv_get_device_list` scans sysfs again, which costs
+    /// milliseconds on a slow machine.
+    pub fn open(device: Option<&str>, port: u8) -> io::Result<Arc<Self>> {
         let v = ibv::verbs()?;
         let mut n = 0i32;
         // SAFETY: `n` is a valid out-pointer; the list is freed below.
@@ -122,6 +94,7 @@ impl Context {
             return Err(os_error("ibv_get_device_list"));
         }
         let mut ctx = std::ptr::null_mut();
+        let mut opened = String::new();
         for i in 0..usize::try_from(n).unwrap_or(0) {
             // SAFETY: `list` holds `n` device pointers (ibv_get_device_list): `i` is in it.
             let slot = unsafe { list.add(i) };
@@ -134,9 +107,10 @@ impl Context {
             }
             // SAFETY: ibv_get_device_name returns a NUL-terminated string owned by `dev`.
             let name = unsafe { CStr::from_ptr(name) };
-            if name.to_bytes() == device.as_bytes() {
+            if device.is_none_or(|d| name.to_bytes() == d.as_bytes()) {
                 // SAFETY: `dev` is alive; the context outlives the list by design.
                 ctx = unsafe { (v.ibv_open_device)(dev) };
+                opened = name.to_string_lossy().into_owned();
                 break;
             }
         }
@@ -145,7 +119,10 @@ impl Context {
         let ctx = NonNull::new(ctx).ok_or_else(|| {
             io::Error::new(
                 io::ErrorKind::NotFound,
-                format!("RDMA device {device} not found or not openable"),
+                match device.or((!opened.is_empty()).then_some(opened.as_str())) {
+                    Some(name) => format!("RDMA device {name} not found or not openable"),
+                    None => "no RDMA device (rdma link add rxe0 type rxe netdev IFACE)".into(),
+                },
             )
         })?;
         // SAFETY: `ctx` is an open context.
@@ -160,7 +137,7 @@ impl Context {
             v,
             ctx,
             pd,
-            device: device.to_string(),
+            device: opened,
             port,
             pkeys: PortIndices::new(),
             gids: PortIndices::new(),

@@ -94,7 +94,7 @@ fn connect(rc: &Rc, a: &FaultArgs, qp: RcQp, recv: &Region) -> Result<rc::Conn, 
 
 /// `ibcm port-fault`.
 pub fn port_fault(a: &FaultArgs) -> Result<bool, Failure> {
-    let rc = Rc::start(&super::cli_rc::ib_dev(a.ib_dev.as_deref())?, a.bind)?;
+    let rc = Rc::start(a.ib_dev.as_deref(), a.bind)?;
     let wait = Duration::from_secs(a.wait as u64);
     let log = |s: String| println!("{s}");
     println!("fault: engine at start: {}", held(&rc));

@@ -20,6 +20,7 @@
 //! completions, the platform (`ibcm_linux`) carries MADs and verbs calls.
 
 use std::io;
+use std::net::Ipv4Addr;
 use std::sync::Arc;
 
 use ibcm_linux::port_events::PortEvents;
@@ -47,17 +48,37 @@ impl core::fmt::Debug for Device {
 }
 
 impl Device {
-    /// Starts the driver on `config.device`'s port `config.port` (ib_umad), opens the
-    /// device's verbs context and starts reading its port events. Fails when the port has no umad device, the CM class is
-    /// taken (the kernel's `ib_cm` is loaded), or the local address has no RoCEv2 GID.
-    pub fn start(config: &UmadConfig) -> io::Result<Arc<Self>> {
-        let port = UmadPort::start(config)
-            .map_err(|e| io::Error::new(e.kind(), format!("ib_umad on {}: {e}", config.device)))?;
-        let verbs = Context::open(&config.device, config.port)
-            .map_err(|e| io::Error::new(e.kind(), format!("verbs on {}: {e}", config.device)))?;
-        let events = PortEvents::start(Arc::clone(&verbs), port.node()).map_err(|e| {
-            io::Error::new(e.kind(), format!("port events on {}: {e}", config.device))
+    /// Opens `device`'s verbs context (without a name, the first device libibverbs
+    /// lists), starts the driver on its port `port` at `local` (ib_umad) and starts
+    /// reading its port events. The verbs context comes first: it names the device from
+    /// the one device list read, and finds `local`'s GID index with one ioctl (the
+    /// umad port's source GID, kept for the QPs' address vectors as well). Fails when
+    /// there is no such device, the local address has no RoCEv2 GID, the port has no
+    /// umad device, or the CM class is taken (the kernel's `ib_cm` is loaded).
+    pub fn start(device: Option<&str>, port: u8, local: Ipv4Addr) -> io::Result<Arc<Self>> {
+        let verbs = Context::open(device, port).map_err(|e| {
+            io::Error::new(
+                e.kind(),
+                format!("verbs on {}: {e}", device.unwrap_or("an RDMA device")),
+            )
         })?;
+        let name = verbs.device().to_string();
+        let gid_index = verbs
+            .gid_index(port, &local.to_ipv6_mapped().octets())
+            .map_err(|e| {
+                io::Error::new(e.kind(), format!("{name}: the RoCE v2 GID of {local}: {e}"))
+            })?;
+        let config = UmadConfig {
+            device: name.clone(),
+            port,
+            local,
+            gid_index,
+            seed: None,
+        };
+        let port = UmadPort::start(&config)
+            .map_err(|e| io::Error::new(e.kind(), format!("ib_umad on {name}: {e}")))?;
+        let events = PortEvents::start(Arc::clone(&verbs), port.node())
+            .map_err(|e| io::Error::new(e.kind(), format!("port events on {name}: {e}")))?;
         Ok(Arc::new(Self {
             events,
             port,
