@@ -35,6 +35,7 @@ use ibcm_host::wire::{DEFAULT_PKEY, QP1_QKEY};
 use ibcm_host::{Clock, Node, Wake};
 use ibcm_mad::{CM_CLASS, CM_CLASS_VERSION, MAD_SIZE};
 
+use crate::pkey_table::PkeyTable;
 use crate::sysfs;
 
 /// Methods received unsolicited: Get (0x01), Set (0x02), Send (0x03) (IBA 13.4.5, Table 150).
@@ -233,19 +234,6 @@ fn register_agent(file: &File) -> io::Result<u32> {
     Ok(u32::from_ne_bytes([req[0], req[1], req[2], req[3]]))
 }
 
-/// P_Keys of the port by index (`ports/N/pkeys/I`).
-fn pkey_table(device: &str, port: u8) -> Vec<u16> {
-    (0..64)
-        .map_while(|i| {
-            std::fs::read_to_string(format!(
-                "/sys/class/infiniband/{device}/ports/{port}/pkeys/{i}"
-            ))
-            .ok()
-            .and_then(|s| u16::from_str_radix(s.trim().trim_start_matches("0x"), 16).ok())
-        })
-        .collect()
-}
-
 impl UmadPort {
     /// Opens the port's umad device, registers the CM agent and starts the threads.
     pub fn start(config: &UmadConfig) -> io::Result<Self> {
@@ -253,7 +241,7 @@ impl UmadPort {
         let path = sysfs::umad_path(&config.device, config.port)?;
         let guid = sysfs::node_guid(&config.device)?;
         let gid_index = config.gid_index;
-        let pkeys: Arc<[u16]> = pkey_table(&config.device, config.port).into();
+        let pkeys = Arc::new(PkeyTable::sysfs(&config.device, config.port));
         let file = OpenOptions::new()
             .read(true)
             .write(true)
@@ -503,8 +491,8 @@ pub enum Incoming<'a> {
 }
 
 /// Takes apart one read of the umad file (`struct ib_user_mad`: the 64-byte header, then
-/// the MAD), `pkeys` the port's P_Key table. Never panics, whatever the bytes.
-pub fn parse<'a>(read: &'a [u8], pkeys: &[u16]) -> Incoming<'a> {
+/// the MAD), `pkey_at` the port's P_Key table by index. Never panics, whatever the bytes.
+pub fn parse(read: &[u8], pkey_at: impl Fn(usize) -> Option<u16>) -> Incoming<'_> {
     let (Some(hdr), Some(mad)) = (read.get(..HDR_LEN), read.get(HDR_LEN..HDR_LEN + MAD_SIZE))
     else {
         return Incoming::Drop;
@@ -521,7 +509,7 @@ pub fn parse<'a>(read: &'a [u8], pkeys: &[u16]) -> Incoming<'a> {
         return Incoming::Drop;
     };
     let pkey_index = usize::from(u16::from_ne_bytes([hdr[56], hdr[57]]));
-    let pkey = pkeys.get(pkey_index).copied().unwrap_or(DEFAULT_PKEY);
+    let pkey = pkey_at(pkey_index).unwrap_or(DEFAULT_PKEY);
     let mut from = roce_address(addr, pkey);
     from.sl = hdr[30];
     Incoming::Mad { from, mad }
@@ -530,7 +518,7 @@ pub fn parse<'a>(read: &'a [u8], pkeys: &[u16]) -> Incoming<'a> {
 fn receive_loop(
     node: &Node,
     file: &File,
-    pkeys: &[u16],
+    pkeys: &PkeyTable,
     sender: &Sender,
     stats: &Stats,
     stop: &AtomicBool,
@@ -576,7 +564,7 @@ fn receive_loop(
                 continue;
             }
         };
-        match parse(buf.get(..n).unwrap_or(&[]), pkeys) {
+        match parse(buf.get(..n).unwrap_or(&[]), |i| pkeys.at(i)) {
             Incoming::Mad { from, mad } => {
                 bump(&stats.received);
                 tracing::debug!(target: "ibcm", attribute = format_args!("{:#06x}", attribute(mad)), "umad: MAD read");
@@ -644,8 +632,8 @@ struct Sender {
     file: Arc<File>,
     agent: u32,
     gid_index: u8,
-    /// The port's P_Key table (`ports/N/pkeys`), read at start.
-    pkeys: Arc<[u16]>,
+    /// The port's P_Key table (`ports/N/pkeys`), read as far as lookups need.
+    pkeys: Arc<PkeyTable>,
     stats: Arc<Stats>,
     /// Held from taking the queued MADs to the last write: the MADs leave in the order
     /// the driver queued them, whichever thread writes them.
@@ -659,7 +647,9 @@ impl Sender {
         let sent = node.platform.take_sent();
         let mut writer = &*self.file;
         for t in &sent {
-            let out = pkey_index(&self.pkeys, t.dest.pkey)
+            let out = self
+                .pkeys
+                .index_of(t.dest.pkey)
                 .and_then(|i| frame(self.agent, self.gid_index, i, &t.dest, &t.mad));
             let Some(out) = out else {
                 bump(&self.stats.refused);
@@ -743,6 +733,15 @@ fn timer_loop(node: &Node, sender: &Sender, stats: &Stats, stop: &AtomicBool, wa
 mod tests {
     use super::*;
 
+    /// The default partition's table: one full member at index 0.
+    fn default_pkey_at(index: usize) -> Option<u16> {
+        [DEFAULT_PKEY].get(index).copied()
+    }
+
+    fn default_pkeys() -> Arc<PkeyTable> {
+        Arc::new(PkeyTable::new(Box::new(default_pkey_at)))
+    }
+
     #[test]
     fn ioctl_numbers_are_the_uapi_headers() {
         // _IO(0x1b, 3) and _IOWR(0x1b, 4, 40 bytes), as the C preprocessor computes them.
@@ -756,14 +755,14 @@ mod tests {
         let mut mad = [0u8; MAD_SIZE];
         mad[1] = CM_CLASS;
         let out = frame(7, 1, 0, &dest, &mad).unwrap();
-        match parse(&out, &[DEFAULT_PKEY]) {
+        match parse(&out, default_pkey_at) {
             Incoming::Mad { from, mad: m } => {
                 assert_eq!(from, dest);
                 assert_eq!(m, &mad[..]);
             }
             Incoming::Drop => panic!("dropped"),
         }
-        assert_eq!(parse(&out[..100], &[]), Incoming::Drop);
+        assert_eq!(parse(&out[..100], |_| None), Incoming::Drop);
         let mut ib = dest;
         ib.gid = [0xfe, 0x80, 0, 0, 0, 0, 0, 0, 1, 2, 3, 4, 5, 6, 7, 8];
         assert!(frame(7, 1, 0, &ib, &mad).is_none());
@@ -786,7 +785,7 @@ mod tests {
             file,
             agent: 9,
             gid_index: 1,
-            pkeys: Arc::from([DEFAULT_PKEY].as_slice()),
+            pkeys: default_pkeys(),
             stats: Arc::new(Stats::default()),
             order: Mutex::new(()),
         };
@@ -806,7 +805,7 @@ mod tests {
         let frames: Vec<&[u8]> = written.chunks(HDR_LEN + MAD_SIZE).collect();
         assert_eq!(frames.len(), 2);
         for (frame, attribute) in frames.iter().zip([0x10u16, 0x12]) {
-            match parse(frame, &[DEFAULT_PKEY]) {
+            match parse(frame, default_pkey_at) {
                 Incoming::Mad { from, mad } => {
                     assert_eq!(from, to);
                     assert_eq!(super::attribute(mad), attribute);
@@ -838,7 +837,7 @@ mod tests {
             file: Arc::new(file),
             agent: 9,
             gid_index: 1,
-            pkeys: Arc::from([DEFAULT_PKEY].as_slice()),
+            pkeys: default_pkeys(),
             stats: Arc::new(Stats::default()),
             order: Mutex::new(()),
         });
@@ -908,7 +907,7 @@ mod tests {
             file: Arc::new(File::open("/dev/null").expect("/dev/null")),
             agent: 9,
             gid_index: 1,
-            pkeys: Arc::from([DEFAULT_PKEY].as_slice()),
+            pkeys: default_pkeys(),
             stats: Arc::clone(&stats),
             order: Mutex::new(()),
         };
@@ -918,7 +917,7 @@ mod tests {
             receive_loop(
                 &node,
                 &file,
-                &[DEFAULT_PKEY],
+                &default_pkeys(),
                 &sender,
                 &s,
                 &AtomicBool::new(false),
@@ -949,7 +948,7 @@ mod tests {
             file: Arc::new(File::open("/dev/null").expect("/dev/null")),
             agent: 9,
             gid_index: 1,
-            pkeys: Arc::from([DEFAULT_PKEY].as_slice()),
+            pkeys: default_pkeys(),
             stats: Arc::clone(&stats),
             order: Mutex::new(()),
         });
@@ -993,7 +992,7 @@ mod tests {
     #[test]
     fn no_read_panics() {
         for len in 0..=HDR_LEN + MAD_SIZE {
-            let _ = parse(&vec![0xff; len], &[]);
+            let _ = parse(&vec![0xff; len], |_| None);
         }
     }
 
@@ -1003,7 +1002,7 @@ mod tests {
         #[test]
         fn any_read_parses_or_drops(read in proptest::collection::vec(proptest::num::u8::ANY, 0..400),
                                     pkeys in proptest::collection::vec(proptest::num::u16::ANY, 0..3)) {
-            if let Incoming::Mad { mad, .. } = parse(&read, &pkeys) {
+            if let Incoming::Mad { mad, .. } = parse(&read, |i| pkeys.get(i).copied()) {
                 proptest::prop_assert_eq!(mad.len(), MAD_SIZE);
             }
         }
