@@ -61,14 +61,18 @@ impl PkeyTable {
         }
     }
 
-    /// The index of `pkey`'s partition ([`pkey_index`](crate::umad::pkey_index)'s rule: a
-    /// full member first, so the table is read past a limited member until a full one or
-    /// its end).
+    /// The index of `pkey`'s partition, as Linux's CM finds it for a path
+    /// ([`find_cached_pkey`]), so the table is read past a limited member until a full one
+    /// or its end; `None` if the port is not in the partition. An empty table (sysfs
+    /// unreadable) gives index 0, the default partition's.
     pub(crate) fn index_of(&self, pkey: u16) -> Option<u16> {
         let mut known = self.known.lock().unwrap_or_else(PoisonError::into_inner);
         let full = |k: &u16| k & 0x7fff == pkey & 0x7fff && k & 0x8000 != 0;
         self.read_until(&mut known, |entries| entries.iter().any(full));
-        crate::umad::pkey_index(&known.entries, pkey)
+        if known.entries.is_empty() {
+            return Some(0);
+        }
+        find_cached_pkey(known.entries.iter().copied(), pkey).and_then(|i| u16::try_from(i).ok())
     }
 
     /// Entry `index`; `None` past the table's end.
@@ -79,9 +83,27 @@ impl PkeyTable {
     }
 }
 
+/// The index of `pkey`'s partition in `table` (read lazily, in order), by Linux's rule
+/// for a path's P_Key (drivers/infiniband/core/cache.c, ib_find_cached_pkey, which cm.c
+/// cm_init_av_by_path calls): the same partition is the low 15 bits; the first full member
+/// (bit 15 set) ends the search; without one, the last limited member found. `None` if
+/// the partition is not in the table.
+pub(crate) fn find_cached_pkey(table: impl IntoIterator<Item = u16>, pkey: u16) -> Option<usize> {
+    let mut limited = None;
+    for (i, k) in table.into_iter().enumerate() {
+        if k & 0x7fff == pkey & 0x7fff {
+            if k & 0x8000 != 0 {
+                return Some(i);
+            }
+            limited = Some(i);
+        }
+    }
+    limited
+}
+
 #[cfg(test)]
 mod tests {
-    use super::{PKEY_TABLE_MAX, PkeyTable};
+    use super::{PKEY_TABLE_MAX, PkeyTable, find_cached_pkey};
     use std::sync::Arc;
     use std::sync::atomic::{AtomicUsize, Ordering};
 
@@ -137,6 +159,24 @@ mod tests {
     fn a_table_ends_at_its_size() {
         let t = PkeyTable::new(Box::new(|_| Some(0x0001)));
         assert_eq!(t.at(PKEY_TABLE_MAX), None);
-        assert_eq!(t.index_of(0x8001), Some(0));
+        // Limited members only: the last one (ib_find_cached_pkey's partial_ix).
+        assert_eq!(t.index_of(0x8001), u16::try_from(PKEY_TABLE_MAX - 1).ok());
+    }
+
+    /// ib_find_cached_pkey: a full member first, else the last limited member; the
+    /// membership bit of the P_Key asked for does not matter.
+    #[test]
+    fn the_pkey_index_is_linuxs() {
+        let table = [0xffff, 0x0001, 0x8002, 0x0002, 0x0001, 0x0003, 0x8003];
+        let find = |pkey| find_cached_pkey(table, pkey);
+        assert_eq!(find(0xffff), Some(0));
+        assert_eq!(find(0x7fff), Some(0));
+        assert_eq!(find(0x8002), Some(2));
+        assert_eq!(find(0x0002), Some(2));
+        assert_eq!(find(0x8001), Some(4));
+        assert_eq!(find(0x0001), Some(4));
+        assert_eq!(find(0x0003), Some(6));
+        assert_eq!(find(0x8004), None);
+        assert_eq!(find_cached_pkey([], 0xffff), None);
     }
 }

@@ -577,20 +577,6 @@ fn receive_loop(
     }
 }
 
-/// The index of `pkey` in the port's P_Key table `pkeys`, as Linux's CM finds it for a
-/// path (cm.c, cm_init_av_by_path -> ib_find_cached_pkey: the same partition, the low 15
-/// bits, a full member preferred); `None` if the port is not in the partition. An empty
-/// table (sysfs unreadable) gives index 0, the default partition's.
-pub fn pkey_index(pkeys: &[u16], pkey: u16) -> Option<u16> {
-    if pkeys.is_empty() {
-        return Some(0);
-    }
-    let same = |k: &u16| k & 0x7fff == pkey & 0x7fff;
-    let full = pkeys.iter().position(|k| same(k) && k & 0x8000 != 0);
-    full.or_else(|| pkeys.iter().position(same))
-        .and_then(|i| u16::try_from(i).ok())
-}
-
 /// A MAD's attribute ID (bytes 16..18, IBA 13.4.2), for traces.
 fn attribute(mad: &[u8]) -> u16 {
     mad.get(16..18)
@@ -973,20 +959,6 @@ mod tests {
         timer.join().unwrap();
         assert!(!pending, "the passive work asked for was never run");
         assert!(stats.faults.lock().unwrap().is_empty());
-    }
-
-    /// The P_Key index of a send is the partition's place in the port's table, a full
-    /// member first (ib_find_cached_pkey); a partition the port is not in is refused.
-    #[test]
-    fn the_pkey_index_is_the_partitions() {
-        let table = [0xffff, 0x0001, 0x8002, 0x0002];
-        assert_eq!(pkey_index(&table, 0xffff), Some(0));
-        assert_eq!(pkey_index(&table, 0x7fff), Some(0));
-        assert_eq!(pkey_index(&table, 0x8002), Some(2));
-        assert_eq!(pkey_index(&table, 0x0002), Some(2));
-        assert_eq!(pkey_index(&table, 0x8001), Some(1));
-        assert_eq!(pkey_index(&table, 0x8003), None);
-        assert_eq!(pkey_index(&[], 0x8003), Some(0));
     }
 
     #[test]

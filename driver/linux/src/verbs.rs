@@ -33,6 +33,7 @@ use crate::ibv::{
 use ibcm_host::rocev2::gid_ipv4;
 use ibcm_ioctl::iba::{AddressVector, MigrationState, QpAttributes, QpState};
 
+use crate::pkey_table::find_cached_pkey;
 use crate::port_indices::PortIndices;
 
 /// The errno a verbs call left, named by `what`.
@@ -191,28 +192,28 @@ impl Context {
     /// The index of `pkey` in the port's P_Key table, found once per (port, P_Key) and
     /// kept: libibverbs reads the table from sysfs, a file per entry, which costs
     /// milliseconds per connection on a slow machine. Linux's CM takes the index from the
-    /// kernel's P_Key cache in the same way (drivers/infiniband/core/cm.c,
-    /// cm_init_av_by_path: `ib_find_cached_pkey`).
+    /// kernel's P_Key cache in the same way, by the same rule (cm.c cm_init_av_by_path ->
+    /// `ib_find_cached_pkey`, cache.c; pkey_table.rs's `find_cached_pkey`): a full member
+    /// first, else the last limited one.
     pub fn pkey_index(&self, port: u8, pkey: u16) -> io::Result<u16> {
         let pkey = pkey & 0x7fff;
         self.pkeys.get(port, pkey, || {
-            for index in 0..128u16 {
+            let table = (0..128u16).map_while(|index| {
                 let mut value: u16 = 0;
                 // SAFETY: `ctx` is open; `value` is a valid out-pointer (a __be16).
                 let rc = unsafe {
                     (self.v.ibv_query_pkey)(self.ctx.as_ptr(), port, i32::from(index), &mut value)
                 };
-                if rc != 0 {
-                    break;
-                }
-                if u16::from_be(value) & 0x7fff == pkey {
-                    return Ok(index);
-                }
-            }
-            Err(io::Error::new(
-                io::ErrorKind::NotFound,
-                format!("{} port {port} has no P_Key {pkey:#06x}", self.device),
-            ))
+                (rc == 0).then(|| u16::from_be(value))
+            });
+            find_cached_pkey(table, pkey)
+                .and_then(|i| u16::try_from(i).ok())
+                .ok_or_else(|| {
+                    io::Error::new(
+                        io::ErrorKind::NotFound,
+                        format!("{} port {port} has no P_Key {pkey:#06x}", self.device),
+                    )
+                })
         })
     }
 
