@@ -75,6 +75,11 @@ impl PkeyTable {
         find_cached_pkey(known.entries.iter().copied(), pkey).and_then(|i| u16::try_from(i).ok())
     }
 
+    /// Forgets the entries read: the port's P_Key table changed (`IBV_EVENT_PKEY_CHANGE`).
+    pub(crate) fn forget(&self) {
+        *self.known.lock().unwrap_or_else(PoisonError::into_inner) = Known::default();
+    }
+
     /// Entry `index`; `None` past the table's end.
     pub(crate) fn at(&self, index: usize) -> Option<u16> {
         let mut known = self.known.lock().unwrap_or_else(PoisonError::into_inner);
@@ -178,5 +183,21 @@ mod tests {
         assert_eq!(find(0x0003), Some(6));
         assert_eq!(find(0x8004), None);
         assert_eq!(find_cached_pkey([], 0xffff), None);
+    }
+
+    /// After a PKEY_CHANGE the table is read again: an index found before may now name
+    /// another partition.
+    #[test]
+    fn a_forgotten_table_is_read_again() {
+        use std::sync::Mutex;
+        let now = Arc::new(Mutex::new(vec![0xffff, 0x8001]));
+        let read = Arc::clone(&now);
+        let t = PkeyTable::new(Box::new(move |i| read.lock().unwrap().get(i).copied()));
+        assert_eq!(t.at(1), Some(0x8001));
+        assert_eq!(t.index_of(0x8001), Some(1));
+        *now.lock().unwrap() = vec![0xffff, 0x8005, 0x8001];
+        t.forget();
+        assert_eq!(t.at(1), Some(0x8005));
+        assert_eq!(t.index_of(0x8001), Some(2));
     }
 }

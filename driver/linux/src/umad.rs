@@ -177,6 +177,7 @@ pub struct UmadPort {
     config: UmadConfig,
     guid: u64,
     gid_index: u8,
+    pkeys: Arc<PkeyTable>,
     path: PathBuf,
     stats: Arc<Stats>,
     stop: Arc<AtomicBool>,
@@ -282,7 +283,10 @@ impl UmadPort {
             threads.push(
                 std::thread::Builder::new()
                     .name("ibcm-umad-rx".into())
-                    .spawn(move || receive_loop(&node, &file, &pkeys, &sender, &stats, &stop))?,
+                    .spawn({
+                        let pkeys = Arc::clone(&pkeys);
+                        move || receive_loop(&node, &file, &pkeys, &sender, &stats, &stop)
+                    })?,
             );
         }
         {
@@ -305,6 +309,7 @@ impl UmadPort {
             config,
             guid,
             gid_index,
+            pkeys,
             path,
             stats,
             stop,
@@ -329,6 +334,12 @@ impl UmadPort {
     /// The source GID index of the MADs (the RoCEv2 GID of the local address).
     pub fn gid_index(&self) -> u8 {
         self.gid_index
+    }
+
+    /// The port's P_Key table, read as far as lookups need (read again after the port's
+    /// PKEY_CHANGE: `port_events`).
+    pub(crate) fn pkey_table(&self) -> Arc<PkeyTable> {
+        Arc::clone(&self.pkeys)
     }
 
     /// The local address.

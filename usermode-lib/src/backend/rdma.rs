@@ -77,7 +77,7 @@ impl Device {
         };
         let port = UmadPort::start(&config)
             .map_err(|e| io::Error::new(e.kind(), format!("ib_umad on {name}: {e}")))?;
-        let events = PortEvents::start(Arc::clone(&verbs), port.node())
+        let events = PortEvents::start(Arc::clone(&verbs), &port)
             .map_err(|e| io::Error::new(e.kind(), format!("port events on {name}: {e}")))?;
         Ok(Arc::new(Self {
             events,
