@@ -8,7 +8,8 @@
 //! the kernel's `ib_cm` holds the class: on a node running ibcm it must not be loaded.
 //!
 //! Every MAD is sent with a GRH (RoCE has no LIDs): the source GID index is the port's
-//! RoCEv2 GID of the local IPv4 address, the destination the GID the engine addressed.
+//! RoCEv2 GID of the local IPv4 address, as the verbs context finds it now (kept until
+//! the port's GID_CHANGE), the destination the GID the engine addressed.
 //! The kernel resolves the peer's MAC from that GID, as it does for its own CM.
 //!
 //! One difference from the raw-socket port (`ibcm_host::rocev2`) is the kernel's: ib_umad
@@ -55,6 +56,11 @@ const IB_USER_MAD_ENABLE_PKEY: u64 = ioc(0, 3, 0);
 /// `IB_USER_MAD_REGISTER_AGENT2`: `_IOWR(IB_IOCTL_MAGIC, 4, struct ib_user_mad_reg_req2)`.
 const IB_USER_MAD_REGISTER_AGENT2: u64 = ioc(3, 4, REG_REQ2_LEN as u64);
 
+/// The index of the local RoCEv2 GID in the port's GID table now, which every MAD's GRH
+/// names as its source: the device's verbs context keeps it until the port's GID_CHANGE
+/// (`verbs::Context::gid_index`), so a GID that moved is looked up again.
+pub type GidIndex = Box<dyn Fn() -> io::Result<u8> + Send + Sync>;
+
 /// Settings of a umad port.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct UmadConfig {
@@ -64,9 +70,6 @@ pub struct UmadConfig {
     pub port: u8,
     /// The local IPv4 address (its RoCEv2 GID is the source of every MAD).
     pub local: Ipv4Addr,
-    /// The index of `local`'s RoCEv2 GID in the port's GID table (the device's verbs
-    /// context finds it in one call: `verbs::Context::gid_index`).
-    pub gid_index: u8,
     /// Seed of the CM's RNG (comm IDs, PSNs); by default from the time and process ID.
     pub seed: Option<u64>,
 }
@@ -176,7 +179,6 @@ pub struct UmadPort {
     sender: Arc<Sender>,
     config: UmadConfig,
     guid: u64,
-    gid_index: u8,
     pkeys: Arc<PkeyTable>,
     path: PathBuf,
     stats: Arc<Stats>,
@@ -236,12 +238,12 @@ fn register_agent(file: &File) -> io::Result<u32> {
 }
 
 impl UmadPort {
-    /// Opens the port's umad device, registers the CM agent and starts the threads.
-    pub fn start(config: &UmadConfig) -> io::Result<Self> {
+    /// Opens the port's umad device, registers the CM agent and starts the threads. Every
+    /// write takes its source GID's index from `gid_index`.
+    pub fn start(config: &UmadConfig, gid_index: GidIndex) -> io::Result<Self> {
         let config = config.clone();
         let path = sysfs::umad_path(&config.device, config.port)?;
         let guid = sysfs::node_guid(&config.device)?;
-        let gid_index = config.gid_index;
         let pkeys = Arc::new(PkeyTable::sysfs(&config.device, config.port));
         let file = OpenOptions::new()
             .read(true)
@@ -308,7 +310,6 @@ impl UmadPort {
             sender,
             config,
             guid,
-            gid_index,
             pkeys,
             path,
             stats,
@@ -332,8 +333,8 @@ impl UmadPort {
     }
 
     /// The source GID index of the MADs (the RoCEv2 GID of the local address).
-    pub fn gid_index(&self) -> u8 {
-        self.gid_index
+    pub fn gid_index(&self) -> io::Result<u8> {
+        (self.sender.gid_index)()
     }
 
     /// The port's P_Key table, read as far as lookups need (read again after the port's
@@ -628,7 +629,7 @@ pub fn frame(
 struct Sender {
     file: Arc<File>,
     agent: u32,
-    gid_index: u8,
+    gid_index: GidIndex,
     /// The port's P_Key table (`ports/N/pkeys`), read as far as lookups need.
     pkeys: Arc<PkeyTable>,
     stats: Arc<Stats>,
@@ -643,11 +644,17 @@ impl Sender {
         let _order = self.order.lock().unwrap_or_else(PoisonError::into_inner);
         let sent = node.platform.take_sent();
         let mut writer = &*self.file;
+        // Asked at every flush that writes, not kept here: the GID may have moved
+        // (the context forgets on GID_CHANGE). An error (the GID is gone) refuses them.
+        let gid_index = (!sent.is_empty())
+            .then(|| (self.gid_index)().ok())
+            .flatten();
         for t in &sent {
-            let out = self
-                .pkeys
-                .index_of(t.dest.pkey)
-                .and_then(|i| frame(self.agent, self.gid_index, i, &t.dest, &t.mad));
+            let out = gid_index.and_then(|g| {
+                self.pkeys
+                    .index_of(t.dest.pkey)
+                    .and_then(|i| frame(self.agent, g, i, &t.dest, &t.mad))
+            });
             let Some(out) = out else {
                 bump(&self.stats.refused);
                 continue;
@@ -781,7 +788,7 @@ mod tests {
         let sender = Sender {
             file,
             agent: 9,
-            gid_index: 1,
+            gid_index: Box::new(|| Ok(1)),
             pkeys: default_pkeys(),
             stats: Arc::new(Stats::default()),
             order: Mutex::new(()),
@@ -814,6 +821,63 @@ mod tests {
         assert_eq!((l(&sender.stats.sent), l(&sender.stats.refused)), (2, 1));
     }
 
+    /// A MAD's source GID index is the context's cache's answer at the flush that writes
+    /// it: after the port's GID_CHANGE the GID is looked up again and the next MAD names
+    /// its new index; a GID that is gone refuses the MADs.
+    #[test]
+    fn a_moved_gid_is_the_next_mads_source() {
+        use crate::port_indices::PortIndices;
+        use ibcm_endpoint::Platform;
+        use std::sync::atomic::AtomicI32;
+        let path = std::env::temp_dir().join(format!("ibcm-umad-gid-{}", std::process::id()));
+        let file = Arc::new(File::create(&path).expect("temp file"));
+        let node = Node::new(
+            CmConfig::new(1, [0; 32]),
+            roce_address(Ipv4Addr::new(10, 77, 0, 3), DEFAULT_PKEY),
+            Arc::new(Clock::real()),
+            Arc::new(Wake::default()),
+        );
+        let gids = Arc::new(PortIndices::<[u8; 16], u8>::new());
+        // The GID table's index of the local GID now; -1: not in the table.
+        let table = Arc::new(AtomicI32::new(1));
+        let local = Ipv4Addr::new(10, 77, 0, 3).to_ipv6_mapped().octets();
+        let (g, t) = (Arc::clone(&gids), Arc::clone(&table));
+        let sender = Sender {
+            file,
+            agent: 9,
+            gid_index: Box::new(move || {
+                g.get(1, local, || {
+                    u8::try_from(t.load(Ordering::Relaxed))
+                        .map_err(|_| io::Error::other("no such GID"))
+                })
+            }),
+            pkeys: default_pkeys(),
+            stats: Arc::new(Stats::default()),
+            order: Mutex::new(()),
+        };
+        let to = roce_address(Ipv4Addr::new(10, 77, 0, 2), DEFAULT_PKEY);
+        let send = || {
+            let mut mad = [0u8; MAD_SIZE];
+            mad[1] = CM_CLASS;
+            node.platform.send(&ibcm_cep::Transmit { dest: to, mad });
+            sender.flush(&node, Writer::Caller);
+        };
+        send();
+        // The GID re-added at another index: GID_CHANGE, the context forgets the port.
+        table.store(4, Ordering::Relaxed);
+        gids.forget(1);
+        send();
+        table.store(-1, Ordering::Relaxed);
+        gids.forget(1);
+        send();
+        let written = std::fs::read(&path).expect("read back");
+        let _ = std::fs::remove_file(&path);
+        let sources: Vec<u8> = written.chunks(HDR_LEN + MAD_SIZE).map(|f| f[33]).collect();
+        assert_eq!(sources, [1, 4]);
+        let l = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        assert_eq!((l(&sender.stats.sent), l(&sender.stats.refused)), (2, 1));
+    }
+
     /// Two threads each queue numbered MADs and flush, as the caller of an IOCTL and the
     /// receive thread do, into a pipe read slowly (a write blocks while it is full): the
     /// MADs leave in the order they were queued. Without `order`, one thread's flush can
@@ -833,7 +897,7 @@ mod tests {
         let sender = Arc::new(Sender {
             file: Arc::new(file),
             agent: 9,
-            gid_index: 1,
+            gid_index: Box::new(|| Ok(1)),
             pkeys: default_pkeys(),
             stats: Arc::new(Stats::default()),
             order: Mutex::new(()),
@@ -903,7 +967,7 @@ mod tests {
         let sender = Sender {
             file: Arc::new(File::open("/dev/null").expect("/dev/null")),
             agent: 9,
-            gid_index: 1,
+            gid_index: Box::new(|| Ok(1)),
             pkeys: default_pkeys(),
             stats: Arc::clone(&stats),
             order: Mutex::new(()),
@@ -944,7 +1008,7 @@ mod tests {
         let sender = Arc::new(Sender {
             file: Arc::new(File::open("/dev/null").expect("/dev/null")),
             agent: 9,
-            gid_index: 1,
+            gid_index: Box::new(|| Ok(1)),
             pkeys: default_pkeys(),
             stats: Arc::clone(&stats),
             order: Mutex::new(()),

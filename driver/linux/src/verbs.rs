@@ -195,6 +195,13 @@ impl Context {
     /// kernel's P_Key cache in the same way, by the same rule (cm.c cm_init_av_by_path ->
     /// `ib_find_cached_pkey`, cache.c; pkey_table.rs's `find_cached_pkey`): a full member
     /// first, else the last limited one.
+    ///
+    /// The kept index is right only while a [`PortEvents`] thread reads this context's
+    /// events: its PKEY_CHANGE calls [`forget_pkeys`]. Without one, an index found before a
+    /// change is used after it.
+    ///
+    /// [`PortEvents`]: crate::port_events::PortEvents
+    /// [`forget_pkeys`]: Self::forget_pkeys
     pub fn pkey_index(&self, port: u8, pkey: u16) -> io::Result<u16> {
         let pkey = pkey & 0x7fff;
         self.pkeys.get(port, pkey, || {
@@ -231,7 +238,12 @@ impl Context {
     /// table. Linux's CM takes it from the kernel's GID cache (cm.c cm_init_av_by_path ->
     /// ib_init_ah_attr_from_path, `rdma_find_gid_by_port`, cache.c).
     ///
+    /// The kept index is right only while a [`PortEvents`] thread reads this context's
+    /// events: its GID_CHANGE calls [`forget_gids`]. Without one, an index found before a
+    /// change is used after it.
+    ///
     /// [`forget_gids`]: Self::forget_gids
+    /// [`PortEvents`]: crate::port_events::PortEvents
     pub fn gid_index(&self, port: u8, gid: &[u8; 16]) -> io::Result<u8> {
         if gid_ipv4(gid).is_none() {
             return Err(io::Error::new(

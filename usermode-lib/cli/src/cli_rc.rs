@@ -122,12 +122,13 @@ fn log(s: String) {
 
 fn start(c: &RcCommon, bind: Ipv4Addr) -> Result<(Rc, Limits, Duration), Failure> {
     let rc = Rc::start(c.ib_dev.as_deref(), bind)?;
+    let gid_index = rc.port().gid_index()?;
     println!(
         "rc: ibcm on {} port 1 ({:?}), CA GUID {:#018x}, GID index {}",
         rc.ctx.device(),
         rc.port(),
         rc.port().guid(),
-        rc.port().gid_index()
+        gid_index
     );
     let limits = Limits {
         responder_resources: c.responder_resources,
