@@ -458,6 +458,7 @@ pub(crate) const IBV_EVENT_DEVICE_FATAL: u32 = 8;
 pub(crate) const IBV_EVENT_PORT_ACTIVE: u32 = 9;
 pub(crate) const IBV_EVENT_PORT_ERR: u32 = 10;
 pub(crate) const IBV_EVENT_PKEY_CHANGE: u32 = 12;
+pub(crate) const IBV_EVENT_GID_CHANGE: u32 = 18;
 // enum ibv_qp_attr_mask
 pub(crate) const IBV_QP_STATE: c_int = 1 << 0;
 pub(crate) const IBV_QP_ACCESS_FLAGS: c_int = 1 << 3;
@@ -807,6 +808,7 @@ mod tests {
             IBV_EVENT_PORT_ACTIVE,
             IBV_EVENT_PORT_ERR,
             IBV_EVENT_PKEY_CHANGE,
+            IBV_EVENT_GID_CHANGE,
             IBV_QP_STATE,
             IBV_QP_ACCESS_FLAGS,
             IBV_QP_PKEY_INDEX,

@@ -14,7 +14,11 @@
 //!   SIDR (a UD QP's INIT takes a Q_Key; receives start with the 40-byte GRH).
 //! - [`port_events`]: the device's asynchronous events; the port leaving or becoming
 //!   ACTIVE is told to the engine (the port gone, the port told again).
-//! - [`sysfs`]: which umad device, GID index and CA GUID belong to an RDMA device.
+//! - `pkey_table`: the umad port's P_Key table, read entry by entry as far as lookups
+//!   need.
+//! - `port_indices`: the P_Key and GID indices found in a port's tables, kept until the
+//!   port's events say the table changed.
+//! - [`sysfs`]: which umad device and CA GUID belong to an RDMA device.
 //!
 //! Nothing here decides anything about a connection: what is not in the engine's records
 //! is either the device's (its GID table) or stated where it is set (the RNR NAK timer,
@@ -25,7 +29,11 @@
 #[cfg(target_os = "linux")]
 mod ibv;
 #[cfg(target_os = "linux")]
+mod pkey_table;
+#[cfg(target_os = "linux")]
 pub mod port_events;
+#[cfg(target_os = "linux")]
+mod port_indices;
 #[cfg(target_os = "linux")]
 pub mod sysfs;
 #[cfg(target_os = "linux")]

@@ -15,10 +15,13 @@
 //! - `IBV_EVENT_DEVICE_FATAL` (the device is lost: rxe on NETDEV_UNREGISTER) is
 //!   [`Device::remove`], as the KMDF binding's device removal.
 //!
-//! - `IBV_EVENT_PKEY_CHANGE` on the node's port drops the port's cached P_Key indices
+//! - `IBV_EVENT_PKEY_CHANGE` drops the cached P_Key indices of the event's port
 //!   ([`Context::forget_pkeys`]), as the KMDF binding takes the port's new attributes on
-//!   `IB_PNP_PKEY_CHANGE`; `IBV_EVENT_GID_CHANGE` needs nothing: the GID index is read
-//!   from the kernel's table at every transition ([`Context::gid_index`]).
+//!   `IB_PNP_PKEY_CHANGE`, and on the node's port the umad port's P_Key table too;
+//!   `IBV_EVENT_GID_CHANGE` drops the cached GID indices of the event's port
+//!   ([`Context::forget_gids`]), as the KMDF binding takes them again on
+//!   `IB_PNP_GID_CHANGE`. Any port's: the context's caches serve every port a QP's
+//!   address vector names. Only the node's port's are counted as such.
 //!
 //! A port that is not ACTIVE when the thread starts (`ibv_query_port`) is told down at
 //! once. The events are read from the context's async fd (`ibv_get_async_event`, each
@@ -29,7 +32,7 @@
 //! [`Device::port_up`]: ibcm_endpoint::Device::port_up
 //! [`Device::remove`]: ibcm_endpoint::Device::remove
 //! [`Context::forget_pkeys`]: crate::verbs::Context::forget_pkeys
-//! [`Context::gid_index`]: crate::verbs::Context::gid_index
+//! [`Context::forget_gids`]: crate::verbs::Context::forget_gids
 
 use std::io;
 use std::sync::Arc;
@@ -37,11 +40,13 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::thread::JoinHandle;
 
 use crate::ibv::{
-    self, IBV_EVENT_DEVICE_FATAL, IBV_EVENT_PKEY_CHANGE, IBV_EVENT_PORT_ACTIVE, IBV_EVENT_PORT_ERR,
-    ibv_async_event,
+    self, IBV_EVENT_DEVICE_FATAL, IBV_EVENT_GID_CHANGE, IBV_EVENT_PKEY_CHANGE,
+    IBV_EVENT_PORT_ACTIVE, IBV_EVENT_PORT_ERR, ibv_async_event,
 };
 use ibcm_host::Node;
 
+use crate::pkey_table::PkeyTable;
+use crate::umad::UmadPort;
 use crate::verbs::Context;
 
 /// What the event thread saw.
@@ -51,6 +56,7 @@ struct Counts {
     port_active: AtomicU64,
     device_fatal: AtomicU64,
     pkey_change: AtomicU64,
+    gid_change: AtomicU64,
     other: AtomicU64,
 }
 
@@ -65,9 +71,12 @@ pub struct PortEventCounts {
     pub device_fatal: u64,
     /// `IBV_EVENT_PKEY_CHANGE` on the node's port: its cached P_Key indices dropped.
     pub pkey_change: u64,
+    /// `IBV_EVENT_GID_CHANGE` on the node's port: its cached GID indices dropped.
+    pub gid_change: u64,
     /// The port was not ACTIVE at start (`ibv_query_port`): told down then.
     pub down_at_start: bool,
-    /// Every other event (other ports, QP and CQ events).
+    /// Every other event (other ports' events, their table changes included; QP and CQ
+    /// events).
     pub other: u64,
 }
 
@@ -80,8 +89,10 @@ pub struct PortEvents {
 }
 
 impl PortEvents {
-    /// Starts reading `ctx`'s events for `node`'s port.
-    pub fn start(ctx: Arc<Context>, node: Arc<Node>) -> io::Result<Self> {
+    /// Starts reading `ctx`'s events for `umad`'s port: its node is told the port's
+    /// state, its P_Key table is read again after a PKEY_CHANGE.
+    pub fn start(ctx: Arc<Context>, umad: &UmadPort) -> io::Result<Self> {
+        let (node, pkeys) = (umad.node(), umad.pkey_table());
         // An event after this query waits on the async fd for the thread.
         let port = node.address.port;
         let down_at_start = !ctx.port_state(port)?.active;
@@ -94,7 +105,7 @@ impl PortEvents {
             let (counts, stop) = (Arc::clone(&counts), Arc::clone(&stop));
             std::thread::Builder::new()
                 .name("ibcm-port-events".into())
-                .spawn(move || event_loop(&ctx, &node, &counts, &stop))?
+                .spawn(move || event_loop(&ctx, &node, &pkeys, &counts, &stop))?
         };
         Ok(Self {
             counts,
@@ -111,6 +122,7 @@ impl PortEvents {
             port_active: self.counts.port_active.load(Ordering::Relaxed),
             device_fatal: self.counts.device_fatal.load(Ordering::Relaxed),
             pkey_change: self.counts.pkey_change.load(Ordering::Relaxed),
+            gid_change: self.counts.gid_change.load(Ordering::Relaxed),
             down_at_start: self.down_at_start,
             other: self.counts.other.load(Ordering::Relaxed),
         }
@@ -129,7 +141,43 @@ impl Drop for PortEvents {
 /// The poll interval: how long the thread takes to see `stop`.
 const POLL_MS: i32 = 100;
 
-fn event_loop(ctx: &Context, node: &Node, counts: &Counts, stop: &AtomicBool) {
+/// What an event asks of the thread.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Action {
+    PortDown,
+    PortUp,
+    /// `port`'s P_Key table changed; `ours` when it is the node's port (counted).
+    ForgetPkeys {
+        port: u8,
+        ours: bool,
+    },
+    /// `port`'s GID table changed; `ours` when it is the node's port (counted).
+    ForgetGids {
+        port: u8,
+        ours: bool,
+    },
+    DeviceFatal,
+    Other,
+}
+
+/// The action for an event of type `kind` on `event_port` (the element's `port_num`) on a
+/// node at `port`. A table change is acted on for any port: the context's caches serve
+/// every port an address vector names, as the kernel refreshes the changed port's cache
+/// whichever it is (cache.c, ib_cache_event_task -> ib_cache_update(event->element.port_num)).
+fn action(kind: u32, event_port: i32, port: u8) -> Action {
+    let ours = event_port == i32::from(port);
+    let changed = u8::try_from(event_port).ok();
+    match (kind, changed) {
+        (IBV_EVENT_PORT_ERR, _) if ours => Action::PortDown,
+        (IBV_EVENT_PORT_ACTIVE, _) if ours => Action::PortUp,
+        (IBV_EVENT_PKEY_CHANGE, Some(port)) => Action::ForgetPkeys { port, ours },
+        (IBV_EVENT_GID_CHANGE, Some(port)) => Action::ForgetGids { port, ours },
+        (IBV_EVENT_DEVICE_FATAL, _) => Action::DeviceFatal,
+        _ => Action::Other,
+    }
+}
+
+fn event_loop(ctx: &Context, node: &Node, pkeys: &PkeyTable, counts: &Counts, stop: &AtomicBool) {
     let port = node.address.port;
     while !stop.load(Ordering::Relaxed) {
         let mut fds = libc::pollfd {
@@ -148,31 +196,108 @@ fn event_loop(ctx: &Context, node: &Node, counts: &Counts, stop: &AtomicBool) {
         if unsafe { (ctx.verbs().ibv_get_async_event)(ctx.raw(), &mut ev) } != 0 {
             continue;
         }
-        let kind = ev.event_type;
-        // SAFETY: port events carry the port number in the union (verbs.h).
-        let on_port = |ev: &ibv_async_event| unsafe { ev.element.port_num } == i32::from(port);
-        match kind {
-            IBV_EVENT_PORT_ERR if on_port(&ev) => {
-                counts.port_err.fetch_add(1, Ordering::Relaxed);
+        // SAFETY: the union is plain data, zeroed and then filled by the call, and any bits
+        // are a valid c_int; port events carry the port number there (verbs.h), and
+        // `action` takes it as one only for them.
+        let event_port = unsafe { ev.element.port_num };
+        let count = |c: &AtomicU64| c.fetch_add(1, Ordering::Relaxed);
+        match action(ev.event_type, event_port, port) {
+            Action::PortDown => {
+                count(&counts.port_err);
                 node.device.port_down(port);
             }
-            IBV_EVENT_PORT_ACTIVE if on_port(&ev) => {
-                counts.port_active.fetch_add(1, Ordering::Relaxed);
+            Action::PortUp => {
+                count(&counts.port_active);
                 node.device.port_up(port);
             }
-            IBV_EVENT_PKEY_CHANGE if on_port(&ev) => {
-                counts.pkey_change.fetch_add(1, Ordering::Relaxed);
-                ctx.forget_pkeys(port);
+            Action::ForgetPkeys {
+                port: changed,
+                ours,
+            } => {
+                ctx.forget_pkeys(changed);
+                if ours {
+                    count(&counts.pkey_change);
+                    pkeys.forget();
+                } else {
+                    count(&counts.other);
+                }
             }
-            IBV_EVENT_DEVICE_FATAL => {
-                counts.device_fatal.fetch_add(1, Ordering::Relaxed);
+            Action::ForgetGids {
+                port: changed,
+                ours,
+            } => {
+                ctx.forget_gids(changed);
+                count(if ours {
+                    &counts.gid_change
+                } else {
+                    &counts.other
+                });
+            }
+            Action::DeviceFatal => {
+                count(&counts.device_fatal);
                 node.device.remove();
             }
-            _ => {
-                counts.other.fetch_add(1, Ordering::Relaxed);
+            Action::Other => {
+                count(&counts.other);
             }
         }
         // SAFETY: `ev` came from ibv_get_async_event and is acknowledged once.
         unsafe { (ctx.verbs().ibv_ack_async_event)(&mut ev) };
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{Action, action};
+    use crate::ibv::{
+        IBV_EVENT_DEVICE_FATAL, IBV_EVENT_GID_CHANGE, IBV_EVENT_PKEY_CHANGE, IBV_EVENT_PORT_ACTIVE,
+        IBV_EVENT_PORT_ERR,
+    };
+
+    /// A two-port HCA with the node on port 1: a GID re-added on port 2 may take a new
+    /// index (a RoCE entry deleted stays PENDING_DEL until its last reference goes,
+    /// cache.c del_gid), so port 2's cached GID indices must go too, not only port 1's.
+    #[test]
+    fn a_table_change_on_another_port_forgets_that_port() {
+        assert_eq!(
+            action(IBV_EVENT_GID_CHANGE, 2, 1),
+            Action::ForgetGids {
+                port: 2,
+                ours: false
+            }
+        );
+        assert_eq!(
+            action(IBV_EVENT_PKEY_CHANGE, 2, 1),
+            Action::ForgetPkeys {
+                port: 2,
+                ours: false
+            }
+        );
+        assert_eq!(
+            action(IBV_EVENT_GID_CHANGE, 1, 1),
+            Action::ForgetGids {
+                port: 1,
+                ours: true
+            }
+        );
+        assert_eq!(
+            action(IBV_EVENT_PKEY_CHANGE, 1, 1),
+            Action::ForgetPkeys {
+                port: 1,
+                ours: true
+            }
+        );
+        // Not a port number: nothing to forget.
+        assert_eq!(action(IBV_EVENT_GID_CHANGE, 300, 1), Action::Other);
+    }
+
+    /// The port's state is the node's port's only.
+    #[test]
+    fn only_the_nodes_port_goes_down_or_up() {
+        assert_eq!(action(IBV_EVENT_PORT_ERR, 1, 1), Action::PortDown);
+        assert_eq!(action(IBV_EVENT_PORT_ACTIVE, 1, 1), Action::PortUp);
+        assert_eq!(action(IBV_EVENT_PORT_ERR, 2, 1), Action::Other);
+        assert_eq!(action(IBV_EVENT_PORT_ACTIVE, 2, 1), Action::Other);
+        assert_eq!(action(IBV_EVENT_DEVICE_FATAL, 0, 1), Action::DeviceFatal);
     }
 }

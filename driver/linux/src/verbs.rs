@@ -16,7 +16,7 @@
 use std::ffi::CStr;
 use std::io;
 use std::ptr::NonNull;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::ibv::{
@@ -32,6 +32,9 @@ use crate::ibv::{
 };
 use ibcm_host::rocev2::gid_ipv4;
 use ibcm_ioctl::iba::{AddressVector, MigrationState, QpAttributes, QpState};
+
+use crate::pkey_table::find_cached_pkey;
+use crate::port_indices::PortIndices;
 
 /// The errno a verbs call left, named by `what`.
 pub(crate) fn os_error(what: &str) -> io::Error {
@@ -49,37 +52,6 @@ pub(crate) fn check(rc: i32, what: &str) -> io::Result<()> {
     }
 }
 
-/// The names of the RDMA devices libibverbs lists, in its order (`ibv_get_device_list`).
-pub fn device_names() -> io::Result<Vec<String>> {
-    let v = ibv::verbs()?;
-    let mut n = 0i32;
-    // SAFETY: `n` is a valid out-pointer; the list is freed below.
-    let list = unsafe { (v.ibv_get_device_list)(&mut n) };
-    if list.is_null() {
-        return Err(os_error("ibv_get_device_list"));
-    }
-    let mut names = Vec::new();
-    for i in 0..usize::try_from(n).unwrap_or(0) {
-        // SAFETY: `list` holds `n` device pointers (ibv_get_device_list): `i` is in it.
-        let slot = unsafe { list.add(i) };
-        // SAFETY: `slot` points to one of the list's entries.
-        let dev = unsafe { *slot };
-        // SAFETY: `dev` is a device of the list, alive until the list is freed.
-        let name = unsafe { (v.ibv_get_device_name)(dev) };
-        if !name.is_null() {
-            // SAFETY: ibv_get_device_name returns a NUL-terminated string owned by `dev`.
-            names.push(
-                unsafe { CStr::from_ptr(name) }
-                    .to_string_lossy()
-                    .into_owned(),
-            );
-        }
-    }
-    // SAFETY: `list` came from ibv_get_device_list and is freed once.
-    unsafe { (v.ibv_free_device_list)(list) };
-    Ok(names)
-}
-
 /// An open RDMA device and a protection domain on it.
 pub struct Context {
     /// libibverbs' functions (loaded by the first `open`).
@@ -89,7 +61,9 @@ pub struct Context {
     device: String,
     port: u8,
     /// P_Key indices found so far, by (port, P_Key without its membership bit).
-    pkeys: Mutex<Vec<((u8, u16), u16)>>,
+    pkeys: PortIndices<u16, u16>,
+    /// GID indices found so far, by (port, GID).
+    gids: PortIndices<[u8; 16], u8>,
 }
 
 // SAFETY: libibverbs objects may be used from any thread (rdma-core's verbs are
@@ -108,8 +82,11 @@ impl core::fmt::Debug for Context {
 }
 
 impl Context {
-    /// Opens `device` (`rxe0`) and allocates a protection domain.
-    pub fn open(device: &str, port: u8) -> io::Result<Arc<Self>> {
+    /// Opens `device` (`rxe0`), or without a name the first device libibverbs lists (as
+    /// perftest and rdma-core's examples pick one), and allocates a protection domain.
+    /// The list is read once: every `ibv_get_device_list` scans sysfs again, which costs
+    /// milliseconds on a slow machine.
+    pub fn open(device: Option<&str>, port: u8) -> io::Result<Arc<Self>> {
         let v = ibv::verbs()?;
         let mut n = 0i32;
         // SAFETY: `n` is a valid out-pointer; the list is freed below.
@@ -118,6 +95,7 @@ impl Context {
             return Err(os_error("ibv_get_device_list"));
         }
         let mut ctx = std::ptr::null_mut();
+        let mut opened = String::new();
         for i in 0..usize::try_from(n).unwrap_or(0) {
             // SAFETY: `list` holds `n` device pointers (ibv_get_device_list): `i` is in it.
             let slot = unsafe { list.add(i) };
@@ -130,9 +108,10 @@ impl Context {
             }
             // SAFETY: ibv_get_device_name returns a NUL-terminated string owned by `dev`.
             let name = unsafe { CStr::from_ptr(name) };
-            if name.to_bytes() == device.as_bytes() {
+            if device.is_none_or(|d| name.to_bytes() == d.as_bytes()) {
                 // SAFETY: `dev` is alive; the context outlives the list by design.
                 ctx = unsafe { (v.ibv_open_device)(dev) };
+                opened = name.to_string_lossy().into_owned();
                 break;
             }
         }
@@ -141,7 +120,10 @@ impl Context {
         let ctx = NonNull::new(ctx).ok_or_else(|| {
             io::Error::new(
                 io::ErrorKind::NotFound,
-                format!("RDMA device {device} not found or not openable"),
+                match device.or((!opened.is_empty()).then_some(opened.as_str())) {
+                    Some(name) => format!("RDMA device {name} not found or not openable"),
+                    None => "no RDMA device (rdma link add rxe0 type rxe netdev IFACE)".into(),
+                },
             )
         })?;
         // SAFETY: `ctx` is an open context.
@@ -156,9 +138,10 @@ impl Context {
             v,
             ctx,
             pd,
-            device: device.to_string(),
+            device: opened,
             port,
-            pkeys: Mutex::new(Vec::new()),
+            pkeys: PortIndices::new(),
+            gids: PortIndices::new(),
         }))
     }
 
@@ -209,32 +192,36 @@ impl Context {
     /// The index of `pkey` in the port's P_Key table, found once per (port, P_Key) and
     /// kept: libibverbs reads the table from sysfs, a file per entry, which costs
     /// milliseconds per connection on a slow machine. Linux's CM takes the index from the
-    /// kernel's P_Key cache in the same way (drivers/infiniband/core/cm.c,
-    /// cm_init_av_by_path: `ib_find_cached_pkey`).
+    /// kernel's P_Key cache in the same way, by the same rule (cm.c cm_init_av_by_path ->
+    /// `ib_find_cached_pkey`, cache.c; pkey_table.rs's `find_cached_pkey`): a full member
+    /// first, else the last limited one.
+    ///
+    /// The kept index is right only while a [`PortEvents`] thread reads this context's
+    /// events: its PKEY_CHANGE calls [`forget_pkeys`]. Without one, an index found before a
+    /// change is used after it.
+    ///
+    /// [`PortEvents`]: crate::port_events::PortEvents
+    /// [`forget_pkeys`]: Self::forget_pkeys
     pub fn pkey_index(&self, port: u8, pkey: u16) -> io::Result<u16> {
-        let key = (port, pkey & 0x7fff);
-        let mut cache = self.pkeys.lock().unwrap_or_else(PoisonError::into_inner);
-        if let Some(&(_, index)) = cache.iter().find(|(k, _)| *k == key) {
-            return Ok(index);
-        }
-        for index in 0..128u16 {
-            let mut value: u16 = 0;
-            // SAFETY: `ctx` is open; `value` is a valid out-pointer (a __be16).
-            let rc = unsafe {
-                (self.v.ibv_query_pkey)(self.ctx.as_ptr(), port, i32::from(index), &mut value)
-            };
-            if rc != 0 {
-                break;
-            }
-            if u16::from_be(value) & 0x7fff == key.1 {
-                cache.push((key, index));
-                return Ok(index);
-            }
-        }
-        Err(io::Error::new(
-            io::ErrorKind::NotFound,
-            format!("{} port {port} has no P_Key {pkey:#06x}", self.device),
-        ))
+        let pkey = pkey & 0x7fff;
+        self.pkeys.get(port, pkey, || {
+            let table = (0..128u16).map_while(|index| {
+                let mut value: u16 = 0;
+                // SAFETY: `ctx` is open; `value` is a valid out-pointer (a __be16).
+                let rc = unsafe {
+                    (self.v.ibv_query_pkey)(self.ctx.as_ptr(), port, i32::from(index), &mut value)
+                };
+                (rc == 0).then(|| u16::from_be(value))
+            });
+            find_cached_pkey(table, pkey)
+                .and_then(|i| u16::try_from(i).ok())
+                .ok_or_else(|| {
+                    io::Error::new(
+                        io::ErrorKind::NotFound,
+                        format!("{} port {port} has no P_Key {pkey:#06x}", self.device),
+                    )
+                })
+        })
     }
 
     /// Forgets the P_Key indices found on `port`: its table changed
@@ -242,13 +229,21 @@ impl Context {
     /// event (drivers/infiniband/core/cache.c, ib_cache_event_task). The next transition
     /// reads the table again.
     pub fn forget_pkeys(&self, port: u8) {
-        let mut cache = self.pkeys.lock().unwrap_or_else(PoisonError::into_inner);
-        cache.retain(|((p, _), _)| *p != port);
+        self.pkeys.forget(port);
     }
 
-    /// The index of the RoCEv2 GID `gid` (IPv4-mapped) in the port's GID table, from the
-    /// kernel's GID cache in one call (`ibv_query_gid_table`, an ioctl; the table as it is
-    /// now, not a copy of ours).
+    /// The index of the RoCEv2 GID `gid` (IPv4-mapped) in the port's GID table, found
+    /// once per (port, GID) and kept until the table changes ([`forget_gids`]): every
+    /// RTR's address vector names it, and the table query is an ioctl copying the whole
+    /// table. Linux's CM takes it from the kernel's GID cache (cm.c cm_init_av_by_path ->
+    /// ib_init_ah_attr_from_path, `rdma_find_gid_by_port`, cache.c).
+    ///
+    /// The kept index is right only while a [`PortEvents`] thread reads this context's
+    /// events: its GID_CHANGE calls [`forget_gids`]. Without one, an index found before a
+    /// change is used after it.
+    ///
+    /// [`forget_gids`]: Self::forget_gids
+    /// [`PortEvents`]: crate::port_events::PortEvents
     pub fn gid_index(&self, port: u8, gid: &[u8; 16]) -> io::Result<u8> {
         if gid_ipv4(gid).is_none() {
             return Err(io::Error::new(
@@ -256,6 +251,20 @@ impl Context {
                 "the path's source GID is not a RoCEv2 (IPv4-mapped) GID",
             ));
         }
+        self.gids
+            .get(port, *gid, || self.query_gid_index(port, gid))
+    }
+
+    /// Forgets the GID indices found on `port`: its GID table changed
+    /// (`IBV_EVENT_GID_CHANGE`, which the kernel raises on every entry added or deleted:
+    /// cache.c, dispatch_gid_change_event). The next transition reads the table again.
+    pub fn forget_gids(&self, port: u8) {
+        self.gids.forget(port);
+    }
+
+    /// [`gid_index`](Self::gid_index) from the kernel's GID cache in one call
+    /// (`ibv_query_gid_table`, an ioctl; the table as it is now).
+    fn query_gid_index(&self, port: u8, gid: &[u8; 16]) -> io::Result<u8> {
         // The kernel fails the query with EINVAL when the device's valid GIDs, over all
         // its ports, outnumber the entries given (rdma_query_gid_table): ask again with
         // a larger table.

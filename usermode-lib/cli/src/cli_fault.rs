@@ -94,7 +94,7 @@ fn connect(rc: &Rc, a: &FaultArgs, qp: RcQp, recv: &Region) -> Result<rc::Conn, 
 
 /// `ibcm port-fault`.
 pub fn port_fault(a: &FaultArgs) -> Result<bool, Failure> {
-    let rc = Rc::start(&super::cli_rc::ib_dev(a.ib_dev.as_deref())?, a.bind)?;
+    let rc = Rc::start(a.ib_dev.as_deref(), a.bind)?;
     let wait = Duration::from_secs(a.wait as u64);
     let log = |s: String| println!("{s}");
     println!("fault: engine at start: {}", held(&rc));
@@ -324,7 +324,13 @@ fn flap(rc: &Rc, a: &FaultArgs, conn: rc::Conn, recv: &Region) -> Result<bool, F
 /// The port events the platform told the engine, as the harness greps them.
 fn print_port_events(c: &ibcm_linux::port_events::PortEventCounts) {
     println!(
-        "fault: port events: PORT_ERR {}, PORT_ACTIVE {}, DEVICE_FATAL {}, PKEY_CHANGE {}, other {}, down at start {}",
-        c.port_err, c.port_active, c.device_fatal, c.pkey_change, c.other, c.down_at_start
+        "fault: port events: PORT_ERR {}, PORT_ACTIVE {}, DEVICE_FATAL {}, PKEY_CHANGE {}, GID_CHANGE {}, other {}, down at start {}",
+        c.port_err,
+        c.port_active,
+        c.device_fatal,
+        c.pkey_change,
+        c.gid_change,
+        c.other,
+        c.down_at_start
     );
 }

@@ -125,7 +125,7 @@ pub fn perftest(a: &PerftestArgs) -> Result<bool, Failure> {
             "a READ test needs read limits of at least 1 (perftest's out_reads)".into(),
         ));
     }
-    let rc = Rc::start(&super::cli_rc::ib_dev(a.ib_dev.as_deref())?, a.bind)?;
+    let rc = Rc::start(a.ib_dev.as_deref(), a.bind)?;
     let wait = Duration::from_secs(a.wait as u64);
     // pc.c:2290-2293 and 2356-2358: the data connection carries read limits for READ
     // tests only.

@@ -37,18 +37,6 @@ pub struct CmAddrs {
     server: Option<Ipv4Addr>,
 }
 
-/// The RDMA device: the one named, else the first libibverbs lists (as perftest picks).
-pub(crate) fn ib_dev(named: Option<&str>) -> Result<String, Failure> {
-    if let Some(dev) = named {
-        return Ok(dev.to_string());
-    }
-    let devices = ibcm_linux::verbs::device_names().map_err(|e| e.to_string())?;
-    devices
-        .into_iter()
-        .next()
-        .ok_or_else(|| Failure("no RDMA device (rdma link add rxe0 type rxe netdev IFACE)".into()))
-}
-
 // What the connection runs on and how it is set up.
 #[derive(Args, Debug)]
 pub struct RcCommon {
@@ -133,14 +121,14 @@ fn log(s: String) {
 }
 
 fn start(c: &RcCommon, bind: Ipv4Addr) -> Result<(Rc, Limits, Duration), Failure> {
-    let dev = ib_dev(c.ib_dev.as_deref())?;
-    let rc = Rc::start(&dev, bind)?;
+    let rc = Rc::start(c.ib_dev.as_deref(), bind)?;
+    let gid_index = rc.port().gid_index()?;
     println!(
         "rc: ibcm on {} port 1 ({:?}), CA GUID {:#018x}, GID index {}",
-        dev,
+        rc.ctx.device(),
         rc.port(),
         rc.port().guid(),
-        rc.port().gid_index()
+        gid_index
     );
     let limits = Limits {
         responder_resources: c.responder_resources,

@@ -579,12 +579,13 @@ mod imp {
                 let local = a
                     .bind
                     .ok_or_else(|| Failure("--ib-dev needs --bind ADDR".into()))?;
-                let rc = Rc::start(dev, local).map_err(Failure)?;
+                let rc = Rc::start(Some(dev), local).map_err(Failure)?;
+                let gid_index = rc.port().gid_index()?;
                 println!(
                     "rdma: ibcm on {dev} port 1 through ib_umad ({}), CA GUID {:#018x}, GID index {}, real RC QPs",
                     local,
                     rc.port().guid(),
-                    rc.port().gid_index()
+                    gid_index
                 );
                 let qps = VerbsQps(Arc::clone(&rc.ctx));
                 Ok((rc, qps))

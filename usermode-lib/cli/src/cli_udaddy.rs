@@ -8,7 +8,6 @@ use clap::Args;
 use ibcm_cli::rc::Rc;
 use ibcm_cli::udaddy;
 
-use super::cli_rc::ib_dev;
 use super::{Failure, positive};
 
 // `ibcm udaddy`, with udaddy's options (-b, -s, -p, -C, -S).
@@ -46,8 +45,7 @@ fn log(s: String) {
 
 /// `ibcm udaddy`: true when every datagram went and came back checked.
 pub fn udaddy(a: &UdaddyArgs) -> Result<bool, Failure> {
-    let dev = ib_dev(a.ib_dev.as_deref())?;
-    let rc = Rc::start(&dev, a.bind)?;
+    let rc = Rc::start(a.ib_dev.as_deref(), a.bind)?;
     // udaddy.c verify_test_params: a datagram fits in one packet of the active MTU.
     let mtu = 128usize << u8::from(rc.path_mtu);
     if a.size > mtu {
@@ -57,7 +55,8 @@ pub fn udaddy(a: &UdaddyArgs) -> Result<bool, Failure> {
         )));
     }
     println!(
-        "udaddy: ibcm on {dev} port 1 ({:?}), {} datagrams of {} bytes",
+        "udaddy: ibcm on {} port 1 ({:?}), {} datagrams of {} bytes",
+        rc.ctx.device(),
         rc.port(),
         a.count,
         a.size

@@ -28,7 +28,7 @@ use ibcm::{
     Mtu, Provider, Transport,
 };
 use ibcm_linux::port_events::PortEvents;
-use ibcm_linux::umad::{UmadConfig, UmadPort};
+use ibcm_linux::umad::UmadPort;
 use ibcm_linux::verbs::{Completion, Context, QpQuery, RcQp, Region};
 
 use crate::cmtime::Timing;
@@ -57,15 +57,10 @@ pub struct Rc {
 }
 
 impl Rc {
-    /// Starts ibcm on `device`'s port 1 at `local` and opens a provider on it.
-    pub fn start(device: &str, local: Ipv4Addr) -> Res<Self> {
-        let device = Device::start(&UmadConfig {
-            device: device.to_string(),
-            port: 1,
-            local,
-            seed: None,
-        })
-        .map_err(|e| e.to_string())?;
+    /// Starts ibcm on `device`'s port 1 at `local` (without a name, on the first device
+    /// libibverbs lists, as perftest picks) and opens a provider on it.
+    pub fn start(device: Option<&str>, local: Ipv4Addr) -> Res<Self> {
+        let device = Device::start(device, 1, local).map_err(|e| e.to_string())?;
         let provider = Provider::open_rdma(&device).map_err(|e| e.to_string())?;
         let ctx = Arc::clone(device.verbs());
         let active = ctx

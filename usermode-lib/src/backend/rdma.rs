@@ -20,6 +20,7 @@
 //! completions, the platform (`ibcm_linux`) carries MADs and verbs calls.
 
 use std::io;
+use std::net::Ipv4Addr;
 use std::sync::Arc;
 
 use ibcm_linux::port_events::PortEvents;
@@ -47,17 +48,42 @@ impl core::fmt::Debug for Device {
 }
 
 impl Device {
-    /// Starts the driver on `config.device`'s port `config.port` (ib_umad), opens the
-    /// device's verbs context and starts reading its port events. Fails when the port has no umad device, the CM class is
-    /// taken (the kernel's `ib_cm` is loaded), or the local address has no RoCEv2 GID.
-    pub fn start(config: &UmadConfig) -> io::Result<Arc<Self>> {
-        let port = UmadPort::start(config)
-            .map_err(|e| io::Error::new(e.kind(), format!("ib_umad on {}: {e}", config.device)))?;
-        let verbs = Context::open(&config.device, config.port)
-            .map_err(|e| io::Error::new(e.kind(), format!("verbs on {}: {e}", config.device)))?;
-        let events = PortEvents::start(Arc::clone(&verbs), port.node()).map_err(|e| {
-            io::Error::new(e.kind(), format!("port events on {}: {e}", config.device))
+    /// Opens `device`'s verbs context (without a name, the first device libibverbs
+    /// lists), starts the driver on its port `port` at `local` (ib_umad) and starts
+    /// reading its port events. The verbs context comes first: it names the device from
+    /// the one device list read, and finds `local`'s GID index with one ioctl, kept in
+    /// the context until the port's GID_CHANGE (the umad port's source GID, and the QPs'
+    /// address vectors' when they name it). Fails when there is no such device, the local
+    /// address has no RoCEv2 GID, the port has no umad device, or the CM class is taken
+    /// (the kernel's `ib_cm` is loaded).
+    pub fn start(device: Option<&str>, port: u8, local: Ipv4Addr) -> io::Result<Arc<Self>> {
+        let verbs = Context::open(device, port).map_err(|e| {
+            io::Error::new(
+                e.kind(),
+                format!("verbs on {}: {e}", device.unwrap_or("an RDMA device")),
+            )
         })?;
+        let name = verbs.device().to_string();
+        let gid = local.to_ipv6_mapped().octets();
+        verbs.gid_index(port, &gid).map_err(|e| {
+            io::Error::new(e.kind(), format!("{name}: the RoCE v2 GID of {local}: {e}"))
+        })?;
+        let config = UmadConfig {
+            device: name.clone(),
+            port,
+            local,
+            seed: None,
+        };
+        // The MADs' source GID index comes from the context's cache, which the port
+        // events below keep (forgotten on GID_CHANGE), as the QPs' address vectors do.
+        let gid_index = {
+            let verbs = Arc::clone(&verbs);
+            Box::new(move || verbs.gid_index(port, &gid))
+        };
+        let port = UmadPort::start(&config, gid_index)
+            .map_err(|e| io::Error::new(e.kind(), format!("ib_umad on {name}: {e}")))?;
+        let events = PortEvents::start(Arc::clone(&verbs), &port)
+            .map_err(|e| io::Error::new(e.kind(), format!("port events on {name}: {e}")))?;
         Ok(Arc::new(Self {
             events,
             port,
