@@ -11,7 +11,9 @@
 #   cmtime-baseline       Linux `cmtime -s` (A) -> Linux `cmtime -b` (B)
 # Each times IBCM_DP_CM_ONE connections one at a time against one server process (the
 # median is the figure: the first connection of a process pays for its cold start, as
-# neither the kernel's CM nor a loaded driver does), then IBCM_DP_CM_MANY at once.
+# neither the kernel's CM nor a loaded driver does), then IBCM_DP_CM_MANY at once, in
+# IBCM_DP_CM_ROUNDS rounds (default 5) against a fresh server each (the median is the
+# figure).
 #
 # What is timed: Linux's `connect` step is rdma_connect to RDMA_CM_EVENT_ESTABLISHED (v44
 # librdmacm/examples/cmtime.c:583-597), the server creating its QP and moving it to RTS
@@ -27,6 +29,12 @@ CM_ONE="${IBCM_DP_CM_ONE:-10}"
 CM_VV=""
 [ -n "${IBCM_DP_CM_TRACE:-}" ] && CM_VV="-vv"
 CM_MANY="${IBCM_DP_CM_MANY:-20}"
+# The CM_MANY-at-once figure is the median of IBCM_DP_CM_ROUNDS rounds, each a fresh
+# server and client (one round's figure moved by 2x between runs of the same tree: Linux's
+# own ranged from 29 to 117 ms).
+CM_ROUNDS="${IBCM_DP_CM_ROUNDS:-5}"
+CM_ROUNDS_TEXT="median of $CM_ROUNDS rounds"
+[ "$CM_ROUNDS" = 1 ] && CM_ROUNDS_TEXT="one round"
 
 # median VALUES...: the median of numbers (the lower middle one of an even count).
 median() { printf '%s\n' "$@" | grep -v '^$' | sort -g | awk '{ v[NR] = $1 } END { if (NR) print v[int((NR + 1) / 2)] }'; }
@@ -78,67 +86,89 @@ cm_pad() { guest "$1" 10 ":; :; :; :; :; :; :; :; :; :; :; :; :; :; :; :; :; tru
 # setup times; then CM_MANY connections at once (one client process). Sets CM_ONE_MS and
 # CM_MANY_MS.
 cm_runs() {
-    local kind="$1" run f n ms vals=() extra=""
+    local kind="$1" run n ms vals=() many=() extra="" round rounds
     for run in one many; do
         n="$CM_ONE"
-        [ "$run" = many ] && n="$CM_MANY"
-        next_port
-        f="$OUT/cmtime-$kind.$run.txt"
-        : >"$f"
-        case "$kind" in
-            *-linux) cm_linux_server B "$B_IP" ;;
-        esac
-        case "$kind" in
-            ibcm-ibcm) cm_ibcm_listen B "$B_IP" cml "$n" ;;
-            linux-ibcm) cm_ibcm_listen A "$A_IP" cml "$n" ;;
-        esac
-        case "$kind" in
-            ibcm-*)
-                if [ "$run" = one ]; then cm_ibcm_client "$f" "$n" 1; else cm_ibcm_client "$f" "$n" "$n"; fi
-                check "$kind $run: ibcm exited 0" has "$f" "exit=0"
-                check "$kind $run: $n/$n established" has "$f" "setup:    $n/$n established"
-                if [ "$run" = one ]; then
-                    ms="$(ibcm_establish "$f" median)"
-                    # Beside it: the QP's INIT (before the REQ, as Linux's), and the
-                    # first connection of ibcm's warm process (Linux's one-at-a-time
-                    # figure is a fresh process's).
-                    extra="; ibcm's QP to INIT before the REQ, median $(ibcm_init "$f") ms; ibcm's first connection (fresh client) $(ibcm_first "$f") ms"
-                else ms="$(ibcm_establish "$f" all)"; fi ;;
-            *)
-                local client="$A_IP" host=B i one
-                [ "$kind" = linux-linux ] && host=A client="$B_IP"
-                if [ "$run" = one ]; then
-                    for i in $(seq "$n"); do
-                        guest "$host" 60 "timeout 50 cmtime -s $client -p $RDMA_PORT -c 1; echo exit=\$?" >"$f.$i" 2>&1 || true
-                        check "$kind $run $i: Linux cmtime exited 0" has "$f.$i" "exit=0"
-                        one="$(linux_connect "$f.$i")"
-                        vals+=("$one")
-                        cat "$f.$i" >>"$f"
-                    done
-                    ms="$(median "${vals[@]}")"
-                else
-                    guest "$host" 120 "timeout 100 cmtime -s $client -p $RDMA_PORT -c $n; echo exit=\$?" >"$f" 2>&1 || true
-                    check "$kind $run: Linux cmtime exited 0" has "$f" "exit=0"
-                    ms="$(linux_connect "$f")"
-                fi ;;
-        esac
-        case "$kind" in
-            ibcm-ibcm) cm_server_log B cml "$f.server" ;;
-            linux-ibcm) cm_server_log A cml "$f.server" ;;
-            *-linux) cm_linux_server_stop B; cm_pad B ;;
-        esac
-        case "$kind" in
-            *-ibcm) check "$kind $run: ibcm served $n" has "$f.server" "listen: $n REQs" ;;
-        esac
-        # ibcm's server times the same span (REQ received to RTU received): beside the
-        # Linux client's figure, a mismatch of what the two sides time shows.
-        if [ "$kind" = linux-ibcm ] && [ "$run" = one ]; then
-            extra="; ibcm listen's own median $(ibcm_establish "$f.server" median) ms"
+        rounds=1
+        [ "$run" = many ] && n="$CM_MANY" rounds="$CM_ROUNDS"
+        for round in $(seq "$rounds"); do
+            cm_round "$kind" "$run" "$n" "$OUT/cmtime-$kind.$run$([ "$round" = 1 ] || echo ".$round").txt"
+            many+=("$ms")
+        done
+        if [ "$run" = many ]; then
+            CM_MANY_MS="$(median "${many[@]}")"
+        else
+            CM_ONE_MS="$ms"
+            vals=("${ROUND_VALS[@]}")
+            extra="$ROUND_EXTRA"
         fi
-        check "$kind $run: a connect time" eval "[ -n '$ms' ]"
-        if [ "$run" = many ]; then CM_MANY_MS="$ms"; else CM_ONE_MS="$ms"; fi
+        many=()
     done
-    echo "  $kind: one connection at a time, median of $CM_ONE: ${CM_ONE_MS:-n/a} ms${vals[*]:+ (${vals[*]})}$extra; $CM_MANY connections at once: ${CM_MANY_MS:-n/a} ms"
+    echo "  $kind: one connection at a time, median of $CM_ONE: ${CM_ONE_MS:-n/a} ms${vals[*]:+ (${vals[*]})}$extra; $CM_MANY connections at once, $CM_ROUNDS_TEXT: ${CM_MANY_MS:-n/a} ms"
+}
+
+# cm_round KIND RUN N FILE: one round: a fresh server, then N connections one at a time
+# (RUN one: ibcm's client one process with `--window 1`, Linux's one `cmtime -c 1` each, the
+# median of their setup times) or at once (RUN many), output in FILE. Sets ms (and, for
+# RUN one, ROUND_VALS and ROUND_EXTRA).
+cm_round() {
+    local kind="$1" run="$2" n="$3" f="$4" one i
+    ROUND_VALS=()
+    ROUND_EXTRA=""
+    ms=""
+    next_port
+    : >"$f"
+    case "$kind" in
+        *-linux) cm_linux_server B "$B_IP" ;;
+    esac
+    case "$kind" in
+        ibcm-ibcm) cm_ibcm_listen B "$B_IP" cml "$n" ;;
+        linux-ibcm) cm_ibcm_listen A "$A_IP" cml "$n" ;;
+    esac
+    case "$kind" in
+        ibcm-*)
+            if [ "$run" = one ]; then cm_ibcm_client "$f" "$n" 1; else cm_ibcm_client "$f" "$n" "$n"; fi
+            check "$kind $run: ibcm exited 0" has "$f" "exit=0"
+            check "$kind $run: $n/$n established" has "$f" "setup:    $n/$n established"
+            if [ "$run" = one ]; then
+                ms="$(ibcm_establish "$f" median)"
+                # Beside it: the QP's INIT (before the REQ, as Linux's), and the
+                # first connection of ibcm's warm process (Linux's one-at-a-time
+                # figure is a fresh process's).
+                ROUND_EXTRA="; ibcm's QP to INIT before the REQ, median $(ibcm_init "$f") ms; ibcm's first connection (fresh client) $(ibcm_first "$f") ms"
+            else ms="$(ibcm_establish "$f" all)"; fi ;;
+        *)
+            local client="$A_IP" host=B
+            [ "$kind" = linux-linux ] && host=A client="$B_IP"
+            if [ "$run" = one ]; then
+                for i in $(seq "$n"); do
+                    guest "$host" 60 "timeout 50 cmtime -s $client -p $RDMA_PORT -c 1; echo exit=\$?" >"$f.$i" 2>&1 || true
+                    check "$kind $run $i: Linux cmtime exited 0" has "$f.$i" "exit=0"
+                    one="$(linux_connect "$f.$i")"
+                    ROUND_VALS+=("$one")
+                    cat "$f.$i" >>"$f"
+                done
+                ms="$(median "${ROUND_VALS[@]}")"
+            else
+                guest "$host" 120 "timeout 100 cmtime -s $client -p $RDMA_PORT -c $n; echo exit=\$?" >"$f" 2>&1 || true
+                check "$kind $run: Linux cmtime exited 0" has "$f" "exit=0"
+                ms="$(linux_connect "$f")"
+            fi ;;
+    esac
+    case "$kind" in
+        ibcm-ibcm) cm_server_log B cml "$f.server" ;;
+        linux-ibcm) cm_server_log A cml "$f.server" ;;
+        *-linux) cm_linux_server_stop B; cm_pad B ;;
+    esac
+    case "$kind" in
+        *-ibcm) check "$kind $run: ibcm served $n" has "$f.server" "listen: $n REQs" ;;
+    esac
+    # ibcm's server times the same span (REQ received to RTU received): beside the
+    # Linux client's figure, a mismatch of what the two sides time shows.
+    if [ "$kind" = linux-ibcm ] && [ "$run" = one ]; then
+        ROUND_EXTRA="; ibcm listen's own median $(ibcm_establish "$f.server" median) ms"
+    fi
+    check "$kind $run: a connect time" eval "[ -n '$ms' ]"
 }
 
 scenario_cmtime-ibcm() { cm_runs ibcm-ibcm; FIG[cm_ibcm_ibcm_one]="$CM_ONE_MS"; FIG[cm_ibcm_ibcm_many]="$CM_MANY_MS"; }
@@ -158,9 +188,9 @@ cmtime_figures() {
     row "cmtime: one at a time, median of $CM_ONE, ms (ibcm -> ibcm / Linux -> Linux)" "${FIG[cm_ibcm_ibcm_one]:-}" "$b1"
     row "cmtime: one at a time, median of $CM_ONE, ms (ibcm -> Linux cmtime -b)" "${FIG[cm_ibcm_linux_one]:-}" "$b1"
     row "cmtime: one at a time, median of $CM_ONE, ms (Linux cmtime -s -> ibcm)" "${FIG[cm_linux_ibcm_one]:-}" "$b1"
-    row "cmtime: $CM_MANY connections at once, ms (ibcm -> ibcm / Linux -> Linux)" "${FIG[cm_ibcm_ibcm_many]:-}" "$bn"
-    row "cmtime: $CM_MANY connections at once, ms (ibcm -> Linux cmtime -b)" "${FIG[cm_ibcm_linux_many]:-}" "$bn"
-    row "cmtime: $CM_MANY connections at once, ms (Linux cmtime -s -> ibcm)" "${FIG[cm_linux_ibcm_many]:-}" "$bn"
+    row "cmtime: $CM_MANY connections at once, $CM_ROUNDS_TEXT, ms (ibcm -> ibcm / Linux -> Linux)" "${FIG[cm_ibcm_ibcm_many]:-}" "$bn"
+    row "cmtime: $CM_MANY connections at once, $CM_ROUNDS_TEXT, ms (ibcm -> Linux cmtime -b)" "${FIG[cm_ibcm_linux_many]:-}" "$bn"
+    row "cmtime: $CM_MANY connections at once, $CM_ROUNDS_TEXT, ms (Linux cmtime -s -> ibcm)" "${FIG[cm_linux_ibcm_many]:-}" "$bn"
     echo "  (cmtime: REQ sent to RTU sent with real RC QPs moved to RTS on both sides; Linux's is"
     echo "  cmtime's connect step, rdma_connect to ESTABLISHED, its address resolution and its QP's"
     echo "  INIT outside it, as ibcm's (printed per scenario). Linux's one-at-a-time"

@@ -18,7 +18,8 @@ count="${1:-500}"
 case "$count" in
     '' | *[!0-9]*) echo "scale: COUNT must be a number, not '$count'" >&2; exit 2 ;;
 esac
-export IBCM_DP_CM_MANY="$count" IBCM_DP_CM_ONE="${IBCM_DP_CM_ONE:-3}"
+# One round of COUNT at once (data-plane.sh's figure is a median of several rounds of 20).
+export IBCM_DP_CM_MANY="$count" IBCM_DP_CM_ONE="${IBCM_DP_CM_ONE:-3}" IBCM_DP_CM_ROUNDS="${IBCM_DP_CM_ROUNDS:-1}"
 export IBCM_DP_OUT="${IBCM_DP_OUT:-$here/../../target/interop/scale-$count}"
 echo "scale: $count connections at once in each role (data-plane.sh's cmtime scenarios)"
 exec timeout "${IBCM_SCALE_TIMEOUT:-600}" bash "$here/data-plane.sh" \
