@@ -86,24 +86,18 @@ cm_pad() { guest "$1" 10 ":; :; :; :; :; :; :; :; :; :; :; :; :; :; :; :; :; tru
 # setup times; then CM_MANY connections at once (one client process). Sets CM_ONE_MS and
 # CM_MANY_MS.
 cm_runs() {
-    local kind="$1" run n ms vals=() many=() extra="" round rounds
-    for run in one many; do
-        n="$CM_ONE"
-        rounds=1
-        [ "$run" = many ] && n="$CM_MANY" rounds="$CM_ROUNDS"
-        for round in $(seq "$rounds"); do
-            cm_round "$kind" "$run" "$n" "$OUT/cmtime-$kind.$run$([ "$round" = 1 ] || echo ".$round").txt"
-            many+=("$ms")
-        done
-        if [ "$run" = many ]; then
-            CM_MANY_MS="$(median "${many[@]}")"
-        else
-            CM_ONE_MS="$ms"
-            vals=("${ROUND_VALS[@]}")
-            extra="$ROUND_EXTRA"
-        fi
-        many=()
+    local kind="$1" ms round rounds=() vals=() extra=""
+    # One at a time: one round, its median of CM_ONE connections.
+    cm_round "$kind" one "$CM_ONE" "$OUT/cmtime-$kind.one.txt"
+    CM_ONE_MS="$ms"
+    vals=("${ROUND_VALS[@]}")
+    extra="$ROUND_EXTRA"
+    # At once: the median of CM_ROUNDS rounds.
+    for round in $(seq "$CM_ROUNDS"); do
+        cm_round "$kind" many "$CM_MANY" "$OUT/cmtime-$kind.many$([ "$round" = 1 ] || echo ".$round").txt"
+        rounds+=("$ms")
     done
+    CM_MANY_MS="$(median "${rounds[@]}")"
     echo "  $kind: one connection at a time, median of $CM_ONE: ${CM_ONE_MS:-n/a} ms${vals[*]:+ (${vals[*]})}$extra; $CM_MANY connections at once, $CM_ROUNDS_TEXT: ${CM_MANY_MS:-n/a} ms"
 }
 

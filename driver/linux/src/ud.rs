@@ -22,9 +22,9 @@ use crate::ibv::{
     self, IBV_QP_PKEY_INDEX, IBV_QP_PORT, IBV_QP_QKEY, IBV_QP_SQ_PSN, IBV_QP_STATE, IBV_QPS_INIT,
     IBV_QPS_RTR, IBV_QPS_RTS, IBV_QPT_UD, IBV_SEND_SIGNALED, IBV_WC_GRH, IBV_WC_WITH_IMM,
     IBV_WR_SEND_WITH_IMM, ibv_ah, ibv_ah_attr, ibv_cq, ibv_gid, ibv_global_route, ibv_grh, ibv_qp,
-    ibv_qp_attr, ibv_qp_init_attr, ibv_recv_wr, ibv_send_wr, ibv_wc,
+    ibv_qp_attr, ibv_qp_init_attr, ibv_send_wr, ibv_wc,
 };
-use crate::verbs::{Context, Region, check, os_error};
+use crate::verbs::{Context, Region, check, one_sge_qp_init, os_error, post_one_recv};
 use ibcm_ioctl::iba::PathRecord;
 
 /// The bytes of the GRH before each UD receive's payload (`sizeof(struct ibv_grh)`).
@@ -130,14 +130,7 @@ impl UdQp {
             )
         };
         let cq = NonNull::new(cq).ok_or_else(|| os_error("ibv_create_cq"))?;
-        let mut init: ibv_qp_init_attr = ibv::zeroed();
-        init.send_cq = cq.as_ptr();
-        init.recv_cq = cq.as_ptr();
-        init.cap.max_send_wr = depth;
-        init.cap.max_recv_wr = depth;
-        init.cap.max_send_sge = 1;
-        init.cap.max_recv_sge = 1;
-        init.qp_type = IBV_QPT_UD;
+        let mut init = one_sge_qp_init(cq, depth, IBV_QPT_UD);
         // SAFETY: the PD is alive; `init` is valid for the call.
         let qp = unsafe { (v.ibv_create_qp)(ctx.pd(), &mut init) };
         let Some(qp) = NonNull::new(qp) else {
@@ -220,16 +213,10 @@ impl UdQp {
                 format!("a UD receive of {len} bytes has no room for the {GRH_LEN}-byte GRH"),
             ));
         }
-        let mut sge = region.sge(offset, len)?;
-        let mut wr: ibv_recv_wr = ibv::zeroed();
-        wr.wr_id = wr_id;
-        wr.sg_list = &mut sge;
-        wr.num_sge = 1;
-        let mut bad = std::ptr::null_mut();
-        // SAFETY: `qp` is alive; `wr` and its SGE are valid for the call; the region
-        // outlives the receive (the caller keeps it until the completion).
-        let rc = unsafe { ibv::post_recv(self.qp.as_ptr(), &mut wr, &mut bad) };
-        check(rc, "ibv_post_recv (UD)")
+        let sge = region.sge(offset, len)?;
+        // SAFETY: `qp` is alive until Drop; the region outlives the receive (the caller
+        // keeps it until the completion).
+        unsafe { post_one_recv(self.qp, sge, wr_id, "ibv_post_recv (UD)") }
     }
 
     /// Posts a signalled SEND with immediate data `imm` (host order) of `len` bytes at

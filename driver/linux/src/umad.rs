@@ -772,12 +772,10 @@ mod tests {
         assert!(frame(7, 1, 0, &ib, &mad).is_none());
     }
 
-    /// Whoever flushes writes every queued MAD once, framed, in the order the driver
-    /// queued them; a destination that is not a RoCEv2 GID is refused, not written.
-    #[test]
-    fn a_flush_writes_the_queue_in_order() {
-        use ibcm_endpoint::Platform;
-        let path = std::env::temp_dir().join(format!("ibcm-umad-flush-{}", std::process::id()));
+    /// A node at 10.77.0.3 and a sender writing its MADs to a new temporary file (the
+    /// path, for reading them back), their source GID index from `gid_index`.
+    fn flush_fixture(name: &str, gid_index: GidIndex) -> (PathBuf, Node, Sender) {
+        let path = std::env::temp_dir().join(format!("ibcm-umad-{name}-{}", std::process::id()));
         let file = Arc::new(File::create(&path).expect("temp file"));
         let node = Node::new(
             CmConfig::new(1, [0; 32]),
@@ -788,11 +786,20 @@ mod tests {
         let sender = Sender {
             file,
             agent: 9,
-            gid_index: Box::new(|| Ok(1)),
+            gid_index,
             pkeys: default_pkeys(),
             stats: Arc::new(Stats::default()),
             order: Mutex::new(()),
         };
+        (path, node, sender)
+    }
+
+    /// Whoever flushes writes every queued MAD once, framed, in the order the driver
+    /// queued them; a destination that is not a RoCEv2 GID is refused, not written.
+    #[test]
+    fn a_flush_writes_the_queue_in_order() {
+        use ibcm_endpoint::Platform;
+        let (path, node, sender) = flush_fixture("flush", Box::new(|| Ok(1)));
         let to = roce_address(Ipv4Addr::new(10, 77, 0, 2), DEFAULT_PKEY);
         let mut off_link = to;
         off_link.gid = [0xfe, 0x80, 0, 0, 0, 0, 0, 0, 1, 2, 3, 4, 5, 6, 7, 8];
@@ -829,32 +836,20 @@ mod tests {
         use crate::port_indices::PortIndices;
         use ibcm_endpoint::Platform;
         use std::sync::atomic::AtomicI32;
-        let path = std::env::temp_dir().join(format!("ibcm-umad-gid-{}", std::process::id()));
-        let file = Arc::new(File::create(&path).expect("temp file"));
-        let node = Node::new(
-            CmConfig::new(1, [0; 32]),
-            roce_address(Ipv4Addr::new(10, 77, 0, 3), DEFAULT_PKEY),
-            Arc::new(Clock::real()),
-            Arc::new(Wake::default()),
-        );
         let gids = Arc::new(PortIndices::<[u8; 16], u8>::new());
         // The GID table's index of the local GID now; -1: not in the table.
         let table = Arc::new(AtomicI32::new(1));
         let local = Ipv4Addr::new(10, 77, 0, 3).to_ipv6_mapped().octets();
         let (g, t) = (Arc::clone(&gids), Arc::clone(&table));
-        let sender = Sender {
-            file,
-            agent: 9,
-            gid_index: Box::new(move || {
+        let (path, node, sender) = flush_fixture(
+            "gid",
+            Box::new(move || {
                 g.get(1, local, || {
                     u8::try_from(t.load(Ordering::Relaxed))
                         .map_err(|_| io::Error::other("no such GID"))
                 })
             }),
-            pkeys: default_pkeys(),
-            stats: Arc::new(Stats::default()),
-            order: Mutex::new(()),
-        };
+        );
         let to = roce_address(Ipv4Addr::new(10, 77, 0, 2), DEFAULT_PKEY);
         let send = || {
             let mut mad = [0u8; MAD_SIZE];

@@ -529,6 +529,42 @@ fn mtu_code(m: ibcm_ioctl::iba::Mtu) -> u32 {
     u32::from(u8::from(m))
 }
 
+/// The creation attributes of a QP of `qp_type` with `depth` send and `depth` receive
+/// slots of one SGE each, both queues completing on `cq`.
+pub(crate) fn one_sge_qp_init(cq: NonNull<ibv_cq>, depth: u32, qp_type: u32) -> ibv_qp_init_attr {
+    let mut init: ibv_qp_init_attr = ibv::zeroed();
+    init.send_cq = cq.as_ptr();
+    init.recv_cq = cq.as_ptr();
+    init.cap.max_send_wr = depth;
+    init.cap.max_recv_wr = depth;
+    init.cap.max_send_sge = 1;
+    init.cap.max_recv_sge = 1;
+    init.qp_type = qp_type;
+    init
+}
+
+/// Posts one receive of one SGE, `sge`, on `qp`; `what` names the call in an error.
+///
+/// # Safety
+/// `qp` is alive, and the memory `sge` names stays registered and alive until the
+/// receive completes.
+pub(crate) unsafe fn post_one_recv(
+    qp: NonNull<ibv_qp>,
+    mut sge: ibv_sge,
+    wr_id: u64,
+    what: &str,
+) -> io::Result<()> {
+    let mut wr: ibv_recv_wr = ibv::zeroed();
+    wr.wr_id = wr_id;
+    wr.sg_list = &mut sge;
+    wr.num_sge = 1;
+    let mut bad = std::ptr::null_mut();
+    // SAFETY: the caller keeps `qp` and the SGE's memory alive; `wr` and `sge` are valid
+    // for the call.
+    let rc = unsafe { ibv::post_recv(qp.as_ptr(), &mut wr, &mut bad) };
+    check(rc, what)
+}
+
 impl RcQp {
     /// A QP in RESET with `depth` send and receive slots (one SGE each), its CQ on a
     /// completion channel of its own.
@@ -568,14 +604,7 @@ impl RcQp {
             unsafe { (ctx.v.ibv_destroy_comp_channel)(channel.as_ptr()) };
             return Err(e);
         };
-        let mut init: ibv_qp_init_attr = ibv::zeroed();
-        init.send_cq = cq.as_ptr();
-        init.recv_cq = cq.as_ptr();
-        init.cap.max_send_wr = depth;
-        init.cap.max_recv_wr = depth;
-        init.cap.max_send_sge = 1;
-        init.cap.max_recv_sge = 1;
-        init.qp_type = IBV_QPT_RC;
+        let mut init = one_sge_qp_init(cq, depth, IBV_QPT_RC);
         // SAFETY: `pd` is alive; `init` is valid for the call.
         let qp = unsafe { (ctx.v.ibv_create_qp)(ctx.pd.as_ptr(), &mut init) };
         let Some(qp) = NonNull::new(qp) else {
@@ -773,16 +802,10 @@ impl RcQp {
         len: usize,
         wr_id: u64,
     ) -> io::Result<()> {
-        let mut sge = region.sge(offset, len)?;
-        let mut wr: ibv_recv_wr = ibv::zeroed();
-        wr.wr_id = wr_id;
-        wr.sg_list = &mut sge;
-        wr.num_sge = 1;
-        let mut bad = std::ptr::null_mut();
-        // SAFETY: `qp` is alive; `wr` and its SGE are valid for the call; the region
-        // outlives the receive (the caller keeps it until the completion).
-        let rc = unsafe { ibv::post_recv(self.qp.as_ptr(), &mut wr, &mut bad) };
-        check(rc, "ibv_post_recv")
+        let sge = region.sge(offset, len)?;
+        // SAFETY: `qp` is alive until Drop; the region outlives the receive (the caller
+        // keeps it until the completion).
+        unsafe { post_one_recv(self.qp, sge, wr_id, "ibv_post_recv") }
     }
 
     fn post(&self, mut wr: ibv_send_wr, mut sge: ibv_sge) -> io::Result<()> {

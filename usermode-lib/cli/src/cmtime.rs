@@ -1159,20 +1159,17 @@ async fn serve_connection(sh: Arc<Shared>, ep: ConnectEndpoint, i: usize) {
             Err(e) => failed(e),
         }
     };
-    served(&sh, i, outcome);
-    // Dropped once out of the server's list: the last reference's drop destroys the
-    // endpoint, which is not done under that list's lock.
-    drop(ep);
-}
-
-/// Connection `i`'s service is over, with `outcome`.
-fn served(sh: &Shared, i: usize, outcome: Outcome) {
     if let Some(slot) = lock(&sh.server.outcomes).get_mut(i) {
         *slot = outcome;
     }
-    forget_live(sh, i);
+    forget_live(&sh, i);
+    // Dropped once out of the server's list (the last reference's drop destroys the
+    // endpoint, which is not done under that list's lock), and before the task counts
+    // as finished.
+    drop(ep);
     sh.server.finished.fetch_add(1, Ordering::AcqRel);
 }
+
 /// The server's listen: exactly the service ID, on any port, with the run's backlog.
 pub(crate) fn listen(server: &Provider, cfg: &Config) -> Result<ibcm::Listener> {
     server.listen(&ListenParams {
