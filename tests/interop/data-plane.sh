@@ -93,7 +93,11 @@ done
 
 # ---- host packages ------------------------------------------------------------------------
 need=()
-command -v qemu-system-x86_64 >/dev/null || need+=(qemu-system-x86)
+# The guests' emulator: 8.0 or later, from bookworm-backports where the system's is older
+# (qemu-tcg.sh says why); else any qemu, and its timings are flagged.
+# shellcheck source=tests/interop/qemu-tcg.sh
+source "$here/qemu-tcg.sh"
+ensure_qemu || command -v qemu-system-x86_64 >/dev/null || need+=(qemu-system-x86)
 [ -x /bin/busybox ] && ! readelf -d /bin/busybox 2>/dev/null | grep -q NEEDED || need+=(busybox-static)
 command -v cpio >/dev/null || need+=(cpio)
 command -v modinfo >/dev/null || need+=(kmod)
@@ -191,7 +195,8 @@ wait_ready() { # wait_ready NAME
     tail -30 "$WORK/console.$1" >&2 || true
     die "guest $1 did not come up within 180 s"
 }
-note "booting guest A (ibcm, $A_IP) and guest B (Linux rdma-core, $B_IP) under qemu TCG in $NS"
+QEMU_VERSION="$(qemu-system-x86_64 --version | sed -n 's/^QEMU emulator version \([0-9.]*\).*/\1/p')"
+note "booting guest A (ibcm, $A_IP) and guest B (Linux rdma-core, $B_IP) under qemu $QEMU_VERSION TCG in $NS"
 boot_guest A tap0 "$A_IP" 52:54:00:77:00:03
 boot_guest B tap1 "$B_IP" 52:54:00:77:00:02
 wait_ready A
@@ -1087,7 +1092,8 @@ for s in "${scenarios[@]}"; do
     [ "${RESULT[$s]}" = PASS ] || failed=$((failed + 1))
 done
 echo
-echo "figures (qemu TCG guests, soft-RoCE; MB/s as perftest's, 2^20 B/s, perftest_parameters.c:3377):"
+echo "figures (qemu $QEMU_VERSION TCG guests, soft-RoCE; MB/s as perftest's, 2^20 B/s, perftest_parameters.c:3377):"
+[ "$(qemu_major)" -ge 8 ] || echo "  (qemu before 8.0 translates every new process's code again, Linux's kernel CM's once: user-space start-up and first connections are inflated; tests/interop/qemu-tcg.sh)"
 ratio() { if [ -n "${1:-}" ] && [ -n "${2:-}" ] && [ "$(echo "$2 > 0" | bc)" = 1 ]; then printf '%.2f' "$(echo "$1 / $2" | bc -l)"; else echo "n/a"; fi; }
 row() { printf '  %-74s %10s %10s   %s\n' "$1" "${2:-n/a}" "${3:-n/a}" "$(ratio "${2:-}" "${3:-}")"; }
 printf '  %-74s %10s %10s   %s\n' "" "ibcm" "Linux" "ratio"

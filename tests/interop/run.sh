@@ -56,7 +56,11 @@ done
 
 # ---- host packages ------------------------------------------------------------------------
 need=()
-command -v qemu-system-x86_64 >/dev/null || need+=(qemu-system-x86)
+# The guests' emulator: 8.0 or later, from bookworm-backports where the system's is older
+# (qemu-tcg.sh says why); else any qemu, and its timings are flagged.
+# shellcheck source=tests/interop/qemu-tcg.sh
+source "$here/qemu-tcg.sh"
+ensure_qemu || command -v qemu-system-x86_64 >/dev/null || need+=(qemu-system-x86)
 [ -x /bin/busybox ] && ! readelf -d /bin/busybox 2>/dev/null | grep -q NEEDED || need+=(busybox-static)
 command -v cpio >/dev/null || need+=(cpio)
 command -v modinfo >/dev/null || need+=(kmod)
