@@ -186,6 +186,17 @@ pub mod code {
     ];
 }
 
+/// Whether the driver may hold a request of `code` with an output buffer of `output_len`
+/// bytes past its dispatch routine: GET_EVENT waits for an event, and CONNECT and
+/// SEND_REP with an output buffer wait for the peer's answer (NetworkDirect's `Connect`
+/// and `Accept`). Every other request is completed in EvtIoDeviceControl, so a caller
+/// may issue it and wait for it on its own thread, off the completion port, as WinVerbs'
+/// blocking calls do (core/winverbs/user/wv_base.cpp, WvDeviceIoControl without an
+/// OVERLAPPED).
+pub const fn may_pend(code: u32, output_len: usize) -> bool {
+    code == code::GET_EVENT || (output_len > 0 && (code == code::CONNECT || code == code::SEND_REP))
+}
+
 /// NTSTATUS values the driver completes requests with (ntstatus.h).
 pub mod status {
     /// STATUS_SUCCESS.

@@ -100,11 +100,28 @@ impl Provider {
         output_len: usize,
     ) -> Ioctl {
         let slot = Slot::new();
+        let mut buffer = output_buffer(output_len);
+        // A request the driver completes in its dispatch routine is waited for here,
+        // off the completion port, where the backend can: no thread switch on the way in
+        // or out.
+        if !ibcm_ioctl::may_pend(code, output_len) {
+            match self.backend().call(code, input, output_len, buffer) {
+                Ok((st, output)) => {
+                    Arc::clone(&slot).completed(st, output);
+                    return Ioctl {
+                        slot: SlotFuture(Some(slot)),
+                        operation,
+                        key: 0,
+                    };
+                }
+                Err(back) => buffer = back,
+            }
+        }
         let key = self.backend().submit(
             code,
             input,
             output_len,
-            output_buffer(output_len),
+            buffer,
             Arc::clone(&slot) as Arc<dyn CompletionHook>,
         );
         Ioctl {

@@ -511,3 +511,87 @@ fn an_abandoned_port_fails_the_requests_in_flight() {
     // ERROR_ABANDONED_WAIT_0 (735) as FACILITY_NTWIN32.
     assert_eq!(err.status as u32, 0xC007_0000 | 735, "{err}");
 }
+
+/// A hook that holds the thread it runs on until told to let go.
+struct Hold(Mutex<mpsc::Receiver<()>>);
+
+impl CompletionHook for Hold {
+    fn completed(self: Arc<Self>, _: i32, _: Vec<u8>) {
+        let _ = self.0.lock().unwrap().recv_timeout(HANG);
+    }
+}
+
+/// An IOCTL the driver completes in its dispatch routine (`ibcm_ioctl::may_pend`: all
+/// but GET_EVENT, and CONNECT and SEND_REP with an output buffer) is waited for on the
+/// caller's thread, off the completion port, as WinVerbs' blocking calls
+/// (wv_base.cpp:90-99): it completes while the completion thread is held by another
+/// request's hook. Through the port it would wait behind that hook (seen failing so,
+/// with `Provider::ioctl` always submitting).
+#[test]
+fn a_call_the_driver_completes_at_once_passes_a_busy_completion_thread() {
+    let f = fabric();
+    let device = Arc::new(Device::new(Emulated::open(f.node(1).unwrap())).unwrap());
+    let provider = Provider::with_backend(Arc::clone(&device) as Arc<dyn Backend>).unwrap();
+    let (release, held) = mpsc::channel();
+    device.submit(
+        code::VERSION,
+        version_in().as_bytes(),
+        VersionOut::SIZE as usize,
+        Vec::new(),
+        Arc::new(Hold(Mutex::new(held))),
+    );
+    let p = provider.clone();
+    let made = within("CREATE while the completion thread is held", move || {
+        p.connect_endpoint().map(|ep| ep.handle())
+    });
+    assert!(made.is_ok(), "{made:?}");
+    // GET_EVENT may pend: it still goes through the port.
+    assert!(ibcm_ioctl::may_pend(code::GET_EVENT, 0));
+    assert!(ibcm_ioctl::may_pend(code::CONNECT, 1));
+    assert!(!ibcm_ioctl::may_pend(code::CONNECT, 0));
+    assert!(!ibcm_ioctl::may_pend(code::FORMAT_REP, 64));
+    let _ = release.send(());
+}
+
+/// A call off the port on a closed handle fails as a submitted request does, having
+/// issued nothing; one the driver fails comes back with the driver's status.
+#[test]
+fn a_call_off_the_port_reports_what_submit_would() {
+    let f = fabric();
+    let device = Device::new(Emulated::open(f.node(1).unwrap())).unwrap();
+    let wrong = VersionIn {
+        size: VersionIn::SIZE,
+        abi_version: ABI_VERSION + 1,
+    };
+    let (st, out) = device
+        .call(
+            code::VERSION,
+            wrong.as_bytes(),
+            VersionOut::SIZE as usize,
+            Vec::new(),
+        )
+        .unwrap();
+    assert_eq!((st, out.len()), (status::REVISION_MISMATCH, 0));
+    let (st, out) = device
+        .call(
+            code::VERSION,
+            version_in().as_bytes(),
+            VersionOut::SIZE as usize,
+            Vec::new(),
+        )
+        .unwrap();
+    assert_eq!(
+        (st, out.len()),
+        (status::SUCCESS, VersionOut::SIZE as usize)
+    );
+    device.close();
+    let (st, _) = device
+        .call(
+            code::VERSION,
+            version_in().as_bytes(),
+            VersionOut::SIZE as usize,
+            Vec::new(),
+        )
+        .unwrap();
+    assert_eq!(st, status::INVALID_HANDLE);
+}

@@ -40,6 +40,17 @@ use super::{Backend, OnComplete};
 /// ERROR_IO_PENDING: the request was queued; its packet will come.
 pub const ERROR_IO_PENDING: u32 = 997;
 
+/// Where a request's completion is told.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Notify {
+    /// A packet on the handle's completion port (an OVERLAPPED without an event).
+    Port,
+    /// The calling thread's event alone: `hEvent` with its low bit set, so no packet is
+    /// queued (WinVerbs' blocking calls, core/winverbs/user/wv_base.cpp:56-60); the
+    /// caller waits for it with [`Win32::finish`].
+    Event,
+}
+
 /// The Win32 calls the backend makes, on one file handle of the control device opened
 /// with `FILE_FLAG_OVERLAPPED` and bound to a private I/O completion port.
 pub trait Win32: Send + Sync + 'static {
@@ -55,7 +66,14 @@ pub trait Win32: Send + Sync + 'static {
         code: u32,
         input: &[u8],
         output: Vec<u8>,
+        notify: Notify,
     ) -> (Self::Request, Issue);
+
+    /// `GetOverlappedResult(file, overlapped, TRUE)` on a request issued with
+    /// [`Notify::Event`] that `DeviceIoControl` did not fail: waits until it completes
+    /// (at once if it already did), then takes it back as [`reclaim`](Self::reclaim)
+    /// does, the output holding the bytes written.
+    fn finish(&self, request: Self::Request) -> (i32, Vec<u8>);
 
     /// The address of the request's OVERLAPPED: `CancelIoEx`'s key.
     fn overlapped_address(request: &Self::Request) -> usize;
@@ -332,7 +350,10 @@ impl<S: Win32> Backend for Device<S> {
         }
         ops.last_key += 1;
         let key = ops.last_key;
-        let (request, issue) = self.shared.sys.device_io_control(key, code, input, buffer);
+        let (request, issue) =
+            self.shared
+                .sys
+                .device_io_control(key, code, input, buffer, Notify::Port);
         match issue_status(issue) {
             None => {
                 ops.pending.insert(
@@ -353,6 +374,38 @@ impl<S: Win32> Backend for Device<S> {
                 0
             }
         }
+    }
+
+    fn call(
+        &self,
+        code: u32,
+        input: &[u8],
+        output_len: usize,
+        mut buffer: Vec<u8>,
+    ) -> Result<(i32, Vec<u8>), Vec<u8>> {
+        buffer.clear();
+        buffer.resize(output_len, 0);
+        let ops = self.shared.lock();
+        if let Some(st) = ops.failed.or(ops.closed.then_some(status::INVALID_HANDLE)) {
+            drop(ops);
+            buffer.clear();
+            return Ok((st, buffer));
+        }
+        // Issued under the table's lock, as `submit` does (the handle cannot be closed
+        // between the check and the call), and waited for without it: a close meanwhile
+        // completes the request (IRP_MJ_CLEANUP), which ends the wait.
+        let (request, issue) =
+            self.shared
+                .sys
+                .device_io_control(0, code, input, buffer, Notify::Event);
+        drop(ops);
+        if let Some(st) = issue_status(issue) {
+            let (_, mut output) = self.shared.sys.reclaim(request);
+            output.clear();
+            return Ok((st, output));
+        }
+        let (st, output) = self.shared.sys.finish(request);
+        Ok((self.shared.lock().failed.unwrap_or(st), output))
     }
 
     fn cancel(&self, key: u64) {

@@ -11,6 +11,9 @@
 //!   and a packet is queued; with an error it returns FALSE with the Win32 error, no
 //!   packet is queued and `Internal` is not written. Still pending: FALSE with
 //!   ERROR_IO_PENDING, and the packet comes when the driver completes it.
+//! - A request whose OVERLAPPED names an event with its low bit set (`Notify::Event`)
+//!   queues no packet, however it completes; `GetOverlappedResult(.., TRUE)` waits for
+//!   its completion.
 //! - On a closed handle it fails with ERROR_INVALID_HANDLE before any request exists.
 //! - OVERLAPPED addresses are reused as a heap reuses a freed block (last freed, first
 //!   given), and `CancelIoEx` cancels whatever pending request has the address it is
@@ -32,7 +35,7 @@ use ibcm_host::Node;
 use ibcm_ioctl::{code, status};
 
 use super::CompletionHook;
-use super::device::{self, Dequeued, ERROR_IO_PENDING, Issue, Win32};
+use super::device::{self, Dequeued, ERROR_IO_PENDING, Issue, Notify, Win32};
 
 /// ERROR_INVALID_HANDLE.
 const ERROR_INVALID_HANDLE: u32 = 6;
@@ -102,7 +105,10 @@ struct PendingState {
 struct Pending {
     key: u64,
     port: Arc<Port>,
+    notify: Notify,
     state: Mutex<PendingState>,
+    /// Set when it completes (the event of a `Notify::Event` request).
+    event: Condvar,
 }
 
 impl CompletionHook for Pending {
@@ -110,7 +116,8 @@ impl CompletionHook for Pending {
         let mut s = lock(&self.state);
         let bytes = output.len() as u32;
         s.done = Some((st, output));
-        if matches!(s.phase, Phase::Queued) {
+        self.event.notify_all();
+        if matches!(s.phase, Phase::Queued) && self.notify == Notify::Port {
             drop(s);
             self.port.post(Dequeued::Packet {
                 key: self.key,
@@ -204,14 +211,17 @@ impl Win32 for Emulated {
         code: u32,
         input: &[u8],
         output: Vec<u8>,
+        notify: Notify,
     ) -> (Request, Issue) {
         let pending = Arc::new(Pending {
             key,
             port: Arc::clone(&self.port),
+            notify,
             state: Mutex::new(PendingState {
                 phase: Phase::Dispatching,
                 done: None,
             }),
+            event: Condvar::new(),
         });
         let address = self.take_address();
         let request = Request {
@@ -258,10 +268,12 @@ impl Win32 for Emulated {
             // NT_ERROR: failed at once; no packet, the OVERLAPPED not written.
             Some((st, _)) if (*st as u32) >> 30 == 3 => failed(win32_from_status(*st)),
             Some((st, output)) => {
-                self.port.post(Dequeued::Packet {
-                    key,
-                    bytes: output.len() as u32,
-                });
+                if notify == Notify::Port {
+                    self.port.post(Dequeued::Packet {
+                        key,
+                        bytes: output.len() as u32,
+                    });
+                }
                 Issue {
                     returned: true,
                     last_error: 0,
@@ -301,6 +313,17 @@ impl Win32 for Emulated {
                 .wait(q)
                 .unwrap_or_else(PoisonError::into_inner);
         }
+    }
+
+    fn finish(&self, request: Request) -> (i32, Vec<u8>) {
+        {
+            let p = &request.pending;
+            let mut s = lock(&p.state);
+            while s.done.is_none() {
+                s = p.event.wait(s).unwrap_or_else(PoisonError::into_inner);
+            }
+        }
+        self.reclaim(request)
     }
 
     fn reclaim(&self, request: Request) -> (i32, Vec<u8>) {

@@ -59,6 +59,18 @@ impl Backend for Local {
         key
     }
 
+    fn call(
+        &self,
+        code: u32,
+        input: &[u8],
+        output_len: usize,
+        buffer: Vec<u8>,
+    ) -> Result<(i32, Vec<u8>), Vec<u8>> {
+        let done = self.device.call(code, input, output_len, buffer);
+        (self.flush)();
+        done
+    }
+
     fn cancel(&self, key: u64) {
         self.device.cancel(key);
         (self.flush)();

@@ -36,6 +36,22 @@ pub trait Backend: Send + Sync {
         buffer: Vec<u8>,
         on_complete: OnComplete,
     ) -> u64;
+    /// Issues an IOCTL that the driver completes in its dispatch routine
+    /// ([`ibcm_ioctl::may_pend`] is false) and returns its status and output on this thread,
+    /// off the completion port: no completion thread wakes for it, and none wakes this
+    /// thread, as WinVerbs' blocking calls wait on an event of their own
+    /// (core/winverbs/user/wv_base.cpp:56-60, 90-99). A backend without such a path gives
+    /// `buffer` back (`Err`), and the request goes through [`submit`](Self::submit).
+    fn call(
+        &self,
+        code: u32,
+        input: &[u8],
+        output_len: usize,
+        buffer: Vec<u8>,
+    ) -> Result<(i32, Vec<u8>), Vec<u8>> {
+        let _ = (code, input, output_len);
+        Err(buffer)
+    }
     /// Cancels a pending request (`CancelIoEx`); it completes with STATUS_CANCELLED unless
     /// it already completed.
     fn cancel(&self, key: u64);

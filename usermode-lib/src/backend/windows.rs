@@ -6,7 +6,10 @@
 //! The device is the driver's control device, `\\.\ibcm` (`ibcm_ioctl::DEVICE_PATH`), opened
 //! with `FILE_FLAG_OVERLAPPED` and bound to a private I/O completion port. Every IOCTL is
 //! a `DeviceIoControl` with its own heap-allocated `OVERLAPPED` (the first field of a
-//! [`Block`]). Windows only: CI type-checks it against the real Windows std and
+//! [`Block`]): completed through the port, or (`Notify::Event`, an IOCTL the driver
+//! completes in its dispatch routine) through the calling thread's event alone, with its
+//! low bit set so that no packet is queued, as WinVerbs' blocking calls
+//! (core/winverbs/user/wv_base.cpp:56-60, 90-99). Windows only: CI type-checks it against the real Windows std and
 //! windows-sys from Linux (`.ci/windows-check`).
 
 use std::ptr::{self, NonNull};
@@ -18,12 +21,12 @@ use windows_sys::Win32::Storage::FileSystem::{
     CreateFileW, FILE_FLAG_OVERLAPPED, FILE_SHARE_READ, FILE_SHARE_WRITE, OPEN_EXISTING,
 };
 use windows_sys::Win32::System::IO::{
-    CancelIoEx, CreateIoCompletionPort, DeviceIoControl, GetQueuedCompletionStatus, OVERLAPPED,
-    PostQueuedCompletionStatus,
+    CancelIoEx, CreateIoCompletionPort, DeviceIoControl, GetOverlappedResult,
+    GetQueuedCompletionStatus, OVERLAPPED, PostQueuedCompletionStatus,
 };
-use windows_sys::Win32::System::Threading::SetEvent;
+use windows_sys::Win32::System::Threading::{CreateEventW, SetEvent};
 
-use super::device::{self, Dequeued, Issue, Win32};
+use super::device::{self, Dequeued, Issue, Notify, Win32};
 
 /// `INFINITE` for GetQueuedCompletionStatus.
 const INFINITE: u32 = u32::MAX;
@@ -31,8 +34,37 @@ const INFINITE: u32 = u32::MAX;
 /// carry key 0).
 const QUIT_KEY: usize = 1;
 
+/// ERROR_NOT_ENOUGH_MEMORY: the thread has no event for a `Notify::Event` request.
+const ERROR_NOT_ENOUGH_MEMORY: u32 = 8;
+
 /// The open installed driver.
 pub type Device = device::Device<Sys>;
+
+/// A thread's auto-reset event for its `Notify::Event` requests (WinVerbs keeps one per
+/// object, wv_base.cpp:56-60); null if CreateEventW failed. Closed when the thread ends.
+struct ThreadEvent(HANDLE);
+
+impl ThreadEvent {
+    fn new() -> Self {
+        // SAFETY: null security attributes and name are allowed; auto-reset, not
+        // signalled.
+        Self(unsafe { CreateEventW(ptr::null(), 0, 0, ptr::null()) })
+    }
+}
+
+impl Drop for ThreadEvent {
+    fn drop(&mut self) {
+        if !self.0.is_null() {
+            // SAFETY: the event is owned here; no request of this thread still waits on it
+            // (each is finished before the call that issued it returns).
+            unsafe { CloseHandle(self.0) };
+        }
+    }
+}
+
+thread_local! {
+    static EVENT: ThreadEvent = ThreadEvent::new();
+}
 
 /// Opens the control device (`ibcm_ioctl::DEVICE_PATH`): the NTSTATUS of a failure
 /// (STATUS_OBJECT_NAME_NOT_FOUND when the driver is not installed or not started,
@@ -113,15 +145,35 @@ impl Win32 for Sys {
         code: u32,
         input: &[u8],
         output: Vec<u8>,
+        notify: Notify,
     ) -> (Request, Issue) {
+        // SAFETY: OVERLAPPED is plain data; all-zero is its documented initial state.
+        let mut overlapped: OVERLAPPED = unsafe { std::mem::zeroed() };
+        let mut no_event = false;
+        if notify == Notify::Event {
+            match EVENT.try_with(|e| e.0) {
+                // The low bit keeps the completion off the port.
+                Ok(event) if !event.is_null() => overlapped.hEvent = (event as usize | 1) as HANDLE,
+                _ => no_event = true,
+            }
+        }
         let block = Box::new(Block {
-            // SAFETY: OVERLAPPED is plain data; all-zero is its documented initial state.
-            overlapped: unsafe { std::mem::zeroed() },
+            overlapped,
             key,
             input: input.to_vec(),
             output,
         });
         let raw = NonNull::from(Box::leak(block));
+        if no_event {
+            return (
+                Request(raw),
+                Issue {
+                    returned: false,
+                    last_error: ERROR_NOT_ENOUGH_MEMORY,
+                    internal: ibcm_ioctl::status::PENDING,
+                },
+            );
+        }
         let (in_ptr, in_len, out_ptr, out_len, ov, internal) = {
             // SAFETY: `raw` was just leaked from a Box: live and not shared yet.
             let b = unsafe { &mut *raw.as_ptr() };
@@ -200,6 +252,21 @@ impl Win32 for Sys {
         // packet), so the block is live; the kernel is done with it.
         let key = unsafe { (*ov.cast::<Block>()).key };
         Dequeued::Packet { key, bytes }
+    }
+
+    fn finish(&self, request: Request) -> (i32, Vec<u8>) {
+        let raw = request.0.as_ptr();
+        let mut bytes = 0u32;
+        // SAFETY: 1. the block is live (not reclaimed) and its OVERLAPPED was issued with
+        // this thread's event, which the kernel sets when the request completes; 2. the
+        // wait is on that event, not on the file handle (a close meanwhile completes the
+        // request); 3. `bytes` is a valid out-pointer.
+        unsafe { GetOverlappedResult(self.file, ptr::addr_of!((*raw).overlapped), &mut bytes, 1) };
+        // SAFETY: the request completed, so the kernel is done with the block.
+        let written = unsafe { (*raw).overlapped.InternalHigh };
+        let (st, mut output) = self.reclaim(request);
+        output.truncate(written);
+        (st, output)
     }
 
     fn reclaim(&self, request: Request) -> (i32, Vec<u8>) {
