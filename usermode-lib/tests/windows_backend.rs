@@ -512,12 +512,13 @@ fn an_abandoned_port_fails_the_requests_in_flight() {
     assert_eq!(err.status as u32, 0xC007_0000 | 735, "{err}");
 }
 
-/// A hook that holds the thread it runs on until told to let go.
+/// A hook that holds the thread it runs on until told to let go (or its sender is
+/// dropped).
 struct Hold(Mutex<mpsc::Receiver<()>>);
 
 impl CompletionHook for Hold {
     fn completed(self: Arc<Self>, _: i32, _: Vec<u8>) {
-        let _ = self.0.lock().unwrap().recv_timeout(HANG);
+        let _ = self.0.lock().unwrap().recv();
     }
 }
 
@@ -563,15 +564,36 @@ fn a_call_off_the_port_reports_what_submit_would() {
         size: VersionIn::SIZE,
         abi_version: ABI_VERSION + 1,
     };
-    let (st, out) = device
-        .call(
-            code::VERSION,
-            wrong.as_bytes(),
-            VersionOut::SIZE as usize,
-            Vec::new(),
-        )
-        .unwrap();
-    assert_eq!((st, out.len()), (status::REVISION_MISMATCH, 0));
+    let version = |input: &[u8]| {
+        let (st, out) = device
+            .call(code::VERSION, input, VersionOut::SIZE as usize, Vec::new())
+            .unwrap();
+        (st, out.len())
+    };
+    assert_eq!(version(wrong.as_bytes()), (status::REVISION_MISMATCH, 0));
+    assert_eq!(
+        version(version_in().as_bytes()),
+        (status::SUCCESS, VersionOut::SIZE as usize)
+    );
+    device.close();
+    assert_eq!(version(version_in().as_bytes()).0, status::INVALID_HANDLE);
+}
+
+/// Under KMDF every request the framework queues pends (its dispatch returns
+/// STATUS_PENDING whatever the driver did, fxioqueue.cpp), so on Windows a call off the
+/// port always waits for its event: that path, with the emulated handle pending every
+/// request, gives the driver's result, and a request that really waits (a GET_EVENT on
+/// the channel, ended by the handle's close from another thread) ends with the close's
+/// status. Neither queues a packet on the port.
+#[test]
+fn a_call_off_the_port_waits_for_its_event_and_queues_no_packet() {
+    let f = fabric();
+    let sys = Emulated::open(f.node(1).unwrap());
+    let faults = sys.faults();
+    faults
+        .pend_all
+        .store(true, std::sync::atomic::Ordering::Release);
+    let device = Arc::new(Device::new(sys).unwrap());
     let (st, out) = device
         .call(
             code::VERSION,
@@ -584,14 +606,40 @@ fn a_call_off_the_port_reports_what_submit_would() {
         (st, out.len()),
         (status::SUCCESS, VersionOut::SIZE as usize)
     );
-    device.close();
-    let (st, _) = device
-        .call(
-            code::VERSION,
-            version_in().as_bytes(),
-            VersionOut::SIZE as usize,
+    assert_eq!(
+        faults.packets_posted(),
+        0,
+        "a call off the port queued a packet"
+    );
+    // A request through the port under the same rule gets its packet.
+    let (hook, done) = sink();
+    device.submit(code::VERSION, version_in().as_bytes(), 0, Vec::new(), hook);
+    let _ = done.recv_timeout(HANG);
+    assert_eq!(faults.packets_posted(), 1);
+    let closer = Arc::clone(&device);
+    std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(50));
+        closer.close();
+    });
+    let d = Arc::clone(&device);
+    let (st, _) = within("a GET_EVENT off the port until the close", move || {
+        let input = HandleIn {
+            size: HandleIn::SIZE,
+            reserved: 0,
+            handle: ANY_ENDPOINT,
+        };
+        d.call(
+            code::GET_EVENT,
+            input.as_bytes(),
+            EventRecord::SIZE as usize,
             Vec::new(),
         )
-        .unwrap();
-    assert_eq!(st, status::INVALID_HANDLE);
+        .unwrap()
+    });
+    assert_eq!(st, status::CANCELLED);
+    assert_eq!(
+        faults.packets_posted(),
+        1,
+        "a call off the port queued a packet"
+    );
 }

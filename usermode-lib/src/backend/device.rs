@@ -75,6 +75,12 @@ pub trait Win32: Send + Sync + 'static {
     /// does, the output holding the bytes written.
     fn finish(&self, request: Self::Request) -> (i32, Vec<u8>);
 
+    /// Whether this thread can issue a [`Notify::Event`] request (on Windows, whether its
+    /// event exists or can be made now); if not, the request goes through the port.
+    fn has_thread_event(&self) -> bool {
+        true
+    }
+
     /// The address of the request's OVERLAPPED: `CancelIoEx`'s key.
     fn overlapped_address(request: &Self::Request) -> usize;
 
@@ -383,6 +389,9 @@ impl<S: Win32> Backend for Device<S> {
         output_len: usize,
         mut buffer: Vec<u8>,
     ) -> Result<(i32, Vec<u8>), Vec<u8>> {
+        if !self.shared.sys.has_thread_event() {
+            return Err(buffer);
+        }
         buffer.clear();
         buffer.resize(output_len, 0);
         let ops = self.shared.lock();

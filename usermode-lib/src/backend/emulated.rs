@@ -14,6 +14,10 @@
 //! - A request whose OVERLAPPED names an event with its low bit set (`Notify::Event`)
 //!   queues no packet, however it completes; `GetOverlappedResult(.., TRUE)` waits for
 //!   its completion.
+//! - With [`EmulatedFaults::pend_all`], every request that reaches the driver pends, as
+//!   under KMDF, whose dispatch returns STATUS_PENDING for every request it queues
+//!   (fxioqueue.cpp): its result comes through the port or the event even when the
+//!   driver completed it at once.
 //! - On a closed handle it fails with ERROR_INVALID_HANDLE before any request exists.
 //! - OVERLAPPED addresses are reused as a heap reuses a freed block (last freed, first
 //!   given), and `CancelIoEx` cancels whatever pending request has the address it is
@@ -25,7 +29,7 @@
 //! closed under the completion thread.
 
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::thread::JoinHandle;
 
@@ -54,10 +58,17 @@ pub struct EmulatedFaults {
     /// This many GET_EVENTs fail with STATUS_INSUFFICIENT_RESOURCES (the driver is
     /// transiently short of memory).
     pub get_event_failures: AtomicU32,
+    /// Every request that reaches the driver pends (KMDF's rule, above).
+    pub pend_all: AtomicBool,
     port: Arc<Port>,
 }
 
 impl EmulatedFaults {
+    /// Packets queued on the port so far (the quit packet included).
+    pub fn packets_posted(&self) -> u64 {
+        self.port.posted.load(Ordering::Acquire)
+    }
+
     /// The port is closed under the completion thread: GetQueuedCompletionStatus fails
     /// with ERROR_ABANDONED_WAIT_0 from now on.
     pub fn abandon_port(&self) {
@@ -77,10 +88,12 @@ struct Port {
     packets: Mutex<VecDeque<Dequeued>>,
     ready: Condvar,
     abandoned: AtomicBool,
+    posted: AtomicU64,
 }
 
 impl Port {
     fn post(&self, packet: Dequeued) {
+        self.posted.fetch_add(1, Ordering::AcqRel);
         lock(&self.packets).push_back(packet);
         self.ready.notify_one();
     }
@@ -260,9 +273,20 @@ impl Win32 for Emulated {
         lock(&self.addresses).live.insert(address, r.key_value());
         self.node.dispatch(self.file, r, code, input);
         let mut s = lock(&pending.state);
+        let pend_all = self.faults.pend_all.load(Ordering::Acquire);
         let issue = match &s.done {
             None => {
                 s.phase = Phase::Queued;
+                failed(ERROR_IO_PENDING)
+            }
+            // KMDF: pending whatever the driver did; its completion is told as any
+            // pending request's.
+            Some((_, output)) if pend_all => {
+                let bytes = output.len() as u32;
+                s.phase = Phase::Queued;
+                if notify == Notify::Port {
+                    self.port.post(Dequeued::Packet { key, bytes });
+                }
                 failed(ERROR_IO_PENDING)
             }
             // NT_ERROR: failed at once; no packet, the OVERLAPPED not written.

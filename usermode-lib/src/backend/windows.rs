@@ -16,15 +16,16 @@ use std::ptr::{self, NonNull};
 
 use windows_sys::Win32::Foundation::{
     CloseHandle, GENERIC_READ, GENERIC_WRITE, GetLastError, HANDLE, INVALID_HANDLE_VALUE,
+    WAIT_OBJECT_0,
 };
 use windows_sys::Win32::Storage::FileSystem::{
     CreateFileW, FILE_FLAG_OVERLAPPED, FILE_SHARE_READ, FILE_SHARE_WRITE, OPEN_EXISTING,
 };
 use windows_sys::Win32::System::IO::{
-    CancelIoEx, CreateIoCompletionPort, DeviceIoControl, GetOverlappedResult,
-    GetQueuedCompletionStatus, OVERLAPPED, PostQueuedCompletionStatus,
+    CancelIoEx, CreateIoCompletionPort, DeviceIoControl, GetQueuedCompletionStatus, OVERLAPPED,
+    PostQueuedCompletionStatus,
 };
-use windows_sys::Win32::System::Threading::{CreateEventW, SetEvent};
+use windows_sys::Win32::System::Threading::{CreateEventW, SetEvent, WaitForSingleObject};
 
 use super::device::{self, Dequeued, Issue, Notify, Win32};
 
@@ -34,36 +35,43 @@ const INFINITE: u32 = u32::MAX;
 /// carry key 0).
 const QUIT_KEY: usize = 1;
 
-/// ERROR_NOT_ENOUGH_MEMORY: the thread has no event for a `Notify::Event` request.
-const ERROR_NOT_ENOUGH_MEMORY: u32 = 8;
-
 /// The open installed driver.
 pub type Device = device::Device<Sys>;
 
-/// A thread's auto-reset event for its `Notify::Event` requests (WinVerbs keeps one per
-/// object, wv_base.cpp:56-60); null if CreateEventW failed. Closed when the thread ends.
-struct ThreadEvent(HANDLE);
+/// A thread's event for its `Notify::Event` requests (WinVerbs keeps one per object,
+/// wv_base.cpp:56-60), made when first needed and closed when the thread ends. Auto-reset,
+/// as WinVerbs' (Microsoft suggests manual-reset for an event several waiters share; this
+/// one has a single waiter, its thread, and DeviceIoControl resets it as each request
+/// starts).
+struct ThreadEvent(std::cell::Cell<HANDLE>);
 
 impl ThreadEvent {
-    fn new() -> Self {
-        // SAFETY: null security attributes and name are allowed; auto-reset, not
-        // signalled.
-        Self(unsafe { CreateEventW(ptr::null(), 0, 0, ptr::null()) })
+    /// The event, made now if it was not (null if CreateEventW fails: tried again next
+    /// time).
+    fn get(&self) -> HANDLE {
+        if self.0.get().is_null() {
+            // SAFETY: null security attributes and name are allowed; auto-reset, not
+            // signalled.
+            self.0
+                .set(unsafe { CreateEventW(ptr::null(), 0, 0, ptr::null()) });
+        }
+        self.0.get()
     }
 }
 
 impl Drop for ThreadEvent {
     fn drop(&mut self) {
-        if !self.0.is_null() {
+        let event = self.0.get();
+        if !event.is_null() {
             // SAFETY: the event is owned here; no request of this thread still waits on it
             // (each is finished before the call that issued it returns).
-            unsafe { CloseHandle(self.0) };
+            unsafe { CloseHandle(event) };
         }
     }
 }
 
 thread_local! {
-    static EVENT: ThreadEvent = ThreadEvent::new();
+    static EVENT: ThreadEvent = const { ThreadEvent(std::cell::Cell::new(ptr::null_mut())) };
 }
 
 /// Opens the control device (`ibcm_ioctl::DEVICE_PATH`): the NTSTATUS of a failure
@@ -149,13 +157,11 @@ impl Win32 for Sys {
     ) -> (Request, Issue) {
         // SAFETY: OVERLAPPED is plain data; all-zero is its documented initial state.
         let mut overlapped: OVERLAPPED = unsafe { std::mem::zeroed() };
-        let mut no_event = false;
         if notify == Notify::Event {
-            match EVENT.try_with(|e| e.0) {
-                // The low bit keeps the completion off the port.
-                Ok(event) if !event.is_null() => overlapped.hEvent = (event as usize | 1) as HANDLE,
-                _ => no_event = true,
-            }
+            // `device` asks for an event only once `has_thread_event` said there is one;
+            // the low bit keeps the completion off the port.
+            let event = EVENT.try_with(ThreadEvent::get).unwrap_or(ptr::null_mut());
+            overlapped.hEvent = (event as usize | 1) as HANDLE;
         }
         let block = Box::new(Block {
             overlapped,
@@ -164,16 +170,6 @@ impl Win32 for Sys {
             output,
         });
         let raw = NonNull::from(Box::leak(block));
-        if no_event {
-            return (
-                Request(raw),
-                Issue {
-                    returned: false,
-                    last_error: ERROR_NOT_ENOUGH_MEMORY,
-                    internal: ibcm_ioctl::status::PENDING,
-                },
-            );
-        }
         let (in_ptr, in_len, out_ptr, out_len, ov, internal) = {
             // SAFETY: `raw` was just leaked from a Box: live and not shared yet.
             let b = unsafe { &mut *raw.as_ptr() };
@@ -254,14 +250,33 @@ impl Win32 for Sys {
         Dequeued::Packet { key, bytes }
     }
 
+    fn has_thread_event(&self) -> bool {
+        EVENT.try_with(|e| !e.get().is_null()).unwrap_or(false)
+    }
+
     fn finish(&self, request: Request) -> (i32, Vec<u8>) {
         let raw = request.0.as_ptr();
-        let mut bytes = 0u32;
-        // SAFETY: 1. the block is live (not reclaimed) and its OVERLAPPED was issued with
-        // this thread's event, which the kernel sets when the request completes; 2. the
-        // wait is on that event, not on the file handle (a close meanwhile completes the
-        // request); 3. `bytes` is a valid out-pointer.
-        unsafe { GetOverlappedResult(self.file, ptr::addr_of!((*raw).overlapped), &mut bytes, 1) };
+        // SAFETY: the block is live until `reclaim` below; `Internal` is read volatile, as
+        // the kernel writes it when the request completes.
+        let internal = unsafe { ptr::addr_of!((*raw).overlapped.Internal) };
+        // SAFETY: as above; `hEvent` was set by `device_io_control` and is not written since.
+        let event = (unsafe { (*raw).overlapped.hEvent } as usize & !1) as HANDLE;
+        // HasOverlappedIoCompleted: `Internal` leaves STATUS_PENDING when the request
+        // completes, and the event is set after it. (KMDF returns STATUS_PENDING from
+        // the dispatch routine for every request it queues, so on Windows this wait comes
+        // even for a request the driver completed at once; it then returns at once.) The
+        // wait is on the thread's event, not on the file handle, which another thread may
+        // have closed meanwhile (its cleanup completes the request).
+        // SAFETY: the read is of the live block's OVERLAPPED.
+        while unsafe { ptr::read_volatile(internal) } as i32 == ibcm_ioctl::status::PENDING {
+            // SAFETY: `event` is this thread's event, open while the thread lives.
+            if unsafe { WaitForSingleObject(event, INFINITE) } != WAIT_OBJECT_0 {
+                // The wait failed with the request still pending: the kernel may still
+                // write the block, so it is left to it, never freed.
+                std::mem::forget(request);
+                return (crate::error::STATUS_INTERNAL_ERROR, Vec::new());
+            }
+        }
         // SAFETY: the request completed, so the kernel is done with the block.
         let written = unsafe { (*raw).overlapped.InternalHigh };
         let (st, mut output) = self.reclaim(request);

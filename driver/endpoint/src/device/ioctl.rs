@@ -153,7 +153,9 @@ pub(super) fn check_reserved(ok: bool) -> Result<(), Status> {
 }
 
 /// One IOCTL, under the lock: the request is completed (queued on `done`) or, for a
-/// GET_EVENT with nothing to report, left pending on its endpoint.
+/// request `ibcm_ioctl::may_pend` names (a GET_EVENT with nothing to report, a CONNECT or
+/// SEND_REP with an output buffer awaiting the peer's answer), left pending on its
+/// endpoint.
 pub(super) fn ioctl<P: Platform>(
     i: &mut Inner<P>,
     now: Instant,
@@ -166,17 +168,9 @@ pub(super) fn ioctl<P: Platform>(
     // took at DISPATCH_LEVEL since the last one (a check when they are there).
     let _ = i.cm.prepare_private_data();
     let mut extra = 0;
-    let failed = if code == code::GET_EVENT {
-        match get_event(i, file, request, bytes) {
-            Ok(records) => {
-                extra = records;
-                None
-            }
-            Err(failed) => Some(failed),
-        }
-    } else if (code == code::CONNECT || code == code::SEND_REP) && request.output_len() > 0 {
-        answered_operation(i, now, file, request, code, bytes).err()
-    } else {
+    // Only what `may_pend` names may be held past this routine: the library waits for
+    // every other request on its caller's thread, off the completion port.
+    let failed = if !ibcm_ioctl::may_pend(code, request.output_len()) {
         match operation(i, now, file, &mut request, code, bytes) {
             Ok(n) => {
                 i.done.push((request, status::SUCCESS, n));
@@ -184,6 +178,17 @@ pub(super) fn ioctl<P: Platform>(
             }
             Err(st) => Some((request, st)),
         }
+    } else if code == code::GET_EVENT {
+        match get_event(i, file, request, bytes) {
+            Ok(records) => {
+                extra = records;
+                None
+            }
+            Err(failed) => Some(failed),
+        }
+    } else {
+        // CONNECT or SEND_REP with an output buffer: completed by the peer's answer.
+        answered_operation(i, now, file, request, code, bytes).err()
     };
     if let Some((request, st)) = failed {
         if st == status::QUOTA_EXCEEDED {
