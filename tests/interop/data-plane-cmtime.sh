@@ -13,7 +13,8 @@
 # median is the figure: the first connection of a process pays for its cold start, as
 # neither the kernel's CM nor a loaded driver does), then IBCM_DP_CM_MANY at once, in
 # IBCM_DP_CM_ROUNDS rounds (default 5) against a fresh server each (the median is the
-# figure).
+# figure). After each run at once, both guests' rxe and kernel CM counters go beside its
+# output (FILE.counters.A, .B).
 #
 # What is timed: Linux's `connect` step is rdma_connect to RDMA_CM_EVENT_ESTABLISHED (v44
 # librdmacm/examples/cmtime.c:583-597), the server creating its QP and moving it to RTS
@@ -79,6 +80,12 @@ cm_server_log() {
 # The guest's control line has lost the head of a command right after a kill: a padding
 # command takes the loss.
 cm_pad() { guest "$1" 10 ":; :; :; :; :; :; :; :; :; :; :; :; :; :; :; :; :; true" >/dev/null 2>&1 || true; }
+# cm_counters FILE: both guests' rxe counters (packets sent and received) and, where the
+# kernel's CM is loaded, its message counters, since boot, into FILE.A and FILE.B: a MAD
+# retried or lost in a run at once shows there (one guest's sent against the other's
+# received).
+CM_COUNTERS='cd /sys/class/infiniband/rxe0/ports/1 && for c in hw_counters/*; do printf "%s=%s " "${c#hw_counters/}" "$(cat $c)"; done; echo; for d in cm_rx_msgs cm_tx_msgs cm_rx_duplicates cm_tx_retries; do [ -d $d ] || continue; printf "%s: " $d; for m in req mra rej rep rtu dreq drep; do printf "%s=%s " $m "$(cat $d/$m)"; done; echo; done'
+cm_counters() { local g; for g in A B; do guest "$g" 10 "$CM_COUNTERS" >"$1.$g" 2>&1 || true; done; }
 
 # cm_runs KIND: KIND is ibcm-ibcm, ibcm-linux, linux-ibcm or linux-linux (client-server).
 # One connection at a time, CM_ONE times, against one server process (ibcm's client: one
@@ -149,6 +156,7 @@ cm_round() {
                 ms="$(linux_connect "$f")"
             fi ;;
     esac
+    [ "$run" = many ] && cm_counters "$f.counters"
     case "$kind" in
         ibcm-ibcm) cm_server_log B cml "$f.server" ;;
         linux-ibcm) cm_server_log A cml "$f.server" ;;
