@@ -9,8 +9,8 @@
 //! [`Block`]): completed through the port, or (`Notify::Event`, an IOCTL the driver
 //! completes in its dispatch routine) through the calling thread's event alone, with its
 //! low bit set so that no packet is queued, as WinVerbs' blocking calls
-//! (core/winverbs/user/wv_base.cpp:56-60, 90-99). Windows only: CI type-checks it against the real Windows std and
-//! windows-sys from Linux (`.ci/windows-check`).
+//! (core/winverbs/user/wv_base.cpp:56-60, 90-99). Windows only: CI type-checks it against
+//! the real Windows std and windows-sys from Linux (`.ci/windows-check`).
 
 use std::ptr::{self, NonNull};
 
@@ -29,7 +29,7 @@ use windows_sys::Win32::System::Threading::{CreateEventW, SetEvent, WaitForSingl
 
 use super::device::{self, Dequeued, Issue, Notify, Win32};
 
-/// `INFINITE` for GetQueuedCompletionStatus.
+/// `INFINITE` for GetQueuedCompletionStatus and WaitForSingleObject.
 const INFINITE: u32 = u32::MAX;
 /// Completion key of the packet that stops the completion thread (the file's own packets
 /// carry key 0).
