@@ -259,34 +259,17 @@ mod tests {
     /// cache.c del_gid), so port 2's cached GID indices must go too, not only port 1's.
     #[test]
     fn a_table_change_on_another_port_forgets_that_port() {
-        assert_eq!(
-            action(IBV_EVENT_GID_CHANGE, 2, 1),
-            Action::ForgetGids {
-                port: 2,
-                ours: false
-            }
-        );
-        assert_eq!(
-            action(IBV_EVENT_PKEY_CHANGE, 2, 1),
-            Action::ForgetPkeys {
-                port: 2,
-                ours: false
-            }
-        );
-        assert_eq!(
-            action(IBV_EVENT_GID_CHANGE, 1, 1),
-            Action::ForgetGids {
-                port: 1,
-                ours: true
-            }
-        );
-        assert_eq!(
-            action(IBV_EVENT_PKEY_CHANGE, 1, 1),
-            Action::ForgetPkeys {
-                port: 1,
-                ours: true
-            }
-        );
+        for (port, ours) in [(2u8, false), (1, true)] {
+            let event_port = i32::from(port);
+            assert_eq!(
+                action(IBV_EVENT_GID_CHANGE, event_port, 1),
+                Action::ForgetGids { port, ours }
+            );
+            assert_eq!(
+                action(IBV_EVENT_PKEY_CHANGE, event_port, 1),
+                Action::ForgetPkeys { port, ours }
+            );
+        }
         // Not a port number: nothing to forget.
         assert_eq!(action(IBV_EVENT_GID_CHANGE, 300, 1), Action::Other);
     }

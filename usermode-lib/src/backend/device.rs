@@ -69,10 +69,10 @@ pub trait Win32: Send + Sync + 'static {
         notify: Notify,
     ) -> (Self::Request, Issue);
 
-    /// `GetOverlappedResult(file, overlapped, TRUE)` on a request issued with
-    /// [`Notify::Event`] that `DeviceIoControl` did not fail: waits until it completes
-    /// (at once if it already did), then takes it back as [`reclaim`](Self::reclaim)
-    /// does, the output holding the bytes written.
+    /// On a request issued with [`Notify::Event`] that `DeviceIoControl` did not fail:
+    /// waits on the event until it completes (`HasOverlappedIoCompleted`; at once if it
+    /// already did), then takes it back as [`reclaim`](Self::reclaim) does, the output
+    /// holding the bytes written.
     fn finish(&self, request: Self::Request) -> (i32, Vec<u8>);
 
     /// Whether this thread can issue a [`Notify::Event`] request (on Windows, whether its
@@ -227,6 +227,15 @@ struct Ops<R> {
     failed: Option<i32>,
 }
 
+impl<R> Ops<R> {
+    /// The status a new request fails with at once, if any: the provider's failure, or
+    /// STATUS_INVALID_HANDLE once the handle is closed.
+    fn refused(&self) -> Option<i32> {
+        self.failed
+            .or(self.closed.then_some(status::INVALID_HANDLE))
+    }
+}
+
 struct Shared<S: Win32> {
     sys: S,
     ops: Mutex<Ops<S::Request>>,
@@ -347,8 +356,7 @@ impl<S: Win32> Backend for Device<S> {
         buffer.clear();
         buffer.resize(output_len, 0);
         let mut ops = self.shared.lock();
-        let refused = ops.failed.or(ops.closed.then_some(status::INVALID_HANDLE));
-        if let Some(st) = refused {
+        if let Some(st) = ops.refused() {
             drop(ops);
             buffer.clear();
             on_complete.completed(st, buffer);
@@ -395,7 +403,7 @@ impl<S: Win32> Backend for Device<S> {
         buffer.clear();
         buffer.resize(output_len, 0);
         let ops = self.shared.lock();
-        if let Some(st) = ops.failed.or(ops.closed.then_some(status::INVALID_HANDLE)) {
+        if let Some(st) = ops.refused() {
             drop(ops);
             buffer.clear();
             return Ok((st, buffer));

@@ -12,8 +12,7 @@
 //!   packet is queued and `Internal` is not written. Still pending: FALSE with
 //!   ERROR_IO_PENDING, and the packet comes when the driver completes it.
 //! - A request whose OVERLAPPED names an event with its low bit set (`Notify::Event`)
-//!   queues no packet, however it completes; `GetOverlappedResult(.., TRUE)` waits for
-//!   its completion.
+//!   queues no packet, however it completes; `finish` waits for its completion.
 //! - With [`EmulatedFaults::pend_all`], every request that reaches the driver pends, as
 //!   under KMDF, whose dispatch returns STATUS_PENDING for every request it queues
 //!   (fxioqueue.cpp): its result comes through the port or the event even when the
@@ -279,18 +278,9 @@ impl Win32 for Emulated {
                 s.phase = Phase::Queued;
                 failed(ERROR_IO_PENDING)
             }
-            // KMDF: pending whatever the driver did; its completion is told as any
-            // pending request's.
-            Some((_, output)) if pend_all => {
-                let bytes = output.len() as u32;
-                s.phase = Phase::Queued;
-                if notify == Notify::Port {
-                    self.port.post(Dequeued::Packet { key, bytes });
-                }
-                failed(ERROR_IO_PENDING)
-            }
-            // NT_ERROR: failed at once; no packet, the OVERLAPPED not written.
-            Some((st, _)) if (*st as u32) >> 30 == 3 => failed(win32_from_status(*st)),
+            // NT_ERROR: failed at once; no packet, the OVERLAPPED not written (KMDF pends
+            // it first: then it is told as any pending request).
+            Some((st, _)) if !pend_all && (*st as u32) >> 30 == 3 => failed(win32_from_status(*st)),
             Some((st, output)) => {
                 if notify == Notify::Port {
                     self.port.post(Dequeued::Packet {
@@ -298,10 +288,15 @@ impl Win32 for Emulated {
                         bytes: output.len() as u32,
                     });
                 }
-                Issue {
-                    returned: true,
-                    last_error: 0,
-                    internal: *st,
+                if pend_all {
+                    s.phase = Phase::Queued;
+                    failed(ERROR_IO_PENDING)
+                } else {
+                    Issue {
+                        returned: true,
+                        last_error: 0,
+                        internal: *st,
+                    }
                 }
             }
         };
