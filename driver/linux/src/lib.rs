@@ -10,6 +10,7 @@
 //!   nothing of rdma-core is needed to build); a QP is moved to
 //!   INIT, RTR and RTS with exactly the attributes the engine returned (the user
 //!   library's QP transition records), as a Windows verbs provider would apply them.
+//! - [`cq`]: completion queues, a QP's own (with a channel to sleep on) or shared.
 //! - [`ud`]: UD QPs and address handles, for the datagram services ibcm resolves with
 //!   SIDR (a UD QP's INIT takes a Q_Key; receives start with the 40-byte GRH).
 //! - [`port_events`]: the device's asynchronous events; the port leaving or becoming
@@ -26,6 +27,8 @@
 #![warn(missing_docs)]
 #![cfg_attr(not(target_os = "linux"), forbid(unsafe_code))]
 
+#[cfg(target_os = "linux")]
+pub mod cq;
 #[cfg(target_os = "linux")]
 mod ibv;
 #[cfg(target_os = "linux")]

@@ -17,7 +17,7 @@ use std::ffi::CStr;
 use std::io;
 use std::ptr::NonNull;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use crate::ibv::{
     self, IBV_ACCESS_LOCAL_WRITE, IBV_ACCESS_REMOTE_READ, IBV_ACCESS_REMOTE_WRITE,
@@ -27,12 +27,13 @@ use crate::ibv::{
     IBV_QP_RETRY_CNT, IBV_QP_RNR_RETRY, IBV_QP_RQ_PSN, IBV_QP_SQ_PSN, IBV_QP_STATE, IBV_QP_TIMEOUT,
     IBV_QPS_ERR, IBV_QPS_INIT, IBV_QPS_RESET, IBV_QPS_RTR, IBV_QPS_RTS, IBV_QPT_RC,
     IBV_SEND_SIGNALED, IBV_WR_RDMA_READ, IBV_WR_RDMA_WRITE, IBV_WR_SEND, Verbs, ibv_ah_attr,
-    ibv_comp_channel, ibv_context, ibv_cq, ibv_gid, ibv_gid_entry, ibv_global_route, ibv_mr,
-    ibv_pd, ibv_qp, ibv_qp_attr, ibv_qp_init_attr, ibv_recv_wr, ibv_send_wr, ibv_sge, ibv_wc,
+    ibv_context, ibv_cq, ibv_gid, ibv_gid_entry, ibv_global_route, ibv_mr, ibv_pd, ibv_qp,
+    ibv_qp_attr, ibv_qp_init_attr, ibv_recv_wr, ibv_send_wr, ibv_sge,
 };
 use ibcm_host::rocev2::gid_ipv4;
 use ibcm_ioctl::iba::{AddressVector, MigrationState, QpAttributes, QpState};
 
+pub use crate::cq::{Completion, Cq};
 use crate::pkey_table::find_cached_pkey;
 use crate::port_indices::PortIndices;
 
@@ -432,40 +433,6 @@ impl Drop for Region {
     }
 }
 
-/// A work completion.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Completion {
-    /// The work request's ID.
-    pub wr_id: u64,
-    /// `ibv_wc_status` (0: success).
-    pub status: u32,
-    /// `ibv_wc_opcode`.
-    pub opcode: u32,
-    /// Bytes received (receives) or read.
-    pub byte_len: u32,
-}
-
-impl Completion {
-    /// Whether it succeeded.
-    pub fn ok(&self) -> bool {
-        self.status == 0
-    }
-
-    /// libibverbs' name of the status.
-    pub fn status_text(&self) -> String {
-        let Ok(v) = ibv::verbs() else {
-            return format!("status {}", self.status);
-        };
-        // SAFETY: ibv_wc_status_str returns a static string for any value.
-        let s = unsafe { (v.ibv_wc_status_str)(self.status) };
-        if s.is_null() {
-            return format!("status {}", self.status);
-        }
-        // SAFETY: a static NUL-terminated string.
-        unsafe { CStr::from_ptr(s) }.to_string_lossy().into_owned()
-    }
-}
-
 /// What `ibv_query_port` says about a port.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct PortState {
@@ -511,12 +478,8 @@ pub struct QpQuery {
 pub struct RcQp {
     ctx: Arc<Context>,
     qp: NonNull<ibv_qp>,
-    cq: NonNull<ibv_cq>,
-    /// The CQ's completion channel: [`next`](Self::next) sleeps on its file until the
-    /// device signals a completion (`ibv_req_notify_cq`), instead of polling.
-    channel: NonNull<ibv_comp_channel>,
-    /// Whether the CQ is armed (a notification asked for and not yet taken).
-    armed: std::sync::atomic::AtomicBool,
+    /// Where both queues complete: the QP's own, or one it shares (destroyed after it).
+    cq: Arc<Cq>,
 }
 
 // SAFETY: verbs on a QP and CQ are thread-safe (the provider locks its queues).
@@ -566,61 +529,30 @@ pub(crate) unsafe fn post_one_recv(
 }
 
 impl RcQp {
-    /// A QP in RESET with `depth` send and receive slots (one SGE each), its CQ on a
-    /// completion channel of its own.
+    /// A QP in RESET with `depth` send and receive slots (one SGE each), on a CQ of its
+    /// own with a completion channel ([`Cq::with_channel`]): [`next`](Self::next) sleeps
+    /// until the device signals.
     pub fn create(ctx: &Arc<Context>, depth: u32) -> io::Result<Self> {
-        // SAFETY: `ctx` is open.
-        let channel = unsafe { (ctx.v.ibv_create_comp_channel)(ctx.ctx.as_ptr()) };
-        let channel = NonNull::new(channel).ok_or_else(|| os_error("ibv_create_comp_channel"))?;
-        // Non-blocking, as ibv_get_cq_event(3) allows: `next` takes `&self`, so two
-        // threads may both see the file readable, and the one that finds the event taken
-        // must get EAGAIN and go back to its deadline, not block without one.
-        // SAFETY: the channel is alive; its fd is open.
-        let fd = unsafe { channel.as_ref() }.fd;
-        // SAFETY: F_GETFL on an open fd.
-        let flags = unsafe { libc::fcntl(fd, libc::F_GETFL) };
-        // SAFETY: F_SETFL on an open fd, its own flags plus O_NONBLOCK.
-        let nonblock =
-            flags >= 0 && unsafe { libc::fcntl(fd, libc::F_SETFL, flags | libc::O_NONBLOCK) } == 0;
-        if !nonblock {
-            let e = os_error("fcntl(O_NONBLOCK) on the completion channel");
-            // SAFETY: created above, no CQ uses it.
-            unsafe { (ctx.v.ibv_destroy_comp_channel)(channel.as_ptr()) };
-            return Err(e);
-        }
-        // SAFETY: `ctx` is open; the channel is this context's; no CQ context, vector 0.
-        let cq = unsafe {
-            (ctx.v.ibv_create_cq)(
-                ctx.ctx.as_ptr(),
-                (2 * depth) as i32,
-                std::ptr::null_mut(),
-                channel.as_ptr(),
-                0,
-            )
-        };
-        let Some(cq) = NonNull::new(cq) else {
-            let e = os_error("ibv_create_cq");
-            // SAFETY: created above, no CQ uses it.
-            unsafe { (ctx.v.ibv_destroy_comp_channel)(channel.as_ptr()) };
-            return Err(e);
-        };
-        let mut init = one_sge_qp_init(cq, depth, IBV_QPT_RC);
-        // SAFETY: `pd` is alive; `init` is valid for the call.
+        let cq = Cq::with_channel(ctx, depth.saturating_mul(2))?;
+        Self::create_on(&Arc::new(cq), depth)
+    }
+
+    /// A QP in RESET with `depth` send and receive slots (one SGE each), completing on
+    /// `cq`, which other QPs may share: one system call (and the provider's queue
+    /// mappings) per QP instead of three more for a CQ and a channel of its own, as
+    /// rdma-core's cmtime makes its QPs (v44 librdmacm/examples/cmtime.c `open_verbs`:
+    /// one CQ for the process, `create_qp`: every QP on it).
+    pub fn create_on(cq: &Arc<Cq>, depth: u32) -> io::Result<Self> {
+        let ctx = cq.context();
+        let mut init = one_sge_qp_init(cq.as_ptr(), depth, IBV_QPT_RC);
+        // SAFETY: `pd` is alive; `init` is valid for the call; `cq` outlives the QP (held
+        // below, dropped after the QP is destroyed).
         let qp = unsafe { (ctx.v.ibv_create_qp)(ctx.pd.as_ptr(), &mut init) };
-        let Some(qp) = NonNull::new(qp) else {
-            let e = os_error("ibv_create_qp");
-            // SAFETY: created above, no QP uses it.
-            unsafe { (ctx.v.ibv_destroy_cq)(cq.as_ptr()) };
-            // SAFETY: its only CQ is gone.
-            unsafe { (ctx.v.ibv_destroy_comp_channel)(channel.as_ptr()) };
-            return Err(e);
-        };
+        let qp = NonNull::new(qp).ok_or_else(|| os_error("ibv_create_qp"))?;
         Ok(Self {
             ctx: Arc::clone(ctx),
             qp,
-            cq,
-            channel,
-            armed: std::sync::atomic::AtomicBool::new(false),
+            cq: Arc::clone(cq),
         })
     }
 
@@ -871,126 +803,23 @@ impl RcQp {
         self.post(wr, region.sge(offset, len)?)
     }
 
-    /// Polls the CQ once: up to `out.len()` completions.
+    /// Polls the QP's CQ once: up to `max` completions (on a shared CQ, any sharing
+    /// QP's).
     pub fn poll(&self, out: &mut Vec<Completion>, max: usize) -> io::Result<usize> {
-        let mut wc: [ibv_wc; 16] = ibv::zeroed();
-        let want = max.min(wc.len()) as i32;
-        // SAFETY: `cq` is alive; `wc` holds `want` entries.
-        let n = unsafe { ibv::poll_cq(self.cq.as_ptr(), want, wc.as_mut_ptr()) };
-        if n < 0 {
-            return Err(io::Error::other(format!("ibv_poll_cq: {n}")));
-        }
-        for w in wc.iter().take(n as usize) {
-            out.push(Completion {
-                wr_id: w.wr_id,
-                status: w.status,
-                opcode: w.opcode,
-                byte_len: w.byte_len,
-            });
-        }
-        Ok(n as usize)
+        self.cq.poll(out, max)
     }
 
-    /// Waits for the next completion until `deadline`: polls the CQ a few times, then
-    /// arms it (`ibv_req_notify_cq`), polls once more (a completion that came before the
-    /// arming raises no event) and sleeps on the completion channel's file.
+    /// The next completion on the QP's CQ until `deadline` ([`Cq::next`]).
     pub fn next(&self, deadline: Instant) -> io::Result<Completion> {
-        use std::sync::atomic::Ordering;
-        let mut out = Vec::with_capacity(1);
-        let mut spins = 0u32;
-        loop {
-            if self.poll(&mut out, 1)? > 0
-                && let Some(c) = out.pop()
-            {
-                return Ok(c);
-            }
-            let now = Instant::now();
-            if now >= deadline {
-                return Err(io::Error::new(
-                    io::ErrorKind::TimedOut,
-                    "no completion before the deadline",
-                ));
-            }
-            // A completion often follows within microseconds (a SEND's ACK on a real
-            // link): a few polls before a system call and a sleep.
-            if spins < SPINS_BEFORE_SLEEP {
-                spins += 1;
-                std::thread::yield_now();
-                continue;
-            }
-            if !self.armed.swap(true, Ordering::AcqRel) {
-                // SAFETY: `cq` is alive; 0: every completion, not only solicited ones.
-                let rc = unsafe { ibv::req_notify_cq(self.cq.as_ptr(), 0) };
-                check(rc, "ibv_req_notify_cq")?;
-                continue;
-            }
-            // At most RECHECK at a time: a completion posted without an event (a flush
-            // as the QP goes to ERR, on a provider that raises none for it) is still seen.
-            if self.wait_event(deadline.saturating_duration_since(now).min(RECHECK))? {
-                self.armed.store(false, Ordering::Release);
-            }
-        }
-    }
-
-    /// Sleeps until the channel has an event (taken and acknowledged here: true) or
-    /// `timeout` passes (false).
-    fn wait_event(&self, timeout: Duration) -> io::Result<bool> {
-        // SAFETY: `channel` is alive until Drop.
-        let fd = unsafe { self.channel.as_ref() }.fd;
-        let mut fds = libc::pollfd {
-            fd,
-            events: libc::POLLIN,
-            revents: 0,
-        };
-        let ms = i32::try_from(timeout.as_millis().max(1)).unwrap_or(i32::MAX);
-        // SAFETY: one valid pollfd, alive for the call.
-        let n = unsafe { libc::poll(&mut fds, 1, ms) };
-        if n < 0 {
-            let e = io::Error::last_os_error();
-            return if e.kind() == io::ErrorKind::Interrupted {
-                Ok(false)
-            } else {
-                Err(io::Error::new(e.kind(), format!("poll: {e}")))
-            };
-        }
-        if n == 0 || fds.revents & libc::POLLIN == 0 {
-            return Ok(false);
-        }
-        let mut cq: *mut ibv_cq = std::ptr::null_mut();
-        let mut context: *mut libc::c_void = std::ptr::null_mut();
-        // SAFETY: `channel` is alive and non-blocking; the out-pointers are valid.
-        let rc =
-            unsafe { (self.ctx.v.ibv_get_cq_event)(self.channel.as_ptr(), &mut cq, &mut context) };
-        if rc != 0 {
-            let e = io::Error::last_os_error();
-            // Another thread in `next` took the event first.
-            if matches!(
-                e.kind(),
-                io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted
-            ) {
-                return Ok(false);
-            }
-            return Err(io::Error::new(e.kind(), format!("ibv_get_cq_event: {e}")));
-        }
-        // SAFETY: the event is for our only CQ on this channel; acknowledged once.
-        unsafe { (self.ctx.v.ibv_ack_cq_events)(self.cq.as_ptr(), 1) };
-        Ok(true)
+        self.cq.next(deadline)
     }
 }
 
-/// Polls of an empty CQ, each after a yield, before [`RcQp::next`] sleeps on the channel.
-const SPINS_BEFORE_SLEEP: u32 = 16;
-/// The longest sleep on the channel before [`RcQp::next`] polls the CQ again.
-const RECHECK: Duration = Duration::from_millis(50);
-
 impl Drop for RcQp {
     fn drop(&mut self) {
-        // SAFETY: created in `create`, destroyed once, before its CQ.
+        // SAFETY: created in `create_on`, destroyed once; its CQ (an Arc field) is
+        // released after this body, with or after the QP.
         unsafe { (self.ctx.v.ibv_destroy_qp)(self.qp.as_ptr()) };
-        // SAFETY: no QP uses the CQ any more; every event taken was acknowledged.
-        unsafe { (self.ctx.v.ibv_destroy_cq)(self.cq.as_ptr()) };
-        // SAFETY: its only CQ is gone.
-        unsafe { (self.ctx.v.ibv_destroy_comp_channel)(self.channel.as_ptr()) };
     }
 }
 

@@ -565,7 +565,6 @@ mod imp {
 
         #[cfg(feature = "devices")]
         mod imp {
-            use std::sync::Arc;
             use std::time::Duration;
 
             use ibcm_cli::rc::{Rc, VerbsQps};
@@ -587,7 +586,7 @@ mod imp {
                     rc.port().guid(),
                     gid_index
                 );
-                let qps = VerbsQps(Arc::clone(&rc.ctx));
+                let qps = VerbsQps::new(&rc.ctx).map_err(Failure)?;
                 Ok((rc, qps))
             }
 

@@ -29,7 +29,7 @@ use ibcm::{
 };
 use ibcm_linux::port_events::PortEvents;
 use ibcm_linux::umad::UmadPort;
-use ibcm_linux::verbs::{Completion, Context, QpQuery, RcQp, Region};
+use ibcm_linux::verbs::{Completion, Context, Cq, QpQuery, RcQp, Region};
 
 use crate::cmtime::Timing;
 use crate::rocev2::{PATH_MTU, describe, rdma_cm_private_data};
@@ -409,12 +409,25 @@ pub fn accept_qp(
 pub const CMTIME_QP_DEPTH: u32 = 1;
 
 /// Real QPs on the device for `ibcm cmtime`, `listen` and `connect`
-/// ([`crate::rocev2::connect_on`], [`crate::rocev2::serve_on`]): RC QPs of cmtime's size.
-pub struct VerbsQps(pub Arc<Context>);
+/// ([`crate::rocev2::connect_on`], [`crate::rocev2::serve_on`]): RC QPs of cmtime's size,
+/// all on one CQ without a channel, as cmtime's are (v44 cmtime.c `open_verbs`: one
+/// `ibv_create_cq(id->verbs, 1, ...)` for the process; `create_qp`: every QP on it). They
+/// carry no data: a CQ and a channel of each QP's own would cost three more system calls
+/// and the CQ's queue mapping per connection, inside the passive side's setup.
+pub struct VerbsQps(Arc<Cq>);
+
+impl VerbsQps {
+    /// The shared CQ on `ctx`.
+    pub fn new(ctx: &Arc<Context>) -> Res<Self> {
+        Cq::shared(ctx, CMTIME_QP_DEPTH)
+            .map(Self)
+            .map_err(|e| e.to_string())
+    }
+}
 
 impl crate::rocev2::Qps for VerbsQps {
     fn create(&self) -> Res<Box<dyn crate::rocev2::Qp>> {
-        RcQp::create(&self.0, CMTIME_QP_DEPTH)
+        RcQp::create_on(&self.0, CMTIME_QP_DEPTH)
             .map(|qp| Box::new(qp) as Box<dyn crate::rocev2::Qp>)
             .map_err(|e| e.to_string())
     }
