@@ -311,7 +311,7 @@ impl Platform for HostPlatform {
         }
         outbox.push(transmit.clone());
         drop(outbox);
-        self.wake.notify();
+        self.wake.sent();
     }
 
     fn complete(&self, request: HostRequest, status: i32, information: usize) {
@@ -374,11 +374,11 @@ impl Platform for HostPlatform {
 
     fn set_timer(&self, deadline: Option<Instant>) {
         let mut timer = self.timer.lock().unwrap_or_else(PoisonError::into_inner);
-        // Every dispatch re-arms the timer; only a change needs the runner.
+        // Every dispatch re-arms the timer; only a change may need the runner.
         if *timer != deadline {
             *timer = deadline;
             drop(timer);
-            self.wake.notify();
+            self.wake.timer_set(deadline);
         }
     }
 }

@@ -257,7 +257,7 @@ impl UmadPort {
         let mut rng_seed = [0u8; 32];
         rng_seed[..8].copy_from_slice(&seed.to_le_bytes());
         rng_seed[8..16].copy_from_slice(&guid.to_le_bytes());
-        let wake = Arc::new(Wake::default());
+        let wake = Arc::new(Wake::timer_only());
         let node = Arc::new(Node::new(
             CmConfig::new(guid, rng_seed),
             roce_address(config.local, DEFAULT_PKEY),
@@ -694,11 +694,11 @@ const SWEEP: Duration = Duration::from_millis(50);
 /// The node's timer on the real clock, the PASSIVE_LEVEL work its DISPATCH_LEVEL paths
 /// ask for, and what those send.
 ///
-/// The node's wake is signalled for every MAD queued (`HostPlatform::send`) as well as
-/// for a timer re-armed, so a wake alone does not make this thread write: the caller of
-/// an IOCTL and the receive thread write what they queued themselves, and a flush here
-/// on every wake would race them for it. This thread writes after it ran the driver (a
-/// timer pass, passive work) and sweeps leftovers every [`SWEEP`].
+/// The node's wake is timer-only ([`Wake::timer_only`]): the caller of an IOCTL and the
+/// receive thread write what they queued themselves (a flush here would race them for
+/// it), so a MAD queued does not wake this thread, and a timer re-armed wakes it only
+/// when due before the deadline it sleeps until. This thread writes after it ran the
+/// driver (a timer pass, passive work) and sweeps leftovers every [`SWEEP`].
 fn timer_loop(node: &Node, sender: &Sender, stats: &Stats, stop: &AtomicBool, wake: &Wake) {
     let mut swept = std::time::Instant::now();
     loop {
@@ -720,16 +720,7 @@ fn timer_loop(node: &Node, sender: &Sender, stats: &Stats, stop: &AtomicBool, wa
         if stopping {
             return;
         }
-        let now = node.platform.now();
-        let wait = node
-            .platform
-            .timer()
-            .map(|t| Duration::from_nanos(t.as_nanos().saturating_sub(now.as_nanos())))
-            .unwrap_or(Duration::from_millis(50))
-            .min(Duration::from_millis(50));
-        if !wait.is_zero() {
-            wake.wait(wait);
-        }
+        wake.wait_for_timer(node.platform.now(), SWEEP, || node.platform.timer());
     }
 }
 
@@ -781,7 +772,7 @@ mod tests {
             CmConfig::new(1, [0; 32]),
             roce_address(Ipv4Addr::new(10, 77, 0, 3), DEFAULT_PKEY),
             Arc::new(Clock::real()),
-            Arc::new(Wake::default()),
+            Arc::new(Wake::timer_only()),
         );
         let sender = Sender {
             file,
@@ -887,7 +878,7 @@ mod tests {
             CmConfig::new(1, [0; 32]),
             roce_address(Ipv4Addr::new(10, 77, 0, 3), DEFAULT_PKEY),
             Arc::new(Clock::real()),
-            Arc::new(Wake::default()),
+            Arc::new(Wake::timer_only()),
         ));
         let sender = Arc::new(Sender {
             file: Arc::new(file),
@@ -956,7 +947,7 @@ mod tests {
             CmConfig::new(1, [0; 32]),
             roce_address(Ipv4Addr::new(10, 77, 0, 3), DEFAULT_PKEY),
             Arc::new(Clock::real()),
-            Arc::new(Wake::default()),
+            Arc::new(Wake::timer_only()),
         );
         let stats = Arc::new(Stats::default());
         let sender = Sender {
@@ -992,7 +983,7 @@ mod tests {
     #[test]
     fn the_timer_thread_runs_passive_work() {
         use ibcm_endpoint::Platform;
-        let wake = Arc::new(Wake::default());
+        let wake = Arc::new(Wake::timer_only());
         let node = Arc::new(Node::new(
             CmConfig::new(1, [0; 32]),
             roce_address(Ipv4Addr::new(10, 77, 0, 3), DEFAULT_PKEY),
