@@ -581,9 +581,14 @@ pub(crate) fn verbs() -> io::Result<&'static Verbs> {
     static VERBS: OnceLock<Result<Verbs, String>> = OnceLock::new();
     VERBS
         .get_or_init(|| {
+            // RTLD_LAZY, as a program linked against libibverbs loads it (rping): libnl's
+            // 700 PLT entries (it is not linked with -z now, unlike libibverbs) are bound
+            // when called, not all at once here, which cost about 1,000 symbol lookups
+            // before the first REQ. Every function used is looked up below (dlvsym), so a
+            // missing one still fails here.
             // SAFETY: a NUL-terminated file name; libibverbs' initialisers are safe to run
             // on any thread.
-            let lib = unsafe { libc::dlopen(LIBRARY.as_ptr(), libc::RTLD_NOW) };
+            let lib = unsafe { libc::dlopen(LIBRARY.as_ptr(), libc::RTLD_LAZY) };
             if lib.is_null() {
                 return Err(format!(
                     "cannot load {}: install rdma-core's libibverbs (Debian: apt-get install \
