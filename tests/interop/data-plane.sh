@@ -790,28 +790,36 @@ scenario_perftest-refuse() {
     #    exchanges do not (read_lat has four handshakes and no report): the client's 8-byte
     #    report value comes where ib_read_lat's close handshake is due.
     # Linux's perftest does not watch its CM events: after ibcm's DREQs it waits in its
-    # control receive until it is killed (here after 20 s, exit 143), which counts as not
-    # passing.
-    local run f l
+    # control receive until it is killed (exit 143), which counts as not passing. It is
+    # killed as soon as ibcm has refused, not at its timeout: its process's end destroys
+    # its CM IDs, whose DREPs (cm.c cm_destroy_id, IB_CM_DREQ_RCVD) end ibcm's
+    # disconnects, which otherwise wait out their DREQs' retries (20 s of each run).
+    local run f l peer
     for run in read-vs-write_bw write-vs-read_bw read-lat-vs-read_bw; do
         next_port
         f="$OUT/perftest-refuse.$run.ibcm.txt"; l="$OUT/perftest-refuse.$run.linux.txt"
         case "$run" in
             read-vs-write_bw | read-lat-vs-read_bw)
-                local t=read peer=ib_write_bw
+                local t=read
+                peer=ib_write_bw
                 [ "$run" = read-lat-vs-read_bw ] && { t=read-lat; peer=ib_read_bw; }
                 bg A pt "ibcm perftest --test $t --bind $A_IP -p $RDMA_PORT -s $PT_SIZE -n $PT_ITERS --wait 30"
                 wait_listening A pt || fail "ibcm perftest on A did not listen"
-                guest B 60 "timeout 20 $peer -R -F -p $RDMA_PORT -s $PT_SIZE -n $PT_ITERS $A_IP; echo exit=\$?" >"$l" 2>&1 || true
-                bg_wait A pt "$f"
+                guest B 10 "(timeout 40 $peer -R -F -p $RDMA_PORT -s $PT_SIZE -n $PT_ITERS $A_IP; echo exit=\$?) > /tmp/pt.log 2>&1 &" >/dev/null
                 ;;
             write-vs-read_bw)
-                guest B 10 "(timeout 20 ib_read_bw -R -F -p $RDMA_PORT -s $PT_SIZE -n $PT_ITERS; echo exit=\$?) > /tmp/pt.log 2>&1 & echo \$! > /tmp/pt.pid" >/dev/null
+                peer=ib_read_bw
+                guest B 10 "(timeout 40 $peer -R -F -p $RDMA_PORT -s $PT_SIZE -n $PT_ITERS; echo exit=\$?) > /tmp/pt.log 2>&1 &" >/dev/null
                 sleep 2
-                guest A 90 "timeout 60 ibcm perftest --test write --bind $A_IP --server $B_IP -p $RDMA_PORT -s $PT_SIZE -n $PT_ITERS --wait 30; echo exit=\$?" >"$f" 2>&1 || true
-                guest B 40 "i=0; while kill -0 \$(cat /tmp/pt.pid) 2>/dev/null && [ \$i -lt 250 ]; do sleep 0.1; i=\$((i+1)); done; cat /tmp/pt.log" >"$l" 2>&1 || true
+                bg A pt "ibcm perftest --test write --bind $A_IP --server $B_IP -p $RDMA_PORT -s $PT_SIZE -n $PT_ITERS --wait 30"
                 ;;
         esac
+        # Until ibcm has said what it found (or ended), 30 s at most; then Linux's
+        # perftest is stopped and its exit status waited for, then ibcm's end.
+        guest A 40 "i=0; until grep -q '^perftest: \(REFUSED\|FAILED\)\|^exit=' /tmp/pt.log 2>/dev/null || [ \$i -ge 300 ]; do sleep 0.1; i=\$((i+1)); done" >/dev/null 2>&1 || true
+        guest B 40 "killall $peer 2>/dev/null; i=0; until grep -q '^exit=' /tmp/pt.log || [ \$i -ge 250 ]; do sleep 0.1; i=\$((i+1)); done; cat /tmp/pt.log" >"$l" 2>&1 || true
+        cm_pad B
+        bg_wait A pt "$f"
         grep '^perftest: REFUSED' "$f" | sed 's/^/  /' || true
         check "$run: ibcm refused the peer's test" has "$f" "perftest: REFUSED: the peer does not run"
         # The whole line: `timeout` kills with exit=124 (coreutils) or 143 (busybox), both
