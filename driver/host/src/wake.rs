@@ -11,9 +11,9 @@ use ibcm_cep::Instant;
 /// Wakes the real-time runner when a node has something to send or re-arms its timer.
 #[derive(Debug)]
 pub struct Wake {
-    /// Signalled and not yet consumed by the runner. Set outside the lock, so that every
-    /// MAD sent while the runner is busy (or, in virtual time, never waits) costs one
-    /// atomic swap rather than a lock.
+    /// Signalled and not yet consumed by the runner. `notify` sets it outside the lock, so
+    /// that every MAD sent while the runner is busy (or, in virtual time, never waits)
+    /// costs one atomic swap rather than a lock; `timer_set` sets it under the lock.
     signalled: AtomicBool,
     /// A timer-only runner's sleep: the deadline it sleeps until, `None` while it runs
     /// (it reads the timer again before it sleeps).
@@ -81,8 +81,8 @@ impl Wake {
         }
     }
 
-    /// The node's timer is now `deadline`: the runner is signalled if it carries MADs (it
-    /// runs timers on its own schedule), or if it sleeps past `deadline`. A timer-only
+    /// The node's timer is now `deadline`: the runner is signalled if it carries MADs (its
+    /// sleep does not follow the timer), or if it sleeps past `deadline`. A timer-only
     /// runner that sleeps until an earlier deadline, or runs, finds it when it reads the
     /// timer; a disarmed timer wakes nobody (the runner wakes at its old deadline, finds
     /// nothing due and sleeps again).
@@ -104,8 +104,9 @@ impl Wake {
         }
     }
 
-    /// Waits up to `timeout` for a [`notify`](Self::notify) (a transmit/timer thread's
-    /// sleep between rounds).
+    /// Waits up to `timeout` for a [`notify`](Self::notify): the sleep between rounds of a
+    /// runner that carries MADs. A timer-only runner sleeps in
+    /// [`wait_for_timer`](Self::wait_for_timer), which `timer_set` knows the deadline of.
     pub fn wait(&self, timeout: Duration) {
         let guard = self.sleep();
         let _ = self
@@ -115,19 +116,20 @@ impl Wake {
         self.signalled.store(false, Ordering::Release);
     }
 
-    /// A timer-only runner's sleep, at `now`: until the timer `armed` reads (read under
-    /// the lock [`timer_set`](Self::timer_set) takes, so a deadline set meanwhile is not
-    /// missed), at most `longest`, or until signalled. Returns at once when the timer is
-    /// due.
+    /// A timer-only runner's sleep: `read` gives the time and the timer's deadline, both
+    /// read under the lock [`timer_set`](Self::timer_set) takes (so a deadline set
+    /// meanwhile is not missed, and waiting for the lock does not lengthen the sleep);
+    /// sleeps until that deadline, at most `longest`, or until signalled. Returns at once
+    /// when the timer is due.
     pub fn wait_for_timer(
         &self,
-        now: Instant,
         longest: Duration,
-        armed: impl FnOnce() -> Option<Instant>,
+        read: impl FnOnce() -> (Instant, Option<Instant>),
     ) {
         let mut sleep = self.sleep();
+        let (now, armed) = read();
         let cap = now.add_nanos(u64::try_from(longest.as_nanos()).unwrap_or(u64::MAX));
-        let until = armed().map_or(cap, |t| t.min(cap));
+        let until = armed.map_or(cap, |t| t.min(cap));
         let wait = until.nanos_since(now);
         if wait == 0 {
             return;
@@ -192,14 +194,14 @@ mod tests {
     fn wait_for_timer_sleeps_until_the_timer_or_an_earlier_one() {
         let wake = std::sync::Arc::new(Wake::timer_only());
         let start = std::time::Instant::now();
-        wake.wait_for_timer(ms(10), Duration::from_secs(5), || Some(ms(10)));
-        wake.wait_for_timer(ms(10), Duration::from_secs(5), || Some(ms(5)));
+        wake.wait_for_timer(Duration::from_secs(5), || (ms(10), Some(ms(10))));
+        wake.wait_for_timer(Duration::from_secs(5), || (ms(10), Some(ms(5))));
         assert!(
             start.elapsed() < Duration::from_secs(1),
             "a due timer does not sleep"
         );
         let start = std::time::Instant::now();
-        wake.wait_for_timer(ms(0), Duration::from_millis(20), || None);
+        wake.wait_for_timer(Duration::from_millis(20), || (ms(0), None));
         assert!(start.elapsed() >= Duration::from_millis(20), "capped sleep");
         let other = std::sync::Arc::clone(&wake);
         let setter = std::thread::spawn(move || {
@@ -210,7 +212,7 @@ mod tests {
             other.timer_set(Some(ms(1)));
         });
         let start = std::time::Instant::now();
-        wake.wait_for_timer(ms(0), Duration::from_secs(30), || Some(ms(30_000)));
+        wake.wait_for_timer(Duration::from_secs(30), || (ms(0), Some(ms(30_000))));
         setter
             .join()
             .unwrap_or_else(|_| unreachable!("the setter does not panic"));
@@ -219,5 +221,49 @@ mod tests {
             "woken by the earlier deadline"
         );
         assert!(wake.sleep().is_none(), "awake again");
+    }
+
+    /// The timer is read under the lock `timer_set` takes: a deadline set by another
+    /// thread while the runner decides how long to sleep ends the sleep (seen failing,
+    /// asleep for the whole cap, with the timer read before the lock is taken).
+    #[test]
+    fn a_deadline_set_while_the_runner_reads_the_timer_wakes_it() {
+        let wake = std::sync::Arc::new(Wake::timer_only());
+        let other = std::sync::Arc::clone(&wake);
+        let start = std::time::Instant::now();
+        let mut setter = None;
+        wake.wait_for_timer(Duration::from_secs(30), || {
+            setter = Some(std::thread::spawn(move || other.timer_set(Some(ms(1)))));
+            std::thread::sleep(Duration::from_millis(20));
+            (ms(0), None)
+        });
+        if let Some(s) = setter {
+            s.join()
+                .unwrap_or_else(|_| unreachable!("the setter does not panic"));
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "woken by the deadline set"
+        );
+    }
+
+    /// Passive work and stopping reach a timer-only runner at once, not at its cap.
+    #[test]
+    fn notify_wakes_a_timer_only_runner() {
+        let wake = std::sync::Arc::new(Wake::timer_only());
+        let other = std::sync::Arc::clone(&wake);
+        let notifier = std::thread::spawn(move || {
+            let begun = std::time::Instant::now();
+            while other.sleep().is_none() && begun.elapsed() < Duration::from_secs(5) {
+                std::thread::yield_now();
+            }
+            other.notify();
+        });
+        let start = std::time::Instant::now();
+        wake.wait_for_timer(Duration::from_secs(30), || (ms(0), None));
+        notifier
+            .join()
+            .unwrap_or_else(|_| unreachable!("the notifier does not panic"));
+        assert!(start.elapsed() < Duration::from_secs(10), "woken by notify");
     }
 }

@@ -58,7 +58,8 @@ pub struct Cq {
 }
 
 // SAFETY: verbs on a CQ are thread-safe (the provider locks its queue); the channel is
-// non-blocking and its events are taken by one caller at a time (`armed`).
+// non-blocking, so a caller that finds its event taken by another gets EAGAIN instead of
+// blocking (`with_channel`).
 unsafe impl Send for Cq {}
 // SAFETY: as for Send.
 unsafe impl Sync for Cq {}
@@ -252,8 +253,9 @@ const SPINS_BEFORE_SLEEP: u32 = 16;
 /// The longest sleep on the channel before [`Cq::next`] polls the CQ again.
 const RECHECK: Duration = Duration::from_millis(50);
 /// Without a channel, the sleep between [`Cq::next`]'s polls (udaddy.c `poll_cqs` polls
-/// without one too).
-pub const POLL_SLEEP: Duration = Duration::from_millis(1);
+/// without one too): what a QP on a shared CQ gets if it waits for completions (the CLI's
+/// shared CQs carry none: their QPs post no work).
+const POLL_SLEEP: Duration = Duration::from_millis(1);
 
 impl Drop for Cq {
     fn drop(&mut self) {

@@ -720,7 +720,7 @@ fn timer_loop(node: &Node, sender: &Sender, stats: &Stats, stop: &AtomicBool, wa
         if stopping {
             return;
         }
-        wake.wait_for_timer(node.platform.now(), SWEEP, || node.platform.timer());
+        wake.wait_for_timer(SWEEP, || (node.platform.now(), node.platform.timer()));
     }
 }
 

@@ -809,7 +809,8 @@ impl RcQp {
         self.cq.poll(out, max)
     }
 
-    /// The next completion on the QP's CQ until `deadline` ([`Cq::next`]).
+    /// The next completion on the QP's CQ until `deadline` ([`Cq::next`]; on a shared CQ,
+    /// any sharing QP's).
     pub fn next(&self, deadline: Instant) -> io::Result<Completion> {
         self.cq.next(deadline)
     }
@@ -824,12 +825,14 @@ impl Drop for RcQp {
 }
 
 impl Context {
-    /// libibverbs' functions, for the asynchronous event reader (`port_events`).
+    /// libibverbs' functions, for the asynchronous event reader (`port_events`) and the
+    /// CQs (`cq`).
     pub(crate) fn verbs(&self) -> &'static Verbs {
         self.v
     }
 
-    /// The context, for the asynchronous event reader (`port_events`).
+    /// The context, for the asynchronous event reader (`port_events`) and the CQs
+    /// (`cq`).
     pub(crate) fn raw(&self) -> *mut ibv_context {
         self.ctx.as_ptr()
     }
