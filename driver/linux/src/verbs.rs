@@ -476,9 +476,9 @@ pub struct QpQuery {
 
 /// An RC QP with one CQ for both queues.
 pub struct RcQp {
-    ctx: Arc<Context>,
     qp: NonNull<ibv_qp>,
-    /// Where both queues complete: the QP's own, or one it shares (destroyed after it).
+    /// Where both queues complete: the QP's own, or one it shares (destroyed after it),
+    /// and through it the context.
     cq: Arc<Cq>,
 }
 
@@ -550,10 +550,14 @@ impl RcQp {
         let qp = unsafe { (ctx.v.ibv_create_qp)(ctx.pd.as_ptr(), &mut init) };
         let qp = NonNull::new(qp).ok_or_else(|| os_error("ibv_create_qp"))?;
         Ok(Self {
-            ctx: Arc::clone(ctx),
             qp,
             cq: Arc::clone(cq),
         })
+    }
+
+    /// The context the QP is on (its CQ's).
+    fn ctx(&self) -> &Context {
+        self.cq.context()
     }
 
     /// The QPN (the REQ's or REP's LocalQPN).
@@ -568,7 +572,7 @@ impl RcQp {
             grh: ibv_global_route {
                 dgid: ibv_gid { raw: p.dgid },
                 flow_label: p.flow_label,
-                sgid_index: self.ctx.gid_index(av.port, &p.sgid)?,
+                sgid_index: self.ctx().gid_index(av.port, &p.sgid)?,
                 hop_limit: p.hop_limit,
                 traffic_class: p.traffic_class,
             },
@@ -597,7 +601,10 @@ impl RcQp {
             mask |= IBV_QP_PORT;
         }
         if let Some(pkey) = a.pkey {
-            attr.pkey_index = self.ctx.pkey_index(a.port.unwrap_or(self.ctx.port), pkey)?;
+            attr.pkey_index = self
+                .cq
+                .context()
+                .pkey_index(a.port.unwrap_or(self.ctx().port), pkey)?;
             mask |= IBV_QP_PKEY_INDEX;
         }
         if let Some(flags) = a.access_flags {
@@ -664,7 +671,7 @@ impl RcQp {
             mask |= IBV_QP_MIN_RNR_TIMER;
         }
         // SAFETY: `qp` is alive; `attr` is valid for the call.
-        let rc = unsafe { (self.ctx.v.ibv_modify_qp)(self.qp.as_ptr(), &mut attr, mask) };
+        let rc = unsafe { (self.ctx().v.ibv_modify_qp)(self.qp.as_ptr(), &mut attr, mask) };
         check(rc, &format!("ibv_modify_qp to {:?}", a.state))
     }
 
@@ -676,7 +683,7 @@ impl RcQp {
         attr.min_rnr_timer = code;
         // SAFETY: `qp` is alive; `attr` is valid for the call.
         let rc = unsafe {
-            (self.ctx.v.ibv_modify_qp)(self.qp.as_ptr(), &mut attr, IBV_QP_MIN_RNR_TIMER)
+            (self.ctx().v.ibv_modify_qp)(self.qp.as_ptr(), &mut attr, IBV_QP_MIN_RNR_TIMER)
         };
         check(rc, "ibv_modify_qp min_rnr_timer")
     }
@@ -686,7 +693,7 @@ impl RcQp {
         let mut attr: ibv_qp_attr = ibv::zeroed();
         attr.qp_state = IBV_QPS_ERR;
         // SAFETY: `qp` is alive; `attr` is valid for the call.
-        let rc = unsafe { (self.ctx.v.ibv_modify_qp)(self.qp.as_ptr(), &mut attr, IBV_QP_STATE) };
+        let rc = unsafe { (self.ctx().v.ibv_modify_qp)(self.qp.as_ptr(), &mut attr, IBV_QP_STATE) };
         check(rc, "ibv_modify_qp to ERR")
     }
 
@@ -707,7 +714,8 @@ impl RcQp {
             | IBV_QP_MIN_RNR_TIMER
             | IBV_QP_CAP;
         // SAFETY: `qp` is alive; both out-structures are valid for the call.
-        let rc = unsafe { (self.ctx.v.ibv_query_qp)(self.qp.as_ptr(), &mut attr, mask, &mut init) };
+        let rc =
+            unsafe { (self.ctx().v.ibv_query_qp)(self.qp.as_ptr(), &mut attr, mask, &mut init) };
         check(rc, "ibv_query_qp")?;
         Ok(QpQuery {
             state: attr.qp_state,
@@ -820,7 +828,7 @@ impl Drop for RcQp {
     fn drop(&mut self) {
         // SAFETY: created in `create_on`, destroyed once; its CQ (an Arc field) is
         // released after this body, with or after the QP.
-        unsafe { (self.ctx.v.ibv_destroy_qp)(self.qp.as_ptr()) };
+        unsafe { (self.ctx().v.ibv_destroy_qp)(self.qp.as_ptr()) };
     }
 }
 
@@ -856,7 +864,7 @@ impl RcQp {
         let mut attr: ibv_qp_attr = ibv::zeroed();
         attr.qp_state = IBV_QPS_RESET;
         // SAFETY: `qp` is alive; `attr` is valid for the call.
-        let rc = unsafe { (self.ctx.v.ibv_modify_qp)(self.qp.as_ptr(), &mut attr, IBV_QP_STATE) };
+        let rc = unsafe { (self.ctx().v.ibv_modify_qp)(self.qp.as_ptr(), &mut attr, IBV_QP_STATE) };
         check(rc, "ibv_modify_qp to RESET")
     }
 }
