@@ -1,5 +1,5 @@
 //! The rdma backend's logic apart from the port (`backend::local`), on the simulated
-//! fabric whose delivery thread stands for the umad receive thread: the thread that runs
+//! fabric whose delivery thread stands for the umad port's thread: the thread that runs
 //! the driver for an incoming MAD must never run the application's completions (review
 //! 31b, finding 2). With completions run inline on that thread (the rdma backend's
 //! earlier `InProcess` handle), a completion that makes a blocking call hangs it, and a

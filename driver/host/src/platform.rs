@@ -174,6 +174,12 @@ impl HostPlatform {
         *self.hca.lock().unwrap_or_else(PoisonError::into_inner) = Some((ca_guid, port));
     }
 
+    /// Whether PASSIVE_LEVEL work is asked for and not yet taken (a look: the runner's
+    /// tests watch it run).
+    pub fn passive_work_asked(&self) -> bool {
+        self.passive_work.load(std::sync::atomic::Ordering::Acquire)
+    }
+
     /// Whether PASSIVE_LEVEL work was asked for since the last call (and forgets it).
     pub fn take_passive_work(&self) -> bool {
         self.passive_work

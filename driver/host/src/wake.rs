@@ -1,5 +1,5 @@
 //! How a node's platform tells whoever runs the node (the fabric's real-time thread, a
-//! RoCEv2 port's transmit thread, ib_umad's timer thread) that it has a MAD to send or a
+//! RoCEv2 port's transmit thread, ib_umad's port thread) that it has a MAD to send or a
 //! new timer deadline.
 
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -8,8 +8,13 @@ use std::time::Duration;
 
 use ibcm_cep::Instant;
 
+/// How a timer-only runner is woken: it waits on files of its own (ib_umad's port thread
+/// polls the umad file, the device's async events and an eventfd), and this raises the
+/// one that wakes it (writes the eventfd). Raised, it stays readable until the runner
+/// reads it, so a raise between the runner's last look and its wait is not lost.
+pub type Raise = Box<dyn Fn() + Send + Sync>;
+
 /// Wakes the real-time runner when a node has something to send or re-arms its timer.
-#[derive(Debug)]
 pub struct Wake {
     /// Signalled and not yet consumed by the runner. `notify` sets it outside the lock, so
     /// that every MAD sent while the runner is busy (or, in virtual time, never waits)
@@ -19,8 +24,18 @@ pub struct Wake {
     /// (it reads the timer again before it sleeps).
     lock: Mutex<Option<Instant>>,
     cv: Condvar,
-    /// Whether the runner carries the node's MADs (a MAD queued wakes it).
-    carries_sends: bool,
+    /// A timer-only runner's wake ([`Wake::timer_only`]); `None`: the runner carries the
+    /// node's MADs (a MAD queued wakes it) and sleeps on the condvar.
+    raise: Option<Raise>,
+}
+
+impl core::fmt::Debug for Wake {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.debug_struct("Wake")
+            .field("signalled", &self.signalled)
+            .field("carries_sends", &self.raise.is_none())
+            .finish_non_exhaustive()
+    }
 }
 
 impl Default for Wake {
@@ -31,31 +46,41 @@ impl Default for Wake {
 
 impl Wake {
     /// For a runner that carries its node's MADs (the fabric's real-time thread, a RoCEv2
-    /// port's transmit thread): every MAD queued and every timer change wakes it.
+    /// port's transmit thread): every MAD queued and every timer change wakes it, from
+    /// its sleep in [`wait`](Self::wait).
     pub fn carrying_sends() -> Self {
-        Self::new(true)
+        Self::new(None)
     }
 
     /// For a runner that only runs its node's timer and PASSIVE_LEVEL work, the MADs
-    /// written by the threads that queue them (ib_umad's callers): a MAD queued does not
-    /// wake it, and a timer re-armed wakes it only when due before the deadline it sleeps
-    /// until ([`wait_for_timer`](Self::wait_for_timer)). Each wake is a context switch
-    /// there and back; a connection re-arms the timer twice (its REP's, then its RTU's).
-    pub fn timer_only() -> Self {
-        Self::new(false)
+    /// written by the threads that queue them (ib_umad's callers), and that waits on
+    /// files of its own ([`sleep_for_timer`](Self::sleep_for_timer)), woken by `raise`: a
+    /// MAD queued does not wake it, and a timer re-armed wakes it only when due before
+    /// the deadline it sleeps until. Each wake is a context switch there and back; a
+    /// connection re-arms the timer twice (its REP's, then its RTU's).
+    pub fn timer_only(raise: Raise) -> Self {
+        Self::new(Some(raise))
     }
 
-    fn new(carries_sends: bool) -> Self {
+    fn new(raise: Option<Raise>) -> Self {
         Self {
             signalled: AtomicBool::new(false),
             lock: Mutex::new(None),
             cv: Condvar::new(),
-            carries_sends,
+            raise,
         }
     }
 
     fn sleep(&self) -> MutexGuard<'_, Option<Instant>> {
         self.lock.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Wakes the runner from its sleep.
+    fn wake_runner(&self) {
+        match &self.raise {
+            Some(raise) => raise(),
+            None => self.cv.notify_one(),
+        }
     }
 
     /// Signals the runner.
@@ -67,16 +92,19 @@ impl Wake {
         }
         if !self.signalled.swap(true, Ordering::AcqRel) {
             // The first signal since the runner last woke: passing through the lock
-            // orders it after a runner that checked the flag and is about to wait, so the
-            // notification reaches it.
-            drop(self.sleep());
-            self.cv.notify_one();
+            // orders it after a runner that checked the flag and is about to wait on the
+            // condvar, so the notification reaches it (a raised file needs no such
+            // order: it stays readable).
+            if self.raise.is_none() {
+                drop(self.sleep());
+            }
+            self.wake_runner();
         }
     }
 
     /// A MAD was queued: the runner is signalled if it carries MADs.
     pub fn sent(&self) {
-        if self.carries_sends {
+        if self.raise.is_none() {
             self.notify();
         }
     }
@@ -87,26 +115,27 @@ impl Wake {
     /// timer; a disarmed timer wakes nobody (the runner wakes at its old deadline, finds
     /// nothing due and sleeps again).
     pub fn timer_set(&self, deadline: Option<Instant>) {
-        if self.carries_sends {
+        if self.raise.is_none() {
             self.notify();
             return;
         }
         let Some(deadline) = deadline else {
             return;
         };
-        // Under the lock the runner holds from reading the timer until it waits: either
-        // it reads this deadline, or it already sleeps and its deadline is here.
+        // Under the lock the runner holds from reading the timer until it has published
+        // the deadline it sleeps until: either it reads this deadline, or its deadline is
+        // here.
         let sleep = self.sleep();
         if sleep.is_some_and(|until| deadline < until) {
             self.signalled.store(true, Ordering::Release);
             drop(sleep);
-            self.cv.notify_one();
+            self.wake_runner();
         }
     }
 
     /// Waits up to `timeout` for a [`notify`](Self::notify): the sleep between rounds of a
     /// runner that carries MADs. A timer-only runner sleeps in
-    /// [`wait_for_timer`](Self::wait_for_timer), which `timer_set` knows the deadline of.
+    /// [`sleep_for_timer`](Self::sleep_for_timer), which `timer_set` knows the deadline of.
     pub fn wait(&self, timeout: Duration) {
         let guard = self.sleep();
         let _ = self
@@ -119,29 +148,27 @@ impl Wake {
     /// A timer-only runner's sleep: `read` gives the time and the timer's deadline, both
     /// read under the lock [`timer_set`](Self::timer_set) takes (so a deadline set
     /// meanwhile is not missed, and waiting for the lock does not lengthen the sleep);
-    /// sleeps until that deadline, at most `longest`, or until signalled. Returns at once
-    /// when the timer is due.
-    pub fn wait_for_timer(
+    /// `wait` then waits on the runner's files, the raised one among them, for the time
+    /// until that deadline, at most `longest`, zero when the timer is due (the files are
+    /// still looked at). The runner reads the raised file when `wait` finds it readable,
+    /// and does its work after this returns: a signal from then on raises it again.
+    pub fn sleep_for_timer(
         &self,
         longest: Duration,
         read: impl FnOnce() -> (Instant, Option<Instant>),
+        wait: impl FnOnce(Duration),
     ) {
         let mut sleep = self.sleep();
         let (now, armed) = read();
         let cap = now.add_nanos(u64::try_from(longest.as_nanos()).unwrap_or(u64::MAX));
         let until = armed.map_or(cap, |t| t.min(cap));
-        let wait = until.nanos_since(now);
-        if wait == 0 {
-            return;
+        let timeout = until.nanos_since(now);
+        if timeout > 0 {
+            *sleep = Some(until);
         }
-        *sleep = Some(until);
-        let (mut sleep, _) = self
-            .cv
-            .wait_timeout_while(sleep, Duration::from_nanos(wait), |_| {
-                !self.signalled.load(Ordering::Acquire)
-            })
-            .unwrap_or_else(PoisonError::into_inner);
-        *sleep = None;
+        drop(sleep);
+        wait(Duration::from_nanos(timeout));
+        *self.sleep() = None;
         self.signalled.store(false, Ordering::Release);
     }
 }
@@ -149,33 +176,59 @@ impl Wake {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::sync::Arc;
+    use std::sync::atomic::AtomicUsize;
+    use std::sync::mpsc::{Receiver, channel};
 
     fn ms(n: u64) -> Instant {
         Instant::from_nanos(n * 1_000_000)
+    }
+
+    /// A timer-only wake whose raised file is a channel (it stays readable until read, as
+    /// an eventfd does), and the count of raises.
+    fn raised() -> (Arc<Wake>, Receiver<()>, Arc<AtomicUsize>) {
+        let (tx, rx) = channel();
+        let raises = Arc::new(AtomicUsize::new(0));
+        let count = Arc::clone(&raises);
+        let wake = Wake::timer_only(Box::new(move || {
+            count.fetch_add(1, Ordering::Relaxed);
+            let _ = tx.send(());
+        }));
+        (Arc::new(wake), rx, raises)
+    }
+
+    /// The runner's wait: the raised file, read when readable, for at most `timeout`.
+    fn wait_on(file: &Receiver<()>, timeout: Duration) {
+        if file.recv_timeout(timeout).is_ok() {
+            while file.try_recv().is_ok() {}
+        }
     }
 
     /// A timer-only runner is not woken by a MAD queued, nor by a deadline at or after the
     /// one it sleeps until, and is woken by an earlier one.
     #[test]
     fn a_timer_only_runner_wakes_for_an_earlier_deadline_only() {
-        let wake = Wake::timer_only();
+        let (wake, _file, raises) = raised();
         *wake.sleep() = Some(ms(100));
         wake.sent();
         wake.timer_set(Some(ms(100)));
         wake.timer_set(Some(ms(150)));
         wake.timer_set(None);
         assert!(!wake.signalled.load(Ordering::Acquire));
+        assert_eq!(raises.load(Ordering::Relaxed), 0);
         wake.timer_set(Some(ms(99)));
         assert!(wake.signalled.load(Ordering::Acquire));
+        assert_eq!(raises.load(Ordering::Relaxed), 1);
     }
 
     /// While the runner runs (it reads the timer before it sleeps), a deadline set wakes
     /// nobody.
     #[test]
     fn a_running_timer_only_runner_is_not_signalled() {
-        let wake = Wake::timer_only();
+        let (wake, _file, raises) = raised();
         wake.timer_set(Some(ms(1)));
         assert!(!wake.signalled.load(Ordering::Acquire));
+        assert_eq!(raises.load(Ordering::Relaxed), 0);
     }
 
     /// A runner that carries MADs is woken by every MAD and every timer change.
@@ -188,22 +241,36 @@ mod tests {
         assert!(wake.signalled.swap(false, Ordering::AcqRel));
     }
 
-    /// The sleep ends at the timer, is capped at `longest`, and is skipped when the timer
-    /// is due; an earlier deadline set from another thread ends it.
+    /// The wait is until the timer, capped at `longest`, and zero when the timer is due;
+    /// the runner is awake again once it returns.
     #[test]
-    fn wait_for_timer_sleeps_until_the_timer_or_an_earlier_one() {
-        let wake = std::sync::Arc::new(Wake::timer_only());
-        let start = std::time::Instant::now();
-        wake.wait_for_timer(Duration::from_secs(5), || (ms(10), Some(ms(10))));
-        wake.wait_for_timer(Duration::from_secs(5), || (ms(10), Some(ms(5))));
-        assert!(
-            start.elapsed() < Duration::from_secs(1),
-            "a due timer does not sleep"
-        );
-        let start = std::time::Instant::now();
-        wake.wait_for_timer(Duration::from_millis(20), || (ms(0), None));
-        assert!(start.elapsed() >= Duration::from_millis(20), "capped sleep");
-        let other = std::sync::Arc::clone(&wake);
+    fn the_sleep_lasts_until_the_timer_or_the_cap() {
+        let (wake, _file, _) = raised();
+        let mut waits = Vec::new();
+        for (now, armed) in [
+            (ms(10), Some(ms(10))),
+            (ms(10), Some(ms(5))),
+            (ms(10), Some(ms(25))),
+            (ms(0), None),
+            (ms(0), Some(ms(30_000))),
+        ] {
+            wake.sleep_for_timer(
+                Duration::from_millis(50),
+                || (now, armed),
+                |t| waits.push(t),
+            );
+            assert!(wake.sleep().is_none(), "awake again");
+        }
+        let ms = Duration::from_millis;
+        assert_eq!(waits, [ms(0), ms(0), ms(15), ms(50), ms(50)]);
+    }
+
+    /// An earlier deadline set from another thread while the runner sleeps raises its
+    /// file and ends the sleep.
+    #[test]
+    fn an_earlier_deadline_ends_the_sleep() {
+        let (wake, file, raises) = raised();
+        let other = Arc::clone(&wake);
         let setter = std::thread::spawn(move || {
             let begun = std::time::Instant::now();
             while other.sleep().is_none() && begun.elapsed() < Duration::from_secs(5) {
@@ -212,7 +279,11 @@ mod tests {
             other.timer_set(Some(ms(1)));
         });
         let start = std::time::Instant::now();
-        wake.wait_for_timer(Duration::from_secs(30), || (ms(0), Some(ms(30_000))));
+        wake.sleep_for_timer(
+            Duration::from_secs(30),
+            || (ms(0), Some(ms(30_000))),
+            |t| wait_on(&file, t),
+        );
         setter
             .join()
             .unwrap_or_else(|_| unreachable!("the setter does not panic"));
@@ -220,23 +291,29 @@ mod tests {
             start.elapsed() < Duration::from_secs(10),
             "woken by the earlier deadline"
         );
-        assert!(wake.sleep().is_none(), "awake again");
+        assert_eq!(raises.load(Ordering::Relaxed), 1);
+        assert!(!wake.signalled.load(Ordering::Acquire), "consumed");
     }
 
-    /// The timer is read under the lock `timer_set` takes: a deadline set by another
-    /// thread while the runner decides how long to sleep ends the sleep (seen failing,
-    /// asleep for the whole cap, with the timer read before the lock is taken).
+    /// The timer is read under the lock `timer_set` takes, and the deadline published
+    /// before it is let go: a deadline set by another thread while the runner decides how
+    /// long to sleep ends the sleep (seen failing, asleep for the whole cap, with the
+    /// timer read before the lock is taken).
     #[test]
     fn a_deadline_set_while_the_runner_reads_the_timer_wakes_it() {
-        let wake = std::sync::Arc::new(Wake::timer_only());
-        let other = std::sync::Arc::clone(&wake);
+        let (wake, file, _) = raised();
+        let other = Arc::clone(&wake);
         let start = std::time::Instant::now();
         let mut setter = None;
-        wake.wait_for_timer(Duration::from_secs(30), || {
-            setter = Some(std::thread::spawn(move || other.timer_set(Some(ms(1)))));
-            std::thread::sleep(Duration::from_millis(20));
-            (ms(0), None)
-        });
+        wake.sleep_for_timer(
+            Duration::from_secs(30),
+            || {
+                setter = Some(std::thread::spawn(move || other.timer_set(Some(ms(1)))));
+                std::thread::sleep(Duration::from_millis(20));
+                (ms(0), None)
+            },
+            |t| wait_on(&file, t),
+        );
         if let Some(s) = setter {
             s.join()
                 .unwrap_or_else(|_| unreachable!("the setter does not panic"));
@@ -247,11 +324,12 @@ mod tests {
         );
     }
 
-    /// Passive work and stopping reach a timer-only runner at once, not at its cap.
+    /// Passive work and stopping reach a timer-only runner at once, not at its cap, and a
+    /// notify while it runs is raised again after it slept: none is lost.
     #[test]
     fn notify_wakes_a_timer_only_runner() {
-        let wake = std::sync::Arc::new(Wake::timer_only());
-        let other = std::sync::Arc::clone(&wake);
+        let (wake, file, raises) = raised();
+        let other = Arc::clone(&wake);
         let notifier = std::thread::spawn(move || {
             let begun = std::time::Instant::now();
             while other.sleep().is_none() && begun.elapsed() < Duration::from_secs(5) {
@@ -260,10 +338,28 @@ mod tests {
             other.notify();
         });
         let start = std::time::Instant::now();
-        wake.wait_for_timer(Duration::from_secs(30), || (ms(0), None));
+        wake.sleep_for_timer(
+            Duration::from_secs(30),
+            || (ms(0), None),
+            |t| {
+                wait_on(&file, t);
+            },
+        );
         notifier
             .join()
             .unwrap_or_else(|_| unreachable!("the notifier does not panic"));
         assert!(start.elapsed() < Duration::from_secs(10), "woken by notify");
+        // Consumed on waking: the next notify, made while the runner works, raises again.
+        wake.notify();
+        assert_eq!(raises.load(Ordering::Relaxed), 2);
+        let start = std::time::Instant::now();
+        wake.sleep_for_timer(
+            Duration::from_secs(30),
+            || (ms(0), None),
+            |t| {
+                wait_on(&file, t);
+            },
+        );
+        assert!(start.elapsed() < Duration::from_secs(10), "not lost");
     }
 }

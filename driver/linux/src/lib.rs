@@ -4,8 +4,9 @@
 //!
 //! - [`umad`]: QP1 through the kernel's user MAD interface (`/dev/infiniband/umadN`): an
 //!   agent for the CM class (0x07, version 2), a GRH on every MAD (RoCE), the node's
-//!   timer on the real clock. The kernel's own `ib_cm` must not be loaded: it holds the
-//!   class.
+//!   timer on the real clock, all on one thread per port that waits on the umad file,
+//!   the device's async events and an eventfd (`eventfd`). The kernel's own `ib_cm` must
+//!   not be loaded: it holds the class.
 //! - [`verbs`]: RC QPs, CQs and memory regions through libibverbs (loaded at run time:
 //!   nothing of rdma-core is needed to build); a QP is moved to
 //!   INIT, RTR and RTS with exactly the attributes the engine returned (the user
@@ -13,8 +14,9 @@
 //! - [`cq`]: completion queues, a QP's own (with a channel to sleep on) or shared.
 //! - [`ud`]: UD QPs and address handles, for the datagram services ibcm resolves with
 //!   SIDR (a UD QP's INIT takes a Q_Key; receives start with the 40-byte GRH).
-//! - [`port_events`]: the device's asynchronous events; the port leaving or becoming
-//!   ACTIVE is told to the engine (the port gone, the port told again).
+//! - [`port_events`]: the device's asynchronous events, read by the umad port's thread;
+//!   the port leaving or becoming ACTIVE is told to the engine (the port gone, the port
+//!   told again).
 //! - `pkey_table`: the umad port's P_Key table, read entry by entry as far as lookups
 //!   need.
 //! - `port_indices`: the P_Key and GID indices found in a port's tables, kept until the
@@ -29,6 +31,8 @@
 
 #[cfg(target_os = "linux")]
 pub mod cq;
+#[cfg(target_os = "linux")]
+mod eventfd;
 #[cfg(target_os = "linux")]
 mod ibv;
 #[cfg(target_os = "linux")]

@@ -23,10 +23,13 @@
 //!   `IB_PNP_GID_CHANGE`. Any port's: the context's caches serve every port a QP's
 //!   address vector names. Only the node's port's are counted as such.
 //!
-//! A port that is not ACTIVE when the thread starts (`ibv_query_port`) is told down at
-//! once. The events are read from the context's async fd (`ibv_get_async_event`, each
-//! acknowledged with `ibv_ack_async_event`, libibverbs' contract); the other events are
-//! only counted.
+//! A port that is not ACTIVE when the port starts (`ibv_query_port`) is told down at
+//! once. The events are read from the context's async fd, which the umad port's thread
+//! waits on beside the umad file (`ibv_get_async_event` once it is readable, each
+//! acknowledged with `ibv_ack_async_event`, libibverbs' contract): a port event runs
+//! in the thread that runs the driver's timer and receives, as the KMDF binding's PnP
+//! callback runs the driver's code, with no thread of its own. The other events are only
+//! counted.
 //!
 //! [`Device::port_down`]: ibcm_endpoint::Device::port_down
 //! [`Device::port_up`]: ibcm_endpoint::Device::port_up
@@ -35,9 +38,9 @@
 //! [`Context::forget_gids`]: crate::verbs::Context::forget_gids
 
 use std::io;
+use std::os::fd::RawFd;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::thread::JoinHandle;
 
 use crate::ibv::{
     self, IBV_EVENT_DEVICE_FATAL, IBV_EVENT_GID_CHANGE, IBV_EVENT_PKEY_CHANGE,
@@ -46,10 +49,9 @@ use crate::ibv::{
 use ibcm_host::Node;
 
 use crate::pkey_table::PkeyTable;
-use crate::umad::UmadPort;
 use crate::verbs::Context;
 
-/// What the event thread saw.
+/// What the events were.
 #[derive(Debug, Default)]
 struct Counts {
     port_err: AtomicU64,
@@ -80,68 +82,64 @@ pub struct PortEventCounts {
     pub other: u64,
 }
 
-/// The thread that reads the device's asynchronous events.
+/// The device's asynchronous events, read by the umad port's thread
+/// ([`UmadPort::start`](crate::umad::UmadPort::start)).
 pub struct PortEvents {
-    counts: Arc<Counts>,
-    down_at_start: bool,
-    stop: Arc<AtomicBool>,
-    thread: Option<JoinHandle<()>>,
+    ctx: Arc<Context>,
+    counts: Counts,
+    down_at_start: AtomicBool,
 }
 
 impl PortEvents {
-    /// Starts reading `ctx`'s events for `umad`'s port: its node is told the port's
-    /// state, its P_Key table is read again after a PKEY_CHANGE.
-    pub fn start(ctx: Arc<Context>, umad: &UmadPort) -> io::Result<Self> {
-        let (node, pkeys) = (umad.node(), umad.pkey_table());
-        // An event after this query waits on the async fd for the thread.
+    /// The events of `ctx`, for the umad port to read.
+    pub fn new(ctx: Arc<Context>) -> Self {
+        Self {
+            ctx,
+            counts: Counts::default(),
+            down_at_start: AtomicBool::new(false),
+        }
+    }
+
+    /// Tells `node` its port is down if it is not ACTIVE now; before the port's thread
+    /// starts, so an event after this query waits on the async fd for it.
+    pub(crate) fn attach(&self, node: &Node) -> io::Result<()> {
         let port = node.address.port;
-        let down_at_start = !ctx.port_state(port)?.active;
-        if down_at_start {
+        if !self.ctx.port_state(port)?.active {
+            self.down_at_start.store(true, Ordering::Relaxed);
             node.device.port_down(port);
         }
-        let counts = Arc::new(Counts::default());
-        let stop = Arc::new(AtomicBool::new(false));
-        let thread = {
-            let (counts, stop) = (Arc::clone(&counts), Arc::clone(&stop));
-            std::thread::Builder::new()
-                .name("ibcm-port-events".into())
-                .spawn(move || event_loop(&ctx, &node, &pkeys, &counts, &stop))?
-        };
-        Ok(Self {
-            counts,
-            down_at_start,
-            stop,
-            thread: Some(thread),
-        })
+        Ok(())
+    }
+
+    /// The file to wait on.
+    pub(crate) fn fd(&self) -> RawFd {
+        self.ctx.async_fd()
     }
 
     /// The events so far.
     pub fn counts(&self) -> PortEventCounts {
+        let c = &self.counts;
         PortEventCounts {
-            port_err: self.counts.port_err.load(Ordering::Relaxed),
-            port_active: self.counts.port_active.load(Ordering::Relaxed),
-            device_fatal: self.counts.device_fatal.load(Ordering::Relaxed),
-            pkey_change: self.counts.pkey_change.load(Ordering::Relaxed),
-            gid_change: self.counts.gid_change.load(Ordering::Relaxed),
-            down_at_start: self.down_at_start,
-            other: self.counts.other.load(Ordering::Relaxed),
+            port_err: c.port_err.load(Ordering::Relaxed),
+            port_active: c.port_active.load(Ordering::Relaxed),
+            device_fatal: c.device_fatal.load(Ordering::Relaxed),
+            pkey_change: c.pkey_change.load(Ordering::Relaxed),
+            gid_change: c.gid_change.load(Ordering::Relaxed),
+            down_at_start: self.down_at_start.load(Ordering::Relaxed),
+            other: c.other.load(Ordering::Relaxed),
         }
     }
 }
 
-impl Drop for PortEvents {
-    fn drop(&mut self) {
-        self.stop.store(true, Ordering::Relaxed);
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
-        }
+impl core::fmt::Debug for PortEvents {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.debug_struct("PortEvents")
+            .field("counts", &self.counts())
+            .finish_non_exhaustive()
     }
 }
 
-/// The poll interval: how long the thread takes to see `stop`.
-const POLL_MS: i32 = 100;
-
-/// What an event asks of the thread.
+/// What an event asks for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Action {
     PortDown,
@@ -177,24 +175,17 @@ fn action(kind: u32, event_port: i32, port: u8) -> Action {
     }
 }
 
-fn event_loop(ctx: &Context, node: &Node, pkeys: &PkeyTable, counts: &Counts, stop: &AtomicBool) {
-    let port = node.address.port;
-    while !stop.load(Ordering::Relaxed) {
-        let mut fds = libc::pollfd {
-            fd: ctx.async_fd(),
-            events: libc::POLLIN,
-            revents: 0,
-        };
-        // SAFETY: one valid pollfd for the call.
-        let n = unsafe { libc::poll(&mut fds, 1, POLL_MS) };
-        if n <= 0 || fds.revents & libc::POLLIN == 0 {
-            continue;
-        }
+impl PortEvents {
+    /// Takes one event, the async fd being readable (so the call does not block), and
+    /// tells `node` (its port's P_Key table `pkeys`) what it means.
+    pub(crate) fn take(&self, node: &Node, pkeys: &PkeyTable) {
+        let (ctx, counts) = (&*self.ctx, &self.counts);
+        let port = node.address.port;
         let mut ev: ibv_async_event = ibv::zeroed();
         // SAFETY: the context is open (the Arc keeps it); the fd is readable, so the call
         // does not block.
         if unsafe { (ctx.verbs().ibv_get_async_event)(ctx.raw(), &mut ev) } != 0 {
-            continue;
+            return;
         }
         // SAFETY: the union is plain data, zeroed and then filled by the call, and any bits
         // are a valid c_int; port events carry the port number there (verbs.h), and

@@ -21,7 +21,7 @@
 use std::fs::{File, OpenOptions};
 use std::io::{self, Read, Write};
 use std::net::Ipv4Addr;
-use std::os::fd::AsRawFd;
+use std::os::fd::{AsRawFd, RawFd};
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -36,7 +36,9 @@ use ibcm_host::wire::{DEFAULT_PKEY, QP1_QKEY};
 use ibcm_host::{Clock, Node, Wake};
 use ibcm_mad::{CM_CLASS, CM_CLASS_VERSION, MAD_SIZE};
 
+use crate::eventfd::EventFd;
 use crate::pkey_table::PkeyTable;
+use crate::port_events::PortEvents;
 use crate::sysfs;
 
 /// Methods received unsolicited: Get (0x01), Set (0x02), Send (0x03) (IBA 13.4.5, Table 150).
@@ -94,10 +96,10 @@ pub struct UmadCounts {
     pub write_time: Duration,
     /// MADs written by the caller of an IOCTL (its flush after the dispatch).
     pub written_by_caller: u64,
-    /// MADs written by the receive thread (what a MAD read made the driver send).
+    /// MADs written by the port's thread after a MAD read (what it made the driver send).
     pub written_by_receiver: u64,
-    /// MADs written by the timer thread (what a timer pass or passive work sent, and
-    /// what its periodic sweep found left queued).
+    /// MADs written by the port's thread after a timer pass, passive work or a port event,
+    /// and what its periodic sweep found left queued.
     pub written_by_timer: u64,
 }
 
@@ -106,9 +108,9 @@ pub struct UmadCounts {
 pub enum Writer {
     /// The caller of an IOCTL.
     Caller,
-    /// The umad receive thread.
+    /// The port's thread, after a MAD read.
     Receiver,
-    /// The timer thread.
+    /// The port's thread, after a timer pass, passive work or a port event, or sweeping.
     Timer,
 }
 
@@ -179,12 +181,11 @@ pub struct UmadPort {
     sender: Arc<Sender>,
     config: UmadConfig,
     guid: u64,
-    pkeys: Arc<PkeyTable>,
     path: PathBuf,
     stats: Arc<Stats>,
     stop: Arc<AtomicBool>,
     wake: Arc<Wake>,
-    threads: Vec<JoinHandle<()>>,
+    thread: Option<JoinHandle<()>>,
 }
 
 impl core::fmt::Debug for UmadPort {
@@ -238,9 +239,15 @@ fn register_agent(file: &File) -> io::Result<u32> {
 }
 
 impl UmadPort {
-    /// Opens the port's umad device, registers the CM agent and starts the threads. Every
-    /// write takes its source GID's index from `gid_index`.
-    pub fn start(config: &UmadConfig, gid_index: GidIndex) -> io::Result<Self> {
+    /// Opens the port's umad device, registers the CM agent and starts the port's thread,
+    /// which receives MADs, runs the driver's timer and PASSIVE_LEVEL work, and reads
+    /// `events` (the device's asynchronous events: the port's state, its table changes).
+    /// Every write takes its source GID's index from `gid_index`.
+    pub fn start(
+        config: &UmadConfig,
+        gid_index: GidIndex,
+        events: Option<Arc<PortEvents>>,
+    ) -> io::Result<Self> {
         let config = config.clone();
         let path = sysfs::umad_path(&config.device, config.port)?;
         let guid = sysfs::node_guid(&config.device)?;
@@ -257,13 +264,22 @@ impl UmadPort {
         let mut rng_seed = [0u8; 32];
         rng_seed[..8].copy_from_slice(&seed.to_le_bytes());
         rng_seed[8..16].copy_from_slice(&guid.to_le_bytes());
-        let wake = Arc::new(Wake::timer_only());
+        let signal = Arc::new(EventFd::new()?);
+        let wake = {
+            let signal = Arc::clone(&signal);
+            Arc::new(Wake::timer_only(Box::new(move || signal.raise())))
+        };
         let node = Arc::new(Node::new(
             CmConfig::new(guid, rng_seed),
             roce_address(config.local, DEFAULT_PKEY),
             Arc::new(Clock::real()),
             Arc::clone(&wake),
         ));
+        if let Some(events) = &events {
+            events
+                .attach(&node)
+                .map_err(|e| io::Error::new(e.kind(), format!("the port's state: {e}")))?;
+        }
         let stats = Arc::new(Stats::default());
         let stop = Arc::new(AtomicBool::new(false));
         let sender = Arc::new(Sender {
@@ -274,55 +290,37 @@ impl UmadPort {
             stats: Arc::clone(&stats),
             order: Mutex::new(()),
         });
-        let mut threads = Vec::new();
-        {
-            let (node, sender, stats, stop) = (
-                Arc::clone(&node),
-                Arc::clone(&sender),
-                Arc::clone(&stats),
-                Arc::clone(&stop),
-            );
-            threads.push(
-                std::thread::Builder::new()
-                    .name("ibcm-umad-rx".into())
-                    .spawn({
-                        let pkeys = Arc::clone(&pkeys);
-                        move || receive_loop(&node, &file, &pkeys, &sender, &stats, &stop)
-                    })?,
-            );
-        }
-        {
-            let (node, sender, stats, stop, wake) = (
-                Arc::clone(&node),
-                Arc::clone(&sender),
-                Arc::clone(&stats),
-                Arc::clone(&stop),
-                Arc::clone(&wake),
-            );
-            threads.push(
-                std::thread::Builder::new()
-                    .name("ibcm-umad-timer".into())
-                    .spawn(move || timer_loop(&node, &sender, &stats, &stop, &wake))?,
-            );
-        }
+        let thread = PortThread {
+            node: Arc::clone(&node),
+            file,
+            pkeys: Arc::clone(&pkeys),
+            sender: Arc::clone(&sender),
+            stats: Arc::clone(&stats),
+            stop: Arc::clone(&stop),
+            wake: Arc::clone(&wake),
+            signal,
+            events,
+        };
+        let thread = std::thread::Builder::new()
+            .name("ibcm-umad".into())
+            .spawn(move || thread.run())?;
         Ok(Self {
             node,
             sender,
             config,
             guid,
-            pkeys,
             path,
             stats,
             stop,
             wake,
-            threads,
+            thread: Some(thread),
         })
     }
 
     /// The node. Open it with the user library's `Provider::open_rdma`, whose handles
-    /// run their completions on a thread of their own: the port's receive and timer
-    /// threads complete requests, and an application's completion run there would stop
-    /// the port while it blocks.
+    /// run their completions on a thread of their own: the port's thread completes
+    /// requests, and an application's completion run there would stop the port while it
+    /// blocks.
     pub fn node(&self) -> Arc<Node> {
         Arc::clone(&self.node)
     }
@@ -337,12 +335,6 @@ impl UmadPort {
         (self.sender.gid_index)()
     }
 
-    /// The port's P_Key table, read as far as lookups need (read again after the port's
-    /// PKEY_CHANGE: `port_events`).
-    pub(crate) fn pkey_table(&self) -> Arc<PkeyTable> {
-        Arc::clone(&self.pkeys)
-    }
-
     /// The local address.
     pub fn local(&self) -> Ipv4Addr {
         self.config.local
@@ -355,7 +347,7 @@ impl UmadPort {
 
     /// Writes what the driver has queued to send, in this thread: call it after running
     /// the driver (an IOCTL), so that its MADs leave before the call returns, as a
-    /// driver's do (the timer thread would write them otherwise, a thread switch later).
+    /// driver's do (the port's thread would write them otherwise, a thread switch later).
     pub fn flush(&self) {
         self.sender.flush(&self.node, Writer::Caller);
     }
@@ -397,7 +389,7 @@ impl UmadPort {
             .clone()
     }
 
-    /// Stops the threads (what was queued to send is sent first).
+    /// Stops the port's thread (what was queued to send is sent first).
     pub fn stop(mut self) {
         self.halt();
     }
@@ -405,7 +397,7 @@ impl UmadPort {
     fn halt(&mut self) {
         self.stop.store(true, Ordering::Release);
         self.wake.notify();
-        for t in self.threads.drain(..) {
+        if let Some(t) = self.thread.take() {
             let _ = t.join();
         }
     }
@@ -414,47 +406,6 @@ impl UmadPort {
 impl Drop for UmadPort {
     fn drop(&mut self) {
         self.halt();
-    }
-}
-
-/// What waiting for the umad file found.
-enum Ready {
-    /// A MAD (or a send report) is queued.
-    Readable,
-    /// Nothing within the wait, or a signal.
-    Idle,
-    /// The file will never be readable again: ib_umad_poll returns EPOLLERR alone once
-    /// the port's agents are dead (the device went away; drivers/infiniband/core/
-    /// user_mad.c, ib_umad_poll).
-    Gone(String),
-}
-
-/// Waits up to 50 ms for the file to be readable.
-fn readable(file: &File) -> Ready {
-    let mut fds = libc::pollfd {
-        fd: file.as_raw_fd(),
-        events: libc::POLLIN,
-        revents: 0,
-    };
-    // SAFETY: one valid pollfd, alive for the call.
-    let n = unsafe { libc::poll(&mut fds, 1, 50) };
-    if n < 0 {
-        let e = io::Error::last_os_error();
-        return if e.kind() == io::ErrorKind::Interrupted {
-            Ready::Idle
-        } else {
-            Ready::Gone(format!("poll on the umad file failed: {e}"))
-        };
-    }
-    if n > 0 && fds.revents & libc::POLLIN != 0 {
-        Ready::Readable
-    } else if n > 0 && fds.revents & (libc::POLLERR | libc::POLLHUP | libc::POLLNVAL) != 0 {
-        Ready::Gone(format!(
-            "the umad file reports poll events {:#x} (the device went away)",
-            fds.revents
-        ))
-    } else {
-        Ready::Idle
     }
 }
 
@@ -527,68 +478,6 @@ pub fn parse(read: &[u8], pkey_at: impl Fn(usize) -> Option<u16>) -> Incoming<'_
     Incoming::Mad { from, mad }
 }
 
-fn receive_loop(
-    node: &Node,
-    file: &File,
-    pkeys: &PkeyTable,
-    sender: &Sender,
-    stats: &Stats,
-    stop: &AtomicBool,
-) {
-    let mut buf = [0u8; HDR_LEN + MAD_SIZE];
-    let mut reader = file;
-    let mut backoff = Duration::ZERO;
-    let mut read_errors: Vec<io::ErrorKind> = Vec::new();
-    while !stop.load(Ordering::Acquire) {
-        match readable(file) {
-            Ready::Readable => {}
-            Ready::Idle => continue,
-            Ready::Gone(why) => {
-                stats.fault(format!("{why}: no MAD will be received"));
-                return;
-            }
-        }
-        let n = match reader.read(&mut buf) {
-            Ok(n) => {
-                backoff = Duration::ZERO;
-                n
-            }
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-            // ib_umad_read fails with EIO once the port's agents are dead, ENODEV
-            // when the device is gone (user_mad.c, ib_umad_read).
-            Err(e) if matches!(e.raw_os_error(), Some(libc::EIO | libc::ENODEV)) => {
-                stats.fault(format!(
-                    "reading the umad file: {e}; no MAD will be received"
-                ));
-                return;
-            }
-            Err(e) => {
-                // Anything else may last (a packet the kernel requeues after a failed
-                // copy): reported once per kind, counted, and retried after a pause
-                // that doubles while the errors go on, not in a busy loop.
-                bump(&stats.dropped);
-                if !read_errors.contains(&e.kind()) {
-                    read_errors.push(e.kind());
-                    stats.warn(format!("reading the umad file: {e} (retrying)"));
-                }
-                backoff = (backoff * 2).clamp(Duration::from_millis(1), MAX_BACKOFF);
-                std::thread::sleep(backoff);
-                continue;
-            }
-        };
-        match parse(buf.get(..n).unwrap_or(&[]), |i| pkeys.at(i)) {
-            Incoming::Mad { from, mad } => {
-                bump(&stats.received);
-                tracing::debug!(target: "ibcm", attribute = format_args!("{:#06x}", attribute(mad)), "umad: MAD read");
-                guarded(stats, "receiving a MAD", || node.receive(&from, mad));
-                // What the MAD made the driver send (a DREP, a duplicate's answer, ...).
-                sender.flush(node, Writer::Receiver);
-            }
-            Incoming::Drop => bump(&stats.dropped),
-        }
-    }
-}
-
 /// A MAD's attribute ID (bytes 16..18, IBA 13.4.2), for traces.
 fn attribute(mad: &[u8]) -> u16 {
     mad.get(16..18)
@@ -622,7 +511,7 @@ pub fn frame(
 }
 
 /// Writes the driver's MADs to the umad file: whoever has just run the driver (the
-/// caller of an IOCTL, the receive thread, the timer thread) writes what it queued, in
+/// caller of an IOCTL, the port's thread) writes what it queued, in
 /// that thread, as a driver posts its sends from the dispatch routine or DPC that made
 /// them, rather than handing them to another thread (a thread switch per MAD on the
 /// critical path of every connection).
@@ -687,40 +576,242 @@ impl Sender {
     }
 }
 
-/// How often the timer thread writes what is left queued by a thread that does not
-/// flush (the port-event thread: a port going down ends connections).
+/// The longest the port's thread sleeps: what a thread that does not flush left queued
+/// is written within it (none does now; a sweep is cheap, a MAD left behind is a lost
+/// connection).
 const SWEEP: Duration = Duration::from_millis(50);
 
-/// The node's timer on the real clock, the PASSIVE_LEVEL work its DISPATCH_LEVEL paths
-/// ask for, and what those send.
+/// The port's one thread, as a driver's DPC and PnP callbacks are its code run by the
+/// system rather than threads of its own: it waits on the umad file, the device's async
+/// events and an eventfd together, and runs the node's timer on the real clock, the
+/// PASSIVE_LEVEL work its DISPATCH_LEVEL paths ask for, the MADs read and the port
+/// events, writing what each made the driver send.
 ///
-/// The node's wake is timer-only ([`Wake::timer_only`]): the caller of an IOCTL and the
-/// receive thread write what they queued themselves (a flush here would race them for
-/// it), so a MAD queued does not wake this thread, and a timer re-armed wakes it only
-/// when due before the deadline it sleeps until. This thread writes after it ran the
-/// driver (a timer pass, passive work) and sweeps leftovers every [`SWEEP`].
-fn timer_loop(node: &Node, sender: &Sender, stats: &Stats, stop: &AtomicBool, wake: &Wake) {
-    let mut swept = std::time::Instant::now();
-    loop {
-        let stopping = stop.load(Ordering::Acquire);
-        let now = node.platform.now();
-        let mut ran = false;
-        if node.platform.timer().is_some_and(|t| t <= now) {
-            guarded(stats, "a timer pass", || node.fire_timer());
-            ran = true;
+/// The node's wake is timer-only ([`Wake::timer_only`]): the caller of an IOCTL writes
+/// what it queued itself (a flush here would race it for it), so a MAD queued does not
+/// wake this thread, and a timer re-armed raises the eventfd only when due before the
+/// deadline it sleeps until.
+struct PortThread {
+    node: Arc<Node>,
+    file: Arc<File>,
+    pkeys: Arc<PkeyTable>,
+    sender: Arc<Sender>,
+    stats: Arc<Stats>,
+    stop: Arc<AtomicBool>,
+    wake: Arc<Wake>,
+    signal: Arc<EventFd>,
+    events: Option<Arc<PortEvents>>,
+}
+
+/// Receiving from the umad file: whether it still can, and the pause after read errors.
+#[derive(Default)]
+struct Receiving {
+    /// The file will never be readable again (the device went away): the thread goes on
+    /// running the timer, so that what waits for an answer times out.
+    gone: bool,
+    /// After read errors in a row, no read before this.
+    paused_until: Option<std::time::Instant>,
+    backoff: Duration,
+    /// The kinds of read error reported so far (each once).
+    read_errors: Vec<io::ErrorKind>,
+}
+
+/// What one wait found ready.
+#[derive(Debug, Default, PartialEq, Eq)]
+struct Ready {
+    /// The eventfd was raised.
+    signal: bool,
+    /// A MAD (or a send report) is queued on the umad file.
+    umad: bool,
+    /// The umad file will never be readable again: ib_umad_poll returns EPOLLERR alone
+    /// once the port's agents are dead (the device went away; drivers/infiniband/core/
+    /// user_mad.c, ib_umad_poll).
+    umad_gone: Option<String>,
+    /// An async event is queued.
+    event: bool,
+    /// The async fd reports an error without an event (the context is dead).
+    events_gone: Option<i16>,
+}
+
+/// Waits up to `timeout` for any of `fds` (signal, umad, events; a negative fd is not
+/// waited on), with `ppoll`'s nanosecond timeout (the timer's deadline, not rounded up to
+/// a millisecond).
+fn wait(fds: [RawFd; 3], timeout: Duration) -> io::Result<[i16; 3]> {
+    let mut p = fds.map(|fd| libc::pollfd {
+        fd,
+        events: libc::POLLIN,
+        revents: 0,
+    });
+    let ts = libc::timespec {
+        tv_sec: libc::time_t::try_from(timeout.as_secs()).unwrap_or(libc::time_t::MAX),
+        tv_nsec: libc::c_long::from(timeout.subsec_nanos() as i32),
+    };
+    // SAFETY: three valid pollfds and a timespec, alive for the call; no signal mask.
+    let n = unsafe {
+        libc::ppoll(
+            p.as_mut_ptr(),
+            p.len() as libc::nfds_t,
+            &ts,
+            std::ptr::null(),
+        )
+    };
+    if n < 0 {
+        let e = io::Error::last_os_error();
+        return if e.kind() == io::ErrorKind::Interrupted {
+            Ok([0; 3])
+        } else {
+            Err(e)
+        };
+    }
+    Ok(p.map(|p| p.revents))
+}
+
+/// What `revents` of one file say.
+fn readable(revents: i16) -> bool {
+    revents & libc::POLLIN != 0
+}
+
+/// An error without data: nothing will come.
+fn broken(revents: i16) -> bool {
+    !readable(revents) && revents & (libc::POLLERR | libc::POLLHUP | libc::POLLNVAL) != 0
+}
+
+impl PortThread {
+    fn run(&self) {
+        let node = &*self.node;
+        let mut receiving = Receiving::default();
+        let mut events = self.events.as_deref();
+        let mut swept = std::time::Instant::now();
+        loop {
+            let stopping = self.stop.load(Ordering::Acquire);
+            let now = node.platform.now();
+            let mut ran = false;
+            if node.platform.timer().is_some_and(|t| t <= now) {
+                guarded(&self.stats, "a timer pass", || node.fire_timer());
+                ran = true;
+            }
+            // The work item the device asks for when its record pool runs low or timewait
+            // frees memory (trims, deferred timer passes), as KMDF's work item and the
+            // simulated fabric run it; an atomic swap when nothing was asked.
+            ran |= guarded(&self.stats, "passive work", || node.run_passive_work()).unwrap_or(true);
+            if ran || stopping || swept.elapsed() >= SWEEP {
+                self.sender.flush(node, Writer::Timer);
+                swept = std::time::Instant::now();
+            }
+            if stopping {
+                return;
+            }
+            let ready = self.wait(&receiving, events);
+            if ready.signal {
+                self.signal.clear();
+            }
+            if let Some(why) = ready.umad_gone {
+                self.stats.fault(format!("{why}: no MAD will be received"));
+                receiving.gone = true;
+            }
+            if let (Some(e), true) = (events, ready.event) {
+                guarded(&self.stats, "a port event", || e.take(node, &self.pkeys));
+                // What the event made the driver send (a port down ends connections).
+                self.sender.flush(node, Writer::Timer);
+            }
+            if let Some(revents) = ready.events_gone {
+                self.stats.warn(format!(
+                    "the device's async events report poll events {revents:#x}: no port event will be read"
+                ));
+                events = None;
+            }
+            if ready.umad {
+                self.receive(&mut receiving);
+            }
         }
-        // The work item the device asks for when its record pool runs low or timewait
-        // frees memory (trims, deferred timer passes), as KMDF's work item and the
-        // simulated fabric run it; an atomic swap when nothing was asked.
-        ran |= guarded(stats, "passive work", || node.run_passive_work()).unwrap_or(true);
-        if ran || stopping || swept.elapsed() >= SWEEP {
-            sender.flush(node, Writer::Timer);
-            swept = std::time::Instant::now();
+    }
+
+    /// Sleeps until the node's timer, at most [`SWEEP`], or until a file is ready.
+    fn wait(&self, receiving: &Receiving, events: Option<&PortEvents>) -> Ready {
+        let node = &*self.node;
+        let paused = receiving
+            .paused_until
+            .map(|t| t.saturating_duration_since(std::time::Instant::now()))
+            .filter(|left| !left.is_zero());
+        let umad = if receiving.gone || paused.is_some() {
+            -1
+        } else {
+            self.file.as_raw_fd()
+        };
+        let fds = [self.signal.fd(), umad, events.map_or(-1, PortEvents::fd)];
+        let mut ready = Ready::default();
+        self.wake.sleep_for_timer(
+            SWEEP,
+            || (node.platform.now(), node.platform.timer()),
+            |timeout| match wait(fds, paused.map_or(timeout, |p| p.min(timeout))) {
+                Ok([signal, umad, event]) => {
+                    ready = Ready {
+                        signal: readable(signal),
+                        umad: readable(umad),
+                        umad_gone: broken(umad).then(|| {
+                            format!(
+                                "the umad file reports poll events {umad:#x} (the device went away)"
+                            )
+                        }),
+                        event: readable(event),
+                        events_gone: broken(event).then_some(event),
+                    };
+                }
+                Err(e) => {
+                    ready.umad_gone = Some(format!("poll on the umad file failed: {e}"));
+                }
+            },
+        );
+        ready
+    }
+
+    /// Reads one MAD (the file is readable) and hands it to the driver.
+    fn receive(&self, receiving: &mut Receiving) {
+        let mut buf = [0u8; HDR_LEN + MAD_SIZE];
+        let n = match (&*self.file).read(&mut buf) {
+            Ok(n) => {
+                receiving.backoff = Duration::ZERO;
+                receiving.paused_until = None;
+                n
+            }
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => return,
+            // ib_umad_read fails with EIO once the port's agents are dead, ENODEV when
+            // the device is gone (user_mad.c, ib_umad_read).
+            Err(e) if matches!(e.raw_os_error(), Some(libc::EIO | libc::ENODEV)) => {
+                self.stats.fault(format!(
+                    "reading the umad file: {e}; no MAD will be received"
+                ));
+                receiving.gone = true;
+                return;
+            }
+            Err(e) => {
+                // Anything else may last (a packet the kernel requeues after a failed
+                // copy): reported once per kind, counted, and retried after a pause that
+                // doubles while the errors go on, not in a busy loop; the timer runs on
+                // meanwhile.
+                bump(&self.stats.dropped);
+                if !receiving.read_errors.contains(&e.kind()) {
+                    receiving.read_errors.push(e.kind());
+                    self.stats
+                        .warn(format!("reading the umad file: {e} (retrying)"));
+                }
+                receiving.backoff =
+                    (receiving.backoff * 2).clamp(Duration::from_millis(1), MAX_BACKOFF);
+                receiving.paused_until = Some(std::time::Instant::now() + receiving.backoff);
+                return;
+            }
+        };
+        let node = &*self.node;
+        match parse(buf.get(..n).unwrap_or(&[]), |i| self.pkeys.at(i)) {
+            Incoming::Mad { from, mad } => {
+                bump(&self.stats.received);
+                tracing::debug!(target: "ibcm", attribute = format_args!("{:#06x}", attribute(mad)), "umad: MAD read");
+                guarded(&self.stats, "receiving a MAD", || node.receive(&from, mad));
+                // What the MAD made the driver send (a DREP, a duplicate's answer, ...).
+                self.sender.flush(node, Writer::Receiver);
+            }
+            Incoming::Drop => bump(&self.stats.dropped),
         }
-        if stopping {
-            return;
-        }
-        wake.wait_for_timer(SWEEP, || (node.platform.now(), node.platform.timer()));
     }
 }
 
@@ -772,7 +863,7 @@ mod tests {
             CmConfig::new(1, [0; 32]),
             roce_address(Ipv4Addr::new(10, 77, 0, 3), DEFAULT_PKEY),
             Arc::new(Clock::real()),
-            Arc::new(Wake::timer_only()),
+            Arc::new(Wake::default()),
         );
         let sender = Sender {
             file,
@@ -865,7 +956,7 @@ mod tests {
     }
 
     /// Two threads each queue numbered MADs and flush, as the caller of an IOCTL and the
-    /// receive thread do, into a pipe read slowly (a write blocks while it is full): the
+    /// port's thread do, into a pipe read slowly (a write blocks while it is full): the
     /// MADs leave in the order they were queued. Without `order`, one thread's flush can
     /// write a later batch while the other still holds an earlier one.
     #[test]
@@ -878,7 +969,7 @@ mod tests {
             CmConfig::new(1, [0; 32]),
             roce_address(Ipv4Addr::new(10, 77, 0, 3), DEFAULT_PKEY),
             Arc::new(Clock::real()),
-            Arc::new(Wake::timer_only()),
+            Arc::new(Wake::default()),
         ));
         let sender = Arc::new(Sender {
             file: Arc::new(file),
@@ -935,91 +1026,141 @@ mod tests {
         assert!(got == want, "written out of queue order");
     }
 
-    /// A umad file that reports POLLHUP/POLLERR without POLLIN (ib_umad_poll once the
-    /// device is gone) ends the receive thread with a fault, where it used to retry at
-    /// once, for ever, at full CPU.
-    #[test]
-    fn a_gone_device_stops_the_receive_thread_with_a_fault() {
-        let (reader, writer) = std::io::pipe().expect("pipe");
-        drop(writer);
-        let file = File::from(std::os::fd::OwnedFd::from(reader));
-        let node = Node::new(
-            CmConfig::new(1, [0; 32]),
-            roce_address(Ipv4Addr::new(10, 77, 0, 3), DEFAULT_PKEY),
-            Arc::new(Clock::real()),
-            Arc::new(Wake::timer_only()),
-        );
+    /// A port thread with `file` as its umad file (MADs written to /dev/null), its node's
+    /// wake raising its eventfd, as `UmadPort::start` makes it; and the thread running it.
+    fn port_thread(file: File) -> (Arc<PortThread>, JoinHandle<()>) {
+        let signal = Arc::new(EventFd::new().expect("eventfd"));
+        let raise = Arc::clone(&signal);
+        let wake = Arc::new(Wake::timer_only(Box::new(move || raise.raise())));
         let stats = Arc::new(Stats::default());
-        let sender = Sender {
-            file: Arc::new(File::open("/dev/null").expect("/dev/null")),
-            agent: 9,
-            gid_index: Box::new(|| Ok(1)),
+        let port = Arc::new(PortThread {
+            node: Arc::new(Node::new(
+                CmConfig::new(1, [0; 32]),
+                roce_address(Ipv4Addr::new(10, 77, 0, 3), DEFAULT_PKEY),
+                Arc::new(Clock::real()),
+                Arc::clone(&wake),
+            )),
+            file: Arc::new(file),
             pkeys: default_pkeys(),
-            stats: Arc::clone(&stats),
-            order: Mutex::new(()),
-        };
-        let (tx, rx) = std::sync::mpsc::channel();
-        let s = Arc::clone(&stats);
-        std::thread::spawn(move || {
-            receive_loop(
-                &node,
-                &file,
-                &default_pkeys(),
-                &sender,
-                &s,
-                &AtomicBool::new(false),
-            );
-            let _ = tx.send(());
+            sender: Arc::new(Sender {
+                file: Arc::new(File::open("/dev/null").expect("/dev/null")),
+                agent: 9,
+                gid_index: Box::new(|| Ok(1)),
+                pkeys: default_pkeys(),
+                stats: Arc::clone(&stats),
+                order: Mutex::new(()),
+            }),
+            stats,
+            stop: Arc::new(AtomicBool::new(false)),
+            wake,
+            signal,
+            events: None,
         });
-        rx.recv_timeout(Duration::from_secs(5))
-            .expect("the receive thread still runs on a gone device");
-        let faults = stats.faults.lock().unwrap().clone();
-        assert_eq!(faults.len(), 1, "{faults:?}");
+        let run = Arc::clone(&port);
+        (port, std::thread::spawn(move || run.run()))
     }
 
-    /// The timer thread runs the PASSIVE_LEVEL work the device asks for (as KMDF's work
-    /// item and the simulated fabric do): before, the request stayed pending for ever on
-    /// a umad port.
-    #[test]
-    fn the_timer_thread_runs_passive_work() {
-        use ibcm_endpoint::Platform;
-        let wake = Arc::new(Wake::timer_only());
-        let node = Arc::new(Node::new(
-            CmConfig::new(1, [0; 32]),
-            roce_address(Ipv4Addr::new(10, 77, 0, 3), DEFAULT_PKEY),
-            Arc::new(Clock::real()),
-            Arc::clone(&wake),
-        ));
-        let stats = Arc::new(Stats::default());
-        let sender = Arc::new(Sender {
-            file: Arc::new(File::open("/dev/null").expect("/dev/null")),
-            agent: 9,
-            gid_index: Box::new(|| Ok(1)),
-            pkeys: default_pkeys(),
-            stats: Arc::clone(&stats),
-            order: Mutex::new(()),
-        });
-        let stop = Arc::new(AtomicBool::new(false));
-        let timer = {
-            let (node, sender, stats, stop, wake) = (
-                Arc::clone(&node),
-                Arc::clone(&sender),
-                Arc::clone(&stats),
-                Arc::clone(&stop),
-                Arc::clone(&wake),
+    /// Stops the thread as `UmadPort` does; it must end within 5 s.
+    fn stop(port: &PortThread, thread: JoinHandle<()>) {
+        port.stop.store(true, Ordering::Release);
+        port.wake.notify();
+        let begun = std::time::Instant::now();
+        while !thread.is_finished() {
+            assert!(
+                begun.elapsed() < Duration::from_secs(5),
+                "the port thread does not stop"
             );
-            std::thread::spawn(move || timer_loop(&node, &sender, &stats, &stop, &wake))
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        thread.join().unwrap();
+    }
+
+    /// Waits up to 5 s for `done`.
+    fn within_5s(done: impl Fn() -> bool) -> bool {
+        let begun = std::time::Instant::now();
+        while !done() {
+            if begun.elapsed() > Duration::from_secs(5) {
+                return false;
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        true
+    }
+
+    /// A umad file that reports POLLHUP alone (a pipe without a writer: as ib_umad_poll
+    /// reports EPOLLERR alone once the device is gone) is a fault, reported once, not read
+    /// again; the thread goes on running the timer and passive work (what waits for an
+    /// answer still times out), and stops when asked. Before, the receive loop spun on
+    /// it once, for ever, at full CPU.
+    #[test]
+    fn a_gone_device_is_a_fault_and_the_timer_runs_on() {
+        let (reader, writer) = std::io::pipe().expect("pipe");
+        drop(writer);
+        let (port, thread) = port_thread(File::from(std::os::fd::OwnedFd::from(reader)));
+        let faults = || port.stats.faults.lock().unwrap().clone();
+        assert!(within_5s(|| !faults().is_empty()), "no fault reported");
+        std::thread::sleep(Duration::from_millis(120));
+        port.node.platform.request_passive_work();
+        assert!(
+            within_5s(|| !port.node.platform.passive_work_asked()),
+            "the passive work asked for was never run"
+        );
+        stop(&port, thread);
+        assert_eq!(faults().len(), 1, "{:?}", faults().first());
+    }
+
+    /// The passive work the device asks for (as KMDF's work item and the simulated fabric
+    /// run it) is run at once: the request raises the eventfd (the thread would otherwise
+    /// sleep until its 50 ms sweep). Before, on a umad port, the request stayed pending
+    /// for ever.
+    #[test]
+    fn the_port_thread_runs_passive_work_when_asked() {
+        let (_writer_end, port, thread) = {
+            let (reader, writer) = std::io::pipe().expect("pipe");
+            let (port, thread) = port_thread(File::from(std::os::fd::OwnedFd::from(reader)));
+            (writer, port, thread)
         };
-        // The request wakes the thread, which takes it at once; a request still
-        // pending half a second later (its longest wait is 50 ms) was never run.
-        node.platform.request_passive_work();
-        std::thread::sleep(Duration::from_millis(500));
-        let pending = node.platform.take_passive_work();
-        stop.store(true, Ordering::Release);
-        wake.notify();
-        timer.join().unwrap();
-        assert!(!pending, "the passive work asked for was never run");
-        assert!(stats.faults.lock().unwrap().is_empty());
+        // 50 requests, each taken within microseconds when raised; each waits for the
+        // next sweep (50 ms) when not: 2.5 s.
+        let begun = std::time::Instant::now();
+        for _ in 0..50 {
+            port.node.platform.request_passive_work();
+            assert!(
+                within_5s(|| !port.node.platform.passive_work_asked()),
+                "the passive work asked for was never run"
+            );
+        }
+        let took = begun.elapsed();
+        stop(&port, thread);
+        assert!(
+            took < Duration::from_secs(1),
+            "not woken by the requests: {took:?}"
+        );
+        assert!(port.stats.faults.lock().unwrap().is_empty());
+    }
+
+    /// A MAD on the umad file reaches the driver, as many as are written, while the
+    /// thread also waits on its eventfd; a short read is dropped.
+    #[test]
+    fn the_port_thread_hands_each_mad_read_to_the_driver() {
+        let (reader, mut writer) = std::io::pipe().expect("pipe");
+        let (port, thread) = port_thread(File::from(std::os::fd::OwnedFd::from(reader)));
+        let from = roce_address(Ipv4Addr::new(10, 77, 0, 2), DEFAULT_PKEY);
+        let mut mad = [0u8; MAD_SIZE];
+        mad[1] = CM_CLASS;
+        let framed = frame(9, 0, 0, &from, &mad).unwrap();
+        for _ in 0..3 {
+            writer.write_all(&framed).unwrap();
+            // One read takes one MAD, as ib_umad_read returns one packet per read.
+            let received = port.stats.received.load(Ordering::Relaxed);
+            assert!(within_5s(
+                || port.stats.received.load(Ordering::Relaxed) > received
+            ));
+        }
+        writer.write_all(&framed[..HDR_LEN]).unwrap();
+        assert!(within_5s(|| port.stats.dropped.load(Ordering::Relaxed) == 1));
+        stop(&port, thread);
+        assert_eq!(port.stats.received.load(Ordering::Relaxed), 3);
     }
 
     #[test]

@@ -604,7 +604,7 @@ mod imp {
                     ms(c.slowest_write)
                 );
                 println!(
-                    "rdma:     MADs written by the caller {}, the receive thread {}, the timer thread {}",
+                    "rdma:     MADs written by the caller {}, the port's thread after a MAD read {}, after a timer pass, passive work or a port event {}",
                     c.written_by_caller, c.written_by_receiver, c.written_by_timer
                 );
                 for w in rc.port().warnings() {

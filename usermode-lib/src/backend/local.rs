@@ -4,7 +4,7 @@
 //! The handle is `backend::device` over `backend::emulated`, so an application's
 //! completions run on a completion thread of the provider's own, as on Windows (where
 //! they come through the I/O completion port to a user thread), never on the thread that
-//! ran the driver: on a real port that is the umad receive or timer thread, which a
+//! ran the driver: on a real port that is the umad port's thread, which a
 //! blocking call made from a completion would deadlock (no MAD would be read while it
 //! waited for one), and a panicking completion would kill (every later request of every
 //! handle then waits until its deadline). On the completion thread a blocking call fails

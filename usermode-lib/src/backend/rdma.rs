@@ -10,7 +10,7 @@
 //! on it (IRP_MJ_CREATE); every operation is the same IOCTL record as on Windows, handed
 //! to the dispatch code; its completion runs on the handle's own completion thread, as
 //! the I/O completion port hands it to a user thread on Windows (`backend::local`), never
-//! on the umad receive or timer thread that ran the driver.
+//! on the umad port's thread that ran the driver.
 //! The MADs an IOCTL makes the driver send are written to the umad file before the call
 //! returns, from the caller's thread, as a driver posts them from its dispatch routine.
 //! The QP transition records the library returns (`QpAttributes`) go to
@@ -33,9 +33,9 @@ use super::local::Local;
 /// events told to the driver (a port going down ends its connections, as the KMDF
 /// binding's IB_PNP_PORT_DOWN does).
 pub struct Device {
-    // Stopped first: no port event reaches a driver that is going.
-    events: PortEvents,
     port: UmadPort,
+    /// What the port's thread read of the device's events.
+    events: Arc<PortEvents>,
     verbs: Arc<Context>,
 }
 
@@ -80,13 +80,13 @@ impl Device {
             let verbs = Arc::clone(&verbs);
             Box::new(move || verbs.gid_index(port, &gid))
         };
-        let port = UmadPort::start(&config, gid_index)
+        // The port's thread reads the device's events too: one thread runs the driver.
+        let events = Arc::new(PortEvents::new(Arc::clone(&verbs)));
+        let port = UmadPort::start(&config, gid_index, Some(Arc::clone(&events)))
             .map_err(|e| io::Error::new(e.kind(), format!("ib_umad on {name}: {e}")))?;
-        let events = PortEvents::start(Arc::clone(&verbs), &port)
-            .map_err(|e| io::Error::new(e.kind(), format!("port events on {name}: {e}")))?;
         Ok(Arc::new(Self {
-            events,
             port,
+            events,
             verbs,
         }))
     }
@@ -111,7 +111,7 @@ impl Device {
 /// open, as a driver stays loaded while a handle to its device is, because the handle's
 /// flush holds it (the handle's cleanup runs, and its MADs leave, while the driver still
 /// runs). Its completions run on a thread of its own (`backend::local`), not on the
-/// port's receive or timer thread. Fails with STATUS_INSUFFICIENT_RESOURCES when that
+/// port's thread. Fails with STATUS_INSUFFICIENT_RESOURCES when that
 /// thread cannot start.
 pub fn open(device: &Arc<Device>) -> Result<Local, i32> {
     let device = Arc::clone(device);
