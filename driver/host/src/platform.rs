@@ -224,6 +224,15 @@ impl HostPlatform {
         }
     }
 
+    /// Whether MADs were posted and not yet taken ([`take_sent`](Self::take_sent)).
+    pub fn sends_queued(&self) -> bool {
+        !self
+            .outbox
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .is_empty()
+    }
+
     /// Takes the MADs posted since the last call; hand the emptied vector back with
     /// [`recycle_sent`](Self::recycle_sent).
     ///

@@ -91,13 +91,22 @@ pub struct PortEvents {
 }
 
 impl PortEvents {
-    /// The events of `ctx`, for the umad port to read.
-    pub fn new(ctx: Arc<Context>) -> Self {
-        Self {
+    /// The events of `ctx`, for the umad port to read. Its async fd is made non-blocking
+    /// (as ibv_get_async_event(3) describes), so that a read finding nothing (another
+    /// reader took the event) returns instead of stopping the port's thread.
+    pub fn new(ctx: Arc<Context>) -> io::Result<Self> {
+        let fd = ctx.async_fd();
+        // SAFETY: fcntl on the context's open async fd, no pointers.
+        let flags = unsafe { libc::fcntl(fd, libc::F_GETFL) };
+        // SAFETY: as above.
+        if flags < 0 || unsafe { libc::fcntl(fd, libc::F_SETFL, flags | libc::O_NONBLOCK) } < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(Self {
             ctx,
             counts: Counts::default(),
             down_at_start: AtomicBool::new(false),
-        }
+        })
     }
 
     /// Tells `node` its port is down if it is not ACTIVE now; before the port's thread
@@ -176,14 +185,14 @@ fn action(kind: u32, event_port: i32, port: u8) -> Action {
 }
 
 impl PortEvents {
-    /// Takes one event, the async fd being readable (so the call does not block), and
+    /// Takes one event, the async fd being readable, and
     /// tells `node` (its port's P_Key table `pkeys`) what it means.
     pub(crate) fn take(&self, node: &Node, pkeys: &PkeyTable) {
         let (ctx, counts) = (&*self.ctx, &self.counts);
         let port = node.address.port;
         let mut ev: ibv_async_event = ibv::zeroed();
-        // SAFETY: the context is open (the Arc keeps it); the fd is readable, so the call
-        // does not block.
+        // SAFETY: the context is open (the Arc keeps it); its fd is non-blocking (`new`):
+        // nothing queued fails with EAGAIN.
         if unsafe { (ctx.verbs().ibv_get_async_event)(ctx.raw(), &mut ev) } != 0 {
             return;
         }

@@ -530,6 +530,13 @@ struct Sender {
 impl Sender {
     /// Writes every MAD the node has queued, from `by`'s thread.
     fn flush(&self, node: &Node, by: Writer) {
+        // Nothing queued: no wait for a writer that holds `order` (a umad write can block
+        // for the kernel's address resolution, up to its 1 s timeout; the port's thread
+        // sweeps every 50 ms). A MAD queued after this look is written by whoever queued
+        // it, who flushes after running the driver.
+        if !node.platform.sends_queued() {
+            return;
+        }
         let _order = self.order.lock().unwrap_or_else(PoisonError::into_inner);
         let sent = node.platform.take_sent();
         let mut writer = &*self.file;
@@ -614,13 +621,13 @@ struct Receiving {
     backoff: Duration,
     /// The kinds of read error reported so far (each once).
     read_errors: Vec<io::ErrorKind>,
+    /// A failed wait was reported (once).
+    wait_failed: bool,
 }
 
-/// What one wait found ready.
+/// What one wait found ready (the eventfd is cleared inside the wait).
 #[derive(Debug, Default, PartialEq, Eq)]
 struct Ready {
-    /// The eventfd was raised.
-    signal: bool,
     /// A MAD (or a send report) is queued on the umad file.
     umad: bool,
     /// The umad file will never be readable again: ib_umad_poll returns EPOLLERR alone
@@ -701,10 +708,7 @@ impl PortThread {
             if stopping {
                 return;
             }
-            let ready = self.wait(&receiving, events);
-            if ready.signal {
-                self.signal.clear();
-            }
+            let ready = self.wait(&mut receiving, events);
             if let Some(why) = ready.umad_gone {
                 self.stats.fault(format!("{why}: no MAD will be received"));
                 receiving.gone = true;
@@ -727,7 +731,7 @@ impl PortThread {
     }
 
     /// Sleeps until the node's timer, at most [`SWEEP`], or until a file is ready.
-    fn wait(&self, receiving: &Receiving, events: Option<&PortEvents>) -> Ready {
+    fn wait(&self, receiving: &mut Receiving, events: Option<&PortEvents>) -> Ready {
         let node = &*self.node;
         let paused = receiving
             .paused_until
@@ -740,13 +744,21 @@ impl PortThread {
         };
         let fds = [self.signal.fd(), umad, events.map_or(-1, PortEvents::fd)];
         let mut ready = Ready::default();
+        let mut failed = None;
         self.wake.sleep_for_timer(
             SWEEP,
             || (node.platform.now(), node.platform.timer()),
             |timeout| match wait(fds, paused.map_or(timeout, |p| p.min(timeout))) {
                 Ok([signal, umad, event]) => {
+                    // Cleared here, before the wake forgets it was signalled: a signal
+                    // from then on raises the file again. Cleared after, it could take
+                    // that raise with it while the wake still counts itself signalled,
+                    // and the next signal would raise nothing (found in review: a
+                    // passive work request then waited for the 50 ms sweep).
+                    if readable(signal) {
+                        self.signal.clear();
+                    }
                     ready = Ready {
-                        signal: readable(signal),
                         umad: readable(umad),
                         umad_gone: broken(umad).then(|| {
                             format!(
@@ -757,11 +769,19 @@ impl PortThread {
                         events_gone: broken(event).then_some(event),
                     };
                 }
-                Err(e) => {
-                    ready.umad_gone = Some(format!("poll on the umad file failed: {e}"));
-                }
+                Err(e) => failed = Some(e),
             },
         );
+        if let Some(e) = failed {
+            // ppoll fails for want of memory (ENOMEM), not for a file going away (that
+            // is POLLERR): reported once, retried after a pause rather than in a spin.
+            if !receiving.wait_failed {
+                receiving.wait_failed = true;
+                self.stats
+                    .warn(format!("waiting on the umad file failed: {e} (retrying)"));
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
         ready
     }
 
@@ -1026,6 +1046,26 @@ mod tests {
         assert!(got == want, "written out of queue order");
     }
 
+    /// A flush with nothing queued (the port thread's 50 ms sweep, mostly) does not wait
+    /// for a writer that holds the write order: a umad write can block for the kernel's
+    /// address resolution, and the port's thread would stop with it.
+    #[test]
+    fn an_empty_flush_does_not_wait_for_a_writer() {
+        let (path, node, sender) = flush_fixture("empty", Box::new(|| Ok(1)));
+        let _ = std::fs::remove_file(&path);
+        let (node, sender) = (Arc::new(node), Arc::new(sender));
+        let held = sender.order.lock().unwrap();
+        let (tx, rx) = std::sync::mpsc::channel();
+        let (n, s) = (Arc::clone(&node), Arc::clone(&sender));
+        std::thread::spawn(move || {
+            s.flush(&n, Writer::Timer);
+            let _ = tx.send(());
+        });
+        let done = rx.recv_timeout(Duration::from_secs(5));
+        drop(held);
+        assert!(done.is_ok(), "an empty flush waited for the writer");
+    }
+
     /// A port thread with `file` as its umad file (MADs written to /dev/null), its node's
     /// wake raising its eventfd, as `UmadPort::start` makes it; and the thread running it.
     fn port_thread(file: File) -> (Arc<PortThread>, JoinHandle<()>) {
@@ -1089,11 +1129,11 @@ mod tests {
 
     /// A umad file that reports POLLHUP alone (a pipe without a writer: as ib_umad_poll
     /// reports EPOLLERR alone once the device is gone) is a fault, reported once, not read
-    /// again; the thread goes on running the timer and passive work (what waits for an
+    /// again; the thread goes on running passive work (and the timer: what waits for an
     /// answer still times out), and stops when asked. Before, the receive loop spun on
     /// it once, for ever, at full CPU.
     #[test]
-    fn a_gone_device_is_a_fault_and_the_timer_runs_on() {
+    fn a_gone_device_is_a_fault_and_passive_work_runs_on() {
         let (reader, writer) = std::io::pipe().expect("pipe");
         drop(writer);
         let (port, thread) = port_thread(File::from(std::os::fd::OwnedFd::from(reader)));

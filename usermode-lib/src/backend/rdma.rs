@@ -81,7 +81,9 @@ impl Device {
             Box::new(move || verbs.gid_index(port, &gid))
         };
         // The port's thread reads the device's events too: one thread runs the driver.
-        let events = Arc::new(PortEvents::new(Arc::clone(&verbs)));
+        let events = Arc::new(PortEvents::new(Arc::clone(&verbs)).map_err(|e| {
+            io::Error::new(e.kind(), format!("{name}: the device's async events: {e}"))
+        })?);
         let port = UmadPort::start(&config, gid_index, Some(Arc::clone(&events)))
             .map_err(|e| io::Error::new(e.kind(), format!("ib_umad on {name}: {e}")))?;
         Ok(Arc::new(Self {
