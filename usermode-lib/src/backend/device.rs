@@ -58,14 +58,19 @@ pub trait Win32: Send + Sync + 'static {
     /// [`device_io_control`](Self::device_io_control) until [`reclaim`](Self::reclaim).
     type Request: Send;
 
-    /// `DeviceIoControl` with a new OVERLAPPED that carries `key`, `input` and `output`
-    /// (its length is the output buffer's). Returns the request and what the call said.
+    /// `DeviceIoControl` with a new OVERLAPPED that carries `key`, `input` and an output
+    /// buffer of `output_len` bytes made in `output`, which comes empty with that much
+    /// room: the system's backend gives Windows initialised bytes (zeroes); a backend that
+    /// has the driver write its output itself (`backend::emulated`) zeroes nothing, as a
+    /// GET_EVENT's 16 records (7 KB) would be on every re-arm. Returns the request and
+    /// what the call said.
     fn device_io_control(
         &self,
         key: u64,
         code: u32,
         input: &[u8],
         output: Vec<u8>,
+        output_len: usize,
         notify: Notify,
     ) -> (Self::Request, Issue);
 
@@ -354,7 +359,7 @@ impl<S: Win32> Backend for Device<S> {
         on_complete: OnComplete,
     ) -> u64 {
         buffer.clear();
-        buffer.resize(output_len, 0);
+        buffer.reserve_exact(output_len);
         let mut ops = self.shared.lock();
         if let Some(st) = ops.refused() {
             drop(ops);
@@ -367,7 +372,7 @@ impl<S: Win32> Backend for Device<S> {
         let (request, issue) =
             self.shared
                 .sys
-                .device_io_control(key, code, input, buffer, Notify::Port);
+                .device_io_control(key, code, input, buffer, output_len, Notify::Port);
         match issue_status(issue) {
             None => {
                 ops.pending.insert(
@@ -401,7 +406,7 @@ impl<S: Win32> Backend for Device<S> {
             return Err(buffer);
         }
         buffer.clear();
-        buffer.resize(output_len, 0);
+        buffer.reserve_exact(output_len);
         let ops = self.shared.lock();
         if let Some(st) = ops.refused() {
             drop(ops);
@@ -414,7 +419,7 @@ impl<S: Win32> Backend for Device<S> {
         let (request, issue) =
             self.shared
                 .sys
-                .device_io_control(0, code, input, buffer, Notify::Event);
+                .device_io_control(0, code, input, buffer, output_len, Notify::Event);
         drop(ops);
         if let Some(st) = issue_status(issue) {
             let (_, mut output) = self.shared.sys.reclaim(request);

@@ -223,6 +223,7 @@ impl Win32 for Emulated {
         code: u32,
         input: &[u8],
         output: Vec<u8>,
+        output_len: usize,
         notify: Notify,
     ) -> (Request, Issue) {
         let pending = Arc::new(Pending {
@@ -262,7 +263,8 @@ impl Win32 for Emulated {
                 failed(win32_from_status(status::INSUFFICIENT_RESOURCES)),
             );
         }
-        let output_len = output.len();
+        // The driver writes the output into the request's own buffer (HostRequest), as
+        // METHOD_BUFFERED's system buffer: nothing is zeroed here.
         let r = self.node.platform.request_with_hook(
             ibcm_host::file_key(self.file),
             output,

@@ -152,9 +152,13 @@ impl Win32 for Sys {
         key: u64,
         code: u32,
         input: &[u8],
-        output: Vec<u8>,
+        mut output: Vec<u8>,
+        output_len: usize,
         notify: Notify,
     ) -> (Request, Issue) {
+        // Windows is given initialised bytes (the I/O manager copies back those the driver
+        // wrote, METHOD_BUFFERED).
+        output.resize(output_len, 0);
         // SAFETY: OVERLAPPED is plain data; all-zero is its documented initial state.
         let mut overlapped: OVERLAPPED = unsafe { std::mem::zeroed() };
         if notify == Notify::Event {
