@@ -60,10 +60,11 @@ pub trait Win32: Send + Sync + 'static {
 
     /// `DeviceIoControl` with a new OVERLAPPED that carries `key`, `input` and an output
     /// buffer of `output_len` bytes made in `output`, which comes empty with that much
-    /// room: the system's backend gives Windows initialised bytes (zeroes); a backend that
-    /// has the driver write its output itself (`backend::emulated`) zeroes nothing, as a
-    /// GET_EVENT's 16 records (7 KB) would be on every re-arm. Returns the request and
-    /// what the call said.
+    /// room. The system's backend fills it with zeroes only so that DeviceIoControl is
+    /// handed initialised memory (with METHOD_BUFFERED the bytes copied back come from
+    /// the system buffer, not from these); the emulated backend, whose driver writes into
+    /// the request's own buffer, fills nothing (a GET_EVENT's 16 records are 7 KB, zeroed
+    /// on every re-arm before). Returns the request and what the call said.
     fn device_io_control(
         &self,
         key: u64,
@@ -363,7 +364,6 @@ impl<S: Win32> Backend for Device<S> {
         let mut ops = self.shared.lock();
         if let Some(st) = ops.refused() {
             drop(ops);
-            buffer.clear();
             on_complete.completed(st, buffer);
             return 0;
         }
@@ -410,7 +410,6 @@ impl<S: Win32> Backend for Device<S> {
         let ops = self.shared.lock();
         if let Some(st) = ops.refused() {
             drop(ops);
-            buffer.clear();
             return Ok((st, buffer));
         }
         // Issued under the table's lock, as `submit` does (the handle cannot be closed
