@@ -204,6 +204,33 @@ mod tests {
         }
     }
 
+    /// Sleeps `wake`'s runner with no timer armed, up to 30 s, waiting on `file`; returns
+    /// how long it slept.
+    fn sleep_without_timer(wake: &Wake, file: &Receiver<()>) -> std::time::Duration {
+        let start = std::time::Instant::now();
+        wake.sleep_for_timer(
+            Duration::from_secs(30),
+            || (ms(0), None),
+            |t| wait_on(file, t),
+        );
+        start.elapsed()
+    }
+
+    /// Runs `then` on another thread once `wake`'s runner sleeps (published its deadline).
+    fn once_asleep(
+        wake: &Arc<Wake>,
+        then: impl FnOnce(&Wake) + Send + 'static,
+    ) -> std::thread::JoinHandle<()> {
+        let other = Arc::clone(wake);
+        std::thread::spawn(move || {
+            let begun = std::time::Instant::now();
+            while other.sleep().is_none() && begun.elapsed() < Duration::from_secs(5) {
+                std::thread::yield_now();
+            }
+            then(&other);
+        })
+    }
+
     /// A timer-only runner is not woken by a MAD queued, nor by a deadline at or after the
     /// one it sleeps until, and is woken by an earlier one.
     #[test]
@@ -270,14 +297,7 @@ mod tests {
     #[test]
     fn an_earlier_deadline_ends_the_sleep() {
         let (wake, file, raises) = raised();
-        let other = Arc::clone(&wake);
-        let setter = std::thread::spawn(move || {
-            let begun = std::time::Instant::now();
-            while other.sleep().is_none() && begun.elapsed() < Duration::from_secs(5) {
-                std::thread::yield_now();
-            }
-            other.timer_set(Some(ms(1)));
-        });
+        let setter = once_asleep(&wake, |w| w.timer_set(Some(ms(1))));
         let start = std::time::Instant::now();
         wake.sleep_for_timer(
             Duration::from_secs(30),
@@ -329,37 +349,18 @@ mod tests {
     #[test]
     fn notify_wakes_a_timer_only_runner() {
         let (wake, file, raises) = raised();
-        let other = Arc::clone(&wake);
-        let notifier = std::thread::spawn(move || {
-            let begun = std::time::Instant::now();
-            while other.sleep().is_none() && begun.elapsed() < Duration::from_secs(5) {
-                std::thread::yield_now();
-            }
-            other.notify();
-        });
-        let start = std::time::Instant::now();
-        wake.sleep_for_timer(
-            Duration::from_secs(30),
-            || (ms(0), None),
-            |t| {
-                wait_on(&file, t);
-            },
-        );
+        let notifier = once_asleep(&wake, Wake::notify);
+        let slept = sleep_without_timer(&wake, &file);
         notifier
             .join()
             .unwrap_or_else(|_| unreachable!("the notifier does not panic"));
-        assert!(start.elapsed() < Duration::from_secs(10), "woken by notify");
+        assert!(slept < Duration::from_secs(10), "woken by notify");
         // Consumed on waking: the next notify, made while the runner works, raises again.
         wake.notify();
         assert_eq!(raises.load(Ordering::Relaxed), 2);
-        let start = std::time::Instant::now();
-        wake.sleep_for_timer(
-            Duration::from_secs(30),
-            || (ms(0), None),
-            |t| {
-                wait_on(&file, t);
-            },
+        assert!(
+            sleep_without_timer(&wake, &file) < Duration::from_secs(10),
+            "not lost"
         );
-        assert!(start.elapsed() < Duration::from_secs(10), "not lost");
     }
 }
