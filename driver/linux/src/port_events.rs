@@ -185,8 +185,8 @@ fn action(kind: u32, event_port: i32, port: u8) -> Action {
 }
 
 impl PortEvents {
-    /// Takes one event, the async fd being readable, and
-    /// tells `node` (its port's P_Key table `pkeys`) what it means.
+    /// Takes one event, the async fd being readable, and tells `node` (its port's P_Key
+    /// table `pkeys`) what it means.
     pub(crate) fn take(&self, node: &Node, pkeys: &PkeyTable) {
         let (ctx, counts) = (&*self.ctx, &self.counts);
         let port = node.address.port;

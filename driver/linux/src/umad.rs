@@ -643,7 +643,7 @@ struct Ready {
 /// Waits up to `timeout` for any of `fds` (signal, umad, events; a negative fd is not
 /// waited on), with `ppoll`'s nanosecond timeout (the timer's deadline, not rounded up to
 /// a millisecond).
-fn wait(fds: [RawFd; 3], timeout: Duration) -> io::Result<[i16; 3]> {
+fn poll_files(fds: [RawFd; 3], timeout: Duration) -> io::Result<[i16; 3]> {
     let mut p = fds.map(|fd| libc::pollfd {
         fd,
         events: libc::POLLIN,
@@ -748,7 +748,7 @@ impl PortThread {
         self.wake.sleep_for_timer(
             SWEEP,
             || (node.platform.now(), node.platform.timer()),
-            |timeout| match wait(fds, paused.map_or(timeout, |p| p.min(timeout))) {
+            |timeout| match poll_files(fds, paused.map_or(timeout, |p| p.min(timeout))) {
                 Ok([signal, umad, event]) => {
                     // Cleared here, before the wake forgets it was signalled: a signal
                     // from then on raises the file again. Cleared after, it could take
