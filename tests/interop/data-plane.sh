@@ -73,6 +73,8 @@ repo="$(cd "$here/../.." && pwd)"
 PROFILE="${IBCM_PROFILE:-release}"
 OUT="${IBCM_DP_OUT:-$repo/target/interop/data-plane}"
 PINGS="${IBCM_DP_PINGS:-50}"
+# Fresh rping pairs timed per setup_frames row (the median's).
+SETUP_PAIRS=5
 SIZE="${IBCM_DP_SIZE:-4096}"
 A_IP=10.77.0.3
 B_IP=10.77.0.2
@@ -397,6 +399,62 @@ first_req() {
     done
 }
 
+# setup_frames KEY CLIENT SERVER N: one connection's setup as the wire sees it, the same
+# way for both stacks: N fresh pairs of rping processes (CLIENT and SERVER each "ibcm" or
+# "linux"; the client on A and the server on B, or the other way round for a Linux client
+# facing ibcm, whose CM then is only on B), one connection of one 64-byte ping each, the
+# bridge captured. Per pair, the ms from the client's REQ to its RTU on the bridge's clock
+# (both guests' frames, one clock: no guest's scheduling after its RTU, no CLI timer). A
+# ping from the client's guest marks each start, so a pair without an RTU takes no
+# other pair's. Sets FIG[setup_KEY_ms] to the median and prints every pair's.
+setup_frames() {
+    local key="$1" client="$2" server="$3" n="$4" pcap="$WORK/setup-$1.pcap" cap i
+    local cg=A cip="$A_IP" sg=B sip="$B_IP"
+    if [ "$client" = linux ] && [ "$server" = ibcm ]; then cg=B; cip="$B_IP"; sg=A; sip="$A_IP"; fi
+    ip netns exec "$NS" tcpdump -i br0 --immediate-mode -n -s 128 -U -w "$pcap" \
+        "icmp[icmptype] = icmp-echoreply or (udp dst port 4791 and udp[29] = 0x07 and (udp[44:2] = 0x0010 or udp[44:2] = 0x0014))" 2>"$WORK/tcpdump.setup-$key" &
+    cap=$!
+    for _ in $(seq 100); do grep -q 'listening on' "$WORK/tcpdump.setup-$key" 2>/dev/null && break; sleep 0.05; done
+    : >"$OUT/setup-$key.txt"
+    for i in $(seq "$n"); do
+        next_port
+        if [ "$server" = ibcm ]; then
+            bg "$sg" sfs "ibcm rping -I $sip -p $RDMA_PORT -S 64 --wait 30"
+            wait_listening "$sg" sfs || fail "setup $key: the ibcm rping server did not listen"
+        else
+            bg "$sg" sfs "rping -s -a $sip -p $RDMA_PORT -C 1 -S 64"
+            sleep 1
+        fi
+        if [ "$client" = ibcm ]; then
+            guest "$cg" 60 "ping -c 1 -W 2 $sip >/dev/null; timeout 30 ibcm rping -I $cip -a $sip -p $RDMA_PORT -C 1 -S 64 >/tmp/sf.log 2>&1; echo exit=\$?; grep '^rc: established' /tmp/sf.log" >>"$OUT/setup-$key.txt" 2>&1 || true
+        else
+            guest "$cg" 60 "ping -c 1 -W 2 $sip >/dev/null; timeout 30 rping -c -a $sip -p $RDMA_PORT -C 1 -S 64 >/tmp/sf.log 2>&1; echo exit=\$?" >>"$OUT/setup-$key.txt" 2>&1 || true
+        fi
+        bg_wait "$sg" sfs "$OUT/setup-$key.server.$i.txt"
+    done
+    sleep 0.5
+    kill "$cap" 2>/dev/null || true
+    wait "$cap" 2>/dev/null || true
+    local ms got med
+    {
+        tcpdump -r "$pcap" -n -tt icmp 2>/dev/null | sed 's/^/M /'
+        tcpdump -r "$pcap" -n -tt 'udp[44:2] = 0x0010' 2>/dev/null | sed 's/^/Q /'
+        tcpdump -r "$pcap" -n -tt 'udp[44:2] = 0x0014' 2>/dev/null | sed 's/^/U /'
+    } | sort -k2,2 -g >"$OUT/setup-$key.frames"
+    # "M TS IP SRC > DST: ICMP echo reply ...": a reply to the client's guest starts a
+    # pair; "Q|U TS IP SRC.PORT > DST.4791: UDP ...": its first REQ, then its RTU.
+    ms="$(awk -v g="$cip" '$1 == "M" { d = $6; sub(/:$/, "", d); if (d == g) armed = 0; next }
+        { s = $4; sub(/\.[0-9]+$/, "", s); if (s != g) next }
+        $1 == "Q" && !armed { t = $2; armed = 1; next }
+        $1 == "U" && armed { printf "%.2f\n", ($2 - t) * 1000; armed = 0 }' "$OUT/setup-$key.frames")"
+    got="$(printf '%s\n' $ms | grep -c . || true)"
+    med="$(printf '%s\n' $ms | sort -g | awk '{ v[NR] = $1 } END { if (NR) print v[int((NR + 1) / 2)] }')"
+    echo "  setup $key ($client client -> $server server): REQ to RTU on the bridge, ms (median ${med:-n/a} of $got): $(echo $ms)"
+    check "setup $key: $n clients exited 0" eq "$(grep -c '^exit=0' "$OUT/setup-$key.txt")" "$n"
+    check "setup $key: a REQ and an RTU after every start mark ($got of $n)" eq "$got" "$n"
+    FIG[setup_${key}_ms]="$med"
+}
+
 scenario_ibcm-ibcm() {
     # ibcm on both guests: the whole stack on each side, the QPs compared field by field.
     next_port
@@ -413,6 +471,7 @@ scenario_ibcm-ibcm() {
     # A issues up to 4 reads (B serves 4), B issues up to 2 (A serves 2).
     check "read limits: A 4 out / 2 in, asymmetric" eq "$(kv "$OUT/ibcm-ibcm.A.txt" qp-ours max_rd_atomic)/$(kv "$OUT/ibcm-ibcm.A.txt" qp-ours max_dest_rd_atomic)" 4/2
     FIG[ibcm_ibcm_setup_ms]="$(sed -n 's/^rc: established in \([0-9.]*\) ms.*/\1/p' "$OUT/ibcm-ibcm.A.txt" | head -1)"
+    setup_frames ibcm_ibcm ibcm ibcm "$SETUP_PAIRS"
 }
 
 scenario_ibcm-ibcm-bw() {
@@ -472,6 +531,7 @@ scenario_linux-server() {
     # Process start to first REQ: ibcm's rping client and Linux rping's, in turn.
     next_port
     first_req 10
+    setup_frames ibcm_linux ibcm linux "$SETUP_PAIRS"
 }
 
 scenario_linux-client() {
@@ -504,6 +564,7 @@ scenario_linux-client() {
     local ms
     ms="$(uptime_ms "$OUT/linux-client.timing.txt")"
     [ -n "$ms" ] && FIG[linux_to_ibcm_rping_ms]="$ms"
+    setup_frames linux_ibcm linux ibcm "$SETUP_PAIRS"
 }
 
 # ucmatose's message count: more than a 16-deep queue holds (cmatose.c sizes its queues to
@@ -1029,6 +1090,7 @@ scenario_baseline() {
     guest B 10 ":; :; :; :; :; :; :; :; :; :; :; :; :; :; :; :; :; true" >/dev/null 2>&1 || true
     # cmtime's "connect" step for one connection: rdma_connect to ESTABLISHED.
     FIG[linux_linux_setup_ms]="$(awk '$1=="connect" && $2==":" {print $3}' "$OUT/baseline.cmtime.txt" | head -1)"
+    setup_frames linux_linux linux linux "$SETUP_PAIRS"
     # perftest over rdma_cm, the same sizes as ibcm-ibcm-bw.
     for t in read send write; do
         next_port
@@ -1105,8 +1167,9 @@ echo "figures (qemu $QEMU_VERSION TCG guests, soft-RoCE; MB/s as perftest's, 2^2
 ratio() { if [ -n "${1:-}" ] && [ -n "${2:-}" ] && [ "$(echo "$2 > 0" | bc)" = 1 ]; then printf '%.2f' "$(echo "$1 / $2" | bc -l)"; else echo "n/a"; fi; }
 row() { printf '  %-74s %10s %10s   %s\n' "$1" "${2:-n/a}" "${3:-n/a}" "$(ratio "${2:-}" "${3:-}")"; }
 printf '  %-74s %10s %10s   %s\n' "" "ibcm" "Linux" "ratio"
-row "connection setup, one connection, ms (ibcm -> ibcm)" "${FIG[ibcm_ibcm_setup_ms]:-}" "${FIG[linux_linux_setup_ms]:-}"
-row "connection setup, one connection, ms (ibcm -> Linux)" "${FIG[ibcm_linux_setup_ms]:-}" "${FIG[linux_linux_setup_ms]:-}"
+row "connection setup, REQ to RTU on the bridge, fresh rping pairs, median of $SETUP_PAIRS, ms (ibcm -> ibcm)" "${FIG[setup_ibcm_ibcm_ms]:-}" "${FIG[setup_linux_linux_ms]:-}"
+row "connection setup, REQ to RTU on the bridge, fresh rping pairs, median of $SETUP_PAIRS, ms (ibcm -> Linux)" "${FIG[setup_ibcm_linux_ms]:-}" "${FIG[setup_linux_linux_ms]:-}"
+row "connection setup, REQ to RTU on the bridge, fresh rping pairs, median of $SETUP_PAIRS, ms (Linux -> ibcm)" "${FIG[setup_linux_ibcm_ms]:-}" "${FIG[setup_linux_linux_ms]:-}"
 row "rping client -> Linux rping -s, $PINGS x $SIZE B, wall ms (client: ibcm / Linux)" "${FIG[ibcm_to_linux_rping_ms]:-}" "${FIG[linux_to_linux_rping_ms]:-}"
 row "rping client: process start to its first REQ, ms, median of 10, in turn (ibcm / Linux rping -c)" "${FIG[ibcm_first_req_ms]:-}" "${FIG[linux_first_req_ms]:-}"
 row "Linux rping -c -> rping server, $PINGS x $SIZE B, wall ms (server: ibcm / Linux)" "${FIG[linux_to_ibcm_rping_ms]:-}" "${FIG[linux_to_linux_rping_ms]:-}"
@@ -1132,9 +1195,12 @@ row "ucmatose -c $UC_MANY -C $UC_COUNT, client wall ms (ibcm client -> Linux / L
 row "ucmatose -c $UC_MANY -C $UC_COUNT, client wall ms (Linux client -> ibcm / Linux -> Linux)" "${FIG[linux_to_ibcm_ucmatose_many_ms]:-}" "${FIG[linux_linux_ucmatose_many_ms]:-}"
 row "perftest -R run, wall ms incl. both connections (ib_read_bw client -> server: ibcm / Linux)" "${FIG[linux_to_ibcm_read_wall_ms]:-}" "${FIG[linux_linux_read_wall_ms]:-}"
 cmtime_figures
-echo "  (setup: ibcm's from the REQ to the RTU sent, its QP's RTR and RTS included, the peer an rping"
-echo "  server; Linux's is cmtime -c 1's connect step against cmtime -b. rping wall times include"
-echo "  process start, address resolution, setup and teardown on both sides.)"
+echo "  (setup: an rping client and server started for one connection, both sides' QPs to RTS"
+echo "  inside it, timed the same way for both stacks on the bridge's clock (setup_frames); rping"
+echo "  wall times include process start, address resolution, setup and teardown on both sides."
+echo "  ibcm's very first connection after the guests boot, on its client's clock, with the ARP"
+echo "  and the guests' first run of every code path inside it: ${FIG[ibcm_ibcm_setup_ms]:-n/a} ms ibcm -> ibcm,"
+echo "  ${FIG[ibcm_linux_setup_ms]:-n/a} ms ibcm -> Linux; Linux cmtime -c 1's connect step, warm: ${FIG[linux_linux_setup_ms]:-n/a} ms.)"
 total="$(printf '%.1f' "$(echo "$(date +%s.%N) - $t_start" | bc)")"
 echo
 echo "$(( ${#RESULT[@]} - failed )) passed, $failed failed"
