@@ -409,10 +409,19 @@ impl CompletionHook for Channel {
         // device then fails the provider): the others are woken all the same, and the
         // next GET_EVENT issued, which the failure completes, before it goes on.
         let mut panicked = None;
+        let woke = !wakers.is_empty();
         for w in wakers {
             if let Err(p) = std::panic::catch_unwind(AssertUnwindSafe(|| w.wake())) {
                 panicked.get_or_insert(p);
             }
+        }
+        if woke {
+            // What a woken caller does next is what it waits for; the GET_EVENT issued
+            // below is for an event still to come. With no CPU to spare (the test guests
+            // have one), Linux's scheduler runs this thread on until it blocks, and the
+            // caller would wait for the issue: it goes first. With a CPU to spare, this
+            // returns at once.
+            std::thread::yield_now();
         }
         self.pump();
         if let Some(p) = panicked {

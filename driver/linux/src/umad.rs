@@ -685,6 +685,11 @@ fn broken(revents: i16) -> bool {
 
 impl PortThread {
     fn run(&self) {
+        // Entry 0, the default partition's, is what the first MAD either way looks up (a
+        // receive's header names it, a send's partition is found there): read now, while
+        // the port is idle, not inside the first REQ's turnaround (a sysfs open and read,
+        // half a millisecond on a slow machine).
+        let _ = self.pkeys.at(0);
         let node = &*self.node;
         let mut receiving = Receiving::default();
         let mut events = self.events.as_deref();
@@ -838,6 +843,7 @@ impl PortThread {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::sync::atomic::AtomicUsize;
 
     /// The default partition's table: one full member at index 0.
     fn default_pkey_at(index: usize) -> Option<u16> {
@@ -1069,6 +1075,11 @@ mod tests {
     /// A port thread with `file` as its umad file (MADs written to /dev/null), its node's
     /// wake raising its eventfd, as `UmadPort::start` makes it; and the thread running it.
     fn port_thread(file: File) -> (Arc<PortThread>, JoinHandle<()>) {
+        port_thread_with(file, default_pkeys())
+    }
+
+    /// [`port_thread`] with `pkeys` as its P_Key table.
+    fn port_thread_with(file: File, pkeys: Arc<PkeyTable>) -> (Arc<PortThread>, JoinHandle<()>) {
         let signal = Arc::new(EventFd::new().expect("eventfd"));
         let raise = Arc::clone(&signal);
         let wake = Arc::new(Wake::timer_only(Box::new(move || raise.raise())));
@@ -1081,7 +1092,7 @@ mod tests {
                 Arc::clone(&wake),
             )),
             file: Arc::new(file),
-            pkeys: default_pkeys(),
+            pkeys,
             sender: Arc::new(Sender {
                 file: Arc::new(File::open("/dev/null").expect("/dev/null")),
                 agent: 9,
@@ -1125,6 +1136,33 @@ mod tests {
             std::thread::sleep(Duration::from_millis(1));
         }
         true
+    }
+
+    /// The default partition's entry is read when the thread starts, before any MAD: the
+    /// first REQ's turnaround does not wait for sysfs.
+    #[test]
+    fn the_port_thread_reads_the_default_partition_before_any_mad() {
+        let reads = Arc::new(AtomicUsize::new(0));
+        let counted = Arc::clone(&reads);
+        let pkeys = Arc::new(PkeyTable::new(Box::new(move |i| {
+            counted.fetch_add(1, Ordering::Relaxed);
+            default_pkey_at(i)
+        })));
+        let (_writer, reader) = {
+            let (reader, writer) = std::io::pipe().expect("pipe");
+            (writer, reader)
+        };
+        let (port, thread) = port_thread_with(
+            File::from(std::os::fd::OwnedFd::from(reader)),
+            Arc::clone(&pkeys),
+        );
+        assert!(
+            within_5s(|| reads.load(Ordering::Relaxed) == 1),
+            "entry 0 was not read before a MAD"
+        );
+        stop(&port, thread);
+        assert_eq!(pkeys.at(0), Some(DEFAULT_PKEY));
+        assert_eq!(reads.load(Ordering::Relaxed), 1, "entry 0 read twice");
     }
 
     /// A umad file that reports POLLHUP alone (a pipe without a writer: as ib_umad_poll

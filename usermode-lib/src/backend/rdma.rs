@@ -23,6 +23,7 @@ use std::io;
 use std::net::Ipv4Addr;
 use std::sync::Arc;
 
+use ibcm_host::wire::DEFAULT_PKEY;
 use ibcm_linux::port_events::PortEvents;
 use ibcm_linux::umad::{UmadConfig, UmadPort};
 use ibcm_linux::verbs::Context;
@@ -68,6 +69,11 @@ impl Device {
         verbs.gid_index(port, &gid).map_err(|e| {
             io::Error::new(e.kind(), format!("{name}: the RoCE v2 GID of {local}: {e}"))
         })?;
+        // The default partition's P_Key index, kept in the context as the GID index is:
+        // every QP's INIT names it, and a server's first connection then does not wait
+        // for the sysfs read inside its REQ's turnaround. A port without the partition
+        // fails its INIT, with the reason, as before.
+        let _ = verbs.pkey_index(port, DEFAULT_PKEY);
         let config = UmadConfig {
             device: name.clone(),
             port,
