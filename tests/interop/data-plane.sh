@@ -74,7 +74,7 @@ PROFILE="${IBCM_PROFILE:-release}"
 OUT="${IBCM_DP_OUT:-$repo/target/interop/data-plane}"
 PINGS="${IBCM_DP_PINGS:-50}"
 # Fresh rping pairs timed per setup_frames row (the median's).
-SETUP_PAIRS=5
+SETUP_PAIRS=9
 SIZE="${IBCM_DP_SIZE:-4096}"
 A_IP=10.77.0.3
 B_IP=10.77.0.2
