@@ -279,16 +279,14 @@ fn run_server<T>(rc: &Rc, conn: &Conn, run: impl FnOnce() -> T) -> (T, bool) {
 pub fn rping(a: &RpingArgs) -> Result<bool, Failure> {
     let (c, server) = (&a.common, a.addrs.server);
     let (rc, limits, wait) = start(c, a.addrs.bind)?;
-    let recv = Region::new(&rc.ctx, RPING_INFO_LEN).map_err(|e| e.to_string())?;
-    let post = |qp: &RcQp| {
-        qp.post_recv(&recv, 0, RPING_INFO_LEN, 1)
+    let region = || Region::new(&rc.ctx, RPING_INFO_LEN).map_err(|e| e.to_string());
+    let post = |qp: &RcQp, recv: &Region| {
+        qp.post_recv(recv, 0, RPING_INFO_LEN, 1)
             .map_err(|e| e.to_string())
     };
     let client = server.is_some();
-    let conn = match server {
-        Some(peer) => rc::connect(&rc, peer, c.port, &limits, post)?,
-        None => rc::accept(&rc, c.port, &limits, wait, post, &log)?,
-    };
+    let (conn, recv) =
+        rc::connect_or_accept(&rc, server, c.port, &limits, wait, region, post, &log)?;
     established(c, server.is_some(), &conn)?;
     let (report, disconnected) = if client {
         run_client(&rc, &conn, || {
@@ -334,19 +332,17 @@ pub fn bw(a: &BwArgs) -> Result<bool, Failure> {
     // The server keeps twice the client's depth posted: a SEND finds a receive even while
     // the server checks and reposts the previous ones (no RNR NAK, whose timer is 655 ms).
     let slots = if client { 1 } else { 2 * a.depth };
-    let recv =
-        Region::new(&rc.ctx, slots * a.size.max(RPING_INFO_LEN)).map_err(|e| e.to_string())?;
-    let post = |qp: &RcQp| {
+    let region =
+        || Region::new(&rc.ctx, slots * a.size.max(RPING_INFO_LEN)).map_err(|e| e.to_string());
+    let post = |qp: &RcQp, recv: &Region| {
         for slot in 0..slots {
-            qp.post_recv(&recv, slot * a.size, a.size, slot as u64)
+            qp.post_recv(recv, slot * a.size, a.size, slot as u64)
                 .map_err(|e| e.to_string())?;
         }
         Ok(())
     };
-    let conn = match server {
-        Some(peer) => rc::connect(&rc, peer, c.port, &limits, post)?,
-        None => rc::accept(&rc, c.port, &limits, wait, post, &log)?,
-    };
+    let (conn, recv) =
+        rc::connect_or_accept(&rc, server, c.port, &limits, wait, region, post, &log)?;
     established(c, server.is_some(), &conn)?;
     let (ok, disconnected) = if client {
         run_client(&rc, &conn, || {

@@ -24,8 +24,8 @@ use std::time::{Duration, Instant};
 
 use ibcm::backend::rdma::Device;
 use ibcm::{
-    AcceptParams, ConnectEndpoint, ConnectParams, Failover, IpServiceId, ListenParams, Listener,
-    Mtu, Provider, Transport,
+    AcceptParams, ConnectEndpoint, ConnectParams, ConnectionRequest, Failover, IpServiceId,
+    ListenParams, Listener, Mtu, Provider, Transport,
 };
 use ibcm_linux::port_events::PortEvents;
 use ibcm_linux::umad::UmadPort;
@@ -305,19 +305,62 @@ pub fn connect_qp(
     })
 }
 
-/// Accepts the next REQ for RDMA-CM TCP port `rdma_port` within `wait`; `before_rep`
-/// posts the receives the peer's first messages need, with the QP in RTS.
-pub fn accept(
+/// Accepts the next REQ for RDMA-CM TCP port `rdma_port` within `wait`. The QP and what
+/// `resources` makes (the connection's registered buffers) are made once the REQ is in, as
+/// rdma-core rping's server makes its QP and buffers on the connect request (rping.c
+/// `rping_run_server`: `rping_setup_qp`, `rping_setup_buffers`, then `rping_accept`);
+/// `before_rep` posts the receives the peer's first messages need, with the QP in RTS.
+pub fn accept<R>(
     rc: &Rc,
     rdma_port: u16,
     limits: &Limits,
     wait: Duration,
-    before_rep: impl FnOnce(&RcQp) -> Res<()>,
+    resources: impl FnOnce() -> Res<R>,
+    before_rep: impl FnOnce(&RcQp, &R) -> Res<()>,
     log: &dyn Fn(String),
-) -> Res<Conn> {
+) -> Res<(Conn, R)> {
     let listener = listen(rc, rdma_port, log)?;
+    let req = next_request(&listener, wait)?;
+    let mut steps = Steps::start();
     let qp = RcQp::create(&rc.ctx, QP_DEPTH).map_err(|e| e.to_string())?;
-    accept_qp(&listener, qp, limits, wait, before_rep, log)
+    let made = resources()?;
+    steps.end("qp-and-buffers");
+    let conn = accept_request(
+        req,
+        steps,
+        qp,
+        limits,
+        wait,
+        |qp| before_rep(qp, &made),
+        log,
+    )?;
+    listener.cancel();
+    Ok((conn, made))
+}
+
+/// The client's connection to `server` or, without one, the server's: `resources` (the
+/// connection's registered buffers) made before the REQ on the client, on the REQ on the
+/// server, as rping does (rping.c `rping_run_client`, `rping_run_server`); `before` posts
+/// the receives the peer's first messages need, with the QP in RTS.
+#[allow(clippy::too_many_arguments)]
+pub fn connect_or_accept<R>(
+    rc: &Rc,
+    server: Option<Ipv4Addr>,
+    rdma_port: u16,
+    limits: &Limits,
+    wait: Duration,
+    resources: impl FnOnce() -> Res<R>,
+    before: impl FnOnce(&RcQp, &R) -> Res<()>,
+    log: &dyn Fn(String),
+) -> Res<(Conn, R)> {
+    match server {
+        Some(peer) => {
+            let made = resources()?;
+            let conn = connect(rc, peer, rdma_port, limits, |qp| before(qp, &made))?;
+            Ok((conn, made))
+        }
+        None => accept(rc, rdma_port, limits, wait, resources, before, log),
+    }
 }
 
 /// Listens on RDMA-CM TCP port `rdma_port`.
@@ -338,7 +381,7 @@ pub fn listen(rc: &Rc, rdma_port: u16, log: &dyn Fn(String)) -> Res<Listener> {
 }
 
 /// [`accept`] on the caller's listener (cancelled once the REP is answered) with the
-/// caller's QP.
+/// caller's QP, made before the REQ.
 pub fn accept_qp(
     listener: &Listener,
     qp: RcQp,
@@ -347,9 +390,29 @@ pub fn accept_qp(
     before_rep: impl FnOnce(&RcQp) -> Res<()>,
     log: &dyn Fn(String),
 ) -> Res<Conn> {
-    let req = crate::exchange::bounded(wait, || listener.cancel(), listener.get_request_async())
-        .map_err(|e| format!("no REQ: {}", describe(&e)))?;
-    let mut steps = Steps::start();
+    let req = next_request(listener, wait)?;
+    let conn = accept_request(req, Steps::start(), qp, limits, wait, before_rep, log)?;
+    listener.cancel();
+    Ok(conn)
+}
+
+/// The next REQ `listener` is given within `wait`.
+fn next_request(listener: &Listener, wait: Duration) -> Res<ConnectionRequest> {
+    crate::exchange::bounded(wait, || listener.cancel(), listener.get_request_async())
+        .map_err(|e| format!("no REQ: {}", describe(&e)))
+}
+
+/// Answers `req` with `qp` (its REP once the QP is in RTS and `before_rep` has posted),
+/// `steps` timing from the REQ on.
+fn accept_request(
+    req: ConnectionRequest,
+    mut steps: Steps,
+    qp: RcQp,
+    limits: &Limits,
+    wait: Duration,
+    before_rep: impl FnOnce(&RcQp) -> Res<()>,
+    log: &dyn Fn(String),
+) -> Res<Conn> {
     log(format!(
         "REQ from CA {:#018x}, QPN {:#x}, responder resources {}, initiator depth {}",
         req.remote_ca_guid, req.remote_qpn, req.peer_responder_resources, req.peer_initiator_depth
@@ -391,7 +454,6 @@ pub fn accept_qp(
     crate::exchange::bounded(wait, || ep.cancel(), ep.accept_async())
         .map_err(|e| format!("accept: {}", describe(&e)))?;
     steps.end("REP->RTU");
-    listener.cancel();
     Ok(Conn {
         ep,
         qp,
