@@ -417,10 +417,11 @@ impl CompletionHook for Channel {
         }
         if woke {
             // What a woken caller does next is what it waits for; the GET_EVENT issued
-            // below is for an event still to come. With no CPU to spare (the test guests
-            // have one), Linux's scheduler runs this thread on until it blocks, and the
-            // caller would wait for the issue: it goes first. With a CPU to spare, this
-            // returns at once.
+            // below is for an event still to come. A thread blocked on its result is only
+            // made runnable by the wake, and with no other CPU (the test guests have one)
+            // Linux's scheduler runs this thread on until it blocks: the caller would wait
+            // for the issue. Yielding lets it go first; with nothing else runnable here it
+            // returns at once (SwitchToThread on Windows).
             std::thread::yield_now();
         }
         self.pump();
