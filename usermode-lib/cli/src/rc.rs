@@ -5,8 +5,9 @@
 //! - [`Rc`]: the driver on the device (the user library's `rdma` backend: its dispatch
 //!   layer and engine on the device's QP1 through ib_umad), a [`Provider`] open on it,
 //!   and the device's verbs context.
-//! - [`connect`] / [`accept`]: one connection, the QP moved through INIT, RTR and RTS with
-//!   exactly the attributes the engine returned (as a Windows verbs provider would).
+//! - [`connect`] / [`connect_or_accept`]: one connection, the QP moved through INIT, RTR
+//!   and RTS with exactly the attributes the engine returned (as a Windows verbs provider
+//!   would).
 //! - [`rping_client`] / [`rping_server`]: rdma-core `rping`'s exchange (librdmacm/examples
 //!   /rping.c), so either side can be Linux `rping -v -V`: the client advertises a buffer
 //!   holding `"rdma-ping-%d: "` and a letter run, the server RDMA READs it, the client
@@ -24,8 +25,8 @@ use std::time::{Duration, Instant};
 
 use ibcm::backend::rdma::Device;
 use ibcm::{
-    AcceptParams, ConnectEndpoint, ConnectParams, ConnectionRequest, Failover, IpServiceId,
-    ListenParams, Listener, Mtu, Provider, Transport,
+    AcceptParams, ConnectEndpoint, ConnectParams, Failover, IpServiceId, ListenParams, Listener,
+    Mtu, Provider, Transport,
 };
 use ibcm_linux::port_events::PortEvents;
 use ibcm_linux::umad::UmadPort;
@@ -305,43 +306,12 @@ pub fn connect_qp(
     })
 }
 
-/// Accepts the next REQ for RDMA-CM TCP port `rdma_port` within `wait`. The QP and what
-/// `resources` makes (the connection's registered buffers) are made once the REQ is in, as
-/// rdma-core rping's server makes its QP and buffers on the connect request (rping.c
-/// `rping_run_server`: `rping_setup_qp`, `rping_setup_buffers`, then `rping_accept`);
-/// `before_rep` posts the receives the peer's first messages need, with the QP in RTS.
-pub fn accept<R>(
-    rc: &Rc,
-    rdma_port: u16,
-    limits: &Limits,
-    wait: Duration,
-    resources: impl FnOnce() -> Res<R>,
-    before_rep: impl FnOnce(&RcQp, &R) -> Res<()>,
-    log: &dyn Fn(String),
-) -> Res<(Conn, R)> {
-    let listener = listen(rc, rdma_port, log)?;
-    let req = next_request(&listener, wait)?;
-    let mut steps = Steps::start();
-    let qp = RcQp::create(&rc.ctx, QP_DEPTH).map_err(|e| e.to_string())?;
-    let made = resources()?;
-    steps.end("qp-and-buffers");
-    let conn = accept_request(
-        req,
-        steps,
-        qp,
-        limits,
-        wait,
-        |qp| before_rep(qp, &made),
-        log,
-    )?;
-    listener.cancel();
-    Ok((conn, made))
-}
-
-/// The client's connection to `server` or, without one, the server's: `resources` (the
-/// connection's registered buffers) made before the REQ on the client, on the REQ on the
-/// server, as rping does (rping.c `rping_run_client`, `rping_run_server`); `before` posts
-/// the receives the peer's first messages need, with the QP in RTS.
+/// The client's connection to `server` or, without one, the server's, on RDMA-CM TCP port
+/// `rdma_port` (the server waits `wait` for the REQ). `resources` (the connection's
+/// registered buffers) are made before the REQ on the client and, with the QP, once the
+/// REQ is in on the server, as rping does (rping.c `rping_run_client`; `rping_run_server`:
+/// `rping_setup_qp`, `rping_setup_buffers`, then `rping_accept`). `before` posts the
+/// receives the peer's first messages need, with the QP in RTS.
 #[allow(clippy::too_many_arguments)]
 pub fn connect_or_accept<R>(
     rc: &Rc,
@@ -353,14 +323,17 @@ pub fn connect_or_accept<R>(
     before: impl FnOnce(&RcQp, &R) -> Res<()>,
     log: &dyn Fn(String),
 ) -> Res<(Conn, R)> {
-    match server {
-        Some(peer) => {
-            let made = resources()?;
-            let conn = connect(rc, peer, rdma_port, limits, |qp| before(qp, &made))?;
-            Ok((conn, made))
-        }
-        None => accept(rc, rdma_port, limits, wait, resources, before, log),
+    if let Some(peer) = server {
+        let made = resources()?;
+        let conn = connect(rc, peer, rdma_port, limits, |qp| before(qp, &made))?;
+        return Ok((conn, made));
     }
+    let listener = listen(rc, rdma_port, log)?;
+    let make = || {
+        let qp = RcQp::create(&rc.ctx, QP_DEPTH).map_err(|e| e.to_string())?;
+        Ok((qp, resources()?))
+    };
+    accept_next(&listener, wait, limits, make, before, log)
 }
 
 /// Listens on RDMA-CM TCP port `rdma_port`.
@@ -380,8 +353,8 @@ pub fn listen(rc: &Rc, rdma_port: u16, log: &dyn Fn(String)) -> Res<Listener> {
     Ok(listener)
 }
 
-/// [`accept`] on the caller's listener (cancelled once the REP is answered) with the
-/// caller's QP, made before the REQ.
+/// The server's side of [`connect_or_accept`] on the caller's listener (cancelled once the
+/// REP is answered) with the caller's QP, made before the REQ.
 pub fn accept_qp(
     listener: &Listener,
     qp: RcQp,
@@ -390,33 +363,31 @@ pub fn accept_qp(
     before_rep: impl FnOnce(&RcQp) -> Res<()>,
     log: &dyn Fn(String),
 ) -> Res<Conn> {
-    let req = next_request(listener, wait)?;
-    let conn = accept_request(req, Steps::start(), qp, limits, wait, before_rep, log)?;
-    listener.cancel();
+    let make = || Ok((qp, ()));
+    let (conn, ()) = accept_next(listener, wait, limits, make, |qp, ()| before_rep(qp), log)?;
     Ok(conn)
 }
 
-/// The next REQ `listener` is given within `wait`.
-fn next_request(listener: &Listener, wait: Duration) -> Res<ConnectionRequest> {
-    crate::exchange::bounded(wait, || listener.cancel(), listener.get_request_async())
-        .map_err(|e| format!("no REQ: {}", describe(&e)))
-}
-
-/// Answers `req` with `qp` (its REP once the QP is in RTS and `before_rep` has posted),
-/// `steps` timing from the REQ on.
-fn accept_request(
-    req: ConnectionRequest,
-    mut steps: Steps,
-    qp: RcQp,
-    limits: &Limits,
+/// Answers the next REQ `listener` is given within `wait` (then cancels it): `make` gives
+/// the QP and the connection's buffers once the REQ is in (a caller's QP made before it
+/// costs nothing there), the REP goes once the QP is in RTS and `before_rep` has posted.
+fn accept_next<R>(
+    listener: &Listener,
     wait: Duration,
-    before_rep: impl FnOnce(&RcQp) -> Res<()>,
+    limits: &Limits,
+    make: impl FnOnce() -> Res<(RcQp, R)>,
+    before_rep: impl FnOnce(&RcQp, &R) -> Res<()>,
     log: &dyn Fn(String),
-) -> Res<Conn> {
+) -> Res<(Conn, R)> {
+    let req = crate::exchange::bounded(wait, || listener.cancel(), listener.get_request_async())
+        .map_err(|e| format!("no REQ: {}", describe(&e)))?;
+    let mut steps = Steps::start();
     log(format!(
         "REQ from CA {:#018x}, QPN {:#x}, responder resources {}, initiator depth {}",
         req.remote_ca_guid, req.remote_qpn, req.peer_responder_resources, req.peer_initiator_depth
     ));
+    let (qp, made) = make()?;
+    steps.end("qp-and-buffers");
     let ep = req.endpoint;
     // IBA 12.7.29/12.7.30 (REP): responder resources no more than the REQ's initiator
     // depth, initiator depth no more than the REQ's responder resources.
@@ -448,13 +419,14 @@ fn accept_request(
     steps.end("qp-rtr");
     modify(&qp, &t.rts)?;
     steps.end("qp-rts");
-    before_rep(&qp)?;
+    before_rep(&qp, &made)?;
     steps.end("post-recv");
     let answer = steps.elapsed();
     crate::exchange::bounded(wait, || ep.cancel(), ep.accept_async())
         .map_err(|e| format!("accept: {}", describe(&e)))?;
     steps.end("REP->RTU");
-    Ok(Conn {
+    listener.cancel();
+    let conn = Conn {
         ep,
         qp,
         setup: steps.elapsed(),
@@ -463,7 +435,8 @@ fn accept_request(
         steps,
         peer_qp,
         peer_read_limits: (req.peer_responder_resources, req.peer_initiator_depth),
-    })
+    };
+    Ok((conn, made))
 }
 
 /// The send and receive queue depth of cmtime's QPs (rdma-core cmtime.c, v44
