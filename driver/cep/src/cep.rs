@@ -194,6 +194,10 @@ pub(crate) struct Cep {
     pub backlog_of: Option<CepId>,
     pub local_psn: u32,
     pub remote_psn: u32,
+    /// This CEP's wire LocalCommID (src/comm_id.rs), derived once when its slot was given
+    /// to it: every MAD it sends and every trace of it names it, and the derivation is
+    /// four SipHash rounds.
+    pub local_comm_id: u32,
     /// Passive, while its REQ is unanswered: when the REQ arrived, in units of 2^12 ns
     /// (wrapping every 4.9 h), the start of its answer time (waiting.rs).
     pub req_arrival: u32,
@@ -275,6 +279,7 @@ impl Cep {
             service_id: 0,
             local_qpn: 0,
             local_psn: 0,
+            local_comm_id: 0,
             remote_qpn: 0,
             remote_psn: 0,
             req_arrival: 0,

@@ -497,10 +497,9 @@ impl CmManager {
     /// number (src/comm_id.rs), from the slot's whole generation. Never 0 for a live CEP
     /// (see [`Self::alloc`]); 0 for a handle that names none.
     pub fn local_comm_id(&self, id: CepId) -> u32 {
-        self.slot(id).map_or(0, |s| {
-            self.ids
-                .wire(self.ids.handle(id.index() as u32, s.generation))
-        })
+        self.slot(id)
+            .and_then(|s| s.cep.as_ref())
+            .map_or(0, |c| c.local_comm_id)
     }
 
     /// Whether a RemoteCommID received can name one of this manager's CEPs at all (it
@@ -637,15 +636,17 @@ impl CmManager {
             None
         };
         let ids = self.ids;
-        // The generation to hand out, moved off the one whose wire ID would be 0.
+        // The generation to hand out and its wire ID, moved off the generation whose wire
+        // ID would be 0.
         let usable = |index: u32, generation: u32| {
-            let g = if ids.wire(ids.handle(index, generation)) == 0 {
-                generation.wrapping_add(1) & ids.generation_mask()
-            } else {
-                generation
-            };
+            let wire = ids.wire(ids.handle(index, generation));
+            if wire != 0 {
+                return Some((generation, wire));
+            }
+            let g = generation.wrapping_add(1) & ids.generation_mask();
+            let wire = ids.wire(ids.handle(index, g));
             // No generation bits to move off 0 (a mask fixing every free bit, to 0).
-            (ids.wire(ids.handle(index, g)) != 0).then_some(g)
+            (wire != 0).then_some((g, wire))
         };
         let id = match index {
             Some(index) => {
@@ -653,20 +654,23 @@ impl CmManager {
                     .slots
                     .get_mut(index as usize)
                     .ok_or(CmError::NoResources)?;
-                let Some(generation) = usable(index, slot.generation) else {
+                let Some((generation, wire)) = usable(index, slot.generation) else {
                     // The slot stays free (room for it in `free` was reserved with it).
                     self.free.push_back(index);
                     return Err(CmError::NoResources);
                 };
                 slot.generation = generation;
-                slot.cep = Some(Cep::new());
+                slot.cep = Some(Cep {
+                    local_comm_id: wire,
+                    ..Cep::new()
+                });
                 self.slots.filled(index as usize);
                 CepId::new(index, generation)
             }
             None => {
                 let index = len as u32;
                 let random = self.rng.next_u32() & ids.generation_mask();
-                let generation = usable(index, random).ok_or(CmError::NoResources)?;
+                let (generation, wire) = usable(index, random).ok_or(CmError::NoResources)?;
                 self.slots
                     .try_reserve(1)
                     .map_err(|_| CmError::NoResources)?;
@@ -676,7 +680,10 @@ impl CmManager {
                     .map_err(|_| CmError::NoResources)?;
                 self.slots.push(Slot {
                     generation,
-                    cep: Some(Cep::new()),
+                    cep: Some(Cep {
+                        local_comm_id: wire,
+                        ..Cep::new()
+                    }),
                 });
                 self.slots.filled(index as usize);
                 CepId::new(index, generation)
