@@ -26,7 +26,7 @@ impl CmManager {
             // handshake's timer first.
             self.arm_port_deadline(id);
         }
-        // The comm ID is derived (src/comm_id.rs): only for a tracer.
+        // Only for a tracer.
         if !self.trace.installed() {
             return;
         }
