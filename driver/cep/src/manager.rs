@@ -493,9 +493,10 @@ impl CmManager {
         })
     }
 
-    /// The wire LocalCommID of a CEP (for traces and tests), as the 32-bit big-endian
-    /// number (src/comm_id.rs), from the slot's whole generation. Never 0 for a live CEP
-    /// (see [`Self::alloc`]); 0 for a handle that names none.
+    /// The wire LocalCommID of a CEP (its MADs, traces, tests), as the 32-bit big-endian
+    /// number (src/comm_id.rs): derived from the slot's whole generation when the slot was
+    /// given to it, and kept. Never 0 for a live CEP (see [`Self::alloc`]); 0 for a handle
+    /// that names none.
     pub fn local_comm_id(&self, id: CepId) -> u32 {
         self.slot(id)
             .and_then(|s| s.cep.as_ref())
